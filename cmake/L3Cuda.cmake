@@ -1,0 +1,92 @@
+# The CUDA backend: toolkit (nvcc, cudart, cuBLAS/cuBLASLt), cuDNN 9 and NCCL 2.
+#   L3_CUDA=OFF   CPU only
+#   L3_CUDA=AUTO  build the CUDA backend when nvcc and all libraries are found (default)
+#   L3_CUDA=ON    the same, but a missing piece is an error
+# Sets L3_HAVE_CUDA and, when true, the imported targets l3_cudnn and l3_nccl.
+set(L3_HAVE_CUDA OFF)
+
+function(l3_cuda_unavailable reason)
+  if(L3_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "L3_CUDA=ON but ${reason}\n"
+      "  Install the CUDA toolkit with cuDNN 9 and NCCL 2 (or: spack install cuda cudnn nccl), "
+      "point CUDAToolkit_ROOT / CUDNN_ROOT / NCCL_ROOT at them, or configure with -DL3_CUDA=OFF.")
+  endif()
+  message(STATUS "llama3-hpc: CUDA backend disabled: ${reason}")
+endfunction()
+
+if(NOT L3_CUDA MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "L3_CUDA must be AUTO, ON or OFF (got '${L3_CUDA}')")
+endif()
+
+if(NOT L3_CUDA STREQUAL "OFF")
+  # nvcc is often not on PATH on build machines; look where the toolkit usually lives.
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+    find_program(_l3_nvcc nvcc HINTS ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda PATH_SUFFIXES bin)
+    if(_l3_nvcc)
+      set(CMAKE_CUDA_COMPILER "${_l3_nvcc}" CACHE FILEPATH "CUDA compiler")
+    endif()
+  endif()
+
+  # Real code for every listed architecture, PTX for the newest so that later GPUs can JIT it.
+  # Set before enable_language(CUDA) so that CMake does not probe for a GPU that is not there.
+  list(SORT L3_CUDA_ARCHS COMPARE NATURAL)
+  set(_l3_archs "")
+  list(LENGTH L3_CUDA_ARCHS _l3_n)
+  math(EXPR _l3_last "${_l3_n} - 1")
+  foreach(_i RANGE 0 ${_l3_last})
+    list(GET L3_CUDA_ARCHS ${_i} _a)
+    if(_i EQUAL _l3_last)
+      list(APPEND _l3_archs "${_a}")         # SASS + PTX
+    else()
+      list(APPEND _l3_archs "${_a}-real")    # SASS only
+    endif()
+  endforeach()
+  set(CMAKE_CUDA_ARCHITECTURES "${_l3_archs}")
+
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(NOT CMAKE_CUDA_COMPILER)
+    l3_cuda_unavailable("no CUDA compiler (nvcc) was found")
+  else()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)  # CMake < 3.26 has no C++20 flags for nvcc; kernels need 17
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit)
+
+    find_path(L3_CUDNN_INCLUDE_DIR cudnn.h
+      HINTS ENV CUDNN_ROOT ${CUDNN_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+    find_library(L3_CUDNN_LIBRARY cudnn
+      HINTS ENV CUDNN_ROOT ${CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
+    find_path(L3_NCCL_INCLUDE_DIR nccl.h
+      HINTS ENV NCCL_ROOT ${NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+    find_library(L3_NCCL_LIBRARY nccl
+      HINTS ENV NCCL_ROOT ${NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
+
+    if(L3_CUDNN_INCLUDE_DIR)
+      file(STRINGS "${L3_CUDNN_INCLUDE_DIR}/cudnn_version.h" _l3_cudnn_major
+           REGEX "^#define CUDNN_MAJOR [0-9]+")
+      string(REGEX MATCH "[0-9]+" L3_CUDNN_MAJOR "${_l3_cudnn_major}")
+    endif()
+
+    if(NOT CUDAToolkit_FOUND OR NOT TARGET CUDA::cublasLt)
+      l3_cuda_unavailable("the CUDA toolkit libraries (cudart, cuBLAS, cuBLASLt) were not found")
+    elseif(NOT L3_CUDNN_LIBRARY OR NOT L3_CUDNN_INCLUDE_DIR)
+      l3_cuda_unavailable("cuDNN was not found (set CUDNN_ROOT)")
+    elseif(L3_CUDNN_MAJOR LESS 9)
+      l3_cuda_unavailable("cuDNN ${L3_CUDNN_MAJOR} found, cuDNN 9 or newer is needed")
+    elseif(NOT L3_NCCL_LIBRARY OR NOT L3_NCCL_INCLUDE_DIR)
+      l3_cuda_unavailable("NCCL was not found (set NCCL_ROOT)")
+    else()
+      add_library(l3_cudnn UNKNOWN IMPORTED)
+      set_target_properties(l3_cudnn PROPERTIES IMPORTED_LOCATION "${L3_CUDNN_LIBRARY}"
+        INTERFACE_INCLUDE_DIRECTORIES "${L3_CUDNN_INCLUDE_DIR}")
+      add_library(l3_nccl UNKNOWN IMPORTED)
+      set_target_properties(l3_nccl PROPERTIES IMPORTED_LOCATION "${L3_NCCL_LIBRARY}"
+        INTERFACE_INCLUDE_DIRECTORIES "${L3_NCCL_INCLUDE_DIR}")
+      set(L3_HAVE_CUDA ON)
+      message(STATUS "llama3-hpc: CUDA backend ON: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+                     "archs ${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${L3_CUDNN_MAJOR} "
+                     "(${L3_CUDNN_LIBRARY}), NCCL (${L3_NCCL_LIBRARY})")
+    endif()
+  endif()
+endif()

@@ -1,0 +1,59 @@
+#include "kernels/backends.hpp"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "core/build_info.hpp"
+
+#if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+#include "kernels/cuda/runtime_info.hpp"
+#endif
+
+namespace l3::kernels {
+
+namespace {
+
+BackendReport cpu_backend() {
+  return {"cpu", true, true,
+          fmt::format("fp32, {} OpenMP threads, OpenBLAS {} threads ({})", omp_get_max_threads(),
+                      openblas_get_num_threads(), openblas_get_corename())};
+}
+
+BackendReport cuda_backend() {
+#if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+  const cuda::RuntimeInfo info = cuda::query_runtime();
+  std::string devices;
+  for (const cuda::DeviceInfo& d : info.devices) {
+    devices += fmt::format("{}{}: {} (sm_{}{}, {:.0f} GiB, {} SMs)", devices.empty() ? "" : "; ",
+                           d.index, d.name, d.cc_major, d.cc_minor,
+                           static_cast<double>(d.memory_bytes) / (1ULL << 30U), d.sm_count);
+  }
+  if (devices.empty()) devices = "none (" + info.no_device_reason + ")";
+  return {"cuda", true, !info.devices.empty(),
+          fmt::format("bf16, compiled for sm {}; CUDA runtime {}, driver {}; cuBLASLt {}, "
+                      "cuDNN {}, NCCL {}; devices: {}",
+                      core::build_info().cuda_archs, cuda::version_string(info.runtime_version),
+                      info.driver_version == 0 ? std::string("none")
+                                               : cuda::version_string(info.driver_version),
+                      cuda::library_version_string(info.cublaslt_version),
+                      cuda::library_version_string(info.cudnn_version),
+                      cuda::library_version_string(info.nccl_version), devices)};
+#else
+  return {"cuda", false, false, "not compiled in (configure with -DL3_CUDA=ON and a CUDA toolkit)"};
+#endif
+}
+
+}  // namespace
+
+std::vector<BackendReport> describe_backends() { return {cpu_backend(), cuda_backend()}; }
+
+int visible_cuda_devices() noexcept {
+#if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+}  // namespace l3::kernels

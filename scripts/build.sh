@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Configure (once) and build llama3-hpc into build/ (or $L3_BUILD_DIR).
+#   L3_BUILD_DIR=build  L3_CUDA=AUTO|ON|OFF  L3_CUDA_ARCHS="80;90"  L3_JOBS=2  scripts/build.sh [cmake args]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${L3_BUILD_DIR:-$root/build}
+args=(-S "$root" -B "$build" -DL3_CUDA="${L3_CUDA:-AUTO}")
+[[ -n "${L3_CUDA_ARCHS:-}" ]] && args+=("-DL3_CUDA_ARCHS=${L3_CUDA_ARCHS}")
+if [[ ! -f "$build/CMakeCache.txt" || $# -gt 0 || -n "${L3_CUDA_ARCHS:-}" ]]; then
+  cmake "${args[@]}" "$@"
+fi
+cmake --build "$build" -j "${L3_JOBS:-2}"

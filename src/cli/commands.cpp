@@ -1,0 +1,90 @@
+#include <algorithm>
+#include <array>
+
+#include "cli/command.hpp"
+#include "cli/info_command.hpp"
+
+namespace l3::cli {
+
+namespace {
+
+// Order = the order of `llama3-hpc --help`: the pipeline first, tools after.
+constexpr std::array kCommands = {
+    Command{.name = "prep",
+            .summary = "Tokenize JSONL (SFT or preference) into HDF5 training shards",
+            .usage = "prep sft|preference --input FILE.jsonl --tokenizer FILE|bytes --output DIR",
+            .description = "Tokenizes records with the Llama 3 tokenizer and chat template and "
+                           "writes rank-parallel HDF5 shards plus index.json.",
+            .planned = "the tokenizer and data preparation work"},
+    Command{.name = "sft",
+            .summary = "Supervised fine-tuning (cross-entropy on response tokens)",
+            .usage = "sft --model PRESET|config.json --data DIR --ckpt-dir DIR [options]",
+            .description = "Trains a Llama 3 model on SFT shards with data parallelism over the "
+                           "MPI ranks, checkpointing and resuming automatically.",
+            .planned = "the training driver"},
+    Command{.name = "reward",
+            .summary = "Reward-model training (Bradley-Terry on preference pairs)",
+            .usage = "reward --init SFT_CKPT --data DIR --ckpt-dir DIR [options]",
+            .description = "Adds a scalar score head to an SFT model and trains it on preference "
+                           "shards with the Bradley-Terry loss.",
+            .planned = "the training driver"},
+    Command{.name = "eval",
+            .summary = "Evaluate a model: loss/perplexity or reward accuracy/margin",
+            .usage = "eval --init HF_DIR|CKPT --data DIR [options]",
+            .description = "Runs a model over a whole dataset and prints one JSON object.",
+            .planned = "the training driver"},
+    Command{.name = "generate",
+            .summary = "Generate text from a model (greedy, temperature, top-p)",
+            .usage = "generate --init HF_DIR|CKPT --prompt TEXT [options]",
+            .description = "Samples a continuation with a KV cache, optionally in chat format.",
+            .planned = "the training driver"},
+    Command{.name = "score",
+            .summary = "Score prompt+response pairs with a reward model",
+            .usage = "score --init CKPT (--prompt TEXT --response TEXT | --input FILE.jsonl)",
+            .description = "Prints the reward of responses, or of chosen/rejected pairs.",
+            .planned = "the training driver"},
+    Command{.name = "export",
+            .summary = "Export a checkpoint as a Hugging Face model directory",
+            .usage = "export --ckpt CKPT --output DIR [--dtype bf16|fp32]",
+            .description = "Writes config.json, safetensors and the tokenizer for HF/vLLM.",
+            .planned = "the Hugging Face interop work"},
+    Command{.name = "tokenize",
+            .summary = "Tokenize JSONL text on stdin into token ids on stdout",
+            .usage = "tokenize --tokenizer FILE|bytes [--bos] [--eos] < in.jsonl > out.jsonl",
+            .description = "Reads {\"text\": ...} lines and writes {\"ids\": [...]} lines.",
+            .planned = "the tokenizer and data preparation work"},
+    Command{.name = "ckpt",
+            .summary = "List, verify or prune checkpoints",
+            .usage = "ckpt list|verify|prune --ckpt-dir DIR [options]",
+            .description = "Inspects a checkpoint directory: manifests, checksums, retention.",
+            .planned = "the checkpoint/restart work"},
+    Command{.name = "demo",
+            .summary = "Run the built-in demo on the available ranks",
+            .usage = "demo [--json]",
+            .description =
+                "Checks the MPI world, the backends and the libraries, as `info` does. "
+                "The end-to-end training demo (prepare a built-in dataset, SFT, then reward "
+                "training on a tiny model) is added here as the training driver lands.",
+            .declare = declare_info_options,
+            .run = run_demo},
+    Command{.name = "info",
+            .summary = "Report ranks, nodes, CPU binding, devices, backends and libraries",
+            .usage = "info [--json]",
+            .description = "Gathers what every rank sees and checks collectives across the "
+                           "world. Run it under the same launcher as your job (srun, mpiexec) "
+                           "to see where the ranks landed.",
+            .declare = declare_info_options,
+            .run = run_info},
+};
+
+}  // namespace
+
+std::span<const Command> command_table() noexcept { return kCommands; }
+
+const Command* find_command(std::string_view name) noexcept {
+  const auto* found = std::find_if(kCommands.begin(), kCommands.end(),
+                                   [&](const Command& c) { return c.name == name; });
+  return found == kCommands.end() ? nullptr : found;
+}
+
+}  // namespace l3::cli

@@ -1,0 +1,211 @@
+#include "cli/info_command.hpp"
+
+#include <fmt/format.h>
+#include <omp.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cli/run_outcome.hpp"
+#include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "dist/gather_strings.hpp"
+#include "dist/mpi_check.hpp"
+#include "dist/mpi_runtime.hpp"
+#include "kernels/backends.hpp"
+
+namespace l3::cli {
+
+namespace {
+
+using nlohmann::json;
+
+// Past this many ranks the human report lists nodes, not ranks (--json always has every rank).
+constexpr int kMaxRanksListed = 64;
+
+std::string cpu_affinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return "?";
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return format_rank_list(cpus);
+}
+
+json rank_report(const dist::World& world) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return json{{"rank", world.rank()},
+              {"host", world.host_name()},
+              {"node", world.node_id()},
+              {"local_rank", world.local_rank()},
+              {"local_size", world.local_size()},
+              {"pid", static_cast<long>(getpid())},
+              {"cpus", cpu_affinity()},
+              {"omp_threads", omp_get_max_threads()},
+              {"cuda_devices", kernels::visible_cuda_devices()},
+              {"cuda_visible_devices", visible == nullptr ? "" : visible}};
+}
+
+struct WorldCheck {
+  bool ok = true;
+  std::vector<std::string> findings;
+};
+
+// The collective self-check: a reduction gives the known answer, and the node layout every
+// rank computed on its own is consistent with what the others computed.
+WorldCheck check_world(const dist::World& world, const std::vector<json>& ranks) {
+  WorldCheck check;
+  long long sum = 0;
+  const long long mine = world.rank() + 1;
+  dist::check_mpi(MPI_Allreduce(&mine, &sum, 1, MPI_LONG_LONG, MPI_SUM, world.comm()),
+                  "MPI_Allreduce");
+  const long long expected = static_cast<long long>(world.size()) * (world.size() + 1) / 2;
+  if (sum != expected) {
+    check.ok = false;
+    check.findings.push_back(fmt::format("allreduce returned {} instead of {}", sum, expected));
+  } else {
+    check.findings.push_back(fmt::format("allreduce over {} ranks: ok", world.size()));
+  }
+  if (!world.is_root()) return check;
+
+  std::map<int, std::pair<std::string, int>> nodes;  // node -> (host, ranks counted)
+  bool layout_ok = true;
+  for (const json& r : ranks) {
+    auto [it, inserted] =
+        nodes.try_emplace(r.at("node").get<int>(), r.at("host").get<std::string>(), 0);
+    ++it->second.second;
+    if (it->second.first != r.at("host").get<std::string>()) layout_ok = false;
+  }
+  for (const json& r : ranks) {
+    if (nodes.at(r.at("node").get<int>()).second != r.at("local_size").get<int>())
+      layout_ok = false;
+  }
+  if (static_cast<int>(nodes.size()) != world.node_count()) layout_ok = false;
+  check.ok = check.ok && layout_ok;
+  check.findings.push_back(layout_ok ? "node layout consistent on every rank: ok"
+                                     : "node layout inconsistent between ranks (see ranks above)");
+  if (world.thread_level() != MPI_THREAD_MULTIPLE) {
+    check.findings.push_back(fmt::format(
+        "warning: MPI granted {} only; background I/O will be serialised through the main thread",
+        dist::thread_level_name(world.thread_level())));
+  }
+  return check;
+}
+
+void print_human(const dist::World& world, const std::vector<json>& ranks,
+                 const WorldCheck& check) {
+  const core::BuildInfo build = core::build_info();
+  std::string text = fmt::format(
+      "llama3-hpc {} (commit {}, {}, {}{})\n", build.version, build.git_commit, build.build_type,
+      build.compiler, build.sanitizers.empty() ? "" : ", sanitizers " + build.sanitizers);
+  text += fmt::format("world:     {} rank{} on {} node{}, MPI thread level {}\n", world.size(),
+                      world.size() == 1 ? "" : "s", world.node_count(),
+                      world.node_count() == 1 ? "" : "s",
+                      dist::thread_level_name(world.thread_level()));
+
+  std::map<int, std::vector<int>> ranks_of_node;
+  for (const json& r : ranks)
+    ranks_of_node[r.at("node").get<int>()].push_back(r.at("rank").get<int>());
+  for (const auto& [node, members] : ranks_of_node) {
+    text += fmt::format(
+        "node {:<4}  {}: ranks {}\n", node,
+        ranks.at(static_cast<std::size_t>(members.front())).at("host").get<std::string>(),
+        format_rank_list(members));
+  }
+  if (world.size() <= kMaxRanksListed) {
+    for (const json& r : ranks) {
+      text += fmt::format(
+          "rank {:<4}  node {} local {}/{}  pid {}  cpus {}  omp {}  cuda devices {}{}\n",
+          r.at("rank").get<int>(), r.at("node").get<int>(), r.at("local_rank").get<int>(),
+          r.at("local_size").get<int>(), r.at("pid").get<long>(), r.at("cpus").get<std::string>(),
+          r.at("omp_threads").get<int>(), r.at("cuda_devices").get<int>(),
+          r.at("cuda_visible_devices").get<std::string>().empty()
+              ? ""
+              : " (CUDA_VISIBLE_DEVICES=" + r.at("cuda_visible_devices").get<std::string>() + ")");
+    }
+  }
+  for (const kernels::BackendReport& b : kernels::describe_backends()) {
+    text += fmt::format("backend:   {:<5} {}\n", b.name, b.summary);
+  }
+  for (const core::LibraryVersion& lib : core::library_versions()) {
+    text += fmt::format("library:   {:<14} {}\n", lib.name, lib.version);
+  }
+  for (const std::string& finding : check.findings) text += fmt::format("check:     {}\n", finding);
+  std::cout << text << std::flush;
+}
+
+json to_json(const dist::World& world, const std::vector<json>& ranks, const WorldCheck& check) {
+  const core::BuildInfo build = core::build_info();
+  json backends = json::array();
+  for (const kernels::BackendReport& b : kernels::describe_backends()) {
+    backends.push_back(
+        {{"name", b.name}, {"compiled", b.compiled}, {"usable", b.usable}, {"summary", b.summary}});
+  }
+  json libraries = json::object();
+  for (const core::LibraryVersion& lib : core::library_versions())
+    libraries[lib.name] = lib.version;
+  return json{{"version", build.version},
+              {"commit", build.git_commit},
+              {"build_type", build.build_type},
+              {"compiler", build.compiler},
+              {"world_size", world.size()},
+              {"nodes", world.node_count()},
+              {"mpi_thread_level", dist::thread_level_name(world.thread_level())},
+              {"ranks", ranks},
+              {"backends", backends},
+              {"libraries", libraries},
+              {"checks_ok", check.ok},
+              {"checks", check.findings}};
+}
+
+// Gathers every rank's report, checks the world, prints on rank 0; true if the checks passed.
+bool report(const CommandContext& context) {
+  const dist::World& world = context.world;
+  const std::vector<std::string> gathered =
+      dist::gather_strings(world.comm(), rank_report(world).dump(), 0);
+  std::vector<json> ranks;
+  ranks.reserve(gathered.size());
+  for (const std::string& text : gathered) ranks.push_back(json::parse(text));
+
+  const WorldCheck check = check_world(world, ranks);
+  if (world.is_root()) {
+    if (context.options["json"].as<bool>()) {
+      std::cout << to_json(world, ranks, check).dump() << '\n' << std::flush;
+    } else {
+      print_human(world, ranks, check);
+    }
+  }
+  int ok = check.ok ? 1 : 0;
+  dist::check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, world.comm()), "MPI_Bcast");
+  return ok != 0;
+}
+
+}  // namespace
+
+void declare_info_options(po::options_description& options,
+                          po::positional_options_description& /*positional*/) {
+  options.add_options()("json", po::bool_switch(),
+                        "print one JSON object on stdout instead of the human report");
+}
+
+int run_info(const CommandContext& context) {
+  if (!report(context)) throw core::internal_error("the MPI world self-check failed (see above)");
+  return core::kExitOk;
+}
+
+int run_demo(const CommandContext& context) {
+  context.log.info("demo: checking the MPI world, backends and libraries");
+  run_info(context);
+  context.log.info(
+      "demo: the world is usable. The training demo (built-in dataset -> prep -> SFT -> reward "
+      "on a tiny model) is added to this command as the training driver lands; see README.md");
+  return core::kExitOk;
+}
+
+}  // namespace l3::cli

@@ -1,0 +1,14 @@
+// `llama3-hpc info`: what the job sees (ranks, nodes, CPU binding, devices, backends, library
+// versions) plus a collective self-check; `demo` runs it until the training demo lands.
+#pragma once
+
+#include "cli/command.hpp"
+
+namespace l3::cli {
+
+void declare_info_options(po::options_description& options,
+                          po::positional_options_description& positional);
+int run_info(const CommandContext& context);
+int run_demo(const CommandContext& context);
+
+}  // namespace l3::cli

@@ -1,0 +1,152 @@
+#include "cli/run_outcome.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "dist/gather_strings.hpp"
+#include "dist/mpi_check.hpp"
+
+namespace l3::cli {
+
+namespace {
+int severity(int code) noexcept {
+  switch (code) {
+    case core::kExitOk:
+      return 0;
+    case core::kExitCheckpointed:
+      return 1;
+    case core::kExitInternal:
+      return 3;
+    case core::kExitBadInput:
+      return 4;
+    default:
+      return 2;
+  }
+}
+}  // namespace
+
+int combine_exit_codes(std::span<const int> codes) noexcept {
+  int combined = core::kExitOk;
+  for (const int code : codes) {
+    const int a = severity(code);
+    const int b = severity(combined);
+    if (a > b || (a == b && code > combined)) combined = code;
+  }
+  return combined;
+}
+
+std::string format_rank_list(std::span<const int> sorted_ranks) {
+  std::string text;
+  for (std::size_t i = 0; i < sorted_ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < sorted_ranks.size() && sorted_ranks[j + 1] == sorted_ranks[j] + 1) ++j;
+    if (!text.empty()) text += ',';
+    text += j == i ? fmt::format("{}", sorted_ranks[i])
+                   : fmt::format("{}-{}", sorted_ranks[i], sorted_ranks[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+std::vector<std::string> error_lines(std::span<const RankOutcome> outcomes, std::size_t max_lines) {
+  // message -> ranks that reported it, listed in the order of each message's lowest rank
+  std::map<std::string, std::vector<int>> by_message;
+  std::vector<std::string> order;
+  for (std::size_t r = 0; r < outcomes.size(); ++r) {
+    const std::string& message = outcomes[r].message;
+    if (message.empty()) continue;
+    auto [it, inserted] = by_message.try_emplace(message);
+    if (inserted) order.push_back(message);
+    it->second.push_back(static_cast<int>(r));
+  }
+
+  std::vector<std::string> lines;
+  if (order.size() == 1 && by_message[order[0]].size() == outcomes.size()) {
+    lines.push_back("error: " + order[0]);
+    return lines;
+  }
+  for (const std::string& message : order) {
+    if (lines.size() == max_lines) {
+      lines.push_back(
+          fmt::format("error: ... and {} more distinct error messages", order.size() - max_lines));
+      break;
+    }
+    const std::vector<int>& ranks = by_message[message];
+    lines.push_back(fmt::format("error: [rank{} {}] {}", ranks.size() > 1 ? "s" : "",
+                                format_rank_list(ranks), message));
+  }
+  return lines;
+}
+
+int conclude_run(MPI_Comm comm, MPI_Comm abort_comm, const RankOutcome& mine, double grace_seconds,
+                 const core::LogSink& out) {
+  int rank = 0;
+  int size = 1;
+  dist::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  dist::check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+
+  // Phase 1: is everybody here? A rank with nothing to report waits as long as it takes.
+  MPI_Request arrived = MPI_REQUEST_NULL;
+  dist::check_mpi(MPI_Ibarrier(comm, &arrived), "MPI_Ibarrier");
+  const bool failed = mine.exit_code != core::kExitOk && mine.exit_code != core::kExitCheckpointed;
+  if (!failed) {
+    dist::check_mpi(MPI_Wait(&arrived, MPI_STATUS_IGNORE), "MPI_Wait");
+  } else {
+    const core::Stopwatch waited;
+    int done = 0;
+    while (true) {
+      dist::check_mpi(MPI_Test(&arrived, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done != 0 || waited.seconds() >= grace_seconds) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (done == 0) {
+      if (out) {
+        out(
+            fmt::format("error: [rank {}/{}] {} (other ranks did not finish within {:.0f} s; "
+                        "aborting the job)\n",
+                        rank, size, mine.message.empty() ? "failed" : mine.message, grace_seconds));
+      }
+      MPI_Abort(abort_comm, mine.exit_code);
+      std::_Exit(mine.exit_code);  // MPI_Abort should not return; make sure
+    }
+  }
+
+  // Phase 2: everybody is here, so plain collectives are safe.
+  std::vector<int> codes(static_cast<std::size_t>(size));
+  dist::check_mpi(MPI_Allgather(&mine.exit_code, 1, MPI_INT, codes.data(), 1, MPI_INT, comm),
+                  "MPI_Allgather(exit codes)");
+  const int job_code = combine_exit_codes(codes);
+  const bool any_message =
+      std::any_of(codes.begin(), codes.end(), [](int c) { return c != 0 && c != 75; });
+  if (any_message) {
+    const std::vector<std::string> messages = dist::gather_strings(comm, mine.message, 0);
+    if (rank == 0 && out) {
+      std::vector<RankOutcome> outcomes;
+      outcomes.reserve(messages.size());
+      for (std::size_t r = 0; r < messages.size(); ++r) outcomes.push_back({codes[r], messages[r]});
+      for (const std::string& line : error_lines(outcomes)) out(line + "\n");
+    }
+  }
+  return job_code;
+}
+
+double error_grace_seconds() {
+  const char* text = std::getenv("L3_ERROR_GRACE_SECONDS");
+  if (text == nullptr || *text == '\0') return 10.0;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || value < 0) {
+    throw core::usage_error(
+        fmt::format("L3_ERROR_GRACE_SECONDS='{}' is not a number of seconds >= 0", text));
+  }
+  return value;
+}
+
+}  // namespace l3::cli

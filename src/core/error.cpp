@@ -1,0 +1,94 @@
+#include "core/error.hpp"
+
+#include <boost/program_options/errors.hpp>
+#include <new>
+#include <system_error>
+
+namespace l3::core {
+
+Error::Error(ErrorKind kind, std::string message, ErrorContext context)
+    : std::runtime_error(message),
+      kind_(kind),
+      message_(std::move(message)),
+      context_(std::move(context)) {
+  render();
+}
+
+int Error::exit_code() const noexcept {
+  return kind_ == ErrorKind::internal ? kExitInternal : kExitBadInput;
+}
+
+Error& Error::add_context(const ErrorContext& outer) {
+  if (context_.file.empty()) context_.file = outer.file;
+  if (context_.tensor.empty()) context_.tensor = outer.tensor;
+  if (context_.record.empty()) context_.record = outer.record;
+  render();
+  return *this;
+}
+
+void Error::render() {
+  std::string text;
+  if (!context_.file.empty()) text += context_.file + ": ";
+  if (!context_.tensor.empty()) text += "tensor '" + context_.tensor + "': ";
+  if (!context_.record.empty()) text += "record " + context_.record + ": ";
+  text += message_;
+  text_ = one_line(text);
+}
+
+Error usage_error(std::string message) { return {ErrorKind::usage, std::move(message)}; }
+
+Error bad_input(std::string message, ErrorContext context) {
+  return {ErrorKind::bad_input, std::move(message), std::move(context)};
+}
+
+Error internal_error(std::string message, ErrorContext context) {
+  return {ErrorKind::internal, std::move(message), std::move(context)};
+}
+
+std::string one_line(std::string_view text) {
+  // A run of control characters (the newlines of a multi-line library message), together with
+  // the blanks around it, becomes one space; other spaces are kept as they are.
+  std::string out;
+  out.reserve(text.size());
+  bool pending_space = false;
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      while (!out.empty() && out.back() == ' ') out.pop_back();
+      pending_space = true;
+      continue;
+    }
+    if (pending_space) {
+      if (c == ' ') continue;
+      if (!out.empty()) out += ' ';
+      pending_space = false;
+    }
+    out += c;
+  }
+  const auto first = out.find_first_not_of(' ');
+  if (first == std::string::npos) return {};
+  return out.substr(first, out.find_last_not_of(' ') - first + 1);
+}
+
+ErrorSummary summarize(const std::exception_ptr& error) noexcept {
+  try {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      return {e.exit_code(), e.what()};
+    } catch (const boost::program_options::error& e) {
+      return {kExitBadInput, one_line(e.what())};
+    } catch (const std::bad_alloc&) {
+      return {kExitInternal, "out of memory"};
+    } catch (const std::system_error& e) {
+      return {kExitInternal, one_line(e.what())};
+    } catch (const std::exception& e) {
+      return {kExitInternal, one_line(e.what())};
+    } catch (...) {
+      return {kExitInternal, "unknown exception"};
+    }
+  } catch (...) {
+    return {kExitInternal, "unknown exception (and describing it failed)"};
+  }
+}
+
+}  // namespace l3::core

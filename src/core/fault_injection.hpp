@@ -1,0 +1,19 @@
+// Fault injection for tests of failure handling (error agreement now; kill-a-rank-mid-write
+// checkpoint tests later). Inactive unless the environment variable L3_FAULT is set:
+//
+//   L3_FAULT="point@rank=action[,point@rank=action...]"      rank: a number or '*'
+//   actions: throw-internal | throw-input | exit:CODE | kill (SIGKILL self) | sleep:SECONDS
+//
+// e.g. L3_FAULT="cli.run@1=throw-input" makes rank 1 fail with a bad-input error where the CLI
+// starts the subcommand. Points are listed in docs/DEVELOPING.md.
+#pragma once
+
+#include <string_view>
+
+namespace l3::core {
+
+// Performs the action configured for (point, rank), if any. A malformed L3_FAULT is a usage
+// Error, so a typo in a test cannot silently disable the fault it meant to inject.
+void fault_point(std::string_view point, int rank);
+
+}  // namespace l3::core

@@ -1,0 +1,47 @@
+#include "dist/gather_strings.hpp"
+
+#include <limits>
+
+#include "core/error.hpp"
+#include "dist/mpi_check.hpp"
+
+namespace l3::dist {
+
+std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root) {
+  int rank = 0;
+  int size = 1;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  if (mine.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw core::internal_error("gather_strings: text longer than 2 GiB");
+  }
+
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(rank == root ? static_cast<std::size_t>(size) : 0U);
+  check_mpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm),
+            "MPI_Gather(string lengths)");
+
+  std::vector<int> displacements(lengths.size());
+  long long total = 0;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    if (total > std::numeric_limits<int>::max()) {
+      throw core::internal_error("gather_strings: gathered text longer than 2 GiB");
+    }
+    displacements[r] = static_cast<int>(total);
+    total += lengths[r];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  check_mpi(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                        displacements.data(), MPI_CHAR, root, comm),
+            "MPI_Gatherv(strings)");
+
+  std::vector<std::string> out;
+  out.reserve(lengths.size());
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    out.push_back(all.substr(static_cast<std::size_t>(displacements[r]),
+                             static_cast<std::size_t>(lengths[r])));
+  }
+  return out;
+}
+
+}  // namespace l3::dist

@@ -1,0 +1,7 @@
+// main() for the unit tests (the same for Catch2 v2 and v3).
+#if L3_CATCH2_MAJOR < 3
+#define CATCH_CONFIG_RUNNER
+#endif
+#include "catch.hpp"
+
+int main(int argc, char** argv) { return Catch::Session().run(argc, argv); }

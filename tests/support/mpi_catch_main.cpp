@@ -1,0 +1,33 @@
+// main() for MPI tests that play the host application: the test initialises MPI itself (as an
+// embedding code would) before the library is used, and finalises it after. Ranks other than 0
+// report only failures, so a passing run prints one summary.
+#if L3_CATCH2_MAJOR < 3
+#define CATCH_CONFIG_RUNNER
+#endif
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+
+  Catch::Session session;
+  std::vector<std::string> words(argv, argv + argc);
+  if (rank != 0) words.emplace_back("--reporter=compact");
+  std::vector<char*> args;
+  for (std::string& word : words) args.push_back(word.data());
+  int failed = session.run(static_cast<int>(args.size()), args.data());
+
+  // The test passes only if it passed on every rank.
+  int any_failed = 0;
+  failed = failed != 0 ? 1 : 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed;
+}
