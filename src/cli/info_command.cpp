@@ -88,8 +88,9 @@ WorldCheck check_world(const dist::World& world, const std::vector<json>& ranks)
   }
   if (static_cast<int>(nodes.size()) != world.node_count()) layout_ok = false;
   check.ok = check.ok && layout_ok;
-  check.findings.push_back(layout_ok ? "node layout consistent on every rank: ok"
-                                     : "node layout inconsistent between ranks (see ranks above)");
+  check.findings.emplace_back(layout_ok
+                                  ? "node layout consistent on every rank: ok"
+                                  : "node layout inconsistent between ranks (see ranks above)");
   if (world.thread_level() != MPI_THREAD_MULTIPLE) {
     check.findings.push_back(fmt::format(
         "warning: MPI granted {} only; background I/O will be serialised through the main thread",

@@ -38,11 +38,13 @@ World::World(MPI_Comm comm) {
   check_mpi(MPI_Comm_split(comm_.get(), local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders),
             "MPI_Comm_split(node leaders)");
   const UniqueComm leaders_owned(leaders);
-  std::array<int, 2> node{0, 0};  // id, count
+  int leader_rank = 0;
+  int leader_count = 0;
   if (local_rank_ == 0) {
-    check_mpi(MPI_Comm_rank(leaders, &node[0]), "MPI_Comm_rank(leaders)");
-    check_mpi(MPI_Comm_size(leaders, &node[1]), "MPI_Comm_size(leaders)");
+    check_mpi(MPI_Comm_rank(leaders, &leader_rank), "MPI_Comm_rank(leaders)");
+    check_mpi(MPI_Comm_size(leaders, &leader_count), "MPI_Comm_size(leaders)");
   }
+  std::array<int, 2> node{leader_rank, leader_count};  // the leader's view, sent to its node
   check_mpi(MPI_Bcast(node.data(), 2, MPI_INT, 0, local), "MPI_Bcast(node id)");
   node_id_ = node[0];
   node_count_ = node[1];

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> words(argv, argv + argc);
   if (rank != 0) words.emplace_back("--reporter=compact");
   std::vector<char*> args;
+  args.reserve(words.size());
   for (std::string& word : words) args.push_back(word.data());
   int failed = session.run(static_cast<int>(args.size()), args.data());
 

@@ -22,7 +22,7 @@ struct Fixture {
     positional.add("action", 1);
     options.add_options()("action", po::value<std::string>(), "action");
   }
-  po::variables_map parse(std::vector<std::string> args) const {
+  [[nodiscard]] po::variables_map parse(std::vector<std::string> args) const {
     return l3::core::parse_options(options, positional, args);
   }
   po::options_description options;

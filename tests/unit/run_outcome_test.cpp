@@ -38,6 +38,7 @@ TEST_CASE("rank 0 prints one line when all ranks agree, else one per message", "
         std::vector<std::string>{"error: [ranks 0,2] A", "error: [ranks 1,3-4] B"});
 
   std::vector<RankOutcome> many;
+  many.reserve(20);
   for (int r = 0; r < 20; ++r) many.push_back({1, "message " + std::to_string(r)});
   const auto lines = error_lines(many, 3);
   REQUIRE(lines.size() == 4);
