@@ -65,7 +65,7 @@ TEST_CASE("uniform and normal have the right range and moments", "[rng]") {
   CHECK(std::abs(sum_z4 / n - 3.0) < 0.1);  // kurtosis of a normal
 }
 
-TEST_CASE("below(n) covers [0, n) evenly", "[rng]") {
+TEST_CASE("below(n) covers 0..n-1 evenly", "[rng]") {
   const CounterRng rng(7, RngPurpose::data_order, 3);
   constexpr std::uint64_t buckets = 10;
   constexpr int n = 100000;
