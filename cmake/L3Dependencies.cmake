@@ -41,7 +41,16 @@ find_package(OpenMP COMPONENTS CXX)
 l3_require(OpenMP_CXX_FOUND "OpenMP support in the C++ compiler" "libgomp1 (part of g++)" "gcc")
 
 # OpenBLAS: we call cblas_sgemm and openblas_* directly, so we need its cblas.h, not any BLAS.
+# The OpenMP-threaded build is preferred: it shares our OpenMP thread pool and runs serially
+# inside our parallel regions (attention calls GEMMs from OpenMP threads), where the pthread
+# build would start a second set of threads that compete for the same cores. Debian ships it
+# as libopenblas-openmp-dev next to the default pthread build.
 find_package(PkgConfig QUIET)
+foreach(_l3_dir IN ITEMS "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp/pkgconfig")
+  if(EXISTS "${_l3_dir}/openblas.pc")
+    set(ENV{PKG_CONFIG_PATH} "${_l3_dir}:$ENV{PKG_CONFIG_PATH}")
+  endif()
+endforeach()
 if(PkgConfig_FOUND)
   pkg_check_modules(OPENBLAS QUIET IMPORTED_TARGET openblas)
   pkg_check_modules(PCRE2 QUIET IMPORTED_TARGET libpcre2-8)

@@ -15,9 +15,11 @@ namespace l3::kernels {
 namespace {
 
 BackendReport cpu_backend() {
+  const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
+  const char* threading = parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential";
   return {"cpu", true, true,
-          fmt::format("fp32, {} OpenMP threads, OpenBLAS {} threads ({})", omp_get_max_threads(),
-                      openblas_get_num_threads(), openblas_get_corename())};
+          fmt::format("fp32, {} OpenMP threads, OpenBLAS {} {} threads ({})", omp_get_max_threads(),
+                      openblas_get_num_threads(), threading, openblas_get_corename())};
 }
 
 BackendReport cuda_backend() {

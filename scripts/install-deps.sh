@@ -15,6 +15,7 @@ packages=(
   libfmt-dev                    # logging
   catch2                        # unit tests (v2 on Debian 12, v3 on newer releases)
   libopenblas-dev               # CPU SGEMM
+  libopenblas-openmp-dev        # ... the OpenMP-threaded build, which shares our thread pool
   libpcre2-dev                  # tokenizer pre-split regex (\p{L}, \p{N})
   nlohmann-json3-dev            # JSONL, config.json, safetensors headers, manifests
 )

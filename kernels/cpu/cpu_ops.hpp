@@ -1,0 +1,58 @@
+// The CPU reference backend: fp32 everywhere, OpenMP + OpenBLAS. It is the oracle the CUDA
+// backend is tested against, so it favours exactness (deterministic reductions) over tricks.
+#pragma once
+
+#include "kernels/ops.hpp"
+
+namespace l3::kernels {
+
+class CpuOps final : public Ops {
+ public:
+  [[nodiscard]] std::string_view name() const noexcept override { return "cpu"; }
+  [[nodiscard]] DType compute_dtype() const noexcept override { return DType::f32; }
+
+  [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override;
+  void zero(TensorView x) override;
+  void copy(TensorView dst, TensorView src) override;
+  void synchronize() override {}
+
+  void matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
+              std::int64_t k, bool accumulate) override;
+  void matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x, TensorView w,
+                       std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate_dx) override;
+  void embedding(TensorView out, TensorView tokens, TensorView table, std::int64_t n,
+                 std::int64_t hidden) override;
+  void embedding_backward(TensorView dtable, TensorView tokens, TensorView dout, std::int64_t n,
+                          std::int64_t hidden) override;
+  void rmsnorm(TensorView out, TensorView rstd, TensorView x, TensorView w, std::int64_t rows,
+               std::int64_t hidden, float eps) override;
+  void rmsnorm_backward(TensorView dx, TensorView dw, TensorView dout, TensorView x, TensorView w,
+                        TensorView rstd, std::int64_t rows, std::int64_t hidden) override;
+  void rope(TensorView x, TensorView positions, TensorView cos, TensorView sin, std::int64_t n,
+            int heads, int head_dim) override;
+  void rope_backward(TensorView dx, TensorView positions, TensorView cos, TensorView sin,
+                     std::int64_t n, int heads, int head_dim) override;
+  void attention(TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
+                 TensorView cu_seqlens, const AttentionShape& shape) override;
+  void attention_backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
+                          TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
+                          TensorView cu_seqlens, const AttentionShape& shape) override;
+  void swiglu(TensorView out, TensorView gate, TensorView up, std::int64_t n) override;
+  void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
+                       TensorView up, std::int64_t n) override;
+  void add(TensorView out, TensorView a, TensorView b, std::int64_t n) override;
+  void scale(TensorView x, float alpha, std::int64_t n) override;
+  [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override;
+  LossSum lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h, TensorView w,
+                                TensorView targets, TensorView mask, std::int64_t n,
+                                std::int64_t vocab, std::int64_t hidden, float grad_scale) override;
+  void gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
+                  std::int64_t count, std::int64_t hidden) override;
+  void gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
+                           TensorView w, TensorView rows, std::int64_t count,
+                           std::int64_t hidden) override;
+  void adamw(TensorView params, TensorView grads, TensorView m, TensorView v, std::int64_t n,
+             const AdamWParams& hyper) override;
+};
+
+}  // namespace l3::kernels

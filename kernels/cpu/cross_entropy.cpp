@@ -1,0 +1,103 @@
+#include "kernels/cpu/cross_entropy.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/checks.hpp"
+
+namespace l3::kernels::cpu {
+
+CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
+                                      std::span<const float> h, std::span<const float> w,
+                                      std::span<const std::int32_t> targets,
+                                      std::span<const std::uint8_t> mask, std::int64_t vocab,
+                                      std::int64_t hidden, float grad_scale,
+                                      std::int64_t block_bytes) {
+  const auto n = static_cast<std::int64_t>(targets.size());
+  const bool backward = !dh.empty();
+  require_size(h.size(), n * hidden, "lm_head_cross_entropy", "h");
+  require_size(w.size(), vocab * hidden, "lm_head_cross_entropy", "w");
+  require_size(mask.size(), n, "lm_head_cross_entropy", "mask");
+  if (backward) {
+    require_size(dh.size(), n * hidden, "lm_head_cross_entropy", "dh");
+    require_size(dw.size(), vocab * hidden, "lm_head_cross_entropy", "dw");
+    std::fill(dh.begin(), dh.end(), 0.0F);
+  }
+
+  std::vector<std::int64_t> counted;
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (mask[static_cast<std::size_t>(t)] == 0) continue;
+    const std::int32_t target = targets[static_cast<std::size_t>(t)];
+    if (target < 0 || target >= vocab) {
+      throw core::bad_input(
+          fmt::format("target token id {} at position {} is outside the "
+                      "vocabulary [0, {})",
+                      target, t, vocab));
+    }
+    counted.push_back(t);
+  }
+  CrossEntropySum result;
+  result.tokens = static_cast<std::int64_t>(counted.size());
+  if (counted.empty()) return result;
+
+  const std::int64_t block = std::clamp<std::int64_t>(
+      block_bytes / (vocab * static_cast<std::int64_t>(sizeof(float))), 1, result.tokens);
+  std::vector<float> hb(static_cast<std::size_t>(block * hidden));
+  std::vector<float> logits(static_cast<std::size_t>(block * vocab));
+  std::vector<float> dhb(backward ? hb.size() : 0U);
+  std::vector<double> row_loss(static_cast<std::size_t>(block));
+  const int iv = blas_int(vocab, "lm_head_cross_entropy");
+  const int ih = blas_int(hidden, "lm_head_cross_entropy");
+
+  for (std::int64_t begin = 0; begin < result.tokens; begin += block) {
+    const std::int64_t rows = std::min(block, result.tokens - begin);
+    const int ir = static_cast<int>(rows);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::memcpy(hb.data() + r * hidden,
+                  h.data() + counted[static_cast<std::size_t>(begin + r)] * hidden,
+                  static_cast<std::size_t>(hidden) * sizeof(float));
+    }
+    // logits (rows, V) = hb (rows, H) . w^T (H, V)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, iv, ih, 1.0F, hb.data(), ih, w.data(),
+                ih, 0.0F, logits.data(), iv);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* row = logits.data() + r * vocab;
+      const std::int32_t target =
+          targets[static_cast<std::size_t>(counted[static_cast<std::size_t>(begin + r)])];
+      float max = -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = 0; j < vocab; ++j) max = std::max(max, row[j]);
+      double sum = 0.0;
+      for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - max));
+      const double lse = static_cast<double>(max) + std::log(sum);
+      row_loss[static_cast<std::size_t>(r)] = lse - static_cast<double>(row[target]);
+      if (backward) {
+        // dlogits = grad_scale * (softmax - onehot(target)), in place
+        for (std::int64_t j = 0; j < vocab; ++j) {
+          row[j] = grad_scale * static_cast<float>(std::exp(static_cast<double>(row[j]) - lse));
+        }
+        row[target] -= grad_scale;
+      }
+    }
+    for (std::int64_t r = 0; r < rows; ++r) result.loss += row_loss[static_cast<std::size_t>(r)];
+    if (!backward) continue;
+    // dhb (rows, H) = dlogits (rows, V) . w (V, H)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ir, ih, iv, 1.0F, logits.data(), iv,
+                w.data(), ih, 0.0F, dhb.data(), ih);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::memcpy(dh.data() + counted[static_cast<std::size_t>(begin + r)] * hidden,
+                  dhb.data() + r * hidden, static_cast<std::size_t>(hidden) * sizeof(float));
+    }
+    // dw (V, H) += dlogits^T (V, rows) . hb (rows, H)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, iv, ih, ir, 1.0F, logits.data(), iv,
+                hb.data(), ih, 1.0F, dw.data(), ih);
+  }
+  return result;
+}
+
+}  // namespace l3::kernels::cpu

@@ -1,0 +1,151 @@
+// The backend interface the Llama model is written against (once): the CPU reference backend
+// (fp32, OpenMP, OpenBLAS) and the CUDA backend (bf16 activations, fp32 accumulation)
+// implement it. Every tensor is a flat row-major array; shapes are given in the comments as
+// (rows, cols) with N = tokens of the micro-batch, H = hidden, V = vocabulary.
+//
+// Gradient conventions: parameter gradients (dw) are always accumulated (+=), so that
+// micro-batches add up; activation gradients are overwritten unless the op says "+=".
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "kernels/tensor.hpp"
+
+namespace l3::kernels {
+
+// Packed rows: the N tokens of a micro-batch are cut into segments (documents, or padding) by
+// cu_seqlens (i32, n_segments + 1, cu_seqlens[0] = 0, cu_seqlens[n_segments] = N). A token
+// attends to the tokens of its own segment up to itself, and to nothing else.
+struct AttentionShape {
+  std::int64_t tokens = 0;  // N
+  int n_heads = 0;
+  int n_kv_heads = 0;  // n_heads % n_kv_heads == 0 (GQA); K/V are never replicated in memory
+  int head_dim = 0;
+  int n_segments = 0;
+  int max_segment = 0;  // longest segment, for workspace sizing
+};
+
+// The summed cross-entropy of the counted tokens and how many there were.
+struct LossSum {
+  double loss = 0.0;
+  std::int64_t tokens = 0;
+};
+
+struct AdamWParams {
+  float lr = 0.0F;
+  float beta1 = 0.9F;
+  float beta2 = 0.95F;
+  float eps = 1e-8F;
+  float weight_decay = 0.0F;  // 0 for tensors that are not decayed (norms)
+  float grad_scale = 1.0F;    // gradients are multiplied by this first (clipping)
+  std::int64_t step = 1;      // 1-based, for bias correction
+};
+
+class Ops {
+ public:
+  Ops() = default;
+  virtual ~Ops() = default;
+  Ops(const Ops&) = delete;
+  Ops& operator=(const Ops&) = delete;
+  Ops(Ops&&) = delete;
+  Ops& operator=(Ops&&) = delete;
+
+  [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  // The element type of activations and of the weights the matmuls read.
+  [[nodiscard]] virtual DType compute_dtype() const noexcept = 0;
+
+  // ---- memory ----------------------------------------------------------------------------
+  // Zero-initialised.
+  [[nodiscard]] virtual Buffer allocate(DType dtype, std::int64_t numel) = 0;
+  virtual void zero(TensorView x) = 0;
+  // dst = src (same numel; converts between f32 and bf16). Host <-> backend memory included:
+  // on the CPU backend both sides are host memory.
+  virtual void copy(TensorView dst, TensorView src) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- linear layers: y = x W^T, W stored [out, in] as in Hugging Face --------------------
+  // y (M, N) = x (M, K) W^T, W (N, K); y += ... when accumulate
+  virtual void matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
+                      std::int64_t k, bool accumulate) = 0;
+  // dx (M, K) = dy (M, N) W (+= when accumulate_dx; skipped when dx is empty);
+  // dw (N, K) += dy^T x (skipped when dw is empty)
+  virtual void matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x,
+                               TensorView w, std::int64_t m, std::int64_t n, std::int64_t k,
+                               bool accumulate_dx) = 0;
+
+  // ---- embedding: out (N, H) = table[tokens] ----------------------------------------------
+  virtual void embedding(TensorView out, TensorView tokens, TensorView table, std::int64_t n,
+                         std::int64_t hidden) = 0;
+  // dtable (V, H) += scatter of dout (N, H) by tokens (deterministic order)
+  virtual void embedding_backward(TensorView dtable, TensorView tokens, TensorView dout,
+                                  std::int64_t n, std::int64_t hidden) = 0;
+
+  // ---- RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w, statistics in fp32 -------------------
+  // x, out (rows, H); w (H); rstd (rows) f32, saved for the backward
+  virtual void rmsnorm(TensorView out, TensorView rstd, TensorView x, TensorView w,
+                       std::int64_t rows, std::int64_t hidden, float eps) = 0;
+  // dx (rows, H) += d/dx; dw (H) += d/dw
+  virtual void rmsnorm_backward(TensorView dx, TensorView dw, TensorView dout, TensorView x,
+                                TensorView w, TensorView rstd, std::int64_t rows,
+                                std::int64_t hidden) = 0;
+
+  // ---- RoPE, Hugging Face rotate-half convention (pair i with i + head_dim/2), in place ----
+  // x (N, heads, head_dim); positions (N) i32; cos, sin (max_position, head_dim/2) f32
+  virtual void rope(TensorView x, TensorView positions, TensorView cos, TensorView sin,
+                    std::int64_t n, int heads, int head_dim) = 0;
+  // The inverse rotation applied to the gradient, in place.
+  virtual void rope_backward(TensorView dx, TensorView positions, TensorView cos, TensorView sin,
+                             std::int64_t n, int heads, int head_dim) = 0;
+
+  // ---- causal GQA attention over packed segments, softmax scale 1/sqrt(head_dim) -----------
+  // q, out (N, n_heads, head_dim); k, v (N, n_kv_heads, head_dim);
+  // lse (n_heads, N) f32: log-sum-exp of each query's scaled scores, saved for the backward
+  virtual void attention(TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
+                         TensorView cu_seqlens, const AttentionShape& shape) = 0;
+  // dq (N, n_heads, head_dim), dk, dv (N, n_kv_heads, head_dim): overwritten
+  virtual void attention_backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
+                                  TensorView out, TensorView lse, TensorView q, TensorView k,
+                                  TensorView v, TensorView cu_seqlens,
+                                  const AttentionShape& shape) = 0;
+
+  // ---- SwiGLU: out = silu(gate) * up, elementwise over n values ---------------------------
+  virtual void swiglu(TensorView out, TensorView gate, TensorView up, std::int64_t n) = 0;
+  virtual void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
+                               TensorView up, std::int64_t n) = 0;
+
+  // ---- elementwise -----------------------------------------------------------------------
+  // out = a + b (the residual stream); out may alias a or b
+  virtual void add(TensorView out, TensorView a, TensorView b, std::int64_t n) = 0;
+  // x *= alpha
+  virtual void scale(TensorView x, float alpha, std::int64_t n) = 0;
+  // sum of x^2 in double precision (gradient norms)
+  [[nodiscard]] virtual double sum_squares(TensorView x, std::int64_t n) = 0;
+
+  // ---- lm_head + masked cross-entropy, fused and chunked over tokens ----------------------
+  // h (N, H), w (V, H). targets (N) i32: the token that position t predicts; mask (N) u8: 1
+  // when position t counts. Returns the summed CE of counted positions (logits are built a
+  // block of tokens at a time, never for the whole batch). With dh non-empty, also
+  // dh (N, H) = grad_scale * d(sum CE)/dh (overwritten) and dw (V, H) += grad_scale * d/dw.
+  virtual LossSum lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h, TensorView w,
+                                        TensorView targets, TensorView mask, std::int64_t n,
+                                        std::int64_t vocab, std::int64_t hidden,
+                                        float grad_scale) = 0;
+
+  // ---- reward head: scores (P) f32 = h[rows[p]] . w, w (H) --------------------------------
+  virtual void gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
+                          std::int64_t count, std::int64_t hidden) = 0;
+  // dh[rows[p]] += dscores[p] * w (dh (N, H) is overwritten elsewhere with zeros first);
+  // dw += sum_p dscores[p] * h[rows[p]]
+  virtual void gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
+                                   TensorView w, TensorView rows, std::int64_t count,
+                                   std::int64_t hidden) = 0;
+
+  // ---- optimizer -------------------------------------------------------------------------
+  // PyTorch's AdamW on n elements: p *= 1 - lr*wd; m, v updated with g*grad_scale;
+  // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). params, m, v f32 (master copies).
+  virtual void adamw(TensorView params, TensorView grads, TensorView m, TensorView v,
+                     std::int64_t n, const AdamWParams& hyper) = 0;
+};
+
+}  // namespace l3::kernels

@@ -1,0 +1,398 @@
+#include "model/llama_model.hpp"
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "model/parameter_init.hpp"
+#include "model/rope_table.hpp"
+
+namespace l3::model {
+
+using kernels::Buffer;
+using kernels::DType;
+using kernels::TensorView;
+
+namespace {
+
+// A host array as a view the backend can copy from (the backend never writes through it).
+template <typename T>
+TensorView host_view(const std::vector<T>& values) {
+  return TensorView(std::span<const T>(values));
+}
+
+}  // namespace
+
+// Activations of one decoder block, kept from its forward for its backward.
+struct BlockActivations {
+  Buffer ln1;    // (N, H)  rmsnorm(x)
+  Buffer rstd1;  // (N)
+  Buffer q;      // (N, n_heads, head_dim), after RoPE
+  Buffer k;      // (N, n_kv_heads, head_dim), after RoPE
+  Buffer v;      // (N, n_kv_heads, head_dim)
+  Buffer att;    // (N, n_heads, head_dim)  attention output, before o_proj
+  Buffer lse;    // (n_heads, N)
+  Buffer h;      // (N, H)  x + o_proj(att)
+  Buffer ln2;    // (N, H)  rmsnorm(h)
+  Buffer rstd2;  // (N)
+  Buffer gate;   // (N, I)
+  Buffer up;     // (N, I)
+  Buffer act;    // (N, I)  silu(gate) * up
+};
+
+struct LlamaModel::Workspace {
+  std::int64_t capacity = 0;  // tokens the buffers hold
+  // the micro-batch, on the backend
+  Buffer tokens, targets, mask, positions, cu_seqlens, score_rows;
+  Buffer rope_cos, rope_sin;
+  std::int64_t rope_positions = 0;
+  // forward
+  std::vector<Buffer> layer_inputs;  // n_layers + 1 of (N, H): the residual stream
+  std::vector<BlockActivations> blocks;
+  Buffer final_out, final_rstd;
+  // backward
+  Buffer d_resid, d_final, d_ln, d_att, d_q, d_k, d_v, d_act, d_gate, d_up, scratch_out;
+  Buffer scores, d_scores;
+  // the current micro-batch
+  std::int64_t n = 0;
+  kernels::AttentionShape shape;
+};
+
+LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& ops,
+                       ModelOptions options)
+    : layout_(config, head),
+      ops_(ops),
+      options_(options),
+      params_(ops.allocate(ops.compute_dtype(), layout_.total())),
+      grads_(ops.allocate(ops.compute_dtype(), layout_.total())),
+      ws_(std::make_unique<Workspace>()) {}
+
+LlamaModel::~LlamaModel() = default;
+
+TensorView LlamaModel::weight(std::int64_t offset, std::int64_t numel) const {
+  return params_.slice(offset, numel);
+}
+TensorView LlamaModel::weight_grad(std::int64_t offset, std::int64_t numel) const {
+  return grads_.slice(offset, numel);
+}
+TensorView LlamaModel::parameter(std::string_view name) const {
+  const TensorInfo& t = layout_.find(name);
+  return weight(t.offset, t.numel);
+}
+TensorView LlamaModel::gradient(std::string_view name) const {
+  const TensorInfo& t = layout_.find(name);
+  return weight_grad(t.offset, t.numel);
+}
+
+void LlamaModel::initialize(std::uint64_t seed) {
+  std::vector<float> host(static_cast<std::size_t>(layout_.total()));
+  initialize_parameters(host, layout_, seed);
+  ops_.copy(params_.view(), host_view(host));
+}
+
+void LlamaModel::zero_gradients() { ops_.zero(grads_.view()); }
+
+void LlamaModel::prepare(const Batch& batch) {
+  const ModelConfig& c = config();
+  batch.validate(c.vocab_size);
+  Workspace& ws = *ws_;
+  const std::int64_t n = batch.tokens_count();
+  const DType act = ops_.compute_dtype();
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+
+  if (n > ws.capacity) {
+    Workspace fresh;
+    fresh.capacity = n;
+    auto alloc = [&](DType dtype, std::int64_t count) { return ops_.allocate(dtype, count); };
+    fresh.tokens = alloc(DType::i32, n);
+    fresh.targets = alloc(DType::i32, n);
+    fresh.mask = alloc(DType::u8, n);
+    fresh.positions = alloc(DType::i32, n);
+    fresh.cu_seqlens = alloc(DType::i32, n + 1);
+    fresh.score_rows = alloc(DType::i32, n);
+    fresh.scores = alloc(DType::f32, n);
+    fresh.d_scores = alloc(DType::f32, n);
+    for (int l = 0; l <= c.n_layers; ++l) fresh.layer_inputs.push_back(alloc(act, n * h));
+    const int slots = options_.recompute ? 1 : c.n_layers;
+    for (int s = 0; s < slots; ++s) {
+      fresh.blocks.push_back({alloc(act, n * h), alloc(DType::f32, n), alloc(act, n * q),
+                              alloc(act, n * kv), alloc(act, n * kv), alloc(act, n * q),
+                              alloc(DType::f32, n * c.n_heads), alloc(act, n * h),
+                              alloc(act, n * h), alloc(DType::f32, n), alloc(act, n * i),
+                              alloc(act, n * i), alloc(act, n * i)});
+    }
+    fresh.final_out = alloc(act, n * h);
+    fresh.final_rstd = alloc(DType::f32, n);
+    fresh.d_resid = alloc(act, n * h);
+    fresh.d_final = alloc(act, n * h);
+    fresh.d_ln = alloc(act, n * h);
+    fresh.d_att = alloc(act, n * q);
+    fresh.d_q = alloc(act, n * q);
+    fresh.d_k = alloc(act, n * kv);
+    fresh.d_v = alloc(act, n * kv);
+    fresh.d_act = alloc(act, n * i);
+    fresh.d_gate = alloc(act, n * i);
+    fresh.d_up = alloc(act, n * i);
+    fresh.scratch_out = alloc(act, n * h);
+    fresh.rope_cos = std::move(ws.rope_cos);
+    fresh.rope_sin = std::move(ws.rope_sin);
+    fresh.rope_positions = ws.rope_positions;
+    ws = std::move(fresh);
+  }
+  if (batch.seq_len > ws.rope_positions) {
+    if (batch.seq_len > c.max_position_embeddings) {
+      throw core::usage_error(
+          fmt::format("sequence length {} exceeds the model's "
+                      "max_position_embeddings {}",
+                      batch.seq_len, c.max_position_embeddings));
+    }
+    const RopeTable table = make_rope_table(c, batch.seq_len);
+    ws.rope_cos = ops_.allocate(DType::f32, static_cast<std::int64_t>(table.cos.size()));
+    ws.rope_sin = ops_.allocate(DType::f32, static_cast<std::int64_t>(table.sin.size()));
+    ops_.copy(ws.rope_cos.view(), host_view(table.cos));
+    ops_.copy(ws.rope_sin.view(), host_view(table.sin));
+    ws.rope_positions = batch.seq_len;
+  }
+
+  ws.n = n;
+  ops_.copy(ws.tokens.slice(0, n), host_view(batch.tokens));
+  ops_.copy(ws.targets.slice(0, n), host_view(batch.targets));
+  ops_.copy(ws.mask.slice(0, n), host_view(batch.loss_mask));
+  ops_.copy(ws.positions.slice(0, n), host_view(batch.positions));
+  ops_.copy(ws.cu_seqlens.slice(0, batch.segments() + 1), host_view(batch.cu_seqlens));
+  ws.shape = {n,
+              c.n_heads,
+              c.n_kv_heads,
+              c.head_dim,
+              static_cast<int>(batch.segments()),
+              static_cast<int>(batch.longest_segment())};
+}
+
+void LlamaModel::forward_backbone() {
+  const ModelConfig& c = config();
+  Workspace& ws = *ws_;
+  const std::int64_t n = ws.n;
+  const std::int64_t h = c.hidden_size;
+  ops_.embedding(ws.layer_inputs[0].slice(0, n * h), ws.tokens.slice(0, n),
+                 weight(layout_.embedding(), c.vocab_size * h), n, h);
+  for (int l = 0; l < c.n_layers; ++l) {
+    block_forward(l, ws.layer_inputs[static_cast<std::size_t>(l)].slice(0, n * h),
+                  ws.layer_inputs[static_cast<std::size_t>(l) + 1].slice(0, n * h),
+                  options_.recompute ? 0 : l);
+  }
+  ops_.rmsnorm(ws.final_out.slice(0, n * h), ws.final_rstd.slice(0, n),
+               ws.layer_inputs.back().slice(0, n * h), weight(layout_.final_norm(), h), n, h,
+               static_cast<float>(c.rms_norm_eps));
+}
+
+void LlamaModel::block_forward(int layer, TensorView x_in, TensorView x_out, int slot) {
+  const ModelConfig& c = config();
+  Workspace& ws = *ws_;
+  BlockActivations& a = ws.blocks[static_cast<std::size_t>(slot)];
+  const BlockOffsets& w = layout_.block(layer);
+  const std::int64_t n = ws.n;
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+
+  // attention half: h = x + o_proj(attn(rope(q), rope(k), v)), q/k/v from rmsnorm(x)
+  ops_.rmsnorm(a.ln1.slice(0, n * h), a.rstd1.slice(0, n), x_in, weight(w.input_norm, h), n, h,
+               eps);
+  ops_.matmul(a.q.slice(0, n * q), a.ln1.slice(0, n * h), weight(w.q_proj, q * h), n, q, h, false);
+  ops_.matmul(a.k.slice(0, n * kv), a.ln1.slice(0, n * h), weight(w.k_proj, kv * h), n, kv, h,
+              false);
+  ops_.matmul(a.v.slice(0, n * kv), a.ln1.slice(0, n * h), weight(w.v_proj, kv * h), n, kv, h,
+              false);
+  ops_.rope(a.q.slice(0, n * q), ws.positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(),
+            n, c.n_heads, c.head_dim);
+  ops_.rope(a.k.slice(0, n * kv), ws.positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(),
+            n, c.n_kv_heads, c.head_dim);
+  ops_.attention(a.att.slice(0, n * q), a.lse.slice(0, n * c.n_heads), a.q.slice(0, n * q),
+                 a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.cu_seqlens.view(), ws.shape);
+  ops_.copy(a.h.slice(0, n * h), x_in);  // the residual, then += o_proj(att)
+  ops_.matmul(a.h.slice(0, n * h), a.att.slice(0, n * q), weight(w.o_proj, h * q), n, h, q, true);
+
+  // MLP half: x' = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h)
+  ops_.rmsnorm(a.ln2.slice(0, n * h), a.rstd2.slice(0, n), a.h.slice(0, n * h),
+               weight(w.post_attention_norm, h), n, h, eps);
+  ops_.matmul(a.gate.slice(0, n * i), a.ln2.slice(0, n * h), weight(w.gate_proj, i * h), n, i, h,
+              false);
+  ops_.matmul(a.up.slice(0, n * i), a.ln2.slice(0, n * h), weight(w.up_proj, i * h), n, i, h,
+              false);
+  ops_.swiglu(a.act.slice(0, n * i), a.gate.slice(0, n * i), a.up.slice(0, n * i), n * i);
+  ops_.copy(x_out, a.h.slice(0, n * h));
+  ops_.matmul(x_out, a.act.slice(0, n * i), weight(w.down_proj, h * i), n, h, i, true);
+}
+
+void LlamaModel::backward_backbone() {
+  const ModelConfig& c = config();
+  Workspace& ws = *ws_;
+  const std::int64_t n = ws.n;
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+  const TensorView d_resid = ws.d_resid.slice(0, n * h);  // d(loss)/d(residual stream)
+
+  ops_.zero(d_resid);
+  ops_.rmsnorm_backward(d_resid, weight_grad(layout_.final_norm(), h), ws.d_final.slice(0, n * h),
+                        ws.layer_inputs.back().slice(0, n * h), weight(layout_.final_norm(), h),
+                        ws.final_rstd.slice(0, n), n, h);
+
+  for (int l = c.n_layers - 1; l >= 0; --l) {
+    const TensorView x_in = ws.layer_inputs[static_cast<std::size_t>(l)].slice(0, n * h);
+    const int slot = options_.recompute ? 0 : l;
+    if (options_.recompute) block_forward(l, x_in, ws.scratch_out.slice(0, n * h), slot);
+    const BlockActivations& a = ws.blocks[static_cast<std::size_t>(slot)];
+    const BlockOffsets& w = layout_.block(l);
+    const TensorView d_ln = ws.d_ln.slice(0, n * h);
+
+    // MLP half. d_resid holds d(x'); the residual passes it on to d(h) unchanged.
+    const TensorView d_act = ws.d_act.slice(0, n * i);
+    ops_.matmul_backward(d_act, weight_grad(w.down_proj, h * i), d_resid, a.act.slice(0, n * i),
+                         weight(w.down_proj, h * i), n, h, i, false);
+    ops_.swiglu_backward(ws.d_gate.slice(0, n * i), ws.d_up.slice(0, n * i), d_act,
+                         a.gate.slice(0, n * i), a.up.slice(0, n * i), n * i);
+    ops_.matmul_backward(d_ln, weight_grad(w.gate_proj, i * h), ws.d_gate.slice(0, n * i),
+                         a.ln2.slice(0, n * h), weight(w.gate_proj, i * h), n, i, h, false);
+    ops_.matmul_backward(d_ln, weight_grad(w.up_proj, i * h), ws.d_up.slice(0, n * i),
+                         a.ln2.slice(0, n * h), weight(w.up_proj, i * h), n, i, h, true);
+    ops_.rmsnorm_backward(d_resid, weight_grad(w.post_attention_norm, h), d_ln, a.h.slice(0, n * h),
+                          weight(w.post_attention_norm, h), a.rstd2.slice(0, n), n, h);
+
+    // Attention half. d_resid holds d(h); the residual passes it on to d(x).
+    const TensorView d_att = ws.d_att.slice(0, n * q);
+    const TensorView d_q = ws.d_q.slice(0, n * q);
+    const TensorView d_k = ws.d_k.slice(0, n * kv);
+    const TensorView d_v = ws.d_v.slice(0, n * kv);
+    ops_.matmul_backward(d_att, weight_grad(w.o_proj, h * q), d_resid, a.att.slice(0, n * q),
+                         weight(w.o_proj, h * q), n, h, q, false);
+    ops_.attention_backward(d_q, d_k, d_v, d_att, a.att.slice(0, n * q),
+                            a.lse.slice(0, n * c.n_heads), a.q.slice(0, n * q),
+                            a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.cu_seqlens.view(),
+                            ws.shape);
+    ops_.rope_backward(d_q, ws.positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(), n,
+                       c.n_heads, c.head_dim);
+    ops_.rope_backward(d_k, ws.positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(), n,
+                       c.n_kv_heads, c.head_dim);
+    ops_.matmul_backward(d_ln, weight_grad(w.q_proj, q * h), d_q, a.ln1.slice(0, n * h),
+                         weight(w.q_proj, q * h), n, q, h, false);
+    ops_.matmul_backward(d_ln, weight_grad(w.k_proj, kv * h), d_k, a.ln1.slice(0, n * h),
+                         weight(w.k_proj, kv * h), n, kv, h, true);
+    ops_.matmul_backward(d_ln, weight_grad(w.v_proj, kv * h), d_v, a.ln1.slice(0, n * h),
+                         weight(w.v_proj, kv * h), n, kv, h, true);
+    ops_.rmsnorm_backward(d_resid, weight_grad(w.input_norm, h), d_ln, x_in,
+                          weight(w.input_norm, h), a.rstd1.slice(0, n), n, h);
+  }
+  ops_.embedding_backward(weight_grad(layout_.embedding(), c.vocab_size * h), ws.tokens.slice(0, n),
+                          d_resid, n, h);
+}
+
+kernels::LossSum LlamaModel::sft_forward_backward(const Batch& batch, float grad_scale) {
+  if (layout_.head() != HeadKind::language_model) {
+    throw core::internal_error("sft_forward_backward on a model without a language-model head");
+  }
+  prepare(batch);
+  forward_backbone();
+  const ModelConfig& c = config();
+  const Workspace& ws = *ws_;
+  const std::int64_t n = ws.n;
+  const std::int64_t v = c.vocab_size;
+  const std::int64_t h = c.hidden_size;
+  const kernels::LossSum loss =
+      ops_.lm_head_cross_entropy(ws.d_final.slice(0, n * h), weight_grad(layout_.lm_head(), v * h),
+                                 ws.final_out.slice(0, n * h), weight(layout_.lm_head(), v * h),
+                                 ws.targets.slice(0, n), ws.mask.slice(0, n), n, v, h, grad_scale);
+  backward_backbone();
+  return loss;
+}
+
+kernels::LossSum LlamaModel::sft_forward(const Batch& batch) {
+  if (layout_.head() != HeadKind::language_model) {
+    throw core::internal_error("sft_forward on a model without a language-model head");
+  }
+  prepare(batch);
+  forward_backbone();
+  const ModelConfig& c = config();
+  const Workspace& ws = *ws_;
+  const std::int64_t n = ws.n;
+  return ops_.lm_head_cross_entropy({}, {}, ws.final_out.slice(0, n * c.hidden_size),
+                                    weight(layout_.lm_head(), c.vocab_size * c.hidden_size),
+                                    ws.targets.slice(0, n), ws.mask.slice(0, n), n, c.vocab_size,
+                                    c.hidden_size, 1.0F);
+}
+
+RewardOutput LlamaModel::reward(const Batch& batch, float grad_scale, double center,
+                                bool backward) {
+  if (layout_.head() != HeadKind::reward) {
+    throw core::internal_error("reward forward on a model without a score head");
+  }
+  prepare(batch);
+  forward_backbone();
+  const ModelConfig& c = config();
+  Workspace& ws = *ws_;
+  const std::int64_t n = ws.n;
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t pairs = batch.pairs();
+  const std::int64_t count = 2 * pairs;
+
+  // rows = the chosen last tokens, then the rejected ones
+  std::vector<std::int32_t> rows(batch.chosen_last);
+  rows.insert(rows.end(), batch.rejected_last.begin(), batch.rejected_last.end());
+  ops_.copy(ws.score_rows.slice(0, count), host_view(rows));
+  ops_.gather_dot(ws.scores.slice(0, count), ws.final_out.slice(0, n * h),
+                  weight(layout_.score(), h), ws.score_rows.slice(0, count), count, h);
+  std::vector<float> scores(static_cast<std::size_t>(count));
+  ops_.copy(TensorView(std::span<float>(scores)), ws.scores.slice(0, count));
+
+  RewardOutput out;
+  out.chosen.assign(scores.begin(), scores.begin() + pairs);
+  out.rejected.assign(scores.begin() + pairs, scores.end());
+  std::vector<float> d_scores(backward ? static_cast<std::size_t>(count) : 0U);
+  const std::span<float> d_all(d_scores);
+  out.stats =
+      bradley_terry(out.chosen, out.rejected, batch.margins, center, grad_scale,
+                    backward ? d_all.first(static_cast<std::size_t>(pairs)) : std::span<float>{},
+                    backward ? d_all.last(static_cast<std::size_t>(pairs)) : std::span<float>{});
+  if (!backward) return out;
+
+  ops_.copy(ws.d_scores.slice(0, count), host_view(d_scores));
+  ops_.zero(ws.d_final.slice(0, n * h));
+  ops_.gather_dot_backward(ws.d_final.slice(0, n * h), weight_grad(layout_.score(), h),
+                           ws.d_scores.slice(0, count), ws.final_out.slice(0, n * h),
+                           weight(layout_.score(), h), ws.score_rows.slice(0, count), count, h);
+  backward_backbone();
+  return out;
+}
+
+RewardOutput LlamaModel::reward_forward_backward(const Batch& batch, float grad_scale,
+                                                 double center_coefficient) {
+  return reward(batch, grad_scale, center_coefficient, true);
+}
+
+RewardOutput LlamaModel::reward_forward(const Batch& batch, double center_coefficient) {
+  return reward(batch, 1.0F, center_coefficient, false);
+}
+
+std::vector<float> LlamaModel::logits(const Batch& batch) {
+  if (layout_.head() != HeadKind::language_model) {
+    throw core::internal_error("logits of a model without a language-model head");
+  }
+  prepare(batch);
+  forward_backbone();
+  const ModelConfig& c = config();
+  const std::int64_t n = ws_->n;
+  const Buffer out = ops_.allocate(DType::f32, n * c.vocab_size);
+  ops_.matmul(out.view(), ws_->final_out.slice(0, n * c.hidden_size),
+              weight(layout_.lm_head(), c.vocab_size * c.hidden_size), n, c.vocab_size,
+              c.hidden_size, false);
+  std::vector<float> host(static_cast<std::size_t>(n * c.vocab_size));
+  ops_.copy(TensorView(std::span<float>(host)), out.view());
+  return host;
+}
+
+}  // namespace l3::model

@@ -1,0 +1,96 @@
+// The Llama 3 decoder written once against kernels::Ops: forward and backward of SFT
+// (lm_head + masked cross-entropy) and reward (score head + Bradley-Terry) micro-batches.
+//
+//   x0 = embed(tokens)
+//   block l:  h = x + o_proj(attn(rope(q), rope(k), v)) with q, k, v from rmsnorm(x)
+//             x' = h + down(silu(gate(n)) * up(n)),      n = rmsnorm(h)
+//   out = rmsnorm(x_L); logits = out lm_head^T, or score = out[last token] . w_score
+//
+// Parameters and gradients are flat buffers laid out by ParameterLayout. Backward passes add
+// into the gradients, so micro-batches accumulate until zero_gradients().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "kernels/ops.hpp"
+#include "model/batch.hpp"
+#include "model/bradley_terry.hpp"
+#include "model/parameter_layout.hpp"
+
+namespace l3::model {
+
+struct ModelOptions {
+  // Keep only each block's input in the forward and recompute the block's activations in the
+  // backward: memory O(layers x N x H) instead of O(layers x N x (H + 3 I + ...)), same
+  // gradients bit for bit.
+  bool recompute = false;
+};
+
+struct RewardOutput {
+  PreferenceStats stats;
+  std::vector<float> chosen;  // score of each pair's chosen sequence
+  std::vector<float> rejected;
+};
+
+class LlamaModel {
+ public:
+  LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& ops,
+             ModelOptions options = {});
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+  LlamaModel(LlamaModel&&) = delete;
+  LlamaModel& operator=(LlamaModel&&) = delete;
+
+  [[nodiscard]] const ParameterLayout& layout() const noexcept { return layout_; }
+  [[nodiscard]] const ModelConfig& config() const noexcept { return layout_.config(); }
+  [[nodiscard]] kernels::Ops& ops() const noexcept { return ops_; }
+  [[nodiscard]] const ModelOptions& options() const noexcept { return options_; }
+
+  // The flat parameter and gradient buffers (layout().total() elements, compute dtype).
+  [[nodiscard]] kernels::TensorView parameters() const noexcept { return params_.view(); }
+  [[nodiscard]] kernels::TensorView gradients() const noexcept { return grads_.view(); }
+  [[nodiscard]] kernels::TensorView parameter(std::string_view name) const;
+  [[nodiscard]] kernels::TensorView gradient(std::string_view name) const;
+
+  // Fresh random parameters (see parameter_init.hpp).
+  void initialize(std::uint64_t seed);
+  void zero_gradients();
+
+  // SFT. The loss is the summed cross-entropy of the counted tokens; gradients are those of
+  // grad_scale * loss (grad_scale = 1 / counted tokens of the whole global batch).
+  kernels::LossSum sft_forward_backward(const Batch& batch, float grad_scale);
+  [[nodiscard]] kernels::LossSum sft_forward(const Batch& batch);
+
+  // Reward. Scores are read at each pair's last tokens; the loss is summed over pairs and the
+  // gradients are those of grad_scale * loss (grad_scale = 1 / pairs of the global batch).
+  RewardOutput reward_forward_backward(const Batch& batch, float grad_scale,
+                                       double center_coefficient);
+  [[nodiscard]] RewardOutput reward_forward(const Batch& batch, double center_coefficient);
+
+  // Logits (N, V) of every position: for tests and generation on small inputs.
+  [[nodiscard]] std::vector<float> logits(const Batch& batch);
+
+ private:
+  struct Workspace;
+
+  void prepare(const Batch& batch);
+  void forward_backbone();
+  void block_forward(int layer, kernels::TensorView x_in, kernels::TensorView x_out, int slot);
+  void backward_backbone();  // from d(final norm output) in d_final_ to the embedding
+  RewardOutput reward(const Batch& batch, float grad_scale, double center, bool backward);
+  [[nodiscard]] kernels::TensorView weight(std::int64_t offset, std::int64_t numel) const;
+  [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, std::int64_t numel) const;
+
+  ParameterLayout layout_;
+  kernels::Ops& ops_;
+  ModelOptions options_;
+  kernels::Buffer params_;
+  kernels::Buffer grads_;
+  std::unique_ptr<Workspace> ws_;
+};
+
+}  // namespace l3::model

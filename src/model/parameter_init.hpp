@@ -1,0 +1,20 @@
+// Initial parameters, reproducible from the seed alone: weights ~ normal(0, 0.02) (Hugging
+// Face's initializer_range), norms = 1, the reward score head ~ normal(0, 1/(hidden + 1)).
+// Tensor i draws from CounterRng(seed, parameter_init, stream i), element j from index j, so
+// any slice can be initialised independently (ZeRO shards, device chunks).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "model/parameter_layout.hpp"
+
+namespace l3::model {
+
+inline constexpr float kInitStd = 0.02F;
+
+// params: the flat buffer (layout.total()), host fp32; padding is set to 0.
+void initialize_parameters(std::span<float> params, const ParameterLayout& layout,
+                           std::uint64_t seed);
+
+}  // namespace l3::model

@@ -1,0 +1,63 @@
+#include "model/parameter_layout.hpp"
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "core/error.hpp"
+
+namespace l3::model {
+
+ParameterLayout::ParameterLayout(const ModelConfig& config, HeadKind head)
+    : config_(config), head_(head) {
+  config_.validate();
+  const std::int64_t h = config.hidden_size;
+  const std::int64_t i = config.intermediate_size;
+  embedding_ = add("model.embed_tokens.weight", {config.vocab_size, h}, true);
+  for (int l = 0; l < config.n_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    BlockOffsets b{};
+    // Hugging Face's module order: self_attn, mlp, then the two norms.
+    b.q_proj = add(p + "self_attn.q_proj.weight", {config.q_size(), h}, true);
+    b.k_proj = add(p + "self_attn.k_proj.weight", {config.kv_size(), h}, true);
+    b.v_proj = add(p + "self_attn.v_proj.weight", {config.kv_size(), h}, true);
+    b.o_proj = add(p + "self_attn.o_proj.weight", {h, config.q_size()}, true);
+    b.gate_proj = add(p + "mlp.gate_proj.weight", {i, h}, true);
+    b.up_proj = add(p + "mlp.up_proj.weight", {i, h}, true);
+    b.down_proj = add(p + "mlp.down_proj.weight", {h, i}, true);
+    b.input_norm = add(p + "input_layernorm.weight", {h}, false);
+    b.post_attention_norm = add(p + "post_attention_layernorm.weight", {h}, false);
+    blocks_.push_back(b);
+  }
+  final_norm_ = add("model.norm.weight", {h}, false);
+  if (head == HeadKind::language_model) {
+    lm_head_ = config.tie_word_embeddings ? embedding_
+                                          : add("lm_head.weight", {config.vocab_size, h}, true);
+  } else {
+    score_ = add("score.weight", {1, h}, true);
+  }
+}
+
+std::int64_t ParameterLayout::add(std::string name, std::vector<std::int64_t> shape, bool decay) {
+  const std::int64_t numel =
+      std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
+  const std::int64_t offset = (total_ + kAlignment - 1) / kAlignment * kAlignment;
+  tensors_.push_back({std::move(name), std::move(shape), offset, numel, decay});
+  total_ = offset + numel;
+  return offset;
+}
+
+std::int64_t ParameterLayout::parameter_count() const noexcept {
+  std::int64_t count = 0;
+  for (const TensorInfo& t : tensors_) count += t.numel;
+  return count;
+}
+
+const TensorInfo& ParameterLayout::find(std::string_view name) const {
+  for (const TensorInfo& t : tensors_) {
+    if (t.name == name) return t;
+  }
+  throw core::internal_error(fmt::format("no parameter named '{}' in {}", name, config_.name));
+}
+
+}  // namespace l3::model

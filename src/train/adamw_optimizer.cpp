@@ -1,0 +1,48 @@
+#include "train/adamw_optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace l3::train {
+
+AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
+             std::int64_t begin, std::int64_t end)
+    : ops_(ops),
+      layout_(layout),
+      config_(config),
+      begin_(begin),
+      end_(end),
+      m_(ops.allocate(kernels::DType::f32, end - begin)),
+      v_(ops.allocate(kernels::DType::f32, end - begin)) {
+  if (begin < 0 || end < begin || end > layout.total()) {
+    throw core::internal_error("AdamW: range outside the parameter buffer");
+  }
+}
+
+void AdamW::step(kernels::TensorView params, kernels::TensorView grads, float lr,
+                 float grad_scale) {
+  ++step_;
+  kernels::AdamWParams hyper{lr,   config_.beta1, config_.beta2, config_.eps,
+                             0.0F, grad_scale,    step_};
+  for (const model::TensorInfo& t : layout_.tensors()) {
+    const std::int64_t lo = std::max(begin_, t.offset);
+    const std::int64_t hi = std::min(end_, t.offset + t.numel);
+    if (lo >= hi) continue;
+    hyper.weight_decay = t.decay ? config_.weight_decay : 0.0F;
+    ops_.adamw(params.slice(lo, hi - lo), grads.slice(lo, hi - lo), m_.slice(lo - begin_, hi - lo),
+               v_.slice(lo - begin_, hi - lo), hi - lo, hyper);
+  }
+}
+
+double gradient_norm(kernels::Ops& ops, kernels::TensorView grads) {
+  return std::sqrt(ops.sum_squares(grads, grads.numel()));
+}
+
+double clip_factor(double norm, double max_norm) {
+  if (max_norm <= 0.0 || !(norm > max_norm)) return 1.0;
+  return max_norm / (norm + 1e-6);
+}
+
+}  // namespace l3::train

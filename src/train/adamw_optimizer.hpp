@@ -1,0 +1,55 @@
+// AdamW over a range [begin, end) of the flat parameter buffer: the whole model, or one rank's
+// ZeRO-1 shard. Owns the moments (fp32) of that range; weight decay applies to the 2-D weights
+// only (ParameterLayout's TensorInfo::decay), never to norms; alignment padding is skipped.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops.hpp"
+#include "model/parameter_layout.hpp"
+
+namespace l3::train {
+
+struct AdamWConfig {
+  float beta1 = 0.9F;
+  float beta2 = 0.95F;
+  float eps = 1e-8F;
+  float weight_decay = 0.1F;
+};
+
+class AdamW {
+ public:
+  AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
+        std::int64_t begin, std::int64_t end);
+  AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config)
+      : AdamW(ops, layout, config, 0, layout.total()) {}
+
+  // One update of params[begin, end) from grads[begin, end) (both full flat buffers, fp32),
+  // the gradients multiplied by grad_scale first (clipping).
+  void step(kernels::TensorView params, kernels::TensorView grads, float lr, float grad_scale);
+
+  [[nodiscard]] std::int64_t steps_taken() const noexcept { return step_; }
+  [[nodiscard]] kernels::TensorView first_moment() const noexcept { return m_.view(); }
+  [[nodiscard]] kernels::TensorView second_moment() const noexcept { return v_.view(); }
+  // Restoring a checkpoint.
+  void set_steps_taken(std::int64_t steps) noexcept { step_ = steps; }
+  [[nodiscard]] std::int64_t begin() const noexcept { return begin_; }
+  [[nodiscard]] std::int64_t end() const noexcept { return end_; }
+
+ private:
+  kernels::Ops& ops_;
+  const model::ParameterLayout& layout_;
+  AdamWConfig config_;
+  std::int64_t begin_;
+  std::int64_t end_;
+  kernels::Buffer m_;  // (end - begin)
+  kernels::Buffer v_;
+  std::int64_t step_ = 0;
+};
+
+// Global gradient norm sqrt(sum g^2) over [begin, end) of the flat gradient buffer, and the
+// factor min(1, max_norm / norm) that clips it (1 when max_norm <= 0: no clipping).
+[[nodiscard]] double gradient_norm(kernels::Ops& ops, kernels::TensorView grads);
+[[nodiscard]] double clip_factor(double norm, double max_norm);
+
+}  // namespace l3::train

@@ -1,0 +1,65 @@
+#include "kernels/cpu/cross_entropy.hpp"
+
+#include "catch.hpp"
+#include "numeric_support.hpp"
+#include "reference_ops.hpp"
+
+namespace ref = l3::test::reference;
+using l3::test::rel_error;
+
+TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
+          "[kernels][cross_entropy]") {
+  INFO("seed " << l3::test::test_seed());
+  const std::int64_t n = 9, vocab = 23, hidden = 7;
+  l3::test::Random rnd(12);
+  const auto h = rnd.normal(n * hidden);
+  const auto w = rnd.normal(vocab * hidden, 0.5F);
+  const auto targets = rnd.integers(n, vocab);
+  const std::vector<std::uint8_t> mask = {1, 0, 1, 1, 0, 0, 1, 1, 1};
+  const float scale = 1.0F / 6.0F;  // 1 / counted tokens
+
+  std::vector<float> dh(n * hidden, NAN);  // poisoned: every row must be written (0 if masked)
+  std::vector<float> dw(vocab * hidden, 0.0F);
+  const auto sum =
+      l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, targets, mask, vocab, hidden, scale);
+  const auto hd = l3::test::to_double(h);
+  const auto wd = l3::test::to_double(w);
+  CHECK(sum.tokens == 6);
+  CHECK(sum.loss == Approx(ref::cross_entropy(hd, wd, targets, mask, vocab, hidden)).epsilon(1e-6));
+
+  const auto fd_h = l3::test::finite_differences(
+      [&](const std::vector<double>& x) {
+        return scale * ref::cross_entropy(x, wd, targets, mask, vocab, hidden);
+      },
+      hd);
+  const auto fd_w = l3::test::finite_differences(
+      [&](const std::vector<double>& x) {
+        return scale * ref::cross_entropy(hd, x, targets, mask, vocab, hidden);
+      },
+      wd);
+  CHECK(rel_error(dh, fd_h) < 1e-4);
+  CHECK(rel_error(dw, fd_w) < 1e-4);
+  for (std::int64_t i = 0; i < hidden; ++i) CHECK(dh[1 * hidden + i] == 0.0F);  // masked row
+
+  // Blocks of one token (logit memory of a single row) give the same result.
+  std::vector<float> dh1(dh.size());
+  std::vector<float> dw1(dw.size(), 0.0F);
+  const auto one = l3::kernels::cpu::lm_head_cross_entropy(dh1, dw1, h, w, targets, mask, vocab,
+                                                           hidden, scale, vocab * 4);
+  CHECK(one.loss == Approx(sum.loss).epsilon(1e-12));
+  CHECK(rel_error(dh1, dh) < 1e-6);
+  CHECK(rel_error(dw1, dw) < 1e-6);
+
+  // Forward only, and nothing counted.
+  const auto fwd =
+      l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, targets, mask, vocab, hidden, 1.0F);
+  CHECK(fwd.loss == Approx(sum.loss).epsilon(1e-12));
+  const std::vector<std::uint8_t> none(n, 0);
+  CHECK(l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, targets, none, vocab, hidden, 1.0F)
+            .tokens == 0);
+
+  auto bad = targets;
+  bad[0] = static_cast<std::int32_t>(vocab);
+  CHECK_THROWS(
+      l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, bad, mask, vocab, hidden, 1.0F));
+}

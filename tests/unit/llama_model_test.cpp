@@ -1,0 +1,280 @@
+#include "model/llama_model.hpp"
+
+#include <algorithm>
+
+#include "catch.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
+#include "numeric_support.hpp"
+#include "reference_model.hpp"
+
+using l3::model::Batch;
+using l3::model::BatchBuilder;
+using l3::model::HeadKind;
+using l3::model::LlamaModel;
+using l3::model::ModelConfig;
+using l3::test::rel_error;
+
+namespace {
+
+// Small enough for fp64 finite differences over every tensor kind, with GQA and two layers.
+ModelConfig check_config() {
+  ModelConfig c = l3::model::preset("tiny");
+  c.name = "gradcheck";
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  return c;
+}
+
+std::vector<std::int32_t> tokens_of(l3::test::Random& rnd, std::size_t n, std::int64_t vocab) {
+  return rnd.integers(n, static_cast<std::int32_t>(vocab));
+}
+
+// Two rows of 12: three documents with prompt (mask 0) and response (mask 1) parts, and padding.
+Batch sft_batch(l3::test::Random& rnd, std::int64_t vocab) {
+  BatchBuilder builder(2, 12, 0);
+  const std::vector<std::uint8_t> m1 = {0, 0, 0, 1, 1, 1, 1};
+  const std::vector<std::uint8_t> m2 = {0, 1, 1, 1};
+  const std::vector<std::uint8_t> m3 = {0, 0, 1, 1, 1, 1, 1, 1, 1};
+  REQUIRE(builder.add(tokens_of(rnd, m1.size(), vocab), m1) >= 0);
+  REQUIRE(builder.add(tokens_of(rnd, m2.size(), vocab), m2) >= 0);
+  REQUIRE(builder.add(tokens_of(rnd, m3.size(), vocab), m3) >= 0);
+  return builder.finish();
+}
+
+std::vector<double> host_params(const LlamaModel& model) {
+  const auto p = model.parameters().as<float>();
+  return {p.begin(), p.end()};
+}
+
+// A few coordinates of every tensor.
+std::vector<std::size_t> sample_coordinates(const l3::model::ParameterLayout& layout,
+                                            l3::test::Random& rnd) {
+  std::vector<std::size_t> sample;
+  for (const auto& t : layout.tensors()) {
+    for (int k = 0; k < 3; ++k) {
+      sample.push_back(static_cast<std::size_t>(t.offset) +
+                       static_cast<std::size_t>(rnd.uniform01() * static_cast<double>(t.numel)));
+    }
+  }
+  return sample;
+}
+
+}  // namespace
+
+TEST_CASE("SFT forward equals the fp64 model and gradients match finite differences", "[model]") {
+  INFO("seed " << l3::test::test_seed());
+  for (const bool tied : {false, true}) {
+    INFO("tied " << tied);
+    ModelConfig c = check_config();
+    c.tie_word_embeddings = tied;
+    l3::kernels::CpuOps ops;
+    LlamaModel model(c, HeadKind::language_model, ops);
+    model.initialize(l3::test::test_seed());
+    // Larger weights than the 0.02 init so that every path carries signal in the check.
+    auto p = model.parameters().as<float>();
+    l3::test::Random rnd(20);
+    const auto noise = rnd.normal(p.size(), 0.3F);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] += noise[i];
+
+    const Batch batch = sft_batch(rnd, c.vocab_size);
+    const double count = static_cast<double>(batch.counted_tokens());
+    model.zero_gradients();
+    const auto loss = model.sft_forward_backward(batch, static_cast<float>(1.0 / count));
+    const std::vector<double> params = host_params(model);
+    const double expected = l3::test::reference::sft_loss(params, model.layout(), batch);
+    CHECK(loss.tokens == batch.counted_tokens());
+    CHECK(loss.loss == Approx(expected).epsilon(1e-5));
+    CHECK(model.sft_forward(batch).loss == Approx(loss.loss).epsilon(1e-12));
+
+    const auto sample = sample_coordinates(model.layout(), rnd);
+    const auto fd = l3::test::finite_differences(
+        [&](const std::vector<double>& x) {
+          return l3::test::reference::sft_loss(x, model.layout(), batch) / count;
+        },
+        params, sample, 1e-6);
+    std::vector<float> analytic;
+    for (const std::size_t i : sample) analytic.push_back(model.gradients().as<float>()[i]);
+    CHECK(rel_error(analytic, fd) < 1e-3);
+  }
+}
+
+TEST_CASE("reward gradients match finite differences", "[model][reward]") {
+  INFO("seed " << l3::test::test_seed());
+  const ModelConfig c = check_config();
+  l3::kernels::CpuOps ops;
+  LlamaModel model(c, HeadKind::reward, ops);
+  model.initialize(l3::test::test_seed() + 1);
+  auto p = model.parameters().as<float>();
+  l3::test::Random rnd(21);
+  const auto noise = rnd.normal(p.size(), 0.3F);
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] += noise[i];
+
+  BatchBuilder builder(2, 10, 0);
+  REQUIRE(builder.add_pair(tokens_of(rnd, 5, c.vocab_size), tokens_of(rnd, 4, c.vocab_size), 0.5F));
+  REQUIRE(builder.add_pair(tokens_of(rnd, 3, c.vocab_size), tokens_of(rnd, 6, c.vocab_size), 0.0F));
+  const Batch batch = builder.finish();
+  const double center = 0.05;
+  model.zero_gradients();
+  const auto out = model.reward_forward_backward(batch, 0.5F, center);
+  const std::vector<double> params = host_params(model);
+  CHECK(out.stats.loss ==
+        Approx(l3::test::reference::reward_loss(params, model.layout(), batch, center))
+            .epsilon(1e-5));
+  CHECK(out.stats.pairs == 2);
+
+  const auto sample = sample_coordinates(model.layout(), rnd);
+  const auto fd = l3::test::finite_differences(
+      [&](const std::vector<double>& x) {
+        return 0.5 * l3::test::reference::reward_loss(x, model.layout(), batch, center);
+      },
+      params, sample, 1e-6);
+  std::vector<float> analytic;
+  for (const std::size_t i : sample) analytic.push_back(model.gradients().as<float>()[i]);
+  CHECK(rel_error(analytic, fd) < 1e-3);
+}
+
+TEST_CASE("causality: changing token t never changes the logits before t", "[model]") {
+  INFO("seed " << l3::test::test_seed());
+  const ModelConfig c = l3::model::preset("tiny");
+  l3::kernels::CpuOps ops;
+  LlamaModel model(c, HeadKind::language_model, ops);
+  model.initialize(7);
+  l3::test::Random rnd(22);
+  const std::int64_t len = 200;  // beyond one attention tile
+  const auto tokens = tokens_of(rnd, len, c.vocab_size);
+  auto batch_of = [&](const std::vector<std::int32_t>& t) {
+    BatchBuilder b(1, len, 0);
+    b.add(t, std::vector<std::uint8_t>(t.size(), 1));
+    return b.finish();
+  };
+  const auto base = model.logits(batch_of(tokens));
+  for (const std::int64_t t : {std::int64_t{0}, std::int64_t{1}, std::int64_t{130}, len - 1}) {
+    auto changed = tokens;
+    changed[static_cast<std::size_t>(t)] = (changed[static_cast<std::size_t>(t)] + 1) % 512;
+    const auto logits = model.logits(batch_of(changed));
+    const auto before = static_cast<std::ptrdiff_t>(t * c.vocab_size);
+    CHECK(std::equal(logits.begin(), logits.begin() + before, base.begin()));
+    CHECK_FALSE(std::equal(logits.begin() + before, logits.begin() + before + c.vocab_size,
+                           base.begin() + before));
+  }
+}
+
+TEST_CASE("packing: documents packed in one row give the loss and gradients of each alone",
+          "[model]") {
+  INFO("seed " << l3::test::test_seed());
+  const ModelConfig c = l3::model::preset("tiny");
+  l3::kernels::CpuOps ops;
+  LlamaModel model(c, HeadKind::language_model, ops);
+  model.initialize(3);
+  l3::test::Random rnd(23);
+  const auto d1 = tokens_of(rnd, 20, c.vocab_size);
+  const auto d2 = tokens_of(rnd, 31, c.vocab_size);
+  std::vector<std::uint8_t> m1(d1.size(), 1);
+  std::vector<std::uint8_t> m2(d2.size(), 1);
+  m2[1] = m2[2] = 0;
+
+  BatchBuilder packed_builder(1, 64, 0);
+  packed_builder.add(d1, m1);
+  packed_builder.add(d2, m2);
+  const Batch packed = packed_builder.finish();
+  model.zero_gradients();
+  const auto together = model.sft_forward_backward(packed, 1.0F);
+  const auto g = model.gradients().as<float>();
+  const std::vector<float> packed_grads(g.begin(), g.end());
+
+  model.zero_gradients();
+  double alone = 0;
+  for (const auto& [d, m] : {std::pair{d1, m1}, std::pair{d2, m2}}) {
+    BatchBuilder b(1, 64, 0);
+    b.add(d, m);
+    alone += model.sft_forward_backward(b.finish(), 1.0F).loss;  // gradients add up
+  }
+  CHECK(together.loss == Approx(alone).epsilon(1e-5));
+  CHECK(rel_error(packed_grads, model.gradients().as<float>()) < 1e-5);
+}
+
+TEST_CASE("GQA equals MHA with replicated K/V projections", "[model]") {
+  INFO("seed " << l3::test::test_seed());
+  const ModelConfig gqa_config = l3::model::preset("tiny");  // 4 heads, 2 kv heads
+  ModelConfig mha_config = gqa_config;
+  mha_config.n_kv_heads = gqa_config.n_heads;
+  l3::kernels::CpuOps ops;
+  LlamaModel gqa(gqa_config, HeadKind::language_model, ops);
+  LlamaModel mha(mha_config, HeadKind::language_model, ops);
+  gqa.initialize(11);
+  mha.initialize(12);
+  for (const auto& t : gqa.layout().tensors()) {
+    const auto src = gqa.parameter(t.name).as<float>();
+    const auto dst = mha.parameter(t.name).as<float>();
+    if (t.name.find("k_proj") == std::string::npos && t.name.find("v_proj") == std::string::npos) {
+      std::copy(src.begin(), src.end(), dst.begin());
+      continue;
+    }
+    const std::int64_t hd = gqa_config.head_dim, hidden = gqa_config.hidden_size;
+    const int group = gqa_config.n_heads / gqa_config.n_kv_heads;
+    for (int h = 0; h < mha_config.n_heads; ++h)  // MHA head h = GQA kv head h / group
+      std::copy_n(src.begin() + (h / group) * hd * hidden, hd * hidden,
+                  dst.begin() + h * hd * hidden);
+  }
+  l3::test::Random rnd(24);
+  BatchBuilder b(1, 40, 0);
+  b.add(tokens_of(rnd, 25, gqa_config.vocab_size), std::vector<std::uint8_t>(25, 1));
+  const Batch batch = b.finish();
+  CHECK(rel_error(gqa.logits(batch), mha.logits(batch)) < 1e-6);
+}
+
+TEST_CASE("tied embeddings: the lm_head gradient lands in the embedding", "[model]") {
+  INFO("seed " << l3::test::test_seed());
+  ModelConfig tied_config = l3::model::preset("tiny");
+  tied_config.tie_word_embeddings = true;
+  const ModelConfig untied_config = l3::model::preset("tiny");
+  l3::kernels::CpuOps ops;
+  LlamaModel tied(tied_config, HeadKind::language_model, ops);
+  LlamaModel untied(untied_config, HeadKind::language_model, ops);
+  tied.initialize(5);
+  for (const auto& t : untied.layout().tensors()) {
+    const auto dst = untied.parameter(t.name).as<float>();
+    const auto src =
+        tied.parameter(t.name == "lm_head.weight" ? "model.embed_tokens.weight" : t.name)
+            .as<float>();
+    std::copy(src.begin(), src.end(), dst.begin());
+  }
+  l3::test::Random rnd(25);
+  BatchBuilder b(1, 30, 0);
+  b.add(tokens_of(rnd, 30, 512), std::vector<std::uint8_t>(30, 1));
+  const Batch batch = b.finish();
+  tied.zero_gradients();
+  untied.zero_gradients();
+  const auto lt = tied.sft_forward_backward(batch, 1.0F);
+  const auto lu = untied.sft_forward_backward(batch, 1.0F);
+  CHECK(lt.loss == Approx(lu.loss).epsilon(1e-6));
+  const auto ge = untied.gradient("model.embed_tokens.weight").as<float>();
+  const auto gl = untied.gradient("lm_head.weight").as<float>();
+  std::vector<double> sum(ge.size());
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = double(ge[i]) + gl[i];
+  CHECK(rel_error(tied.gradient("model.embed_tokens.weight").as<float>(), sum) < 1e-5);
+}
+
+TEST_CASE("activation recomputation gives bitwise identical gradients", "[model]") {
+  INFO("seed " << l3::test::test_seed());
+  const ModelConfig c = l3::model::preset("tiny");
+  l3::kernels::CpuOps ops;
+  LlamaModel stored(c, HeadKind::language_model, ops, {.recompute = false});
+  LlamaModel recomputed(c, HeadKind::language_model, ops, {.recompute = true});
+  stored.initialize(9);
+  recomputed.initialize(9);
+  l3::test::Random rnd(26);
+  const Batch batch = sft_batch(rnd, c.vocab_size);
+  stored.zero_gradients();
+  recomputed.zero_gradients();
+  const auto a = stored.sft_forward_backward(batch, 0.1F);
+  const auto b = recomputed.sft_forward_backward(batch, 0.1F);
+  CHECK(a.loss == b.loss);
+  const auto ga = stored.gradients().as<float>();
+  const auto gb = recomputed.gradients().as<float>();
+  CHECK(std::equal(ga.begin(), ga.end(), gb.begin()));
+}
