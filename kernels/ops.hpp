@@ -114,11 +114,7 @@ class Ops {
   virtual void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
                                TensorView up, std::int64_t n) = 0;
 
-  // ---- elementwise -----------------------------------------------------------------------
-  // out = a + b (the residual stream); out may alias a or b
-  virtual void add(TensorView out, TensorView a, TensorView b, std::int64_t n) = 0;
-  // x *= alpha
-  virtual void scale(TensorView x, float alpha, std::int64_t n) = 0;
+  // ---- reductions ------------------------------------------------------------------------
   // sum of x^2 in double precision (gradient norms)
   [[nodiscard]] virtual double sum_squares(TensorView x, std::int64_t n) = 0;
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/checks.hpp"
+#include "kernels/cpu/vector_math.hpp"
 
 namespace l3::kernels::cpu {
 
@@ -52,18 +53,10 @@ void causal_softmax(float* scores, std::int64_t rows, std::int64_t cols, std::in
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = scores + r * cols;
     const std::int64_t visible = first + r + 1;
-    float max = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < visible; ++j) max = std::max(max, row[j]);
-    float sum = 0.0F;
-    for (std::int64_t j = 0; j < visible; ++j) {
-      row[j] = std::exp(row[j] - max);
-      sum += row[j];
-    }
-    const float inv = 1.0F / sum;
-#pragma omp simd
-    for (std::int64_t j = 0; j < visible; ++j) row[j] *= inv;
+    const SoftmaxRow s = exp_row(row, visible);
+    scale_row(row, visible, 1.0F / s.sum);
     std::fill(row + visible, row + cols, 0.0F);
-    lse[r * lse_stride] = max + std::log(sum);
+    lse[r * lse_stride] = s.max + std::log(s.sum);
   }
 }
 
@@ -209,7 +202,7 @@ void attention_backward(std::span<float> dq, std::span<float> dk, std::span<floa
             float* row = probs.data() + r * keys;
             const std::int64_t visible = first + r + 1;
             const float l = lse_tile[r];
-            for (std::int64_t j = 0; j < visible; ++j) row[j] = std::exp(row[j] - l);
+            exp_shifted_row(row, visible, l);
             std::fill(row + visible, row + keys, 0.0F);
             float dot = 0.0F;  // D = sum(dout * out) for this query
 #pragma omp simd reduction(+ : dot)

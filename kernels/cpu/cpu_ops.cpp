@@ -7,10 +7,10 @@
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/checks.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
-#include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gather_dot.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/reductions.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 #include "kernels/cpu/rope.hpp"
 #include "kernels/cpu/swiglu.hpp"
@@ -134,12 +134,6 @@ void CpuOps::swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, 
                              TensorView up, std::int64_t n) {
   cpu::swiglu_backward(f32(dgate, n), f32(dup, n), cf32(dout, n), cf32(gate, n), cf32(up, n));
 }
-
-void CpuOps::add(TensorView out, TensorView a, TensorView b, std::int64_t n) {
-  cpu::add(f32(out, n), cf32(a, n), cf32(b, n));
-}
-
-void CpuOps::scale(TensorView x, float alpha, std::int64_t n) { cpu::scale(f32(x, n), alpha); }
 
 double CpuOps::sum_squares(TensorView x, std::int64_t n) { return cpu::sum_squares(cf32(x, n)); }
 

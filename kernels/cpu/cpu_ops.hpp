@@ -40,8 +40,6 @@ class CpuOps final : public Ops {
   void swiglu(TensorView out, TensorView gate, TensorView up, std::int64_t n) override;
   void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
                        TensorView up, std::int64_t n) override;
-  void add(TensorView out, TensorView a, TensorView b, std::int64_t n) override;
-  void scale(TensorView x, float alpha, std::int64_t n) override;
   [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override;
   LossSum lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h, TensorView w,
                                 TensorView targets, TensorView mask, std::int64_t n,

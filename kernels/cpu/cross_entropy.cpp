@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/checks.hpp"
+#include "kernels/cpu/vector_math.hpp"
 
 namespace l3::kernels::cpu {
 
@@ -70,17 +71,13 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
       float* row = logits.data() + r * vocab;
       const std::int32_t target =
           targets[static_cast<std::size_t>(counted[static_cast<std::size_t>(begin + r)])];
-      float max = -std::numeric_limits<float>::infinity();
-      for (std::int64_t j = 0; j < vocab; ++j) max = std::max(max, row[j]);
-      double sum = 0.0;
-      for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - max));
-      const double lse = static_cast<double>(max) + std::log(sum);
-      row_loss[static_cast<std::size_t>(r)] = lse - static_cast<double>(row[target]);
+      const float target_logit = row[target];
+      const SoftmaxRow s = exp_row(row, vocab);  // row = exp(logits - max)
+      const double lse = static_cast<double>(s.max) + std::log(static_cast<double>(s.sum));
+      row_loss[static_cast<std::size_t>(r)] = lse - static_cast<double>(target_logit);
       if (backward) {
         // dlogits = grad_scale * (softmax - onehot(target)), in place
-        for (std::int64_t j = 0; j < vocab; ++j) {
-          row[j] = grad_scale * static_cast<float>(std::exp(static_cast<double>(row[j]) - lse));
-        }
+        scale_row(row, vocab, grad_scale / s.sum);
         row[target] -= grad_scale;
       }
     }

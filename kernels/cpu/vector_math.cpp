@@ -1,0 +1,30 @@
+#include "kernels/cpu/vector_math.hpp"
+
+#include <limits>
+
+namespace l3::kernels::cpu {
+
+L3_VECTOR_CLONES SoftmaxRow exp_row(float* row, std::int64_t n) {
+  float max = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : max)
+  for (std::int64_t j = 0; j < n; ++j) max = row[j] > max ? row[j] : max;
+  float sum = 0.0F;
+#pragma omp simd reduction(+ : sum)
+  for (std::int64_t j = 0; j < n; ++j) {
+    row[j] = exp_approx(row[j] - max);
+    sum += row[j];
+  }
+  return {max, sum};
+}
+
+L3_VECTOR_CLONES void exp_shifted_row(float* row, std::int64_t n, float shift) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) row[j] = exp_approx(row[j] - shift);
+}
+
+L3_VECTOR_CLONES void scale_row(float* row, std::int64_t n, float factor) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) row[j] *= factor;
+}
+
+}  // namespace l3::kernels::cpu
