@@ -30,7 +30,9 @@ using nlohmann::json;
 
 // The best of several runs of an (n x n) . (n x n)^T SGEMM, in GFLOP/s.
 double sgemm_gflops(int n, int repeats) {
-  std::vector<float> a(static_cast<std::size_t>(n) * n), b(a.size()), c(a.size());
+  std::vector<float> a(static_cast<std::size_t>(n) * n);
+  std::vector<float> b(a.size());
+  std::vector<float> c(a.size());
   l3::core::fill_normal(a, 0.0F, 1.0F, l3::core::CounterRng(1, l3::core::RngPurpose::test));
   l3::core::fill_normal(b, 0.0F, 1.0F, l3::core::CounterRng(2, l3::core::RngPurpose::test));
   double best = 0;
@@ -92,7 +94,7 @@ json run(const Shape& s, int steps, double sgemm, bool profile) {
   l3::train::AdamW optimizer(ops, model.layout(), {});
   const l3::model::Batch batch = random_batch(s);
   const auto count = static_cast<float>(std::max<std::int64_t>(1, batch.counted_tokens()));
-  const double tokens = static_cast<double>(batch.tokens_count());
+  const auto tokens = static_cast<double>(batch.tokens_count());
 
   std::vector<double> fwd_bwd;
   std::vector<double> opt;
@@ -147,7 +149,7 @@ json run(const Shape& s, int steps, double sgemm, bool profile) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   bool quick = false;
   bool profile = false;
   std::string json_path;
@@ -183,4 +185,7 @@ int main(int argc, char** argv) {
     std::ofstream(json_path) << doc.dump(2) << '\n';
   }
   return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "error: {}\n", e.what());
+  return 1;
 }

@@ -11,20 +11,31 @@
 namespace l3::kernels {
 
 class ProfilingOps final : public Ops {
+  // Records the time from construction to destruction under an op's name, returning or not.
+  class OpTimer {
+   public:
+    OpTimer(ProfilingOps& self, const char* op) : self_(self), op_(op) {
+      self_.inner_.synchronize();
+    }
+    OpTimer(const OpTimer&) = delete;
+    OpTimer& operator=(const OpTimer&) = delete;
+    OpTimer(OpTimer&&) = delete;
+    OpTimer& operator=(OpTimer&&) = delete;
+    ~OpTimer() {
+      self_.inner_.synchronize();
+      self_.times_[op_].add(watch_.seconds());
+    }
+
+   private:
+    ProfilingOps& self_;
+    const char* op_;
+    core::Stopwatch watch_;
+  };
+
   // Defined first: the forwarding members below deduce their return types from it.
   template <typename F>
   auto timed(const char* op, F&& f) {
-    inner_.synchronize();
-    const core::Stopwatch watch;
-    struct Record {  // records on every exit path, returning or not
-      ProfilingOps& self;
-      const char* op;
-      const core::Stopwatch& watch;
-      ~Record() {
-        self.inner_.synchronize();
-        self.times_[op].add(watch.seconds());
-      }
-    } record{*this, op, watch};
+    const OpTimer timer(*this, op);
     return f();
   }
 

@@ -29,7 +29,7 @@ enum class DType : std::uint8_t { f32, bf16, i32, u8 };
 [[nodiscard]] std::string_view dtype_name(DType dtype) noexcept;
 
 // bfloat16 storage on the host (the CUDA backend reinterprets it as __nv_bfloat16).
-struct bf16 {
+struct BFloat16 {
   std::uint16_t bits;
 };
 
@@ -40,7 +40,7 @@ struct DTypeOf<float> {
   static constexpr DType value = DType::f32;
 };
 template <>
-struct DTypeOf<bf16> {
+struct DTypeOf<BFloat16> {
   static constexpr DType value = DType::bf16;
 };
 template <>

@@ -101,7 +101,7 @@ void attention(std::span<float> out, std::span<float> lse, std::span<const float
   {
     std::vector<float> scores(static_cast<std::size_t>(kQueryTile * segments.longest));
 #pragma omp for schedule(dynamic)
-    for (std::size_t i = 0; i < items.size(); ++i) {
+    for (std::size_t i = 0; i < items.size(); ++i) {  // NOLINT(modernize-loop-convert): omp for
       const Item& it = items[i];
       const std::int64_t keys = it.first + it.rows;  // causal: the tile sees keys [0, keys)
       const int kv_head = it.head / group;
@@ -169,7 +169,7 @@ void attention_backward(std::span<float> dq, std::span<float> dk, std::span<floa
     std::vector<float> dprobs(tile);
     std::vector<float> row_dot(static_cast<std::size_t>(kQueryTile));
 #pragma omp for schedule(dynamic)
-    for (std::size_t i = 0; i < items.size(); ++i) {
+    for (std::size_t i = 0; i < items.size(); ++i) {  // NOLINT(modernize-loop-convert): omp for
       const Item& it = items[i];
       const float* k_seg = k.data() + it.start * kv_stride + it.kv_head * hd;
       const float* v_seg = v.data() + it.start * kv_stride + it.kv_head * hd;

@@ -21,7 +21,8 @@ namespace {
 
 constexpr std::size_t kAlignment = 64;  // a cache line, and an AVX-512 vector
 
-void free_aligned(void* p) noexcept { std::free(p); }  // NOLINT(cppcoreguidelines-no-malloc)
+// NOLINTNEXTLINE(cppcoreguidelines-no-malloc,cppcoreguidelines-owning-memory): aligned_alloc's pair
+void free_aligned(void* p) noexcept { std::free(p); }
 
 // Views are read as f32 unless the op says otherwise; a length prefix of `count` elements.
 std::span<float> f32(TensorView x, std::int64_t count) { return x.slice(0, count).as<float>(); }

@@ -15,16 +15,16 @@ namespace l3::model {
 struct Batch {
   std::int64_t rows = 0;
   std::int64_t seq_len = 0;
-  std::vector<std::int32_t> tokens;      // (N)
-  std::vector<std::int32_t> targets;     // (N); any valid id where loss_mask is 0
-  std::vector<std::uint8_t> loss_mask;   // (N)
-  std::vector<std::int32_t> cu_seqlens;  // (segments + 1), 0 .. N, boundaries of every row too
-  std::vector<std::int32_t> positions;   // (N), index of the token within its segment
+  std::vector<std::int32_t> tokens{};      // (N)
+  std::vector<std::int32_t> targets{};     // (N); any valid id where loss_mask is 0
+  std::vector<std::uint8_t> loss_mask{};   // (N)
+  std::vector<std::int32_t> cu_seqlens{};  // (segments + 1), 0 .. N, boundaries of every row too
+  std::vector<std::int32_t> positions{};   // (N), index of the token within its segment
   // Reward batches: per preference pair, the position of the last real token of the chosen
   // and of the rejected sequence (where the score is read), and an optional margin.
-  std::vector<std::int32_t> chosen_last;
-  std::vector<std::int32_t> rejected_last;
-  std::vector<float> margins;
+  std::vector<std::int32_t> chosen_last{};
+  std::vector<std::int32_t> rejected_last{};
+  std::vector<float> margins{};
 
   [[nodiscard]] std::int64_t tokens_count() const noexcept { return rows * seq_len; }
   [[nodiscard]] std::int64_t segments() const noexcept {

@@ -32,7 +32,7 @@ struct ModelOptions {
 struct RewardOutput {
   PreferenceStats stats;
   std::vector<float> chosen;  // score of each pair's chosen sequence
-  std::vector<float> rejected;
+  std::vector<float> rejected{};
 };
 
 class LlamaModel {

@@ -235,7 +235,7 @@ ModelConfig from_hf_config(const json& config, const std::string& origin) {
   if (const auto type = config.find("model_type");
       type != config.end() && type->is_string() && type->get<std::string>() != "llama") {
     throw core::bad_input(
-        fmt::format("model_type \"{}\" is not \"llama\"", type->get<std::string>()),
+        fmt::format(R"(model_type "{}" is not "llama")", type->get<std::string>()),
         {.file = origin});
   }
   ModelConfig c;

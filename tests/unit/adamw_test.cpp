@@ -15,8 +15,15 @@ TEST_CASE("AdamW step matches torch.optim.AdamW's formula in double", "[kernels]
   auto p = rnd.normal(n);
   auto m = std::vector<float>(n, 0.0F);
   auto v = std::vector<float>(n, 0.0F);
-  std::vector<double> pd(p.begin(), p.end()), md(n, 0.0), vd(n, 0.0);
-  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, scale = 0.5;
+  std::vector<double> pd(p.begin(), p.end());
+  std::vector<double> md(n, 0.0);
+  std::vector<double> vd(n, 0.0);
+  const double lr = 1e-2;
+  const double b1 = 0.9;
+  const double b2 = 0.95;
+  const double eps = 1e-8;
+  const double wd = 0.1;
+  const double scale = 0.5;
   for (std::int64_t t = 1; t <= 5; ++t) {
     const auto g = rnd.normal(n);
     l3::kernels::cpu::adamw(

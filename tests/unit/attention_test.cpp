@@ -41,7 +41,9 @@ TEST_CASE("GQA equals multi-head attention on replicated K/V", "[kernels][attent
   INFO("seed " << l3::test::test_seed());
   const std::vector<std::int32_t> cu = {0, 70, 90};
   const std::int64_t n = 90;
-  const int heads = 4, kv_heads = 2, hd = 8;
+  const int heads = 4;
+  const int kv_heads = 2;
+  const int hd = 8;
   l3::test::Random rnd(9);
   const auto q = rnd.normal(n * heads * hd);
   const auto k = rnd.normal(n * kv_heads * hd);
@@ -118,9 +120,11 @@ TEST_CASE("attention backward on segments longer than a tile", "[kernels][attent
   const auto vd = l3::test::to_double(v);
   // A sample of coordinates (the full check is quadratic in n per coordinate).
   std::vector<std::size_t> sample;
+  sample.reserve(k.size() / 37 + 1);
   for (std::size_t i = 0; i < k.size(); i += 37) sample.push_back(i);
   auto pick = [&](const std::vector<float>& g) {
     std::vector<float> out_g;
+    out_g.reserve(sample.size());
     for (const std::size_t i : sample) out_g.push_back(g[i]);
     return out_g;
   };

@@ -10,7 +10,9 @@ using l3::test::rel_error;
 TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
           "[kernels][cross_entropy]") {
   INFO("seed " << l3::test::test_seed());
-  const std::int64_t n = 9, vocab = 23, hidden = 7;
+  const std::int64_t n = 9;
+  const std::int64_t vocab = 23;
+  const std::int64_t hidden = 7;
   l3::test::Random rnd(12);
   const auto h = rnd.normal(n * hidden);
   const auto w = rnd.normal(vocab * hidden, 0.5F);

@@ -7,7 +7,8 @@
 TEST_CASE("embedding looks rows up and scatters gradients back, repeats included",
           "[kernels][embedding]") {
   INFO("seed " << l3::test::test_seed());
-  const std::int64_t vocab = 11, hidden = 6;
+  const std::int64_t vocab = 11;
+  const std::int64_t hidden = 6;
   l3::test::Random rnd(3);
   const auto table = rnd.uniform(vocab * hidden);
   const std::vector<std::int32_t> tokens = {3, 0, 3, 10, 7, 3};

@@ -54,6 +54,7 @@ std::vector<double> host_params(const LlamaModel& model) {
 std::vector<std::size_t> sample_coordinates(const l3::model::ParameterLayout& layout,
                                             l3::test::Random& rnd) {
   std::vector<std::size_t> sample;
+  sample.reserve(3 * layout.tensors().size());
   for (const auto& t : layout.tensors()) {
     for (int k = 0; k < 3; ++k) {
       sample.push_back(static_cast<std::size_t>(t.offset) +
@@ -81,7 +82,7 @@ TEST_CASE("SFT forward equals the fp64 model and gradients match finite differen
     for (std::size_t i = 0; i < p.size(); ++i) p[i] += noise[i];
 
     const Batch batch = sft_batch(rnd, c.vocab_size);
-    const double count = static_cast<double>(batch.counted_tokens());
+    const auto count = static_cast<double>(batch.counted_tokens());
     model.zero_gradients();
     const auto loss = model.sft_forward_backward(batch, static_cast<float>(1.0 / count));
     const std::vector<double> params = host_params(model);
@@ -97,6 +98,7 @@ TEST_CASE("SFT forward equals the fp64 model and gradients match finite differen
         },
         params, sample, 1e-6);
     std::vector<float> analytic;
+    analytic.reserve(sample.size());
     for (const std::size_t i : sample) analytic.push_back(model.gradients().as<float>()[i]);
     CHECK(rel_error(analytic, fd) < 1e-3);
   }
@@ -133,6 +135,7 @@ TEST_CASE("reward gradients match finite differences", "[model][reward]") {
       },
       params, sample, 1e-6);
   std::vector<float> analytic;
+  analytic.reserve(sample.size());
   for (const std::size_t i : sample) analytic.push_back(model.gradients().as<float>()[i]);
   CHECK(rel_error(analytic, fd) < 1e-3);
 }
@@ -214,7 +217,8 @@ TEST_CASE("GQA equals MHA with replicated K/V projections", "[model]") {
       std::copy(src.begin(), src.end(), dst.begin());
       continue;
     }
-    const std::int64_t hd = gqa_config.head_dim, hidden = gqa_config.hidden_size;
+    const std::int64_t hd = gqa_config.head_dim;
+    const std::int64_t hidden = gqa_config.hidden_size;
     const int group = gqa_config.n_heads / gqa_config.n_kv_heads;
     for (int h = 0; h < mha_config.n_heads; ++h)  // MHA head h = GQA kv head h / group
       std::copy_n(src.begin() + (h / group) * hd * hidden, hd * hidden,

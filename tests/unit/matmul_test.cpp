@@ -9,7 +9,9 @@ using l3::test::rel_error;
 
 TEST_CASE("matmul forward matches fp64, accumulate adds", "[kernels][matmul]") {
   INFO("seed " << l3::test::test_seed());
-  const std::int64_t m = 37, n = 29, k = 53;
+  const std::int64_t m = 37;
+  const std::int64_t n = 29;
+  const std::int64_t k = 53;
   l3::test::Random rnd(1);
   const auto x = rnd.uniform(m * k);
   const auto w = rnd.uniform(n * k);
@@ -27,7 +29,9 @@ TEST_CASE("matmul forward matches fp64, accumulate adds", "[kernels][matmul]") {
 
 TEST_CASE("matmul backward matches finite differences", "[kernels][matmul]") {
   INFO("seed " << l3::test::test_seed());
-  const std::int64_t m = 7, n = 5, k = 9;
+  const std::int64_t m = 7;
+  const std::int64_t n = 5;
+  const std::int64_t k = 9;
   l3::test::Random rnd(2);
   const auto x = rnd.uniform(m * k);
   const auto w = rnd.uniform(n * k);

@@ -57,8 +57,8 @@ double rel_error(const A& actual, const B& expected) {
   double diff = 0.0;
   double norm = 0.0;
   for (std::size_t i = 0; i < expected.size(); ++i) {
-    const double a = static_cast<double>(actual[i]);
-    const double e = static_cast<double>(expected[i]);
+    const auto a = static_cast<double>(actual[i]);
+    const auto e = static_cast<double>(expected[i]);
     if (!std::isfinite(a)) return INFINITY;  // NaN never passes
     diff += (a - e) * (a - e);
     norm += e * e;

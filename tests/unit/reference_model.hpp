@@ -17,8 +17,11 @@ inline Vec slice(const Vec& p, std::int64_t offset, std::int64_t n) {
 // The final normalised hidden states (N, H).
 inline Vec backbone(const Vec& p, const model::ParameterLayout& layout, const model::Batch& b) {
   const model::ModelConfig& c = layout.config();
-  const std::int64_t n = b.tokens_count(), h = c.hidden_size, i = c.intermediate_size;
-  const std::int64_t q = c.q_size(), kv = c.kv_size();
+  const std::int64_t n = b.tokens_count();
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
   const std::vector<float> inv_freq = model::rope_inverse_frequencies(c);
   Vec x(static_cast<std::size_t>(n * h));
   for (std::int64_t t = 0; t < n; ++t)

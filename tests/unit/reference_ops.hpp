@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace l3::test::reference {
@@ -83,7 +84,7 @@ inline Vec attention(const Vec& q, const Vec& k, const Vec& v,
       for (int h = 0; h < heads; ++h) {
         const int g = h / group;
         std::vector<double> scores;
-        double max = -INFINITY;
+        double max = -std::numeric_limits<double>::infinity();
         for (std::int64_t j = cu_seqlens[s]; j <= t; ++j) {
           double dot = 0;
           for (int d = 0; d < head_dim; ++d) dot += qi(t, h, d) * ki(j, g, d);
@@ -119,7 +120,7 @@ inline double cross_entropy(const Vec& h, const Vec& w, const std::vector<std::i
   for (std::size_t t = 0; t < targets.size(); ++t) {
     if (mask[t] == 0) continue;
     std::vector<double> logits(static_cast<std::size_t>(vocab));
-    double max = -INFINITY;
+    double max = -std::numeric_limits<double>::infinity();
     for (std::int64_t v = 0; v < vocab; ++v) {
       double s = 0;
       for (std::int64_t i = 0; i < hidden; ++i)

@@ -9,7 +9,8 @@ using l3::test::rel_error;
 
 TEST_CASE("score read-out and its gradient", "[kernels][reward]") {
   INFO("seed " << l3::test::test_seed());
-  const std::int64_t n = 6, hidden = 5;
+  const std::int64_t n = 6;
+  const std::int64_t hidden = 5;
   l3::test::Random rnd(13);
   const auto h = rnd.normal(n * hidden);
   const auto w = rnd.normal(hidden);

@@ -9,7 +9,8 @@ using l3::test::rel_error;
 
 TEST_CASE("rmsnorm forward matches fp64", "[kernels][rmsnorm]") {
   INFO("seed " << l3::test::test_seed());
-  const std::int64_t rows = 13, hidden = 96;
+  const std::int64_t rows = 13;
+  const std::int64_t hidden = 96;
   const float eps = 1e-5F;
   l3::test::Random rnd(4);
   const auto x = rnd.normal(rows * hidden, 3.0F);
@@ -23,7 +24,8 @@ TEST_CASE("rmsnorm forward matches fp64", "[kernels][rmsnorm]") {
 
 TEST_CASE("rmsnorm backward matches finite differences", "[kernels][rmsnorm]") {
   INFO("seed " << l3::test::test_seed());
-  const std::int64_t rows = 5, hidden = 16;
+  const std::int64_t rows = 5;
+  const std::int64_t hidden = 16;
   const float eps = 1e-5F;
   l3::test::Random rnd(5);
   const auto x = rnd.normal(rows * hidden);
