@@ -105,7 +105,7 @@ json run(const Shape& s, int steps, double sgemm, bool profile) {
     (void)model.sft_forward_backward(batch, 1.0F / count);
     const double fb = watch.seconds();
     const l3::core::Stopwatch opt_watch;
-    optimizer.step(model.parameters(), model.gradients(), 1e-4F, 1.0F);
+    optimizer.step(model.master_weights(), model.weight_copy(), model.gradients(), 1e-4F, 1.0F);
     if (step > 0) {
       fwd_bwd.push_back(fb);
       opt.push_back(opt_watch.seconds());

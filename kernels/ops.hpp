@@ -139,9 +139,11 @@ class Ops {
 
   // ---- optimizer -------------------------------------------------------------------------
   // PyTorch's AdamW on n elements: p *= 1 - lr*wd; m, v updated with g*grad_scale;
-  // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). params, m, v f32 (master copies).
-  virtual void adamw(TensorView params, TensorView grads, TensorView m, TensorView v,
-                     std::int64_t n, const AdamWParams& hyper) = 0;
+  // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). params (the master weights), m, v
+  // f32; grads in the compute dtype. When the compute dtype is not f32, params_copy (the
+  // weights the matmuls read) receives the updated params rounded to it; otherwise it is empty.
+  virtual void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
+                     TensorView v, std::int64_t n, const AdamWParams& hyper) = 0;
 };
 
 }  // namespace l3::kernels

@@ -135,9 +135,9 @@ class ProfilingOps final : public Ops {
     timed("gather_dot_backward",
           [&] { inner_.gather_dot_backward(dh, dw, dscores, h, w, rows, count, hidden); });
   }
-  void adamw(TensorView params, TensorView grads, TensorView m, TensorView v, std::int64_t n,
-             const AdamWParams& hyper) override {
-    timed("adamw", [&] { inner_.adamw(params, grads, m, v, n, hyper); });
+  void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
+             TensorView v, std::int64_t n, const AdamWParams& hyper) override {
+    timed("adamw", [&] { inner_.adamw(params, params_copy, grads, m, v, n, hyper); });
   }
 
   Ops& inner_;

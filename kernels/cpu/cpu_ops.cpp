@@ -162,8 +162,11 @@ void CpuOps::gather_dot_backward(TensorView dh, TensorView dw, TensorView dscore
                            ci32(rows, count), hidden);
 }
 
-void CpuOps::adamw(TensorView params, TensorView grads, TensorView m, TensorView v, std::int64_t n,
-                   const AdamWParams& hyper) {
+void CpuOps::adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
+                   TensorView v, std::int64_t n, const AdamWParams& hyper) {
+  if (!params_copy.empty()) {
+    throw core::internal_error("cpu adamw: the CPU backend computes in f32, no weight copy");
+  }
   cpu::adamw(f32(params, n), cf32(grads, n), f32(m, n), f32(v, n), hyper);
 }
 

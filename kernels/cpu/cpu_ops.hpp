@@ -49,8 +49,8 @@ class CpuOps final : public Ops {
   void gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
                            TensorView w, TensorView rows, std::int64_t count,
                            std::int64_t hidden) override;
-  void adamw(TensorView params, TensorView grads, TensorView m, TensorView v, std::int64_t n,
-             const AdamWParams& hyper) override;
+  void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
+             TensorView v, std::int64_t n, const AdamWParams& hyper) override;
 };
 
 }  // namespace l3::kernels

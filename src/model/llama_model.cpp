@@ -63,6 +63,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
       ops_(ops),
       options_(options),
       params_(ops.allocate(ops.compute_dtype(), layout_.total())),
+      master_(ops.compute_dtype() == DType::f32 ? Buffer{}
+                                                : ops.allocate(DType::f32, layout_.total())),
       grads_(ops.allocate(ops.compute_dtype(), layout_.total())),
       ws_(std::make_unique<Workspace>()) {}
 
@@ -86,7 +88,8 @@ TensorView LlamaModel::gradient(std::string_view name) const {
 void LlamaModel::initialize(std::uint64_t seed) {
   std::vector<float> host(static_cast<std::size_t>(layout_.total()));
   initialize_parameters(host, layout_, seed);
-  ops_.copy(params_.view(), host_view(host));
+  ops_.copy(params_.view(), host_view(host));  // rounds to the compute dtype
+  if (master_.numel() > 0) ops_.copy(master_.view(), host_view(host));
 }
 
 void LlamaModel::zero_gradients() { ops_.zero(grads_.view()); }

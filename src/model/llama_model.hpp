@@ -52,6 +52,15 @@ class LlamaModel {
 
   // The flat parameter and gradient buffers (layout().total() elements, compute dtype).
   [[nodiscard]] kernels::TensorView parameters() const noexcept { return params_.view(); }
+  // The fp32 master weights the optimizer updates: parameters() itself when the backend
+  // computes in f32, a separate buffer otherwise.
+  [[nodiscard]] kernels::TensorView master_weights() const noexcept {
+    return master_.numel() > 0 ? master_.view() : params_.view();
+  }
+  // What the optimizer must refresh from the master weights: empty when they are the same.
+  [[nodiscard]] kernels::TensorView weight_copy() const noexcept {
+    return master_.numel() > 0 ? params_.view() : kernels::TensorView{};
+  }
   [[nodiscard]] kernels::TensorView gradients() const noexcept { return grads_.view(); }
   [[nodiscard]] kernels::TensorView parameter(std::string_view name) const;
   [[nodiscard]] kernels::TensorView gradient(std::string_view name) const;
@@ -89,6 +98,7 @@ class LlamaModel {
   kernels::Ops& ops_;
   ModelOptions options_;
   kernels::Buffer params_;
+  kernels::Buffer master_;  // empty when the compute dtype is f32
   kernels::Buffer grads_;
   std::unique_ptr<Workspace> ws_;
 };

@@ -21,8 +21,8 @@ AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfi
   }
 }
 
-void AdamW::step(kernels::TensorView params, kernels::TensorView grads, float lr,
-                 float grad_scale) {
+void AdamW::step(kernels::TensorView master, kernels::TensorView weight_copy,
+                 kernels::TensorView grads, float lr, float grad_scale) {
   ++step_;
   kernels::AdamWParams hyper{lr,   config_.beta1, config_.beta2, config_.eps,
                              0.0F, grad_scale,    step_};
@@ -31,7 +31,9 @@ void AdamW::step(kernels::TensorView params, kernels::TensorView grads, float lr
     const std::int64_t hi = std::min(end_, t.offset + t.numel);
     if (lo >= hi) continue;
     hyper.weight_decay = t.decay ? config_.weight_decay : 0.0F;
-    ops_.adamw(params.slice(lo, hi - lo), grads.slice(lo, hi - lo), m_.slice(lo - begin_, hi - lo),
+    ops_.adamw(master.slice(lo, hi - lo),
+               weight_copy.empty() ? kernels::TensorView{} : weight_copy.slice(lo, hi - lo),
+               grads.slice(lo, hi - lo), m_.slice(lo - begin_, hi - lo),
                v_.slice(lo - begin_, hi - lo), hi - lo, hyper);
   }
 }

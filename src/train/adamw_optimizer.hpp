@@ -24,9 +24,12 @@ class AdamW {
   AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config)
       : AdamW(ops, layout, config, 0, layout.total()) {}
 
-  // One update of params[begin, end) from grads[begin, end) (both full flat buffers, fp32),
-  // the gradients multiplied by grad_scale first (clipping).
-  void step(kernels::TensorView params, kernels::TensorView grads, float lr, float grad_scale);
+  // One update of master[begin, end) from grads[begin, end) (full flat buffers: the fp32 master
+  // weights, the gradients in the compute dtype), the gradients multiplied by grad_scale first
+  // (clipping). weight_copy: the compute-dtype weights to refresh from the master (bf16 on the
+  // GPU), or empty when the master weights are the compute weights (the CPU backend).
+  void step(kernels::TensorView master, kernels::TensorView weight_copy, kernels::TensorView grads,
+            float lr, float grad_scale);
 
   [[nodiscard]] std::int64_t steps_taken() const noexcept { return step_; }
   [[nodiscard]] kernels::TensorView first_moment() const noexcept { return m_.view(); }

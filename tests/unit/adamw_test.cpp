@@ -50,11 +50,11 @@ TEST_CASE("AdamW decays 2-D weights only and lr 0 changes nothing", "[adamw]") {
   for (float& x : params.as<float>()) x = 1.0F;  // padding too: it must stay untouched? it is 1
   l3::train::AdamW opt(ops, layout, {0.9F, 0.95F, 1e-8F, 0.5F});
 
-  opt.step(params.view(), grads.view(), 0.0F, 1.0F);  // lr 0: nothing moves
+  opt.step(params.view(), {}, grads.view(), 0.0F, 1.0F);  // lr 0: nothing moves
   for (const float x : params.as<float>()) REQUIRE(x == 1.0F);
 
   // Zero gradients and lr 0.1: only decay moves weights, norms stay at 1.
-  opt.step(params.view(), grads.view(), 0.1F, 1.0F);
+  opt.step(params.view(), {}, grads.view(), 0.1F, 1.0F);
   const auto& norm = layout.find("model.layers.0.input_layernorm.weight");
   const auto& q = layout.find("model.layers.0.self_attn.q_proj.weight");
   CHECK(params.as<float>()[static_cast<std::size_t>(norm.offset)] == 1.0F);
@@ -77,12 +77,12 @@ TEST_CASE("a ZeRO shard updates exactly its range, like the whole", "[adamw]") {
   std::copy(init.begin(), init.end(), sharded.as<float>().begin());
   std::copy(grad.begin(), grad.end(), grads.as<float>().begin());
   l3::train::AdamW all(ops, layout, {});
-  all.step(whole.view(), grads.view(), 1e-3F, 0.7F);
+  all.step(whole.view(), {}, grads.view(), 1e-3F, 0.7F);
   const std::int64_t cut = layout.total() / 3 + 17;  // through the middle of a tensor
   l3::train::AdamW first(ops, layout, {}, 0, cut);
   l3::train::AdamW second(ops, layout, {}, cut, layout.total());
-  first.step(sharded.view(), grads.view(), 1e-3F, 0.7F);
-  second.step(sharded.view(), grads.view(), 1e-3F, 0.7F);
+  first.step(sharded.view(), {}, grads.view(), 1e-3F, 0.7F);
+  second.step(sharded.view(), {}, grads.view(), 1e-3F, 0.7F);
   CHECK(
       std::equal(whole.as<float>().begin(), whole.as<float>().end(), sharded.as<float>().begin()));
 }

@@ -37,7 +37,8 @@ TEST_CASE("a tiny model overfits 8 fixed sequences (SFT loss < 0.05)", "[trainin
     model.zero_gradients();
     const auto loss = model.sft_forward_backward(batch, 1.0F / count);
     const double norm = l3::train::gradient_norm(ops, model.gradients());
-    opt.step(model.parameters(), model.gradients(), static_cast<float>(lr.at(step)),
+    opt.step(model.master_weights(), model.weight_copy(), model.gradients(),
+             static_cast<float>(lr.at(step)),
              static_cast<float>(l3::train::clip_factor(norm, 1.0)));
     last = loss.loss / count;
     if (step == 0) first = last;
@@ -75,7 +76,7 @@ TEST_CASE("a tiny reward model separates a synthetic preference set (accuracy 1.
   for (int step = 0; step < 200 && accuracy < 1.0; ++step) {
     model.zero_gradients();
     const auto out = model.reward_forward_backward(batch, 1.0F / 8.0F, 0.0);
-    opt.step(model.parameters(), model.gradients(), 1e-3F, 1.0F);
+    opt.step(model.master_weights(), model.weight_copy(), model.gradients(), 1e-3F, 1.0F);
     accuracy = static_cast<double>(model.reward_forward(batch, 0.0).stats.correct) / 8.0;
   }
   CHECK(accuracy == 1.0);
