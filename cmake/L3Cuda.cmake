@@ -49,7 +49,13 @@ if(NOT L3_CUDA STREQUAL "OFF")
     l3_cuda_unavailable("no CUDA compiler (nvcc) was found")
   else()
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 17)  # CMake < 3.26 has no C++20 flags for nvcc; kernels need 17
+    # The kernels share headers with the C++20 host code. CMake < 3.26 does not know nvcc's
+    # C++20 flag (nvcc >= 12 has it): tell it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit)
 

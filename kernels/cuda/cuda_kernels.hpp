@@ -1,0 +1,109 @@
+// Launchers of the CUDA backend's own kernels (the .cu files of kernels/cuda), callable from
+// host C++ (no CUDA types in this header). All run asynchronously on `stream`.
+// bf16 arrays are passed as kernels::BFloat16; f32 accumulators and statistics as float.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/ops.hpp"
+#include "kernels/tensor.hpp"
+
+namespace l3::cuda {
+
+using kernels::BFloat16;
+
+// casts.cu
+void cast_f32_to_bf16(BFloat16* out, const float* in, std::int64_t n, cudaStream_t stream);
+void cast_bf16_to_f32(float* out, const BFloat16* in, std::int64_t n, cudaStream_t stream);
+void fill_bf16(BFloat16* out, float value, std::int64_t n, cudaStream_t stream);
+
+// embedding.cu: out (N, H) = table[tokens]; tokens outside [0, V) give zero rows
+void embedding_forward(BFloat16* out, const std::int32_t* tokens, const BFloat16* table,
+                       std::int64_t n, std::int64_t hidden, std::int64_t vocab,
+                       cudaStream_t stream);
+// dtable (V, H) += dout rows grouped by token, each group summed in position order (stable
+// sort of the tokens first): deterministic. `workspace` is from embedding_backward_workspace.
+std::size_t embedding_backward_workspace(std::int64_t n);
+void embedding_backward(BFloat16* dtable, const std::int32_t* tokens, const BFloat16* dout,
+                        std::int64_t n, std::int64_t hidden, void* workspace,
+                        std::size_t workspace_bytes, cudaStream_t stream);
+
+// rmsnorm.cu: out = (x * rstd) * w, rstd in fp32
+void rmsnorm_forward(BFloat16* out, float* rstd, const BFloat16* x, const BFloat16* w,
+                     std::int64_t rows, std::int64_t hidden, float eps, cudaStream_t stream);
+// dx += d/dx (bf16, read-modify-write); dw += d/dw through fp32 partial sums per row chunk,
+// combined in order (deterministic). partials: rmsnorm_partials(rows, hidden) floats.
+std::int64_t rmsnorm_partials(std::int64_t rows, std::int64_t hidden);
+void rmsnorm_backward(BFloat16* dx, BFloat16* dw, const BFloat16* dout, const BFloat16* x,
+                      const BFloat16* w, const float* rstd, std::int64_t rows, std::int64_t hidden,
+                      float* partials, cudaStream_t stream);
+
+// rope.cu: in place on x (N, heads, head_dim); sign +1 forward, -1 its transpose
+void rope(BFloat16* x, const std::int32_t* positions, const float* cos, const float* sin,
+          std::int64_t n, int heads, int head_dim, float sign, cudaStream_t stream);
+
+// swiglu.cu
+void swiglu_forward(BFloat16* out, const BFloat16* gate, const BFloat16* up, std::int64_t n,
+                    cudaStream_t stream);
+void swiglu_backward(BFloat16* dgate, BFloat16* dup, const BFloat16* dout, const BFloat16* gate,
+                     const BFloat16* up, std::int64_t n, cudaStream_t stream);
+
+// reductions.cu: sum of squares in fp64, fixed order. partials: kSumSquaresBlocks doubles.
+inline constexpr int kSumSquaresBlocks = 1024;
+void sum_squares(double* result, const BFloat16* x, std::int64_t n, double* partials,
+                 cudaStream_t stream);
+void sum_squares_f32(double* result, const float* x, std::int64_t n, double* partials,
+                     cudaStream_t stream);
+
+// cross_entropy.cu (the GEMMs of the fused lm_head run on cuBLASLt, these are the row parts)
+// Gathers rows[i] of h (N, H) into out (count, H) and back.
+void gather_rows(BFloat16* out, const BFloat16* h, const std::int32_t* rows, std::int64_t count,
+                 std::int64_t hidden, cudaStream_t stream);
+void scatter_rows(BFloat16* h, const BFloat16* in, const std::int32_t* rows, std::int64_t count,
+                  std::int64_t hidden, cudaStream_t stream);
+// Per row of logits (rows, V) fp32: loss[r] = logsumexp - logit[target[r]]; with dlogits
+// non-null, dlogits = grad_scale * (softmax - onehot) in bf16.
+void softmax_cross_entropy(float* loss, BFloat16* dlogits, const float* logits,
+                           const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
+                           float grad_scale, cudaStream_t stream);
+// Indices of the counted positions (mask != 0), in order; *count on the device.
+std::size_t select_workspace(std::int64_t n);
+void select_counted(std::int32_t* indices, std::int32_t* count, const std::uint8_t* mask,
+                    std::int64_t n, void* workspace, std::size_t workspace_bytes,
+                    cudaStream_t stream);
+// targets_out[i] = targets[indices[i]]
+void gather_targets(std::int32_t* out, const std::int32_t* targets, const std::int32_t* indices,
+                    std::int64_t count, cudaStream_t stream);
+// sum of n floats into *result (double), fixed order
+void sum_f32(double* result, const float* x, std::int64_t n, cudaStream_t stream);
+
+// attention_fallback.cu, for one segment of length L and a batch of `heads` score matrices
+// (the heads of one GQA group offset): scores (heads, L, L) fp32 already scaled; probs
+// (heads, L, L) bf16; the statistics of batch entry h, row i at lse[h * lse_stride + i]
+void causal_softmax(BFloat16* probs, float* lse, const float* scores, int heads,
+                    std::int64_t length, std::int64_t lse_stride, cudaStream_t stream);
+// probs = exp(scores - lse) below the diagonal, 0 above (the backward's recomputation)
+void causal_probs(BFloat16* probs, const float* scores, const float* lse, int heads,
+                  std::int64_t length, std::int64_t lse_stride, cudaStream_t stream);
+// D[h * L + i] = sum_d dout[i, h, d] * out[i, h, d] over all heads of the segment's rows
+void attention_row_dot(float* dot, const BFloat16* dout, const BFloat16* out, int heads,
+                       std::int64_t length, int head_dim, cudaStream_t stream);
+// dscores = scale * probs * (dprobs - dot[h * dot_stride + i]), bf16
+void attention_dscores(BFloat16* dscores, const BFloat16* probs, const float* dprobs,
+                       const float* dot, std::int64_t dot_stride, int heads, std::int64_t length,
+                       float scale, cudaStream_t stream);
+
+// reward_head.cu
+void gather_dot(float* scores, const BFloat16* h, const BFloat16* w, const std::int32_t* rows,
+                std::int64_t count, std::int64_t hidden, cudaStream_t stream);
+void gather_dot_backward(BFloat16* dh, BFloat16* dw, const float* dscores, const BFloat16* h,
+                         const BFloat16* w, const std::int32_t* rows, std::int64_t count,
+                         std::int64_t hidden, cudaStream_t stream);
+
+// adamw.cu: master f32, grads bf16, moments f32, copy bf16 (may be null)
+void adamw(float* master, BFloat16* copy, const BFloat16* grads, float* m, float* v, std::int64_t n,
+           const kernels::AdamWParams& hyper, cudaStream_t stream);
+
+}  // namespace l3::cuda

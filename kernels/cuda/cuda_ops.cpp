@@ -1,0 +1,645 @@
+#include "kernels/cuda/cuda_ops.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/device_memory.hpp"
+#include "kernels/cuda/lt_matmul.hpp"
+
+namespace l3::cuda {
+
+using kernels::BFloat16;
+using kernels::DType;
+using kernels::TensorView;
+
+namespace {
+
+// Lays consecutive, 256-byte aligned arrays out in one scratch region.
+class Carver {
+ public:
+  template <typename T>
+  std::size_t reserve(std::int64_t count) {
+    const std::size_t at = used_;
+    used_ +=
+        (static_cast<std::size_t>(std::max<std::int64_t>(count, 1)) * sizeof(T) + 255) / 256 * 256;
+    return at;
+  }
+  std::size_t reserve_bytes(std::size_t bytes) {
+    const std::size_t at = used_;
+    used_ += (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+    return at;
+  }
+  [[nodiscard]] std::size_t total() const { return used_; }
+
+ private:
+  std::size_t used_ = 0;
+};
+
+template <typename T>
+T* at(void* base, std::size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);  // NOLINT: carved scratch
+}
+
+template <typename T>
+const T* in(TensorView x, std::int64_t count, std::string_view op, std::string_view name) {
+  if (x.numel() < count) {
+    throw core::internal_error(
+        fmt::format("cuda {}: '{}' has {} elements, needs {}", op, name, x.numel(), count));
+  }
+  return x.as<const T>().data();
+}
+template <typename T>
+T* out(TensorView x, std::int64_t count, std::string_view op, std::string_view name) {
+  return const_cast<T*>(in<T>(x, count, op, name));  // NOLINT: views are untyped memory
+}
+
+constexpr std::size_t kLogitBlockBytes = 256ULL << 20U;  // fp32 logits of one block of tokens
+
+}  // namespace
+
+DeviceScratch::~DeviceScratch() { cudaFree(data_); }
+
+void* DeviceScratch::get(std::size_t bytes, cudaStream_t stream) {
+  if (bytes <= bytes_) return data_;
+  check(cudaStreamSynchronize(stream), "scratch: wait before growing");
+  check(cudaFree(data_), "scratch: free");
+  data_ = nullptr;
+  bytes_ = 0;
+  check(cudaMalloc(&data_, bytes), fmt::format("scratch: cudaMalloc of {} bytes", bytes));
+  bytes_ = bytes;
+  return data_;
+}
+
+CudaOps::CudaOps(int device) {
+  if (device < 0) {
+    check(cudaGetDevice(&device_), "cudaGetDevice");
+  } else {
+    device_ = device;
+    check(cudaSetDevice(device_), fmt::format("cudaSetDevice({})", device_));
+  }
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cublasCreate(&cublas_), "cublasCreate");
+  check(cublasSetStream(cublas_, stream_), "cublasSetStream");
+  lt_ = std::make_unique<LtMatmul>();
+}
+
+CudaOps::~CudaOps() {
+  cudaStreamSynchronize(stream_);
+  lt_.reset();
+  cublasDestroy(cublas_);
+  cudaStreamDestroy(stream_);
+}
+
+kernels::Buffer CudaOps::allocate(DType dtype, std::int64_t numel) {
+  return allocate_device(dtype, numel);
+}
+
+void CudaOps::zero(TensorView x) {
+  check(cudaMemsetAsync(x.data(), 0, x.bytes(), stream_), "zero");
+}
+
+void CudaOps::synchronize() { check(cudaStreamSynchronize(stream_), "synchronize"); }
+
+void CudaOps::copy(TensorView dst, TensorView src) {
+  if (dst.numel() != src.numel()) {
+    throw core::internal_error(
+        fmt::format("cuda copy: {} elements into {}", src.numel(), dst.numel()));
+  }
+  const std::int64_t n = src.numel();
+  const bool dst_device = is_device_pointer(dst.data());
+  const bool src_device = is_device_pointer(src.data());
+  if (dst.dtype() == src.dtype()) {
+    check(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, stream_), "copy");
+    if (!dst_device || !src_device) synchronize();  // host memory is the caller's once we return
+    return;
+  }
+  const bool to_bf16 = src.dtype() == DType::f32 && dst.dtype() == DType::bf16;
+  const bool to_f32 = src.dtype() == DType::bf16 && dst.dtype() == DType::f32;
+  if (!to_bf16 && !to_f32) {
+    throw core::internal_error(fmt::format("cuda copy: no conversion from {} to {}",
+                                           kernels::dtype_name(src.dtype()),
+                                           kernels::dtype_name(dst.dtype())));
+  }
+  // Convert on the device; host sides go through a staging copy of the source dtype.
+  Carver carve;
+  const std::size_t staged_src = carve.reserve_bytes(src.bytes());
+  const std::size_t staged_dst = carve.reserve_bytes(dst.bytes());
+  void* base = scratch_.get(carve.total(), stream_);
+  const void* device_src = src.data();
+  if (!src_device) {
+    check(cudaMemcpyAsync(at<char>(base, staged_src), src.data(), src.bytes(),
+                          cudaMemcpyHostToDevice, stream_),
+          "copy: upload");
+    device_src = at<char>(base, staged_src);
+  }
+  void* device_dst = dst_device ? dst.data() : at<char>(base, staged_dst);
+  if (to_bf16) {
+    cast_f32_to_bf16(static_cast<BFloat16*>(device_dst), static_cast<const float*>(device_src), n,
+                     stream_);
+  } else {
+    cast_bf16_to_f32(static_cast<float*>(device_dst), static_cast<const BFloat16*>(device_src), n,
+                     stream_);
+  }
+  if (!dst_device) {
+    check(cudaMemcpyAsync(dst.data(), device_dst, dst.bytes(), cudaMemcpyDeviceToHost, stream_),
+          "copy: download");
+  }
+  if (!dst_device || !src_device) synchronize();
+}
+
+void CudaOps::matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
+                     std::int64_t k, bool accumulate) {
+  RowMajorGemm g;
+  g.rows = m;
+  g.cols = n;
+  g.inner = k;
+  g.a = in<BFloat16>(x, m * k, "matmul", "x");
+  g.lda = k;
+  g.b = in<BFloat16>(w, n * k, "matmul", "w");
+  g.ldb = k;
+  g.transpose_b = true;  // y = x W^T
+  g.c = y.data();
+  g.ldc = n;
+  g.c_type = y.dtype();
+  if (y.numel() < m * n) throw core::internal_error("cuda matmul: y too small");
+  g.beta = accumulate ? 1.0F : 0.0F;
+  lt_->run(g, stream_);
+}
+
+void CudaOps::matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x,
+                              TensorView w, std::int64_t m, std::int64_t n, std::int64_t k,
+                              bool accumulate_dx) {
+  const auto* dy_data = in<BFloat16>(dy, m * n, "matmul_backward", "dy");
+  if (!dx.empty()) {  // dx (m, k) = dy (m, n) W (n, k)
+    RowMajorGemm g;
+    g.rows = m;
+    g.cols = k;
+    g.inner = n;
+    g.a = dy_data;
+    g.lda = n;
+    g.b = in<BFloat16>(w, n * k, "matmul_backward", "w");
+    g.ldb = k;
+    g.c = out<BFloat16>(dx, m * k, "matmul_backward", "dx");
+    g.ldc = k;
+    g.beta = accumulate_dx ? 1.0F : 0.0F;
+    lt_->run(g, stream_);
+  }
+  if (!dw.empty()) {  // dw (n, k) += dy^T (n, m) x (m, k)
+    RowMajorGemm g;
+    g.rows = n;
+    g.cols = k;
+    g.inner = m;
+    g.transpose_a = true;
+    g.a = dy_data;
+    g.lda = n;
+    g.b = in<BFloat16>(x, m * k, "matmul_backward", "x");
+    g.ldb = k;
+    g.c = out<BFloat16>(dw, n * k, "matmul_backward", "dw");
+    g.ldc = k;
+    g.beta = 1.0F;
+    lt_->run(g, stream_);
+  }
+}
+
+void CudaOps::embedding(TensorView out_view, TensorView tokens, TensorView table, std::int64_t n,
+                        std::int64_t hidden) {
+  embedding_forward(out<BFloat16>(out_view, n * hidden, "embedding", "out"),
+                    in<std::int32_t>(tokens, n, "embedding", "tokens"),
+                    table.as<const BFloat16>().data(), n, hidden, table.numel() / hidden, stream_);
+}
+
+void CudaOps::embedding_backward(TensorView dtable, TensorView tokens, TensorView dout,
+                                 std::int64_t n, std::int64_t hidden) {
+  const std::size_t bytes = embedding_backward_workspace(n);
+  void* workspace = scratch_.get(bytes, stream_);
+  cuda::embedding_backward(dtable.as<BFloat16>().data(),
+                           in<std::int32_t>(tokens, n, "embedding_backward", "tokens"),
+                           in<BFloat16>(dout, n * hidden, "embedding_backward", "dout"), n, hidden,
+                           workspace, bytes, stream_);
+}
+
+void CudaOps::rmsnorm(TensorView out_view, TensorView rstd, TensorView x, TensorView w,
+                      std::int64_t rows, std::int64_t hidden, float eps) {
+  rmsnorm_forward(out<BFloat16>(out_view, rows * hidden, "rmsnorm", "out"),
+                  out<float>(rstd, rows, "rmsnorm", "rstd"),
+                  in<BFloat16>(x, rows * hidden, "rmsnorm", "x"),
+                  in<BFloat16>(w, hidden, "rmsnorm", "w"), rows, hidden, eps, stream_);
+}
+
+void CudaOps::rmsnorm_backward(TensorView dx, TensorView dw, TensorView dout, TensorView x,
+                               TensorView w, TensorView rstd, std::int64_t rows,
+                               std::int64_t hidden) {
+  auto* partials = static_cast<float*>(scratch_.get(
+      static_cast<std::size_t>(rmsnorm_partials(rows, hidden)) * sizeof(float), stream_));
+  cuda::rmsnorm_backward(out<BFloat16>(dx, rows * hidden, "rmsnorm_backward", "dx"),
+                         out<BFloat16>(dw, hidden, "rmsnorm_backward", "dw"),
+                         in<BFloat16>(dout, rows * hidden, "rmsnorm_backward", "dout"),
+                         in<BFloat16>(x, rows * hidden, "rmsnorm_backward", "x"),
+                         in<BFloat16>(w, hidden, "rmsnorm_backward", "w"),
+                         in<float>(rstd, rows, "rmsnorm_backward", "rstd"), rows, hidden, partials,
+                         stream_);
+}
+
+void CudaOps::rope(TensorView x, TensorView positions, TensorView cos, TensorView sin,
+                   std::int64_t n, int heads, int head_dim) {
+  cuda::rope(out<BFloat16>(x, n * heads * head_dim, "rope", "x"),
+             in<std::int32_t>(positions, n, "rope", "positions"), cos.as<const float>().data(),
+             sin.as<const float>().data(), n, heads, head_dim, 1.0F, stream_);
+}
+
+void CudaOps::rope_backward(TensorView dx, TensorView positions, TensorView cos, TensorView sin,
+                            std::int64_t n, int heads, int head_dim) {
+  cuda::rope(out<BFloat16>(dx, n * heads * head_dim, "rope_backward", "dx"),
+             in<std::int32_t>(positions, n, "rope_backward", "positions"),
+             cos.as<const float>().data(), sin.as<const float>().data(), n, heads, head_dim, -1.0F,
+             stream_);
+}
+
+std::vector<std::int32_t> CudaOps::download_segments(TensorView cu_seqlens, int segments) {
+  std::vector<std::int32_t> host(static_cast<std::size_t>(segments) + 1);
+  check(cudaMemcpyAsync(host.data(),
+                        in<std::int32_t>(cu_seqlens, segments + 1, "attention", "cu_seqlens"),
+                        host.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_),
+        "attention: download cu_seqlens");
+  synchronize();
+  return host;
+}
+
+namespace {
+
+// One strided-batched GEMM of the fallback attention, in cuBLAS's column-major terms.
+struct BatchedGemm {
+  cublasOperation_t op_a, op_b;
+  int m, n, k;
+  const void* a;
+  cudaDataType a_type;
+  int lda;
+  long long stride_a;
+  const void* b;
+  cudaDataType b_type;
+  int ldb;
+  long long stride_b;
+  void* c;
+  cudaDataType c_type;
+  int ldc;
+  long long stride_c;
+  int batch;
+  float alpha;
+  float beta;
+};
+
+void run(cublasHandle_t handle, const BatchedGemm& g, std::string_view what) {
+  check(cublasGemmStridedBatchedEx(handle, g.op_a, g.op_b, g.m, g.n, g.k, &g.alpha, g.a, g.a_type,
+                                   g.lda, g.stride_a, g.b, g.b_type, g.ldb, g.stride_b, &g.beta,
+                                   g.c, g.c_type, g.ldc, g.stride_c, g.batch, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT),
+        fmt::format("attention {}: batched GEMM m={} n={} k={} batch={}", what, g.m, g.n, g.k,
+                    g.batch));
+}
+
+}  // namespace
+
+// Scores of a segment [a, a + L), for the heads h = g * group + j (g over KV heads): the
+// column-major (L keys x L queries) matrix of key . query, i.e. row-major scores[query][key].
+void CudaOps::attention(TensorView out_view, TensorView lse, TensorView q, TensorView k,
+                        TensorView v, TensorView cu_seqlens, const kernels::AttentionShape& shape) {
+  const std::int64_t n = shape.tokens;
+  const int hd = shape.head_dim;
+  const int group = shape.n_heads / shape.n_kv_heads;
+  const int qs = shape.n_heads * hd;      // row stride of q and out
+  const int kvs = shape.n_kv_heads * hd;  // row stride of k and v
+  const auto* qd = in<BFloat16>(q, n * qs, "attention", "q");
+  const auto* kd = in<BFloat16>(k, n * kvs, "attention", "k");
+  const auto* vd = in<BFloat16>(v, n * kvs, "attention", "v");
+  auto* od = out<BFloat16>(out_view, n * qs, "attention", "out");
+  auto* lsed = out<float>(lse, n * shape.n_heads, "attention", "lse");
+  const std::vector<std::int32_t> cu = download_segments(cu_seqlens, shape.n_segments);
+  const std::int64_t longest = shape.max_segment;
+  Carver carve;
+  const std::size_t scores_at = carve.reserve<float>(shape.n_kv_heads * longest * longest);
+  const std::size_t probs_at = carve.reserve<BFloat16>(shape.n_kv_heads * longest * longest);
+  void* base = scratch_.get(carve.total(), stream_);
+  auto* scores = at<float>(base, scores_at);
+  auto* probs = at<BFloat16>(base, probs_at);
+  const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  for (int s = 0; s < shape.n_segments; ++s) {
+    const std::int64_t a = cu[static_cast<std::size_t>(s)];
+    const int length = cu[static_cast<std::size_t>(s) + 1] - cu[static_cast<std::size_t>(s)];
+    if (length == 0) continue;
+    const long long square = static_cast<long long>(length) * length;
+    for (int j = 0; j < group; ++j) {
+      run(cublas_,
+          {CUBLAS_OP_T,
+           CUBLAS_OP_N,
+           length,
+           length,
+           hd,
+           kd + a * kvs,
+           CUDA_R_16BF,
+           kvs,
+           hd,
+           qd + a * qs + j * hd,
+           CUDA_R_16BF,
+           qs,
+           static_cast<long long>(group) * hd,
+           scores,
+           CUDA_R_32F,
+           length,
+           square,
+           shape.n_kv_heads,
+           scale,
+           0.0F},
+          "forward scores");
+      causal_softmax(probs, lsed + a + j * n, scores, shape.n_kv_heads, length, group * n, stream_);
+      run(cublas_,
+          {CUBLAS_OP_N,
+           CUBLAS_OP_N,
+           hd,
+           length,
+           length,
+           vd + a * kvs,
+           CUDA_R_16BF,
+           kvs,
+           hd,
+           probs,
+           CUDA_R_16BF,
+           length,
+           square,
+           od + a * qs + j * hd,
+           CUDA_R_16BF,
+           qs,
+           static_cast<long long>(group) * hd,
+           shape.n_kv_heads,
+           1.0F,
+           0.0F},
+          "forward output");
+    }
+  }
+}
+
+void CudaOps::attention_backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
+                                 TensorView out_view, TensorView lse, TensorView q, TensorView k,
+                                 TensorView v, TensorView cu_seqlens,
+                                 const kernels::AttentionShape& shape) {
+  const std::int64_t n = shape.tokens;
+  const int hd = shape.head_dim;
+  const int group = shape.n_heads / shape.n_kv_heads;
+  const int qs = shape.n_heads * hd;
+  const int kvs = shape.n_kv_heads * hd;
+  const auto* qd = in<BFloat16>(q, n * qs, "attention_backward", "q");
+  const auto* kd = in<BFloat16>(k, n * kvs, "attention_backward", "k");
+  const auto* vd = in<BFloat16>(v, n * kvs, "attention_backward", "v");
+  const auto* od = in<BFloat16>(out_view, n * qs, "attention_backward", "out");
+  const auto* dod = in<BFloat16>(dout, n * qs, "attention_backward", "dout");
+  const auto* lsed = in<float>(lse, n * shape.n_heads, "attention_backward", "lse");
+  auto* dqd = out<BFloat16>(dq, n * qs, "attention_backward", "dq");
+  auto* dkd = out<BFloat16>(dk, n * kvs, "attention_backward", "dk");
+  auto* dvd = out<BFloat16>(dv, n * kvs, "attention_backward", "dv");
+  const std::vector<std::int32_t> cu = download_segments(cu_seqlens, shape.n_segments);
+  const std::int64_t longest = shape.max_segment;
+  const std::int64_t squares = shape.n_kv_heads * longest * longest;
+  Carver carve;
+  const std::size_t scores_at = carve.reserve<float>(squares);
+  const std::size_t probs_at = carve.reserve<BFloat16>(squares);
+  const std::size_t dprobs_at = carve.reserve<float>(squares);
+  const std::size_t dscores_at = carve.reserve<BFloat16>(squares);
+  const std::size_t dot_at = carve.reserve<float>(shape.n_heads * longest);
+  const std::size_t dk_at = carve.reserve<float>(longest * kvs);
+  const std::size_t dv_at = carve.reserve<float>(longest * kvs);
+  void* base = scratch_.get(carve.total(), stream_);
+  auto* scores = at<float>(base, scores_at);
+  auto* probs = at<BFloat16>(base, probs_at);
+  auto* dprobs = at<float>(base, dprobs_at);
+  auto* dscores = at<BFloat16>(base, dscores_at);
+  auto* dot = at<float>(base, dot_at);
+  auto* dk_acc = at<float>(base, dk_at);
+  auto* dv_acc = at<float>(base, dv_at);
+  const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const long long group_stride = static_cast<long long>(group) * hd;
+
+  for (int s = 0; s < shape.n_segments; ++s) {
+    const std::int64_t a = cu[static_cast<std::size_t>(s)];
+    const int length = cu[static_cast<std::size_t>(s) + 1] - cu[static_cast<std::size_t>(s)];
+    if (length == 0) continue;
+    const long long square = static_cast<long long>(length) * length;
+    check(
+        cudaMemsetAsync(dk_acc, 0, static_cast<std::size_t>(length) * kvs * sizeof(float), stream_),
+        "attention backward: zero dk");
+    check(
+        cudaMemsetAsync(dv_acc, 0, static_cast<std::size_t>(length) * kvs * sizeof(float), stream_),
+        "attention backward: zero dv");
+    attention_row_dot(dot, dod + a * qs, od + a * qs, shape.n_heads, length, hd, stream_);
+    for (int j = 0; j < group; ++j) {
+      const BFloat16* q_j = qd + a * qs + j * hd;
+      const BFloat16* do_j = dod + a * qs + j * hd;
+      run(cublas_,
+          {CUBLAS_OP_T, CUBLAS_OP_N, length, length,           hd,    kd + a * kvs, CUDA_R_16BF,
+           kvs,         hd,          q_j,    CUDA_R_16BF,      qs,    group_stride, scores,
+           CUDA_R_32F,  length,      square, shape.n_kv_heads, scale, 0.0F},
+          "backward scores");
+      causal_probs(probs, scores, lsed + a + j * n, shape.n_kv_heads, length, group * n, stream_);
+      // dv (L keys x hd) += P^T dO
+      run(cublas_, {CUBLAS_OP_N, CUBLAS_OP_T,  hd,    length,           length, do_j,   CUDA_R_16BF,
+                    qs,          group_stride, probs, CUDA_R_16BF,      length, square, dv_acc,
+                    CUDA_R_32F,  kvs,          hd,    shape.n_kv_heads, 1.0F,   1.0F},
+          "backward dv");
+      // dP (queries x keys) = dO V^T
+      run(cublas_,
+          {CUBLAS_OP_T, CUBLAS_OP_N, length, length,           hd,   vd + a * kvs, CUDA_R_16BF,
+           kvs,         hd,          do_j,   CUDA_R_16BF,      qs,   group_stride, dprobs,
+           CUDA_R_32F,  length,      square, shape.n_kv_heads, 1.0F, 0.0F},
+          "backward dP");
+      attention_dscores(dscores, probs, dprobs, dot + static_cast<std::int64_t>(j) * length,
+                        static_cast<std::int64_t>(group) * length, shape.n_kv_heads, length, scale,
+                        stream_);
+      // dq = dS K
+      run(cublas_, {CUBLAS_OP_N,  CUBLAS_OP_N,
+                    hd,           length,
+                    length,       kd + a * kvs,
+                    CUDA_R_16BF,  kvs,
+                    hd,           dscores,
+                    CUDA_R_16BF,  length,
+                    square,       dqd + a * qs + j * hd,
+                    CUDA_R_16BF,  qs,
+                    group_stride, shape.n_kv_heads,
+                    1.0F,         0.0F},
+          "backward dq");
+      // dk += dS^T Q
+      run(cublas_,
+          {CUBLAS_OP_N, CUBLAS_OP_T,  hd,      length,           length, q_j,    CUDA_R_16BF,
+           qs,          group_stride, dscores, CUDA_R_16BF,      length, square, dk_acc,
+           CUDA_R_32F,  kvs,          hd,      shape.n_kv_heads, 1.0F,   1.0F},
+          "backward dk");
+    }
+    cast_f32_to_bf16(dkd + a * kvs, dk_acc, static_cast<std::int64_t>(length) * kvs, stream_);
+    cast_f32_to_bf16(dvd + a * kvs, dv_acc, static_cast<std::int64_t>(length) * kvs, stream_);
+  }
+}
+
+void CudaOps::swiglu(TensorView out_view, TensorView gate, TensorView up, std::int64_t n) {
+  swiglu_forward(out<BFloat16>(out_view, n, "swiglu", "out"),
+                 in<BFloat16>(gate, n, "swiglu", "gate"), in<BFloat16>(up, n, "swiglu", "up"), n,
+                 stream_);
+}
+
+void CudaOps::swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
+                              TensorView up, std::int64_t n) {
+  cuda::swiglu_backward(out<BFloat16>(dgate, n, "swiglu_backward", "dgate"),
+                        out<BFloat16>(dup, n, "swiglu_backward", "dup"),
+                        in<BFloat16>(dout, n, "swiglu_backward", "dout"),
+                        in<BFloat16>(gate, n, "swiglu_backward", "gate"),
+                        in<BFloat16>(up, n, "swiglu_backward", "up"), n, stream_);
+}
+
+double CudaOps::sum_squares(TensorView x, std::int64_t n) {
+  Carver carve;
+  const std::size_t partials_at = carve.reserve<double>(kSumSquaresBlocks);
+  const std::size_t result_at = carve.reserve<double>(1);
+  void* base = scratch_.get(carve.total(), stream_);
+  if (x.dtype() == DType::f32) {
+    sum_squares_f32(at<double>(base, result_at), in<float>(x, n, "sum_squares", "x"), n,
+                    at<double>(base, partials_at), stream_);
+  } else {
+    cuda::sum_squares(at<double>(base, result_at), in<BFloat16>(x, n, "sum_squares", "x"), n,
+                      at<double>(base, partials_at), stream_);
+  }
+  double result = 0.0;
+  check(cudaMemcpyAsync(&result, at<double>(base, result_at), sizeof(double),
+                        cudaMemcpyDeviceToHost, stream_),
+        "sum_squares: download");
+  synchronize();
+  return result;
+}
+
+kernels::LossSum CudaOps::lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h,
+                                                TensorView w, TensorView targets, TensorView mask,
+                                                std::int64_t n, std::int64_t vocab,
+                                                std::int64_t hidden, float grad_scale) {
+  const bool backward = !dh.empty();
+  const auto* hd = in<BFloat16>(h, n * hidden, "lm_head_cross_entropy", "h");
+  const auto* wd = in<BFloat16>(w, vocab * hidden, "lm_head_cross_entropy", "w");
+  const auto* td = in<std::int32_t>(targets, n, "lm_head_cross_entropy", "targets");
+  const auto* md = in<std::uint8_t>(mask, n, "lm_head_cross_entropy", "mask");
+  const std::int64_t block = std::max<std::int64_t>(
+      1, std::min<std::int64_t>(n, static_cast<std::int64_t>(kLogitBlockBytes) / (vocab * 4)));
+
+  Carver carve;
+  const std::size_t indices_at = carve.reserve<std::int32_t>(n);
+  const std::size_t count_at = carve.reserve<std::int32_t>(1);
+  const std::size_t targets_at = carve.reserve<std::int32_t>(n);
+  const std::size_t losses_at = carve.reserve<float>(n);
+  const std::size_t result_at = carve.reserve<double>(1);
+  const std::size_t hb_at = carve.reserve<BFloat16>(block * hidden);
+  const std::size_t dhb_at = carve.reserve<BFloat16>(block * hidden);
+  const std::size_t logits_at = carve.reserve<float>(block * vocab);
+  const std::size_t dlogits_at = carve.reserve<BFloat16>(backward ? block * vocab : 1);
+  const std::size_t select_at = carve.reserve_bytes(select_workspace(n));
+  void* base = scratch_.get(carve.total(), stream_);
+  auto* indices = at<std::int32_t>(base, indices_at);
+
+  select_counted(indices, at<std::int32_t>(base, count_at), md, n, at<char>(base, select_at),
+                 select_workspace(n), stream_);
+  std::int32_t counted = 0;
+  check(cudaMemcpyAsync(&counted, at<std::int32_t>(base, count_at), sizeof(counted),
+                        cudaMemcpyDeviceToHost, stream_),
+        "lm_head_cross_entropy: count");
+  synchronize();
+  if (backward) {
+    if (dw.numel() < vocab * hidden) throw core::internal_error("cuda lm_head: dw too small");
+    zero(dh.slice(0, n * hidden));
+  }
+  gather_targets(at<std::int32_t>(base, targets_at), td, indices, counted, stream_);
+
+  for (std::int64_t begin = 0; begin < counted; begin += block) {
+    const std::int64_t rows = std::min<std::int64_t>(block, counted - begin);
+    auto* hb = at<BFloat16>(base, hb_at);
+    auto* logits = at<float>(base, logits_at);
+    auto* dlogits = backward ? at<BFloat16>(base, dlogits_at) : nullptr;
+    gather_rows(hb, hd, indices + begin, rows, hidden, stream_);
+    RowMajorGemm g;  // logits (rows, V) = hb (rows, H) w^T
+    g.rows = rows;
+    g.cols = vocab;
+    g.inner = hidden;
+    g.a = hb;
+    g.lda = hidden;
+    g.b = wd;
+    g.ldb = hidden;
+    g.transpose_b = true;
+    g.c = logits;
+    g.ldc = vocab;
+    g.c_type = DType::f32;
+    lt_->run(g, stream_);
+    softmax_cross_entropy(at<float>(base, losses_at) + begin, dlogits, logits,
+                          at<std::int32_t>(base, targets_at) + begin, rows, vocab, grad_scale,
+                          stream_);
+    if (!backward) continue;
+    RowMajorGemm dx;  // dhb (rows, H) = dlogits (rows, V) w (V, H)
+    dx.rows = rows;
+    dx.cols = hidden;
+    dx.inner = vocab;
+    dx.a = dlogits;
+    dx.lda = vocab;
+    dx.b = wd;
+    dx.ldb = hidden;
+    dx.c = at<BFloat16>(base, dhb_at);
+    dx.ldc = hidden;
+    lt_->run(dx, stream_);
+    scatter_rows(out<BFloat16>(dh, n * hidden, "lm_head_cross_entropy", "dh"),
+                 at<BFloat16>(base, dhb_at), indices + begin, rows, hidden, stream_);
+    RowMajorGemm gw;  // dw (V, H) += dlogits^T (V, rows) hb (rows, H)
+    gw.rows = vocab;
+    gw.cols = hidden;
+    gw.inner = rows;
+    gw.transpose_a = true;
+    gw.a = dlogits;
+    gw.lda = vocab;
+    gw.b = hb;
+    gw.ldb = hidden;
+    gw.c = dw.data();
+    gw.ldc = hidden;
+    gw.beta = 1.0F;
+    lt_->run(gw, stream_);
+  }
+  kernels::LossSum result{0.0, counted};
+  if (counted > 0) {
+    sum_f32(at<double>(base, result_at), at<float>(base, losses_at), counted, stream_);
+    check(cudaMemcpyAsync(&result.loss, at<double>(base, result_at), sizeof(double),
+                          cudaMemcpyDeviceToHost, stream_),
+          "lm_head_cross_entropy: loss");
+    synchronize();
+  }
+  return result;
+}
+
+void CudaOps::gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
+                         std::int64_t count, std::int64_t hidden) {
+  cuda::gather_dot(out<float>(scores, count, "gather_dot", "scores"), h.as<const BFloat16>().data(),
+                   in<BFloat16>(w, hidden, "gather_dot", "w"),
+                   in<std::int32_t>(rows, count, "gather_dot", "rows"), count, hidden, stream_);
+}
+
+void CudaOps::gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
+                                  TensorView w, TensorView rows, std::int64_t count,
+                                  std::int64_t hidden) {
+  cuda::gather_dot_backward(
+      dh.as<BFloat16>().data(), out<BFloat16>(dw, hidden, "gather_dot_backward", "dw"),
+      in<float>(dscores, count, "gather_dot_backward", "dscores"), h.as<const BFloat16>().data(),
+      in<BFloat16>(w, hidden, "gather_dot_backward", "w"),
+      in<std::int32_t>(rows, count, "gather_dot_backward", "rows"), count, hidden, stream_);
+}
+
+void CudaOps::adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
+                    TensorView v, std::int64_t n, const kernels::AdamWParams& hyper) {
+  cuda::adamw(out<float>(params, n, "adamw", "params"),
+              params_copy.empty() ? nullptr : out<BFloat16>(params_copy, n, "adamw", "params_copy"),
+              in<BFloat16>(grads, n, "adamw", "grads"), out<float>(m, n, "adamw", "m"),
+              out<float>(v, n, "adamw", "v"), n, hyper, stream_);
+}
+
+}  // namespace l3::cuda

@@ -1,0 +1,115 @@
+// The CUDA backend: bf16 activations and weights, fp32 accumulation and statistics, fp32
+// master weights and AdamW state. Matmuls on cuBLASLt; attention on cuBLAS batched GEMMs with
+// causal-softmax kernels (the fallback path, exact and simple); everything else on the kernels
+// of kernels/cuda/*.cu. All work is queued on one stream; calls that return a value (loss,
+// squared norm) synchronise it.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "kernels/ops.hpp"
+
+namespace l3::cuda {
+
+class LtMatmul;
+
+// A grow-only device buffer for the temporaries of one op at a time.
+class DeviceScratch {
+ public:
+  DeviceScratch() = default;
+  ~DeviceScratch();
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  DeviceScratch(DeviceScratch&&) = delete;
+  DeviceScratch& operator=(DeviceScratch&&) = delete;
+  // At least `bytes`, 256-byte aligned; the previous contents are not kept.
+  void* get(std::size_t bytes, cudaStream_t stream);
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class CudaOps final : public kernels::Ops {
+ public:
+  // device: the CUDA device to use (-1: the current one).
+  explicit CudaOps(int device = -1);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+  CudaOps(CudaOps&&) = delete;
+  CudaOps& operator=(CudaOps&&) = delete;
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "cuda"; }
+  [[nodiscard]] kernels::DType compute_dtype() const noexcept override {
+    return kernels::DType::bf16;
+  }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+  [[nodiscard]] kernels::Buffer allocate(kernels::DType dtype, std::int64_t numel) override;
+  void zero(kernels::TensorView x) override;
+  void copy(kernels::TensorView dst, kernels::TensorView src) override;
+  void synchronize() override;
+
+  void matmul(kernels::TensorView y, kernels::TensorView x, kernels::TensorView w, std::int64_t m,
+              std::int64_t n, std::int64_t k, bool accumulate) override;
+  void matmul_backward(kernels::TensorView dx, kernels::TensorView dw, kernels::TensorView dy,
+                       kernels::TensorView x, kernels::TensorView w, std::int64_t m, std::int64_t n,
+                       std::int64_t k, bool accumulate_dx) override;
+  void embedding(kernels::TensorView out, kernels::TensorView tokens, kernels::TensorView table,
+                 std::int64_t n, std::int64_t hidden) override;
+  void embedding_backward(kernels::TensorView dtable, kernels::TensorView tokens,
+                          kernels::TensorView dout, std::int64_t n, std::int64_t hidden) override;
+  void rmsnorm(kernels::TensorView out, kernels::TensorView rstd, kernels::TensorView x,
+               kernels::TensorView w, std::int64_t rows, std::int64_t hidden, float eps) override;
+  void rmsnorm_backward(kernels::TensorView dx, kernels::TensorView dw, kernels::TensorView dout,
+                        kernels::TensorView x, kernels::TensorView w, kernels::TensorView rstd,
+                        std::int64_t rows, std::int64_t hidden) override;
+  void rope(kernels::TensorView x, kernels::TensorView positions, kernels::TensorView cos,
+            kernels::TensorView sin, std::int64_t n, int heads, int head_dim) override;
+  void rope_backward(kernels::TensorView dx, kernels::TensorView positions, kernels::TensorView cos,
+                     kernels::TensorView sin, std::int64_t n, int heads, int head_dim) override;
+  void attention(kernels::TensorView out, kernels::TensorView lse, kernels::TensorView q,
+                 kernels::TensorView k, kernels::TensorView v, kernels::TensorView cu_seqlens,
+                 const kernels::AttentionShape& shape) override;
+  void attention_backward(kernels::TensorView dq, kernels::TensorView dk, kernels::TensorView dv,
+                          kernels::TensorView dout, kernels::TensorView out,
+                          kernels::TensorView lse, kernels::TensorView q, kernels::TensorView k,
+                          kernels::TensorView v, kernels::TensorView cu_seqlens,
+                          const kernels::AttentionShape& shape) override;
+  void swiglu(kernels::TensorView out, kernels::TensorView gate, kernels::TensorView up,
+              std::int64_t n) override;
+  void swiglu_backward(kernels::TensorView dgate, kernels::TensorView dup, kernels::TensorView dout,
+                       kernels::TensorView gate, kernels::TensorView up, std::int64_t n) override;
+  [[nodiscard]] double sum_squares(kernels::TensorView x, std::int64_t n) override;
+  kernels::LossSum lm_head_cross_entropy(kernels::TensorView dh, kernels::TensorView dw,
+                                         kernels::TensorView h, kernels::TensorView w,
+                                         kernels::TensorView targets, kernels::TensorView mask,
+                                         std::int64_t n, std::int64_t vocab, std::int64_t hidden,
+                                         float grad_scale) override;
+  void gather_dot(kernels::TensorView scores, kernels::TensorView h, kernels::TensorView w,
+                  kernels::TensorView rows, std::int64_t count, std::int64_t hidden) override;
+  void gather_dot_backward(kernels::TensorView dh, kernels::TensorView dw,
+                           kernels::TensorView dscores, kernels::TensorView h,
+                           kernels::TensorView w, kernels::TensorView rows, std::int64_t count,
+                           std::int64_t hidden) override;
+  void adamw(kernels::TensorView params, kernels::TensorView params_copy, kernels::TensorView grads,
+             kernels::TensorView m, kernels::TensorView v, std::int64_t n,
+             const kernels::AdamWParams& hyper) override;
+
+ private:
+  std::vector<std::int32_t> download_segments(kernels::TensorView cu_seqlens, int segments);
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<LtMatmul> lt_;
+  DeviceScratch scratch_;
+};
+
+}  // namespace l3::cuda

@@ -1,0 +1,78 @@
+// Device-side helpers shared by the kernels: bf16 conversion, 16-byte vector access, warp and
+// block reductions, launch geometry.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/tensor.hpp"
+
+namespace l3::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Host code holds bf16 as kernels::BFloat16 (same 16 bits); kernels see __nv_bfloat16.
+inline bf16* device_cast(kernels::BFloat16* p) { return reinterpret_cast<bf16*>(p); }
+inline const bf16* device_cast(const kernels::BFloat16* p) {
+  return reinterpret_cast<const bf16*>(p);
+}
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ bf16 to_bf16(float x) {
+  return __float2bfloat16(x);
+}  // round to nearest
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffU, v, offset);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffU, v, offset));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory; the function synchronises the block.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  v = lane < warps ? scratch[lane] : 0.0F;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// Eight bf16 values in one 16-byte load/store (the row pointer must be 16-byte aligned and the
+// row length a multiple of 8; the kernels check and fall back to scalar access otherwise).
+struct alignas(16) Bf16x8 {
+  bf16 v[8];
+};
+
+inline unsigned int blocks_for(std::int64_t n, int threads) {
+  return static_cast<unsigned int>((n + threads - 1) / threads);
+}
+
+}  // namespace l3::cuda

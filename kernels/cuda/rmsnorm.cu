@@ -1,0 +1,103 @@
+// RMSNorm forward and backward, one block per row, statistics in fp32. The weight gradient is
+// reduced over fixed chunks of rows into fp32 partials, then over the chunks in order.
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/device_utils.cuh"
+
+namespace l3::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kRowsPerChunk = 32;
+
+__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, const bf16* w,
+                                       std::int64_t hidden, float eps) {
+  __shared__ float scratch[kWarp];
+  const std::int64_t row = blockIdx.x;
+  const bf16* xr = x + row * hidden;
+  bf16* yr = out + row * hidden;
+  float sum = 0.0F;
+  for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float v = to_float(xr[i]);
+    sum += v * v;
+  }
+  sum = block_sum(sum, scratch);
+  const float inv = 1.0F / sqrtf(sum / static_cast<float>(hidden) + eps);
+  if (threadIdx.x == 0) rstd[row] = inv;
+  for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    yr[i] = to_bf16((to_float(xr[i]) * inv) * to_float(w[i]));
+  }
+}
+
+// One block per chunk of rows; dynamic shared memory: `hidden` floats of dw partial sums.
+__global__ void rmsnorm_backward_kernel(bf16* dx, float* partials, const bf16* dout, const bf16* x,
+                                        const bf16* w, const float* rstd, std::int64_t rows,
+                                        std::int64_t hidden) {
+  extern __shared__ float dw_partial[];
+  __shared__ float scratch[kWarp];
+  for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) dw_partial[i] = 0.0F;
+  const std::int64_t first = blockIdx.x * kRowsPerChunk;
+  const std::int64_t last = min(first + kRowsPerChunk, rows);
+  for (std::int64_t row = first; row < last; ++row) {
+    const bf16* xr = x + row * hidden;
+    const bf16* gr = dout + row * hidden;
+    bf16* dxr = dx + row * hidden;
+    const float inv = rstd[row];
+    float dot = 0.0F;  // sum of (g * w) * xhat
+    for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+      dot += to_float(gr[i]) * to_float(w[i]) * (to_float(xr[i]) * inv);
+    }
+    const float mean_dot = block_sum(dot, scratch) / static_cast<float>(hidden);
+    for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+      const float g = to_float(gr[i]);
+      const float xhat = to_float(xr[i]) * inv;
+      dxr[i] = to_bf16(to_float(dxr[i]) + inv * (g * to_float(w[i]) - xhat * mean_dot));
+      dw_partial[i] += g * xhat;  // each thread owns its columns: no race
+    }
+  }
+  for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    partials[blockIdx.x * hidden + i] = dw_partial[i];
+  }
+}
+
+__global__ void rmsnorm_dw_kernel(bf16* dw, const float* partials, std::int64_t chunks,
+                                  std::int64_t hidden) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= hidden) return;
+  float sum = 0.0F;
+  for (std::int64_t c = 0; c < chunks; ++c) sum += partials[c * hidden + i];  // chunk order
+  dw[i] = to_bf16(to_float(dw[i]) + sum);
+}
+
+std::int64_t chunks(std::int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
+
+}  // namespace
+
+void rmsnorm_forward(BFloat16* out, float* rstd, const BFloat16* x, const BFloat16* w,
+                     std::int64_t rows, std::int64_t hidden, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  rmsnorm_forward_kernel<<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(
+      device_cast(out), rstd, device_cast(x), device_cast(w), hidden, eps);
+  check_launch("rmsnorm forward");
+}
+
+std::int64_t rmsnorm_partials(std::int64_t rows, std::int64_t hidden) {
+  return chunks(rows) * hidden;
+}
+
+void rmsnorm_backward(BFloat16* dx, BFloat16* dw, const BFloat16* dout, const BFloat16* x,
+                      const BFloat16* w, const float* rstd, std::int64_t rows, std::int64_t hidden,
+                      float* partials, cudaStream_t stream) {
+  if (rows == 0) return;
+  const std::size_t shared = static_cast<std::size_t>(hidden) * sizeof(float);
+  rmsnorm_backward_kernel<<<static_cast<unsigned int>(chunks(rows)), kThreads, shared, stream>>>(
+      device_cast(dx), partials, device_cast(dout), device_cast(x), device_cast(w), rstd, rows,
+      hidden);
+  check_launch("rmsnorm backward");
+  rmsnorm_dw_kernel<<<blocks_for(hidden, kThreads), kThreads, 0, stream>>>(
+      device_cast(dw), partials, chunks(rows), hidden);
+  check_launch("rmsnorm backward (weights)");
+}
+
+}  // namespace l3::cuda

@@ -1,0 +1,109 @@
+// The whole tiny model on the CUDA backend against the CPU backend, from identical weights
+// (the CPU model starts from the bf16-rounded initialisation the GPU computes with).
+#include "catch.hpp"
+#include "gpu_test_support.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
+#include "model/llama_model.hpp"
+#include "numeric_support.hpp"
+#include "train/adamw_optimizer.hpp"
+
+using l3::model::BatchBuilder;
+using l3::model::HeadKind;
+using l3::model::LlamaModel;
+using l3::test::rel_error;
+
+namespace {
+l3::model::Batch tiny_batch(l3::test::Random& rnd) {
+  BatchBuilder b(2, 64, 0);
+  for (const int len : {30, 20, 50}) {
+    auto mask = std::vector<std::uint8_t>(static_cast<std::size_t>(len), 1);
+    mask[0] = 0;
+    REQUIRE(b.add(rnd.integers(static_cast<std::size_t>(len), 512), mask) >= 0);
+  }
+  return b.finish();
+}
+
+void round_parameters(LlamaModel& cpu) {
+  for (float& x : cpu.parameters().as<float>()) x = l3::test::round_bf16(x);
+}
+}  // namespace
+
+TEST_CASE("tiny model forward/backward matches the CPU backend", "[gpu][model]") {
+  INFO("seed " << l3::test::test_seed());
+  const auto config = l3::model::preset("tiny");
+  l3::kernels::CpuOps cpu_ops;
+  l3::cuda::CudaOps gpu_ops;
+  LlamaModel cpu(config, HeadKind::language_model, cpu_ops);
+  LlamaModel gpu(config, HeadKind::language_model, gpu_ops);
+  cpu.initialize(42);
+  gpu.initialize(42);
+  round_parameters(cpu);
+  l3::test::Random rnd(110);
+  const auto batch = tiny_batch(rnd);
+  const float scale = 1.0F / static_cast<float>(batch.counted_tokens());
+  cpu.zero_gradients();
+  gpu.zero_gradients();
+  const auto lc = cpu.sft_forward_backward(batch, scale);
+  const auto lg = gpu.sft_forward_backward(batch, scale);
+  CHECK(lg.tokens == lc.tokens);
+  CHECK(lg.loss == Approx(lc.loss).epsilon(1e-2));
+  for (const auto& t : cpu.layout().tensors()) {
+    INFO(t.name);
+    const auto gc = cpu.gradient(t.name).as<float>();
+    const auto gg = l3::test::download(gpu_ops, gpu.gradient(t.name));
+    CHECK(rel_error(gg, std::vector<float>(gc.begin(), gc.end())) < 5e-2);
+  }
+}
+
+TEST_CASE("a few training steps follow the CPU loss trajectory", "[gpu][model]") {
+  INFO("seed " << l3::test::test_seed());
+  const auto config = l3::model::preset("tiny");
+  l3::kernels::CpuOps cpu_ops;
+  l3::cuda::CudaOps gpu_ops;
+  LlamaModel cpu(config, HeadKind::language_model, cpu_ops);
+  LlamaModel gpu(config, HeadKind::language_model, gpu_ops);
+  cpu.initialize(7);
+  gpu.initialize(7);
+  round_parameters(cpu);
+  l3::train::AdamW cpu_opt(cpu_ops, cpu.layout(), {});
+  l3::train::AdamW gpu_opt(gpu_ops, gpu.layout(), {});
+  l3::test::Random rnd(111);
+  const auto batch = tiny_batch(rnd);
+  const float scale = 1.0F / static_cast<float>(batch.counted_tokens());
+  for (int step = 0; step < 10; ++step) {
+    cpu.zero_gradients();
+    gpu.zero_gradients();
+    const double lc = cpu.sft_forward_backward(batch, scale).loss * scale;
+    const double lg = gpu.sft_forward_backward(batch, scale).loss * scale;
+    INFO("step " << step << " cpu " << lc << " gpu " << lg);
+    CHECK(lg == Approx(lc).epsilon(3e-2));
+    cpu_opt.step(cpu.master_weights(), cpu.weight_copy(), cpu.gradients(), 1e-3F, 1.0F);
+    gpu_opt.step(gpu.master_weights(), gpu.weight_copy(), gpu.gradients(), 1e-3F, 1.0F);
+  }
+}
+
+TEST_CASE("reward model forward/backward matches the CPU backend", "[gpu][model]") {
+  INFO("seed " << l3::test::test_seed());
+  const auto config = l3::model::preset("tiny");
+  l3::kernels::CpuOps cpu_ops;
+  l3::cuda::CudaOps gpu_ops;
+  LlamaModel cpu(config, HeadKind::reward, cpu_ops);
+  LlamaModel gpu(config, HeadKind::reward, gpu_ops);
+  cpu.initialize(3);
+  gpu.initialize(3);
+  round_parameters(cpu);
+  l3::test::Random rnd(112);
+  BatchBuilder b(4, 40, 0);
+  for (int p = 0; p < 3; ++p)
+    REQUIRE(b.add_pair(rnd.integers(20, 512), rnd.integers(15, 512), 0.1F));
+  const auto batch = b.finish();
+  cpu.zero_gradients();
+  gpu.zero_gradients();
+  const auto rc = cpu.reward_forward_backward(batch, 1.0F / 3.0F, 0.01);
+  const auto rg = gpu.reward_forward_backward(batch, 1.0F / 3.0F, 0.01);
+  CHECK(rel_error(rg.chosen, rc.chosen) < 2e-2);
+  CHECK(rg.stats.loss == Approx(rc.stats.loss).epsilon(1e-2));
+  const auto gc = cpu.gradient("score.weight").as<float>();
+  CHECK(rel_error(l3::test::download(gpu_ops, gpu.gradient("score.weight")),
+                  std::vector<float>(gc.begin(), gc.end())) < 5e-2);
+}

@@ -1,0 +1,275 @@
+// Every op of the CUDA backend against the CPU reference on the same (bf16-rounded) random
+// inputs. Tolerances are relative errors ||gpu - cpu|| / ||cpu|| for bf16 storage with fp32
+// accumulation: 1e-2 where one bf16 rounding of the output dominates, 2e-2 to 3e-2 where
+// bf16 intermediates (probabilities, dlogits) enter a second GEMM. NaN/Inf never pass.
+#include <algorithm>
+#include <cmath>
+
+#include "catch.hpp"
+#include "gpu_test_support.hpp"
+#include "kernels/cpu/adamw.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/gather_dot.hpp"
+#include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/reductions.hpp"
+#include "kernels/cpu/rmsnorm.hpp"
+#include "kernels/cpu/rope.hpp"
+#include "kernels/cpu/swiglu.hpp"
+#include "model/rope_table.hpp"
+#include "numeric_support.hpp"
+
+using l3::kernels::DType;
+using l3::test::download;
+using l3::test::poisoned;
+using l3::test::rel_error;
+using l3::test::round_bf16;
+using l3::test::upload;
+using l3::test::upload_raw;
+
+namespace {
+void expect_close(const char* what, const std::vector<float>& gpu, const std::vector<float>& cpu,
+                  double tolerance) {
+  const double error = rel_error(gpu, cpu);
+  INFO(what << ": relative error " << error << " (tolerance " << tolerance << ")");
+  CHECK(error < tolerance);
+}
+}  // namespace
+
+TEST_CASE("f32 <-> bf16 copies round to nearest even", "[gpu]") {
+  l3::cuda::CudaOps gpu;
+  l3::test::Random rnd(100);
+  const auto x = rnd.normal(1000, 10.0F);
+  const auto b = upload(gpu, x);
+  const auto back = download(gpu, b.view());
+  for (std::size_t i = 0; i < x.size(); ++i) REQUIRE(back[i] == round_bf16(x[i]));
+  const auto f = upload(gpu, x, DType::f32);
+  CHECK(download(gpu, f.view()) == x);
+}
+
+TEST_CASE("matmul forward and backward", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::int64_t m = 77, n = 96, k = 136;
+  l3::test::Random rnd(101);
+  const auto x = round_bf16(rnd.normal(m * k));
+  const auto w = round_bf16(rnd.normal(n * k, 0.1F));
+  const auto dy = round_bf16(rnd.normal(m * n));
+  std::vector<float> y(m * n), dx(m * k), dw(n * k, 0.0F);
+  l3::kernels::cpu::matmul(y, x, w, m, n, k, false);
+  l3::kernels::cpu::matmul_backward(dx, dw, dy, x, w, m, n, k, false);
+
+  const auto gx = upload(gpu, x), gw = upload(gpu, w), gdy = upload(gpu, dy);
+  const auto gy = poisoned(gpu, m * n), gdx = poisoned(gpu, m * k);
+  const auto gdw = upload(gpu, std::vector<float>(n * k, 0.0F));
+  gpu.matmul(gy.view(), gx.view(), gw.view(), m, n, k, false);
+  gpu.matmul_backward(gdx.view(), gdw.view(), gdy.view(), gx.view(), gw.view(), m, n, k, false);
+  expect_close("y", download(gpu, gy.view()), y, 1e-2);
+  expect_close("dx", download(gpu, gdx.view()), dx, 1e-2);
+  expect_close("dw", download(gpu, gdw.view()), dw, 1e-2);
+
+  // fp32 output (the logits path) and accumulation
+  const auto gy32 = poisoned(gpu, m * n, DType::f32);
+  gpu.matmul(gy32.view(), gx.view(), gw.view(), m, n, k, false);
+  expect_close("y (f32 out)", download(gpu, gy32.view()), y, 1e-4);
+  gpu.matmul(gy32.view(), gx.view(), gw.view(), m, n, k, true);
+  auto twice = y;
+  for (float& v : twice) v *= 2;
+  expect_close("y accumulated", download(gpu, gy32.view()), twice, 1e-4);
+}
+
+TEST_CASE("embedding forward and deterministic backward", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::int64_t vocab = 300, hidden = 64, n = 1000;  // many repeated tokens
+  l3::test::Random rnd(102);
+  const auto table = round_bf16(rnd.normal(vocab * hidden));
+  const auto tokens = rnd.integers(n, 50);
+  const auto dout = round_bf16(rnd.normal(n * hidden));
+  std::vector<float> out(n * hidden), dtable(vocab * hidden, 0.0F);
+  l3::kernels::cpu::embedding(out, tokens, table, hidden);
+  l3::kernels::cpu::embedding_backward(dtable, tokens, dout, hidden);
+
+  const auto gtable = upload(gpu, table), gdout = upload(gpu, dout);
+  const auto gtokens = upload_raw(gpu, tokens);
+  const auto gout = poisoned(gpu, n * hidden);
+  gpu.embedding(gout.view(), gtokens.view(), gtable.view(), n, hidden);
+  CHECK(download(gpu, gout.view()) == out);
+  const auto gd1 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
+  const auto gd2 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
+  gpu.embedding_backward(gd1.view(), gtokens.view(), gdout.view(), n, hidden);
+  gpu.embedding_backward(gd2.view(), gtokens.view(), gdout.view(), n, hidden);
+  const auto d1 = download(gpu, gd1.view());
+  expect_close("dtable", d1, dtable, 1e-2);
+  CHECK(d1 == download(gpu, gd2.view()));  // bitwise repeatable
+}
+
+TEST_CASE("rmsnorm forward and backward", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::int64_t rows = 100, hidden = 320;
+  l3::test::Random rnd(103);
+  const auto x = round_bf16(rnd.normal(rows * hidden, 2.0F));
+  const auto w = round_bf16(rnd.uniform(hidden, 0.5F, 1.5F));
+  const auto dout = round_bf16(rnd.normal(rows * hidden));
+  const auto dx0 = round_bf16(rnd.normal(rows * hidden));  // dx accumulates
+  std::vector<float> y(rows * hidden), rstd(rows), dx = dx0, dw(hidden, 0.0F);
+  l3::kernels::cpu::rmsnorm(y, rstd, x, w, hidden, 1e-5F);
+  l3::kernels::cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, hidden);
+
+  const auto gx = upload(gpu, x), gw = upload(gpu, w), gdout = upload(gpu, dout),
+             gdx = upload(gpu, dx0);
+  const auto gy = poisoned(gpu, rows * hidden), grstd = poisoned(gpu, rows, DType::f32);
+  const auto gdw = upload(gpu, std::vector<float>(hidden, 0.0F));
+  gpu.rmsnorm(gy.view(), grstd.view(), gx.view(), gw.view(), rows, hidden, 1e-5F);
+  gpu.rmsnorm_backward(gdx.view(), gdw.view(), gdout.view(), gx.view(), gw.view(), grstd.view(),
+                       rows, hidden);
+  expect_close("out", download(gpu, gy.view()), y, 1e-2);
+  expect_close("rstd", download(gpu, grstd.view()), rstd, 1e-5);
+  expect_close("dx", download(gpu, gdx.view()), dx, 1e-2);
+  expect_close("dw", download(gpu, gdw.view()), dw, 1e-2);
+}
+
+TEST_CASE("rope forward and backward with llama3 scaling", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  l3::model::ModelConfig c = l3::model::preset("llama3.2-1b");
+  const int heads = 4, hd = c.head_dim;
+  const std::int64_t n = 200;
+  const auto table = l3::model::make_rope_table(c, 256);
+  l3::test::Random rnd(104);
+  const auto positions = rnd.integers(n, 256);
+  const auto x = round_bf16(rnd.normal(n * heads * hd));
+  auto y = x;
+  l3::kernels::cpu::rope(y, positions, table.cos, table.sin, heads, hd);
+  auto dx = x;
+  l3::kernels::cpu::rope_backward(dx, positions, table.cos, table.sin, heads, hd);
+
+  const auto gcos = upload(gpu, table.cos, DType::f32), gsin = upload(gpu, table.sin, DType::f32);
+  const auto gpos = upload_raw(gpu, positions);
+  const auto gy = upload(gpu, x), gdx = upload(gpu, x);
+  gpu.rope(gy.view(), gpos.view(), gcos.view(), gsin.view(), n, heads, hd);
+  gpu.rope_backward(gdx.view(), gpos.view(), gcos.view(), gsin.view(), n, heads, hd);
+  expect_close("rope", download(gpu, gy.view()), y, 1e-2);
+  expect_close("rope backward", download(gpu, gdx.view()), dx, 1e-2);
+}
+
+TEST_CASE("swiglu forward and backward", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::int64_t n = 10007;
+  l3::test::Random rnd(105);
+  const auto gate = round_bf16(rnd.normal(n, 3.0F)), up = round_bf16(rnd.normal(n));
+  const auto dout = round_bf16(rnd.normal(n));
+  std::vector<float> out(n), dgate(n), dup(n);
+  l3::kernels::cpu::swiglu(out, gate, up);
+  l3::kernels::cpu::swiglu_backward(dgate, dup, dout, gate, up);
+  const auto gg = upload(gpu, gate), gu = upload(gpu, up), gd = upload(gpu, dout);
+  const auto go = poisoned(gpu, n), gdg = poisoned(gpu, n), gdu = poisoned(gpu, n);
+  gpu.swiglu(go.view(), gg.view(), gu.view(), n);
+  gpu.swiglu_backward(gdg.view(), gdu.view(), gd.view(), gg.view(), gu.view(), n);
+  expect_close("out", download(gpu, go.view()), out, 1e-2);
+  expect_close("dgate", download(gpu, gdg.view()), dgate, 1e-2);
+  expect_close("dup", download(gpu, gdu.view()), dup, 1e-2);
+}
+
+TEST_CASE("fallback attention forward and backward (causal, GQA, packed)", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::vector<std::int32_t> cu = {0, 37, 40, 300, 301, 420};
+  const std::int64_t n = cu.back();
+  const l3::kernels::cpu::AttentionHeads h{8, 2, 64};
+  const l3::kernels::AttentionShape shape{n, 8, 2, 64, static_cast<int>(cu.size()) - 1, 260};
+  l3::test::Random rnd(106);
+  const auto q = round_bf16(rnd.normal(n * 8 * 64)), k = round_bf16(rnd.normal(n * 2 * 64));
+  const auto v = round_bf16(rnd.normal(n * 2 * 64)), dout = round_bf16(rnd.normal(n * 8 * 64));
+  std::vector<float> out(q.size()), lse(n * 8), dq(q.size()), dk(k.size()), dv(v.size());
+  l3::kernels::cpu::attention(out, lse, q, k, v, cu, h);
+  const auto out_b = round_bf16(out);  // the GPU's backward reads its bf16 output
+  l3::kernels::cpu::attention_backward(dq, dk, dv, dout, out_b, lse, q, k, v, cu, h);
+
+  const auto gq = upload(gpu, q), gk = upload(gpu, k), gv = upload(gpu, v), gdo = upload(gpu, dout);
+  const auto gcu = upload_raw(gpu, cu);
+  const auto gout = poisoned(gpu, n * 8 * 64), glse = poisoned(gpu, n * 8, DType::f32);
+  gpu.attention(gout.view(), glse.view(), gq.view(), gk.view(), gv.view(), gcu.view(), shape);
+  expect_close("out", download(gpu, gout.view()), out, 2e-2);
+  expect_close("lse", download(gpu, glse.view()), lse, 1e-3);
+  const auto gdq = poisoned(gpu, q.size()), gdk = poisoned(gpu, k.size()),
+             gdv = poisoned(gpu, v.size());
+  gpu.attention_backward(gdq.view(), gdk.view(), gdv.view(), gdo.view(), gout.view(), glse.view(),
+                         gq.view(), gk.view(), gv.view(), gcu.view(), shape);
+  expect_close("dq", download(gpu, gdq.view()), dq, 3e-2);
+  expect_close("dk", download(gpu, gdk.view()), dk, 3e-2);
+  expect_close("dv", download(gpu, gdv.view()), dv, 3e-2);
+}
+
+TEST_CASE("fused lm_head + masked cross-entropy", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::int64_t n = 300, vocab = 5000, hidden = 128;
+  l3::test::Random rnd(107);
+  const auto h = round_bf16(rnd.normal(n * hidden)),
+             w = round_bf16(rnd.normal(vocab * hidden, 0.1F));
+  const auto targets = rnd.integers(n, static_cast<std::int32_t>(vocab));
+  std::vector<std::uint8_t> mask(n);
+  for (std::int64_t i = 0; i < n; ++i) mask[i] = i % 3 == 0 ? 0 : 1;
+  const float scale = 0.01F;
+  std::vector<float> dh(n * hidden), dw(vocab * hidden, 0.0F);
+  const auto cpu =
+      l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, targets, mask, vocab, hidden, scale);
+
+  const auto gh = upload(gpu, h), gw = upload(gpu, w);
+  const auto gt = upload_raw(gpu, targets), gm = upload_raw(gpu, mask);
+  const auto gdh = poisoned(gpu, n * hidden);
+  const auto gdw = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
+  const auto sum = gpu.lm_head_cross_entropy(gdh.view(), gdw.view(), gh.view(), gw.view(),
+                                             gt.view(), gm.view(), n, vocab, hidden, scale);
+  CHECK(sum.tokens == cpu.tokens);
+  CHECK(sum.loss == Approx(cpu.loss).epsilon(1e-4));
+  expect_close("dh", download(gpu, gdh.view()), dh, 2e-2);
+  expect_close("dw", download(gpu, gdw.view()), dw, 2e-2);
+  const auto forward = gpu.lm_head_cross_entropy({}, {}, gh.view(), gw.view(), gt.view(), gm.view(),
+                                                 n, vocab, hidden, 1.0F);
+  CHECK(forward.loss == Approx(cpu.loss).epsilon(1e-4));
+}
+
+TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::int64_t n = 50, hidden = 256;
+  l3::test::Random rnd(108);
+  const auto h = round_bf16(rnd.normal(n * hidden)), w = round_bf16(rnd.normal(hidden));
+  const std::vector<std::int32_t> rows = {3, 49, 0, 17};
+  const std::vector<float> ds = {0.5F, -1.0F, 0.25F, 2.0F};
+  std::vector<float> scores(4), dh(n * hidden, 0.0F), dw(hidden, 0.0F);
+  l3::kernels::cpu::gather_dot(scores, h, w, rows, hidden);
+  l3::kernels::cpu::gather_dot_backward(dh, dw, ds, h, w, rows, hidden);
+  const auto gh = upload(gpu, h), gw = upload(gpu, w), grows = upload_raw(gpu, rows);
+  const auto gs = poisoned(gpu, 4, DType::f32), gds = upload(gpu, ds, DType::f32);
+  const auto gdh = upload(gpu, std::vector<float>(n * hidden, 0.0F));
+  const auto gdw = upload(gpu, std::vector<float>(hidden, 0.0F));
+  gpu.gather_dot(gs.view(), gh.view(), gw.view(), grows.view(), 4, hidden);
+  gpu.gather_dot_backward(gdh.view(), gdw.view(), gds.view(), gh.view(), gw.view(), grows.view(), 4,
+                          hidden);
+  expect_close("scores", download(gpu, gs.view()), scores, 1e-4);
+  expect_close("dh", download(gpu, gdh.view()), dh, 1e-2);
+  expect_close("dw", download(gpu, gdw.view()), dw, 1e-2);
+
+  CHECK(gpu.sum_squares(gh.view(), gh.numel()) ==
+        Approx(l3::kernels::cpu::sum_squares(h)).epsilon(1e-9));
+
+  auto master = rnd.normal(1000);
+  const auto grads = round_bf16(rnd.normal(1000));
+  std::vector<float> m(1000, 0.0F), v(1000, 0.0F);
+  const l3::kernels::AdamWParams hyper{1e-3F, 0.9F, 0.95F, 1e-8F, 0.1F, 0.5F, 3};
+  const auto gmaster = upload(gpu, master, DType::f32), ggrads = upload(gpu, grads);
+  const auto gm = upload(gpu, m, DType::f32), gv = upload(gpu, v, DType::f32);
+  const auto gcopy = poisoned(gpu, 1000);
+  l3::kernels::cpu::adamw(master, grads, m, v, hyper);
+  gpu.adamw(gmaster.view(), gcopy.view(), ggrads.view(), gm.view(), gv.view(), 1000, hyper);
+  const auto new_master = download(gpu, gmaster.view());
+  expect_close("master", new_master, master, 1e-6);
+  expect_close("m", download(gpu, gm.view()), m, 1e-6);
+  CHECK(download(gpu, gcopy.view()) == round_bf16(new_master));
+}

@@ -1,0 +1,54 @@
+// Helpers for testing the CUDA backend against the CPU reference: bf16 rounding on the host (so
+// that both backends see identical inputs), uploads, downloads and poisoned outputs.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/tensor.hpp"
+
+namespace l3::test {
+
+// Round to the nearest bf16, ties to even (what __float2bfloat16 does), and back to float.
+inline float round_bf16(float x) {
+  if (std::isnan(x)) return x;
+  std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  bits += 0x7FFFU + ((bits >> 16U) & 1U);
+  return std::bit_cast<float>(bits & 0xFFFF0000U);
+}
+inline std::vector<float> round_bf16(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+// A device array holding `values` converted to `dtype`.
+inline kernels::Buffer upload(cuda::CudaOps& ops, const std::vector<float>& values,
+                              kernels::DType dtype = kernels::DType::bf16) {
+  kernels::Buffer b = ops.allocate(dtype, static_cast<std::int64_t>(values.size()));
+  ops.copy(b.view(), kernels::TensorView(std::span<const float>(values)));
+  return b;
+}
+template <typename T>
+kernels::Buffer upload_raw(cuda::CudaOps& ops, const std::vector<T>& values) {
+  kernels::Buffer b = ops.allocate(kernels::dtype_of<T>, static_cast<std::int64_t>(values.size()));
+  ops.copy(b.view(), kernels::TensorView(std::span<const T>(values)));
+  return b;
+}
+inline std::vector<float> download(cuda::CudaOps& ops, kernels::TensorView x) {
+  std::vector<float> host(static_cast<std::size_t>(x.numel()));
+  ops.copy(kernels::TensorView(std::span<float>(host)), x);
+  return host;
+}
+// A device array of n elements filled with NaN: an element the kernel does not write fails.
+inline kernels::Buffer poisoned(cuda::CudaOps& ops, std::int64_t n,
+                                kernels::DType dtype = kernels::DType::bf16) {
+  return upload(
+      ops, std::vector<float>(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN()),
+      dtype);
+}
+
+}  // namespace l3::test
