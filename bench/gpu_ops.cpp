@@ -1,0 +1,365 @@
+// GPU op benchmark: per-op time of a Llama-3.2-1B-shaped and a Llama-3-8B-shaped layer at
+// sequence 2048 and 8192 on the CUDA backend, as achieved TFLOP/s (GEMM-like ops) or GB/s
+// (memory-bound ops), next to the bf16 GEMM rate and the device copy bandwidth measured in the
+// same run; each op's relative error against the CPU reference on a 128-token slice.
+//
+//   l3-bench-gpu [--quick] [--json FILE]        exits 77 without a CUDA device
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/build_info.hpp"
+#include "core/rng.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/lt_matmul.hpp"
+#include "model/rope_table.hpp"
+
+namespace {
+
+using l3::kernels::Buffer;
+using l3::kernels::DType;
+using l3::kernels::TensorView;
+using nlohmann::json;
+
+// Median milliseconds of `repeats` runs of f on the backend's stream, after one warm-up.
+double time_ms(l3::cuda::CudaOps& gpu, const std::function<void()>& f, int repeats) {
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  l3::cuda::check(cudaEventCreate(&start), "event");
+  l3::cuda::check(cudaEventCreate(&stop), "event");
+  f();
+  gpu.synchronize();
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    cudaEventRecord(start, gpu.stream());
+    f();
+    cudaEventRecord(stop, gpu.stream());
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+std::vector<float> random_values(std::size_t n, float std, std::uint32_t stream) {
+  std::vector<float> v(n);
+  l3::core::fill_normal(v, 0.0F, std, l3::core::CounterRng(11, l3::core::RngPurpose::test, stream));
+  return v;
+}
+
+Buffer device_random(l3::cuda::CudaOps& gpu, std::int64_t n, float std, std::uint32_t stream,
+                     DType dtype = DType::bf16) {
+  const auto host = random_values(static_cast<std::size_t>(n), std, stream);
+  Buffer b = gpu.allocate(dtype, n);
+  gpu.copy(b.view(), TensorView(std::span<const float>(host)));
+  return b;
+}
+
+std::vector<float> download(l3::cuda::CudaOps& gpu, TensorView x) {
+  std::vector<float> host(static_cast<std::size_t>(x.numel()));
+  gpu.copy(TensorView(std::span<float>(host)), x);
+  return host;
+}
+
+double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0;
+  double norm = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+// The same op on the GPU and on the CPU over a small slice, from identical bf16 inputs.
+double matmul_rel_error(l3::cuda::CudaOps& gpu, std::int64_t n, std::int64_t k) {
+  const std::int64_t m = 128;
+  const auto x = random_values(static_cast<std::size_t>(m * k), 1.0F, 90);
+  const auto w = random_values(static_cast<std::size_t>(n * k), 0.02F, 91);
+  Buffer gx = gpu.allocate(DType::bf16, m * k);
+  Buffer gw = gpu.allocate(DType::bf16, n * k);
+  Buffer gy = gpu.allocate(DType::f32, m * n);
+  gpu.copy(gx.view(), TensorView(std::span<const float>(x)));
+  gpu.copy(gw.view(), TensorView(std::span<const float>(w)));
+  gpu.matmul(gy.view(), gx.view(), gw.view(), m, n, k, false);
+  const auto xr = download(gpu, gx.view());  // the bf16-rounded inputs
+  const auto wr = download(gpu, gw.view());
+  l3::kernels::CpuOps cpu;
+  std::vector<float> y(static_cast<std::size_t>(m * n));
+  cpu.matmul(TensorView(std::span<float>(y)), TensorView(std::span<const float>(xr)),
+             TensorView(std::span<const float>(wr)), m, n, k, false);
+  return rel_error(download(gpu, gy.view()), y);
+}
+
+struct LayerShape {
+  std::string name;
+  std::int64_t hidden, intermediate, vocab;
+  int heads, kv_heads, head_dim;
+};
+
+void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, int repeats,
+                 double gemm_tflops, json& ops) {
+  const std::int64_t n = seq;  // one sequence of `seq` tokens
+  const std::int64_t h = s.hidden, i = s.intermediate;
+  const std::int64_t q = static_cast<std::int64_t>(s.heads) * s.head_dim;
+  const std::int64_t kv = static_cast<std::int64_t>(s.kv_heads) * s.head_dim;
+  const std::string shape = fmt::format("{} T={}", s.name, seq);
+  auto record = [&](const std::string& op, double ms, double flops, double bytes, double err) {
+    json o = {{"op", op}, {"shape", shape}, {"ms", ms}};
+    if (flops > 0) {
+      o["tflops"] = flops / ms / 1e9;
+      o["fraction_of_gemm"] = flops / ms / 1e9 / gemm_tflops;
+    }
+    if (bytes > 0) o["gbps"] = bytes / ms / 1e6;
+    if (err >= 0) o["rel_err"] = err;
+    fmt::print("  {:<22} {:<14} {:9.3f} ms", op, shape, ms);
+    if (flops > 0) fmt::print("  {:7.1f} TFLOP/s", flops / ms / 1e9);
+    if (bytes > 0) fmt::print("  {:7.1f} GB/s", bytes / ms / 1e6);
+    if (err >= 0) fmt::print("  rel_err {:.2e}", err);
+    fmt::print("\n");
+    ops.push_back(o);
+  };
+
+  Buffer x = device_random(gpu, n * h, 1.0F, 1);
+  Buffer w_q = device_random(gpu, q * h, 0.02F, 2);
+  Buffer y_q = gpu.allocate(DType::bf16, n * q);
+  Buffer w_up = device_random(gpu, i * h, 0.02F, 3);
+  Buffer y_up = gpu.allocate(DType::bf16, n * i);
+  Buffer w_down = device_random(gpu, h * i, 0.02F, 4);
+  Buffer y_down = gpu.allocate(DType::bf16, n * h);
+  Buffer dw_up = gpu.allocate(DType::bf16, i * h);
+  Buffer dx = gpu.allocate(DType::bf16, n * h);
+
+  record("matmul q_proj",
+         time_ms(
+             gpu, [&] { gpu.matmul(y_q.view(), x.view(), w_q.view(), n, q, h, false); }, repeats),
+         2.0 * n * q * h, 0, matmul_rel_error(gpu, q, h));
+  record("matmul up_proj",
+         time_ms(
+             gpu, [&] { gpu.matmul(y_up.view(), x.view(), w_up.view(), n, i, h, false); }, repeats),
+         2.0 * n * i * h, 0, matmul_rel_error(gpu, i, h));
+  record("matmul down_proj",
+         time_ms(
+             gpu, [&] { gpu.matmul(y_down.view(), y_up.view(), w_down.view(), n, h, i, false); },
+             repeats),
+         2.0 * n * i * h, 0, matmul_rel_error(gpu, h, i));
+  record("matmul_backward up",
+         time_ms(
+             gpu,
+             [&] {
+               gpu.matmul_backward(dx.view(), dw_up.view(), y_up.view(), x.view(), w_up.view(), n,
+                                   i, h, false);
+             },
+             repeats),
+         4.0 * n * i * h, 0, -1);
+
+  Buffer w_norm = device_random(gpu, h, 0.1F, 5);
+  Buffer rstd = gpu.allocate(DType::f32, n);
+  Buffer norm_out = gpu.allocate(DType::bf16, n * h);
+  Buffer dw_norm = gpu.allocate(DType::bf16, h);
+  record(
+      "rmsnorm",
+      time_ms(
+          gpu,
+          [&] { gpu.rmsnorm(norm_out.view(), rstd.view(), x.view(), w_norm.view(), n, h, 1e-5F); },
+          repeats),
+      0, 2.0 * n * h * 2, -1);
+  record("rmsnorm_backward",
+         time_ms(
+             gpu,
+             [&] {
+               gpu.rmsnorm_backward(dx.view(), dw_norm.view(), norm_out.view(), x.view(),
+                                    w_norm.view(), rstd.view(), n, h);
+             },
+             repeats),
+         0, 4.0 * n * h * 2, -1);
+
+  Buffer gate = device_random(gpu, n * i, 1.0F, 6);
+  Buffer act = gpu.allocate(DType::bf16, n * i);
+  Buffer dgate = gpu.allocate(DType::bf16, n * i);
+  Buffer dup = gpu.allocate(DType::bf16, n * i);
+  record("swiglu",
+         time_ms(
+             gpu, [&] { gpu.swiglu(act.view(), gate.view(), y_up.view(), n * i); }, repeats),
+         0, 3.0 * n * i * 2, -1);
+  record("swiglu_backward",
+         time_ms(
+             gpu,
+             [&] {
+               gpu.swiglu_backward(dgate.view(), dup.view(), act.view(), gate.view(), y_up.view(),
+                                   n * i);
+             },
+             repeats),
+         0, 5.0 * n * i * 2, -1);
+
+  l3::model::ModelConfig config = l3::model::preset("llama3.2-1b");
+  config.head_dim = s.head_dim;
+  const auto table = l3::model::make_rope_table(config, seq);
+  Buffer cos = gpu.allocate(DType::f32, static_cast<std::int64_t>(table.cos.size()));
+  Buffer sin = gpu.allocate(DType::f32, static_cast<std::int64_t>(table.sin.size()));
+  gpu.copy(cos.view(), TensorView(std::span<const float>(table.cos)));
+  gpu.copy(sin.view(), TensorView(std::span<const float>(table.sin)));
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
+  for (std::int64_t t = 0; t < n; ++t)
+    positions[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
+  Buffer pos = gpu.allocate(DType::i32, n);
+  gpu.copy(pos.view(), TensorView(std::span<const std::int32_t>(positions)));
+  record(
+      "rope (q)",
+      time_ms(
+          gpu,
+          [&] { gpu.rope(y_q.view(), pos.view(), cos.view(), sin.view(), n, s.heads, s.head_dim); },
+          repeats),
+      0, 2.0 * n * q * 2, -1);
+
+  Buffer kb = device_random(gpu, n * kv, 1.0F, 7);
+  Buffer vb = device_random(gpu, n * kv, 1.0F, 8);
+  Buffer att = gpu.allocate(DType::bf16, n * q);
+  Buffer lse = gpu.allocate(DType::f32, n * s.heads);
+  Buffer dq = gpu.allocate(DType::bf16, n * q);
+  Buffer dk = gpu.allocate(DType::bf16, n * kv);
+  Buffer dv = gpu.allocate(DType::bf16, n * kv);
+  const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(n)};
+  Buffer cub = gpu.allocate(DType::i32, 2);
+  gpu.copy(cub.view(), TensorView(std::span<const std::int32_t>(cu)));
+  const l3::kernels::AttentionShape ashape{n,          s.heads, s.kv_heads,
+                                           s.head_dim, 1,       static_cast<int>(n)};
+  const double causal_flops = 2.0 * 2.0 * n * n / 2.0 * q;  // QK^T and PV over the lower triangle
+  record("attention (fallback)",
+         time_ms(
+             gpu,
+             [&] {
+               gpu.attention(att.view(), lse.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
+                             ashape);
+             },
+             repeats),
+         causal_flops, 0, -1);
+  record("attention_backward (fallback)",
+         time_ms(
+             gpu,
+             [&] {
+               gpu.attention_backward(dq.view(), dk.view(), dv.view(), att.view(), att.view(),
+                                      lse.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
+                                      ashape);
+             },
+             repeats),
+         2.5 * causal_flops, 0, -1);
+
+  if (seq == 2048) {
+    Buffer w_lm = device_random(gpu, s.vocab * h, 0.02F, 9);
+    Buffer dw_lm = gpu.allocate(DType::bf16, s.vocab * h);
+    Buffer dh = gpu.allocate(DType::bf16, n * h);
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(n));
+    for (std::int64_t t = 0; t < n; ++t)
+      targets[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919) % s.vocab);
+    const std::vector<std::uint8_t> mask(static_cast<std::size_t>(n), 1);
+    Buffer tb = gpu.allocate(DType::i32, n);
+    Buffer mb = gpu.allocate(DType::u8, n);
+    gpu.copy(tb.view(), TensorView(std::span<const std::int32_t>(targets)));
+    gpu.copy(mb.view(), TensorView(std::span<const std::uint8_t>(mask)));
+    record("lm_head + CE fwd+bwd",
+           time_ms(
+               gpu,
+               [&] {
+                 (void)gpu.lm_head_cross_entropy(dh.view(), dw_lm.view(), x.view(), w_lm.view(),
+                                                 tb.view(), mb.view(), n, s.vocab, h,
+                                                 1.0F / static_cast<float>(n));
+               },
+               repeats),
+           6.0 * n * s.vocab * h, 0, -1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bool quick = false;
+  std::string json_path;
+  for (int a = 1; a < argc; ++a) {
+    if (std::strcmp(argv[a], "--quick") == 0)
+      quick = true;
+    else if (std::strcmp(argv[a], "--json") == 0 && a + 1 < argc)
+      json_path = argv[++a];
+    else {
+      fmt::print(stderr, "usage: {} [--quick] [--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    fmt::print("SKIP: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  l3::cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  l3::cuda::CudaOps gpu(0);
+  const int repeats = quick ? 3 : 7;
+
+  // Baselines of this run: bf16 GEMM 8192^3 (cuBLASLt) and device-to-device copy.
+  const std::int64_t g = 8192;
+  Buffer a = device_random(gpu, g * g, 1.0F, 20);
+  Buffer b = device_random(gpu, g * g, 1.0F, 21);
+  Buffer c = gpu.allocate(DType::bf16, g * g);
+  const double gemm_ms = time_ms(
+      gpu, [&] { gpu.matmul(c.view(), a.view(), b.view(), g, g, g, false); }, repeats);
+  const double gemm_tflops = 2.0 * g * g * g / gemm_ms / 1e9;
+  const std::size_t copy_bytes = 1ULL << 31U;
+  void* src = nullptr;
+  void* dst = nullptr;
+  l3::cuda::check(cudaMalloc(&src, copy_bytes), "copy buffer");
+  l3::cuda::check(cudaMalloc(&dst, copy_bytes), "copy buffer");
+  const double copy_ms = time_ms(
+      gpu, [&] { cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, gpu.stream()); },
+      repeats);
+  cudaFree(src);
+  cudaFree(dst);
+  const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / copy_ms / 1e6;  // read + write
+  fmt::print(
+      "{} (sm_{}{}): bf16 GEMM 8192^3 {:.1f} TFLOP/s, device copy {:.0f} GB/s (read+write)\n",
+      prop.name, prop.major, prop.minor, gemm_tflops, copy_gbps);
+
+  json ops = json::array();
+  const std::vector<LayerShape> shapes = {{"llama3.2-1b layer", 2048, 8192, 128256, 32, 8, 64},
+                                          {"llama3-8b layer", 4096, 14336, 128256, 32, 8, 128}};
+  for (const LayerShape& s : shapes) {
+    for (const std::int64_t seq : {std::int64_t{2048}, std::int64_t{8192}}) {
+      bench_layer(gpu, s, seq, repeats, gemm_tflops, ops);
+    }
+  }
+  if (!json_path.empty()) {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    const json doc = {
+        {"impl", "llama3-hpc"},
+        {"gpu", prop.name},
+        {"commit", l3::core::build_info().git_commit},
+        {"date", fmt::format("{:04}-{:02}-{:02}", utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday)},
+        {"gemm_tflops", gemm_tflops},
+        {"copy_gbps", copy_gbps},
+        {"attention", "fallback (cuBLAS batched GEMMs + causal softmax kernels)"},
+        {"ops", ops}};
+    std::ofstream(json_path) << doc.dump(2) << '\n';
+  }
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "error: {}\n", e.what());
+  return 1;
+}
