@@ -89,6 +89,12 @@ if(TARGET l3_pcre2)
 endif()
 l3_require(L3_PCRE2_FOUND "PCRE2 (8-bit library)" "libpcre2-dev" "pcre2")
 
+find_package(OpenSSL COMPONENTS Crypto)
+l3_require(OpenSSL_FOUND "OpenSSL's libcrypto (SHA-256 of tokenizers and checkpoints)" "libssl-dev"
+           "openssl")
+find_package(ZLIB)
+l3_require(ZLIB_FOUND "zlib (reading .jsonl.gz)" "zlib1g-dev" "zlib")
+
 # Catch2 v2 (Debian 12) or v3 (newer distributions): tests/support/catch.hpp hides the difference.
 if(L3_BUILD_TESTS)
   find_package(Catch2 QUIET)

@@ -18,9 +18,11 @@ packages=(
   libopenblas-openmp-dev        # ... the OpenMP-threaded build, which shares our thread pool
   libpcre2-dev                  # tokenizer pre-split regex (\p{L}, \p{N})
   nlohmann-json3-dev            # JSONL, config.json, safetensors headers, manifests
+  libssl-dev                    # SHA-256 (OpenSSL libcrypto): tokenizer and checkpoint hashes
+  zlib1g-dev                    # .jsonl.gz input
 )
 
-spack_line='spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json cmake (+ cuda cudnn nccl for the GPU backend)'
+spack_line='spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib cmake (+ cuda cudnn nccl for the GPU backend)'
 
 case "${1:-}" in
   --spack) echo "$spack_line"; exit 0 ;;

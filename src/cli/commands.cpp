@@ -3,6 +3,7 @@
 
 #include "cli/command.hpp"
 #include "cli/info_command.hpp"
+#include "cli/tokenize_command.hpp"
 
 namespace l3::cli {
 
@@ -51,8 +52,11 @@ constexpr std::array kCommands = {
     Command{.name = "tokenize",
             .summary = "Tokenize JSONL text on stdin into token ids on stdout",
             .usage = "tokenize --tokenizer FILE|bytes [--bos] [--eos] < in.jsonl > out.jsonl",
-            .description = R"(Reads {"text": ...} lines and writes {"ids": [...]} lines.)",
-            .planned = "the tokenizer and data preparation work"},
+            .description =
+                R"(Reads {"text": ...} lines and writes {"ids": [...]} lines, encoding the text )"
+                "exactly as Meta's Llama 3 tokenizer does (special-token text stays text).",
+            .declare = declare_tokenize_options,
+            .run = run_tokenize},
     Command{.name = "ckpt",
             .summary = "List, verify or prune checkpoints",
             .usage = "ckpt list|verify|prune --ckpt-dir DIR [options]",

@@ -22,13 +22,17 @@ Error& Error::add_context(const ErrorContext& outer) {
   if (context_.file.empty()) context_.file = outer.file;
   if (context_.tensor.empty()) context_.tensor = outer.tensor;
   if (context_.record.empty()) context_.record = outer.record;
+  if (context_.line == 0) context_.line = outer.line;
   render();
   return *this;
 }
 
 void Error::render() {
   std::string text;
-  if (!context_.file.empty()) text += context_.file + ": ";
+  if (!context_.file.empty()) {
+    text += context_.line > 0 ? context_.file + ":" + std::to_string(context_.line) + ": "
+                              : context_.file + ": ";
+  }
   if (!context_.tensor.empty()) text += "tensor '" + context_.tensor + "': ";
   if (!context_.record.empty()) text += "record " + context_.record + ": ";
   text += message_;

@@ -1,6 +1,7 @@
 // Errors as exceptions with context (file, tensor, record), mapped to exit codes at the CLI edge.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -23,11 +24,13 @@ enum class ErrorKind {
 };
 
 // Where the problem is. Every field is optional; what() puts the present ones in front of the
-// message, e.g. "data/a.h5: tensor '/doc_offsets': record 12: offsets are not monotonic".
+// message, e.g. "data/a.h5: tensor '/doc_offsets': record 12: offsets are not monotonic", or
+// "data/train.jsonl:17: missing \"messages\"" for a line of a text file.
 struct ErrorContext {
   std::string file;
   std::string tensor;
   std::string record;
+  std::int64_t line = 0;  // 1-based line of `file`; 0 when not a line
 };
 
 class Error : public std::runtime_error {

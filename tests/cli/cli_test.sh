@@ -68,6 +68,16 @@ run "unknown top-level option" 2 "$bin" --frobnicate
 run "a command not built yet refuses to pretend" 2 "$bin" sft --data x
 expect "it says which command" contains "$err" "'llama3-hpc sft' is not built yet"
 
+# --- tokenize: a stream filter ---
+printf '{"text":"Hi"}\n\n{"text":"<|eot_id|>"}\n' >"$work/text.jsonl"
+run "tokenize with the bytes tokenizer" 0 "$bin" tokenize --tokenizer bytes --bos --eos <"$work/text.jsonl"
+expect "ids with BOS and EOS" contains "$out" '{"ids":[256,72,105,257]}'
+expect "special text stays text" contains "$out" '{"ids":[256,60,124,101,111,116,95,105,100,124,62,257]}'
+printf '{"text":"ok"}\n{"txt":1}\n' >"$work/bad.jsonl"
+run "tokenize names the bad line" 2 "$bin" tokenize --tokenizer bytes <"$work/bad.jsonl"
+expect "stdin:2" contains "$err" 'error: stdin:2: expected an object with a string "text"'
+run "tokenize needs --tokenizer" 2 "$bin" tokenize <"$work/text.jsonl"
+
 # --- single process (MPI singleton) ---
 run "info runs" 0 "$bin" info
 expect "info reports the world" contains "$out" "world:     1 rank on 1 node"

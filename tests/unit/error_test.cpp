@@ -27,6 +27,14 @@ TEST_CASE("Error renders its context in front of the message", "[error]") {
   CHECK(bare.exit_code() == l3::core::kExitInternal);
 }
 
+TEST_CASE("a line of a text file renders as file:line", "[error]") {
+  const Error e(ErrorKind::bad_input, "missing \"messages\"", {.file = "train.jsonl", .line = 17});
+  CHECK(std::string(e.what()) == "train.jsonl:17: missing \"messages\"");
+  Error inner = l3::core::bad_input("invalid UTF-8 at byte 3");
+  inner.add_context({.file = "a.jsonl", .line = 2});
+  CHECK(std::string(inner.what()) == "a.jsonl:2: invalid UTF-8 at byte 3");
+}
+
 TEST_CASE("add_context fills only what the thrower did not know", "[error]") {
   Error e = l3::core::bad_input("shape mismatch", {.tensor = "model.norm.weight"});
   e.add_context({.file = "ckpt/model.h5", .tensor = "ignored"});

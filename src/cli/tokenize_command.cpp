@@ -1,0 +1,57 @@
+#include "cli/tokenize_command.hpp"
+
+#include <fmt/format.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.hpp"
+#include "io/tokenizer/tokenizer.hpp"
+
+namespace l3::cli {
+
+void declare_tokenize_options(po::options_description& options,
+                              po::positional_options_description& /*positional*/) {
+  options.add_options()(
+      "tokenizer", po::value<std::string>()->required()->value_name("FILE|bytes"),
+      "tokenizer.model, tokenizer.json, a model directory, or the built-in 'bytes'")(
+      "bos", po::bool_switch(), "start every line's ids with <|begin_of_text|>")(
+      "eos", po::bool_switch(), "end every line's ids with <|end_of_text|>");
+}
+
+int run_tokenize(const CommandContext& context) {
+  if (!context.world.is_root()) return core::kExitOk;  // a stream filter: one rank does the work
+  const auto tokenizer = tokenizer::Tokenizer::load(context.options["tokenizer"].as<std::string>());
+  const bool bos = context.options["bos"].as<bool>();
+  const bool eos = context.options["eos"].as<bool>();
+  std::string line;
+  std::vector<std::int32_t> ids;
+  for (std::int64_t number = 1; std::getline(std::cin, line); ++number) {
+    const core::ErrorContext where{.file = "stdin", .line = number};
+    if (line.empty() || line == "\r") continue;
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw core::bad_input(fmt::format("not JSON: {}", e.what()), where);
+    }
+    const auto text = record.find("text");
+    if (!record.is_object() || text == record.end() || !text->is_string()) {
+      throw core::bad_input(R"(expected an object with a string "text")", where);
+    }
+    ids.clear();
+    if (bos) ids.push_back(tokenizer.special(tokenizer::Special::begin_of_text));
+    try {
+      tokenizer.encode_append(text->get_ref<const std::string&>(), ids);
+    } catch (core::Error& e) {
+      throw e.add_context(where);
+    }
+    if (eos) ids.push_back(tokenizer.special(tokenizer::Special::end_of_text));
+    std::cout << nlohmann::json{{"ids", ids}}.dump() << '\n';
+  }
+  std::cout.flush();
+  return core::kExitOk;
+}
+
+}  // namespace l3::cli

@@ -1,0 +1,36 @@
+// main() for tests that need external data named by environment variables (L3_REQUIRED_ENV,
+// a comma-separated list given at compile time): when one is unset every test exits 77
+// (ctest's SKIP_RETURN_CODE) with a SKIP line saying which. Listing the tests needs nothing.
+#if L3_CATCH2_MAJOR < 3
+#define CATCH_CONFIG_RUNNER
+#endif
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "catch.hpp"
+
+int main(int argc, char** argv) {
+  bool listing = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]).starts_with("--list")) listing = true;
+  }
+  if (!listing) {
+    const std::string required = L3_REQUIRED_ENV;
+    std::size_t begin = 0;
+    while (begin <= required.size()) {
+      const std::size_t end = std::min(required.find(',', begin), required.size());
+      const std::string name = required.substr(begin, end - begin);
+      const char* value = std::getenv(name.c_str());
+      if (!name.empty() && (value == nullptr || *value == '\0')) {
+        std::printf(
+            "SKIP: %s is not set (point it at the shared Llama 3 test data; .ci/run does)\n",
+            name.c_str());
+        return 77;
+      }
+      begin = end + 1;
+    }
+  }
+  return Catch::Session().run(argc, argv);
+}
