@@ -3,6 +3,7 @@
 
 #include "cli/command.hpp"
 #include "cli/info_command.hpp"
+#include "cli/prep_command.hpp"
 #include "cli/tokenize_command.hpp"
 
 namespace l3::cli {
@@ -14,9 +15,13 @@ constexpr std::array kCommands = {
     Command{.name = "prep",
             .summary = "Tokenize JSONL (SFT or preference) into HDF5 training shards",
             .usage = "prep sft|preference --input FILE.jsonl --tokenizer FILE|bytes --output DIR",
-            .description = "Tokenizes records with the Llama 3 tokenizer and chat template and "
-                           "writes rank-parallel HDF5 shards plus index.json.",
-            .planned = "the tokenizer and data preparation work"},
+            .description =
+                "Tokenizes records with the Llama 3 tokenizer and chat template and writes HDF5 "
+                "shards plus index.json, each rank its share of the input. Records: SFT "
+                R"({"messages": [...]}, {"prompt", "completion"} or {"text"}; preference )"
+                R"({"prompt", "chosen", "rejected"[, "margin"]}. See docs/FORMAT.md.)",
+            .declare = declare_prep_options,
+            .run = run_prep},
     Command{.name = "sft",
             .summary = "Supervised fine-tuning (cross-entropy on response tokens)",
             .usage = "sft --model PRESET|config.json --data DIR --ckpt-dir DIR [options]",

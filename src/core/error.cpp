@@ -79,6 +79,8 @@ ErrorSummary summarize(const std::exception_ptr& error) noexcept {
       std::rethrow_exception(error);
     } catch (const Error& e) {
       return {e.exit_code(), e.what()};
+    } catch (const PeerFailure& e) {
+      return {e.exit_code(), ""};
     } catch (const boost::program_options::error& e) {
       return {kExitBadInput, one_line(e.what())};
     } catch (const std::bad_alloc&) {

@@ -56,6 +56,19 @@ class Error : public std::runtime_error {
   std::string text_;  // the one-line rendering returned by what()
 };
 
+// Thrown on the ranks that did not fail themselves when a collective check finds that another
+// rank did: they stop with the failing rank's exit code and nothing to report (the failing
+// rank reports), so rank 0 prints one meaningful line instead of N echoes.
+class PeerFailure : public std::exception {
+ public:
+  explicit PeerFailure(int exit_code) noexcept : exit_code_(exit_code) {}
+  [[nodiscard]] const char* what() const noexcept override { return "another rank failed"; }
+  [[nodiscard]] int exit_code() const noexcept { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
 [[nodiscard]] Error usage_error(std::string message);
 [[nodiscard]] Error bad_input(std::string message, ErrorContext context = {});
 [[nodiscard]] Error internal_error(std::string message, ErrorContext context = {});

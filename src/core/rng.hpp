@@ -21,10 +21,11 @@ using PhiloxKey = std::array<std::uint32_t, 2>;
 // What a stream of numbers is for. The values are part of the reproducibility contract
 // (checkpoints and reruns depend on them): add new ones, never renumber.
 enum class RngPurpose : std::uint32_t {
-  parameter_init = 1,  // stream = tensor index
-  data_order = 2,      // stream = epoch
-  sampling = 3,        // generate: stream = request
-  test = 0x7e57,       // tests and benchmarks
+  parameter_init = 1,    // stream = tensor index
+  data_order = 2,        // stream = epoch
+  sampling = 3,          // generate: stream = request
+  validation_split = 4,  // prep --val-fraction: stream = input file index
+  test = 0x7e57,         // tests and benchmarks
 };
 
 class CounterRng {

@@ -44,4 +44,17 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, 
   return out;
 }
 
+std::string broadcast_string(MPI_Comm comm, const std::string& text, int root) {
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  if (text.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw core::internal_error("broadcast_string: text longer than 2 GiB");
+  }
+  int length = rank == root ? static_cast<int>(text.size()) : 0;
+  check_mpi(MPI_Bcast(&length, 1, MPI_INT, root, comm), "MPI_Bcast(string length)");
+  std::string out = rank == root ? text : std::string(static_cast<std::size_t>(length), '\0');
+  check_mpi(MPI_Bcast(out.data(), length, MPI_CHAR, root, comm), "MPI_Bcast(string)");
+  return out;
+}
+
 }  // namespace l3::dist

@@ -12,4 +12,7 @@ namespace l3::dist {
 [[nodiscard]] std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine,
                                                       int root = 0);
 
+// Collective over comm: every rank returns root's `text`.
+[[nodiscard]] std::string broadcast_string(MPI_Comm comm, const std::string& text, int root = 0);
+
 }  // namespace l3::dist

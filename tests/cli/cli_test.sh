@@ -78,6 +78,26 @@ run "tokenize names the bad line" 2 "$bin" tokenize --tokenizer bytes <"$work/ba
 expect "stdin:2" contains "$err" 'error: stdin:2: expected an object with a string "text"'
 run "tokenize needs --tokenizer" 2 "$bin" tokenize <"$work/text.jsonl"
 
+# --- prep ---
+printf '%s\n' '{"prompt":"Q1","completion":"A1"}' '{"text":"hello"}' '{"messages":[{"role":"user","content":"u"},{"role":"assistant","content":"a"}]}' >"$work/sft.jsonl"
+run "prep sft" 0 "$bin" prep sft --input "$work/sft.jsonl" --tokenizer bytes --output "$work/ds"
+expect "summary" contains "$out" "prep sft: 3 records read, 3 kept"
+expect "index.json" [ -f "$work/ds/index.json" ]
+run "prep refuses to overwrite" 2 "$bin" prep sft --input "$work/sft.jsonl" --tokenizer bytes --output "$work/ds"
+expect "says why" contains "$err" "exists"
+run "prep --overwrite" 0 "$bin" prep sft --input "$work/sft.jsonl" --tokenizer bytes --output "$work/ds" --overwrite
+printf '%s\n' '{"prompt":"Q","chosen":"good","rejected":"bad"}' >"$work/pref.jsonl"
+run "prep preference on 2 ranks" 0 "$mpiexec" -n 2 "$bin" prep preference --input "$work/pref.jsonl" --tokenizer bytes --output "$work/pref"
+expect "one pair" contains "$out" "1 kept"
+printf '%s\n' '{"text":"ok"}' '{"text": 5}' >"$work/bad-record.jsonl"
+run "a bad record: file:line, exit 2" 2 "$mpiexec" -n 2 "$bin" prep sft --input "$work/bad-record.jsonl" --tokenizer bytes --output "$work/never"
+expect "one error line" [ "$(error_lines "$err")" = 1 ]
+expect "names file and line" contains "$err" "bad-record.jsonl:2: \"text\" must be a string"
+expect "nothing written" [ ! -e "$work/never" ]
+run "prep without a kind" 2 "$bin" prep --input "$work/sft.jsonl" --tokenizer bytes --output "$work/x"
+run "prep with a missing input" 2 "$bin" prep sft --input "$work/none-*.jsonl" --tokenizer bytes --output "$work/x"
+expect "names the pattern" contains "$err" "none-*.jsonl: no input file matches"
+
 # --- single process (MPI singleton) ---
 run "info runs" 0 "$bin" info
 expect "info reports the world" contains "$out" "world:     1 rank on 1 node"

@@ -80,6 +80,10 @@ TEST_CASE("summarize maps every exception to an exit code and one line", "[error
   CHECK(plain.exit_code == 1);
   CHECK(plain.text == "a b");
 
+  auto peer = summary_of(std::make_exception_ptr(l3::core::PeerFailure(2)));
+  CHECK(peer.exit_code == 2);
+  CHECK(peer.text.empty());  // the failing rank reports, its peers stay quiet
+
   auto unknown = summary_of(std::make_exception_ptr(42));
   CHECK(unknown.exit_code == 1);
   CHECK(unknown.text == "unknown exception");

@@ -27,8 +27,8 @@ class TempDir {
 
   [[nodiscard]] const std::filesystem::path& path() const { return path_; }
 
-  // Writes `text` to a file in the directory and returns its path.
-  [[nodiscard]] std::string write(const std::string& name, const std::string& text) const {
+  // Writes `text` to a file in the directory and returns its path (often not needed).
+  std::string write(const std::string& name, const std::string& text) const {
     const auto file = path_ / name;
     std::ofstream(file) << text;
     return file.string();

@@ -1,0 +1,174 @@
+#include "io/prep/input_split.hpp"
+
+#include <fmt/format.h>
+#include <glob.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "core/error.hpp"
+
+namespace l3::prep {
+
+namespace fs = std::filesystem;
+
+std::vector<InputFile> list_inputs(const std::vector<std::string>& patterns) {
+  std::vector<std::string> paths;
+  for (const std::string& pattern : patterns) {
+    glob_t matches{};
+    const int rc = glob(pattern.c_str(), GLOB_ERR | GLOB_NOSORT, nullptr, &matches);
+    if (rc == GLOB_NOMATCH || matches.gl_pathc == 0) {
+      globfree(&matches);
+      throw core::bad_input("no input file matches", {.file = pattern});
+    }
+    if (rc != 0) {
+      globfree(&matches);
+      throw core::bad_input("cannot expand the input pattern", {.file = pattern});
+    }
+    for (std::size_t i = 0; i < matches.gl_pathc; ++i)
+      paths.emplace_back(matches.gl_pathv[i]);  // NOLINT
+    globfree(&matches);
+  }
+  std::sort(paths.begin(), paths.end());
+  paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
+  std::vector<InputFile> inputs;
+  for (const std::string& path : paths) {
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) throw core::bad_input("not a regular file", {.file = path});
+    const auto size = static_cast<std::int64_t>(fs::file_size(path, ec));
+    if (ec) throw core::bad_input("cannot read the file size", {.file = path});
+    if (!std::ifstream(path)) throw core::bad_input("cannot open for reading", {.file = path});
+    inputs.push_back({path, size, path.ends_with(".gz")});
+  }
+  return inputs;
+}
+
+std::vector<FileRange> ranges_for_rank(const std::vector<InputFile>& inputs, int rank, int ranks) {
+  std::int64_t total = 0;
+  for (const InputFile& f : inputs) total += f.size;
+  // This rank's share of the concatenated stream (the last rank takes the remainder).
+  const auto share = [&](int r) { return total * r / ranks; };
+  const std::int64_t begin = share(rank);
+  const std::int64_t end = share(rank + 1);
+  std::vector<FileRange> ranges;
+  std::int64_t file_start = 0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::int64_t file_end = file_start + inputs[i].size;
+    if (inputs[i].gzip) {
+      // whole, to the rank whose share holds its first byte (an empty file: its position)
+      const bool mine =
+          (file_start >= begin && file_start < end) ||
+          (rank == ranks - 1 && file_start >= end && inputs[i].size == 0 && file_start == total);
+      if (mine) ranges.push_back({i, 0, inputs[i].size});
+    } else {
+      const std::int64_t lo = std::max(begin, file_start);
+      const std::int64_t hi = std::min(end, file_end);
+      if (lo < hi) ranges.push_back({i, lo - file_start, hi - file_start});
+    }
+    file_start = file_end;
+  }
+  return ranges;
+}
+
+namespace {
+
+struct GzCloser {
+  void operator()(gzFile_s* f) const noexcept { gzclose(f); }
+};
+
+void emit(const std::string& text, std::int64_t offset,
+          const std::function<void(std::string_view, std::int64_t)>& line) {
+  std::string_view view(text);
+  if (!view.empty() && view.back() == '\r') view.remove_suffix(1);
+  line(view, offset);
+}
+
+}  // namespace
+
+void for_each_line(const InputFile& input, const FileRange& range,
+                   const std::function<void(std::string_view, std::int64_t)>& line) {
+  if (input.gzip) {
+    const std::unique_ptr<gzFile_s, GzCloser> gz(gzopen(input.path.c_str(), "rb"));
+    if (!gz) throw core::bad_input("cannot open gzip file", {.file = input.path});
+    gzbuffer(gz.get(), 1 << 20);
+    std::string current;
+    std::int64_t offset = 0;
+    std::int64_t start = 0;
+    std::vector<char> buffer(1 << 16);
+    while (true) {
+      const int n = gzread(gz.get(), buffer.data(), static_cast<unsigned int>(buffer.size()));
+      if (n < 0) {
+        int code = 0;
+        throw core::bad_input(fmt::format("corrupt gzip data: {}", gzerror(gz.get(), &code)),
+                              {.file = input.path});
+      }
+      if (n == 0) break;
+      for (int i = 0; i < n; ++i) {
+        const char c = buffer[static_cast<std::size_t>(i)];
+        ++offset;
+        if (c == '\n') {
+          emit(current, start, line);
+          current.clear();
+          start = offset;
+        } else {
+          current += c;
+        }
+      }
+    }
+    if (!current.empty()) emit(current, start, line);
+    return;
+  }
+  std::ifstream in(input.path, std::ios::binary);
+  if (!in) throw core::bad_input("cannot open for reading", {.file = input.path});
+  std::int64_t position = range.begin;
+  if (position > 0) {
+    // Start at the first line that begins at or after `begin`: the previous byte tells whether
+    // `begin` itself is a line start.
+    in.seekg(position - 1);
+    char previous = 0;
+    in.get(previous);
+    if (previous != '\n') {
+      std::string skipped;
+      std::getline(in, skipped);
+      position += static_cast<std::int64_t>(skipped.size()) + 1;
+    }
+  }
+  std::string text;
+  while (position < range.end && std::getline(in, text)) {
+    const std::int64_t start = position;
+    position += static_cast<std::int64_t>(text.size()) + 1;
+    emit(text, start, line);
+  }
+  if (in.bad()) throw core::bad_input("read error", {.file = input.path});
+}
+
+std::int64_t line_number_at(const InputFile& input, std::int64_t offset) {
+  std::int64_t number = 1;
+  std::int64_t seen = 0;
+  const auto count = [&](const char* data, std::int64_t n) {
+    for (std::int64_t i = 0; i < n && seen < offset; ++i, ++seen) {
+      if (data[i] == '\n') ++number;  // NOLINT
+    }
+  };
+  std::vector<char> buffer(1 << 16);
+  if (input.gzip) {
+    const std::unique_ptr<gzFile_s, GzCloser> gz(gzopen(input.path.c_str(), "rb"));
+    while (gz && seen < offset) {
+      const int n = gzread(gz.get(), buffer.data(), static_cast<unsigned int>(buffer.size()));
+      if (n <= 0) break;
+      count(buffer.data(), n);
+    }
+    return number;
+  }
+  std::ifstream in(input.path, std::ios::binary);
+  while (in && seen < offset) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    count(buffer.data(), in.gcount());
+  }
+  return number;
+}
+
+}  // namespace l3::prep

@@ -1,0 +1,17 @@
+// Durable file operations: data reaches the disk before it is given its final name, so a crash
+// never leaves a file that looks complete but is not (shards, index.json, checkpoints).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace l3::core {
+
+// fsync() a file or a directory (the latter makes a rename in it durable).
+void fsync_path(const std::string& path);
+// Writes `text` to path + ".tmp", fsyncs it, renames it to path, fsyncs the directory.
+void write_file_atomically(const std::string& path, std::string_view text);
+// rename(2), with an internal Error naming both paths on failure.
+void rename_path(const std::string& from, const std::string& to);
+
+}  // namespace l3::core
