@@ -86,6 +86,9 @@ expect "index.json" [ -f "$work/ds/index.json" ]
 run "prep refuses to overwrite" 2 "$bin" prep sft --input "$work/sft.jsonl" --tokenizer bytes --output "$work/ds"
 expect "says why" contains "$err" "exists"
 run "prep --overwrite" 0 "$bin" prep sft --input "$work/sft.jsonl" --tokenizer bytes --output "$work/ds" --overwrite
+gzip -c "$work/sft.jsonl" >"$work/sft-gz.jsonl.gz"
+run "prep reads .jsonl.gz" 0 "$bin" prep sft --input "$work/sft-gz.jsonl.gz" --tokenizer bytes --output "$work/ds-gz"
+expect "3 kept from gzip" contains "$out" "3 records read, 3 kept"
 printf '%s\n' '{"prompt":"Q","chosen":"good","rejected":"bad"}' >"$work/pref.jsonl"
 run "prep preference on 2 ranks" 0 "$mpiexec" -n 2 "$bin" prep preference --input "$work/pref.jsonl" --tokenizer bytes --output "$work/pref"
 expect "one pair" contains "$out" "1 kept"
