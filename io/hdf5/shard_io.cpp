@@ -96,7 +96,7 @@ Documents read_group(const h5::Handle& parent, bool with_mask, const std::string
 
 void expect_format(const ShardAttributes& a, std::string_view format, const std::string& path) {
   if (a.format != format) {
-    throw core::bad_input(fmt::format("format is \"{}\", expected \"{}\"", a.format, format),
+    throw core::bad_input(fmt::format(R"(format is "{}", expected "{}")", a.format, format),
                           {.file = path});
   }
   if (a.version != kShardVersion) {

@@ -19,7 +19,9 @@ std::vector<InputFile> list_inputs(const std::vector<std::string>& patterns) {
   std::vector<std::string> paths;
   for (const std::string& pattern : patterns) {
     glob_t matches{};
-    const int rc = glob(pattern.c_str(), GLOB_ERR | GLOB_NOSORT, nullptr, &matches);
+    // glob(3) is safe here: the process does not change the working directory concurrently
+    const int rc = glob(pattern.c_str(), GLOB_ERR | GLOB_NOSORT, nullptr,
+                        &matches);  // NOLINT(concurrency-mt-unsafe)
     if (rc == GLOB_NOMATCH || matches.gl_pathc == 0) {
       globfree(&matches);
       throw core::bad_input("no input file matches", {.file = pattern});

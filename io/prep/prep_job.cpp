@@ -197,6 +197,7 @@ PrepSummary run_prep(const dist::World& world, const core::Logger& log,
     const data::ShardAttributes attributes{dataset_format(options.kind), data::kShardVersion,
                                            tokenizer->sha256(), tokenizer->vocab_size()};
     std::vector<ShardSink> sinks;
+    sinks.reserve(splits.size());
     for (const std::string& split : splits) {
       sinks.emplace_back((fs::path(staging) / split).string(), world.rank(), options.kind,
                          attributes, options.shard_tokens);
@@ -289,6 +290,7 @@ PrepSummary run_prep(const dist::World& world, const core::Logger& log,
   if (world.is_root()) {
     try {
       std::vector<json> per_rank;
+      per_rank.reserve(gathered.size());
       for (const std::string& text : gathered) per_rank.push_back(json::parse(text));
       for (const json& r : per_rank) {
         total.records += r.at("records").get<std::int64_t>();

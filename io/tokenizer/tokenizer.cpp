@@ -29,7 +29,7 @@ constexpr std::string_view kLlama3SplitPattern =
 
 std::string hex(const unsigned char* data, unsigned int size) {
   std::string out;
-  out.reserve(size * 2U);
+  out.reserve(static_cast<std::size_t>(size) * 2U);
   for (unsigned int i = 0; i < size; ++i) out += fmt::format("{:02x}", data[i]);  // NOLINT
   return out;
 }
@@ -74,7 +74,7 @@ bool base64_decode(std::string_view in, std::string& out) {
                                 reinterpret_cast<const unsigned char*>(in.data()),  // NOLINT
                                 static_cast<int>(in.size()));
   if (n < 0) return false;
-  std::size_t size = static_cast<std::size_t>(n);
+  auto size = static_cast<std::size_t>(n);
   if (in.back() == '=') --size;
   if (in.size() >= 2 && in[in.size() - 2] == '=') --size;
   buffer.resize(size);

@@ -27,8 +27,8 @@ class Tokenizer {
   static Tokenizer bytes();
 
   ~Tokenizer();
-  Tokenizer(Tokenizer&&) noexcept;
-  Tokenizer& operator=(Tokenizer&&) noexcept;
+  Tokenizer(Tokenizer&& other) noexcept;
+  Tokenizer& operator=(Tokenizer&& other) noexcept;
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 

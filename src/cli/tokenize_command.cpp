@@ -45,7 +45,8 @@ int run_tokenize(const CommandContext& context) {
     try {
       tokenizer.encode_append(text->get_ref<const std::string&>(), ids);
     } catch (core::Error& e) {
-      throw e.add_context(where);
+      e.add_context(where);
+      throw;
     }
     if (eos) ids.push_back(tokenizer.special(tokenizer::Special::end_of_text));
     std::cout << nlohmann::json{{"ids", ids}}.dump() << '\n';
