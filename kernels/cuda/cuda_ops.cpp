@@ -61,6 +61,28 @@ T* out(TensorView x, std::int64_t count, std::string_view op, std::string_view n
 
 constexpr std::size_t kLogitBlockBytes = 256ULL << 20U;  // fp32 logits of one block of tokens
 
+// C (rows x cols) = alpha op(A) op(B) + beta C with bf16 operands (see RowMajorGemm).
+RowMajorGemm gemm(std::int64_t rows, std::int64_t cols, std::int64_t inner, const void* a,
+                  std::int64_t lda, bool transpose_a, const void* b, std::int64_t ldb,
+                  bool transpose_b, void* c, std::int64_t ldc, float beta,
+                  DType c_type = DType::bf16) {
+  RowMajorGemm g;
+  g.rows = rows;
+  g.cols = cols;
+  g.inner = inner;
+  g.a = a;
+  g.lda = lda;
+  g.transpose_a = transpose_a;
+  g.b = b;
+  g.ldb = ldb;
+  g.transpose_b = transpose_b;
+  g.c = c;
+  g.ldc = ldc;
+  g.c_type = c_type;
+  g.beta = beta;
+  return g;
+}
+
 }  // namespace
 
 DeviceScratch::~DeviceScratch() { cudaFree(data_); }
@@ -155,21 +177,12 @@ void CudaOps::copy(TensorView dst, TensorView src) {
 
 void CudaOps::matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
                      std::int64_t k, bool accumulate) {
-  RowMajorGemm g;
-  g.rows = m;
-  g.cols = n;
-  g.inner = k;
-  g.a = in<BFloat16>(x, m * k, "matmul", "x");
-  g.lda = k;
-  g.b = in<BFloat16>(w, n * k, "matmul", "w");
-  g.ldb = k;
-  g.transpose_b = true;  // y = x W^T
-  g.c = y.data();
-  g.ldc = n;
-  g.c_type = y.dtype();
   if (y.numel() < m * n) throw core::internal_error("cuda matmul: y too small");
-  g.beta = accumulate ? 1.0F : 0.0F;
-  lt_->run(g, stream_);
+  // y (m, n) = x (m, k) W^T, W (n, k)
+  lt_->run(gemm(m, n, k, in<BFloat16>(x, m * k, "matmul", "x"), k, false,
+                in<BFloat16>(w, n * k, "matmul", "w"), k, true, y.data(), n,
+                accumulate ? 1.0F : 0.0F, y.dtype()),
+           stream_);
 }
 
 void CudaOps::matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x,
@@ -177,33 +190,15 @@ void CudaOps::matmul_backward(TensorView dx, TensorView dw, TensorView dy, Tenso
                               bool accumulate_dx) {
   const auto* dy_data = in<BFloat16>(dy, m * n, "matmul_backward", "dy");
   if (!dx.empty()) {  // dx (m, k) = dy (m, n) W (n, k)
-    RowMajorGemm g;
-    g.rows = m;
-    g.cols = k;
-    g.inner = n;
-    g.a = dy_data;
-    g.lda = n;
-    g.b = in<BFloat16>(w, n * k, "matmul_backward", "w");
-    g.ldb = k;
-    g.c = out<BFloat16>(dx, m * k, "matmul_backward", "dx");
-    g.ldc = k;
-    g.beta = accumulate_dx ? 1.0F : 0.0F;
-    lt_->run(g, stream_);
+    lt_->run(
+        gemm(m, k, n, dy_data, n, false, in<BFloat16>(w, n * k, "matmul_backward", "w"), k, false,
+             out<BFloat16>(dx, m * k, "matmul_backward", "dx"), k, accumulate_dx ? 1.0F : 0.0F),
+        stream_);
   }
   if (!dw.empty()) {  // dw (n, k) += dy^T (n, m) x (m, k)
-    RowMajorGemm g;
-    g.rows = n;
-    g.cols = k;
-    g.inner = m;
-    g.transpose_a = true;
-    g.a = dy_data;
-    g.lda = n;
-    g.b = in<BFloat16>(x, m * k, "matmul_backward", "x");
-    g.ldb = k;
-    g.c = out<BFloat16>(dw, n * k, "matmul_backward", "dw");
-    g.ldc = k;
-    g.beta = 1.0F;
-    lt_->run(g, stream_);
+    lt_->run(gemm(n, k, m, dy_data, n, true, in<BFloat16>(x, m * k, "matmul_backward", "x"), k,
+                  false, out<BFloat16>(dw, n * k, "matmul_backward", "dw"), k, 1.0F),
+             stream_);
   }
 }
 
@@ -562,49 +557,24 @@ kernels::LossSum CudaOps::lm_head_cross_entropy(TensorView dh, TensorView dw, Te
     auto* logits = at<float>(base, logits_at);
     auto* dlogits = backward ? at<BFloat16>(base, dlogits_at) : nullptr;
     gather_rows(hb, hd, indices + begin, rows, hidden, stream_);
-    RowMajorGemm g;  // logits (rows, V) = hb (rows, H) w^T
-    g.rows = rows;
-    g.cols = vocab;
-    g.inner = hidden;
-    g.a = hb;
-    g.lda = hidden;
-    g.b = wd;
-    g.ldb = hidden;
-    g.transpose_b = true;
-    g.c = logits;
-    g.ldc = vocab;
-    g.c_type = DType::f32;
-    lt_->run(g, stream_);
+    // logits (rows, V) = hb (rows, H) w^T, in fp32
+    lt_->run(gemm(rows, vocab, hidden, hb, hidden, false, wd, hidden, true, logits, vocab, 0.0F,
+                  DType::f32),
+             stream_);
     softmax_cross_entropy(at<float>(base, losses_at) + begin, dlogits, logits,
                           at<std::int32_t>(base, targets_at) + begin, rows, vocab, grad_scale,
                           stream_);
     if (!backward) continue;
-    RowMajorGemm dx;  // dhb (rows, H) = dlogits (rows, V) w (V, H)
-    dx.rows = rows;
-    dx.cols = hidden;
-    dx.inner = vocab;
-    dx.a = dlogits;
-    dx.lda = vocab;
-    dx.b = wd;
-    dx.ldb = hidden;
-    dx.c = at<BFloat16>(base, dhb_at);
-    dx.ldc = hidden;
-    lt_->run(dx, stream_);
+    // dhb (rows, H) = dlogits (rows, V) w (V, H), then into dh's counted rows
+    lt_->run(gemm(rows, hidden, vocab, dlogits, vocab, false, wd, hidden, false,
+                  at<BFloat16>(base, dhb_at), hidden, 0.0F),
+             stream_);
     scatter_rows(out<BFloat16>(dh, n * hidden, "lm_head_cross_entropy", "dh"),
                  at<BFloat16>(base, dhb_at), indices + begin, rows, hidden, stream_);
-    RowMajorGemm gw;  // dw (V, H) += dlogits^T (V, rows) hb (rows, H)
-    gw.rows = vocab;
-    gw.cols = hidden;
-    gw.inner = rows;
-    gw.transpose_a = true;
-    gw.a = dlogits;
-    gw.lda = vocab;
-    gw.b = hb;
-    gw.ldb = hidden;
-    gw.c = dw.data();
-    gw.ldc = hidden;
-    gw.beta = 1.0F;
-    lt_->run(gw, stream_);
+    // dw (V, H) += dlogits^T (V, rows) hb (rows, H)
+    lt_->run(
+        gemm(vocab, hidden, rows, dlogits, vocab, true, hb, hidden, false, dw.data(), hidden, 1.0F),
+        stream_);
   }
   kernels::LossSum result{0.0, counted};
   if (counted > 0) {

@@ -10,13 +10,10 @@
 #include <string_view>
 
 #include "catch.hpp"
+#include "listing.hpp"
 
 int main(int argc, char** argv) {
-  bool listing = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]).starts_with("--list")) listing = true;
-  }
-  if (!listing) {
+  if (!l3::test::listing_tests(argc, argv)) {
     const std::string required = L3_REQUIRED_ENV;
     std::size_t begin = 0;
     while (begin <= required.size()) {

@@ -10,14 +10,10 @@
 #include <string_view>
 
 #include "catch.hpp"
+#include "listing.hpp"
 
 int main(int argc, char** argv) {
-  bool listing = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg(argv[i]);
-    if (arg.starts_with("--list")) listing = true;
-  }
-  if (!listing) {
+  if (!l3::test::listing_tests(argc, argv)) {
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0) {
