@@ -1,5 +1,6 @@
 #include "dist/gather_strings.hpp"
 
+#include <algorithm>
 #include <limits>
 
 #include "core/error.hpp"
@@ -42,6 +43,15 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, 
                              static_cast<std::size_t>(lengths[r])));
   }
   return out;
+}
+
+void broadcast_bytes(MPI_Comm comm, void* data, std::size_t bytes, int root) {
+  constexpr std::size_t kPiece = 1ULL << 30U;
+  auto* p = static_cast<char*>(data);
+  for (std::size_t done = 0; done < bytes; done += kPiece) {
+    const auto n = static_cast<int>(std::min(kPiece, bytes - done));
+    check_mpi(MPI_Bcast(p + done, n, MPI_BYTE, root, comm), "MPI_Bcast(bytes)");
+  }
 }
 
 std::string broadcast_string(MPI_Comm comm, const std::string& text, int root) {

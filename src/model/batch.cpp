@@ -60,6 +60,11 @@ BatchBuilder::BatchBuilder(std::int64_t rows, std::int64_t seq_len, std::int32_t
     : pad_id_(pad_id) {
   batch_.rows = rows;
   batch_.seq_len = seq_len;
+  const auto n = static_cast<std::size_t>(rows * seq_len);
+  batch_.tokens.reserve(n);
+  batch_.targets.reserve(n);
+  batch_.loss_mask.reserve(n);
+  batch_.positions.reserve(n);
   batch_.cu_seqlens.push_back(0);
 }
 
@@ -112,6 +117,10 @@ bool BatchBuilder::add_pair(const std::vector<std::int32_t>& chosen,
   batch_.rejected_last.push_back(static_cast<std::int32_t>(r));
   batch_.margins.push_back(margin);
   return true;
+}
+
+void BatchBuilder::end_row() {
+  if (row_ < batch_.rows) close_row();
 }
 
 Batch BatchBuilder::finish() {

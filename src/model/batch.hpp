@@ -56,6 +56,12 @@ class BatchBuilder {
   bool add_pair(const std::vector<std::int32_t>& chosen, const std::vector<std::int32_t>& rejected,
                 float margin = 0.0F);
 
+  // Ends the current row here (the rest is padding); the next document starts a new row.
+  void end_row();
+  [[nodiscard]] std::int64_t rows_used() const noexcept { return used_ > 0 ? row_ + 1 : row_; }
+  // Tokens still free in the current row.
+  [[nodiscard]] std::int64_t row_space() const noexcept { return batch_.seq_len - used_; }
+
   [[nodiscard]] Batch finish();
 
  private:

@@ -1,0 +1,249 @@
+#include "io/hdf5/dataset_index.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "dist/agree.hpp"
+#include "dist/gather_strings.hpp"
+#include "dist/mpi_check.hpp"
+#include "io/hdf5/h5.hpp"
+#include "io/hdf5/shard_format.hpp"
+
+namespace l3::data {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::int64_t DatasetIndex::sample_tokens(std::int64_t sample) const noexcept {
+  const auto i = static_cast<std::size_t>(sample);
+  return length[i] + (kind == SampleKind::preference ? rejected_length[i] : 0);
+}
+
+std::int64_t DatasetIndex::total_tokens() const noexcept {
+  std::int64_t total = 0;
+  for (std::int64_t s = 0; s < samples(); ++s) total += sample_tokens(s);
+  return total;
+}
+
+bool DatasetIndex::has_margin() const noexcept {
+  for (const ShardEntry& s : shards) {
+    if (s.has_margin) return true;
+  }
+  return false;
+}
+
+namespace {
+
+std::vector<std::int64_t> offsets_of(const h5::Handle& group, const std::string& path,
+                                     const std::string& name) {
+  const std::vector<std::int64_t> offsets =
+      h5::read_dataset<std::int64_t>(group, "doc_offsets", path);
+  const std::int64_t tokens = h5::dataset_length(group, "tokens", path);
+  if (offsets.empty() || offsets.front() != 0 || offsets.back() != tokens) {
+    throw core::bad_input(fmt::format("offsets must run from 0 to the {} tokens", tokens),
+                          {.file = path, .tensor = name});
+  }
+  for (std::size_t i = 1; i < offsets.size(); ++i) {
+    if (offsets[i] < offsets[i - 1]) {
+      throw core::bad_input(fmt::format("offsets decrease at document {}", i - 1),
+                            {.file = path, .tensor = name});
+    }
+    if (offsets[i] - offsets[i - 1] > std::numeric_limits<std::int32_t>::max()) {
+      throw core::bad_input(fmt::format("document {} is longer than 2^31 tokens", i - 1),
+                            {.file = path, .tensor = name});
+    }
+  }
+  return offsets;
+}
+
+// Rank 0's work: read and check everything.
+DatasetIndex read_index(const std::string& directory, const DatasetExpectations& expect) {
+  const fs::path dir = fs::absolute(directory);
+  const std::string index_path = (dir / "index.json").string();
+  std::ifstream in(index_path);
+  if (!in) {
+    throw core::bad_input("no index.json: not a dataset directory (make one with llama3-hpc prep)",
+                          {.file = dir.string()});
+  }
+  json index;
+  try {
+    index = json::parse(in);
+  } catch (const json::exception& e) {
+    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()), {.file = index_path});
+  }
+  DatasetIndex d;
+  d.directory = dir.string();
+  const std::string format = index.value("format", "");
+  const std::string expected =
+      std::string(expect.kind == SampleKind::sft ? kSftFormat : kPreferenceFormat);
+  if (format != expected) {
+    throw core::bad_input(
+        fmt::format("format \"{}\", but this phase needs \"{}\"", format, expected),
+        {.file = index_path});
+  }
+  d.kind = expect.kind;
+  if (index.value("version", std::int64_t{0}) != kShardVersion) {
+    throw core::bad_input(
+        fmt::format("version {} is not supported", index.value("version", std::int64_t{0})),
+        {.file = index_path});
+  }
+  const json tokenizer = index.value("tokenizer", json::object());
+  d.tokenizer_sha256 = tokenizer.value("sha256", "");
+  d.vocab_size = tokenizer.value("vocab_size", std::int64_t{0});
+  if (expect.model_vocab > 0 && d.vocab_size > expect.model_vocab) {
+    throw core::bad_input(fmt::format("the data's vocabulary ({}) is larger than the model's ({})",
+                                      d.vocab_size, expect.model_vocab),
+                          {.file = index_path});
+  }
+  if (!expect.model_tokenizer_sha256.empty() && !expect.ignore_tokenizer_mismatch &&
+      d.tokenizer_sha256 != expect.model_tokenizer_sha256) {
+    throw core::bad_input(
+        fmt::format("tokenized with tokenizer {}..., the model's is {}... (use "
+                    "--ignore-tokenizer-mismatch if that is intended)",
+                    d.tokenizer_sha256.substr(0, 12), expect.model_tokenizer_sha256.substr(0, 12)),
+        {.file = index_path});
+  }
+  const json shards = index.value("shards", json::array());
+  if (shards.empty()) throw core::bad_input("lists no shards", {.file = index_path});
+
+  for (const json& entry : shards) {
+    ShardEntry shard;
+    shard.path = (dir / entry.at("file").get<std::string>()).string();
+    shard.first_sample = d.samples();
+    std::error_code ec;
+    if (!fs::exists(shard.path, ec))
+      throw core::bad_input("listed in index.json but missing", {.file = shard.path});
+    const ShardAttributes a = read_shard_attributes(shard.path);
+    if (a.format != expected || a.version != kShardVersion) {
+      throw core::bad_input(
+          fmt::format("format \"{}\" version {} does not match the dataset", a.format, a.version),
+          {.file = shard.path});
+    }
+    if (a.tokenizer_sha256 != d.tokenizer_sha256) {
+      throw core::bad_input("tokenized with another tokenizer than the rest of the dataset",
+                            {.file = shard.path});
+    }
+    const h5::Handle file = h5::open_file_read(shard.path);
+    const auto shard_number = static_cast<std::int32_t>(d.shards.size());
+    if (expect.kind == SampleKind::sft) {
+      if (h5::dataset_length(file, "loss_mask", shard.path) !=
+          h5::dataset_length(file, "tokens", shard.path)) {
+        throw core::bad_input("loss_mask and tokens differ in length",
+                              {.file = shard.path, .tensor = "/loss_mask"});
+      }
+      const auto offsets = offsets_of(file, shard.path, "/doc_offsets");
+      shard.samples = static_cast<std::int64_t>(offsets.size()) - 1;
+      for (std::int64_t k = 0; k < shard.samples; ++k) {
+        d.shard.push_back(shard_number);
+        d.offset.push_back(offsets[static_cast<std::size_t>(k)]);
+        d.length.push_back(static_cast<std::int32_t>(offsets[static_cast<std::size_t>(k) + 1] -
+                                                     offsets[static_cast<std::size_t>(k)]));
+      }
+    } else {
+      for (const char* group : {"chosen", "rejected"}) {
+        if (!h5::exists(file, group))
+          throw core::bad_input(fmt::format("missing group /{}", group), {.file = shard.path});
+      }
+      const h5::Handle chosen(H5Gopen2(file.get(), "chosen", H5P_DEFAULT), H5Gclose);
+      const h5::Handle rejected(H5Gopen2(file.get(), "rejected", H5P_DEFAULT), H5Gclose);
+      const auto c = offsets_of(chosen, shard.path, "/chosen/doc_offsets");
+      const auto r = offsets_of(rejected, shard.path, "/rejected/doc_offsets");
+      if (c.size() != r.size()) {
+        throw core::bad_input(
+            fmt::format("{} chosen and {} rejected sequences", c.size() - 1, r.size() - 1),
+            {.file = shard.path});
+      }
+      shard.samples = static_cast<std::int64_t>(c.size()) - 1;
+      shard.has_margin = h5::exists(file, "margin");
+      if (shard.has_margin && h5::dataset_length(file, "margin", shard.path) != shard.samples) {
+        throw core::bad_input("one margin per pair expected",
+                              {.file = shard.path, .tensor = "/margin"});
+      }
+      const std::vector<float> margins =
+          shard.has_margin ? h5::read_dataset<float>(file, "margin", shard.path)
+                           : std::vector<float>(static_cast<std::size_t>(shard.samples), 0.0F);
+      for (std::int64_t k = 0; k < shard.samples; ++k) {
+        const auto i = static_cast<std::size_t>(k);
+        d.margin.push_back(margins[i]);
+        d.shard.push_back(shard_number);
+        d.offset.push_back(c[i]);
+        d.length.push_back(static_cast<std::int32_t>(c[i + 1] - c[i]));
+        d.rejected_offset.push_back(r[i]);
+        d.rejected_length.push_back(static_cast<std::int32_t>(r[i + 1] - r[i]));
+      }
+    }
+    d.shards.push_back(shard);
+  }
+  if (d.samples() == 0) throw core::bad_input("the dataset has no samples", {.file = index_path});
+  return d;
+}
+
+}  // namespace
+
+DatasetIndex open_dataset(const dist::World& world, const std::string& directory,
+                          const DatasetExpectations& expect) {
+  DatasetIndex d;
+  std::exception_ptr failure;
+  if (world.is_root()) {
+    try {
+      d = read_index(directory, expect);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  // Every rank fails with the same message (rank 0 read it), not just rank 0.
+  int failed = failure ? 1 : 0;
+  dist::check_mpi(MPI_Bcast(&failed, 1, MPI_INT, 0, world.comm()), "MPI_Bcast(dataset status)");
+  if (failed != 0) {
+    std::string message;
+    int code = core::kExitBadInput;
+    if (world.is_root()) {
+      const core::ErrorSummary summary = core::summarize(failure);
+      message = summary.text;
+      code = summary.exit_code;
+    }
+    message = dist::broadcast_string(world.comm(), message);
+    dist::check_mpi(MPI_Bcast(&code, 1, MPI_INT, 0, world.comm()), "MPI_Bcast(dataset error)");
+    if (world.is_root()) std::rethrow_exception(failure);
+    throw core::Error(
+        code == core::kExitInternal ? core::ErrorKind::internal : core::ErrorKind::bad_input,
+        message);
+  }
+  // The index: scalars and shard list as JSON, the per-sample arrays raw.
+  json head;
+  if (world.is_root()) {
+    head = {{"directory", d.directory},
+            {"kind", d.kind == SampleKind::sft ? 0 : 1},
+            {"sha", d.tokenizer_sha256},
+            {"vocab", d.vocab_size},
+            {"shards", json::array()}};
+    for (const ShardEntry& s : d.shards) {
+      head["shards"].push_back({s.path, s.first_sample, s.samples, s.has_margin});
+    }
+  }
+  head = json::parse(
+      dist::broadcast_string(world.comm(), world.is_root() ? head.dump() : std::string()));
+  if (!world.is_root()) {
+    d.directory = head.at("directory").get<std::string>();
+    d.kind = head.at("kind").get<int>() == 0 ? SampleKind::sft : SampleKind::preference;
+    d.tokenizer_sha256 = head.at("sha").get<std::string>();
+    d.vocab_size = head.at("vocab").get<std::int64_t>();
+    for (const json& s : head.at("shards")) {
+      d.shards.push_back({s[0].get<std::string>(), s[1].get<std::int64_t>(),
+                          s[2].get<std::int64_t>(), s[3].get<bool>()});
+    }
+  }
+  dist::broadcast_vector(world.comm(), d.shard);
+  dist::broadcast_vector(world.comm(), d.offset);
+  dist::broadcast_vector(world.comm(), d.length);
+  dist::broadcast_vector(world.comm(), d.rejected_offset);
+  dist::broadcast_vector(world.comm(), d.rejected_length);
+  dist::broadcast_vector(world.comm(), d.margin);
+  return d;
+}
+
+}  // namespace l3::data

@@ -1,0 +1,62 @@
+// A dataset directory (index.json + shards) as every rank sees it: where each sample lives and
+// how long it is. Rank 0 alone reads index.json and each shard's attributes and offsets,
+// validates everything, and broadcasts compact arrays, so that the ranks of a big job never all
+// hit the file system's metadata at once.
+//
+// Samples are numbered in index order (shards in index.json order, documents in shard order).
+// An SFT sample is a document; a preference sample is a pair (document p of both groups).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dist/world.hpp"
+
+namespace l3::data {
+
+enum class SampleKind { sft, preference };
+
+struct ShardEntry {
+  std::string path;  // absolute
+  std::int64_t first_sample = 0;
+  std::int64_t samples = 0;
+  bool has_margin = false;
+};
+
+struct DatasetIndex {
+  std::string directory;
+  SampleKind kind = SampleKind::sft;
+  std::string tokenizer_sha256;
+  std::int64_t vocab_size = 0;
+  std::vector<ShardEntry> shards;
+  // Per sample. For preference samples, `offset`/`length` are the chosen sequence.
+  std::vector<std::int32_t> shard;
+  std::vector<std::int64_t> offset;
+  std::vector<std::int32_t> length;
+  std::vector<std::int64_t> rejected_offset;  // preference only
+  std::vector<std::int32_t> rejected_length;  // preference only
+  std::vector<float> margin;                  // preference only: /margin, or 0
+
+  [[nodiscard]] std::int64_t samples() const noexcept {
+    return static_cast<std::int64_t>(shard.size());
+  }
+  // Tokens the sample occupies in a row (a pair: both sequences).
+  [[nodiscard]] std::int64_t sample_tokens(std::int64_t sample) const noexcept;
+  [[nodiscard]] std::int64_t total_tokens() const noexcept;
+  [[nodiscard]] bool has_margin() const noexcept;
+};
+
+// What the model expects of its data.
+struct DatasetExpectations {
+  SampleKind kind = SampleKind::sft;
+  std::int64_t model_vocab = 0;        // shards with a larger vocabulary are refused
+  std::string model_tokenizer_sha256;  // empty: the model carries no tokenizer, not checked
+  bool ignore_tokenizer_mismatch = false;
+};
+
+// Collective over `world`. bad_input Errors name the directory or the shard (same on all ranks).
+[[nodiscard]] DatasetIndex open_dataset(const dist::World& world, const std::string& directory,
+                                        const DatasetExpectations& expect);
+
+}  // namespace l3::data
