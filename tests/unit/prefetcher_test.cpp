@@ -71,7 +71,7 @@ TEST_CASE("destroying a prefetcher whose consumer stopped early does not hang", 
   SUCCEED();
 }
 
-TEST_CASE("producers kept in step by a gate stop together; a consumer still waiting gets an error",
+TEST_CASE("producers kept in step by a gate stop together and a waiting consumer gets an error",
           "[prefetch]") {
   std::atomic<int> gates{0};
   // The "other rank" wants to stop after 3 items: the gate says no more from the 4th on.
