@@ -46,7 +46,8 @@ void make_dataset(const std::string& dir, std::int64_t tokens) {
       docs.add(t, std::vector<std::uint8_t>(length, 1));
     }
     const std::string name = fmt::format("part-{:05}.h5", s);
-    l3::data::write_sft_shard(dir + "/" + name, docs, {"llama3-hpc/sft", 1, "bench", 128256});
+    l3::data::write_sft_shard(fmt::format("{}/{}", dir, name), docs,
+                              {"llama3-hpc/sft", 1, "bench", 128256});
     shards.push_back({{"file", name}, {"documents", docs.count()}, {"tokens", docs.token_count()}});
   }
   std::ofstream(dir + "/index.json") << json{
@@ -84,7 +85,7 @@ double raw_read(const std::string& dir) {
 l3::data::LoaderConfig loader_config(int ranks, int depth) {
   l3::data::LoaderConfig c;
   c.plan.seq_len = 2048;
-  c.plan.global_batch = 32 * ranks;
+  c.plan.global_batch = std::int64_t{32} * ranks;
   c.plan.micro_batch = 32;
   c.plan.seed = 1;
   c.depth = depth;

@@ -15,7 +15,7 @@ namespace l3::data {
 
 struct DataLoader::Impl {
   Impl(const dist::World& w, const DatasetIndex& i, LoaderConfig c)
-      : world(w), index(i), config(std::move(c)), reader(w, i, config.reader) {}
+      : world(w), index(i), config(c), reader(w, i, config.reader) {}
 
   // The producer's plan (only the producer thread touches it).
   const EpochPlan& plan_for(std::int64_t epoch) {
@@ -31,7 +31,8 @@ struct DataLoader::Impl {
   }
 
   // Sample tokens as ids, checked against the model's vocabulary.
-  std::vector<std::int32_t> ids(const std::vector<std::uint32_t>& raw, std::int64_t sample) const {
+  [[nodiscard]] std::vector<std::int32_t> ids(const std::vector<std::uint32_t>& raw,
+                                              std::int64_t sample) const {
     std::vector<std::int32_t> out(raw.size());
     for (std::size_t t = 0; t < raw.size(); ++t) {
       if (raw[t] >= static_cast<std::uint64_t>(config.model_vocab)) {
@@ -178,7 +179,7 @@ struct DataLoader::Impl {
 
 DataLoader::DataLoader(const dist::World& world, const DatasetIndex& index, LoaderConfig config,
                        Position start)
-    : impl_(std::make_unique<Impl>(world, index, std::move(config))) {
+    : impl_(std::make_unique<Impl>(world, index, config)) {
   impl_->config.plan.world_size = world.size();
   impl_->config.plan.validate();
   if (impl_->config.model_vocab <= 0) impl_->config.model_vocab = index.vocab_size;

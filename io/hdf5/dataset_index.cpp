@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -30,18 +31,14 @@ std::int64_t DatasetIndex::total_tokens() const noexcept {
 }
 
 bool DatasetIndex::has_margin() const noexcept {
-  for (const ShardEntry& s : shards) {
-    if (s.has_margin) return true;
-  }
-  return false;
+  return std::ranges::any_of(shards, [](const ShardEntry& s) { return s.has_margin; });
 }
 
 namespace {
 
 std::vector<std::int64_t> offsets_of(const h5::Handle& group, const std::string& path,
                                      const std::string& name) {
-  const std::vector<std::int64_t> offsets =
-      h5::read_dataset<std::int64_t>(group, "doc_offsets", path);
+  std::vector<std::int64_t> offsets = h5::read_dataset<std::int64_t>(group, "doc_offsets", path);
   const std::int64_t tokens = h5::dataset_length(group, "tokens", path);
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != tokens) {
     throw core::bad_input(fmt::format("offsets must run from 0 to the {} tokens", tokens),
@@ -82,7 +79,7 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
       std::string(expect.kind == SampleKind::sft ? kSftFormat : kPreferenceFormat);
   if (format != expected) {
     throw core::bad_input(
-        fmt::format("format \"{}\", but this phase needs \"{}\"", format, expected),
+        fmt::format(R"(format "{}", but this phase needs "{}")", format, expected),
         {.file = index_path});
   }
   d.kind = expect.kind;

@@ -35,8 +35,8 @@ ShardReader::ShardReader(const dist::World& world, const DatasetIndex& index, Re
   const h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   // The file's own communicator is a duplicate HDF5 makes of the one given here.
   H5Pset_fapl_mpio(fapl.get(), world.comm(), MPI_INFO_NULL);
-  H5Pset_all_coll_metadata_ops(fapl.get(), 1);
-  H5Pset_file_locking(fapl.get(), options.file_locking ? 1 : 0, 1);
+  H5Pset_all_coll_metadata_ops(fapl.get(), true);
+  H5Pset_file_locking(fapl.get(), options.file_locking, true);
   for (const ShardEntry& entry : index.shards) {
     auto shard = std::make_unique<OpenShard>();
     shard->path = entry.path;
@@ -59,7 +59,8 @@ ShardReader::~ShardReader() {
   shards_.clear();  // closes datasets, then files (collective with the MPI-IO driver)
 }
 
-void ShardReader::read_group(OpenShard& shard, Field field, std::span<const ReadRequest> requests) {
+void ShardReader::read_group(OpenShard& shard, Field field,
+                             std::span<const ReadRequest> requests) const {
   const h5::Handle& set = field == Field::tokens || field == Field::chosen_tokens ? shard.tokens
                           : field == Field::loss_mask                             ? shard.loss_mask
                                                                                   : shard.rejected;

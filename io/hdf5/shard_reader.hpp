@@ -50,7 +50,7 @@ class ShardReader {
 
  private:
   struct OpenShard;
-  void read_group(OpenShard& shard, Field field, std::span<const ReadRequest> requests);
+  void read_group(OpenShard& shard, Field field, std::span<const ReadRequest> requests) const;
 
   const DatasetIndex& index_;
   ReaderOptions options_;

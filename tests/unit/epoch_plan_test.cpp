@@ -19,13 +19,13 @@ DatasetIndex index_of(const std::vector<std::int32_t>& lengths,
                       l3::data::SampleKind kind = l3::data::SampleKind::sft) {
   DatasetIndex d;
   d.kind = kind;
-  for (std::size_t i = 0; i < lengths.size(); ++i) {
+  for (const std::int32_t length : lengths) {
     d.shard.push_back(0);
     d.offset.push_back(0);
-    d.length.push_back(lengths[i]);
+    d.length.push_back(length);
     if (kind == l3::data::SampleKind::preference) {
       d.rejected_offset.push_back(0);
-      d.rejected_length.push_back(lengths[i] / 2 + 1);
+      d.rejected_length.push_back(length / 2 + 1);
       d.margin.push_back(0);
     }
   }
@@ -131,7 +131,7 @@ TEST_CASE("reward plans: pairs per step, too-long pairs left out", "[data]") {
     }
   }
   CHECK(seen.size() == 100);
-  CHECK(seen.count(7) == 0);
+  CHECK(!seen.contains(7));
 }
 
 TEST_CASE("a global batch that does not divide is a usage error", "[data]") {
