@@ -90,6 +90,7 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
   }
   const json tokenizer = index.value("tokenizer", json::object());
   d.tokenizer_sha256 = tokenizer.value("sha256", "");
+  d.tokenizer_name = tokenizer.value("name", "");
   d.vocab_size = tokenizer.value("vocab_size", std::int64_t{0});
   if (expect.model_vocab > 0 && d.vocab_size > expect.model_vocab) {
     throw core::bad_input(fmt::format("the data's vocabulary ({}) is larger than the model's ({})",
@@ -216,6 +217,7 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
     head = {{"directory", d.directory},
             {"kind", d.kind == SampleKind::sft ? 0 : 1},
             {"sha", d.tokenizer_sha256},
+            {"tokenizer", d.tokenizer_name},
             {"vocab", d.vocab_size},
             {"shards", json::array()}};
     for (const ShardEntry& s : d.shards) {
@@ -228,6 +230,7 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
     d.directory = head.at("directory").get<std::string>();
     d.kind = head.at("kind").get<int>() == 0 ? SampleKind::sft : SampleKind::preference;
     d.tokenizer_sha256 = head.at("sha").get<std::string>();
+    d.tokenizer_name = head.at("tokenizer").get<std::string>();
     d.vocab_size = head.at("vocab").get<std::int64_t>();
     for (const json& s : head.at("shards")) {
       d.shards.push_back({s[0].get<std::string>(), s[1].get<std::int64_t>(),

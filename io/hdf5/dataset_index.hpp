@@ -28,6 +28,7 @@ struct DatasetIndex {
   std::string directory;
   SampleKind kind = SampleKind::sft;
   std::string tokenizer_sha256;
+  std::string tokenizer_name;  // what prep loaded: "bytes" or the tokenizer's path
   std::int64_t vocab_size = 0;
   std::vector<ShardEntry> shards;
   // Per sample. For preference samples, `offset`/`length` are the chosen sequence.

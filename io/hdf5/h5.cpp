@@ -1,6 +1,9 @@
 #include "io/hdf5/h5.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "core/error.hpp"
 
@@ -185,6 +188,64 @@ L3_H5_INSTANTIATE(std::int64_t)
 L3_H5_INSTANTIATE(float)
 L3_H5_INSTANTIATE(double)
 #undef L3_H5_INSTANTIATE
+
+void write_tensor(const Handle& parent, const std::string& name, std::span<const float> values,
+                  std::span<const std::int64_t> shape, const std::string& file) {
+  const std::scoped_lock guard(library_lock());
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  std::int64_t numel = 1;
+  for (const std::int64_t d : shape) numel *= d;
+  if (numel != static_cast<std::int64_t>(values.size())) {
+    throw core::internal_error(
+        fmt::format("tensor of {} values written with a shape of {}", values.size(), numel),
+        {.file = file, .tensor = name});
+  }
+  const Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                     H5Sclose);
+  const Handle set(H5Dcreate2(parent.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+                              H5P_DEFAULT, H5P_DEFAULT),
+                   H5Dclose);
+  if (!set.valid())
+    throw core::internal_error("cannot create dataset", {.file = file, .tensor = name});
+  if (!values.empty() &&
+      H5Dwrite(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0) {
+    throw core::internal_error("cannot write dataset", {.file = file, .tensor = name});
+  }
+}
+
+std::vector<std::int64_t> dataset_shape(const Handle& parent, const std::string& name,
+                                        const std::string& file) {
+  const std::scoped_lock guard(library_lock());
+  if (H5Lexists(parent.get(), name.c_str(), H5P_DEFAULT) <= 0)
+    throw failure("missing tensor", file, name);
+  const Handle set(H5Dopen2(parent.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!set.valid()) throw failure("not a dataset", file, name);
+  const Handle space(H5Dget_space(set.get()), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0) throw failure("unreadable dataspace", file, name);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return {dims.begin(), dims.end()};
+}
+
+void read_tensor(const Handle& parent, const std::string& name, std::span<const std::int64_t> shape,
+                 std::span<float> out, const std::string& file) {
+  const std::scoped_lock guard(library_lock());
+  const std::vector<std::int64_t> found = dataset_shape(parent, name, file);
+  if (!std::equal(found.begin(), found.end(), shape.begin(), shape.end())) {
+    throw failure(fmt::format("shape [{}] where the model needs [{}]", fmt::join(found, ", "),
+                              fmt::join(shape, ", ")),
+                  file, name);
+  }
+  const Handle set(H5Dopen2(parent.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  const Handle type(H5Dget_type(set.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_FLOAT)
+    throw failure("not a floating-point tensor", file, name);
+  if (!out.empty() &&
+      H5Dread(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0) {
+    throw failure("cannot read tensor (truncated file?)", file, name);
+  }
+}
 
 void write_attribute(const Handle& object, const std::string& name, const std::string& value,
                      const std::string& file) {

@@ -70,6 +70,17 @@ template <typename T>
 [[nodiscard]] std::int64_t dataset_length(const Handle& parent, const std::string& name,
                                           const std::string& file);
 
+// An N-dimensional fp32 tensor (row-major, contiguous), written in one call.
+void write_tensor(const Handle& parent, const std::string& name, std::span<const float> values,
+                  std::span<const std::int64_t> shape, const std::string& file);
+// Reads an N-dimensional fp32 tensor whose shape must be `shape` into `out` (its size):
+// bad_input Errors name the file and tensor (missing, wrong shape or type, unreadable).
+void read_tensor(const Handle& parent, const std::string& name, std::span<const std::int64_t> shape,
+                 std::span<float> out, const std::string& file);
+// The shape of a dataset.
+[[nodiscard]] std::vector<std::int64_t> dataset_shape(const Handle& parent, const std::string& name,
+                                                      const std::string& file);
+
 void write_attribute(const Handle& object, const std::string& name, const std::string& value,
                      const std::string& file);
 void write_attribute(const Handle& object, const std::string& name, std::int64_t value,

@@ -102,6 +102,7 @@ std::int64_t BatchBuilder::add(const std::vector<std::int32_t>& tokens,
     batch_.positions.push_back(static_cast<std::int32_t>(i));
   }
   used_ += length;
+  batch_.document_tokens += length;
   batch_.cu_seqlens.push_back(static_cast<std::int32_t>(batch_.tokens.size()));
   return static_cast<std::int64_t>(batch_.tokens.size()) - 1;
 }

@@ -25,6 +25,7 @@ struct Batch {
   std::vector<std::int32_t> chosen_last{};
   std::vector<std::int32_t> rejected_last{};
   std::vector<float> margins{};
+  std::int64_t document_tokens = 0;  // tokens of documents (not padding): throughput counts these
 
   [[nodiscard]] std::int64_t tokens_count() const noexcept { return rows * seq_len; }
   [[nodiscard]] std::int64_t segments() const noexcept {

@@ -92,6 +92,22 @@ void LlamaModel::initialize(std::uint64_t seed) {
   if (master_.numel() > 0) ops_.copy(master_.view(), host_view(host));
 }
 
+void LlamaModel::load_parameters(std::span<const float> host) {
+  if (static_cast<std::int64_t>(host.size()) != layout_.total()) {
+    throw core::internal_error(fmt::format("load_parameters: {} values for a layout of {}",
+                                           host.size(), layout_.total()));
+  }
+  ops_.copy(params_.view(), TensorView(host));
+  if (master_.numel() > 0) ops_.copy(master_.view(), TensorView(host));
+}
+
+std::vector<float> LlamaModel::master_to_host() const {
+  std::vector<float> host(static_cast<std::size_t>(layout_.total()));
+  ops_.copy(TensorView(std::span<float>(host)), master_weights());
+  ops_.synchronize();
+  return host;
+}
+
 void LlamaModel::zero_gradients() { ops_.zero(grads_.view()); }
 
 void LlamaModel::prepare(const Batch& batch) {
@@ -245,6 +261,7 @@ void LlamaModel::backward_backbone() {
   ops_.rmsnorm_backward(d_resid, weight_grad(layout_.final_norm(), h), ws.d_final.slice(0, n * h),
                         ws.layer_inputs.back().slice(0, n * h), weight(layout_.final_norm(), h),
                         ws.final_rstd.slice(0, n), n, h);
+  if (gradient_ready_) gradient_ready_(layout_.final_norm());  // and the head after it
 
   for (int l = c.n_layers - 1; l >= 0; --l) {
     const TensorView x_in = ws.layer_inputs[static_cast<std::size_t>(l)].slice(0, n * h);
@@ -290,9 +307,11 @@ void LlamaModel::backward_backbone() {
                          weight(w.v_proj, kv * h), n, kv, h, true);
     ops_.rmsnorm_backward(d_resid, weight_grad(w.input_norm, h), d_ln, x_in,
                           weight(w.input_norm, h), a.rstd1.slice(0, n), n, h);
+    if (gradient_ready_) gradient_ready_(w.q_proj);  // the block's first tensor
   }
   ops_.embedding_backward(weight_grad(layout_.embedding(), c.vocab_size * h), ws.tokens.slice(0, n),
                           d_resid, n, h);
+  if (gradient_ready_) gradient_ready_(0);
 }
 
 kernels::LossSum LlamaModel::sft_forward_backward(const Batch& batch, float grad_scale) {

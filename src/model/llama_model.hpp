@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -67,7 +69,19 @@ class LlamaModel {
 
   // Fresh random parameters (see parameter_init.hpp).
   void initialize(std::uint64_t seed);
+  // Parameters from host fp32 values laid out by layout() (a checkpoint, an import).
+  void load_parameters(std::span<const float> host);
+  // The fp32 master weights, copied to the host (checkpoints, generation on another backend).
+  [[nodiscard]] std::vector<float> master_to_host() const;
   void zero_gradients();
+
+  // Called during a backward pass each time the gradients of [offset, layout().total()) are
+  // complete for this micro-batch (after the lm_head/score head and each block, in reverse
+  // layout order, and finally with 0 after the embedding), so that data parallelism can
+  // start reducing them while the rest of the backward runs. Empty: no calls. On a backend
+  // with a stream the work is queued, not done: the hook must order its use after it.
+  using GradientReadyHook = std::function<void(std::int64_t offset)>;
+  void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_ = std::move(hook); }
 
   // SFT. The loss is the summed cross-entropy of the counted tokens; gradients are those of
   // grad_scale * loss (grad_scale = 1 / counted tokens of the whole global batch).
@@ -101,6 +115,7 @@ class LlamaModel {
   kernels::Buffer master_;  // empty when the compute dtype is f32
   kernels::Buffer grads_;
   std::unique_ptr<Workspace> ws_;
+  GradientReadyHook gradient_ready_;
 };
 
 }  // namespace l3::model

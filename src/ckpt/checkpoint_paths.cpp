@@ -1,0 +1,61 @@
+#include "ckpt/checkpoint_paths.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace l3::ckpt {
+
+namespace fs = std::filesystem;
+
+std::string step_dir_name(std::int64_t step) { return fmt::format("step-{:08}", step); }
+
+std::optional<std::int64_t> parse_step_dir_name(std::string_view name) {
+  constexpr std::string_view kPrefix = "step-";
+  if (!name.starts_with(kPrefix) || name.size() < kPrefix.size() + 8) return std::nullopt;
+  const std::string_view digits = name.substr(kPrefix.size());
+  std::int64_t step = -1;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (error != std::errc() || end != digits.data() + digits.size() || step < 0) return std::nullopt;
+  return step;
+}
+
+bool is_checkpoint(const std::string& path) {
+  return fs::is_regular_file(fs::path(path) / kManifestFile) ||
+         fs::is_regular_file(fs::path(path) / kLatestFile);
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  const fs::path p(path);
+  if (fs::is_regular_file(p / kManifestFile)) return p.string();
+  const fs::path latest = p / kLatestFile;
+  if (!fs::exists(p)) throw core::bad_input("no such checkpoint", {.file = path});
+  if (!fs::is_regular_file(latest)) {
+    throw core::bad_input(
+        fmt::format("not a checkpoint: no {} (a step directory) and no {} (a checkpoint root)",
+                    kManifestFile, kLatestFile),
+        {.file = path});
+  }
+  std::ifstream in(latest);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string name = text.str();
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (!parse_step_dir_name(name)) {
+    throw core::bad_input(fmt::format("does not name a step directory ('{}')", name),
+                          {.file = latest.string()});
+  }
+  const fs::path step = p / name;
+  if (!fs::is_regular_file(step / kManifestFile)) {
+    throw core::bad_input(fmt::format("names {}, which has no {}", name, kManifestFile),
+                          {.file = latest.string()});
+  }
+  return step.string();
+}
+
+}  // namespace l3::ckpt

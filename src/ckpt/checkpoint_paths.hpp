@@ -1,0 +1,30 @@
+// Where checkpoints live (docs/FORMAT.md):
+//   <root>/step-00001200/         a complete checkpoint (manifest.json written last)
+//   <root>/step-00001300.partial/ one being written; never read
+//   <root>/latest                 the bare name of the newest complete one, "step-00001200"
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace l3::ckpt {
+
+inline constexpr std::string_view kManifestFile = "manifest.json";
+inline constexpr std::string_view kModelFile = "model.h5";
+inline constexpr std::string_view kLatestFile = "latest";
+
+// "step-00001200" (8 digits; more when the step needs them).
+[[nodiscard]] std::string step_dir_name(std::int64_t step);
+// The step of a directory name "step-NNNNNNNN", or nullopt for anything else.
+[[nodiscard]] std::optional<std::int64_t> parse_step_dir_name(std::string_view name);
+
+// A step directory (holds manifest.json), or a checkpoint root whose `latest` names one.
+// bad_input Error naming the path when it is neither, or when `latest` is empty, malformed or
+// points at a directory that is missing or incomplete.
+[[nodiscard]] std::string resolve_checkpoint(const std::string& path);
+// Whether `path` looks like a checkpoint (a step directory or a root with `latest`).
+[[nodiscard]] bool is_checkpoint(const std::string& path);
+
+}  // namespace l3::ckpt

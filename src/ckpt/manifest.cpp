@@ -1,0 +1,88 @@
+#include "ckpt/manifest.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt/checkpoint_paths.hpp"
+#include "core/error.hpp"
+
+namespace l3::ckpt {
+
+using nlohmann::json;
+
+std::string_view head_name(model::HeadKind head) noexcept {
+  return head == model::HeadKind::reward ? "reward" : "language_model";
+}
+
+json Manifest::to_json() const {
+  return {{"format", kCheckpointFormat},
+          {"version", kCheckpointVersion},
+          {"step", step},
+          {"phase", phase},
+          {"head", head_name(head)},
+          {"model", model.to_hf_json()},
+          {"world_size", world_size},
+          {"data_position", {{"epoch", data_epoch}, {"step", data_step}}},
+          {"finished", finished},
+          {"tokenizer", {{"sha256", tokenizer_sha256}, {"name", tokenizer}}},
+          {"config", config},
+          {"program", {{"version", program_version}, {"git_commit", git_commit}}},
+          {"created_utc", created_utc},
+          {"files", {std::string(kModelFile)}}};
+}
+
+Manifest Manifest::from_json(const json& j, const std::string& origin) {
+  try {
+    if (j.value("format", "") != kCheckpointFormat) {
+      throw core::bad_input(fmt::format("not a checkpoint manifest (format is not \"{}\")",
+                                        kCheckpointFormat),
+                            {.file = origin});
+    }
+    if (j.at("version").get<std::int64_t>() != kCheckpointVersion) {
+      throw core::bad_input(
+          fmt::format("checkpoint version {} is not supported", j.at("version").dump()),
+          {.file = origin});
+    }
+    Manifest m;
+    m.step = j.at("step").get<std::int64_t>();
+    m.phase = j.at("phase").get<std::string>();
+    const std::string head = j.at("head").get<std::string>();
+    if (head != "reward" && head != "language_model") {
+      throw core::bad_input(fmt::format("unknown head '{}'", head), {.file = origin});
+    }
+    m.head = head == "reward" ? model::HeadKind::reward : model::HeadKind::language_model;
+    m.model = model::from_hf_config(j.at("model"), origin);
+    m.world_size = j.at("world_size").get<int>();
+    m.data_epoch = j.at("data_position").at("epoch").get<std::int64_t>();
+    m.data_step = j.at("data_position").at("step").get<std::int64_t>();
+    m.finished = j.value("finished", false);
+    const json tokenizer = j.value("tokenizer", json::object());
+    m.tokenizer_sha256 = tokenizer.value("sha256", "");
+    m.tokenizer = tokenizer.value("name", "");
+    m.config = j.value("config", json::object());
+    const json program = j.value("program", json::object());
+    m.program_version = program.value("version", "");
+    m.git_commit = program.value("git_commit", "");
+    m.created_utc = j.value("created_utc", "");
+    return m;
+  } catch (const json::exception& e) {
+    throw core::bad_input(fmt::format("malformed manifest: {}", e.what()), {.file = origin});
+  }
+}
+
+Manifest read_manifest(const std::string& step_dir) {
+  const std::string path = (std::filesystem::path(step_dir) / kManifestFile).string();
+  std::ifstream in(path);
+  if (!in) throw core::bad_input("cannot open", {.file = path});
+  json j;
+  try {
+    in >> j;
+  } catch (const json::exception& e) {
+    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()), {.file = path});
+  }
+  return Manifest::from_json(j, path);
+}
+
+}  // namespace l3::ckpt

@@ -1,0 +1,68 @@
+#include "ckpt/model_file.hpp"
+
+#include <fmt/format.h>
+
+#include "ckpt/manifest.hpp"
+#include "core/error.hpp"
+#include "io/hdf5/h5.hpp"
+
+namespace l3::ckpt {
+
+namespace {
+
+constexpr std::string_view kModelFormat = "llama3-hpc/model";
+constexpr std::int64_t kModelVersion = 1;
+
+bool is_head(const model::ParameterLayout& layout, const model::TensorInfo& t) {
+  return (layout.head() == model::HeadKind::reward && t.offset == layout.score()) ||
+         (layout.head() == model::HeadKind::language_model &&
+          !layout.config().tie_word_embeddings && t.offset == layout.lm_head());
+}
+
+}  // namespace
+
+void write_model_file(const std::string& path, const model::ParameterLayout& layout,
+                      std::span<const float> flat) {
+  if (static_cast<std::int64_t>(flat.size()) != layout.total()) {
+    throw core::internal_error(fmt::format("{} values for a layout of {}", flat.size(),
+                                           layout.total()),
+                               {.file = path});
+  }
+  const h5::Handle file = h5::create_file(path);
+  for (const model::TensorInfo& t : layout.tensors()) {
+    h5::write_tensor(file, t.name,
+                     flat.subspan(static_cast<std::size_t>(t.offset),
+                                  static_cast<std::size_t>(t.numel)),
+                     t.shape, path);
+  }
+  h5::write_attribute(file, "format", std::string(kModelFormat), path);
+  h5::write_attribute(file, "version", kModelVersion, path);
+  h5::write_attribute(file, "head", std::string(head_name(layout.head())), path);
+  h5::flush_file(file, path);
+}
+
+void read_model_file(const std::string& path, const model::ParameterLayout& layout,
+                     std::span<float> flat, ModelTensors which) {
+  if (static_cast<std::int64_t>(flat.size()) != layout.total()) {
+    throw core::internal_error(fmt::format("{} values for a layout of {}", flat.size(),
+                                           layout.total()),
+                               {.file = path});
+  }
+  const h5::Handle file = h5::open_file_read(path);
+  if (h5::read_string_attribute(file, "format", path) != kModelFormat) {
+    throw core::bad_input(fmt::format("not a model file (format is not \"{}\")", kModelFormat),
+                          {.file = path});
+  }
+  if (h5::read_int_attribute(file, "version", path) != kModelVersion) {
+    throw core::bad_input("model file version is not supported", {.file = path});
+  }
+  for (const model::TensorInfo& t : layout.tensors()) {
+    if (which == ModelTensors::backbone_only && is_head(layout, t)) continue;
+    h5::read_tensor(file, t.name, t.shape,
+                    flat.subspan(static_cast<std::size_t>(t.offset),
+                                 static_cast<std::size_t>(t.numel)),
+                    path);
+  }
+}
+
+}  // namespace l3::ckpt
