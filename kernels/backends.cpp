@@ -5,8 +5,11 @@
 #include <omp.h>
 
 #include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/runtime_info.hpp"
 #endif
 
@@ -55,6 +58,48 @@ int visible_cuda_devices() noexcept {
   return cuda::device_count();
 #else
   return 0;
+#endif
+}
+
+double default_peak_tflops(std::string_view backend_name, int local_rank) {
+#if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+  if (backend_name != "cuda") return 0.0;
+  const cuda::RuntimeInfo info = cuda::query_runtime();
+  if (info.devices.empty()) return 0.0;
+  const std::string& name =
+      info.devices[static_cast<std::size_t>(local_rank) % info.devices.size()].name;
+  // Dense (no sparsity) bf16 peaks from the vendors' data sheets.
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos ||
+      name.find("GH200") != std::string::npos)
+    return 989.0;
+  if (name.find("B200") != std::string::npos) return 2250.0;
+  if (name.find("A100") != std::string::npos) return 312.0;
+  if (name.find("L40S") != std::string::npos) return 362.0;
+  return 0.0;
+#else
+  (void)backend_name;
+  (void)local_rank;
+  return 0.0;
+#endif
+}
+
+std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank) {
+  const int devices = visible_cuda_devices();
+  if (backend == "cpu" || (backend == "auto" && devices == 0)) return std::make_unique<CpuOps>();
+  if (backend != "cuda" && backend != "auto") {
+    throw core::usage_error(fmt::format("unknown backend '{}' (use auto, cpu or cuda)", backend));
+  }
+#if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+  if (devices == 0) {
+    throw core::usage_error(
+        fmt::format("--backend cuda: no usable CUDA device ({})", cuda_backend().summary));
+  }
+  return std::make_unique<cuda::CudaOps>(local_rank % devices);
+#else
+  (void)local_rank;
+  throw core::usage_error(
+      "--backend cuda: this build has no CUDA backend (configure with "
+      "-DL3_CUDA=ON)");
 #endif
 }
 

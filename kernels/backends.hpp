@@ -1,8 +1,12 @@
 // Which compute backends this build has and what they can see at run time.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "kernels/ops.hpp"
 
 namespace l3::kernels {
 
@@ -19,5 +23,14 @@ struct BackendReport {
 // CUDA devices visible to this process; 0 when the CUDA backend is not compiled in or no
 // driver/device is present.
 [[nodiscard]] int visible_cuda_devices() noexcept;
+
+// The backend a run computes on: "cpu", "cuda", or "auto" (cuda when compiled in and a device
+// is visible, else cpu). CUDA ranks of a node take devices round-robin by `local_rank`.
+// usage Error for an unknown name or a backend that is not usable here.
+// Dense bf16 tensor-core peak (TFLOP/s) of the CUDA device `local_rank` would use, for MFU:
+// known data-centre GPUs by name; 0 when unknown or on the CPU backend.
+[[nodiscard]] double default_peak_tflops(std::string_view backend_name, int local_rank);
+
+[[nodiscard]] std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank);
 
 }  // namespace l3::kernels

@@ -157,12 +157,14 @@ struct DataLoader::Impl {
     out.assemble_seconds = watch.seconds();
   }
 
-  std::int64_t steps_in_epoch(std::int64_t epoch) {
+  std::int64_t steps_in_epoch(std::int64_t epoch) { return main_plan_of(epoch).steps(); }
+
+  const EpochPlan& main_plan_of(std::int64_t epoch) {
     const std::scoped_lock lock(main_plan_mutex);
     if (!main_plan || main_plan->epoch() != epoch) {
       main_plan = std::make_unique<EpochPlan>(EpochPlan::build(index, config.plan, epoch));
     }
-    return main_plan->steps();
+    return *main_plan;
   }
 
   const dist::World& world;
@@ -213,6 +215,10 @@ const StepData& DataLoader::next() { return impl_->prefetcher->next(); }
 
 double DataLoader::last_wait_ms() const noexcept {
   return impl_->prefetcher->last_wait_seconds() * 1e3;
+}
+
+std::int64_t DataLoader::skipped_in_epoch(std::int64_t epoch) const {
+  return impl_->main_plan_of(epoch).skipped_samples();
 }
 
 std::int64_t DataLoader::steps_in_epoch(std::int64_t epoch) const {

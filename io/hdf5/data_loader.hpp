@@ -58,6 +58,8 @@ class DataLoader {
   [[nodiscard]] double last_wait_ms() const noexcept;
   // Steps of an epoch (packing makes it vary slightly from epoch to epoch for SFT).
   [[nodiscard]] std::int64_t steps_in_epoch(std::int64_t epoch) const;
+  // Samples an epoch leaves out because they do not fit in a row (see EpochPlan).
+  [[nodiscard]] std::int64_t skipped_in_epoch(std::int64_t epoch) const;
 
  private:
   struct Impl;

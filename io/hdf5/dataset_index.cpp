@@ -214,12 +214,9 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
   // The index: scalars and shard list as JSON, the per-sample arrays raw.
   json head;
   if (world.is_root()) {
-    head = {{"directory", d.directory},
-            {"kind", d.kind == SampleKind::sft ? 0 : 1},
-            {"sha", d.tokenizer_sha256},
-            {"tokenizer", d.tokenizer_name},
-            {"vocab", d.vocab_size},
-            {"shards", json::array()}};
+    head = {{"directory", d.directory},  {"kind", d.kind == SampleKind::sft ? 0 : 1},
+            {"sha", d.tokenizer_sha256}, {"tokenizer", d.tokenizer_name},
+            {"vocab", d.vocab_size},     {"shards", json::array()}};
     for (const ShardEntry& s : d.shards) {
       head["shards"].push_back({s.path, s.first_sample, s.samples, s.has_margin});
     }

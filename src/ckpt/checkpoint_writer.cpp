@@ -33,7 +33,8 @@ void write_on_root(const std::string& root, const Manifest& manifest,
   const std::string model_path = (partial / kModelFile).string();
   write_model_file(model_path, layout, master);
   core::fsync_path(model_path);
-  core::write_file_atomically((partial / kManifestFile).string(), manifest.to_json().dump(2) + "\n");
+  core::write_file_atomically((partial / kManifestFile).string(),
+                              manifest.to_json().dump(2) + "\n");
   core::fsync_path(partial.string());
 
   // A checkpoint of the same step already there (a rerun): keep it until the new one is in

@@ -36,9 +36,9 @@ json Manifest::to_json() const {
 Manifest Manifest::from_json(const json& j, const std::string& origin) {
   try {
     if (j.value("format", "") != kCheckpointFormat) {
-      throw core::bad_input(fmt::format("not a checkpoint manifest (format is not \"{}\")",
-                                        kCheckpointFormat),
-                            {.file = origin});
+      throw core::bad_input(
+          fmt::format("not a checkpoint manifest (format is not \"{}\")", kCheckpointFormat),
+          {.file = origin});
     }
     if (j.at("version").get<std::int64_t>() != kCheckpointVersion) {
       throw core::bad_input(

@@ -23,9 +23,9 @@ struct Manifest {
   int world_size = 1;
   std::int64_t data_epoch = 0;  // where the data order continues
   std::int64_t data_step = 0;
-  bool finished = false;          // written after the run's last step
-  std::string tokenizer_sha256;   // of the data it was trained on; empty when unknown
-  std::string tokenizer;          // "bytes" or the path prep loaded it from; empty when unknown
+  bool finished = false;         // written after the run's last step
+  std::string tokenizer_sha256;  // of the data it was trained on; empty when unknown
+  std::string tokenizer;         // "bytes" or the path prep loaded it from; empty when unknown
   nlohmann::json config = nlohmann::json::object();  // the run's resolved options
   std::string program_version;
   std::string git_commit;

@@ -24,16 +24,15 @@ bool is_head(const model::ParameterLayout& layout, const model::TensorInfo& t) {
 void write_model_file(const std::string& path, const model::ParameterLayout& layout,
                       std::span<const float> flat) {
   if (static_cast<std::int64_t>(flat.size()) != layout.total()) {
-    throw core::internal_error(fmt::format("{} values for a layout of {}", flat.size(),
-                                           layout.total()),
-                               {.file = path});
+    throw core::internal_error(
+        fmt::format("{} values for a layout of {}", flat.size(), layout.total()), {.file = path});
   }
   const h5::Handle file = h5::create_file(path);
   for (const model::TensorInfo& t : layout.tensors()) {
-    h5::write_tensor(file, t.name,
-                     flat.subspan(static_cast<std::size_t>(t.offset),
-                                  static_cast<std::size_t>(t.numel)),
-                     t.shape, path);
+    h5::write_tensor(
+        file, t.name,
+        flat.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)),
+        t.shape, path);
   }
   h5::write_attribute(file, "format", std::string(kModelFormat), path);
   h5::write_attribute(file, "version", kModelVersion, path);
@@ -44,9 +43,8 @@ void write_model_file(const std::string& path, const model::ParameterLayout& lay
 void read_model_file(const std::string& path, const model::ParameterLayout& layout,
                      std::span<float> flat, ModelTensors which) {
   if (static_cast<std::int64_t>(flat.size()) != layout.total()) {
-    throw core::internal_error(fmt::format("{} values for a layout of {}", flat.size(),
-                                           layout.total()),
-                               {.file = path});
+    throw core::internal_error(
+        fmt::format("{} values for a layout of {}", flat.size(), layout.total()), {.file = path});
   }
   const h5::Handle file = h5::open_file_read(path);
   if (h5::read_string_attribute(file, "format", path) != kModelFormat) {
@@ -58,10 +56,9 @@ void read_model_file(const std::string& path, const model::ParameterLayout& layo
   }
   for (const model::TensorInfo& t : layout.tensors()) {
     if (which == ModelTensors::backbone_only && is_head(layout, t)) continue;
-    h5::read_tensor(file, t.name, t.shape,
-                    flat.subspan(static_cast<std::size_t>(t.offset),
-                                 static_cast<std::size_t>(t.numel)),
-                    path);
+    h5::read_tensor(
+        file, t.name, t.shape,
+        flat.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)), path);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "core/fault_injection.hpp"
 #include "core/options.hpp"
 #include "dist/mpi_runtime.hpp"
+#include "dist/thread_budget.hpp"
 #include "dist/world.hpp"
 #include "kernels/backends.hpp"
 
@@ -154,6 +155,9 @@ int run_under_mpi(const Command& command, const std::vector<std::string>& args, 
     const core::Logger log(world->rank(), world->size(), log_config(values));
     log.debug("{} {} on {} ranks, {} nodes", kProgram, command.name, world->size(),
               world->node_count());
+    const dist::ThreadBudget threads = dist::apply_thread_budget(*world);
+    log.debug("{} compute thread{} per rank ({})", threads.threads, threads.threads == 1 ? "" : "s",
+              threads.reason);
     core::fault_point("cli.run", world->rank());
     outcome.exit_code = command.run(CommandContext{*world, log, values});
     core::fault_point("cli.finished", world->rank());

@@ -2,9 +2,14 @@
 #include <array>
 
 #include "cli/command.hpp"
+#include "cli/demo_command.hpp"
+#include "cli/eval_command.hpp"
+#include "cli/generate_command.hpp"
 #include "cli/info_command.hpp"
 #include "cli/prep_command.hpp"
+#include "cli/score_command.hpp"
 #include "cli/tokenize_command.hpp"
+#include "cli/train_command.hpp"
 
 namespace l3::cli {
 
@@ -25,30 +30,48 @@ constexpr std::array kCommands = {
     Command{.name = "sft",
             .summary = "Supervised fine-tuning (cross-entropy on response tokens)",
             .usage = "sft --model PRESET|config.json --data DIR --ckpt-dir DIR [options]",
-            .description = "Trains a Llama 3 model on SFT shards with data parallelism over the "
-                           "MPI ranks, checkpointing and resuming automatically.",
-            .planned = "the training driver"},
+            .description =
+                "Trains a Llama 3 model on SFT shards (cross-entropy on the response tokens) "
+                "with data parallelism over the MPI ranks and a ZeRO-1 sharded AdamW; evaluates "
+                "on --val-data, writes metrics.jsonl and checkpoints. See docs/TRAINING.md.",
+            .declare = declare_sft_options,
+            .run = run_sft},
     Command{.name = "reward",
             .summary = "Reward-model training (Bradley-Terry on preference pairs)",
             .usage = "reward --init SFT_CKPT --data DIR --ckpt-dir DIR [options]",
             .description = "Adds a scalar score head to an SFT model and trains it on preference "
-                           "shards with the Bradley-Terry loss.",
-            .planned = "the training driver"},
+                           "shards with the Bradley-Terry loss, -log sigmoid(r_chosen - r_rejected "
+                           "[- margin]). See docs/TRAINING.md.",
+            .declare = declare_reward_options,
+            .run = run_reward},
     Command{.name = "eval",
             .summary = "Evaluate a model: loss/perplexity or reward accuracy/margin",
-            .usage = "eval --init HF_DIR|CKPT --data DIR [options]",
-            .description = "Runs a model over a whole dataset and prints one JSON object.",
-            .planned = "the training driver"},
+            .usage = "eval --init CKPT --data DIR [options]",
+            .description =
+                "Runs a checkpoint over a whole dataset on the available ranks and prints one "
+                R"(JSON object on one line: {"loss", "perplexity", "tokens"} for SFT data, )"
+                R"({"accuracy", "margin", "reward_mean", "reward_std", "pairs"} for preference )"
+                "data (token- and pair-weighted).",
+            .declare = declare_eval_options,
+            .run = run_eval},
     Command{.name = "generate",
             .summary = "Generate text from a model (greedy, temperature, top-p)",
-            .usage = "generate --init HF_DIR|CKPT --prompt TEXT [options]",
-            .description = "Samples a continuation with a KV cache, optionally in chat format.",
-            .planned = "the training driver"},
+            .usage = "generate --init CKPT --prompt TEXT [--chat] [options]",
+            .description =
+                "Continues a prompt (or answers it as a chat turn with --chat) with a model "
+                "loaded from a checkpoint: greedy, or sampled with temperature and top-p, with a "
+                "KV cache, on the CPU. Runs on rank 0.",
+            .declare = declare_generate_options,
+            .run = run_generate},
     Command{.name = "score",
             .summary = "Score prompt+response pairs with a reward model",
             .usage = "score --init CKPT (--prompt TEXT --response TEXT | --input FILE.jsonl)",
-            .description = "Prints the reward of responses, or of chosen/rejected pairs.",
-            .planned = "the training driver"},
+            .description =
+                "Prints the reward a reward-model checkpoint gives to a response, or to the "
+                "chosen and rejected sides of preference records (JSON lines and a summary: "
+                "accuracy, mean margin). Formats them as 'prep preference' does. Runs on rank 0.",
+            .declare = declare_score_options,
+            .run = run_score},
     Command{.name = "export",
             .summary = "Export a checkpoint as a Hugging Face model directory",
             .usage = "export --ckpt CKPT --output DIR [--dtype bf16|fp32]",
@@ -68,13 +91,15 @@ constexpr std::array kCommands = {
             .description = "Inspects a checkpoint directory: manifests, checksums, retention.",
             .planned = "the checkpoint/restart work"},
     Command{.name = "demo",
-            .summary = "Run the built-in demo on the available ranks",
-            .usage = "demo [--json]",
+            .summary = "Run the built-in demo: prep, SFT, reward model, evaluation",
+            .usage = "demo [--workdir DIR]",
             .description =
-                "Checks the MPI world, the backends and the libraries, as `info` does. "
-                "The end-to-end training demo (prepare a built-in dataset, SFT, then reward "
-                "training on a tiny model) is added here as the training driver lands.",
-            .declare = declare_info_options,
+                "Writes a small built-in instruction dataset and preference dataset, prepares "
+                "them with the built-in bytes tokenizer, fine-tunes a tiny model on them (SFT), "
+                "trains a reward model from its checkpoint, prints the evaluation results and "
+                "what to run next with your own data. A few minutes on 2 cores; run it under "
+                "mpiexec to use several ranks.",
+            .declare = declare_demo_options,
             .run = run_demo},
     Command{.name = "info",
             .summary = "Report ranks, nodes, CPU binding, devices, backends and libraries",

@@ -200,13 +200,4 @@ int run_info(const CommandContext& context) {
   return core::kExitOk;
 }
 
-int run_demo(const CommandContext& context) {
-  context.log.info("demo: checking the MPI world, backends and libraries");
-  run_info(context);
-  context.log.info(
-      "demo: the world is usable. The training demo (built-in dataset -> prep -> SFT -> reward "
-      "on a tiny model) is added to this command as the training driver lands; see README.md");
-  return core::kExitOk;
-}
-
 }  // namespace l3::cli

@@ -1,5 +1,5 @@
 // `llama3-hpc info`: what the job sees (ranks, nodes, CPU binding, devices, backends, library
-// versions) plus a collective self-check; `demo` runs it until the training demo lands.
+// versions) plus a collective self-check.
 #pragma once
 
 #include "cli/command.hpp"
@@ -9,6 +9,5 @@ namespace l3::cli {
 void declare_info_options(po::options_description& options,
                           po::positional_options_description& positional);
 int run_info(const CommandContext& context);
-int run_demo(const CommandContext& context);
 
 }  // namespace l3::cli

@@ -113,6 +113,9 @@ int conclude_run(MPI_Comm comm, MPI_Comm abort_comm, const RankOutcome& mine, do
                         "aborting the job)\n",
                         rank, size, mine.message.empty() ? "failed" : mine.message, grace_seconds));
       }
+      // Give the launcher a moment to forward the line before the abort tears the job down
+      // (Hydra drops output still in flight when it kills the processes).
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
       MPI_Abort(abort_comm, mine.exit_code);
       std::_Exit(mine.exit_code);  // MPI_Abort should not return; make sure
     }

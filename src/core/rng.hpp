@@ -25,6 +25,7 @@ enum class RngPurpose : std::uint32_t {
   data_order = 2,        // stream = epoch
   sampling = 3,          // generate: stream = request
   validation_split = 4,  // prep --val-fraction: stream = input file index
+  demo_data = 5,         // the demo's built-in datasets: stream = dataset
   test = 0x7e57,         // tests and benchmarks
 };
 

@@ -94,8 +94,8 @@ void LlamaModel::initialize(std::uint64_t seed) {
 
 void LlamaModel::load_parameters(std::span<const float> host) {
   if (static_cast<std::int64_t>(host.size()) != layout_.total()) {
-    throw core::internal_error(fmt::format("load_parameters: {} values for a layout of {}",
-                                           host.size(), layout_.total()));
+    throw core::internal_error(
+        fmt::format("load_parameters: {} values for a layout of {}", host.size(), layout_.total()));
   }
   ops_.copy(params_.view(), TensorView(host));
   if (master_.numel() > 0) ops_.copy(master_.view(), TensorView(host));

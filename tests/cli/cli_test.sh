@@ -57,16 +57,20 @@ expect "version lists the cpu backend" contains "$out" "backend cpu:"
 run "subcommand help" 0 "$bin" info --help
 expect "subcommand help shows its options" contains "$out" "--json"
 expect "subcommand help shows common options" contains "$out" "--config"
-run "help of a command not built yet" 0 "$bin" sft --help
+run "help of a command not built yet" 0 "$bin" export --help
 expect "it says so" contains "$out" "not built yet"
+run "sft help" 0 "$bin" sft --help
+expect "shows the batch options" contains "$out" "--global-batch"
+run "reward help" 0 "$bin" reward --help
+expect "shows the reward options" contains "$out" "--center-rewards"
 
 # --- usage errors: one line, exit 2 ---
 run "unknown command" 2 "$bin" train
 expect "one error line" [ "$(error_lines "$err")" = 1 ]
 expect "names the command" contains "$err" "'train'"
 run "unknown top-level option" 2 "$bin" --frobnicate
-run "a command not built yet refuses to pretend" 2 "$bin" sft --data x
-expect "it says which command" contains "$err" "'llama3-hpc sft' is not built yet"
+run "a command not built yet refuses to pretend" 2 "$bin" export --ckpt x
+expect "it says which command" contains "$err" "'llama3-hpc export' is not built yet"
 
 # --- tokenize: a stream filter ---
 printf '{"text":"Hi"}\n\n{"text":"<|eot_id|>"}\n' >"$work/text.jsonl"
@@ -127,12 +131,14 @@ expect "names the missing file" contains "$err" "$work/missing.ini: cannot read 
 run "info on 2 ranks" 0 "$mpiexec" -n 2 "$bin" info
 expect "2 ranks" contains "$out" "world:     2 ranks on 1 node"
 expect "printed once" [ "$(printf '%s\n' "$out" | grep -c '^world:')" = 1 ]
-run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo
+run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" --sft-steps 20 --reward-steps 10
+expect "reports both phases" contains "$out" "reward  10 steps: validation accuracy"
+expect "says what to run next" contains "$out" "llama3-hpc prep sft --input my-sft.jsonl"
 run "bad option on 2 ranks" 2 "$mpiexec" -n 2 "$bin" info --bogus
 expect "exactly one line on stderr" [ "$(lines "$err")" = 1 ]
 run "help under mpiexec prints once" 0 "$mpiexec" -n 2 "$bin" --help
 expect "one help text" [ "$(printf '%s\n' "$out" | grep -c '^Usage: llama3-hpc <command>')" = 1 ]
-run "not built under mpiexec prints once" 2 "$mpiexec" -n 2 "$bin" reward
+run "not built under mpiexec prints once" 2 "$mpiexec" -n 2 "$bin" ckpt list
 expect "one error line" [ "$(error_lines "$err")" = 1 ]
 
 # One rank fails after the command's collectives, the others finish: the job exits 2 and
@@ -151,6 +157,66 @@ expect "the failing rank explains" contains "$err" "error: [rank 1/2] injected f
 expect "and says why it aborts" contains "$err" "aborting the job"
 
 L3_FAULT="cli.run@1=exit:75" run "a rank's exit code reaches the launcher" 75 "$mpiexec" -n 2 "$bin" info
+
+# --- training: bad configurations are one line and exit 2; a short run end to end ---
+for i in $(seq 1 40); do
+  printf '{"prompt":"Reverse %s.","completion":"%s"}\n' "word$i" "$(echo "word$i" | rev)"
+done >"$work/train.jsonl"
+run "prep training data" 0 "$bin" prep sft --input "$work/train.jsonl" --tokenizer bytes --output "$work/train"
+run "sft without --global-batch" 2 "$bin" sft --model tiny --data "$work/train"
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "names the option" contains "$err" "--global-batch is required"
+run "sft with a batch that does not divide" 2 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --global-batch 6 --micro-batch 2
+expect "one error line" [ "$(error_lines "$err")" = 1 ]
+expect "says why" contains "$err" "--global-batch 6 must be a multiple of ranks 2 x --micro-batch 2"
+run "sft with --seq-len beyond the model" 2 "$bin" sft --model tiny --data "$work/train" --global-batch 2 --seq-len 4096
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "names the limit" contains "$err" "--seq-len 4096 is longer than the model's 2048 positions"
+run "sft with missing data" 2 "$bin" sft --model tiny --data "$work/no-such-data" --global-batch 2
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "names the directory" contains "$err" "$work/no-such-data"
+run "sft with an unknown model" 2 "$bin" sft --model llama9 --data "$work/train" --global-batch 2
+expect "lists the presets" contains "$err" "tiny"
+run "reward on SFT data" 2 "$bin" reward --model tiny --data "$work/train" --global-batch 2
+expect "names the format" contains "$err" "this phase needs"
+run "sft on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --val-data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 6 --lr 1e-3 --metrics "$work/m.jsonl" --ckpt-dir "$work/ck" --checkpoint-every 4 --no-progress
+expect "a summary line" contains "$out" "sft done: 6 steps"
+expect "a metrics line per step" [ "$(grep -c '"kind":"train"' "$work/m.jsonl")" = 6 ]
+expect "an eval object" [ "$(grep -c '"kind":"eval"' "$work/m.jsonl")" = 1 ]
+expect "latest names the last step" [ "$(cat "$work/ck/latest")" = "step-00000006" ]
+expect "the periodic checkpoint too" [ -f "$work/ck/step-00000004/manifest.json" ]
+run "eval of the checkpoint" 0 "$bin" eval --init "$work/ck" --data "$work/train"
+expect "one JSON line with the loss" contains "$out" '"loss":'
+expect "and the perplexity" contains "$out" '"perplexity":'
+run "generate from the checkpoint" 0 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --chat --max-new 8
+run "sft from a step directory" 0 "$bin" sft --init "$work/ck/step-00000006" --data "$work/train" --global-batch 2 --seq-len 64 --steps 1 --no-progress
+run "--model must match the checkpoint" 2 "$bin" sft --init "$work/ck" --model llama3.2-1b --data "$work/train" --global-batch 2
+expect "says so" contains "$err" "does not describe the model of the checkpoint"
+
+# --- generate and score: the model comes from a checkpoint; errors before any work ---
+run "generate needs --init" 2 "$bin" generate --prompt hi
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "names --init" contains "$err" "--init CKPT is required"
+run "generate on a missing checkpoint" 2 "$bin" generate --init "$work/nonexistent" --prompt hi
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "names the path" contains "$err" "error: $work/nonexistent: no such checkpoint"
+run "--init and --ckpt are one option" 2 "$bin" generate --init "$work" --ckpt "$work" --prompt hi
+mkdir -p "$work/not-a-ckpt"
+run "score on a directory that is not a checkpoint" 2 "$bin" score --init "$work/not-a-ckpt" --prompt q --response a
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "says so" contains "$err" "error: $work/not-a-ckpt: not a checkpoint"
+mkdir -p "$work/hf-model" && echo '{}' >"$work/hf-model/config.json" && : >"$work/hf-model/model.safetensors"
+run "a Hugging Face directory is not imported yet" 2 "$bin" generate --init "$work/hf-model" --prompt hi
+expect "says so" contains "$err" "importing Hugging Face weights is not built yet"
+run "score needs a prompt and response or an input" 2 "$bin" score --init "$work/not-a-ckpt" --prompt q
+expect "says what to give" contains "$err" "give --prompt TEXT --response TEXT, or --input FILE.jsonl"
+run "a bad temperature is refused before loading" 2 "$bin" generate --init "$work/nonexistent" --prompt hi --temperature -1
+expect "names the option" contains "$err" "temperature must be >= 0"
+run "generate on 2 ranks: rank 0 reports the missing checkpoint" 2 "$mpiexec" -n 2 "$bin" generate --init "$work/nonexistent" --prompt hi
+expect "one error line" [ "$(error_lines "$err")" = 1 ]
+expect "names the path" contains "$err" "$work/nonexistent: no such checkpoint"
+run "generate help" 0 "$bin" generate --help
+expect "shows sampling options" contains "$out" "--top-p"
 
 if [[ $failures -gt 0 ]]; then
   echo "$failures check(s) failed"

@@ -1,0 +1,209 @@
+// Strong scaling of the training driver on one node, for the mid-size CPU model (156M
+// parameters: vocab 32000, hidden 1024, 8 layers, 16/4 heads, intermediate 2816):
+//  1. baseline: rank 0 alone (a sub-communicator) trains with all the node's cores while the
+//     other ranks wait without spinning;
+//  2. the same global batch on every rank, the cores shared among them.
+// Prints tokens/s of both, their ratio (ideal: the rank count when cores are not the limit,
+// 1.0 when they are), and the share of the step spent in gradient reduction: the time the
+// training thread waited for it after the backward pass (exposed) and the time the reductions
+// took in total (overlapped or not), plus the ZeRO-1 parameter all-gather.
+//
+//   mpiexec -n 2 l3-bench-train [--steps N] [--dir DIR] [--json FILE] [--no-overlap]
+#include <fmt/format.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/build_info.hpp"
+#include "core/rng.hpp"
+#include "dist/gather_strings.hpp"
+#include "dist/mpi_runtime.hpp"
+#include "dist/world.hpp"
+#include "io/hdf5/shard_format.hpp"
+#include "model/model_config.hpp"
+#include "train/trainer.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::int64_t kSeqLen = 512;
+constexpr std::int64_t kGlobalBatch = 8;  // rows of 512 tokens per step
+
+l3::model::ModelConfig mid_model() {
+  l3::model::ModelConfig c = l3::model::preset("tiny");
+  c.vocab_size = 32000;
+  c.hidden_size = 1024;
+  c.intermediate_size = 2816;
+  c.n_layers = 8;
+  c.n_heads = 16;
+  c.n_kv_heads = 4;
+  c.head_dim = 64;
+  c.max_position_embeddings = 8192;
+  return c;
+}
+
+// Documents of 128..512 random tokens (ids below 32000), all in the loss, and config.json.
+void make_inputs(const std::string& dir) {
+  fs::create_directories(dir + "/data");
+  const l3::core::CounterRng rng(5, l3::core::RngPurpose::test);
+  std::uint64_t draw = 0;
+  l3::data::Documents docs;
+  while (docs.token_count() < 2'000'000) {
+    const auto length = static_cast<std::size_t>(128 + rng.below(draw++, 385));
+    std::vector<std::int32_t> t(length);
+    for (auto& x : t) x = static_cast<std::int32_t>(rng.below(draw++, 32000));
+    docs.add(t, std::vector<std::uint8_t>(length, 1));
+  }
+  l3::data::write_sft_shard(dir + "/data/part-00000.h5", docs,
+                            {"llama3-hpc/sft", 1, "bench", 32000});
+  std::ofstream(dir + "/data/index.json") << json{
+      {"format", "llama3-hpc/sft"},
+      {"version", 1},
+      {"tokenizer", {{"sha256", "bench"}, {"vocab_size", 32000}}},
+      {"shards",
+       {{{"file", "part-00000.h5"},
+         {"documents", docs.count()},
+         {"tokens", docs.token_count()}}}}}.dump();
+  std::ofstream(dir + "/config.json") << mid_model().to_hf_json().dump(2);
+}
+
+struct Figures {
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  double reduce_wait_ms = 0;
+  double reduce_ms = 0;
+  double gather_ms = 0;
+  double data_wait_ms = 0;
+};
+
+// Median over the steps after the first two (warm-up: allocation, page cache, first GEMMs).
+Figures run(const l3::dist::World& world, const std::string& dir, std::int64_t steps,
+            bool overlap) {
+  l3::train::TrainConfig c;
+  c.model = dir + "/config.json";
+  c.data = dir + "/data";
+  c.backend = "cpu";
+  c.seq_len = kSeqLen;
+  c.global_batch = kGlobalBatch;
+  c.micro_batch = kGlobalBatch / world.size() / 2;  // two micro-batches per rank and step
+  c.steps = steps;
+  c.lr = 1e-4;
+  c.log_every = 0;
+  c.progress = false;
+  c.overlap_reduction = overlap;
+  const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::warn});
+  l3::train::Trainer trainer(world, quiet, c);
+  std::vector<l3::train::StepMetrics> all;
+  trainer.on_step([&](const l3::train::StepMetrics& m) { all.push_back(m); });
+  (void)trainer.run();
+  const auto skip = static_cast<std::ptrdiff_t>(std::min<std::size_t>(2, all.size()));
+  std::vector<l3::train::StepMetrics> kept(all.begin() + skip, all.end());
+  auto median = [&](auto field) {
+    std::vector<double> v;
+    v.reserve(kept.size());
+    for (const auto& m : kept) v.push_back(field(m));
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  return {median([](const auto& m) { return m.tokens_per_s; }),
+          median([](const auto& m) { return m.step_ms; }),
+          median([](const auto& m) { return m.reduce_wait_ms; }),
+          median([](const auto& m) { return m.reduce_ms; }),
+          median([](const auto& m) { return m.gather_ms; }),
+          median([](const auto& m) { return m.data_wait_ms; })};
+}
+
+// Waits for the other ranks without spinning a core (MPI_Barrier would busy-poll).
+void idle_barrier(const l3::dist::World& world) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(world.comm(), &request);
+  int done = 0;
+  while (done == 0) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+json to_json(const Figures& f) {
+  return {{"tokens_per_s", f.tokens_per_s},     {"step_ms", f.step_ms},
+          {"reduce_wait_ms", f.reduce_wait_ms}, {"reduce_ms", f.reduce_ms},
+          {"gather_ms", f.gather_ms},           {"data_wait_ms", f.data_wait_ms}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  l3::dist::MpiRuntime runtime(&argc, &argv);
+  const l3::dist::World world(MPI_COMM_WORLD);
+  std::int64_t steps = 8;
+  std::string dir = (fs::temp_directory_path() / "l3-bench-train").string();
+  std::string json_path;
+  bool overlap = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::stoll(argv[++i]);
+    if (a == "--dir" && i + 1 < argc) dir = argv[++i];
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--no-overlap") overlap = false;
+  }
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (world.is_root()) make_inputs(dir);
+  world.barrier();
+
+  // 1. Rank 0 alone with every core.
+  Figures alone;
+  {
+    std::optional<l3::dist::World> solo = world.split(world.is_root() ? 0 : MPI_UNDEFINED, 0);
+    if (solo) {
+      omp_set_num_threads(cores);
+      alone = run(*solo, dir, steps, overlap);
+    }
+    idle_barrier(world);
+  }
+  // 2. Every rank, the cores shared.
+  omp_set_num_threads(std::max(1, cores / world.size()));
+  const Figures together = run(world, dir, steps, overlap);
+
+  if (world.is_root()) {
+    const double ratio = together.tokens_per_s / alone.tokens_per_s;
+    fmt::print(
+        "training strong scaling, mid-size model (156M parameters), global batch {} x {} tokens, "
+        "{} cores\n"
+        "  1 rank  ({} threads): {:8.0f} tokens/s, step {:6.0f} ms\n"
+        "  {} ranks ({} thread{} each): {:8.0f} tokens/s, step {:6.0f} ms  -> {:.2f}x of 1 rank "
+        "(ideal {} with enough cores; cores here: {})\n"
+        "  gradient reduction: waited {:.1f} ms ({:.1f}% of the step), {:.1f} ms in reductions "
+        "({:.1f}%, {}), parameter all-gather {:.1f} ms ({:.1f}%)\n",
+        kGlobalBatch, kSeqLen, cores, cores, alone.tokens_per_s, alone.step_ms, world.size(),
+        std::max(1, cores / world.size()), cores / world.size() == 1 ? "" : "s",
+        together.tokens_per_s, together.step_ms, ratio, world.size(), cores,
+        together.reduce_wait_ms, 100 * together.reduce_wait_ms / together.step_ms,
+        together.reduce_ms, 100 * together.reduce_ms / together.step_ms,
+        overlap ? "overlapped with the backward pass" : "after the backward pass",
+        together.gather_ms, 100 * together.gather_ms / together.step_ms);
+    if (!json_path.empty()) {
+      const l3::core::BuildInfo build = l3::core::build_info();
+      std::ofstream(json_path) << json{{"benchmark", "train-scaling"},
+                                       {"git_commit", build.git_commit},
+                                       {"cores", cores},
+                                       {"ranks", world.size()},
+                                       {"steps", steps},
+                                       {"overlap", overlap},
+                                       {"one_rank", to_json(alone)},
+                                       {"all_ranks", to_json(together)},
+                                       {"speedup", ratio}}
+                                      .dump(2)
+                               << '\n';
+    }
+    fs::remove_all(dir);
+  }
+  return 0;
+}

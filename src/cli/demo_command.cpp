@@ -1,0 +1,152 @@
+#include "cli/demo_command.hpp"
+
+#include <fmt/format.h>
+
+#include <exception>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/demo_data.hpp"
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "dist/agree.hpp"
+#include "io/prep/prep_job.hpp"
+#include "train/trainer.hpp"
+
+namespace l3::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kRecords = 2000;
+
+std::string prepare(const CommandContext& context, prep::DatasetKind kind, const std::string& input,
+                    const std::string& output) {
+  prep::PrepOptions o;
+  o.kind = kind;
+  o.inputs = {input};
+  o.tokenizer = "bytes";
+  o.output = output;
+  o.val_fraction = 0.1;
+  o.overwrite = true;
+  const prep::PrepSummary s = prep::run_prep(context.world, context.log, o);
+  context.log.info("demo: prepared {} ({} train / {} validation records, {} tokens)", output,
+                   s.train, s.validation, s.tokens);
+  return output;
+}
+
+train::TrainConfig demo_config(const CommandContext& context, train::Phase phase,
+                               const std::string& root) {
+  const po::variables_map& o = context.options;
+  const int ranks = context.world.size();
+  train::TrainConfig c;
+  c.phase = phase;
+  c.backend = "cpu";
+  c.seq_len = 256;
+  c.micro_batch = std::max(1, 16 / ranks);  // a global batch of about 16 on any rank count
+  c.global_batch = c.micro_batch * ranks;
+  c.adamw.weight_decay = 0.0F;
+  c.log_every = 50;
+  c.seed = 1;
+  const std::string name(train::phase_name(phase));
+  c.metrics = fmt::format("{}/metrics-{}.jsonl", root, name);
+  c.ckpt_dir = fmt::format("{}/ckpt/{}", root, name);
+  if (phase == train::Phase::sft) {
+    c.model = o["model"].as<std::string>();
+    c.data = root + "/sft/train";
+    c.val_data = root + "/sft/val";
+    c.steps = o["sft-steps"].as<std::int64_t>();
+    c.lr = 3e-3;
+    c.warmup = 20;
+  } else {
+    c.init = root + "/ckpt/sft";
+    c.data = root + "/preferences/train";
+    c.val_data = root + "/preferences/val";
+    c.steps = o["reward-steps"].as<std::int64_t>();
+    c.lr = 1e-3;
+    c.warmup = 10;
+  }
+  return c;
+}
+
+}  // namespace
+
+void declare_demo_options(po::options_description& options,
+                          po::positional_options_description& /*positional*/) {
+  options.add_options()("workdir", po::value<std::string>()->default_value("llama3-hpc-demo"),
+                        "where the demo writes its data, checkpoints and metrics (replaced)")(
+      "model", po::value<std::string>()->default_value("tiny")->value_name("PRESET|config.json"),
+      "the model to train from random weights")(
+      "sft-steps", po::value<std::int64_t>()->default_value(300)->value_name("N"),
+      "SFT optimizer steps")("reward-steps",
+                             po::value<std::int64_t>()->default_value(400)->value_name("N"),
+                             "reward-model optimizer steps");
+}
+
+int run_demo(const CommandContext& context) {
+  const core::Stopwatch watch;
+  const dist::World& world = context.world;
+  const std::string root = fs::absolute(context.options["workdir"].as<std::string>()).string();
+  context.log.info("demo: {} rank{}, working in {}", world.size(), world.size() == 1 ? "" : "s",
+                   root);
+  std::exception_ptr failure;
+  if (world.is_root()) {
+    try {
+      fs::create_directories(root + "/input");
+      for (const char* old : {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl"})
+        fs::remove_all(fs::path(root) / old);
+      write_demo_sft(root + "/input/instructions.jsonl", kRecords);
+      write_demo_preferences(root + "/input/preferences.jsonl", kRecords);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world, failure);
+
+  prepare(context, prep::DatasetKind::sft, root + "/input/instructions.jsonl", root + "/sft");
+  prepare(context, prep::DatasetKind::preference, root + "/input/preferences.jsonl",
+          root + "/preferences");
+
+  context.log.info("demo: supervised fine-tuning");
+  train::TrainSummary sft;
+  {
+    train::Trainer trainer(world, context.log, demo_config(context, train::Phase::sft, root));
+    sft = trainer.run();
+  }
+  context.log.info("demo: reward model, from the SFT checkpoint");
+  train::TrainSummary reward;
+  {
+    train::Trainer trainer(world, context.log, demo_config(context, train::Phase::reward, root));
+    reward = trainer.run();
+  }
+
+  if (world.is_root()) {
+    const train::EvalMetrics& s = *sft.last_eval;
+    const train::EvalMetrics& r = *reward.last_eval;
+    std::cout << fmt::format(
+        "\nllama3-hpc demo: done in {} on {} rank{}\n"
+        "  SFT     {} steps: validation loss {:.3f} (perplexity {:.2f}) on {} answer tokens\n"
+        "          checkpoint {}\n"
+        "  reward  {} steps: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
+        "          checkpoint {}\n"
+        "  data, metrics (metrics-*.jsonl) and checkpoints are in {}\n\n"
+        "Next, with your own data (JSONL records as in docs/FORMAT.md) and Meta's tokenizer:\n"
+        "  llama3-hpc prep sft --input my-sft.jsonl --tokenizer tokenizer.model --output sft "
+        "--val-fraction 0.01\n"
+        "  mpiexec -n 4 llama3-hpc sft --model llama3.2-1b --data sft/train --val-data sft/val "
+        "\\\n      --seq-len 2048 --global-batch 64 --steps 1000 --ckpt-dir ckpt/sft\n"
+        "  llama3-hpc prep preference --input my-pairs.jsonl --tokenizer tokenizer.model "
+        "--output pairs --val-fraction 0.01\n"
+        "  mpiexec -n 4 llama3-hpc reward --init ckpt/sft --data pairs/train --val-data "
+        "pairs/val \\\n      --global-batch 64 --steps 500 --ckpt-dir ckpt/reward\n"
+        "  llama3-hpc eval --init ckpt/reward --data pairs/val\n"
+        "See docs/TRAINING.md for every option.\n",
+        train::format_duration(watch.seconds()), world.size(), world.size() == 1 ? "" : "s",
+        sft.steps, s.loss, s.perplexity, s.tokens, sft.checkpoint, reward.steps, 100.0 * r.accuracy,
+        r.margin, r.pairs, reward.checkpoint, root);
+  }
+  return core::kExitOk;
+}
+
+}  // namespace l3::cli

@@ -1,0 +1,84 @@
+#include "cli/eval_command.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iostream>
+
+#include "cli/inference_model.hpp"
+#include "core/error.hpp"
+#include "io/hdf5/dataset_index.hpp"
+#include "kernels/backends.hpp"
+#include "model/llama_model.hpp"
+#include "train/evaluator.hpp"
+#include "train/model_source.hpp"
+
+namespace l3::cli {
+
+void declare_eval_options(po::options_description& options,
+                          po::positional_options_description& /*positional*/) {
+  options.add_options()("init", po::value<std::string>()->value_name("CKPT"),
+                        "the checkpoint to evaluate (step directory or checkpoint root)")(
+      "ckpt", po::value<std::string>()->value_name("CKPT"), "the same as --init")(
+      "data", po::value<std::string>()->value_name("DIR"),
+      "dataset: SFT data for a language model, preference data for a reward model")(
+      "seq-len", po::value<std::int64_t>()->value_name("N"),
+      "tokens per row (default: the checkpoint's training --seq-len)")(
+      "micro-batch", po::value<std::int64_t>()->default_value(4)->value_name("N"),
+      "rows or pairs per rank and forward pass")("drop-long", po::bool_switch(),
+                                                 "leave out documents longer than --seq-len (SFT)")(
+      "margin-from-data", po::bool_switch(), "use the records' margins (preference data)")(
+      "backend", po::value<std::string>()->default_value("auto")->value_name("auto|cpu|cuda"),
+      "compute backend")("ignore-tokenizer-mismatch", po::bool_switch(),
+                         "evaluate even if the data was tokenized with another tokenizer");
+}
+
+int run_eval(const CommandContext& context) {
+  const po::variables_map& o = context.options;
+  if (o.count("init") != 0 && o.count("ckpt") != 0)
+    throw core::usage_error("give --init or --ckpt, not both");
+  if (o.count("init") == 0 && o.count("ckpt") == 0)
+    throw core::usage_error("--init CKPT is required (the checkpoint to evaluate)");
+  if (o.count("data") == 0) throw core::usage_error("--data DIR is required");
+  const std::string init =
+      o.count("init") != 0 ? o["init"].as<std::string>() : o["ckpt"].as<std::string>();
+  const train::ModelSource source = train::resolve_model_source("", init);
+  const ckpt::Manifest& manifest = *source.checkpoint;
+
+  std::int64_t seq_len = manifest.config.value("seq_len", std::int64_t{2048});
+  if (o.count("seq-len") != 0) seq_len = o["seq-len"].as<std::int64_t>();
+  seq_len = std::min(seq_len, source.config.max_position_embeddings);
+  if (seq_len <= 0) throw core::usage_error("--seq-len must be positive");
+  const std::int64_t micro = o["micro-batch"].as<std::int64_t>();
+  if (micro <= 0) throw core::usage_error("--micro-batch must be positive");
+
+  const auto ops = kernels::make_ops(o["backend"].as<std::string>(), context.world.local_rank());
+  model::LlamaModel model(source.config, manifest.head, *ops);
+  train::initialize_model(context.world, model, source, 0);
+
+  data::DatasetExpectations expect;
+  expect.kind = manifest.head == model::HeadKind::reward ? data::SampleKind::preference
+                                                         : data::SampleKind::sft;
+  expect.model_vocab = source.config.vocab_size;
+  expect.model_tokenizer_sha256 = manifest.tokenizer_sha256;
+  expect.ignore_tokenizer_mismatch = o["ignore-tokenizer-mismatch"].as<bool>();
+  const data::DatasetIndex index =
+      data::open_dataset(context.world, o["data"].as<std::string>(), expect);
+
+  train::EvalConfig config;
+  config.seq_len = seq_len;
+  config.micro_batch = micro;
+  config.drop_long = o["drop-long"].as<bool>();
+  config.margin_from_data = o["margin-from-data"].as<bool>();
+  const train::EvalMetrics m = train::evaluate(context.world, model, index, config);
+  context.log.info("{} (checkpoint {}, {} rank{})", train::format_eval_line(m), source.step_dir,
+                   context.world.size(), context.world.size() == 1 ? "" : "s");
+  if (m.skipped_samples > 0) {
+    context.log.warn("{} samples longer than --seq-len {} were left out", m.skipped_samples,
+                     seq_len);
+  }
+  if (context.world.is_root()) std::cout << train::eval_result_json(m).dump() << '\n' << std::flush;
+  return core::kExitOk;
+}
+
+}  // namespace l3::cli

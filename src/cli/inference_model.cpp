@@ -1,0 +1,123 @@
+#include "cli/inference_model.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+#include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/model_file.hpp"
+#include "core/error.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
+#include "train/model_source.hpp"
+
+namespace l3::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string_view head_description(model::HeadKind head) {
+  return head == model::HeadKind::reward ? "a reward model (score head)"
+                                         : "a language model (lm_head)";
+}
+
+}  // namespace
+
+void declare_inference_model_options(po::options_description& options) {
+  options.add_options()(
+      "init", po::value<std::string>()->value_name("CKPT"),
+      "the model: a checkpoint step directory, or a checkpoint root holding 'latest'")(
+      "ckpt", po::value<std::string>()->value_name("CKPT"), "the same as --init")(
+      "tokenizer", po::value<std::string>()->value_name("FILE|bytes"),
+      "tokenizer.model, tokenizer.json, a model directory or 'bytes' (default: the one the "
+      "checkpoint's data was prepared with)")(
+      "ignore-tokenizer-mismatch", po::bool_switch(),
+      "use the tokenizer even if its sha256 differs from the checkpoint's");
+}
+
+std::string model_path_option(const po::variables_map& options) {
+  const bool init = options.count("init") > 0;
+  const bool ckpt = options.count("ckpt") > 0;
+  if (init && ckpt) throw core::usage_error("give --init or --ckpt (the same option), not both");
+  if (!init && !ckpt) {
+    throw core::usage_error(
+        "--init CKPT is required (a checkpoint step directory or a checkpoint root)");
+  }
+  return options[init ? "init" : "ckpt"].as<std::string>();
+}
+
+InferenceModel load_inference_model(const std::string& path, model::HeadKind head) {
+  train::ModelSource source = train::resolve_model_source("", path);
+  InferenceModel loaded;
+  loaded.step_dir = source.step_dir;
+  loaded.manifest = std::move(*source.checkpoint);
+  const ckpt::Manifest& m = loaded.manifest;
+  if (m.head != head) {
+    throw core::bad_input(fmt::format("the checkpoint holds {}; this command needs {}",
+                                      head_description(m.head), head_description(head)),
+                          {.file = loaded.step_dir});
+  }
+  m.model.validate();
+  loaded.ops = std::make_unique<kernels::CpuOps>();
+  loaded.model = std::make_unique<model::LlamaModel>(m.model, m.head, *loaded.ops);
+  std::vector<float> host(static_cast<std::size_t>(loaded.model->layout().total()), 0.0F);
+  ckpt::read_model_file((fs::path(loaded.step_dir) / ckpt::kModelFile).string(),
+                        loaded.model->layout(), host);
+  loaded.model->load_parameters(host);
+  return loaded;
+}
+
+tokenizer::Tokenizer load_inference_tokenizer(const std::optional<std::string>& spec,
+                                              const InferenceModel& loaded, bool ignore_mismatch,
+                                              const core::Logger& log) {
+  const ckpt::Manifest& m = loaded.manifest;
+  std::optional<tokenizer::Tokenizer> tokenizer;
+  if (spec) {
+    tokenizer.emplace(tokenizer::Tokenizer::load(*spec));
+  } else if (m.tokenizer.empty()) {
+    throw core::usage_error(
+        fmt::format("--tokenizer is required: the checkpoint {} does not record its tokenizer",
+                    loaded.step_dir));
+  } else {
+    try {
+      tokenizer.emplace(tokenizer::Tokenizer::load(m.tokenizer));
+    } catch (const core::Error& e) {
+      throw core::bad_input(
+          fmt::format("cannot load the checkpoint's tokenizer '{}' ({}); give --tokenizer",
+                      m.tokenizer, e.what()),
+          {.file = loaded.step_dir});
+    }
+  }
+  if (!m.tokenizer_sha256.empty() && tokenizer->sha256() != m.tokenizer_sha256) {
+    const std::string message = fmt::format(
+        "tokenizer {} (sha256 {}) is not the one the checkpoint was trained with (sha256 {})",
+        tokenizer->name(), tokenizer->sha256(), m.tokenizer_sha256);
+    if (!ignore_mismatch) {
+      throw core::bad_input(
+          fmt::format("{}; --ignore-tokenizer-mismatch to use it anyway", message),
+          {.file = loaded.step_dir});
+    }
+    log.warn("{}", message);
+  }
+  if (tokenizer->vocab_size() > m.model.vocab_size) {
+    throw core::bad_input(
+        fmt::format("tokenizer {} has {} tokens, more than the model's "
+                    "vocabulary of {}",
+                    tokenizer->name(), tokenizer->vocab_size(), m.model.vocab_size),
+        {.file = loaded.step_dir});
+  }
+  return std::move(*tokenizer);
+}
+
+tokenizer::Tokenizer load_inference_tokenizer(const po::variables_map& options,
+                                              const InferenceModel& loaded,
+                                              const core::Logger& log) {
+  std::optional<std::string> spec;
+  if (options.count("tokenizer") > 0) spec = options["tokenizer"].as<std::string>();
+  return load_inference_tokenizer(spec, loaded, options["ignore-tokenizer-mismatch"].as<bool>(),
+                                  log);
+}
+
+}  // namespace l3::cli

@@ -1,0 +1,50 @@
+// What `generate` and `score` run on: a model loaded from a checkpoint (--init, or its alias
+// --ckpt) on the CPU backend, and the tokenizer it was trained with (--tokenizer, else the one
+// the checkpoint's manifest names, checked against the manifest's sha256).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ckpt/manifest.hpp"
+#include "cli/command.hpp"
+#include "io/tokenizer/tokenizer.hpp"
+#include "kernels/ops.hpp"
+#include "model/llama_model.hpp"
+
+namespace l3::cli {
+
+// --init/--ckpt, --tokenizer, --ignore-tokenizer-mismatch.
+void declare_inference_model_options(po::options_description& options);
+
+// The checkpoint path of --init or --ckpt: a usage Error when neither or both are given.
+[[nodiscard]] std::string model_path_option(const po::variables_map& options);
+
+struct InferenceModel {
+  std::string step_dir;  // the resolved checkpoint step directory
+  ckpt::Manifest manifest;
+  std::unique_ptr<kernels::Ops> ops;  // declared before the model: outlives it
+  std::unique_ptr<model::LlamaModel> model;
+};
+
+// A checkpoint step directory, or a checkpoint root whose `latest` names one. The model must
+// have the `head` wanted (bad_input Error naming the checkpoint otherwise). A Hugging Face
+// model directory is a usage Error (its import is not built yet); anything else that is not a
+// checkpoint is a bad_input Error naming the path.
+[[nodiscard]] InferenceModel load_inference_model(const std::string& path, model::HeadKind head);
+
+// `spec` (--tokenizer) when given, else the tokenizer named by the manifest. The tokenizer's
+// sha256 must equal the manifest's (when it records one) unless ignore_mismatch, and its
+// vocabulary must fit in the model's.
+[[nodiscard]] tokenizer::Tokenizer load_inference_tokenizer(const std::optional<std::string>& spec,
+                                                            const InferenceModel& loaded,
+                                                            bool ignore_mismatch,
+                                                            const core::Logger& log);
+
+// The same from the options of declare_inference_model_options.
+[[nodiscard]] tokenizer::Tokenizer load_inference_tokenizer(const po::variables_map& options,
+                                                            const InferenceModel& loaded,
+                                                            const core::Logger& log);
+
+}  // namespace l3::cli

@@ -1,0 +1,55 @@
+#include "cli/prompt_format.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+
+namespace l3::cli {
+
+using nlohmann::json;
+
+std::vector<std::int32_t> generation_prompt(const tokenizer::Tokenizer& tokenizer,
+                                            std::string_view text, bool chat,
+                                            const std::optional<std::string>& system) {
+  if (!chat) {
+    std::vector<std::int32_t> ids = {tokenizer.special(tokenizer::Special::begin_of_text)};
+    tokenizer.encode_append(text, ids);
+    return ids;
+  }
+  // The conversation up to an empty assistant turn, through prep's formatter so that the
+  // template is the one of the training data; then the empty turn's <|eot_id|> is dropped,
+  // leaving the assistant header for the model to continue.
+  json messages = json::array();
+  if (system) messages.push_back({{"role", "system"}, {"content", *system}});
+  messages.push_back({{"role", "user"}, {"content", std::string(text)}});
+  messages.push_back({{"role", "assistant"}, {"content", ""}});
+  const prep::RecordFormatter formatter(tokenizer, prep::FormatOptions{});
+  std::vector<std::int32_t> ids = formatter.sft(json{{"messages", messages}}).tokens;
+  if (ids.empty() || ids.back() != tokenizer.special(tokenizer::Special::end_of_turn)) {
+    throw core::internal_error("chat prompt: the template did not end the empty turn");
+  }
+  ids.pop_back();
+  return ids;
+}
+
+std::vector<std::int32_t> response_sequence(const prep::RecordFormatter& formatter,
+                                            const json& record) {
+  if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
+  const auto response = record.find("response");
+  if (response == record.end()) throw core::bad_input(R"(missing "response")");
+  json pair = {{"chosen", *response}, {"rejected", *response}};
+  if (const auto prompt = record.find("prompt"); prompt != record.end()) pair["prompt"] = *prompt;
+  try {
+    return formatter.preference(pair).chosen.tokens;
+  } catch (core::Error& e) {
+    // the formatter speaks of "chosen"; the record calls it "response"
+    std::string message = e.message();
+    for (std::size_t at = message.find("chosen"); at != std::string::npos;
+         at = message.find("chosen", at + 8)) {
+      message.replace(at, 6, "response");
+    }
+    throw core::bad_input(message, e.context());
+  }
+}
+
+}  // namespace l3::cli

@@ -1,0 +1,30 @@
+// Token sequences for inference, formatted exactly as training data was (prep's
+// RecordFormatter): a generation prompt, and a prompt + response as a reward model sees it.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/prep/record_format.hpp"
+#include "io/tokenizer/tokenizer.hpp"
+
+namespace l3::cli {
+
+// chat: <|begin_of_text|>[system turn]<|start_header_id|>user<|end_header_id|>\n\n TEXT
+// <|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n (turn contents stripped, as prep
+// does); otherwise <|begin_of_text|> TEXT, as {"text"} records and the raw template begin.
+[[nodiscard]] std::vector<std::int32_t> generation_prompt(const tokenizer::Tokenizer& tokenizer,
+                                                          std::string_view text, bool chat,
+                                                          const std::optional<std::string>& system);
+
+// A {"prompt", "response"} record (strings or message lists, as in preference records; the
+// prompt may be absent when the response is a whole conversation) formatted as the chosen side
+// of a preference record. bad_input Errors say what is wrong (the caller adds file:line).
+[[nodiscard]] std::vector<std::int32_t> response_sequence(const prep::RecordFormatter& formatter,
+                                                          const nlohmann::json& record);
+
+}  // namespace l3::cli

@@ -1,0 +1,68 @@
+#include "cli/record_scoring.hpp"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "cli/prompt_format.hpp"
+#include "core/error.hpp"
+#include "model/reward_scores.hpp"
+
+namespace l3::cli {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+double json_number(float value) { return std::stod(fmt::format("{}", value)); }
+
+ordered_json RecordScore::to_json(std::int64_t line) const {
+  if (!pair) return {{"line", line}, {"reward", json_number(chosen)}};
+  return {{"line", line},
+          {"chosen", json_number(chosen)},
+          {"rejected", json_number(rejected)},
+          {"correct", correct()}};
+}
+
+RecordScore score_record(model::LlamaModel& model, const prep::RecordFormatter& formatter,
+                         const json& record, std::int32_t pad_id) {
+  if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
+  if (record.contains("response")) {
+    const std::vector<std::int32_t> tokens = response_sequence(formatter, record);
+    return {.pair = false, .chosen = model::sequence_reward(model, tokens, pad_id)};
+  }
+  if (!record.contains("chosen") && !record.contains("rejected")) {
+    throw core::bad_input(
+        R"(expected a preference record {"prompt", "chosen", "rejected"} or {"prompt", "response"})");
+  }
+  const prep::PreferenceExample example = formatter.preference(record);
+  const model::PairRewards r =
+      model::pair_rewards(model, example.chosen.tokens, example.rejected.tokens, pad_id);
+  return {.pair = true, .chosen = r.chosen, .rejected = r.rejected};
+}
+
+void ScoreSummary::add(const RecordScore& score) {
+  if (score.pair) {
+    ++pairs_;
+    correct_ += score.correct() ? 1 : 0;
+    margin_sum_ += static_cast<double>(score.chosen) - static_cast<double>(score.rejected);
+  } else {
+    ++responses_;
+    reward_sum_ += static_cast<double>(score.chosen);
+  }
+}
+
+ordered_json ScoreSummary::to_json() const {
+  const auto mean = [](double sum, std::int64_t count) {
+    return count == 0 ? ordered_json(nullptr) : ordered_json(sum / static_cast<double>(count));
+  };
+  ordered_json out = {{"pairs", pairs_},
+                      {"accuracy", mean(static_cast<double>(correct_), pairs_)},
+                      {"mean_margin", mean(margin_sum_, pairs_)}};
+  if (responses_ > 0) {
+    out["responses"] = responses_;
+    out["mean_reward"] = mean(reward_sum_, responses_);
+  }
+  return out;
+}
+
+}  // namespace l3::cli

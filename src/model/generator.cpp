@@ -1,0 +1,285 @@
+#include "model/generator.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "model/rope_table.hpp"
+
+namespace l3::model {
+
+using kernels::DType;
+using kernels::TensorView;
+
+namespace {
+
+template <typename T>
+TensorView host_view(std::vector<T>& values) {
+  return TensorView(std::span<T>(values));
+}
+template <typename T>
+TensorView host_view(const std::vector<T>& values) {
+  return TensorView(std::span<const T>(values));  // the backend only reads it
+}
+
+}  // namespace
+
+Generator::Generator(LlamaModel& model)
+    : model_(model), ops_(model.ops()), act_(model.ops().compute_dtype()) {
+  if (model.layout().head() != HeadKind::language_model) {
+    throw core::usage_error(
+        "generation needs a model with a language-model head, not a reward "
+        "model");
+  }
+}
+
+void Generator::reset(std::int64_t capacity) {
+  const ModelConfig& c = model_.config();
+  if (capacity < 1) throw core::internal_error(fmt::format("KV cache of {} positions", capacity));
+  if (capacity > c.max_position_embeddings) {
+    throw core::usage_error(fmt::format(
+        "{} positions (prompt + new tokens) exceed the model's max_position_embeddings {}",
+        capacity, c.max_position_embeddings));
+  }
+  const auto cache = static_cast<std::size_t>(c.n_layers * capacity * c.kv_size());
+  k_cache_.assign(cache, 0.0F);
+  v_cache_.assign(cache, 0.0F);
+  capacity_ = capacity;
+  length_ = 0;
+  if (capacity > rope_positions_) {
+    const RopeTable table = make_rope_table(c, capacity);
+    rope_cos_ = ops_.allocate(DType::f32, static_cast<std::int64_t>(table.cos.size()));
+    rope_sin_ = ops_.allocate(DType::f32, static_cast<std::int64_t>(table.sin.size()));
+    ops_.copy(rope_cos_.view(), host_view(table.cos));
+    ops_.copy(rope_sin_.view(), host_view(table.sin));
+    rope_positions_ = capacity;
+  }
+}
+
+void Generator::ensure_workspace(std::int64_t n) {
+  if (n <= workspace_) return;
+  const ModelConfig& c = model_.config();
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+  tokens_ = ops_.allocate(DType::i32, n);
+  positions_ = ops_.allocate(DType::i32, n);
+  cu_seqlens_ = ops_.allocate(DType::i32, 2);
+  lse_ = ops_.allocate(DType::f32, n * c.n_heads);
+  x_ = ops_.allocate(act_, n * h);
+  h_ = ops_.allocate(act_, n * h);
+  ln_ = ops_.allocate(act_, n * h);
+  rstd_ = ops_.allocate(DType::f32, n);
+  q_ = ops_.allocate(act_, n * q);
+  k_ = ops_.allocate(act_, n * kv);
+  v_ = ops_.allocate(act_, n * kv);
+  att_ = ops_.allocate(act_, n * q);
+  gate_ = ops_.allocate(act_, n * i);
+  up_ = ops_.allocate(act_, n * i);
+  act_buf_ = ops_.allocate(act_, n * i);
+  logits_ = ops_.allocate(DType::f32, n * c.vocab_size);
+  q_host_.resize(static_cast<std::size_t>(n * q));
+  k_host_.resize(static_cast<std::size_t>(n * kv));
+  v_host_.resize(static_cast<std::size_t>(n * kv));
+  att_host_.resize(static_cast<std::size_t>(n * q));
+  workspace_ = n;
+}
+
+void Generator::attend(int layer, std::int64_t n) {
+  const ModelConfig& c = model_.config();
+  const std::int64_t hd = c.head_dim;
+  const std::int64_t heads = c.n_heads;
+  const std::int64_t kv_heads = c.n_kv_heads;
+  const std::int64_t group = heads / kv_heads;
+  const std::int64_t first = length_;  // absolute position of new token 0
+  const float scale = 1.0F / std::sqrt(static_cast<float>(hd));
+  // K/V of position j, KV head g: cache[((layer * capacity + j) * kv_heads + g) * hd]
+  const std::int64_t layer_base = layer * capacity_ * kv_heads * hd;
+  const float* keys = k_cache_.data() + layer_base;
+  const float* values = v_cache_.data() + layer_base;
+
+  // Each (query, head) output is written by one thread: deterministic.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (std::int64_t head = 0; head < heads; ++head) {
+      const std::int64_t p = first + t;  // attends to positions 0 .. p
+      const std::int64_t g = head / group;
+      const float* q = q_host_.data() + (t * heads + head) * hd;
+      std::vector<float> scores(static_cast<std::size_t>(p + 1));
+      float max = -INFINITY;
+      for (std::int64_t j = 0; j <= p; ++j) {
+        const float* k = keys + (j * kv_heads + g) * hd;
+        float dot = 0.0F;
+        for (std::int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+        scores[static_cast<std::size_t>(j)] = dot * scale;
+        max = std::max(max, dot * scale);
+      }
+      float sum = 0.0F;
+      for (float& s : scores) {
+        s = std::exp(s - max);
+        sum += s;
+      }
+      float* out = att_host_.data() + (t * heads + head) * hd;
+      std::fill(out, out + hd, 0.0F);
+      for (std::int64_t j = 0; j <= p; ++j) {
+        const float w = scores[static_cast<std::size_t>(j)] / sum;
+        const float* v = values + (j * kv_heads + g) * hd;
+        for (std::int64_t d = 0; d < hd; ++d) out[d] += w * v[d];
+      }
+    }
+  }
+}
+
+std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool all_rows) {
+  const ModelConfig& c = model_.config();
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  if (n == 0) throw core::internal_error("Generator::extend without tokens");
+  if (length_ + n > capacity_) {
+    throw core::internal_error(fmt::format("KV cache of {} positions holds {}; {} more do not fit",
+                                           capacity_, length_, n));
+  }
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.vocab_size) {
+      throw core::bad_input(
+          fmt::format("token id {} at position {} is not below the vocabulary "
+                      "size {}",
+                      tokens[t], length_ + static_cast<std::int64_t>(t), c.vocab_size));
+    }
+  }
+  ensure_workspace(n);
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+  const std::int64_t v = c.vocab_size;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+
+  std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+  std::vector<std::int32_t> positions(tokens.size());
+  for (std::size_t t = 0; t < positions.size(); ++t) {
+    positions[t] = static_cast<std::int32_t>(length_ + static_cast<std::int64_t>(t));
+  }
+  ops_.copy(tokens_.slice(0, n), host_view(ids));
+  ops_.copy(positions_.slice(0, n), host_view(positions));
+  // Into an empty cache the new tokens attend only to each other: one causal segment, the
+  // backend's own attention kernel (a long prompt costs what a training forward does).
+  const bool prefill = length_ == 0;
+  const kernels::AttentionShape shape{n,          c.n_heads, c.n_kv_heads,
+                                      c.head_dim, 1,         static_cast<int>(n)};
+  if (prefill) {
+    std::vector<std::int32_t> segments = {0, static_cast<std::int32_t>(n)};
+    ops_.copy(cu_seqlens_.view(), host_view(segments));
+  }
+
+  const TensorView x = x_.slice(0, n * h);    // (n, H) the residual stream
+  const TensorView hs = h_.slice(0, n * h);   // (n, H) after the attention half
+  const TensorView ln = ln_.slice(0, n * h);  // (n, H) normalised input of a half
+  const TensorView rstd = rstd_.slice(0, n);
+  const TensorView qs = q_.slice(0, n * q);   // (n, n_heads, head_dim)
+  const TensorView ks = k_.slice(0, n * kv);  // (n, n_kv_heads, head_dim)
+  const TensorView vs = v_.slice(0, n * kv);
+  const TensorView att = att_.slice(0, n * q);
+  const TensorView gate = gate_.slice(0, n * i);
+  const TensorView up = up_.slice(0, n * i);
+  const TensorView act = act_buf_.slice(0, n * i);
+  const auto host = [](std::vector<float>& values, std::int64_t count) {
+    return TensorView(std::span<float>(values).first(static_cast<std::size_t>(count)));
+  };
+
+  ops_.embedding(x, tokens_.slice(0, n), model_.parameter("model.embed_tokens.weight"), n, h);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    const auto w = [&](std::string_view name) {
+      return model_.parameter(fmt::format("{}{}.weight", p, name));
+    };
+    // attention half: h = x + o_proj(attn(rope(q), rope(k), v)), q/k/v from rmsnorm(x)
+    ops_.rmsnorm(ln, rstd, x, w("input_layernorm"), n, h, eps);
+    ops_.matmul(qs, ln, w("self_attn.q_proj"), n, q, h, false);
+    ops_.matmul(ks, ln, w("self_attn.k_proj"), n, kv, h, false);
+    ops_.matmul(vs, ln, w("self_attn.v_proj"), n, kv, h, false);
+    ops_.rope(qs, positions_.slice(0, n), rope_cos_.view(), rope_sin_.view(), n, c.n_heads,
+              c.head_dim);
+    ops_.rope(ks, positions_.slice(0, n), rope_cos_.view(), rope_sin_.view(), n, c.n_kv_heads,
+              c.head_dim);
+    ops_.copy(host(k_host_, n * kv), ks);
+    ops_.copy(host(v_host_, n * kv), vs);
+    if (prefill) {
+      ops_.attention(att, lse_.slice(0, n * c.n_heads), qs, ks, vs, cu_seqlens_.view(), shape);
+    } else {
+      ops_.copy(host(q_host_, n * q), qs);
+    }
+    ops_.synchronize();
+    // the new rows of the cache: positions length_ .. length_ + n - 1 of this layer
+    const auto row = static_cast<std::ptrdiff_t>((l * capacity_ + length_) * kv);
+    std::copy_n(k_host_.begin(), n * kv, k_cache_.begin() + row);
+    std::copy_n(v_host_.begin(), n * kv, v_cache_.begin() + row);
+    if (!prefill) {
+      attend(l, n);
+      ops_.copy(att, host(att_host_, n * q));
+    }
+    ops_.copy(hs, x);  // the residual, then += o_proj(att)
+    ops_.matmul(hs, att, w("self_attn.o_proj"), n, h, q, true);
+
+    // MLP half: x' = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h)
+    ops_.rmsnorm(ln, rstd, hs, w("post_attention_layernorm"), n, h, eps);
+    ops_.matmul(gate, ln, w("mlp.gate_proj"), n, i, h, false);
+    ops_.matmul(up, ln, w("mlp.up_proj"), n, i, h, false);
+    ops_.swiglu(act, gate, up, n * i);
+    ops_.copy(x, hs);
+    ops_.matmul(x, act, w("mlp.down_proj"), n, h, i, true);
+  }
+  length_ += n;
+
+  // final norm and lm_head, of every new row or of the last one only
+  const std::int64_t rows = all_rows ? n : 1;
+  const std::int64_t first_row = n - rows;
+  ops_.rmsnorm(ln_.slice(0, rows * h), rstd_.slice(0, rows), x_.slice(first_row * h, rows * h),
+               model_.parameter("model.norm.weight"), rows, h, eps);
+  const TensorView lm_head =
+      model_.parameter(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  ops_.matmul(logits_.slice(0, rows * v), ln_.slice(0, rows * h), lm_head, rows, v, h, false);
+  std::vector<float> logits(static_cast<std::size_t>(rows * v));
+  ops_.copy(host(logits, rows * v), logits_.slice(0, rows * v));
+  ops_.synchronize();
+  return logits;
+}
+
+GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
+                                     const GenerationOptions& options) {
+  if (prompt.empty()) throw core::usage_error("generation needs a prompt of at least one token");
+  if (options.max_new < 0) {
+    throw core::usage_error(fmt::format("max-new must be >= 0, not {}", options.max_new));
+  }
+  const SamplingParams sampling{options.temperature, options.top_p};
+  validate(sampling);
+  GenerationResult result;
+  if (options.max_new == 0) return result;
+  reset(static_cast<std::int64_t>(prompt.size()) + options.max_new);
+
+  const std::int64_t vocab = model_.config().vocab_size;
+  const auto limit = static_cast<std::size_t>(
+      options.vocab_limit > 0 ? std::min(options.vocab_limit, vocab) : vocab);
+  const core::CounterRng rng(options.seed, core::RngPurpose::sampling);
+  std::vector<float> logits = extend(prompt);  // (V) of the last prompt token
+  for (std::int64_t t = 0; t < options.max_new; ++t) {
+    const std::int32_t token = sample_token(std::span<const float>(logits).first(limit), sampling,
+                                            rng.uniform(static_cast<std::uint64_t>(t)));
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) !=
+        options.stop_tokens.end()) {
+      result.stopped = true;
+      break;
+    }
+    result.tokens.push_back(token);
+    if (t + 1 == options.max_new) break;  // its logits are never needed
+    const std::array<std::int32_t, 1> next = {token};
+    logits = extend(next);
+  }
+  return result;
+}
+
+}  // namespace l3::model

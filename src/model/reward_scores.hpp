@@ -1,0 +1,26 @@
+// Rewards of whole sequences with a reward-head model: the score head read at each sequence's
+// last token, exactly where reward training reads it (LlamaModel::reward_forward).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "model/llama_model.hpp"
+
+namespace l3::model {
+
+struct PairRewards {
+  float chosen = 0.0F;
+  float rejected = 0.0F;
+};
+
+// The reward of one sequence (not empty). pad_id fills no position here but keeps the batch
+// well-formed; an over-long sequence is the model's usage Error.
+[[nodiscard]] float sequence_reward(LlamaModel& model, std::span<const std::int32_t> tokens,
+                                    std::int32_t pad_id);
+
+// The rewards of the two sides of a preference pair, in one forward pass.
+[[nodiscard]] PairRewards pair_rewards(LlamaModel& model, std::span<const std::int32_t> chosen,
+                                       std::span<const std::int32_t> rejected, std::int32_t pad_id);
+
+}  // namespace l3::model

@@ -1,0 +1,28 @@
+// Evaluation of a model on a whole dataset, split over the ranks: SFT loss and perplexity
+// (token-weighted over every loss token), or reward accuracy, mean margin and the mean and
+// standard deviation of the rewards (chosen and rejected alike) over every pair.
+#pragma once
+
+#include <cstdint>
+
+#include "dist/world.hpp"
+#include "io/hdf5/dataset_index.hpp"
+#include "model/llama_model.hpp"
+#include "train/metrics.hpp"
+
+namespace l3::train {
+
+struct EvalConfig {
+  std::int64_t seq_len = 2048;
+  std::int64_t micro_batch = 1;  // rows (SFT) or pairs (reward) per rank and pass
+  bool margin_from_data = false;
+  bool drop_long = false;  // SFT: samples longer than seq_len are dropped (else truncated)
+  int prefetch_depth = 2;
+};
+
+// Collective over `world`. The phase follows from the dataset's kind (it must suit the
+// model's head: the caller checks).
+[[nodiscard]] EvalMetrics evaluate(const dist::World& world, model::LlamaModel& model,
+                                   const data::DatasetIndex& index, const EvalConfig& config);
+
+}  // namespace l3::train

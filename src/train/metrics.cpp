@@ -1,0 +1,121 @@
+#include "train/metrics.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.hpp"
+
+namespace l3::train {
+
+using nlohmann::json;
+
+namespace {
+
+json optional_number(const std::optional<double>& value) {
+  return value ? json(*value) : json(nullptr);
+}
+
+// JSON has no NaN/Inf: a skipped step's loss is written as null.
+json finite_or_null(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+
+}  // namespace
+
+json to_json(const StepMetrics& m) {
+  json j = {{"kind", "train"},
+            {"step", m.step},
+            {"total_steps", m.total_steps},
+            {"epoch", m.epoch},
+            {"loss", finite_or_null(m.loss)},
+            {"lr", m.lr},
+            {"grad_norm", finite_or_null(m.grad_norm)},
+            {"tokens", m.tokens},
+            {"tokens_per_s", m.tokens_per_s},
+            {"mfu", optional_number(m.mfu)},
+            {"data_wait_ms", m.data_wait_ms},
+            {"step_ms", m.step_ms},
+            {"reduce_wait_ms", m.reduce_wait_ms},
+            {"reduce_ms", m.reduce_ms},
+            {"gather_ms", m.gather_ms},
+            {"skipped", m.skipped}};
+  if (m.accuracy) {
+    j["accuracy"] = *m.accuracy;
+    j["margin"] = optional_number(m.margin);
+    j["pairs"] = m.pairs;
+  } else {
+    j["loss_tokens"] = m.loss_tokens;
+  }
+  return j;
+}
+
+json eval_result_json(const EvalMetrics& m) {
+  if (m.phase == Phase::sft) {
+    return {{"loss", finite_or_null(m.loss)},
+            {"perplexity", finite_or_null(m.perplexity)},
+            {"tokens", m.tokens}};
+  }
+  return {{"accuracy", m.accuracy},
+          {"margin", m.margin},
+          {"reward_mean", m.reward_mean},
+          {"reward_std", m.reward_std},
+          {"pairs", m.pairs}};
+}
+
+json to_json(const EvalMetrics& m) {
+  json j = eval_result_json(m);
+  j["kind"] = "eval";
+  j["step"] = m.step;
+  j["seconds"] = m.seconds;
+  if (m.skipped_samples > 0) j["skipped_samples"] = m.skipped_samples;
+  return j;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const std::int64_t s = std::llround(seconds);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+std::string format_step_line(const StepMetrics& m) {
+  std::string line = fmt::format("step {}/{} | loss {:.4f}", m.step, m.total_steps, m.loss);
+  if (m.accuracy) line += fmt::format(" | acc {:.3f} | margin {:.3f}", *m.accuracy, *m.margin);
+  line +=
+      fmt::format(" | lr {:.3e} | grad {:.3f} | {:.0f} tok/s", m.lr, m.grad_norm, m.tokens_per_s);
+  if (m.mfu) line += fmt::format(" | mfu {:.1f}%", 100.0 * *m.mfu);
+  line += fmt::format(" | data-wait {:.1f} ms | step {:.0f} ms | eta {}", m.data_wait_ms, m.step_ms,
+                      format_duration(m.eta_seconds));
+  if (m.skipped) line += " | SKIPPED (not finite)";
+  return line;
+}
+
+std::string format_eval_line(const EvalMetrics& m) {
+  if (m.phase == Phase::sft) {
+    return fmt::format("eval @ step {} | loss {:.4f} | ppl {:.3f} | {} tokens | {:.1f} s", m.step,
+                       m.loss, m.perplexity, m.tokens, m.seconds);
+  }
+  return fmt::format(
+      "eval @ step {} | accuracy {:.4f} | margin {:.4f} | reward {:.4f} +- {:.4f} | {} pairs | "
+      "{:.1f} s",
+      m.step, m.accuracy, m.margin, m.reward_mean, m.reward_std, m.pairs, m.seconds);
+}
+
+MetricsFile::MetricsFile(const std::string& path) : path_(path) {
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(p.parent_path(), ec);
+  }
+  out_.open(path, std::ios::app);
+  if (!out_) throw core::bad_input("cannot open for appending", {.file = path});
+}
+
+void MetricsFile::write(const json& record) {
+  out_ << record.dump() << '\n';
+  out_.flush();
+  if (!out_) throw core::internal_error("cannot write metrics", {.file = path_});
+}
+
+}  // namespace l3::train

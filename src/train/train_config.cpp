@@ -1,0 +1,78 @@
+#include "train/train_config.hpp"
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace l3::train {
+
+std::string_view phase_name(Phase phase) noexcept {
+  return phase == Phase::reward ? "reward" : "sft";
+}
+
+void TrainConfig::validate() const {
+  auto require = [](bool ok, std::string_view message) {
+    if (!ok) throw core::usage_error(std::string(message));
+  };
+  require(!data.empty(), "--data is required (a dataset directory made by 'llama3-hpc prep')");
+  require(!model.empty() || !init.empty(),
+          "say which model: --model PRESET|config.json, or --init CHECKPOINT");
+  require(seq_len > 0, "--seq-len must be positive");
+  require(global_batch > 0, "--global-batch is required and must be positive");
+  require(micro_batch > 0, "--micro-batch must be positive");
+  require(steps >= 0 && epochs >= 0, "--steps and --epochs must not be negative");
+  require(!(steps > 0 && epochs > 0), "give --steps or --epochs, not both");
+  require(lr >= 0, "--lr must not be negative");
+  require(warmup >= 0, "--warmup must not be negative");
+  require(adamw.beta1 >= 0 && adamw.beta1 < 1 && adamw.beta2 >= 0 && adamw.beta2 < 1,
+          "--beta1 and --beta2 must be in [0, 1)");
+  require(adamw.weight_decay >= 0, "--weight-decay must not be negative");
+  require(log_every >= 0 && eval_every >= 0 && checkpoint_every >= 0,
+          "--log-every, --eval-every and --checkpoint-every must not be negative");
+  require(checkpoint_every == 0 || !ckpt_dir.empty(), "--checkpoint-every needs --ckpt-dir");
+  require(max_bad_steps >= 1, "--max-bad-steps must be at least 1");
+  require(bucket_mb > 0, "--bucket-mb must be positive");
+  require(prefetch_depth >= 1, "--prefetch-depth must be at least 1");
+  require(center_rewards >= 0, "--center-rewards must not be negative");
+  require(peak_tflops >= 0, "--peak-tflops must not be negative");
+}
+
+nlohmann::json TrainConfig::to_json() const {
+  return {{"phase", phase_name(phase)},
+          {"model", model},
+          {"init", init},
+          {"data", data},
+          {"val_data", val_data},
+          {"backend", backend},
+          {"seq_len", seq_len},
+          {"global_batch", global_batch},
+          {"micro_batch", micro_batch},
+          {"steps", steps},
+          {"epochs", epochs},
+          {"drop_long", drop_long},
+          {"lr", lr},
+          {"min_lr", min_lr < 0 ? 0.1 * lr : min_lr},
+          {"warmup", warmup},
+          {"beta1", adamw.beta1},
+          {"beta2", adamw.beta2},
+          {"eps", adamw.eps},
+          {"weight_decay", adamw.weight_decay},
+          {"grad_clip", grad_clip},
+          {"seed", seed},
+          {"recompute", recompute},
+          {"margin_from_data", margin_from_data},
+          {"center_rewards", center_rewards},
+          {"shard_optimizer", shard_optimizer},
+          {"bucket_mb", bucket_mb},
+          {"overlap_reduction", overlap_reduction},
+          {"prefetch_depth", prefetch_depth},
+          {"eval_every", eval_every},
+          {"log_every", log_every},
+          {"metrics", metrics},
+          {"ckpt_dir", ckpt_dir},
+          {"checkpoint_every", checkpoint_every},
+          {"max_bad_steps", max_bad_steps},
+          {"peak_tflops", peak_tflops}};
+}
+
+}  // namespace l3::train

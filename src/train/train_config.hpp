@@ -1,0 +1,67 @@
+// Everything a training run (SFT or reward) is configured by: what the CLI's `sft` and
+// `reward` options set, and what an embedding application sets in code. validate() checks what
+// can be checked without the data or the model.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "train/adamw_optimizer.hpp"
+
+namespace l3::train {
+
+enum class Phase { sft, reward };
+[[nodiscard]] std::string_view phase_name(Phase phase) noexcept;
+
+// Fields are grouped by meaning, not by size: one instance per run.
+struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
+  Phase phase = Phase::sft;
+  std::string model;     // preset name or config.json; may be empty when `init` is a checkpoint
+  std::string init;      // checkpoint (step directory or root) to start from; empty: random
+  std::string data;      // dataset directory (index.json)
+  std::string val_data;  // validation dataset; empty: none
+  std::string backend = "auto";
+
+  std::int64_t seq_len = 2048;
+  std::int64_t global_batch = 0;  // rows (SFT) or pairs (reward) per optimizer step
+  std::int64_t micro_batch = 1;   // per rank and forward/backward pass
+  std::int64_t steps = 0;         // optimizer steps; 0: from `epochs`
+  std::int64_t epochs = 0;        // used when steps == 0 (default 1)
+  bool drop_long = false;         // SFT samples longer than seq_len: drop (else truncate)
+
+  double lr = 3e-4;
+  double min_lr = -1;  // < 0: 0.1 x lr
+  std::int64_t warmup = 0;
+  AdamWConfig adamw{.beta1 = 0.9F, .beta2 = 0.95F, .eps = 1e-8F, .weight_decay = 0.1F};
+  double grad_clip = 1.0;  // <= 0: no clipping
+  std::uint64_t seed = 1234;
+  bool recompute = false;
+
+  // Reward phase.
+  bool margin_from_data = false;
+  double center_rewards = 0.0;
+
+  // Data parallelism.
+  bool shard_optimizer = true;
+  double bucket_mb = 32.0;
+  bool overlap_reduction = true;
+  int prefetch_depth = 2;
+
+  // Cadence and output.
+  std::int64_t eval_every = 0;  // 0: at the end only (when val_data is given)
+  std::int64_t log_every = 10;
+  std::string metrics;   // JSONL file, appended to; empty: none
+  std::string ckpt_dir;  // empty: no checkpoints
+  std::int64_t checkpoint_every = 0;
+  int max_bad_steps = 5;
+  double peak_tflops = 0;  // per rank; 0: known GPUs by name, else no MFU
+  bool ignore_tokenizer_mismatch = false;
+  bool progress = true;  // a progress bar when stdout is a terminal
+
+  // usage Error for what cannot be right whatever the data and model.
+  void validate() const;
+  [[nodiscard]] nlohmann::json to_json() const;
+};
+
+}  // namespace l3::train

@@ -1,0 +1,386 @@
+#include "train/trainer.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <vector>
+
+#include "ckpt/checkpoint_writer.hpp"
+#include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "dist/mpi_check.hpp"
+#include "io/hdf5/data_loader.hpp"
+#include "io/tokenizer/special_tokens.hpp"
+#include "kernels/backends.hpp"
+#include "model/llama_model.hpp"
+#include "train/data_parallel.hpp"
+#include "train/evaluator.hpp"
+#include "train/lr_schedule.hpp"
+#include "train/model_source.hpp"
+#include "train/progress_bar.hpp"
+
+namespace l3::train {
+
+namespace {
+
+std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+std::int32_t pad_token(std::int64_t vocab_size) {
+  return static_cast<std::int32_t>(vocab_size - tokenizer::kSpecialTokenCount) +
+         static_cast<std::int32_t>(tokenizer::Special::finetune_right_pad);
+}
+
+data::DatasetIndex open_data(const dist::World& world, const std::string& directory, Phase phase,
+                             const model::ModelConfig& model, const ModelSource& source,
+                             bool ignore_tokenizer_mismatch) {
+  data::DatasetExpectations expect;
+  expect.kind = phase == Phase::sft ? data::SampleKind::sft : data::SampleKind::preference;
+  expect.model_vocab = model.vocab_size;
+  if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;
+  expect.ignore_tokenizer_mismatch = ignore_tokenizer_mismatch;
+  return data::open_dataset(world, directory, expect);
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  Impl(const dist::World& w, const core::Logger& l, TrainConfig c)
+      : world(w), log(l), config(std::move(c)) {
+    config.validate();
+    ops = kernels::make_ops(config.backend, world.local_rank());
+    source = resolve_model_source(config.model, config.init);
+    const model::ModelConfig& mc = source.config;
+    if (config.seq_len > mc.max_position_embeddings) {
+      throw core::usage_error(fmt::format("--seq-len {} is longer than the model's {} positions",
+                                          config.seq_len, mc.max_position_embeddings));
+    }
+    const model::HeadKind head =
+        config.phase == Phase::sft ? model::HeadKind::language_model : model::HeadKind::reward;
+    if (config.phase == Phase::sft && source.checkpoint &&
+        source.checkpoint->head == model::HeadKind::reward) {
+      throw core::usage_error(
+          fmt::format("--init {} is a reward model; SFT needs a language model", source.step_dir));
+    }
+    index =
+        open_data(world, config.data, config.phase, mc, source, config.ignore_tokenizer_mismatch);
+    if (!config.val_data.empty()) {
+      val_index = open_data(world, config.val_data, config.phase, mc, source,
+                            config.ignore_tokenizer_mismatch);
+    }
+
+    model = std::make_unique<model::LlamaModel>(mc, head, *ops,
+                                                model::ModelOptions{.recompute = config.recompute});
+    initialize_model(world, *model, source, config.seed);
+
+    data::LoaderConfig lc;
+    lc.plan.seq_len = config.seq_len;
+    lc.plan.global_batch = config.global_batch;
+    lc.plan.micro_batch = config.micro_batch;
+    lc.plan.world_size = world.size();
+    lc.plan.seed = config.seed;
+    lc.plan.long_samples = config.drop_long ? data::LongSamples::drop : data::LongSamples::truncate;
+    lc.depth = config.prefetch_depth;
+    lc.pad_id = pad_token(index.vocab_size);
+    lc.model_vocab = mc.vocab_size;
+    lc.margins_from_data = config.margin_from_data;
+    if (config.margin_from_data && !index.has_margin()) {
+      throw core::usage_error(fmt::format(
+          "--margin-from-data: the dataset {} has no margins (its records had no \"margin\")",
+          config.data));
+    }
+    loader = std::make_unique<data::DataLoader>(world, index, lc, data::Position{0, 0});
+
+    if (config.steps > 0) {
+      total = config.steps;
+    } else {
+      const std::int64_t epochs = config.epochs > 0 ? config.epochs : 1;
+      for (std::int64_t e = 0; e < epochs; ++e) total += loader->steps_in_epoch(e);
+    }
+    schedule = {config.lr, config.min_lr < 0 ? 0.1 * config.lr : config.min_lr, config.warmup,
+                total};
+
+    DataParallelConfig dp;
+    dp.bucket_elements = std::max<std::int64_t>(
+        model::ParameterLayout::kAlignment,
+        static_cast<std::int64_t>(config.bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
+    dp.shard_optimizer = config.shard_optimizer;
+    dp.overlap = config.overlap_reduction;
+    parallel = std::make_unique<DataParallel>(world, *ops, model->layout(), dp, config.adamw);
+
+    peak_tflops = config.peak_tflops > 0
+                      ? config.peak_tflops
+                      : kernels::default_peak_tflops(ops->name(), world.local_rank());
+    if (world.is_root() && !config.metrics.empty())
+      metrics = std::make_unique<MetricsFile>(config.metrics);
+    progress = std::make_unique<ProgressBar>(config.progress && world.is_root());
+
+    const std::int64_t params = model->layout().parameter_count();
+    log.info("{} on {} rank{} ({} backend): model {} ({:.2f}M parameters), {} steps of {} {}",
+             phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s", ops->name(),
+             source.checkpoint ? fmt::format("from {}", source.step_dir) : mc.name,
+             static_cast<double>(params) / 1e6, total, config.global_batch,
+             config.phase == Phase::sft ? "rows" : "pairs");
+    log.info(
+        "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-1 "
+        "{}, {} gradient bucket{}, reduction {}",
+        config.data, index.samples(), index.total_tokens(), lc.plan.accumulation(),
+        lc.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
+        config.shard_optimizer ? "on" : "off", parallel->buckets().size(),
+        parallel->buckets().size() == 1 ? "" : "s",
+        parallel->overlapping() ? "overlapped with the backward pass" : "after the backward");
+  }
+
+  StepMetrics run_step() {
+    const core::Stopwatch watch;
+    const bool sft = config.phase == Phase::sft;
+    const data::StepData& data = loader->next();
+    const double wait_ms = loader->last_wait_ms();
+
+    // The global denominators first: each rank's gradients are then already those of the
+    // global mean.
+    std::array<std::int64_t, 2> counts{0, 0};  // loss tokens or pairs, document tokens
+    for (const model::Batch& b : data.micro) {
+      counts[0] += sft ? b.counted_tokens() : b.pairs();
+      counts[1] += b.document_tokens;
+    }
+    dist::check_mpi(
+        MPI_Allreduce(MPI_IN_PLACE, counts.data(), 2, MPI_INT64_T, MPI_SUM, world.comm()),
+        "MPI_Allreduce (step counts)");
+    const float scale = counts[0] > 0 ? 1.0F / static_cast<float>(counts[0]) : 0.0F;
+
+    model->zero_gradients();
+    parallel->begin_step(model->gradients());
+    std::array<double, 3> sums{0, 0, 0};  // loss, correct pairs, margin
+    for (std::size_t m = 0; m < data.micro.size(); ++m) {
+      const model::Batch& batch = data.micro[m];
+      const bool last = m + 1 == data.micro.size();
+      if (last) {
+        model->set_gradient_ready_hook(
+            [this](std::int64_t offset) { parallel->gradients_ready(offset); });
+      }
+      if (sft && batch.document_tokens > 0) {
+        sums[0] += model->sft_forward_backward(batch, scale).loss;
+      } else if (!sft && batch.pairs() > 0) {
+        const model::RewardOutput out =
+            model->reward_forward_backward(batch, scale, config.center_rewards);
+        sums[0] += out.stats.loss;
+        sums[1] += static_cast<double>(out.stats.correct);
+        sums[2] += out.stats.margin;
+      }
+      if (last) model->set_gradient_ready_hook({});
+    }
+    parallel->finish_reduction();
+    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 3, MPI_DOUBLE, MPI_SUM, world.comm()),
+                    "MPI_Allreduce (step loss)");
+    const double norm = parallel->gradient_norm();
+
+    StepMetrics m;
+    m.step = done + 1;
+    m.total_steps = total;
+    m.epoch = data.position.epoch;
+    m.lr = schedule.at(done);
+    m.grad_norm = norm;
+    m.tokens = counts[1];
+    const auto denominator = static_cast<double>(counts[0]);
+    m.loss = counts[0] > 0 ? sums[0] / denominator : std::nan("");
+    if (sft) {
+      m.loss_tokens = counts[0];
+    } else {
+      m.pairs = counts[0];
+      m.accuracy = counts[0] > 0 ? sums[1] / denominator : 0.0;
+      m.margin = counts[0] > 0 ? sums[2] / denominator : 0.0;
+    }
+    m.skipped = !std::isfinite(m.loss) || !std::isfinite(norm);
+    if (!m.skipped) {
+      parallel->update(model->master_weights(), model->weight_copy(), static_cast<float>(m.lr),
+                       static_cast<float>(clip_factor(norm, config.grad_clip)));
+      bad_in_a_row = 0;
+    } else {
+      ++bad_in_a_row;
+      ++skipped;
+    }
+    ops->synchronize();
+    position = data.next;
+    ++done;
+
+    m.step_ms = watch.milliseconds();
+    m.data_wait_ms = wait_ms;
+    const ReductionTimes& t = parallel->times();
+    m.reduce_wait_ms = 1e3 * t.wait_seconds;
+    m.reduce_ms = 1e3 * t.reduce_seconds;
+    m.gather_ms = 1e3 * t.gather_seconds;
+    m.tokens_per_s = static_cast<double>(m.tokens) / std::max(1e-9, m.step_ms / 1e3);
+    if (peak_tflops > 0) {
+      m.mfu = m.tokens_per_s * model->config().training_flops_per_token(config.seq_len) /
+              (peak_tflops * 1e12 * world.size());
+    }
+    run_seconds += m.step_ms / 1e3;
+    run_tokens += m.tokens;
+    m.eta_seconds =
+        run_seconds / static_cast<double>(done - first_step) * static_cast<double>(total - done);
+    return m;
+  }
+
+  void report(const StepMetrics& m) {
+    if (metrics) metrics->write(to_json(m));
+    const bool log_now = m.skipped || m.step == 1 || m.step == total ||
+                         (config.log_every > 0 && m.step % config.log_every == 0);
+    if (log_now) {
+      progress->clear();
+      if (m.skipped) {
+        log.warn("{} ({} in a row, at most {})", format_step_line(m), bad_in_a_row,
+                 config.max_bad_steps);
+      } else {
+        log.info("{}", format_step_line(m));
+      }
+    }
+    progress->update(m.step, total,
+                     fmt::format("loss {:.4f} | eta {}", m.loss, format_duration(m.eta_seconds)));
+    for (const auto& callback : step_callbacks) callback(m);
+  }
+
+  std::optional<EvalMetrics> evaluate() {
+    if (config.val_data.empty()) return std::nullopt;
+    EvalConfig ec;
+    ec.seq_len = config.seq_len;
+    ec.micro_batch = config.micro_batch;
+    ec.margin_from_data = config.margin_from_data;
+    ec.drop_long = config.drop_long;
+    ec.prefetch_depth = config.prefetch_depth;
+    EvalMetrics m = train::evaluate(world, *model, val_index, ec);
+    m.step = done;
+    if (metrics) metrics->write(to_json(m));
+    progress->clear();
+    log.info("{}", format_eval_line(m));
+    for (const auto& callback : eval_callbacks) callback(m);
+    last_eval = m;
+    return m;
+  }
+
+  std::string checkpoint() {
+    const core::Stopwatch watch;
+    ckpt::Manifest manifest;
+    manifest.step = done;
+    manifest.phase = std::string(phase_name(config.phase));
+    manifest.head = model->layout().head();
+    manifest.model = model->config();
+    manifest.world_size = world.size();
+    manifest.data_epoch = position.epoch;
+    manifest.data_step = position.step;
+    manifest.finished = done >= total;
+    manifest.tokenizer_sha256 = index.tokenizer_sha256;
+    manifest.tokenizer = index.tokenizer_name;
+    manifest.config = config.to_json();
+    const core::BuildInfo build = core::build_info();
+    manifest.program_version = build.version;
+    manifest.git_commit = build.git_commit;
+    manifest.created_utc = utc_now();
+    std::vector<float> host;
+    if (world.is_root()) host = model->master_to_host();  // replicated after every step
+    std::string dir =
+        ckpt::commit_checkpoint(world, config.ckpt_dir, manifest, model->layout(), host);
+    progress->clear();
+    log.info("checkpoint {} written in {:.2f} s", dir, watch.seconds());
+    last_checkpoint = dir;
+    last_checkpoint_step = done;
+    return dir;
+  }
+
+  const dist::World& world;
+  const core::Logger& log;
+  TrainConfig config;
+  std::unique_ptr<kernels::Ops> ops;
+  ModelSource source;
+  data::DatasetIndex index;
+  data::DatasetIndex val_index;
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<data::DataLoader> loader;
+  std::unique_ptr<DataParallel> parallel;
+  std::unique_ptr<MetricsFile> metrics;
+  std::unique_ptr<ProgressBar> progress;
+  LrSchedule schedule;
+  double peak_tflops = 0;
+  std::int64_t total = 0;
+  std::int64_t done = 0;
+  std::int64_t first_step = 0;  // steps done before this run started
+  data::Position position{0, 0};
+  int bad_in_a_row = 0;
+  std::int64_t skipped = 0;
+  double run_seconds = 0;
+  std::int64_t run_tokens = 0;
+  std::optional<StepMetrics> last_step;
+  std::optional<EvalMetrics> last_eval;
+  std::string last_checkpoint;
+  std::int64_t last_checkpoint_step = -1;
+  std::vector<std::function<void(const StepMetrics&)>> step_callbacks;
+  std::vector<std::function<void(const EvalMetrics&)>> eval_callbacks;
+};
+
+Trainer::Trainer(const dist::World& world, const core::Logger& log, TrainConfig config)
+    : impl_(std::make_unique<Impl>(world, log, std::move(config))) {}
+
+Trainer::~Trainer() = default;
+
+bool Trainer::step() {
+  Impl& s = *impl_;
+  if (s.done >= s.total) return false;
+  const StepMetrics m = s.run_step();
+  s.last_step = m;
+  s.report(m);
+  if (s.bad_in_a_row >= s.config.max_bad_steps) {
+    throw core::internal_error(fmt::format(
+        "training diverged: {} steps in a row had a non-finite loss or gradient norm (last: "
+        "step {}, loss {}, grad norm {}); lower --lr, raise --warmup or check the data",
+        s.bad_in_a_row, m.step, m.loss, m.grad_norm));
+  }
+  if (s.config.checkpoint_every > 0 && s.done % s.config.checkpoint_every == 0 && s.done < s.total)
+    s.checkpoint();
+  if (s.config.eval_every > 0 && s.done % s.config.eval_every == 0 && s.done < s.total)
+    s.evaluate();
+  return true;
+}
+
+TrainSummary Trainer::run() {
+  Impl& s = *impl_;
+  while (step()) {
+  }
+  s.progress->finish();
+  s.evaluate();
+  if (!s.config.ckpt_dir.empty() && s.last_checkpoint_step != s.done) s.checkpoint();
+  TrainSummary summary;
+  summary.steps = s.done - s.first_step;
+  summary.skipped_steps = s.skipped;
+  summary.last_step = s.last_step;
+  summary.last_eval = s.last_eval;
+  summary.checkpoint = s.last_checkpoint;
+  summary.seconds = s.run_seconds;
+  summary.tokens_per_s =
+      s.run_seconds > 0 ? static_cast<double>(s.run_tokens) / s.run_seconds : 0.0;
+  return summary;
+}
+
+std::optional<EvalMetrics> Trainer::evaluate() { return impl_->evaluate(); }
+std::string Trainer::checkpoint() { return impl_->checkpoint(); }
+void Trainer::on_step(std::function<void(const StepMetrics&)> callback) {
+  impl_->step_callbacks.push_back(std::move(callback));
+}
+void Trainer::on_eval(std::function<void(const EvalMetrics&)> callback) {
+  impl_->eval_callbacks.push_back(std::move(callback));
+}
+std::int64_t Trainer::steps_done() const noexcept { return impl_->done; }
+std::int64_t Trainer::total_steps() const noexcept { return impl_->total; }
+const TrainConfig& Trainer::config() const noexcept { return impl_->config; }
+model::LlamaModel& Trainer::model() noexcept { return *impl_->model; }
+
+}  // namespace l3::train

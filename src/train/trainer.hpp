@@ -1,0 +1,76 @@
+// The SFT and reward training loops, for the CLI and for embedding applications alike: data
+// parallel over the ranks of the World it is given, a ZeRO-1 sharded AdamW, periodic
+// evaluation and checkpoints, metrics, and the guard rails (non-finite steps are skipped and
+// counted; too many in a row stop the run).
+//
+// A step: every rank takes its micro-batches of the global batch from the data loader; the
+// global count of loss tokens (SFT) or pairs (reward) is agreed first, so that each rank's
+// gradients are already scaled by 1 / global count and their sum over the ranks is the
+// gradient of the global mean loss, whatever the number of ranks; the last micro-batch's
+// backward pass overlaps the reduce-scatter of the gradients; then the global gradient norm,
+// clipping, AdamW on each rank's shard, and the all-gather of the parameters.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/log.hpp"
+#include "dist/world.hpp"
+#include "train/metrics.hpp"
+#include "train/train_config.hpp"
+
+namespace l3::model {
+class LlamaModel;
+}
+
+namespace l3::train {
+
+struct TrainSummary {
+  std::int64_t steps = 0;  // optimizer steps done by this run
+  std::int64_t skipped_steps = 0;
+  std::optional<StepMetrics> last_step;
+  std::optional<EvalMetrics> last_eval;
+  std::string checkpoint;  // the last checkpoint written, if any
+  double seconds = 0;
+  double tokens_per_s = 0;  // over the whole run
+};
+
+class Trainer {
+ public:
+  // Collective over `world`: resolves the model, opens the data, builds the model and the
+  // optimizer. Errors are core::Error (usage, bad_input) with context.
+  Trainer(const dist::World& world, const core::Logger& log, TrainConfig config);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  Trainer(Trainer&&) = delete;
+  Trainer& operator=(Trainer&&) = delete;
+
+  // Runs the remaining steps with periodic evaluation and checkpoints, then the final
+  // evaluation (with validation data) and checkpoint (with a checkpoint directory).
+  TrainSummary run();
+  // One optimizer step; returns false (and does nothing) once all steps are done.
+  bool step();
+  // Evaluates on the validation data (nullopt without). Collective.
+  std::optional<EvalMetrics> evaluate();
+  // Writes a checkpoint of the current state; returns its directory. Collective.
+  std::string checkpoint();
+
+  // Called on every rank with the global metrics.
+  void on_step(std::function<void(const StepMetrics&)> callback);
+  void on_eval(std::function<void(const EvalMetrics&)> callback);
+
+  [[nodiscard]] std::int64_t steps_done() const noexcept;
+  [[nodiscard]] std::int64_t total_steps() const noexcept;
+  [[nodiscard]] const TrainConfig& config() const noexcept;
+  [[nodiscard]] model::LlamaModel& model() noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace l3::train
