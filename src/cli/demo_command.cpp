@@ -7,10 +7,14 @@
 #include <iostream>
 
 #include "cli/demo_data.hpp"
+#include "cli/inference_model.hpp"
+#include "cli/prompt_format.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "dist/agree.hpp"
 #include "io/prep/prep_job.hpp"
+#include "io/tokenizer/special_tokens.hpp"
+#include "model/generator.hpp"
 #include "train/trainer.hpp"
 
 namespace l3::cli {
@@ -70,6 +74,26 @@ train::TrainConfig demo_config(const CommandContext& context, train::Phase phase
   return c;
 }
 
+// What the fine-tuned model answers to a few held-out-style prompts (greedy, rank 0).
+std::string generation_samples(const std::string& checkpoint, const core::Logger& log) {
+  const InferenceModel loaded = load_inference_model(checkpoint, model::HeadKind::language_model);
+  const tokenizer::Tokenizer tok = load_inference_tokenizer(std::nullopt, loaded, false, log);
+  model::Generator generator(*loaded.model);
+  model::GenerationOptions options;
+  options.max_new = 24;
+  options.stop_tokens = {tok.special(tokenizer::Special::end_of_turn),
+                         tok.special(tokenizer::Special::end_of_text)};
+  options.vocab_limit = tok.vocab_size();
+  std::string text;
+  for (const char* prompt :
+       {"Reverse the word garden.", "What is 4 plus 3?", "Write rocket in capital letters."}) {
+    const model::GenerationResult r =
+        generator.generate(generation_prompt(tok, prompt, true, std::nullopt), options);
+    text += fmt::format("          \"{}\" -> \"{}\"\n", prompt, tok.decode(r.tokens));
+  }
+  return text;
+}
+
 }  // namespace
 
 void declare_demo_options(po::options_description& options,
@@ -122,12 +146,13 @@ int run_demo(const CommandContext& context) {
   }
 
   if (world.is_root()) {
+    const std::string samples = generation_samples(sft.checkpoint, context.log);
     const train::EvalMetrics& s = *sft.last_eval;
     const train::EvalMetrics& r = *reward.last_eval;
     std::cout << fmt::format(
         "\nllama3-hpc demo: done in {} on {} rank{}\n"
         "  SFT     {} steps: validation loss {:.3f} (perplexity {:.2f}) on {} answer tokens\n"
-        "          checkpoint {}\n"
+        "          checkpoint {}, which answers:\n{}"
         "  reward  {} steps: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
         "          checkpoint {}\n"
         "  data, metrics (metrics-*.jsonl) and checkpoints are in {}\n\n"
@@ -143,8 +168,8 @@ int run_demo(const CommandContext& context) {
         "  llama3-hpc eval --init ckpt/reward --data pairs/val\n"
         "See docs/TRAINING.md for every option.\n",
         train::format_duration(watch.seconds()), world.size(), world.size() == 1 ? "" : "s",
-        sft.steps, s.loss, s.perplexity, s.tokens, sft.checkpoint, reward.steps, 100.0 * r.accuracy,
-        r.margin, r.pairs, reward.checkpoint, root);
+        sft.steps, s.loss, s.perplexity, s.tokens, sft.checkpoint, samples, reward.steps,
+        100.0 * r.accuracy, r.margin, r.pairs, reward.checkpoint, root);
   }
   return core::kExitOk;
 }

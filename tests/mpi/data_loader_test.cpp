@@ -16,6 +16,7 @@
 #include "dist/gather_strings.hpp"
 #include "dist/world.hpp"
 #include "io/prep/prep_job.hpp"
+#include "shared_directory.hpp"
 
 namespace fs = std::filesystem;
 using l3::data::DataLoader;
@@ -28,13 +29,7 @@ namespace {
 constexpr int kDocuments = 150;
 
 std::string shared_directory(const l3::dist::World& world, const char* name) {
-  std::string path;
-  if (world.is_root()) {
-    path = (fs::temp_directory_path() / fmt::format("l3-loader-{}-{}", name, ::getpid())).string();
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  return l3::dist::broadcast_string(world.comm(), path);
+  return l3::test::shared_directory(world, "loader", name);
 }
 
 // Documents "doc N" + filler of varied length (some longer than a 64-token row), through prep.

@@ -13,21 +13,15 @@
 #include "dist/world.hpp"
 #include "io/hdf5/shard_format.hpp"
 #include "io/prep/prep_job.hpp"
+#include "shared_directory.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
-// A scratch directory created by rank 0 and known to every rank.
 std::string shared_directory(const l3::dist::World& world, const char* name) {
-  std::string path;
-  if (world.is_root()) {
-    path = (fs::temp_directory_path() / fmt::format("l3-prep-{}-{}", name, ::getpid())).string();
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  return l3::dist::broadcast_string(world.comm(), path);
+  return l3::test::shared_directory(world, "prep", name);
 }
 
 void write_inputs(const std::string& dir) {

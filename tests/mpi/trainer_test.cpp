@@ -10,17 +10,20 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "catch.hpp"
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/manifest.hpp"
+#include "core/error.hpp"
 #include "dist/gather_strings.hpp"
 #include "dist/thread_budget.hpp"
 #include "dist/world.hpp"
 #include "io/prep/prep_job.hpp"
 #include "model/llama_model.hpp"
+#include "shared_directory.hpp"
 
 namespace fs = std::filesystem;
 using l3::train::Phase;
@@ -34,13 +37,7 @@ const char* const kWords[] = {"apple", "river", "stone", "cloud", "maple",
                               "tiger", "piano", "ocean", "lemon", "candle"};
 
 std::string shared_directory(const l3::dist::World& world, const char* name) {
-  std::string path;
-  if (world.is_root()) {
-    path = (fs::temp_directory_path() / fmt::format("l3-train-{}-{}", name, ::getpid())).string();
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  return l3::dist::broadcast_string(world.comm(), path);
+  return l3::test::shared_directory(world, "train", name);
 }
 
 // "Reverse the word X." -> X reversed; preference: the reversal against a scramble.
@@ -84,7 +81,7 @@ TrainConfig base_config(Phase phase, const std::string& data) {
   c.data = data;
   c.backend = "cpu";
   c.seq_len = 128;
-  c.global_batch = 8;  // divides among 1, 2 and 4 ranks
+  c.global_batch = 12;  // divides among 1, 2, 3, 4 and 6 ranks
   c.micro_batch = 1;
   c.steps = 6;
   c.lr = 3e-3;
@@ -156,8 +153,7 @@ TEST_CASE("SFT on N ranks follows the 1-rank trajectory for the same global batc
   const std::string dir = shared_directory(world, "sft-ranks");
   const std::string data = make_dataset(world, dir, false, 120);
   TrainConfig c = base_config(Phase::sft, data);
-  c.micro_batch = 2 / std::min(2, world.size());  // accumulation on every rank count
-  c.global_batch = 8;
+  c.micro_batch = world.size() <= 2 ? 2 : 1;  // accumulation on every rank count
   const RunResult many = train(world, c);
   const RunResult one = train_alone(world, c);
   INFO("ranks " << world.size());
@@ -174,7 +170,7 @@ TEST_CASE("reward on N ranks follows the 1-rank trajectory for the same global b
   const std::string dir = shared_directory(world, "reward-ranks");
   const std::string data = make_dataset(world, dir, true, 120);
   TrainConfig c = base_config(Phase::reward, data);
-  c.global_batch = 16;
+  c.global_batch = 24;
   c.micro_batch = 2;
   c.center_rewards = 0.01;
   const RunResult many = train(world, c);
@@ -285,6 +281,36 @@ TEST_CASE("SFT learns a synthetic task, then a reward model from its checkpoint 
   INFO("reward: validation accuracy " << rm.eval->accuracy << ", margin " << rm.eval->margin);
   CHECK(rm.eval->pairs > 0);
   CHECK(rm.eval->accuracy >= 0.95);
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+TEST_CASE("non-finite steps are skipped and too many in a row stop the run", "[train][guard]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  (void)l3::dist::apply_thread_budget(world);
+  const std::string dir = shared_directory(world, "guard");
+  const std::string data = make_dataset(world, dir, false, 60);
+  TrainConfig c = base_config(Phase::sft, data);
+  c.max_bad_steps = 3;
+  const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::off});
+  Trainer trainer(world, quiet, c);
+  // A NaN weight (as a diverged run would have) makes every loss and gradient NaN.
+  const l3::kernels::TensorView weights = trainer.model().master_weights();
+  const auto poisoned = static_cast<std::size_t>(trainer.model().layout().final_norm());
+  weights.as<float>()[poisoned] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<bool> skipped;
+  trainer.on_step([&](const l3::train::StepMetrics& m) { skipped.push_back(m.skipped); });
+  try {
+    (void)trainer.run();
+    FAIL("the run should have stopped");
+  } catch (const l3::core::Error& e) {
+    CHECK(e.kind() == l3::core::ErrorKind::internal);
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("3 steps in a row"));
+  }
+  CHECK(skipped == std::vector<bool>{true, true, true});
+  // Skipped steps leave the weights alone: the other weights are still the initial ones.
+  CHECK(std::isnan(weights.as<float>()[poisoned]));
+  CHECK(weights.as<float>()[poisoned + 1] == 1.0F);  // norms start at 1
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
 }
