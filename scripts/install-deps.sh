@@ -20,9 +20,10 @@ packages=(
   nlohmann-json3-dev            # JSONL, config.json, safetensors headers, manifests
   libssl-dev                    # SHA-256 (OpenSSL libcrypto): tokenizer and checkpoint hashes
   zlib1g-dev                    # .jsonl.gz input
+  libxxhash-dev                 # xxHash64 checksums of checkpoint slices
 )
 
-spack_line='spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib cmake (+ cuda cudnn nccl for the GPU backend)'
+spack_line='spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib xxhash cmake (+ cuda cudnn nccl for the GPU backend)'
 
 case "${1:-}" in
   --spack) echo "$spack_line"; exit 0 ;;

@@ -13,6 +13,9 @@ namespace l3::ckpt {
 
 inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kModelFile = "model.h5";
+inline constexpr std::string_view kOptimFile = "optim.h5";
+inline constexpr std::string_view kPartialSuffix = ".partial";  // being written
+inline constexpr std::string_view kDamagedSuffix = ".damaged";  // found broken, kept aside
 inline constexpr std::string_view kLatestFile = "latest";
 
 // "step-00001200" (8 digits; more when the step needs them).

@@ -2,70 +2,274 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <thread>
 
 #include "ckpt/checkpoint_paths.hpp"
-#include "ckpt/model_file.hpp"
+#include "ckpt/checksum.hpp"
+#include "ckpt/tensor_file.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
-#include "dist/agree.hpp"
+#include "core/fault_injection.hpp"
+#include "core/timer.hpp"
+#include "dist/gather_strings.hpp"
+#include "dist/unique_comm.hpp"
 
 namespace l3::ckpt {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 
 namespace {
 
-void write_on_root(const std::string& root, const Manifest& manifest,
-                   const model::ParameterLayout& layout, std::span<const float> master) {
-  const std::string name = step_dir_name(manifest.step);
-  const fs::path final_dir = fs::path(root) / name;
-  const fs::path partial = fs::path(root) / (name + ".partial");
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) throw core::bad_input(fmt::format("cannot create: {}", ec.message()), {.file = root});
-  fs::remove_all(partial, ec);  // the remains of an interrupted write of this same step
-  if (!fs::create_directory(partial, ec) || ec) {
-    throw core::internal_error(fmt::format("cannot create: {}", ec.message()),
-                               {.file = partial.string()});
-  }
-  const std::string model_path = (partial / kModelFile).string();
-  write_model_file(model_path, layout, master);
-  core::fsync_path(model_path);
-  core::write_file_atomically((partial / kManifestFile).string(),
-                              manifest.to_json().dump(2) + "\n");
-  core::fsync_path(partial.string());
+std::vector<DatasetSpec> model_datasets(const model::ParameterLayout& layout) {
+  std::vector<DatasetSpec> sets;
+  for (const model::TensorInfo& t : layout.tensors()) sets.push_back({t.name, t.shape});
+  return sets;
+}
 
-  // A checkpoint of the same step already there (a rerun): keep it until the new one is in
-  // place, so that there is always one complete step-N.
-  const fs::path old = fs::path(root) / (name + ".replaced");
-  const bool replacing = fs::exists(final_dir);
-  if (replacing) {
-    fs::remove_all(old, ec);
-    core::rename_path(final_dir.string(), old.string());
+std::vector<DatasetSpec> optim_datasets(const model::ParameterLayout& layout) {
+  std::vector<DatasetSpec> sets;
+  for (const char* group : {"exp_avg", "exp_avg_sq"}) {
+    for (const model::TensorInfo& t : layout.tensors())
+      sets.push_back({fmt::format("{}/{}", group, t.name), t.shape});
   }
-  core::rename_path(partial.string(), final_dir.string());
-  core::fsync_path(root);
-  core::write_file_atomically((fs::path(root) / kLatestFile).string(), name + "\n");
-  if (replacing) fs::remove_all(old, ec);
+  return sets;
+}
+
+std::uint64_t hash_of(std::span<const float> values) { return xxh64(std::as_bytes(values)); }
+
+// The steps of complete checkpoints under root, newest first.
+std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std::string& root) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto step = parse_step_dir_name(name);
+    if (step && e.is_directory() && fs::exists(e.path() / kManifestFile))
+      found.emplace_back(*step, name);
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  return found;
+}
+
+std::string read_latest(const std::string& root) {
+  std::ifstream in(fs::path(root) / kLatestFile);
+  std::string name;
+  std::getline(in, name);
+  return name;
 }
 
 }  // namespace
 
-std::string commit_checkpoint(const dist::World& world, const std::string& root,
-                              const Manifest& manifest, const model::ParameterLayout& layout,
-                              std::span<const float> master) {
-  std::exception_ptr failure;
-  if (world.is_root()) {
-    try {
-      write_on_root(root, manifest, layout, master);
-    } catch (...) {
-      failure = std::current_exception();
+std::vector<std::string> prune_checkpoints(const std::string& root, int keep_last) {
+  keep_last = std::max(keep_last, 2);
+  std::vector<std::string> removed;
+  const std::string latest = read_latest(root);
+  const auto complete = complete_checkpoints(root);
+  std::error_code ec;
+  for (std::size_t i = static_cast<std::size_t>(keep_last); i < complete.size(); ++i) {
+    if (complete[i].second == latest) continue;
+    fs::remove_all(fs::path(root) / complete[i].second, ec);
+    if (!ec) removed.push_back(complete[i].second);
+  }
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(kPartialSuffix) || name.ends_with(".replaced")) {
+      fs::remove_all(e.path(), ec);
+      if (!ec) removed.push_back(name);
     }
   }
-  dist::agree_on_failure(world, failure);
-  return (fs::path(root) / step_dir_name(manifest.step)).string();
+  return removed;
+}
+
+struct CheckpointWriter::Impl {
+  Impl(const dist::World& w, std::string r, WriterPolicy p)
+      : world(w), root(std::move(r)), policy(p), comm(w.duplicate_comm()) {
+    policy.keep_last = std::max(policy.keep_last, 2);
+    if (world.thread_level() != MPI_THREAD_MULTIPLE) policy.async = false;
+  }
+
+  // The whole protocol for one checkpoint; the same outcome on every rank.
+  WriteReport run(const model::ParameterLayout& layout, Manifest& manifest, const RankState& state,
+                  const core::Stopwatch& started) const {
+    const int rank = world.rank();
+    const std::string name = step_dir_name(manifest.step);
+    const fs::path partial = fs::path(root) / (name + std::string(kPartialSuffix));
+    const std::string model_path = (partial / kModelFile).string();
+    const std::string optim_path = (partial / kOptimFile).string();
+    const std::vector<DatasetSpec> model_sets = model_datasets(layout);
+    const std::vector<DatasetSpec> optim_sets = optim_datasets(layout);
+
+    // 1. Rank 0 creates the files.
+    std::string failure;
+    std::vector<std::int64_t> offsets;
+    if (rank == 0) {
+      try {
+        fs::create_directories(root);
+        fs::remove_all(partial);
+        fs::create_directory(partial);
+        offsets = create_tensor_file(
+            model_path, model_sets,
+            {{{"format", "llama3-hpc/model"}, {"head", std::string(head_name(layout.head()))}},
+             {{"version", 1}}});
+        const std::vector<std::int64_t> optim =
+            create_tensor_file(optim_path, optim_sets,
+                               {{{"format", "llama3-hpc/optimizer"}},
+                                {{"version", 1}, {"adamw_step", manifest.adamw_step}}});
+        offsets.insert(offsets.end(), optim.begin(), optim.end());
+      } catch (...) {
+        failure =
+            fmt::format("checkpoint {}: {}", name, core::summarize(std::current_exception()).text);
+      }
+    }
+    failure = dist::broadcast_string(comm.get(), failure);
+    if (!failure.empty()) throw core::internal_error(failure);
+    dist::broadcast_vector(comm.get(), offsets);
+
+    // 2. Every rank writes and checksums its slices.
+    json mine = {{"error", ""}, {"slices", json::array()}, {"bytes", 0}};
+    try {
+      const std::vector<TensorSlice> slices = tensor_slices(layout, state.ranges);
+      RawFileWriter model_file(model_path);
+      RawFileWriter optim_file(optim_path);
+      const std::size_t tensors = layout.tensors().size();
+      std::int64_t bytes = 0;
+      for (std::size_t i = 0; i < slices.size(); ++i) {
+        if (i == slices.size() / 2) core::fault_point("ckpt.write", rank);  // half written
+        const TensorSlice& s = slices[i];
+        const auto at = static_cast<std::size_t>(s.position);
+        const auto n = static_cast<std::size_t>(s.count);
+        const std::span<const float> master(state.master.data() + at, n);
+        const std::span<const float> m(state.exp_avg.data() + at, n);
+        const std::span<const float> v(state.exp_avg_sq.data() + at, n);
+        model_file.write(offsets[s.tensor], s.first, master);
+        optim_file.write(offsets[tensors + s.tensor], s.first, m);
+        optim_file.write(offsets[2 * tensors + s.tensor], s.first, v);
+        mine["slices"].push_back({s.tensor, s.first, s.count, to_hex(hash_of(master)),
+                                  to_hex(hash_of(m)), to_hex(hash_of(v))});
+        bytes += 3 * s.count * static_cast<std::int64_t>(sizeof(float));
+      }
+      model_file.sync();
+      optim_file.sync();
+      mine["bytes"] = bytes;
+    } catch (...) {
+      mine["error"] =
+          fmt::format("rank {}: {}", rank, core::summarize(std::current_exception()).text);
+    }
+    const std::vector<std::string> reports = dist::gather_strings(comm.get(), mine.dump());
+
+    // 3. Rank 0 commits.
+    std::int64_t total_bytes = 0;
+    if (rank == 0) {
+      try {
+        json table = json::array();
+        for (const model::TensorInfo& t : layout.tensors())
+          table.push_back({{"name", t.name}, {"shape", t.shape}, {"slices", json::array()}});
+        for (const std::string& text : reports) {
+          const json r = json::parse(text);
+          if (!r.at("error").get<std::string>().empty()) {
+            throw core::internal_error(r.at("error").get<std::string>());
+          }
+          total_bytes += r.at("bytes").get<std::int64_t>();
+          for (const json& s : r.at("slices")) {
+            table[s[0].get<std::size_t>()]["slices"].push_back({s[1], s[2], s[3], s[4], s[5]});
+          }
+        }
+        for (json& t : table) {
+          std::sort(t["slices"].begin(), t["slices"].end(),
+                    [](const json& a, const json& b) { return a[0] < b[0]; });
+        }
+        manifest.tensors = std::move(table);
+        manifest.files = {{std::string(kModelFile), {{"bytes", fs::file_size(model_path)}}},
+                          {std::string(kOptimFile), {{"bytes", fs::file_size(optim_path)}}}};
+        core::write_file_atomically((partial / kManifestFile).string(),
+                                    manifest.to_json().dump(1) + "\n");
+        core::fault_point("ckpt.before_rename", rank);
+        core::fsync_path(partial.string());
+        const fs::path final_dir = fs::path(root) / name;
+        const fs::path replaced = fs::path(root) / (name + ".replaced");
+        const bool replacing = fs::exists(final_dir);
+        if (replacing) {
+          fs::remove_all(replaced);
+          core::rename_path(final_dir.string(), replaced.string());
+        }
+        core::rename_path(partial.string(), final_dir.string());
+        core::fsync_path(root);
+        core::fault_point("ckpt.before_latest", rank);
+        core::write_file_atomically((fs::path(root) / kLatestFile).string(), name + "\n");
+        if (replacing) fs::remove_all(replaced);
+        (void)prune_checkpoints(root, policy.keep_last);
+      } catch (...) {
+        failure = fmt::format("checkpoint {} not written: {}", name,
+                              core::summarize(std::current_exception()).text);
+      }
+    }
+    failure = dist::broadcast_string(comm.get(), failure);
+    if (!failure.empty()) throw core::internal_error(failure);
+    dist::broadcast_bytes(comm.get(), &total_bytes, sizeof(total_bytes), 0);
+    return {(fs::path(root) / name).string(), started.seconds(), total_bytes};
+  }
+
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+
+  const dist::World& world;
+  std::string root;
+  WriterPolicy policy;
+  dist::UniqueComm comm;
+  std::thread thread;
+  bool in_flight = false;
+  std::atomic<bool> finished{false};
+  std::optional<WriteReport> report;
+  std::exception_ptr error;
+};
+
+CheckpointWriter::CheckpointWriter(const dist::World& world, std::string root, WriterPolicy policy)
+    : impl_(std::make_unique<Impl>(world, std::move(root), policy)) {}
+
+CheckpointWriter::~CheckpointWriter() { impl_->join(); }
+
+bool CheckpointWriter::busy() const noexcept { return impl_->in_flight; }
+bool CheckpointWriter::ready() const noexcept { return impl_->in_flight && impl_->finished.load(); }
+const std::string& CheckpointWriter::root() const noexcept { return impl_->root; }
+
+std::optional<WriteReport> CheckpointWriter::wait() {
+  Impl& s = *impl_;
+  if (!s.in_flight) return std::nullopt;
+  s.join();
+  s.in_flight = false;
+  if (s.error) std::rethrow_exception(std::exchange(s.error, nullptr));
+  return std::exchange(s.report, std::nullopt);
+}
+
+void CheckpointWriter::write(const model::ParameterLayout& layout, Manifest manifest,
+                             RankState state) {
+  (void)wait();
+  Impl& s = *impl_;
+  s.in_flight = true;
+  s.finished = false;
+  s.report.reset();
+  s.error = nullptr;
+  auto job = [&s, layout, manifest = std::move(manifest), state = std::move(state),
+              started = core::Stopwatch()]() mutable {
+    try {
+      s.report = s.run(layout, manifest, state, started);
+    } catch (...) {
+      s.error = std::current_exception();
+    }
+    s.finished = true;
+  };
+  if (s.policy.async) {
+    s.thread = std::thread(std::move(job));
+  } else {
+    job();
+  }
 }
 
 }  // namespace l3::ckpt

@@ -1,27 +1,74 @@
-// Writing a checkpoint step directory: the files go into <root>/step-N.partial/, are fsynced,
-// the manifest is written last, the directory is renamed to step-N and `latest` is replaced
-// atomically (write temp + fsync + rename). A crash at any point leaves the previous
-// checkpoint and `latest` intact.
+// Writing checkpoints (layout and protocol in docs/FORMAT.md):
 //
-// This is the synchronous, rank-0-writes form: the model is replicated on every rank after a
-// step, so rank 0 alone holds everything model.h5 needs. (Parallel, sharded and asynchronous
-// writes of the optimizer state come with the restart protocol; the on-disk layout stays.)
+//   1. rank 0 creates <root>/step-N.partial/ with model.h5 and optim.h5, every dataset allocated
+//      (tensor_file.hpp), and broadcasts where each dataset's data lies;
+//   2. every rank writes its slices of the master weights and AdamW moments there, fsyncs, and
+//      checksums each slice (xxHash64);
+//   3. the ranks AND their success; rank 0 writes manifest.json (with the tensor table of
+//      checksums) through a temporary name + fsync, fsyncs the directory, renames it to step-N,
+//      fsyncs the root, and replaces `latest` (temporary + fsync + rename);
+//   4. rank 0 prunes: complete checkpoints beyond the newest `keep_last`, and stale .partial
+//      directories.
+// A crash anywhere leaves the previous checkpoints and `latest` intact.
+//
+// Asynchronous by default: write() takes a host snapshot and returns; a background thread
+// (on its own communicator) does the rest while training continues. The next write() and
+// wait() wait for it first. Its outcome is agreed by all ranks: every rank either sees the
+// checkpoint committed or gets the same error.
 #pragma once
 
-#include <span>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "ckpt/manifest.hpp"
+#include "ckpt/rank_state.hpp"
 #include "dist/world.hpp"
 #include "model/parameter_layout.hpp"
 
 namespace l3::ckpt {
 
-// Collective over `world`. `master` (layout.total() fp32 values) is read on rank 0 only.
-// Returns the committed step directory. A failure on rank 0 is thrown on every rank (the
-// others as core::PeerFailure).
-std::string commit_checkpoint(const dist::World& world, const std::string& root,
-                              const Manifest& manifest, const model::ParameterLayout& layout,
-                              std::span<const float> master);
+struct WriterPolicy {
+  int keep_last = 3;  // complete checkpoints kept (never fewer than 2)
+  bool async = true;  // write on a background thread
+};
+
+struct WriteReport {
+  std::string directory;   // the committed step directory
+  double seconds = 0;      // from the snapshot to the commit
+  std::int64_t bytes = 0;  // written by all ranks
+};
+
+class CheckpointWriter {
+ public:
+  // Collective (duplicates the communicator).
+  CheckpointWriter(const dist::World& world, std::string root, WriterPolicy policy);
+  ~CheckpointWriter();  // waits for a write in flight (errors are dropped: call wait())
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  CheckpointWriter(CheckpointWriter&&) = delete;
+  CheckpointWriter& operator=(CheckpointWriter&&) = delete;
+
+  // Collective. Waits for the previous write (rethrowing its failure), then writes `state`
+  // (this rank's ranges) as checkpoint manifest.step; rank 0's `manifest` is the one written
+  // (the tensor table is filled in here). Returns once the write is under way (async) or done.
+  void write(const model::ParameterLayout& layout, Manifest manifest, RankState state);
+  // Waits for the write in flight, if any, and returns its report; a failed write throws
+  // (the same error on every rank). Collective only in the sense that every rank must call it.
+  std::optional<WriteReport> wait();
+  [[nodiscard]] bool busy() const noexcept;
+  // A write is in flight and has finished on this rank (wait() will not block).
+  [[nodiscard]] bool ready() const noexcept;
+  [[nodiscard]] const std::string& root() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Rank 0's part of pruning (also used by `ckpt prune`): removes complete checkpoints beyond the
+// newest `keep_last` (never the one `latest` names) and .partial directories. Returns what it
+// removed.
+std::vector<std::string> prune_checkpoints(const std::string& root, int keep_last);
 
 }  // namespace l3::ckpt

@@ -29,8 +29,15 @@ json Manifest::to_json() const {
           {"tokenizer", {{"sha256", tokenizer_sha256}, {"name", tokenizer}}},
           {"config", config},
           {"program", {{"version", program_version}, {"git_commit", git_commit}}},
+          {"libraries", libraries},
           {"created_utc", created_utc},
-          {"files", {std::string(kModelFile)}}};
+          {"optimizer", {{"adamw_step", adamw_step}}},
+          {"progress",
+           {{"skipped_steps", skipped_steps},
+            {"trained_tokens", trained_tokens},
+            {"trained_seconds", trained_seconds}}},
+          {"files", files},
+          {"tensors", tensors}};
 }
 
 Manifest Manifest::from_json(const json& j, const std::string& origin) {
@@ -66,6 +73,17 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
     m.program_version = program.value("version", "");
     m.git_commit = program.value("git_commit", "");
     m.created_utc = j.value("created_utc", "");
+    m.libraries = j.value("libraries", json::object());
+    m.adamw_step = j.value("optimizer", json::object()).value("adamw_step", std::int64_t{0});
+    const json progress = j.value("progress", json::object());
+    m.skipped_steps = progress.value("skipped_steps", std::int64_t{0});
+    m.trained_tokens = progress.value("trained_tokens", std::int64_t{0});
+    m.trained_seconds = progress.value("trained_seconds", 0.0);
+    m.files = j.value("files", json::object());
+    if (!m.files.is_object()) m.files = json::object();
+    m.tensors = j.value("tensors", json::array());
+    if (!m.tensors.is_array())
+      throw core::bad_input("malformed manifest: \"tensors\" is not a list", {.file = origin});
     return m;
   } catch (const json::exception& e) {
     throw core::bad_input(fmt::format("malformed manifest: {}", e.what()), {.file = origin});

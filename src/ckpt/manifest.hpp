@@ -29,7 +29,22 @@ struct Manifest {
   nlohmann::json config = nlohmann::json::object();  // the run's resolved options
   std::string program_version;
   std::string git_commit;
-  std::string created_utc;  // ISO 8601
+  nlohmann::json libraries = nlohmann::json::object();  // name -> version
+  std::string created_utc;                              // ISO 8601
+
+  // Restart state.
+  std::int64_t adamw_step = 0;     // AdamW updates taken (skipped steps take none)
+  std::int64_t skipped_steps = 0;  // non-finite steps skipped so far
+  std::int64_t trained_tokens = 0;
+  double trained_seconds = 0;
+  // The tensor table: [{"name", "shape", "slices": [[first, count, model, exp_avg,
+  // exp_avg_sq], ...]}] with xxHash64 hex checksums of each slice in model.h5 and optim.h5.
+  // Empty for a checkpoint that has no optimizer state (model.h5 only: it can initialise a
+  // run but not resume one).
+  nlohmann::json tensors = nlohmann::json::array();
+  nlohmann::json files = nlohmann::json::object();  // file name -> {"bytes": N}
+
+  [[nodiscard]] bool resumable() const noexcept { return !tensors.empty(); }
 
   [[nodiscard]] nlohmann::json to_json() const;
   // bad_input Errors name `origin` (the manifest's path) and the field.

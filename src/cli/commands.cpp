@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <array>
 
+#include "cli/ckpt_command.hpp"
 #include "cli/command.hpp"
 #include "cli/demo_command.hpp"
 #include "cli/eval_command.hpp"
@@ -87,9 +88,15 @@ constexpr std::array kCommands = {
             .run = run_tokenize},
     Command{.name = "ckpt",
             .summary = "List, verify or prune checkpoints",
-            .usage = "ckpt list|verify|prune --ckpt-dir DIR [options]",
-            .description = "Inspects a checkpoint directory: manifests, checksums, retention.",
-            .planned = "the checkpoint/restart work"},
+            .usage = "ckpt list|verify|prune DIR [options]",
+            .description =
+                "DIR is a checkpoint root (a run's --ckpt-dir) or one step directory. list: "
+                "steps, phase, ranks, size and state (complete, partial, damaged, latest); "
+                "verify: manifest, files and every slice's checksum (exit 2 naming any damaged "
+                "checkpoint; --json adds per-tensor digests that compare runs of any size); "
+                "prune: keep the newest --keep-last complete checkpoints.",
+            .declare = declare_ckpt_options,
+            .run = run_ckpt},
     Command{.name = "demo",
             .summary = "Run the built-in demo: prep, SFT, reward model, evaluation",
             .usage = "demo [--workdir DIR]",

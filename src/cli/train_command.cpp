@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
 #include <iostream>
 
+#include "core/deadline.hpp"
 #include "core/error.hpp"
 #include "train/trainer.hpp"
 
@@ -81,8 +85,61 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "steps of data prepared ahead")(
       "ignore-tokenizer-mismatch", po::bool_switch(),
       "train even if the data was tokenized with another tokenizer than the --init model's")(
-      "no-progress", po::bool_switch(), "no progress bar, even on a terminal");
+      "no-progress", po::bool_switch(), "no progress bar, even on a terminal")(
+      "resume", po::value<std::string>()->default_value("auto")->value_name("auto|none|CKPT"),
+      "auto: continue from the newest good checkpoint in --ckpt-dir (damaged ones are set "
+      "aside); none: start over; or a checkpoint to continue from")(
+      "resume-verify", po::value<std::string>()->default_value("full")->value_name("full|quick"),
+      "full: check every checksum before resuming; quick: manifest, sizes and structure only")(
+      "keep-last", po::value<int>()->default_value(d.keep_last)->value_name("K"),
+      "keep the newest K complete checkpoints (at least 2)")(
+      "checkpoint-sync", po::bool_switch(),
+      "write checkpoints on the training thread instead of in the background")(
+      "allow-config-change", po::bool_switch(),
+      "resume even if options that change the training (lr, batch, seed, data...) changed")(
+      "deadline", po::value<std::string>()->value_name("SECONDS|TIME"),
+      "checkpoint and exit 75 before this: seconds from now or an ISO-8601 time (default: "
+      "SLURM_JOB_END_TIME when set)")(
+      "deadline-margin", po::value<double>()->default_value(d.deadline_margin)->value_name("S"),
+      "seconds kept in reserve before the deadline, on top of a step and a checkpoint");
 }
+
+// SIGUSR1 / SIGTERM: only a flag, read at the next step boundary (all ranks then agree, write
+// a checkpoint and exit 75). A signal handler can only reach process-wide state.
+std::atomic<int> g_stop_signal{0};  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
+
+extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+
+// Installs the handlers for the scope of a run, then puts the previous ones back.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGUSR1, &action, &old_usr1_);
+    sigaction(SIGTERM, &action, &old_term_);
+    // Past RLIMIT_FSIZE, a write must fail with EFBIG (reported, the previous checkpoint kept),
+    // not kill the process.
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGXFSZ, &ignore, &old_xfsz_);
+  }
+  ~StopSignals() {
+    sigaction(SIGUSR1, &old_usr1_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGXFSZ, &old_xfsz_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  StopSignals(StopSignals&&) = delete;
+  StopSignals& operator=(StopSignals&&) = delete;
+
+ private:
+  struct sigaction old_usr1_ {};
+  struct sigaction old_term_ {};
+  struct sigaction old_xfsz_ {};
+};
 
 template <typename T>
 T get(const po::variables_map& o, const char* name) {
@@ -94,8 +151,30 @@ std::string optional_string(const po::variables_map& o, const char* name) {
 }
 
 int run_phase(const CommandContext& context, train::Phase phase) {
+  const StopSignals signals;
+  g_stop_signal.store(0);
   train::Trainer trainer(context.world, context.log, train_config_from(context.options, phase));
+  trainer.set_stop_check([&] {
+    const int signal = g_stop_signal.load();
+    if (signal != 0) {
+      context.log.local(core::LogLevel::warn, "received {}: checkpointing and stopping",
+                        signal == SIGTERM ? "SIGTERM" : "SIGUSR1");
+      g_stop_signal.store(0);
+      return true;
+    }
+    return false;
+  });
   const train::TrainSummary s = trainer.run();
+  if (s.stopped) {
+    if (context.world.is_root()) {
+      std::cout << fmt::format(
+                       "{} stopped at step {} with checkpoint {}; run the same command "
+                       "again to continue (exit 75)\n",
+                       train::phase_name(phase), s.first_step + s.steps, s.checkpoint)
+                << std::flush;
+    }
+    return core::kExitCheckpointed;
+  }
   if (context.world.is_root()) {
     std::string line = fmt::format("{} done: {} steps in {}", train::phase_name(phase), s.steps,
                                    train::format_duration(s.seconds));
@@ -162,6 +241,20 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.prefetch_depth = get<int>(o, "prefetch-depth");
   c.ignore_tokenizer_mismatch = get<bool>(o, "ignore-tokenizer-mismatch");
   c.progress = !get<bool>(o, "no-progress");
+  c.resume = get<std::string>(o, "resume");
+  const std::string verify = get<std::string>(o, "resume-verify");
+  if (verify != "full" && verify != "quick")
+    throw core::usage_error("--resume-verify must be full or quick");
+  c.verify_resume = verify == "full";
+  c.keep_last = get<int>(o, "keep-last");
+  c.checkpoint_sync = get<bool>(o, "checkpoint-sync");
+  c.allow_config_change = get<bool>(o, "allow-config-change");
+  c.deadline_margin = get<double>(o, "deadline-margin");
+  if (o.count("deadline") != 0) {
+    c.deadline_unix = core::parse_deadline(get<std::string>(o, "deadline"), core::unix_now());
+  } else if (const auto slurm = core::slurm_end_time(std::getenv("SLURM_JOB_END_TIME"))) {
+    c.deadline_unix = *slurm;
+  }
   if (phase == train::Phase::reward) {
     c.margin_from_data = get<bool>(o, "margin-from-data");
     c.center_rewards = get<double>(o, "center-rewards");

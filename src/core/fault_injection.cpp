@@ -6,6 +6,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #include "core/error.hpp"
@@ -43,11 +46,22 @@ void perform(std::string_view action, std::string_view point, int rank, std::str
                   action, entry));
 }
 
+// How many times each point has been reached in this process (for "#N" entries).
+int count_hit(std::string_view point) {
+  static std::mutex mutex;
+  static std::map<std::string, int, std::less<>> hits;
+  const std::scoped_lock lock(mutex);
+  auto found = hits.find(point);
+  if (found == hits.end()) found = hits.emplace(std::string(point), 0).first;
+  return ++found->second;
+}
+
 }  // namespace
 
 void fault_point(std::string_view point, int rank) {
   const char* spec = std::getenv("L3_FAULT");
   if (spec == nullptr || *spec == '\0') return;
+  const int hit = count_hit(point);
   std::string_view rest(spec);
   while (!rest.empty()) {
     const auto comma = rest.find(',');
@@ -61,10 +75,16 @@ void fault_point(std::string_view point, int rank) {
       throw usage_error(fmt::format("L3_FAULT: '{}' is not 'point@rank=action'", entry));
     }
     const std::string_view entry_point = entry.substr(0, at);
-    const std::string_view entry_rank = entry.substr(at + 1, equals - at - 1);
+    std::string_view entry_rank = entry.substr(at + 1, equals - at - 1);
     const std::string_view action = entry.substr(equals + 1);
+    int occurrence = 0;  // 0: every time
+    if (const auto hash = entry_rank.find('#'); hash != std::string_view::npos) {
+      occurrence = parse_int(entry_rank.substr(hash + 1), entry);
+      entry_rank = entry_rank.substr(0, hash);
+    }
     if (entry_point != point) continue;
     if (entry_rank != "*" && parse_int(entry_rank, entry) != rank) continue;
+    if (occurrence != 0 && occurrence != hit) continue;
     perform(action, point, rank, entry);
   }
 }

@@ -1,7 +1,8 @@
 // Fault injection for tests of failure handling (error agreement now; kill-a-rank-mid-write
 // checkpoint tests later). Inactive unless the environment variable L3_FAULT is set:
 //
-//   L3_FAULT="point@rank=action[,point@rank=action...]"      rank: a number or '*'
+//   L3_FAULT="point@rank[#N]=action[,...]"     rank: a number or '*'; #N: only the N-th time
+//                                               this process reaches the point (1-based)
 //   actions: throw-internal | throw-input | exit:CODE | kill (SIGKILL self) | sleep:SECONDS
 //
 // e.g. L3_FAULT="cli.run@1=throw-input" makes rank 1 fail with a bad-input error where the CLI

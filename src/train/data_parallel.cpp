@@ -219,8 +219,13 @@ double DataParallel::gradient_norm() {
 void DataParallel::update(kernels::TensorView master, kernels::TensorView weight_copy, float lr,
                           float grad_scale) {
   for (AdamW& optimizer : optimizers_) optimizer.step(master, weight_copy, grads_, lr, grad_scale);
-  if (!config_.shard_optimizer || size_ == 1) return;
   const core::Stopwatch watch;
+  gather_parameters(master);
+  times_.gather_seconds = watch.seconds();
+}
+
+void DataParallel::gather_parameters(kernels::TensorView master) {
+  if (!config_.shard_optimizer || size_ == 1) return;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     std::vector<int> counts(static_cast<std::size_t>(size_));
     std::vector<int> displacements(static_cast<std::size_t>(size_));
@@ -234,7 +239,65 @@ void DataParallel::update(kernels::TensorView master, kernels::TensorView weight
                                    counts.data(), displacements.data(), MPI_FLOAT, comm_.get()),
                     "MPI_Allgatherv (parameters)");
   }
-  times_.gather_seconds = watch.seconds();
+}
+
+std::vector<Range> DataParallel::write_ranges() const {
+  std::vector<Range> ranges;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const Range p = piece(b, rank_);
+    if (p.size() > 0) ranges.push_back(p);
+  }
+  return ranges;
+}
+
+std::vector<Range> DataParallel::state_ranges() const {
+  if (!config_.shard_optimizer) return {{0, layout_.total()}};
+  return write_ranges();
+}
+
+std::pair<AdamW*, std::int64_t> DataParallel::optimizer_at(std::int64_t begin) {
+  for (AdamW& o : optimizers_) {
+    if (begin >= o.begin() && begin < o.end()) return {&o, begin - o.begin()};
+  }
+  throw core::internal_error(fmt::format("no optimizer of this rank holds position {}", begin));
+}
+
+void DataParallel::save_moments(const std::vector<Range>& ranges, std::span<float> m,
+                                std::span<float> v) {
+  std::size_t at = 0;
+  for (const Range& r : ranges) {
+    const auto [optimizer, offset] = optimizer_at(r.begin);
+    const auto n = static_cast<std::size_t>(r.size());
+    ops_.copy(kernels::TensorView(m.subspan(at, n)),
+              optimizer->first_moment().slice(offset, r.size()));
+    ops_.copy(kernels::TensorView(v.subspan(at, n)),
+              optimizer->second_moment().slice(offset, r.size()));
+    at += n;
+  }
+  ops_.synchronize();
+}
+
+void DataParallel::load_moments(const std::vector<Range>& ranges, std::span<const float> m,
+                                std::span<const float> v) {
+  std::size_t at = 0;
+  for (const Range& r : ranges) {
+    const auto [optimizer, offset] = optimizer_at(r.begin);
+    const auto n = static_cast<std::size_t>(r.size());
+    ops_.copy(optimizer->first_moment().slice(offset, r.size()),
+              kernels::TensorView(m.subspan(at, n)));
+    ops_.copy(optimizer->second_moment().slice(offset, r.size()),
+              kernels::TensorView(v.subspan(at, n)));
+    at += n;
+  }
+  ops_.synchronize();
+}
+
+std::int64_t DataParallel::adamw_steps() const noexcept {
+  return optimizers_.empty() ? 0 : optimizers_.front().steps_taken();
+}
+
+void DataParallel::set_adamw_steps(std::int64_t steps) noexcept {
+  for (AdamW& o : optimizers_) o.set_steps_taken(steps);
 }
 
 }  // namespace l3::train

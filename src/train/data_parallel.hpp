@@ -23,7 +23,9 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dist/unique_comm.hpp"
@@ -77,6 +79,23 @@ class DataParallel {
   void update(kernels::TensorView master, kernels::TensorView weight_copy, float lr,
               float grad_scale);
 
+  // All-gathers the parameters from their owners (after update(), or after each rank loaded
+  // its pieces from a checkpoint). Nothing to do on one rank or without sharding.
+  void gather_parameters(kernels::TensorView master);
+
+  // Checkpoints: the ranges this rank writes (its pieces, ascending; sharded or not, so that
+  // every value is written once), and the ranges whose state it must hold (its pieces when
+  // sharded, the whole buffer otherwise).
+  [[nodiscard]] std::vector<Range> write_ranges() const;
+  [[nodiscard]] std::vector<Range> state_ranges() const;
+  // The AdamW moments of `ranges` (within state_ranges()) to / from host arrays holding the
+  // ranges back to back; and the update count of every optimizer.
+  void save_moments(const std::vector<Range>& ranges, std::span<float> m, std::span<float> v);
+  void load_moments(const std::vector<Range>& ranges, std::span<const float> m,
+                    std::span<const float> v);
+  [[nodiscard]] std::int64_t adamw_steps() const noexcept;
+  void set_adamw_steps(std::int64_t steps) noexcept;
+
   [[nodiscard]] const std::vector<Range>& buckets() const noexcept { return buckets_; }
   // Piece r of bucket b: what rank r owns of it.
   [[nodiscard]] Range piece(std::size_t bucket, int rank) const;
@@ -89,6 +108,8 @@ class DataParallel {
 
  private:
   void reduce_bucket(std::size_t bucket);
+  // The optimizer holding flat position `begin` and the offset of `begin` in its moments.
+  [[nodiscard]] std::pair<AdamW*, std::int64_t> optimizer_at(std::int64_t begin);
   void launch_until(std::int64_t offset);  // queue every bucket starting at or after offset
   void worker_loop();
 

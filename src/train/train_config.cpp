@@ -31,6 +31,9 @@ void TrainConfig::validate() const {
           "--log-every, --eval-every and --checkpoint-every must not be negative");
   require(checkpoint_every == 0 || !ckpt_dir.empty(), "--checkpoint-every needs --ckpt-dir");
   require(max_bad_steps >= 1, "--max-bad-steps must be at least 1");
+  require(keep_last >= 2, "--keep-last must be at least 2 (the newest may be damaged)");
+  require(!resume.empty(), "--resume takes auto, none or a checkpoint path");
+  require(deadline_margin >= 0, "--deadline-margin must not be negative");
   require(bucket_mb > 0, "--bucket-mb must be positive");
   require(prefetch_depth >= 1, "--prefetch-depth must be at least 1");
   require(center_rewards >= 0, "--center-rewards must not be negative");
@@ -72,6 +75,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"ckpt_dir", ckpt_dir},
           {"checkpoint_every", checkpoint_every},
           {"max_bad_steps", max_bad_steps},
+          {"keep_last", keep_last},
           {"peak_tflops", peak_tflops}};
 }
 

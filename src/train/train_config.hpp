@@ -54,6 +54,13 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string metrics;   // JSONL file, appended to; empty: none
   std::string ckpt_dir;  // empty: no checkpoints
   std::int64_t checkpoint_every = 0;
+  std::string resume = "auto";       // auto (newest good one in ckpt_dir), none, or a path
+  bool verify_resume = true;         // check every checksum before resuming (else structure)
+  int keep_last = 3;                 // complete checkpoints kept (at least 2)
+  bool checkpoint_sync = false;      // write checkpoints on the training thread
+  bool allow_config_change = false;  // resume even if options that change the math changed
+  double deadline_unix = 0;          // checkpoint and stop before this time (0: none)
+  double deadline_margin = 60;       // seconds kept in reserve before the deadline
   int max_bad_steps = 5;
   double peak_tflops = 0;  // per rank; 0: known GPUs by name, else no MFU
   bool ignore_tokenizer_mismatch = false;

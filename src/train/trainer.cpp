@@ -4,15 +4,22 @@
 #include <mpi.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <filesystem>
 #include <vector>
 
+#include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/checkpoint_writer.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
+#include "core/fault_injection.hpp"
 #include "core/timer.hpp"
+#include "dist/agree.hpp"
+#include "dist/gather_strings.hpp"
 #include "dist/mpi_check.hpp"
 #include "io/hdf5/data_loader.hpp"
 #include "io/tokenizer/special_tokens.hpp"
@@ -59,7 +66,8 @@ struct Trainer::Impl {
       : world(w), log(l), config(std::move(c)) {
     config.validate();
     ops = kernels::make_ops(config.backend, world.local_rank());
-    source = resolve_model_source(config.model, config.init);
+    const std::string resume_dir = choose_resume();
+    source = resolve_model_source(config.model, resume_dir.empty() ? config.init : resume_dir);
     const model::ModelConfig& mc = source.config;
     if (config.seq_len > mc.max_position_embeddings) {
       throw core::usage_error(fmt::format("--seq-len {} is longer than the model's {} positions",
@@ -72,6 +80,7 @@ struct Trainer::Impl {
       throw core::usage_error(
           fmt::format("--init {} is a reward model; SFT needs a language model", source.step_dir));
     }
+    if (!resume_dir.empty()) check_resume_config(*source.checkpoint);
     index =
         open_data(world, config.data, config.phase, mc, source, config.ignore_tokenizer_mismatch);
     if (!config.val_data.empty()) {
@@ -81,7 +90,23 @@ struct Trainer::Impl {
 
     model = std::make_unique<model::LlamaModel>(mc, head, *ops,
                                                 model::ModelOptions{.recompute = config.recompute});
-    initialize_model(world, *model, source, config.seed);
+    DataParallelConfig dp;
+    dp.bucket_elements = std::max<std::int64_t>(
+        model::ParameterLayout::kAlignment,
+        static_cast<std::int64_t>(config.bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
+    dp.shard_optimizer = config.shard_optimizer;
+    dp.overlap = config.overlap_reduction;
+    parallel = std::make_unique<DataParallel>(world, *ops, model->layout(), dp, config.adamw);
+    if (resume_dir.empty()) {
+      initialize_model(world, *model, source, config.seed);
+    } else {
+      restore(resume_dir, *source.checkpoint);
+    }
+    if (!config.ckpt_dir.empty()) {
+      writer = std::make_unique<ckpt::CheckpointWriter>(
+          world, config.ckpt_dir,
+          ckpt::WriterPolicy{.keep_last = config.keep_last, .async = !config.checkpoint_sync});
+    }
 
     data::LoaderConfig lc;
     lc.plan.seq_len = config.seq_len;
@@ -99,7 +124,7 @@ struct Trainer::Impl {
           "--margin-from-data: the dataset {} has no margins (its records had no \"margin\")",
           config.data));
     }
-    loader = std::make_unique<data::DataLoader>(world, index, lc, data::Position{0, 0});
+    loader = std::make_unique<data::DataLoader>(world, index, lc, position);
 
     if (config.steps > 0) {
       total = config.steps;
@@ -109,14 +134,6 @@ struct Trainer::Impl {
     }
     schedule = {config.lr, config.min_lr < 0 ? 0.1 * config.lr : config.min_lr, config.warmup,
                 total};
-
-    DataParallelConfig dp;
-    dp.bucket_elements = std::max<std::int64_t>(
-        model::ParameterLayout::kAlignment,
-        static_cast<std::int64_t>(config.bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
-    dp.shard_optimizer = config.shard_optimizer;
-    dp.overlap = config.overlap_reduction;
-    parallel = std::make_unique<DataParallel>(world, *ops, model->layout(), dp, config.adamw);
 
     peak_tflops = config.peak_tflops > 0
                       ? config.peak_tflops
@@ -268,7 +285,118 @@ struct Trainer::Impl {
     return m;
   }
 
-  std::string checkpoint() {
+  // ---- checkpoints -------------------------------------------------------------------
+
+  // The checkpoint to resume from: rank 0 decides (--resume auto: the newest good one under
+  // --ckpt-dir, broken ones renamed aside; --resume PATH: that one, which must be good),
+  // every rank learns the decision. Empty: start fresh.
+  std::string choose_resume() {
+    if (config.ckpt_dir.empty() || config.resume == "none") return {};
+    std::string chosen;
+    std::string failure;
+    std::vector<std::string> rejected;
+    if (world.is_root()) {
+      try {
+        if (config.resume == "auto") {
+          if (std::filesystem::is_directory(config.ckpt_dir)) {
+            const ckpt::ResumePick pick =
+                ckpt::pick_resume_checkpoint(config.ckpt_dir, config.verify_resume);
+            chosen = pick.step_dir;
+            rejected = pick.rejected;
+          }
+        } else {
+          chosen = ckpt::resolve_checkpoint(config.resume);
+          const ckpt::Verification v = ckpt::verify_checkpoint(chosen, config.verify_resume);
+          if (!v.ok) {
+            throw core::bad_input(fmt::format("cannot resume from it: {}", v.problem),
+                                  {.file = chosen});
+          }
+        }
+      } catch (...) {
+        failure = core::summarize(std::current_exception()).text;
+      }
+    }
+    failure = dist::broadcast_string(world.comm(), failure);
+    if (!failure.empty()) throw core::bad_input(failure);
+    chosen = dist::broadcast_string(world.comm(), chosen);
+    for (const std::string& r : rejected) log.warn("checkpoint {} is damaged, set aside", r);
+    if (!chosen.empty()) log.info("resuming from {}", chosen);
+    return chosen;
+  }
+
+  // A resumed run must do the same math: the options that change it must not change
+  // (--steps, cadences, output and performance options may).
+  void check_resume_config(const ckpt::Manifest& manifest) const {
+    if (manifest.phase != phase_name(config.phase)) {
+      throw core::usage_error(fmt::format("{} is a {} checkpoint; this is a {} run",
+                                          source.step_dir, manifest.phase,
+                                          phase_name(config.phase)));
+    }
+    if (config.allow_config_change) return;
+    const nlohmann::json now = config.to_json();
+    std::string changed;
+    for (const char* key : {"data", "seq_len", "global_batch", "drop_long", "lr", "min_lr",
+                            "warmup", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "seed",
+                            "margin_from_data", "center_rewards", "epochs"}) {
+      if (manifest.config.contains(key) && manifest.config[key] != now[key]) {
+        changed += fmt::format("{}--{} {} (was {})", changed.empty() ? "" : ", ",
+                               std::string(key) == "eps" ? "adam-eps" : key, now[key].dump(),
+                               manifest.config[key].dump());
+      }
+    }
+    if (!changed.empty()) {
+      throw core::usage_error(fmt::format(
+          "resuming {} with options that change the training: {}; restore them, or pass "
+          "--allow-config-change, or --resume none to start over",
+          source.step_dir, changed));
+    }
+  }
+
+  void restore(const std::string& step_dir, const ckpt::Manifest& manifest) {
+    const core::Stopwatch watch;
+    std::vector<ckpt::FlatRange> ranges;
+    for (const Range& r : parallel->state_ranges()) ranges.push_back({r.begin, r.end});
+    std::exception_ptr failure;
+    ckpt::RankState state;
+    try {
+      state = ckpt::read_rank_state(step_dir, model->layout(), ranges);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    dist::agree_on_failure(world, failure);
+    const kernels::TensorView master = model->master_weights();
+    std::size_t at = 0;
+    std::vector<Range> parallel_ranges;
+    for (const ckpt::FlatRange& r : state.ranges) {
+      const auto n = static_cast<std::size_t>(r.size());
+      ops->copy(master.slice(r.begin, r.size()),
+                kernels::TensorView(std::span<const float>(state.master).subspan(at, n)));
+      parallel_ranges.push_back({r.begin, r.end});
+      at += n;
+    }
+    parallel->load_moments(parallel_ranges, state.exp_avg, state.exp_avg_sq);
+    parallel->set_adamw_steps(manifest.adamw_step);
+    parallel->gather_parameters(master);
+    if (!model->weight_copy().empty()) ops->copy(model->weight_copy(), master);
+    ops->synchronize();
+    done = first_step = manifest.step;
+    position = {manifest.data_epoch, manifest.data_step};
+    skipped = manifest.skipped_steps;
+    prior_tokens = manifest.trained_tokens;
+    prior_seconds = manifest.trained_seconds;
+    last_checkpoint = step_dir;
+    last_checkpoint_step = done;
+    log.info(
+        "resumed at step {} (data epoch {} step {}, {} AdamW updates) from {} written by {} "
+        "rank{} in {:.2f} s",
+        done, position.epoch, position.step, manifest.adamw_step, step_dir, manifest.world_size,
+        manifest.world_size == 1 ? "" : "s", watch.seconds());
+  }
+
+  // Starts a checkpoint of the current state (in the background unless --checkpoint-sync).
+  void checkpoint() {
+    if (!writer) throw core::usage_error("no --ckpt-dir: nowhere to write a checkpoint");
+    finish_checkpoint();  // the previous one first
     const core::Stopwatch watch;
     ckpt::Manifest manifest;
     manifest.step = done;
@@ -285,16 +413,78 @@ struct Trainer::Impl {
     const core::BuildInfo build = core::build_info();
     manifest.program_version = build.version;
     manifest.git_commit = build.git_commit;
+    for (const core::LibraryVersion& library : core::library_versions())
+      manifest.libraries[library.name] = library.version;
     manifest.created_utc = utc_now();
-    std::vector<float> host;
-    if (world.is_root()) host = model->master_to_host();  // replicated after every step
-    std::string dir =
-        ckpt::commit_checkpoint(world, config.ckpt_dir, manifest, model->layout(), host);
+    manifest.adamw_step = parallel->adamw_steps();
+    manifest.skipped_steps = skipped;
+    manifest.trained_tokens = prior_tokens + run_tokens;
+    manifest.trained_seconds = prior_seconds + run_seconds;
+
+    // The host snapshot: this rank's pieces of the master weights and moments.
+    ckpt::RankState state;
+    std::vector<ckpt::FlatRange> ranges;
+    const std::vector<Range> mine = parallel->write_ranges();
+    for (const Range& r : mine) ranges.push_back({r.begin, r.end});
+    state.allocate(std::move(ranges));
+    std::size_t at = 0;
+    const kernels::TensorView master = model->master_weights();
+    for (const Range& r : mine) {
+      const auto n = static_cast<std::size_t>(r.size());
+      ops->copy(kernels::TensorView(std::span<float>(state.master).subspan(at, n)),
+                master.slice(r.begin, r.size()));
+      at += n;
+    }
+    parallel->save_moments(mine, state.exp_avg, state.exp_avg_sq);
+    writer->write(model->layout(), std::move(manifest), std::move(state));
+    snapshot_seconds = watch.seconds();
+    pending_step = done;
+    if (!writer->busy()) finish_checkpoint();
+  }
+
+  // Waits for the checkpoint in flight, if any, and reports it.
+  void finish_checkpoint() {
+    if (!writer || !writer->busy()) return;
+    const std::optional<ckpt::WriteReport> report = writer->wait();
+    if (!report) return;
     progress->clear();
-    log.info("checkpoint {} written in {:.2f} s", dir, watch.seconds());
-    last_checkpoint = dir;
-    last_checkpoint_step = done;
-    return dir;
+    log.info(
+        "checkpoint {} committed: {:.1f} MB in {:.2f} s (training paused {:.3f} s for the "
+        "snapshot)",
+        report->directory, static_cast<double>(report->bytes) / 1e6, report->seconds,
+        snapshot_seconds);
+    checkpoint_seconds = std::max(checkpoint_seconds, report->seconds);
+    last_checkpoint = report->directory;
+    last_checkpoint_step = pending_step;
+  }
+
+  // ---- stopping early ----------------------------------------------------------------
+
+  // Whether the ranks agree to stop now: a stop was requested on any rank (a signal, the
+  // host application), or the deadline is closer than a step plus a checkpoint plus margin.
+  bool stop_agreed() {
+    int local = stop_requested.load() ? 1 : 0;
+    if (stop_check && stop_check()) local = 1;
+    if (config.deadline_unix > 0 && done > first_step) {
+      const double step_seconds = run_seconds / static_cast<double>(done - first_step);
+      const double needed = 2.0 * step_seconds + 1.5 * checkpoint_seconds + config.deadline_margin;
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      if (now + needed >= config.deadline_unix) {
+        if (!deadline_hit) {
+          log.warn(
+              "the deadline is {:.0f} s away, less than the {:.0f} s a step, a checkpoint and "
+              "the margin need: checkpointing and stopping",
+              config.deadline_unix - now, needed);
+        }
+        deadline_hit = true;
+        local = 1;
+      }
+    }
+    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_MAX, world.comm()),
+                    "MPI_Allreduce (stop agreement)");
+    return local != 0;
   }
 
   const dist::World& world;
@@ -323,6 +513,16 @@ struct Trainer::Impl {
   std::optional<EvalMetrics> last_eval;
   std::string last_checkpoint;
   std::int64_t last_checkpoint_step = -1;
+  std::unique_ptr<ckpt::CheckpointWriter> writer;
+  std::int64_t pending_step = -1;
+  double snapshot_seconds = 0;
+  double checkpoint_seconds = 0;  // the longest write so far (for the deadline)
+  std::int64_t prior_tokens = 0;  // trained before this run (resumed)
+  double prior_seconds = 0;
+  std::atomic<bool> stop_requested{false};
+  std::function<bool()> stop_check;
+  bool deadline_hit = false;
+  bool stopped = false;
   std::vector<std::function<void(const StepMetrics&)>> step_callbacks;
   std::vector<std::function<void(const EvalMetrics&)>> eval_callbacks;
 };
@@ -334,7 +534,8 @@ Trainer::~Trainer() = default;
 
 bool Trainer::step() {
   Impl& s = *impl_;
-  if (s.done >= s.total) return false;
+  if (s.done >= s.total || s.stopped) return false;
+  core::fault_point("train.step", s.world.rank());
   const StepMetrics m = s.run_step();
   s.last_step = m;
   s.report(m);
@@ -343,6 +544,15 @@ bool Trainer::step() {
         "training diverged: {} steps in a row had a non-finite loss or gradient norm (last: "
         "step {}, loss {}, grad norm {}); lower --lr, raise --warmup or check the data",
         s.bad_in_a_row, m.step, m.loss, m.grad_norm));
+  }
+  if (s.writer && s.writer->ready()) s.finish_checkpoint();
+  if (s.done < s.total && s.stop_agreed()) {
+    s.progress->clear();
+    s.log.warn("stopping at step {} of {} on request: writing a checkpoint", s.done, s.total);
+    s.stopped = true;
+    if (s.writer && s.last_checkpoint_step != s.done && s.pending_step != s.done) s.checkpoint();
+    s.finish_checkpoint();
+    return false;
   }
   if (s.config.checkpoint_every > 0 && s.done % s.config.checkpoint_every == 0 && s.done < s.total)
     s.checkpoint();
@@ -356,10 +566,15 @@ TrainSummary Trainer::run() {
   while (step()) {
   }
   s.progress->finish();
-  s.evaluate();
-  if (!s.config.ckpt_dir.empty() && s.last_checkpoint_step != s.done) s.checkpoint();
+  if (!s.stopped) {
+    if (s.done > s.first_step || !s.last_eval) s.evaluate();
+    if (s.writer && s.last_checkpoint_step != s.done && s.pending_step != s.done) s.checkpoint();
+  }
+  s.finish_checkpoint();
   TrainSummary summary;
   summary.steps = s.done - s.first_step;
+  summary.first_step = s.first_step;
+  summary.stopped = s.stopped;
   summary.skipped_steps = s.skipped;
   summary.last_step = s.last_step;
   summary.last_eval = s.last_eval;
@@ -371,7 +586,13 @@ TrainSummary Trainer::run() {
 }
 
 std::optional<EvalMetrics> Trainer::evaluate() { return impl_->evaluate(); }
-std::string Trainer::checkpoint() { return impl_->checkpoint(); }
+std::string Trainer::checkpoint() {
+  impl_->checkpoint();
+  impl_->finish_checkpoint();
+  return impl_->last_checkpoint;
+}
+void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
+void Trainer::set_stop_check(std::function<bool()> check) { impl_->stop_check = std::move(check); }
 void Trainer::on_step(std::function<void(const StepMetrics&)> callback) {
   impl_->step_callbacks.push_back(std::move(callback));
 }

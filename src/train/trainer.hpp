@@ -29,7 +29,9 @@ class LlamaModel;
 namespace l3::train {
 
 struct TrainSummary {
-  std::int64_t steps = 0;  // optimizer steps done by this run
+  std::int64_t steps = 0;       // optimizer steps done by this run
+  std::int64_t first_step = 0;  // steps already done when it started (resumed)
+  bool stopped = false;         // stopped early on request or deadline, with a checkpoint
   std::int64_t skipped_steps = 0;
   std::optional<StepMetrics> last_step;
   std::optional<EvalMetrics> last_eval;
@@ -56,8 +58,15 @@ class Trainer {
   bool step();
   // Evaluates on the validation data (nullopt without). Collective.
   std::optional<EvalMetrics> evaluate();
-  // Writes a checkpoint of the current state; returns its directory. Collective.
+  // Writes a checkpoint of the current state and waits for it; returns its directory.
+  // Collective.
   std::string checkpoint();
+
+  // Asks the run to checkpoint and stop at the next step boundary (all ranks agree, so one
+  // rank asking is enough). Async-signal-safe: a signal handler may call it.
+  void request_stop() noexcept;
+  // Polled on every rank at every step boundary: true asks to stop, as request_stop().
+  void set_stop_check(std::function<bool()> check);
 
   // Called on every rank with the global metrics.
   void on_step(std::function<void(const StepMetrics&)> callback);

@@ -60,3 +60,11 @@ TEST_CASE("a malformed L3_FAULT is an error, not silence", "[fault]") {
     CHECK_NOTHROW(l3::core::fault_point("cli.run", 0));
   }
 }
+
+TEST_CASE("a fault with #N fires only the N-th time its point is reached", "[fault]") {
+  const FaultEnv env("unit.counted@0#3=throw-input");
+  CHECK_NOTHROW(l3::core::fault_point("unit.counted", 0));                  // 1st
+  CHECK_NOTHROW(l3::core::fault_point("unit.counted", 0));                  // 2nd
+  CHECK(kind_thrown("unit.counted", 0) == l3::core::ErrorKind::bad_input);  // 3rd
+  CHECK_NOTHROW(l3::core::fault_point("unit.counted", 0));                  // 4th
+}

@@ -1,0 +1,38 @@
+#include "ckpt/rank_state.hpp"
+
+#include <algorithm>
+
+namespace l3::ckpt {
+
+std::int64_t RankState::values() const noexcept {
+  std::int64_t n = 0;
+  for (const FlatRange& r : ranges) n += r.size();
+  return n;
+}
+
+void RankState::allocate(std::vector<FlatRange> owned) {
+  ranges = std::move(owned);
+  const auto n = static_cast<std::size_t>(values());
+  master.assign(n, 0.0F);
+  exp_avg.assign(n, 0.0F);
+  exp_avg_sq.assign(n, 0.0F);
+}
+
+std::vector<TensorSlice> tensor_slices(const model::ParameterLayout& layout,
+                                       const std::vector<FlatRange>& ranges) {
+  std::vector<TensorSlice> slices;
+  std::int64_t position = 0;
+  for (const FlatRange& r : ranges) {
+    for (std::size_t t = 0; t < layout.tensors().size(); ++t) {
+      const model::TensorInfo& info = layout.tensors()[t];
+      const std::int64_t lo = std::max(r.begin, info.offset);
+      const std::int64_t hi = std::min(r.end, info.offset + info.numel);
+      if (lo >= hi) continue;
+      slices.push_back({t, lo - info.offset, hi - lo, position + (lo - r.begin)});
+    }
+    position += r.size();
+  }
+  return slices;
+}
+
+}  // namespace l3::ckpt

@@ -1,0 +1,44 @@
+// What one rank saves and restores: its ranges of the flat parameter layout (its ZeRO-1 pieces)
+// with the fp32 master weights and the AdamW moments of those ranges, as host copies. A
+// checkpoint holds the full logical tensors, so the ranges of a restart may differ from those
+// of the run that wrote it (another number of ranks).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/parameter_layout.hpp"
+
+namespace l3::ckpt {
+
+struct FlatRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  [[nodiscard]] std::int64_t size() const noexcept { return end - begin; }
+};
+
+struct RankState {
+  std::vector<FlatRange> ranges;  // disjoint, ascending
+  std::vector<float> master;      // the ranges' values back to back
+  std::vector<float> exp_avg;     // AdamW first moment, same positions
+  std::vector<float> exp_avg_sq;  // second moment
+
+  [[nodiscard]] std::int64_t values() const noexcept;
+  // Allocates the three arrays for `ranges`.
+  void allocate(std::vector<FlatRange> owned);
+};
+
+// A contiguous run of one tensor's elements inside a rank's ranges.
+struct TensorSlice {
+  std::size_t tensor = 0;  // index into layout.tensors()
+  std::int64_t first = 0;  // element offset within the tensor (row-major)
+  std::int64_t count = 0;
+  std::int64_t position = 0;  // where it sits in RankState's arrays
+};
+
+// The slices of every tensor that the ranges cover (alignment padding is skipped), in
+// ascending flat order.
+[[nodiscard]] std::vector<TensorSlice> tensor_slices(const model::ParameterLayout& layout,
+                                                     const std::vector<FlatRange>& ranges);
+
+}  // namespace l3::ckpt

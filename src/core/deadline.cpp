@@ -1,0 +1,75 @@
+#include "core/deadline.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace l3::core {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double parse_deadline(std::string_view text, double now_unix) {
+  double seconds = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+  if (ec == std::errc() && end == text.data() + text.size()) {
+    if (seconds <= 0) throw usage_error("--deadline in seconds must be positive");
+    return now_unix + seconds;
+  }
+  const std::string s(text);
+  std::tm tm{};
+  int year = 0;
+  int month = 0;
+  int consumed = 0;
+  int second = 0;
+  // Date and hours:minutes, optional :seconds, then Z, +HH:MM, -HH:MM or nothing (UTC).
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2d%*1[T ]%2d:%2d%n", &year, &month, &tm.tm_mday, &tm.tm_hour,
+                  &tm.tm_min, &consumed) != 5) {
+    throw usage_error(fmt::format(
+        "--deadline '{}': give seconds from now or an ISO-8601 time like 2026-11-30T12:00:00Z",
+        text));
+  }
+  std::string_view rest = std::string_view(s).substr(static_cast<std::size_t>(consumed));
+  if (rest.starts_with(':')) {
+    int used = 0;
+    if (std::sscanf(std::string(rest).c_str(), ":%2d%n", &second, &used) != 1)
+      throw usage_error(fmt::format("--deadline '{}': bad seconds", text));
+    rest.remove_prefix(static_cast<std::size_t>(used));
+  }
+  int offset_minutes = 0;
+  if (rest == "Z" || rest.empty()) {
+    offset_minutes = 0;
+  } else if ((rest.front() == '+' || rest.front() == '-') && rest.size() == 6 && rest[3] == ':') {
+    const int hours = std::stoi(std::string(rest.substr(1, 2)));
+    const int minutes = std::stoi(std::string(rest.substr(4, 2)));
+    offset_minutes = (rest.front() == '+' ? 1 : -1) * (hours * 60 + minutes);
+  } else {
+    throw usage_error(fmt::format("--deadline '{}': unknown time zone '{}'", text, rest));
+  }
+  tm.tm_year = year - 1900;
+  tm.tm_mon = month - 1;
+  tm.tm_sec = second;
+  if (month < 1 || month > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 ||
+      tm.tm_min > 59 || second > 60) {
+    throw usage_error(fmt::format("--deadline '{}': not a valid time", text));
+  }
+  return static_cast<double>(timegm(&tm)) - offset_minutes * 60.0;
+}
+
+std::optional<double> slurm_end_time(const char* value) {
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  long long t = 0;
+  const std::string_view v(value);
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), t);
+  if (ec != std::errc() || end != v.data() + v.size() || t <= 0) return std::nullopt;
+  return static_cast<double>(t);
+}
+
+}  // namespace l3::core

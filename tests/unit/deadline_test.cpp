@@ -1,0 +1,30 @@
+#include "core/deadline.hpp"
+
+#include "catch.hpp"
+#include "core/error.hpp"
+
+using l3::core::parse_deadline;
+
+TEST_CASE("deadlines: seconds from now or ISO-8601 times", "[deadline]") {
+  CHECK(parse_deadline("3600", 1000.0) == 4600.0);
+  CHECK(parse_deadline("90.5", 0.0) == 90.5);
+  // 2026-11-30T12:00:00Z = 1796040000 (date -u -d ... +%s)
+  CHECK(parse_deadline("2026-11-30T12:00:00Z", 0) == 1796040000.0);
+  CHECK(parse_deadline("2026-11-30T12:00Z", 0) == 1796040000.0);
+  CHECK(parse_deadline("2026-11-30 12:00:00", 0) == 1796040000.0);
+  CHECK(parse_deadline("2026-11-30T14:00:00+02:00", 0) == 1796040000.0);
+  CHECK(parse_deadline("2026-11-30T07:30:00-04:30", 0) == 1796040000.0);
+  for (const char* bad :
+       {"", "soon", "-5", "2026-13-01T00:00Z", "2026-11-30T12:00:00CET", "2026-11-30"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_deadline(bad, 0), l3::core::Error);
+  }
+}
+
+TEST_CASE("SLURM_JOB_END_TIME is read when it is a Unix time", "[deadline]") {
+  CHECK(l3::core::slurm_end_time("1796040000") == 1796040000.0);
+  CHECK_FALSE(l3::core::slurm_end_time(nullptr));
+  CHECK_FALSE(l3::core::slurm_end_time(""));
+  CHECK_FALSE(l3::core::slurm_end_time("0"));
+  CHECK_FALSE(l3::core::slurm_end_time("tomorrow"));
+}
