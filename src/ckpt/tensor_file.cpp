@@ -40,6 +40,28 @@ void create_parents(hid_t file, const std::string& name, const std::string& path
   }
 }
 
+// Makes sure the file system will take `bytes` in `path` (space, RLIMIT_FSIZE, quotas) before
+// HDF5 is involved: HDF5 extends the file when it closes it, and a failed close leaves the
+// library with a half-closed file that crashes it at exit. The probe reserves the blocks
+// (fallocate) where the file system supports that, else checks the size limit (ftruncate).
+void probe_space(const std::string& path, std::int64_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw core::internal_error(fmt::format("cannot create: {}", std::strerror(errno)),
+                               {.file = path});
+  }
+  int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(bytes));
+  if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
+    rc = ::ftruncate(fd, static_cast<off_t>(bytes));
+  const int error = rc != 0 ? errno : 0;
+  ::close(fd);
+  if (error != 0) {
+    throw core::internal_error(fmt::format("no room for {:.1f} MB: {}",
+                                           static_cast<double>(bytes) / 1e6, std::strerror(error)),
+                               {.file = path});
+  }
+}
+
 }  // namespace
 
 std::vector<std::int64_t> create_tensor_file(const std::string& path,
@@ -47,6 +69,10 @@ std::vector<std::int64_t> create_tensor_file(const std::string& path,
                                              const FileAttributes& attributes) {
   std::vector<std::int64_t> offsets;
   offsets.reserve(sets.size());
+  std::int64_t bytes = 1 << 20;  // metadata: well under 1 MiB for any Llama layout
+  for (const DatasetSpec& s : sets)
+    bytes += numel(s.shape) * static_cast<std::int64_t>(sizeof(float));
+  probe_space(path, bytes);
   {
     const h5::Handle file = h5::create_file(path);
     const std::scoped_lock guard(h5::library_lock());
@@ -74,6 +100,7 @@ std::vector<std::int64_t> create_tensor_file(const std::string& path,
     for (const auto& [name, value] : attributes.text) h5::write_attribute(file, name, value, path);
     for (const auto& [name, value] : attributes.integers)
       h5::write_attribute(file, name, value, path);
+    h5::flush_file(file, path);
   }  // closed: metadata on disk before any rank writes data
   return offsets;
 }

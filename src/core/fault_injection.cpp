@@ -1,6 +1,7 @@
 #include "core/fault_injection.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <charconv>
 #include <chrono>
@@ -36,14 +37,24 @@ void perform(std::string_view action, std::string_view point, int rank, std::str
     return;
   }
   if (action.starts_with("exit:")) std::_Exit(parse_int(action.substr(5), entry));
+  if (action.starts_with("fsize:")) {  // files may not grow past this (writes fail: EFBIG)
+    const rlimit limit{static_cast<rlim_t>(parse_int(action.substr(6), entry)), RLIM_INFINITY};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    std::signal(SIGXFSZ, SIG_IGN);
+    return;
+  }
+  if (action == "raise:USR1" || action == "raise:TERM") {
+    std::raise(action == "raise:USR1" ? SIGUSR1 : SIGTERM);
+    return;
+  }
   if (action.starts_with("sleep:")) {
     std::this_thread::sleep_for(std::chrono::seconds(parse_int(action.substr(6), entry)));
     return;
   }
-  throw usage_error(
-      fmt::format("L3_FAULT: unknown action '{}' in '{}' (use throw-internal, "
-                  "throw-input, exit:CODE, kill, sleep:SECONDS)",
-                  action, entry));
+  throw usage_error(fmt::format(
+      "L3_FAULT: unknown action '{}' in '{}' (use throw-internal, "
+      "throw-input, exit:CODE, kill, raise:USR1, raise:TERM, fsize:BYTES, sleep:SECONDS)",
+      action, entry));
 }
 
 // How many times each point has been reached in this process (for "#N" entries).

@@ -3,7 +3,9 @@
 //
 //   L3_FAULT="point@rank[#N]=action[,...]"     rank: a number or '*'; #N: only the N-th time
 //                                               this process reaches the point (1-based)
-//   actions: throw-internal | throw-input | exit:CODE | kill (SIGKILL self) | sleep:SECONDS
+//   actions: throw-internal | throw-input | exit:CODE | kill (SIGKILL self) | sleep:SECONDS |
+//            raise:USR1 | raise:TERM (send the signal to self) |
+//            fsize:BYTES (RLIMIT_FSIZE from here on: later writes fail as on a full disk)
 //
 // e.g. L3_FAULT="cli.run@1=throw-input" makes rank 1 fail with a bad-input error where the CLI
 // starts the subcommand. Points are listed in docs/DEVELOPING.md.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -219,6 +220,7 @@ struct Trainer::Impl {
       m.margin = counts[0] > 0 ? sums[2] / denominator : 0.0;
     }
     m.skipped = !std::isfinite(m.loss) || !std::isfinite(norm);
+    core::fault_point("train.update", world.rank());  // gradients reduced, weights not updated
     if (!m.skipped) {
       parallel->update(model->master_weights(), model->weight_copy(), static_cast<float>(m.lr),
                        static_cast<float>(clip_factor(norm, config.grad_clip)));
@@ -339,9 +341,11 @@ struct Trainer::Impl {
                             "warmup", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "seed",
                             "margin_from_data", "center_rewards", "epochs"}) {
       if (manifest.config.contains(key) && manifest.config[key] != now[key]) {
-        changed += fmt::format("{}--{} {} (was {})", changed.empty() ? "" : ", ",
-                               std::string(key) == "eps" ? "adam-eps" : key, now[key].dump(),
-                               manifest.config[key].dump());
+        // The config keys are the option names with '_' for '-'.
+        std::string option = std::string(key) == "eps" ? "adam-eps" : key;
+        std::ranges::replace(option, '_', '-');
+        changed += fmt::format("{}--{} {} (was {})", changed.empty() ? "" : ", ", option,
+                               now[key].dump(), manifest.config[key].dump());
       }
     }
     if (!changed.empty()) {

@@ -189,6 +189,20 @@ run "eval of the checkpoint" 0 "$bin" eval --init "$work/ck" --data "$work/train
 expect "one JSON line with the loss" contains "$out" '"loss":'
 expect "and the perplexity" contains "$out" '"perplexity":'
 run "generate from the checkpoint" 0 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --chat --max-new 8
+run "resuming with another --lr is refused" 2 "$bin" sft --model tiny --data "$work/train" --val-data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 8 --lr 2e-3 --ckpt-dir "$work/ck" --no-progress
+expect "one error line" [ "$(error_lines "$err")" = 1 ]
+expect "names the option" contains "$err" "--lr 0.002 (was 0.001)"
+expect "option names as typed" contains "$err" "--min-lr 0.0002"
+run "ckpt list" 0 "$bin" ckpt list "$work/ck"
+expect "lists the steps" contains "$out" "step-00000006"
+expect "marks latest" contains "$out" "latest"
+run "ckpt verify" 0 "$bin" ckpt verify "$work/ck"
+expect "says ok" contains "$out" "ok       step-00000006"
+cp -r "$work/ck" "$work/ck-bad" && truncate -s 100 "$work/ck-bad/step-00000004/optim.h5"
+run "ckpt verify finds a damaged checkpoint" 2 "$bin" ckpt verify "$work/ck-bad"
+expect "names it" contains "$err" "damaged checkpoint(s): step-00000004"
+run "ckpt verify of a missing directory" 2 "$bin" ckpt verify "$work/none"
+run "ckpt without a directory" 2 "$bin" ckpt list
 run "sft from a step directory" 0 "$bin" sft --init "$work/ck/step-00000006" --data "$work/train" --global-batch 2 --seq-len 64 --steps 1 --no-progress
 run "--model must match the checkpoint" 2 "$bin" sft --init "$work/ck" --model llama3.2-1b --data "$work/train" --global-batch 2
 expect "says so" contains "$err" "does not describe the model of the checkpoint"
