@@ -21,12 +21,10 @@
 #include <thread>
 
 #include "core/build_info.hpp"
-#include "core/rng.hpp"
 #include "dist/gather_strings.hpp"
 #include "dist/mpi_runtime.hpp"
 #include "dist/world.hpp"
-#include "io/hdf5/shard_format.hpp"
-#include "model/model_config.hpp"
+#include "mid_model_inputs.hpp"
 #include "train/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -36,44 +34,6 @@ namespace {
 
 constexpr std::int64_t kSeqLen = 512;
 constexpr std::int64_t kGlobalBatch = 8;  // rows of 512 tokens per step
-
-l3::model::ModelConfig mid_model() {
-  l3::model::ModelConfig c = l3::model::preset("tiny");
-  c.vocab_size = 32000;
-  c.hidden_size = 1024;
-  c.intermediate_size = 2816;
-  c.n_layers = 8;
-  c.n_heads = 16;
-  c.n_kv_heads = 4;
-  c.head_dim = 64;
-  c.max_position_embeddings = 8192;
-  return c;
-}
-
-// Documents of 128..512 random tokens (ids below 32000), all in the loss, and config.json.
-void make_inputs(const std::string& dir) {
-  fs::create_directories(dir + "/data");
-  const l3::core::CounterRng rng(5, l3::core::RngPurpose::test);
-  std::uint64_t draw = 0;
-  l3::data::Documents docs;
-  while (docs.token_count() < 2'000'000) {
-    const auto length = static_cast<std::size_t>(128 + rng.below(draw++, 385));
-    std::vector<std::int32_t> t(length);
-    for (auto& x : t) x = static_cast<std::int32_t>(rng.below(draw++, 32000));
-    docs.add(t, std::vector<std::uint8_t>(length, 1));
-  }
-  l3::data::write_sft_shard(dir + "/data/part-00000.h5", docs,
-                            {"llama3-hpc/sft", 1, "bench", 32000});
-  std::ofstream(dir + "/data/index.json") << json{
-      {"format", "llama3-hpc/sft"},
-      {"version", 1},
-      {"tokenizer", {{"sha256", "bench"}, {"vocab_size", 32000}}},
-      {"shards",
-       {{{"file", "part-00000.h5"},
-         {"documents", docs.count()},
-         {"tokens", docs.token_count()}}}}}.dump();
-  std::ofstream(dir + "/config.json") << mid_model().to_hf_json().dump(2);
-}
 
 struct Figures {
   double tokens_per_s = 0;
@@ -155,7 +115,7 @@ int main(int argc, char** argv) {
     if (a == "--no-overlap") overlap = false;
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (world.is_root()) make_inputs(dir);
+  if (world.is_root()) l3::bench::write_mid_model_inputs(dir, 2'000'000);
   world.barrier();
 
   // 1. Rank 0 alone with every core.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,41 @@ std::optional<std::int64_t> parse_step_dir_name(std::string_view name) {
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
   if (error != std::errc() || end != digits.data() + digits.size() || step < 0) return std::nullopt;
   return step;
+}
+
+namespace {
+
+// Directory names under `root` whose part before the first '.' is "step-N" and whose suffix
+// satisfies `keep`, newest first.
+template <typename Keep>
+std::vector<std::string> step_entries(const std::string& root, Keep keep) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    if (!e.is_directory(ec)) continue;
+    const std::string name = e.path().filename().string();
+    const std::size_t dot = name.find('.');
+    const auto step = parse_step_dir_name(std::string_view(name).substr(0, dot));
+    if (step &&
+        keep(dot == std::string::npos ? std::string_view() : std::string_view(name).substr(dot)))
+      found.emplace_back(*step, name);
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  std::vector<std::string> names;
+  names.reserve(found.size());
+  for (auto& [step, name] : found) names.push_back(std::move(name));
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> step_directories(const std::string& root) {
+  return step_entries(root, [](std::string_view suffix) { return suffix.empty(); });
+}
+
+std::vector<std::string> damaged_directories(const std::string& root) {
+  return step_entries(root,
+                      [](std::string_view suffix) { return suffix.starts_with(kDamagedSuffix); });
 }
 
 bool is_checkpoint(const std::string& path) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace l3::ckpt {
 
@@ -22,6 +23,12 @@ inline constexpr std::string_view kLatestFile = "latest";
 [[nodiscard]] std::string step_dir_name(std::int64_t step);
 // The step of a directory name "step-NNNNNNNN", or nullopt for anything else.
 [[nodiscard]] std::optional<std::int64_t> parse_step_dir_name(std::string_view name);
+
+// The names of the step directories under `root` ("step-N", committed or not: no suffix),
+// newest first; and those set aside as damaged ("step-N.damaged..."). Empty when `root` does
+// not exist.
+[[nodiscard]] std::vector<std::string> step_directories(const std::string& root);
+[[nodiscard]] std::vector<std::string> damaged_directories(const std::string& root);
 
 // A step directory (holds manifest.json), or a checkpoint root whose `latest` names one.
 // bad_input Error naming the path when it is neither, or when `latest` is empty, malformed or

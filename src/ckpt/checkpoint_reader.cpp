@@ -142,15 +142,7 @@ Verification verify_checkpoint(const std::string& step_dir, bool checksums) {
 
 ResumePick pick_resume_checkpoint(const std::string& root, bool checksums) {
   ResumePick pick;
-  std::vector<std::pair<std::int64_t, std::string>> candidates;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    const auto step = parse_step_dir_name(name);
-    if (step && e.is_directory()) candidates.emplace_back(*step, name);
-  }
-  std::sort(candidates.begin(), candidates.end(), std::greater<>());
-  for (const auto& [step, name] : candidates) {
+  for (const std::string& name : step_directories(root)) {
     const fs::path dir = fs::path(root) / name;
     const Verification v = verify_checkpoint(dir.string(), checksums);
     if (v.ok) {
@@ -172,6 +164,34 @@ ResumePick pick_resume_checkpoint(const std::string& root, bool checksums) {
       core::write_file_atomically((fs::path(root) / kLatestFile).string(), name + "\n");
   }
   return pick;
+}
+
+void check_loaded_model(const Manifest& manifest, const std::string& step_dir,
+                        const model::ParameterLayout& layout, std::span<const float> flat,
+                        const std::function<bool(const std::string&)>& skip) {
+  const std::string file = (fs::path(step_dir) / kModelFile).string();
+  for (const json& entry : manifest.tensors) {
+    const std::string name = entry.at("name").get<std::string>();
+    const auto known = std::find_if(layout.tensors().begin(), layout.tensors().end(),
+                                    [&](const model::TensorInfo& t) { return t.name == name; });
+    if (known == layout.tensors().end() || (skip && skip(name))) continue;
+    for (const json& s : entry.at("slices")) {
+      const auto first = s.at(0).get<std::int64_t>();
+      const auto count = s.at(1).get<std::int64_t>();
+      if (first < 0 || count < 0 || first + count > known->numel) {
+        throw core::bad_input("a slice in the manifest lies outside the tensor",
+                              {.file = file, .tensor = name});
+      }
+      const std::span<const float> values = flat.subspan(
+          static_cast<std::size_t>(known->offset + first), static_cast<std::size_t>(count));
+      if (to_hex(xxh64(std::as_bytes(values))) != s.at(2).get<std::string>()) {
+        throw core::bad_input(
+            fmt::format("checksum mismatch in elements [{}, {}): the file is damaged", first,
+                        first + count),
+            {.file = file, .tensor = name});
+      }
+    }
+  }
 }
 
 RankState read_rank_state(const std::string& step_dir, const model::ParameterLayout& layout,

@@ -4,7 +4,9 @@
 // the state for any number of ranks.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,15 @@ struct ResumePick {
 // good one. A broken one is renamed to step-N.damaged (with why-damaged.txt inside) so that it
 // is neither retried nor overwritten silently, and `latest` is pointed at the pick.
 [[nodiscard]] ResumePick pick_resume_checkpoint(const std::string& root, bool checksums);
+
+// Checks the weights read from STEP_DIR/model.h5 into `flat` (laid out by `layout`) against
+// the manifest's per-slice checksums, so that --init never starts from damaged weights without
+// reading the file twice. Tensors the layout lacks or `skip` names are not checked (a reward
+// model taking an SFT model's backbone). A checkpoint without a tensor table has nothing to
+// check against. bad_input Errors name the file and tensor.
+void check_loaded_model(const Manifest& manifest, const std::string& step_dir,
+                        const model::ParameterLayout& layout, std::span<const float> flat,
+                        const std::function<bool(const std::string&)>& skip);
 
 // This rank's ranges of the master weights and AdamW moments. bad_input Errors name the file
 // and tensor.

@@ -43,17 +43,12 @@ std::vector<DatasetSpec> optim_datasets(const model::ParameterLayout& layout) {
 
 std::uint64_t hash_of(std::span<const float> values) { return xxh64(std::as_bytes(values)); }
 
-// The steps of complete checkpoints under root, newest first.
-std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std::string& root) {
-  std::vector<std::pair<std::int64_t, std::string>> found;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    const auto step = parse_step_dir_name(name);
-    if (step && e.is_directory() && fs::exists(e.path() / kManifestFile))
-      found.emplace_back(*step, name);
-  }
-  std::sort(found.begin(), found.end(), std::greater<>());
+// The complete checkpoints under root (with a manifest), newest first.
+std::vector<std::string> complete_checkpoints(const std::string& root) {
+  std::vector<std::string> found = step_directories(root);
+  std::erase_if(found, [&](const std::string& name) {
+    return !fs::exists(fs::path(root) / name / kManifestFile);
+  });
   return found;
 }
 
@@ -66,17 +61,19 @@ std::string read_latest(const std::string& root) {
 
 }  // namespace
 
-std::vector<std::string> prune_checkpoints(const std::string& root, int keep_last) {
+std::vector<std::string> prune_checkpoints(const std::string& root, int keep_last,
+                                           PartialDirectories partial) {
   keep_last = std::max(keep_last, 2);
   std::vector<std::string> removed;
   const std::string latest = read_latest(root);
   const auto complete = complete_checkpoints(root);
   std::error_code ec;
   for (std::size_t i = static_cast<std::size_t>(keep_last); i < complete.size(); ++i) {
-    if (complete[i].second == latest) continue;
-    fs::remove_all(fs::path(root) / complete[i].second, ec);
-    if (!ec) removed.push_back(complete[i].second);
+    if (complete[i] == latest) continue;
+    fs::remove_all(fs::path(root) / complete[i], ec);
+    if (!ec) removed.push_back(complete[i]);
   }
+  if (partial == PartialDirectories::keep) return removed;
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     if (name.ends_with(kPartialSuffix) || name.ends_with(".replaced")) {
@@ -201,9 +198,10 @@ struct CheckpointWriter::Impl {
         core::rename_path(partial.string(), final_dir.string());
         core::fsync_path(root);
         core::fault_point("ckpt.before_latest", rank);
-        core::write_file_atomically((fs::path(root) / kLatestFile).string(), name + "\n");
+        core::write_file_atomically((fs::path(root) / kLatestFile).string(), name + "\n",
+                                    [rank] { core::fault_point("ckpt.latest", rank); });
         if (replacing) fs::remove_all(replaced);
-        (void)prune_checkpoints(root, policy.keep_last);
+        (void)prune_checkpoints(root, policy.keep_last, PartialDirectories::remove);
       } catch (...) {
         failure = fmt::format("checkpoint {} not written: {}", name,
                               core::summarize(std::current_exception()).text);

@@ -66,9 +66,13 @@ class CheckpointWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+enum class PartialDirectories { remove, keep };
+
 // Rank 0's part of pruning (also used by `ckpt prune`): removes complete checkpoints beyond the
-// newest `keep_last` (never the one `latest` names) and .partial directories. Returns what it
+// newest `keep_last` (never the one `latest` names) and, with `remove`, .partial directories
+// (stale ones: the writer calls this with no write of its own in flight). Returns what it
 // removed.
-std::vector<std::string> prune_checkpoints(const std::string& root, int keep_last);
+std::vector<std::string> prune_checkpoints(const std::string& root, int keep_last,
+                                           PartialDirectories partial);
 
 }  // namespace l3::ckpt

@@ -36,6 +36,9 @@ json Manifest::to_json() const {
            {{"skipped_steps", skipped_steps},
             {"trained_tokens", trained_tokens},
             {"trained_seconds", trained_seconds}}},
+          {"lr_schedule", schedule},
+          {"rng", rng},
+          {"metrics", metrics},
           {"files", files},
           {"tensors", tensors}};
 }
@@ -79,6 +82,9 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
     m.skipped_steps = progress.value("skipped_steps", std::int64_t{0});
     m.trained_tokens = progress.value("trained_tokens", std::int64_t{0});
     m.trained_seconds = progress.value("trained_seconds", 0.0);
+    m.schedule = j.value("lr_schedule", json::object());
+    m.rng = j.value("rng", json::object());
+    m.metrics = j.value("metrics", json::object());
     m.files = j.value("files", json::object());
     if (!m.files.is_object()) m.files = json::object();
     m.tensors = j.value("tensors", json::array());

@@ -37,6 +37,9 @@ struct Manifest {
   std::int64_t skipped_steps = 0;  // non-finite steps skipped so far
   std::int64_t trained_tokens = 0;
   double trained_seconds = 0;
+  nlohmann::json schedule = nlohmann::json::object();  // the LR schedule and the next step's LR
+  nlohmann::json rng = nlohmann::json::object();       // generator and seed (counter-based)
+  nlohmann::json metrics = nlohmann::json::object();   // last step and evaluation reported
   // The tensor table: [{"name", "shape", "slices": [[first, count, model, exp_avg,
   // exp_avg_sq], ...]}] with xxHash64 hex checksums of each slice in model.h5 and optim.h5.
   // Empty for a checkpoint that has no optimizer state (model.h5 only: it can initialise a

@@ -41,9 +41,13 @@ std::vector<Entry> entries_of(const std::string& dir) {
   std::vector<Entry> entries;
   const fs::path p(dir);
   if (!fs::is_directory(p)) throw core::bad_input("no such directory", {.file = dir});
+  const std::string own_name = p.filename().string();
   if (fs::is_regular_file(p / ckpt::kManifestFile)) {
-    const std::string name = p.filename().string();
-    entries.push_back({name, p, ckpt::parse_step_dir_name(name).value_or(-1), "complete"});
+    entries.push_back({own_name, p, ckpt::parse_step_dir_name(own_name).value_or(-1), "complete"});
+    return entries;
+  }
+  if (const auto step = ckpt::parse_step_dir_name(own_name)) {  // a step directory, broken
+    entries.push_back({own_name, p, *step, "incomplete"});
     return entries;
   }
   for (const fs::directory_entry& e : fs::directory_iterator(p)) {
@@ -120,7 +124,17 @@ int verify(const std::string& dir, bool quick, bool as_json) {
   json out = json::array();
   std::string damaged;
   for (const Entry& e : entries_of(dir)) {
-    if (e.state != "complete") continue;
+    if (e.state == "incomplete") {  // committed once (no suffix), its manifest is gone
+      const std::string problem = fmt::format("no {}", ckpt::kManifestFile);
+      out.push_back({{"name", e.name}, {"ok", false}, {"bytes_checked", 0}, {"problem", problem}});
+      damaged += fmt::format("{}{}", damaged.empty() ? "" : ", ", e.name);
+      if (!as_json) std::cout << fmt::format("DAMAGED  {}: {}\n", e.name, problem);
+      continue;
+    }
+    if (e.state != "complete") {  // being written, or set aside already: not a resume candidate
+      if (!as_json) std::cout << fmt::format("{:<8} {} (not checked)\n", e.state, e.name);
+      continue;
+    }
     const ckpt::Verification v = ckpt::verify_checkpoint(e.path.string(), !quick);
     json item = {{"name", e.name}, {"ok", v.ok}, {"bytes_checked", v.bytes}};
     if (!v.ok) {
@@ -145,10 +159,15 @@ int verify(const std::string& dir, bool quick, bool as_json) {
 int prune(const std::string& dir, int keep_last) {
   if (fs::is_regular_file(fs::path(dir) / ckpt::kManifestFile))
     throw core::usage_error("prune takes a checkpoint root (the run's --ckpt-dir), not a step");
-  const std::vector<std::string> removed = ckpt::prune_checkpoints(dir, keep_last);
+  if (keep_last < 2)
+    throw core::usage_error("--keep-last must be at least 2 (the newest may be the one in use)");
+  // A .partial directory may belong to a run writing it right now: left alone here (the run's
+  // own next checkpoint removes stale ones).
+  const std::vector<std::string> removed =
+      ckpt::prune_checkpoints(dir, keep_last, ckpt::PartialDirectories::keep);
   for (const std::string& name : removed) std::cout << "removed " << name << '\n';
-  std::cout << fmt::format("kept the newest {} complete checkpoints; {} removed\n",
-                           std::max(keep_last, 2), removed.size())
+  std::cout << fmt::format("kept the newest {} complete checkpoints; {} removed\n", keep_last,
+                           removed.size())
             << std::flush;
   return core::kExitOk;
 }

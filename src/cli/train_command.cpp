@@ -165,6 +165,12 @@ int run_phase(const CommandContext& context, train::Phase phase) {
     return false;
   });
   const train::TrainSummary s = trainer.run();
+  if (s.stopped && s.checkpoint.empty()) {
+    throw core::internal_error(fmt::format(
+        "{} stopped by a signal at step {} with nothing saved (no --ckpt-dir): running it again "
+        "starts over; give --ckpt-dir to make runs restartable",
+        train::phase_name(phase), s.first_step + s.steps));
+  }
   if (s.stopped) {
     if (context.world.is_root()) {
       std::cout << fmt::format(
@@ -251,8 +257,11 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.allow_config_change = get<bool>(o, "allow-config-change");
   c.deadline_margin = get<double>(o, "deadline-margin");
   if (o.count("deadline") != 0) {
+    if (c.ckpt_dir.empty())
+      throw core::usage_error("--deadline needs --ckpt-dir (it checkpoints before the deadline)");
     c.deadline_unix = core::parse_deadline(get<std::string>(o, "deadline"), core::unix_now());
-  } else if (const auto slurm = core::slurm_end_time(std::getenv("SLURM_JOB_END_TIME"))) {
+  } else if (const auto slurm = core::slurm_end_time(std::getenv("SLURM_JOB_END_TIME"));
+             slurm && !c.ckpt_dir.empty()) {
     c.deadline_unix = *slurm;
   }
   if (phase == train::Phase::reward) {

@@ -37,7 +37,8 @@ void rename_path(const std::string& from, const std::string& to) {
   }
 }
 
-void write_file_atomically(const std::string& path, std::string_view text) {
+void write_file_atomically(const std::string& path, std::string_view text,
+                           const std::function<void()>& before_rename) {
   const std::string temporary = path + ".tmp";
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
@@ -47,6 +48,7 @@ void write_file_atomically(const std::string& path, std::string_view text) {
     if (!out) throw internal_error("cannot write file (disk full?)", {.file = temporary});
   }
   fsync_path(temporary);
+  if (before_rename) before_rename();
   rename_path(temporary, path);
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   fsync_path(parent.empty() ? std::string(".") : parent.string());

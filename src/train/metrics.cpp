@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
 
 namespace l3::train {
@@ -102,11 +103,30 @@ std::string format_eval_line(const EvalMetrics& m) {
       m.step, m.accuracy, m.margin, m.reward_mean, m.reward_std, m.pairs, m.seconds);
 }
 
-MetricsFile::MetricsFile(const std::string& path) : path_(path) {
+MetricsFile::MetricsFile(const std::string& path, std::optional<std::int64_t> resumed_at)
+    : path_(path) {
   const std::filesystem::path p(path);
   if (p.has_parent_path()) {
     std::error_code ec;
     std::filesystem::create_directories(p.parent_path(), ec);
+  }
+  if (resumed_at && std::filesystem::is_regular_file(p)) {
+    std::ifstream in(path);
+    std::string kept;
+    std::string line;
+    bool dropped = false;
+    while (std::getline(in, line)) {
+      // A line the crash cut short, or a record of a step after the checkpoint: dropped.
+      const json record = json::parse(line, nullptr, false);
+      if (record.is_discarded() ||
+          (record.is_object() && record.value("step", std::int64_t{0}) > *resumed_at)) {
+        dropped = true;
+        continue;
+      }
+      kept += line + '\n';
+    }
+    in.close();
+    if (dropped) core::write_file_atomically(path, kept);
   }
   out_.open(path, std::ios::app);
   if (!out_) throw core::bad_input("cannot open for appending", {.file = path});

@@ -65,7 +65,10 @@ struct EvalMetrics {
 // flushed line by line so that a crash loses nothing already reported.
 class MetricsFile {
  public:
-  explicit MetricsFile(const std::string& path);
+  // `resumed_at`: the step a resumed run continues from. The records of later steps (written
+  // by the interrupted run after its last checkpoint, and about to be written again) are
+  // dropped first, so that the file reads like one uninterrupted run's.
+  explicit MetricsFile(const std::string& path, std::optional<std::int64_t> resumed_at = {});
   void write(const nlohmann::json& record);
 
  private:

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/model_file.hpp"
 #include "core/error.hpp"
 #include "dist/agree.hpp"
@@ -78,6 +79,10 @@ void initialize_model(const dist::World& world, model::LlamaModel& model, const 
       try {
         ckpt::read_model_file((fs::path(source.step_dir) / ckpt::kModelFile).string(), layout, host,
                               which);
+        ckpt::check_loaded_model(m, source.step_dir, layout, host, [&](const std::string& name) {
+          return which == ckpt::ModelTensors::backbone_only &&
+                 (name == "lm_head.weight" || name == "score.weight");
+        });
       } catch (...) {
         failure = std::current_exception();
       }

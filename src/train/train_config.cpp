@@ -33,6 +33,8 @@ void TrainConfig::validate() const {
   require(max_bad_steps >= 1, "--max-bad-steps must be at least 1");
   require(keep_last >= 2, "--keep-last must be at least 2 (the newest may be damaged)");
   require(!resume.empty(), "--resume takes auto, none or a checkpoint path");
+  require(resume == "auto" || resume == "none" || !ckpt_dir.empty(),
+          "--resume CKPT needs --ckpt-dir (where the resumed run writes its checkpoints)");
   require(deadline_margin >= 0, "--deadline-margin must not be negative");
   require(bucket_mb > 0, "--bucket-mb must be positive");
   require(prefetch_depth >= 1, "--prefetch-depth must be at least 1");

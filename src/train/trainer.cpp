@@ -140,7 +140,9 @@ struct Trainer::Impl {
                       ? config.peak_tflops
                       : kernels::default_peak_tflops(ops->name(), world.local_rank());
     if (world.is_root() && !config.metrics.empty())
-      metrics = std::make_unique<MetricsFile>(config.metrics);
+      metrics = std::make_unique<MetricsFile>(
+          config.metrics,
+          resume_dir.empty() ? std::nullopt : std::optional<std::int64_t>(first_step));
     progress = std::make_unique<ProgressBar>(config.progress && world.is_root());
 
     const std::int64_t params = model->layout().parameter_count();
@@ -291,20 +293,51 @@ struct Trainer::Impl {
 
   // The checkpoint to resume from: rank 0 decides (--resume auto: the newest good one under
   // --ckpt-dir, broken ones renamed aside; --resume PATH: that one, which must be good),
-  // every rank learns the decision. Empty: start fresh.
+  // every rank learns the decision. Empty: start fresh. Never silently starts over where
+  // an earlier run left checkpoints: --resume none into a directory with checkpoints, and
+  // --resume auto where every checkpoint is damaged, are refused (exit 2) with what to do.
   std::string choose_resume() {
-    if (config.ckpt_dir.empty() || config.resume == "none") return {};
+    if (config.ckpt_dir.empty()) return {};
     std::string chosen;
     std::string failure;
     std::vector<std::string> rejected;
     if (world.is_root()) {
       try {
-        if (config.resume == "auto") {
-          if (std::filesystem::is_directory(config.ckpt_dir)) {
+        const std::vector<std::string> earlier = ckpt::step_directories(config.ckpt_dir);
+        if (config.resume == "none") {
+          if (!earlier.empty()) {
+            throw core::usage_error(fmt::format(
+                "--resume none: {} holds checkpoints of an earlier run (newest {}); a new run "
+                "would mix its checkpoints with them: choose another --ckpt-dir, remove them, "
+                "or resume (--resume auto)",
+                config.ckpt_dir, earlier.front()));
+          }
+        } else if (config.resume == "auto") {
+          const std::vector<std::string> damaged = ckpt::damaged_directories(config.ckpt_dir);
+          if (earlier.empty() && !damaged.empty()) {
+            throw core::bad_input(
+                fmt::format("no good checkpoint to resume from, only damaged ones set aside "
+                            "(newest {}; see why-damaged.txt in it). Resume from one of your "
+                            "choice with --resume PATH, or start over with --resume none",
+                            damaged.front()),
+                {.file = config.ckpt_dir});
+          }
+          if (!earlier.empty()) {
             const ckpt::ResumePick pick =
                 ckpt::pick_resume_checkpoint(config.ckpt_dir, config.verify_resume);
             chosen = pick.step_dir;
             rejected = pick.rejected;
+            if (chosen.empty()) {
+              std::string why;
+              for (const std::string& r : pick.rejected) why += "; " + r;
+              throw core::bad_input(fmt::format("no good checkpoint to resume from: every one is "
+                                                "damaged and now set aside as "
+                                                "step-N.damaged{}. Resume from one of your choice "
+                                                "with --resume PATH, or start "
+                                                "over with --resume none",
+                                                why),
+                                    {.file = config.ckpt_dir});
+            }
           }
         } else {
           chosen = ckpt::resolve_checkpoint(config.resume);
@@ -351,7 +384,7 @@ struct Trainer::Impl {
     if (!changed.empty()) {
       throw core::usage_error(fmt::format(
           "resuming {} with options that change the training: {}; restore them, or pass "
-          "--allow-config-change, or --resume none to start over",
+          "--allow-config-change, or start over in a new --ckpt-dir",
           source.step_dir, changed));
     }
   }
@@ -424,6 +457,22 @@ struct Trainer::Impl {
     manifest.skipped_steps = skipped;
     manifest.trained_tokens = prior_tokens + run_tokens;
     manifest.trained_seconds = prior_seconds + run_seconds;
+    // What the schedule and the random streams need is the step and the data position above;
+    // these say so explicitly, for readers and for checks on resume.
+    manifest.schedule = {{"kind", "linear warmup, cosine decay"},
+                         {"lr", schedule.lr},
+                         {"min_lr", schedule.min_lr},
+                         {"warmup", schedule.warmup},
+                         {"total_steps", schedule.total},
+                         {"next_lr", schedule.at(done)}};
+    manifest.rng = {{"generator", "philox4x32-10"},
+                    {"seed", config.seed},
+                    {"state",
+                     "counter-based: every draw is keyed by (seed, purpose, stream, index) and "
+                     "the data order by (seed, epoch); nothing else to save"}};
+    manifest.metrics = nlohmann::json::object();
+    if (last_step) manifest.metrics["last_step"] = to_json(*last_step);
+    if (last_eval) manifest.metrics["last_eval"] = to_json(*last_eval);
 
     // The host snapshot: this rank's pieces of the master weights and moments.
     ckpt::RankState state;
@@ -469,7 +518,7 @@ struct Trainer::Impl {
   bool stop_agreed() {
     int local = stop_requested.load() ? 1 : 0;
     if (stop_check && stop_check()) local = 1;
-    if (config.deadline_unix > 0 && done > first_step) {
+    if (config.deadline_unix > 0 && writer && done > first_step) {
       const double step_seconds = run_seconds / static_cast<double>(done - first_step);
       const double needed = 2.0 * step_seconds + 1.5 * checkpoint_seconds + config.deadline_margin;
       const double now =
@@ -552,7 +601,8 @@ bool Trainer::step() {
   if (s.writer && s.writer->ready()) s.finish_checkpoint();
   if (s.done < s.total && s.stop_agreed()) {
     s.progress->clear();
-    s.log.warn("stopping at step {} of {} on request: writing a checkpoint", s.done, s.total);
+    s.log.warn("stopping at step {} of {} on request: {}", s.done, s.total,
+               s.writer ? "writing a checkpoint" : "no --ckpt-dir, nothing to save");
     s.stopped = true;
     if (s.writer && s.last_checkpoint_step != s.done && s.pending_step != s.done) s.checkpoint();
     s.finish_checkpoint();

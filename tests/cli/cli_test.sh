@@ -207,6 +207,38 @@ run "sft from a step directory" 0 "$bin" sft --init "$work/ck/step-00000006" --d
 run "--model must match the checkpoint" 2 "$bin" sft --init "$work/ck" --model llama3.2-1b --data "$work/train" --global-batch 2
 expect "says so" contains "$err" "does not describe the model of the checkpoint"
 
+# --- restart guard rails: never start over silently where checkpoints are ---
+sft_ck=(sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --lr 1e-3 --no-progress)
+run "--resume none into a directory with checkpoints" 2 "$bin" "${sft_ck[@]}" --steps 8 --ckpt-dir "$work/ck" --resume none
+expect "says why" contains "$err" "holds checkpoints of an earlier run (newest step-00000006)"
+run "--resume CKPT needs --ckpt-dir" 2 "$bin" "${sft_ck[@]}" --steps 8 --resume "$work/ck"
+expect "says so" contains "$err" "--resume CKPT needs --ckpt-dir"
+run "--deadline needs --ckpt-dir" 2 "$bin" "${sft_ck[@]}" --steps 8 --deadline 600
+cp -r "$work/ck" "$work/ck-all-bad"
+truncate -s 100 "$work/ck-all-bad/step-00000004/optim.h5" "$work/ck-all-bad/step-00000006/model.h5"
+run "every checkpoint damaged: refused" 2 "$bin" "${sft_ck[@]}" --steps 8 --ckpt-dir "$work/ck-all-bad"
+expect "says what happened" contains "$err" "no good checkpoint to resume from"
+expect "set aside" [ -d "$work/ck-all-bad/step-00000006.damaged" ]
+run "and refused again on the rerun" 2 "$bin" "${sft_ck[@]}" --steps 8 --ckpt-dir "$work/ck-all-bad"
+expect "names the damaged one" contains "$err" "only damaged ones set aside (newest step-00000006.damaged"
+run "--resume none then starts over" 0 "$bin" "${sft_ck[@]}" --steps 1 --ckpt-dir "$work/ck-all-bad" --resume none
+mkdir -p "$work/ck-no-manifest" && cp -r "$work/ck/step-00000006" "$work/ck-no-manifest/" && rm "$work/ck-no-manifest/step-00000006/manifest.json"
+run "ckpt verify: a step without its manifest" 2 "$bin" ckpt verify "$work/ck-no-manifest"
+expect "is damaged" contains "$out" "DAMAGED  step-00000006: no manifest.json"
+run "ckpt verify of that step directory" 2 "$bin" ckpt verify "$work/ck-no-manifest/step-00000006"
+expect "says the same" contains "$out" "DAMAGED  step-00000006"
+cp -r "$work/ck" "$work/ck-prune" && mkdir "$work/ck-prune/step-00000008.partial"
+run "ckpt prune --keep-last 1 is refused" 2 "$bin" ckpt prune "$work/ck-prune" --keep-last 1
+run "ckpt prune" 0 "$bin" ckpt prune "$work/ck-prune" --keep-last 2
+expect "leaves a directory being written" [ -d "$work/ck-prune/step-00000008.partial" ]
+cp -r "$work/ck" "$work/ck-flip"
+file="$work/ck-flip/step-00000006/model.h5"
+off=$(($(stat -c %s "$file") - 100))
+byte=$(od -An -tu1 -j "$off" -N1 "$file" | tr -d ' ')
+printf "\\x$(printf %02x $((byte ^ 1)))" | dd of="$file" bs=1 seek="$off" conv=notrunc status=none
+run "--init from a damaged checkpoint" 2 "$bin" sft --init "$work/ck-flip" --data "$work/train" --global-batch 2 --seq-len 64 --steps 1 --no-progress
+expect "names the tensor" contains "$err" "checksum mismatch"
+
 # --- generate and score: the model comes from a checkpoint; errors before any work ---
 run "generate needs --init" 2 "$bin" generate --prompt hi
 expect "one error line" [ "$(lines "$err")" = 1 ]

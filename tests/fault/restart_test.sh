@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fault tests of checkpoint/restart, through the real program under mpiexec:
-#   kill -9 a rank mid-step, mid-write, between the data and the rename, before `latest`
+#   kill -9 a rank mid-step, mid-write, between the data and the rename, before and
+#   during the `latest` update (latest.tmp written, not renamed)
 #   -> restart with --resume auto until done -> final model.h5 and optim.h5 identical (every
 #   tensor's digest) to an uninterrupted run, for SFT and reward;
 #   corruption of the newest checkpoint (truncated file, flipped bit, missing manifest, missing
@@ -51,11 +52,18 @@ reward_args=(reward --data "$work/pref" --steps 18 "${common[@]}")
 
 digest() { "$bin" ckpt verify --json "$1" 2>/dev/null; }
 
-# run RANKS ARGS...: the exit code of one run (output to $work/last.out / last.err).
+# run RANKS ARGS...: the exit code of one run (output to $work/last.out / last.err). A run that
+# hangs is a failure in its own right: stopped after 120 s, reported with its output.
 run() {
   local ranks=$1
   shift
-  "$mpiexec" -n "$ranks" "$bin" "$@" >"$work/last.out" 2>"$work/last.err"
+  timeout -k 5 120 "$mpiexec" -n "$ranks" "$bin" "$@" >"$work/last.out" 2>"$work/last.err"
+  local rc=$?
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    fail "a run hung (stopped after 120 s): L3_FAULT='${L3_FAULT:-}' $*"
+    tail -5 "$work/last.err"
+  fi
+  return $rc
 }
 
 # until_done RANKS FAULT ARGS...: one run with L3_FAULT=FAULT, then plain reruns until exit 0.
@@ -94,7 +102,7 @@ ref_rm=$(digest "$work/ref-rm/step-00000018")
 # --- kill -9 at four places, SFT and reward ---
 if [[ $group == all || $group == kill ]]; then
   for fault in "train.update@1#10=kill" "ckpt.write@1#2=kill" "ckpt.before_rename@0#2=kill" \
-    "ckpt.before_latest@0#2=kill"; do
+    "ckpt.before_latest@0#2=kill" "ckpt.latest@0#2=kill"; do
     dir="$work/kill-sft-${fault%%@*}"
     if until_done 2 "$fault" "${sft_args[@]}" --ckpt-dir "$dir" && [[ $first_rc -ne 0 ]] &&
       [[ "$(digest "$dir/step-00000024")" == "$ref_sft" ]]; then

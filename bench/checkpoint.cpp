@@ -1,0 +1,314 @@
+// Checkpoint/restart costs for the mid-size CPU model (156M parameters: 1.87 GB of fp32 master
+// weights and AdamW moments per checkpoint), each next to a baseline measured in the same run:
+//  1. write bandwidth: a synchronous checkpoint (model.h5 + optim.h5 + checksums + the commit
+//     protocol) against every rank write()-ing and fsync()-ing the same number of bytes to a
+//     plain file in the same directory at the same time; alternated, median of --repeats;
+//  2. training stall per checkpoint: the same steps without checkpoints, with asynchronous
+//     checkpoints (the default) and with --checkpoint-sync; the stall is the extra wall time
+//     per checkpoint (the steps plus the wait for the last write at the end);
+//  3. restart: building the trainer from the newest checkpoint (find, verify every checksum,
+//     read, reshard) until it can take its first step, against building it from scratch, and
+//     with the quick verification (manifest and sizes only).
+//
+//   mpiexec -n 2 l3-bench-checkpoint [--dir DIR] [--repeats N] [--steps N] [--every N]
+//                                    [--json FILE] [--only-write]
+// DIR should be on the file system the checkpoints go to (default: $TMPDIR).
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "ckpt/checkpoint_writer.hpp"
+#include "core/build_info.hpp"
+#include "dist/mpi_runtime.hpp"
+#include "dist/world.hpp"
+#include "mid_model_inputs.hpp"
+#include "model/parameter_layout.hpp"
+#include "train/trainer.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The slowest rank's time of a collective piece of work that starts together.
+template <typename Work>
+double timed_together(const l3::dist::World& world, Work&& work) {
+  world.barrier();
+  const auto start = Clock::now();
+  work();
+  double local = seconds_since(start);
+  double slowest = 0;
+  MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.comm());
+  return slowest;
+}
+
+// ---- 1. write bandwidth ----------------------------------------------------------------
+
+// This rank's even share of the flat layout, filled with values that do not compress.
+l3::ckpt::RankState rank_state(const l3::model::ParameterLayout& layout,
+                               const l3::dist::World& world) {
+  const std::int64_t total = layout.total();
+  const std::int64_t begin = total * world.rank() / world.size();
+  const std::int64_t end = total * (world.rank() + 1) / world.size();
+  l3::ckpt::RankState state;
+  state.allocate({{begin, end}});
+  std::uint32_t x = 0x9e3779b9U ^ static_cast<std::uint32_t>(world.rank());
+  for (auto* array : {&state.master, &state.exp_avg, &state.exp_avg_sq}) {
+    for (float& v : *array) {
+      x ^= x << 13U;
+      x ^= x >> 17U;
+      x ^= x << 5U;
+      v = static_cast<float>(x) * 2.3283064e-10F - 0.5F;
+    }
+  }
+  return state;
+}
+
+// write() the three arrays to one file in 64 MiB pieces, fsync, close: what any writer of the
+// same bytes has to pay.
+void raw_write(const std::string& path, const l3::ckpt::RankState& state) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + path);
+  constexpr std::size_t kPiece = std::size_t{64} << 20U;
+  for (const auto* array : {&state.master, &state.exp_avg, &state.exp_avg_sq}) {
+    const auto* bytes = reinterpret_cast<const char*>(array->data());
+    const std::size_t size = array->size() * sizeof(float);
+    for (std::size_t at = 0; at < size;) {
+      const ssize_t n = ::write(fd, bytes + at, std::min(kPiece, size - at));
+      if (n <= 0) throw std::runtime_error("write failed on " + path);
+      at += static_cast<std::size_t>(n);
+    }
+  }
+  if (::fsync(fd) != 0) throw std::runtime_error("fsync failed on " + path);
+  ::close(fd);
+}
+
+struct WriteFigures {
+  double bytes = 0;
+  double raw_seconds = 0;
+  double checkpoint_seconds = 0;
+};
+
+WriteFigures measure_writes(const l3::dist::World& world, const std::string& dir, int repeats) {
+  const l3::model::ParameterLayout layout(l3::bench::mid_model(),
+                                          l3::model::HeadKind::language_model);
+  const l3::ckpt::RankState state = rank_state(layout, world);
+  const std::string root = dir + "/write-ckpt";
+  // Nothing pruned while timing (the raw files are removed outside the timing too).
+  l3::ckpt::CheckpointWriter writer(world, root, {.keep_last = repeats + 1, .async = false});
+  std::vector<double> raw;
+  std::vector<double> checkpoint;
+  double bytes = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const std::string raw_path = fmt::format("{}/raw-{}.bin", dir, world.rank());
+    raw.push_back(timed_together(world, [&] { raw_write(raw_path, state); }));
+    fs::remove(raw_path);
+    l3::ckpt::Manifest manifest;
+    manifest.step = r + 1;
+    manifest.phase = "sft";
+    manifest.model = layout.config();
+    manifest.world_size = world.size();
+    l3::ckpt::RankState snapshot = state;  // the trainer's snapshot, taken before the write
+    checkpoint.push_back(timed_together(world, [&] {
+      writer.write(layout, manifest, std::move(snapshot));
+      const std::optional<l3::ckpt::WriteReport> report = writer.wait();
+      if (report) bytes = static_cast<double>(report->bytes);
+    }));
+  }
+  world.barrier();
+  if (world.is_root()) fs::remove_all(root);
+  return {bytes, median(raw), median(checkpoint)};
+}
+
+// ---- 2. training stall, 3. restart -----------------------------------------------------
+
+l3::train::TrainConfig train_config(const std::string& dir, const l3::dist::World& world,
+                                    std::int64_t steps) {
+  l3::train::TrainConfig c;
+  c.model = dir + "/config.json";
+  c.data = dir + "/data";
+  c.backend = "cpu";
+  c.seq_len = 128;
+  c.global_batch = 2 * world.size();
+  c.micro_batch = 2;
+  c.steps = steps;
+  c.lr = 1e-4;
+  c.log_every = 0;
+  c.progress = false;
+  return c;
+}
+
+struct RunFigures {
+  double seconds = 0;  // the steps, plus the wait for a write still in flight at the end
+  double step_ms = 0;  // median step
+  int checkpoints = 0;
+};
+
+enum class Checkpoints { none, async, sync };
+
+RunFigures timed_run(const l3::dist::World& world, const l3::core::Logger& log,
+                     const std::string& dir, std::int64_t steps, std::int64_t every,
+                     Checkpoints mode) {
+  l3::train::TrainConfig c = train_config(dir, world, steps);
+  const std::string root = fmt::format("{}/run-{}", dir, static_cast<int>(mode));
+  if (mode != Checkpoints::none) {
+    c.ckpt_dir = root;
+    c.checkpoint_every = every;
+    c.checkpoint_sync = mode == Checkpoints::sync;
+    c.resume = "none";
+  }
+  std::vector<double> step_seconds;
+  std::optional<l3::train::Trainer> trainer(std::in_place, world, log, c);
+  const double seconds = timed_together(world, [&] {
+    for (;;) {
+      const auto start = Clock::now();
+      if (!trainer->step()) break;
+      step_seconds.push_back(seconds_since(start));
+    }
+    trainer.reset();  // waits for the write in flight
+  });
+  return {seconds, 1000 * median(step_seconds),
+          mode == Checkpoints::none ? 0 : static_cast<int>(steps / every)};
+}
+
+struct RestartFigures {
+  double fresh_seconds = 0;   // trainer built from scratch
+  double resume_seconds = 0;  // from the newest checkpoint, every checksum verified
+  double quick_seconds = 0;   // manifest and sizes only
+};
+
+RestartFigures measure_restart(const l3::dist::World& world, const l3::core::Logger& log,
+                               const std::string& dir, std::int64_t steps) {
+  RestartFigures f;
+  l3::train::TrainConfig c = train_config(dir, world, steps + 4);
+  f.fresh_seconds = timed_together(world, [&] { l3::train::Trainer trainer(world, log, c); });
+  c.ckpt_dir = fmt::format("{}/run-{}", dir, static_cast<int>(Checkpoints::sync));
+  c.resume = "auto";
+  c.verify_resume = true;
+  f.resume_seconds = timed_together(world, [&] {
+    const l3::train::Trainer trainer(world, log, c);
+    if (trainer.steps_done() == 0) throw std::runtime_error("the restart did not resume");
+  });
+  c.verify_resume = false;
+  f.quick_seconds = timed_together(world, [&] { l3::train::Trainer trainer(world, log, c); });
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  l3::dist::MpiRuntime runtime(&argc, &argv);
+  const l3::dist::World world(MPI_COMM_WORLD);
+  std::string dir = (fs::temp_directory_path() / "l3-bench-checkpoint").string();
+  std::string json_path;
+  int repeats = 3;
+  std::int64_t steps = 17;
+  std::int64_t every = 5;
+  bool only_write = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--dir" && i + 1 < argc) dir = argv[++i];
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--repeats" && i + 1 < argc) repeats = std::stoi(argv[++i]);
+    if (a == "--steps" && i + 1 < argc) steps = std::stoll(argv[++i]);
+    if (a == "--every" && i + 1 < argc) every = std::stoll(argv[++i]);
+    if (a == "--only-write") only_write = true;
+  }
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  omp_set_num_threads(std::max(1, cores / world.size()));
+  if (world.is_root()) {
+    fs::remove_all(dir);
+    l3::bench::write_mid_model_inputs(dir, 200'000);
+  }
+  world.barrier();
+  const l3::core::Logger log(world.rank(), world.size(), {.level = l3::core::LogLevel::warn});
+
+  const WriteFigures w = measure_writes(world, dir, repeats);
+  if (only_write) {
+    if (world.is_root()) {
+      fmt::print("write: {:.2f} GB in {:.2f} s, raw {:.2f} s -> {:.0f}% of raw\n", w.bytes / 1e9,
+                 w.checkpoint_seconds, w.raw_seconds, 100 * w.raw_seconds / w.checkpoint_seconds);
+      fs::remove_all(dir);
+    }
+    return 0;
+  }
+  const RunFigures none = timed_run(world, log, dir, steps, every, Checkpoints::none);
+  const RunFigures async = timed_run(world, log, dir, steps, every, Checkpoints::async);
+  const RunFigures sync = timed_run(world, log, dir, steps, every, Checkpoints::sync);
+  const RestartFigures r = measure_restart(world, log, dir, steps);
+
+  if (world.is_root()) {
+    const double raw_gbs = w.bytes / w.raw_seconds / 1e9;
+    const double ckpt_gbs = w.bytes / w.checkpoint_seconds / 1e9;
+    const double async_stall = (async.seconds - none.seconds) / async.checkpoints;
+    const double sync_stall = (sync.seconds - none.seconds) / sync.checkpoints;
+    fmt::print(
+        "checkpoint/restart, mid-size model (156M parameters), {} ranks, {} cores, in {}\n"
+        "  write: {:.2f} GB per checkpoint in {:.2f} s = {:.2f} GB/s; raw write()+fsync of the "
+        "same bytes {:.2f} s = {:.2f} GB/s -> {:.0f}% of raw (median of {})\n"
+        "  {} steps ({} tokens each), checkpoint every {}: without {:.1f} s (step {:.0f} ms), "
+        "async {:.1f} s, sync {:.1f} s\n"
+        "  stall per checkpoint: async {:.2f} s, sync {:.2f} s -> async is {:.0f}% of sync\n"
+        "  restart to the first step: {:.2f} s with every checksum verified, {:.2f} s quick; "
+        "from scratch {:.2f} s\n",
+        world.size(), cores, dir, w.bytes / 1e9, w.checkpoint_seconds, ckpt_gbs, w.raw_seconds,
+        raw_gbs, 100 * ckpt_gbs / raw_gbs, repeats, steps, 128 * 2 * world.size(), every,
+        none.seconds, none.step_ms, async.seconds, sync.seconds, async_stall, sync_stall,
+        100 * async_stall / sync_stall, r.resume_seconds, r.quick_seconds, r.fresh_seconds);
+    if (!json_path.empty()) {
+      const l3::core::BuildInfo build = l3::core::build_info();
+      std::ofstream(json_path) << json{{"benchmark", "checkpoint"},
+                                       {"git_commit", build.git_commit},
+                                       {"cores", cores},
+                                       {"ranks", world.size()},
+                                       {"bytes_per_checkpoint", w.bytes},
+                                       {"write",
+                                        {{"checkpoint_seconds", w.checkpoint_seconds},
+                                         {"checkpoint_gb_per_s", ckpt_gbs},
+                                         {"raw_seconds", w.raw_seconds},
+                                         {"raw_gb_per_s", raw_gbs},
+                                         {"fraction_of_raw", ckpt_gbs / raw_gbs},
+                                         {"repeats", repeats}}},
+                                       {"stall",
+                                        {{"steps", steps},
+                                         {"every", every},
+                                         {"checkpoints", async.checkpoints},
+                                         {"no_checkpoint_seconds", none.seconds},
+                                         {"async_seconds", async.seconds},
+                                         {"sync_seconds", sync.seconds},
+                                         {"step_ms", none.step_ms},
+                                         {"async_stall_seconds", async_stall},
+                                         {"sync_stall_seconds", sync_stall},
+                                         {"async_over_sync", async_stall / sync_stall}}},
+                                       {"restart",
+                                        {{"verified_seconds", r.resume_seconds},
+                                         {"quick_seconds", r.quick_seconds},
+                                         {"fresh_seconds", r.fresh_seconds}}}}
+                                      .dump(2)
+                               << '\n';
+    }
+    fs::remove_all(dir);
+  }
+  return 0;
+}
