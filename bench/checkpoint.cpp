@@ -2,7 +2,8 @@
 // weights and AdamW moments per checkpoint), each next to a baseline measured in the same run:
 //  1. write bandwidth: a synchronous checkpoint (model.h5 + optim.h5 + checksums + the commit
 //     protocol) against every rank write()-ing and fsync()-ing the same number of bytes to a
-//     plain file in the same directory at the same time; alternated, median of --repeats;
+//     plain file of its own in the same directory at the same time, buffered and O_DIRECT
+//     (the ratio is against the faster); alternated, median of --repeats;
 //  2. training stall per checkpoint: the same steps without checkpoints, with asynchronous
 //     checkpoints (the default) and with --checkpoint-sync; the stall is the extra wall time
 //     per checkpoint (the steps plus the wait for the last write at the end);
@@ -11,7 +12,10 @@
 //     with the quick verification (manifest and sizes only).
 //
 //   mpiexec -n 2 l3-bench-checkpoint [--dir DIR] [--repeats N] [--steps N] [--every N]
-//                                    [--json FILE] [--only-write]
+//                                    [--json FILE] [--only-write] [--verbose] [--threads N]
+// --threads: OpenMP threads per rank. By default the ranks' threads fill every core, and an
+// asynchronous write competes with training for CPU time (copies, checksums, the disk I/O);
+// fewer threads than cores leaves the writer a core, as on a GPU node.
 // DIR should be on the file system the checkpoints go to (default: $TMPDIR).
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -20,8 +24,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -86,18 +93,30 @@ l3::ckpt::RankState rank_state(const l3::model::ParameterLayout& layout,
 }
 
 // write() the three arrays to one file in 64 MiB pieces, fsync, close: what any writer of the
-// same bytes has to pay.
-void raw_write(const std::string& path, const l3::ckpt::RankState& state) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+// same bytes has to pay. `direct`: O_DIRECT from an aligned buffer (the bytes copied into it
+// first, as the checkpoint writer does), the whole file in 8 MiB pieces.
+void raw_write(const std::string& path, const l3::ckpt::RankState& state, bool direct) {
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
   if (fd < 0) throw std::runtime_error("cannot create " + path);
-  constexpr std::size_t kPiece = std::size_t{64} << 20U;
+  constexpr std::size_t kPiece = std::size_t{8} << 20U;
+  const std::unique_ptr<char, decltype(&std::free)> staging(
+      static_cast<char*>(std::aligned_alloc(4096, kPiece)), &std::free);
+  off_t at = 0;
   for (const auto* array : {&state.master, &state.exp_avg, &state.exp_avg_sq}) {
     const auto* bytes = reinterpret_cast<const char*>(array->data());
-    const std::size_t size = array->size() * sizeof(float);
-    for (std::size_t at = 0; at < size;) {
-      const ssize_t n = ::write(fd, bytes + at, std::min(kPiece, size - at));
+    const std::size_t size = array->size() * sizeof(float) / 4096 * 4096;  // whole blocks
+    for (std::size_t done = 0; done < size;) {
+      const std::size_t piece = std::min(kPiece, size - done);
+      const char* from = bytes + done;
+      if (direct) {
+        std::memcpy(staging.get(), from, piece);
+        from = staging.get();
+      }
+      const ssize_t n = ::pwrite(fd, from, piece, at);
       if (n <= 0) throw std::runtime_error("write failed on " + path);
-      at += static_cast<std::size_t>(n);
+      done += static_cast<std::size_t>(n);
+      at += n;
     }
   }
   if (::fsync(fd) != 0) throw std::runtime_error("fsync failed on " + path);
@@ -106,8 +125,10 @@ void raw_write(const std::string& path, const l3::ckpt::RankState& state) {
 
 struct WriteFigures {
   double bytes = 0;
-  double raw_seconds = 0;
   double checkpoint_seconds = 0;
+  double raw_seconds = 0;  // the faster of the two below
+  double buffered_seconds = 0;
+  double direct_seconds = 0;
 };
 
 WriteFigures measure_writes(const l3::dist::World& world, const std::string& dir, int repeats) {
@@ -117,12 +138,15 @@ WriteFigures measure_writes(const l3::dist::World& world, const std::string& dir
   const std::string root = dir + "/write-ckpt";
   // Nothing pruned while timing (the raw files are removed outside the timing too).
   l3::ckpt::CheckpointWriter writer(world, root, {.keep_last = repeats + 1, .async = false});
-  std::vector<double> raw;
+  std::vector<double> buffered;
+  std::vector<double> direct;
   std::vector<double> checkpoint;
   double bytes = 0;
   for (int r = 0; r < repeats; ++r) {
     const std::string raw_path = fmt::format("{}/raw-{}.bin", dir, world.rank());
-    raw.push_back(timed_together(world, [&] { raw_write(raw_path, state); }));
+    buffered.push_back(timed_together(world, [&] { raw_write(raw_path, state, false); }));
+    fs::remove(raw_path);
+    direct.push_back(timed_together(world, [&] { raw_write(raw_path, state, true); }));
     fs::remove(raw_path);
     l3::ckpt::Manifest manifest;
     manifest.step = r + 1;
@@ -138,7 +162,9 @@ WriteFigures measure_writes(const l3::dist::World& world, const std::string& dir
   }
   world.barrier();
   if (world.is_root()) fs::remove_all(root);
-  return {bytes, median(raw), median(checkpoint)};
+  const double b = median(buffered);
+  const double d = median(direct);
+  return {bytes, median(checkpoint), std::min(b, d), b, d};
 }
 
 // ---- 2. training stall, 3. restart -----------------------------------------------------
@@ -150,7 +176,7 @@ l3::train::TrainConfig train_config(const std::string& dir, const l3::dist::Worl
   c.data = dir + "/data";
   c.backend = "cpu";
   c.seq_len = 128;
-  c.global_batch = 2 * world.size();
+  c.global_batch = std::int64_t{2} * world.size();
   c.micro_batch = 2;
   c.steps = steps;
   c.lr = 1e-4;
@@ -188,6 +214,15 @@ RunFigures timed_run(const l3::dist::World& world, const l3::core::Logger& log,
     }
     trainer.reset();  // waits for the write in flight
   });
+  if (log.enabled(l3::core::LogLevel::info) && world.is_root()) {
+    std::string line;
+    for (const double s : step_seconds) line += fmt::format(" {:.0f}", 1000 * s);
+    fmt::print(stderr, "  step times (ms), checkpoints {}:{}\n",
+               mode == Checkpoints::none    ? "none"
+               : mode == Checkpoints::async ? "async"
+                                            : "sync",
+               line);
+  }
   return {seconds, 1000 * median(step_seconds),
           mode == Checkpoints::none ? 0 : static_cast<int>(steps / every)};
 }
@@ -217,7 +252,7 @@ RestartFigures measure_restart(const l3::dist::World& world, const l3::core::Log
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   l3::dist::MpiRuntime runtime(&argc, &argv);
   const l3::dist::World world(MPI_COMM_WORLD);
   std::string dir = (fs::temp_directory_path() / "l3-bench-checkpoint").string();
@@ -226,6 +261,8 @@ int main(int argc, char** argv) {
   std::int64_t steps = 17;
   std::int64_t every = 5;
   bool only_write = false;
+  bool verbose = false;  // the trainer's log (checkpoint and snapshot times)
+  int threads = 0;       // OpenMP threads per rank (default: the cores shared among the ranks)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--dir" && i + 1 < argc) dir = argv[++i];
@@ -234,15 +271,20 @@ int main(int argc, char** argv) {
     if (a == "--steps" && i + 1 < argc) steps = std::stoll(argv[++i]);
     if (a == "--every" && i + 1 < argc) every = std::stoll(argv[++i]);
     if (a == "--only-write") only_write = true;
+    if (a == "--verbose") verbose = true;
+    if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  omp_set_num_threads(std::max(1, cores / world.size()));
+  if (threads <= 0) threads = std::max(1, cores / world.size());
+  omp_set_num_threads(threads);
   if (world.is_root()) {
     fs::remove_all(dir);
     l3::bench::write_mid_model_inputs(dir, 200'000);
   }
   world.barrier();
-  const l3::core::Logger log(world.rank(), world.size(), {.level = l3::core::LogLevel::warn});
+  const l3::core::Logger log(
+      world.rank(), world.size(),
+      {.level = verbose ? l3::core::LogLevel::info : l3::core::LogLevel::warn});
 
   const WriteFigures w = measure_writes(world, dir, repeats);
   if (only_write) {
@@ -253,9 +295,9 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  const RunFigures sync = timed_run(world, log, dir, steps, every, Checkpoints::sync);
   const RunFigures none = timed_run(world, log, dir, steps, every, Checkpoints::none);
   const RunFigures async = timed_run(world, log, dir, steps, every, Checkpoints::async);
-  const RunFigures sync = timed_run(world, log, dir, steps, every, Checkpoints::sync);
   const RestartFigures r = measure_restart(world, log, dir, steps);
 
   if (world.is_root()) {
@@ -264,29 +306,35 @@ int main(int argc, char** argv) {
     const double async_stall = (async.seconds - none.seconds) / async.checkpoints;
     const double sync_stall = (sync.seconds - none.seconds) / sync.checkpoints;
     fmt::print(
-        "checkpoint/restart, mid-size model (156M parameters), {} ranks, {} cores, in {}\n"
+        "checkpoint/restart, mid-size model (156M parameters), {} ranks x {} threads, {} cores, "
+        "in {}\n"
         "  write: {:.2f} GB per checkpoint in {:.2f} s = {:.2f} GB/s; raw write()+fsync of the "
-        "same bytes {:.2f} s = {:.2f} GB/s -> {:.0f}% of raw (median of {})\n"
+        "same bytes, one file per rank: {:.2f} s buffered, {:.2f} s O_DIRECT -> {:.0f}% of the "
+        "faster (median of {})\n"
         "  {} steps ({} tokens each), checkpoint every {}: without {:.1f} s (step {:.0f} ms), "
         "async {:.1f} s, sync {:.1f} s\n"
         "  stall per checkpoint: async {:.2f} s, sync {:.2f} s -> async is {:.0f}% of sync\n"
         "  restart to the first step: {:.2f} s with every checksum verified, {:.2f} s quick; "
         "from scratch {:.2f} s\n",
-        world.size(), cores, dir, w.bytes / 1e9, w.checkpoint_seconds, ckpt_gbs, w.raw_seconds,
-        raw_gbs, 100 * ckpt_gbs / raw_gbs, repeats, steps, 128 * 2 * world.size(), every,
-        none.seconds, none.step_ms, async.seconds, sync.seconds, async_stall, sync_stall,
-        100 * async_stall / sync_stall, r.resume_seconds, r.quick_seconds, r.fresh_seconds);
+        world.size(), threads, cores, dir, w.bytes / 1e9, w.checkpoint_seconds, ckpt_gbs,
+        w.buffered_seconds, w.direct_seconds, 100 * ckpt_gbs / raw_gbs, repeats, steps,
+        128 * 2 * world.size(), every, none.seconds, none.step_ms, async.seconds, sync.seconds,
+        async_stall, sync_stall, 100 * async_stall / sync_stall, r.resume_seconds, r.quick_seconds,
+        r.fresh_seconds);
     if (!json_path.empty()) {
       const l3::core::BuildInfo build = l3::core::build_info();
       std::ofstream(json_path) << json{{"benchmark", "checkpoint"},
                                        {"git_commit", build.git_commit},
                                        {"cores", cores},
                                        {"ranks", world.size()},
+                                       {"threads_per_rank", threads},
                                        {"bytes_per_checkpoint", w.bytes},
                                        {"write",
                                         {{"checkpoint_seconds", w.checkpoint_seconds},
                                          {"checkpoint_gb_per_s", ckpt_gbs},
                                          {"raw_seconds", w.raw_seconds},
+                                         {"raw_buffered_seconds", w.buffered_seconds},
+                                         {"raw_direct_seconds", w.direct_seconds},
                                          {"raw_gb_per_s", raw_gbs},
                                          {"fraction_of_raw", ckpt_gbs / raw_gbs},
                                          {"repeats", repeats}}},
@@ -311,4 +359,7 @@ int main(int argc, char** argv) {
     fs::remove_all(dir);
   }
   return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "error: {}\n", e.what());
+  return 1;
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <utility>
 
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checksum.hpp"
@@ -17,6 +18,7 @@
 #include "core/fault_injection.hpp"
 #include "core/timer.hpp"
 #include "dist/gather_strings.hpp"
+#include "dist/quiet_barrier.hpp"
 #include "dist/unique_comm.hpp"
 
 namespace l3::ckpt {
@@ -68,7 +70,7 @@ std::vector<std::string> prune_checkpoints(const std::string& root, int keep_las
   const std::string latest = read_latest(root);
   const auto complete = complete_checkpoints(root);
   std::error_code ec;
-  for (std::size_t i = static_cast<std::size_t>(keep_last); i < complete.size(); ++i) {
+  for (auto i = static_cast<std::size_t>(keep_last); i < complete.size(); ++i) {
     if (complete[i] == latest) continue;
     fs::remove_all(fs::path(root) / complete[i], ec);
     if (!ec) removed.push_back(complete[i]);
@@ -124,6 +126,7 @@ struct CheckpointWriter::Impl {
             fmt::format("checkpoint {}: {}", name, core::summarize(std::current_exception()).text);
       }
     }
+    settle();
     failure = dist::broadcast_string(comm.get(), failure);
     if (!failure.empty()) throw core::internal_error(failure);
     dist::broadcast_vector(comm.get(), offsets);
@@ -158,6 +161,7 @@ struct CheckpointWriter::Impl {
       mine["error"] =
           fmt::format("rank {}: {}", rank, core::summarize(std::current_exception()).text);
     }
+    settle();
     const std::vector<std::string> reports = dist::gather_strings(comm.get(), mine.dump());
 
     // 3. Rank 0 commits.
@@ -207,10 +211,17 @@ struct CheckpointWriter::Impl {
                               core::summarize(std::current_exception()).text);
       }
     }
+    settle();
     failure = dist::broadcast_string(comm.get(), failure);
     if (!failure.empty()) throw core::internal_error(failure);
     dist::broadcast_bytes(comm.get(), &total_bytes, sizeof(total_bytes), 0);
     return {(fs::path(root) / name).string(), started.seconds(), total_bytes};
+  }
+
+  // On the background thread, the ranks meet without busy-polling before each collective:
+  // those finishing first would otherwise spin a core that the training needs.
+  void settle() const {
+    if (policy.async) dist::quiet_barrier(comm.get());
   }
 
   void join() {
@@ -226,12 +237,22 @@ struct CheckpointWriter::Impl {
   std::atomic<bool> finished{false};
   std::optional<WriteReport> report;
   std::exception_ptr error;
+  RankState spare;  // the last write's snapshot, once it is done
 };
 
 CheckpointWriter::CheckpointWriter(const dist::World& world, std::string root, WriterPolicy policy)
     : impl_(std::make_unique<Impl>(world, std::move(root), policy)) {}
 
 CheckpointWriter::~CheckpointWriter() { impl_->join(); }
+
+RankState CheckpointWriter::take_spare() {
+  if (impl_->in_flight) return {};
+  return std::exchange(impl_->spare, RankState{});
+}
+
+void CheckpointWriter::provide_spare(RankState spare) {
+  if (!impl_->in_flight) impl_->spare = std::move(spare);
+}
 
 bool CheckpointWriter::busy() const noexcept { return impl_->in_flight; }
 bool CheckpointWriter::ready() const noexcept { return impl_->in_flight && impl_->finished.load(); }
@@ -261,6 +282,7 @@ void CheckpointWriter::write(const model::ParameterLayout& layout, Manifest mani
     } catch (...) {
       s.error = std::current_exception();
     }
+    s.spare = std::move(state);
     s.finished = true;
   };
   if (s.policy.async) {

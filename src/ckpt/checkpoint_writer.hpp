@@ -56,6 +56,13 @@ class CheckpointWriter {
   // Waits for the write in flight, if any, and returns its report; a failed write throws
   // (the same error on every rank). Collective only in the sense that every rank must call it.
   std::optional<WriteReport> wait();
+  // The snapshot of the last finished write, for the next one to reuse (its pages are already
+  // mapped: on large models, allocating a fresh snapshot costs more than filling it). Empty
+  // when there is none or a write is in flight.
+  [[nodiscard]] RankState take_spare();
+  // Hands the writer a snapshot buffer to give back through take_spare() (allocated when the
+  // run starts, so that the first checkpoint does not pay for it).
+  void provide_spare(RankState spare);
   [[nodiscard]] bool busy() const noexcept;
   // A write is in flight and has finished on this rank (wait() will not block).
   [[nodiscard]] bool ready() const noexcept;

@@ -13,9 +13,11 @@ std::int64_t RankState::values() const noexcept {
 void RankState::allocate(std::vector<FlatRange> owned) {
   ranges = std::move(owned);
   const auto n = static_cast<std::size_t>(values());
-  master.assign(n, 0.0F);
-  exp_avg.assign(n, 0.0F);
-  exp_avg_sq.assign(n, 0.0F);
+  // resize, not assign: a recycled snapshot of the same size is neither refilled nor
+  // reallocated (first-touch page faults cost more than the copy itself).
+  master.resize(n);
+  exp_avg.resize(n);
+  exp_avg_sq.resize(n);
 }
 
 std::vector<TensorSlice> tensor_slices(const model::ParameterLayout& layout,

@@ -24,7 +24,7 @@ struct RankState {
   std::vector<float> exp_avg_sq;  // second moment
 
   [[nodiscard]] std::int64_t values() const noexcept;
-  // Allocates the three arrays for `ranges`.
+  // Sizes the three arrays for `ranges` (contents unspecified when reused).
   void allocate(std::vector<FlatRange> owned);
 };
 

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "io/hdf5/h5.hpp"
@@ -47,7 +49,7 @@ void create_parents(hid_t file, const std::string& name, const std::string& path
 void probe_space(const std::string& path, std::int64_t bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    throw core::internal_error(fmt::format("cannot create: {}", std::strerror(errno)),
+    throw core::internal_error(fmt::format("cannot create: {}", core::errno_text(errno)),
                                {.file = path});
   }
   int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(bytes));
@@ -56,9 +58,10 @@ void probe_space(const std::string& path, std::int64_t bytes) {
   const int error = rc != 0 ? errno : 0;
   ::close(fd);
   if (error != 0) {
-    throw core::internal_error(fmt::format("no room for {:.1f} MB: {}",
-                                           static_cast<double>(bytes) / 1e6, std::strerror(error)),
-                               {.file = path});
+    throw core::internal_error(
+        fmt::format("no room for {:.1f} MB: {}", static_cast<double>(bytes) / 1e6,
+                    core::errno_text(error)),
+        {.file = path});
   }
 }
 
@@ -105,28 +108,104 @@ std::vector<std::int64_t> create_tensor_file(const std::string& path,
   return offsets;
 }
 
+namespace {
+
+constexpr std::size_t kDirectAlignment = 4096;                  // block and page size
+constexpr std::size_t kStagingBytes = std::size_t{8} << 20U;    // per direct write
+constexpr std::size_t kDirectMinimum = std::size_t{64} << 10U;  // smaller writes: buffered
+
+bool direct_io_enabled() {
+  const char* value = std::getenv("L3_CHECKPOINT_DIRECT_IO");
+  return value == nullptr || std::string_view(value) != "0";
+}
+
+}  // namespace
+
+// NOLINTNEXTLINE(cppcoreguidelines-no-malloc,cppcoreguidelines-owning-memory): aligned_alloc's pair
+void RawFileWriter::FreeDeleter::operator()(void* p) const noexcept { std::free(p); }
+
 RawFileWriter::RawFileWriter(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd_ < 0) {
-    throw core::internal_error(fmt::format("cannot open for writing: {}", std::strerror(errno)),
+    throw core::internal_error(fmt::format("cannot open for writing: {}", core::errno_text(errno)),
                                {.file = path});
+  }
+  if (direct_io_enabled()) {
+    direct_fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);
+    if (direct_fd_ >= 0) {
+      // Owned by staging_ (freed by FreeDeleter).
+      void* staging = std::aligned_alloc(kDirectAlignment, kStagingBytes);  // NOLINT
+      staging_.reset(static_cast<char*>(staging));                          // NOLINT
+      if (!staging_) {
+        ::close(direct_fd_);
+        direct_fd_ = -1;
+      }
+    }
   }
 }
 
 RawFileWriter::~RawFileWriter() {
+  if (direct_fd_ >= 0) ::close(direct_fd_);
   if (fd_ >= 0) ::close(fd_);
 }
 
 void RawFileWriter::write(std::int64_t dataset_offset, std::int64_t first,
                           std::span<const float> values) {
   const auto* bytes = reinterpret_cast<const char*>(values.data());  // NOLINT: raw I/O
-  std::size_t left = values.size_bytes();
-  auto at = static_cast<off_t>(dataset_offset + first * static_cast<std::int64_t>(sizeof(float)));
+  const std::size_t size = values.size_bytes();
+  const auto at =
+      static_cast<off_t>(dataset_offset + first * static_cast<std::int64_t>(sizeof(float)));
+  if (direct_fd_ >= 0 && size >= kDirectMinimum) {
+    // [at, begin) and [end, at + size) through the page cache, [begin, end) direct.
+    const auto align = static_cast<off_t>(kDirectAlignment);
+    const off_t begin = (at + align - 1) / align * align;
+    const off_t end = (at + static_cast<off_t>(size)) / align * align;
+    const auto head = static_cast<std::size_t>(begin - at);
+    const auto middle = static_cast<std::size_t>(end - begin);
+    write_direct(bytes + head, middle, begin);
+    write_buffered(bytes, head, at);
+    write_buffered(bytes + head + middle, size - head - middle, end);
+    return;
+  }
+  write_buffered(bytes, size, at);
+}
+
+void RawFileWriter::write_direct(const char* bytes, std::size_t size, off_t at) {
+  while (size > 0) {
+    const std::size_t piece = std::min(size, kStagingBytes);
+    std::memcpy(staging_.get(), bytes, piece);
+    std::size_t done = 0;
+    while (done < piece) {
+      const ssize_t n =
+          ::pwrite(direct_fd_, staging_.get() + done, piece - done, at + static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL) {
+        // The file system does not take these direct writes after all: buffered from here
+        // on (what was written direct stays written).
+        ::close(direct_fd_);
+        direct_fd_ = -1;
+        write_buffered(bytes + done, size - done, at + static_cast<off_t>(done));
+        return;
+      }
+      if (n <= 0) {
+        throw core::internal_error(fmt::format("write failed: {}", core::errno_text(errno)),
+                                   {.file = path_});
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    bytes += piece;
+    at += static_cast<off_t>(piece);
+    size -= piece;
+  }
+}
+
+void RawFileWriter::write_buffered(const char* bytes, std::size_t size, off_t at) {
+  std::size_t left = size;
   while (left > 0) {
     const ssize_t n = ::pwrite(fd_, bytes, std::min<std::size_t>(left, 1U << 30U), at);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw core::internal_error(fmt::format("write failed: {}", std::strerror(errno)),
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      throw core::internal_error(fmt::format("write failed: {}", core::errno_text(errno)),
                                  {.file = path_});
     }
     bytes += n;
@@ -137,9 +216,12 @@ void RawFileWriter::write(std::int64_t dataset_offset, std::int64_t first,
 
 void RawFileWriter::sync() {
   if (::fsync(fd_) != 0) {
-    throw core::internal_error(fmt::format("fsync failed: {}", std::strerror(errno)),
+    throw core::internal_error(fmt::format("fsync failed: {}", core::errno_text(errno)),
                                {.file = path_});
   }
+  // The data is on disk and nobody reads it soon: its page cache would only crowd out the
+  // training's memory (a checkpoint is GBs). Clean pages only; a hint, so errors do not matter.
+  (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
 }
 
 struct TensorFileReader::Impl {
@@ -161,7 +243,7 @@ TensorFileReader::TensorFileReader(const std::string& path)
   impl_->file = h5::open_file_read(path);
   impl_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (impl_->fd < 0) {
-    throw core::bad_input(fmt::format("cannot open: {}", std::strerror(errno)), {.file = path});
+    throw core::bad_input(fmt::format("cannot open: {}", core::errno_text(errno)), {.file = path});
   }
 }
 
@@ -207,7 +289,7 @@ void TensorFileReader::read(const std::string& name, std::span<const std::int64_
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         throw core::bad_input(n == 0 ? "file ends inside the tensor (truncated?)"
-                                     : fmt::format("read failed: {}", std::strerror(errno)),
+                                     : fmt::format("read failed: {}", core::errno_text(errno)),
                               {.file = path_, .tensor = name});
       }
       bytes += n;

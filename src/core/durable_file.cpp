@@ -14,7 +14,7 @@
 namespace l3::core {
 
 namespace {
-std::string errno_text() { return std::strerror(errno); }  // NOLINT(concurrency-mt-unsafe)
+std::string errno_text() { return core::errno_text(errno); }
 }  // namespace
 
 void fsync_path(const std::string& path) {

@@ -1,6 +1,8 @@
 #include "core/error.hpp"
 
+#include <array>
 #include <boost/program_options/errors.hpp>
+#include <cstring>
 #include <new>
 #include <system_error>
 
@@ -95,6 +97,12 @@ ErrorSummary summarize(const std::exception_ptr& error) noexcept {
   } catch (...) {
     return {kExitInternal, "unknown exception (and describing it failed)"};
   }
+}
+
+std::string errno_text(int error) {
+  std::array<char, 256> buffer{};
+  // The GNU strerror_r returns the text (maybe not in `buffer`).
+  return ::strerror_r(error, buffer.data(), buffer.size());
 }
 
 }  // namespace l3::core

@@ -73,6 +73,9 @@ class PeerFailure : public std::exception {
 [[nodiscard]] Error bad_input(std::string message, ErrorContext context = {});
 [[nodiscard]] Error internal_error(std::string message, ErrorContext context = {});
 
+// The text of an errno value, safe on any thread (strerror is not).
+[[nodiscard]] std::string errno_text(int error);
+
 // The exit code and one-line description of any exception (Error, Boost.Program_options errors,
 // bad_alloc, system_error, ...). Newlines are folded so that the text stays on one line.
 struct ErrorSummary {

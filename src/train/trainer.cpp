@@ -107,6 +107,12 @@ struct Trainer::Impl {
       writer = std::make_unique<ckpt::CheckpointWriter>(
           world, config.ckpt_dir,
           ckpt::WriterPolicy{.keep_last = config.keep_last, .async = !config.checkpoint_sync});
+      // The snapshot buffer (this rank's share of the weights and both moments: 12 bytes per
+      // parameter / ranks), allocated and touched now instead of in the first checkpoint's
+      // pause, and reused by every checkpoint.
+      ckpt::RankState spare;
+      spare.allocate(snapshot_ranges());
+      writer->provide_spare(std::move(spare));
     }
 
     data::LoaderConfig lc;
@@ -430,6 +436,15 @@ struct Trainer::Impl {
         manifest.world_size == 1 ? "" : "s", watch.seconds());
   }
 
+  // This rank's pieces of the flat layout in a checkpoint (its ZeRO-1 shard).
+  [[nodiscard]] std::vector<ckpt::FlatRange> snapshot_ranges() const {
+    const std::vector<Range> mine = parallel->write_ranges();
+    std::vector<ckpt::FlatRange> ranges;
+    ranges.reserve(mine.size());
+    for (const Range& r : mine) ranges.push_back({r.begin, r.end});
+    return ranges;
+  }
+
   // Starts a checkpoint of the current state (in the background unless --checkpoint-sync).
   void checkpoint() {
     if (!writer) throw core::usage_error("no --ckpt-dir: nowhere to write a checkpoint");
@@ -474,12 +489,11 @@ struct Trainer::Impl {
     if (last_step) manifest.metrics["last_step"] = to_json(*last_step);
     if (last_eval) manifest.metrics["last_eval"] = to_json(*last_eval);
 
-    // The host snapshot: this rank's pieces of the master weights and moments.
-    ckpt::RankState state;
-    std::vector<ckpt::FlatRange> ranges;
+    // The host snapshot: this rank's pieces of the master weights and moments, in the previous
+    // checkpoint's buffers when there was one.
+    ckpt::RankState state = writer->take_spare();
     const std::vector<Range> mine = parallel->write_ranges();
-    for (const Range& r : mine) ranges.push_back({r.begin, r.end});
-    state.allocate(std::move(ranges));
+    state.allocate(snapshot_ranges());
     std::size_t at = 0;
     const kernels::TensorView master = model->master_weights();
     for (const Range& r : mine) {
