@@ -59,13 +59,13 @@ void round_trip(const std::string& path) {
 
 TEST_CASE("raw slice writes read back exactly, direct I/O", "[ckpt]") {
   const l3::test::TempDir dir;
-  ::unsetenv("L3_CHECKPOINT_DIRECT_IO");
+  ::unsetenv("L3_CHECKPOINT_DIRECT_IO");  // NOLINT(concurrency-mt-unsafe)
   round_trip((dir.path() / "direct.h5").string());
 }
 
 TEST_CASE("raw slice writes read back exactly, through the page cache", "[ckpt]") {
   const l3::test::TempDir dir;
-  ::setenv("L3_CHECKPOINT_DIRECT_IO", "0", 1);
+  ::setenv("L3_CHECKPOINT_DIRECT_IO", "0", 1);  // NOLINT(concurrency-mt-unsafe)
   round_trip((dir.path() / "buffered.h5").string());
-  ::unsetenv("L3_CHECKPOINT_DIRECT_IO");
+  ::unsetenv("L3_CHECKPOINT_DIRECT_IO");  // NOLINT(concurrency-mt-unsafe)
 }
