@@ -5,6 +5,7 @@
 #include "cli/command.hpp"
 #include "cli/demo_command.hpp"
 #include "cli/eval_command.hpp"
+#include "cli/export_command.hpp"
 #include "cli/generate_command.hpp"
 #include "cli/info_command.hpp"
 #include "cli/prep_command.hpp"
@@ -75,9 +76,15 @@ constexpr std::array kCommands = {
             .run = run_score},
     Command{.name = "export",
             .summary = "Export a checkpoint as a Hugging Face model directory",
-            .usage = "export --ckpt CKPT --output DIR [--dtype bf16|fp32]",
-            .description = "Writes config.json, safetensors and the tokenizer for HF/vLLM.",
-            .planned = "the Hugging Face interop work"},
+            .usage = "export --ckpt CKPT --output DIR [--dtype bf16|fp32] [--shard-size 5GB]",
+            .description =
+                "Writes a Hugging Face model directory that transformers and vLLM load: an SFT "
+                "checkpoint as LlamaForCausalLM, a reward checkpoint as "
+                "LlamaForSequenceClassification; config.json, generation_config.json, "
+                "safetensors (sharded with an index above --shard-size) and the tokenizer files "
+                "when known. Written to DIR.partial, renamed when complete. See docs/HF.md.",
+            .declare = declare_export_options,
+            .run = run_export},
     Command{.name = "tokenize",
             .summary = "Tokenize JSONL text on stdin into token ids on stdout",
             .usage = "tokenize --tokenizer FILE|bytes [--bos] [--eos] < in.jsonl > out.jsonl",

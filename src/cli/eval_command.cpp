@@ -43,9 +43,11 @@ int run_eval(const CommandContext& context) {
   const std::string init =
       o.count("init") != 0 ? o["init"].as<std::string>() : o["ckpt"].as<std::string>();
   const train::ModelSource source = train::resolve_model_source("", init);
-  const ckpt::Manifest& manifest = *source.checkpoint;
+  const model::HeadKind head = source.initial_head().value_or(model::HeadKind::language_model);
 
-  std::int64_t seq_len = manifest.config.value("seq_len", std::int64_t{2048});
+  std::int64_t seq_len = source.checkpoint
+                             ? source.checkpoint->config.value("seq_len", std::int64_t{2048})
+                             : std::int64_t{2048};
   if (o.count("seq-len") != 0) seq_len = o["seq-len"].as<std::int64_t>();
   seq_len = std::min(seq_len, source.config.max_position_embeddings);
   if (seq_len <= 0) throw core::usage_error("--seq-len must be positive");
@@ -53,14 +55,14 @@ int run_eval(const CommandContext& context) {
   if (micro <= 0) throw core::usage_error("--micro-batch must be positive");
 
   const auto ops = kernels::make_ops(o["backend"].as<std::string>(), context.world.local_rank());
-  model::LlamaModel model(source.config, manifest.head, *ops);
+  model::LlamaModel model(source.config, head, *ops);
   train::initialize_model(context.world, model, source, 0);
 
   data::DatasetExpectations expect;
-  expect.kind = manifest.head == model::HeadKind::reward ? data::SampleKind::preference
-                                                         : data::SampleKind::sft;
+  expect.kind =
+      head == model::HeadKind::reward ? data::SampleKind::preference : data::SampleKind::sft;
   expect.model_vocab = source.config.vocab_size;
-  expect.model_tokenizer_sha256 = manifest.tokenizer_sha256;
+  if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;
   expect.ignore_tokenizer_mismatch = o["ignore-tokenizer-mismatch"].as<bool>();
   const data::DatasetIndex index =
       data::open_dataset(context.world, o["data"].as<std::string>(), expect);
@@ -71,7 +73,7 @@ int run_eval(const CommandContext& context) {
   config.drop_long = o["drop-long"].as<bool>();
   config.margin_from_data = o["margin-from-data"].as<bool>();
   const train::EvalMetrics m = train::evaluate(context.world, model, index, config);
-  context.log.info("{} (checkpoint {}, {} rank{})", train::format_eval_line(m), source.step_dir,
+  context.log.info("{} (model {}, {} rank{})", train::format_eval_line(m), source.origin(),
                    context.world.size(), context.world.size() == 1 ? "" : "s");
   if (m.skipped_samples > 0) {
     context.log.warn("{} samples longer than --seq-len {} were left out", m.skipped_samples,

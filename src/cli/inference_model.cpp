@@ -51,8 +51,18 @@ std::string model_path_option(const po::variables_map& options) {
 InferenceModel load_inference_model(const std::string& path, model::HeadKind head) {
   train::ModelSource source = train::resolve_model_source("", path);
   InferenceModel loaded;
-  loaded.step_dir = source.step_dir;
-  loaded.manifest = std::move(*source.checkpoint);
+  loaded.step_dir = source.origin();
+  if (source.checkpoint) {
+    loaded.manifest = *source.checkpoint;
+  } else {  // a Hugging Face directory: its tokenizer, when it holds one
+    loaded.manifest.model = source.config;
+    loaded.manifest.head = source.hf_head;
+    const fs::path dir(source.hf_dir);
+    if (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "original" / "tokenizer.model") ||
+        fs::exists(dir / "tokenizer.model")) {
+      loaded.manifest.tokenizer = source.hf_dir;
+    }
+  }
   const ckpt::Manifest& m = loaded.manifest;
   if (m.head != head) {
     throw core::bad_input(fmt::format("the checkpoint holds {}; this command needs {}",
@@ -63,8 +73,7 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
   loaded.ops = std::make_unique<kernels::CpuOps>();
   loaded.model = std::make_unique<model::LlamaModel>(m.model, m.head, *loaded.ops);
   std::vector<float> host(static_cast<std::size_t>(loaded.model->layout().total()), 0.0F);
-  ckpt::read_model_file((fs::path(loaded.step_dir) / ckpt::kModelFile).string(),
-                        loaded.model->layout(), host);
+  train::read_initial_weights(source, loaded.model->layout(), host);
   loaded.model->load_parameters(host);
   return loaded;
 }

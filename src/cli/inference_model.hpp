@@ -22,16 +22,16 @@ void declare_inference_model_options(po::options_description& options);
 [[nodiscard]] std::string model_path_option(const po::variables_map& options);
 
 struct InferenceModel {
-  std::string step_dir;  // the resolved checkpoint step directory
+  std::string step_dir;  // the resolved checkpoint step directory, or the HF directory
   ckpt::Manifest manifest;
   std::unique_ptr<kernels::Ops> ops;  // declared before the model: outlives it
   std::unique_ptr<model::LlamaModel> model;
 };
 
-// A checkpoint step directory, or a checkpoint root whose `latest` names one. The model must
-// have the `head` wanted (bad_input Error naming the checkpoint otherwise). A Hugging Face
-// model directory is a usage Error (its import is not built yet); anything else that is not a
-// checkpoint is a bad_input Error naming the path.
+// A checkpoint step directory, a checkpoint root whose `latest` names one, or a Hugging Face
+// model directory (its tokenizer.json or original/tokenizer.model is the model's tokenizer).
+// The model must have the `head` wanted (bad_input Error naming the path otherwise); anything
+// else is a bad_input Error naming the path.
 [[nodiscard]] InferenceModel load_inference_model(const std::string& path, model::HeadKind head);
 
 // `spec` (--tokenizer) when given, else the tokenizer named by the manifest. The tokenizer's

@@ -1,10 +1,14 @@
 #include "train/model_source.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <span>
 
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checkpoint_reader.hpp"
@@ -12,6 +16,7 @@
 #include "core/error.hpp"
 #include "dist/agree.hpp"
 #include "dist/gather_strings.hpp"
+#include "io/safetensors/safetensors_file.hpp"
 #include "model/parameter_init.hpp"
 
 namespace l3::train {
@@ -29,29 +34,92 @@ bool is_hugging_face_dir(const fs::path& dir) {
   });
 }
 
+ModelSource hugging_face_source(const std::string& dir) {
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  nlohmann::json config;
+  try {
+    std::ifstream in(config_path);
+    config = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()), {.file = config_path});
+  }
+  ModelSource source;
+  source.hf_dir = dir;
+  const nlohmann::json architectures = config.value("architectures", nlohmann::json::array());
+  const auto has = [&](const char* name) {
+    return architectures.is_array() &&
+           std::find(architectures.begin(), architectures.end(), name) != architectures.end();
+  };
+  if (has("LlamaForCausalLM")) {
+    source.hf_head = model::HeadKind::language_model;
+  } else if (has("LlamaForSequenceClassification")) {
+    source.hf_head = model::HeadKind::reward;
+    if (config.value("num_labels", 1) != 1) {
+      throw core::bad_input(
+          "a sequence-classification model with more than one label is not "
+          "a reward model (num_labels must be 1)",
+          {.file = config_path});
+    }
+  } else {
+    throw core::bad_input(fmt::format("architectures {} : only LlamaForCausalLM and "
+                                      "LlamaForSequenceClassification are supported",
+                                      architectures.dump()),
+                          {.file = config_path});
+  }
+  source.config = model::from_hf_config(config, config_path);
+  source.config.name = dir;
+  // Checks every shard's header now, on every rank, before any work.
+  const io::SafetensorsModel weights(dir);
+  if (source.hf_head == model::HeadKind::language_model && !source.config.tie_word_embeddings &&
+      weights.find("lm_head.weight") == nullptr) {
+    source.config.tie_word_embeddings = true;  // no lm_head.weight: tied, as transformers loads it
+  }
+  return source;
+}
+
+// The tensors of `layout` from a Hugging Face model into `flat`; the head only when the file has
+// the same kind of head.
+void read_hugging_face_weights(const ModelSource& source, const model::ParameterLayout& layout,
+                               std::span<float> flat) {
+  const io::SafetensorsModel weights(source.hf_dir);
+  for (const model::TensorInfo& t : layout.tensors()) {
+    const bool head = t.name == "lm_head.weight" || t.name == "score.weight";
+    if (head && source.hf_head != layout.head()) continue;  // a new score head
+    const io::SafetensorsTensor* found = weights.find(t.name);
+    if (found == nullptr) {
+      throw core::bad_input("the model has no such tensor (not a Llama 3 model of this shape?)",
+                            {.file = source.hf_dir, .tensor = t.name});
+    }
+    if (found->shape != t.shape) {
+      throw core::bad_input(fmt::format("shape [{}] in the file, [{}] expected from config.json",
+                                        fmt::join(found->shape, ", "), fmt::join(t.shape, ", ")),
+                            {.file = source.hf_dir, .tensor = t.name});
+    }
+    weights.read(t.name, flat.subspan(static_cast<std::size_t>(t.offset),
+                                      static_cast<std::size_t>(t.numel)));
+  }
+}
+
 }  // namespace
 
 ModelSource resolve_model_source(const std::string& model, const std::string& init) {
   ModelSource source;
   if (!init.empty()) {
     if (!ckpt::is_checkpoint(init) && is_hugging_face_dir(init)) {
-      throw core::usage_error(fmt::format(
-          "{}: a Hugging Face model directory; importing Hugging Face weights is not built yet "
-          "in this version (--init takes a llama3-hpc checkpoint; --model {}/config.json starts "
-          "from random weights)",
-          init, init));
+      source = hugging_face_source(init);
+    } else {
+      source.step_dir = ckpt::resolve_checkpoint(init);
+      source.checkpoint = ckpt::read_manifest(source.step_dir);
+      source.config = source.checkpoint->model;
+      source.config.name = source.step_dir;
     }
-    source.step_dir = ckpt::resolve_checkpoint(init);
-    source.checkpoint = ckpt::read_manifest(source.step_dir);
-    source.config = source.checkpoint->model;
-    source.config.name = source.step_dir;
     if (!model.empty()) {
       const model::ModelConfig given = model::resolve_model(model);
       if (given.to_hf_json() != source.config.to_hf_json()) {
         throw core::usage_error(
-            fmt::format("--model {} does not describe the model of the checkpoint {} (leave "
-                        "--model out to use the checkpoint's)",
-                        model, source.step_dir));
+            fmt::format("--model {} does not describe the model of {} (leave --model out to use "
+                        "its own)",
+                        model, source.origin()));
       }
     }
     return source;
@@ -60,29 +128,39 @@ ModelSource resolve_model_source(const std::string& model, const std::string& in
   return source;
 }
 
+void read_initial_weights(const ModelSource& source, const model::ParameterLayout& layout,
+                          std::span<float> flat) {
+  const std::optional<model::HeadKind> head = source.initial_head();
+  if (!head) return;
+  if (*head == model::HeadKind::reward && layout.head() == model::HeadKind::language_model) {
+    throw core::bad_input("a reward model cannot initialise a language model (it has no lm_head)",
+                          {.file = source.origin()});
+  }
+  if (!source.hf_dir.empty()) {
+    read_hugging_face_weights(source, layout, flat);
+    return;
+  }
+  const ckpt::ModelTensors which =
+      *head == layout.head() ? ckpt::ModelTensors::all : ckpt::ModelTensors::backbone_only;
+  ckpt::read_model_file((fs::path(source.step_dir) / ckpt::kModelFile).string(), layout, flat,
+                        which);
+  ckpt::check_loaded_model(*source.checkpoint, source.step_dir, layout, flat,
+                           [&](const std::string& name) {
+                             return which == ckpt::ModelTensors::backbone_only &&
+                                    (name == "lm_head.weight" || name == "score.weight");
+                           });
+}
+
 void initialize_model(const dist::World& world, model::LlamaModel& model, const ModelSource& source,
                       std::uint64_t seed) {
   const model::ParameterLayout& layout = model.layout();
   std::vector<float> host(static_cast<std::size_t>(layout.total()));
   model::initialize_parameters(host, layout, seed);
-  if (source.checkpoint) {
-    const ckpt::Manifest& m = *source.checkpoint;
-    if (m.head == model::HeadKind::reward && layout.head() == model::HeadKind::language_model) {
-      throw core::bad_input(
-          "a reward-model checkpoint cannot initialise a language model (its lm_head is gone)",
-          {.file = source.step_dir});
-    }
-    const ckpt::ModelTensors which =
-        m.head == layout.head() ? ckpt::ModelTensors::all : ckpt::ModelTensors::backbone_only;
+  if (source.initial_head()) {
     std::exception_ptr failure;
     if (world.is_root()) {
       try {
-        ckpt::read_model_file((fs::path(source.step_dir) / ckpt::kModelFile).string(), layout, host,
-                              which);
-        ckpt::check_loaded_model(m, source.step_dir, layout, host, [&](const std::string& name) {
-          return which == ckpt::ModelTensors::backbone_only &&
-                 (name == "lm_head.weight" || name == "score.weight");
-        });
+        read_initial_weights(source, layout, host);
       } catch (...) {
         failure = std::current_exception();
       }

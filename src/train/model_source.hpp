@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "ckpt/manifest.hpp"
@@ -17,16 +18,38 @@ struct ModelSource {
   model::ModelConfig config;
   std::optional<ckpt::Manifest> checkpoint;  // when initialised from one
   std::string step_dir;                      // its step directory
+  // A Hugging Face model directory (config.json + safetensors), when initialised from one, and
+  // the head its architecture has (LlamaForCausalLM / LlamaForSequenceClassification).
+  std::string hf_dir;
+  model::HeadKind hf_head = model::HeadKind::language_model;
+
+  // The head of the initial weights (checkpoint or Hugging Face), if any.
+  [[nodiscard]] std::optional<model::HeadKind> initial_head() const {
+    if (checkpoint) return checkpoint->head;
+    if (!hf_dir.empty()) return hf_head;
+    return std::nullopt;
+  }
+  // What the weights come from, for messages: the step directory or the HF directory.
+  [[nodiscard]] const std::string& origin() const { return checkpoint ? step_dir : hf_dir; }
 };
 
-// `model` may be empty when `init` is a checkpoint; when both are given they must describe
-// the same model. usage/bad_input Errors name the path.
+// `init`: a llama3-hpc checkpoint, or a Hugging Face model directory (config.json with
+// architectures LlamaForCausalLM or LlamaForSequenceClassification, and model.safetensors or
+// model.safetensors.index.json; tied embeddings when lm_head.weight is absent). `model` may be
+// empty when `init` is given; when both are given they must describe the same model.
+// usage/bad_input Errors name the path.
 [[nodiscard]] ModelSource resolve_model_source(const std::string& model, const std::string& init);
 
-// Random initial weights from `seed`, then, with a checkpoint, its tensors: all of them, or the
-// backbone only when the checkpoint has a language-model head and `model` a reward head (a
-// reward model from an SFT model: the score head keeps its random initialisation). Rank 0
-// reads the file and broadcasts. Collective over `world`.
+// This process alone: reads the initial weights of `source` (checkpoint or Hugging Face; none
+// for a random start) into `flat`, laid out by `layout`, with the checks described below.
+void read_initial_weights(const ModelSource& source, const model::ParameterLayout& layout,
+                          std::span<float> flat);
+
+// Random initial weights from `seed`, then, with a checkpoint or a Hugging Face model, its
+// tensors: all of them, or the backbone only when it has a language-model head and `model` a
+// reward head (a reward model from an SFT model: the score head keeps its random
+// initialisation). Every tensor's presence and shape is checked; checkpoint weights also
+// against their checksums. Rank 0 reads the files and broadcasts. Collective over `world`.
 void initialize_model(const dist::World& world, model::LlamaModel& model, const ModelSource& source,
                       std::uint64_t seed);
 

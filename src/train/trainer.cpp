@@ -76,10 +76,9 @@ struct Trainer::Impl {
     }
     const model::HeadKind head =
         config.phase == Phase::sft ? model::HeadKind::language_model : model::HeadKind::reward;
-    if (config.phase == Phase::sft && source.checkpoint &&
-        source.checkpoint->head == model::HeadKind::reward) {
+    if (config.phase == Phase::sft && source.initial_head() == model::HeadKind::reward) {
       throw core::usage_error(
-          fmt::format("--init {} is a reward model; SFT needs a language model", source.step_dir));
+          fmt::format("--init {} is a reward model; SFT needs a language model", source.origin()));
     }
     if (!resume_dir.empty()) check_resume_config(*source.checkpoint);
     index =
@@ -154,7 +153,7 @@ struct Trainer::Impl {
     const std::int64_t params = model->layout().parameter_count();
     log.info("{} on {} rank{} ({} backend): model {} ({:.2f}M parameters), {} steps of {} {}",
              phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s", ops->name(),
-             source.checkpoint ? fmt::format("from {}", source.step_dir) : mc.name,
+             source.initial_head() ? fmt::format("from {}", source.origin()) : mc.name,
              static_cast<double>(params) / 1e6, total, config.global_batch,
              config.phase == Phase::sft ? "rows" : "pairs");
     log.info(

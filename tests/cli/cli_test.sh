@@ -57,8 +57,8 @@ expect "version lists the cpu backend" contains "$out" "backend cpu:"
 run "subcommand help" 0 "$bin" info --help
 expect "subcommand help shows its options" contains "$out" "--json"
 expect "subcommand help shows common options" contains "$out" "--config"
-run "help of a command not built yet" 0 "$bin" export --help
-expect "it says so" contains "$out" "not built yet"
+run "export help" 0 "$bin" export --help
+expect "shows its options" contains "$out" "--shard-size"
 run "sft help" 0 "$bin" sft --help
 expect "shows the batch options" contains "$out" "--global-batch"
 run "reward help" 0 "$bin" reward --help
@@ -69,8 +69,8 @@ run "unknown command" 2 "$bin" train
 expect "one error line" [ "$(error_lines "$err")" = 1 ]
 expect "names the command" contains "$err" "'train'"
 run "unknown top-level option" 2 "$bin" --frobnicate
-run "a command not built yet refuses to pretend" 2 "$bin" export --ckpt x
-expect "it says which command" contains "$err" "'llama3-hpc export' is not built yet"
+run "export without --output" 2 "$bin" export --ckpt x
+expect "says what is missing" contains "$err" "--output DIR is required"
 
 # --- tokenize: a stream filter ---
 printf '{"text":"Hi"}\n\n{"text":"<|eot_id|>"}\n' >"$work/text.jsonl"
@@ -205,7 +205,31 @@ run "ckpt verify of a missing directory" 2 "$bin" ckpt verify "$work/none"
 run "ckpt without a directory" 2 "$bin" ckpt list
 run "sft from a step directory" 0 "$bin" sft --init "$work/ck/step-00000006" --data "$work/train" --global-batch 2 --seq-len 64 --steps 1 --no-progress
 run "--model must match the checkpoint" 2 "$bin" sft --init "$work/ck" --model llama3.2-1b --data "$work/train" --global-batch 2
-expect "says so" contains "$err" "does not describe the model of the checkpoint"
+expect "says so" contains "$err" "does not describe the model of"
+
+# --- Hugging Face export and import: the same model, bit for bit in fp32 ---
+run "export fp32" 0 "$bin" export --ckpt "$work/ck" --output "$work/hf32" --dtype fp32
+expect "a causal LM" contains "$(cat "$work/hf32/config.json")" '"LlamaForCausalLM"'
+expect "pad is <|finetune_right_pad_id|>" contains "$(cat "$work/hf32/config.json")" '"pad_token_id": 260'
+expect "one safetensors file" [ -f "$work/hf32/model.safetensors" ]
+expect "nothing partial left" [ ! -e "$work/hf32.partial" ]
+run "eval of the checkpoint" 0 "$bin" eval --init "$work/ck" --data "$work/train" --seq-len 64
+ck_eval=$out
+run "eval of its export" 0 "$bin" eval --init "$work/hf32" --data "$work/train" --seq-len 64
+expect "identical results" [ "$out" = "$ck_eval" ]
+run "export refuses to overwrite" 2 "$bin" export --ckpt "$work/ck" --output "$work/hf32"
+expect "says so" contains "$err" "exists"
+run "export bf16, sharded" 0 "$bin" export --ckpt "$work/ck" --output "$work/hf16" --shard-size 100KB
+expect "an index" [ -f "$work/hf16/model.safetensors.index.json" ]
+expect "several shards" [ -f "$work/hf16/model-00002-of-00004.safetensors" ]
+run "sft from the sharded export" 0 "$bin" sft --init "$work/hf16" --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --no-progress
+run "generate from the export" 0 "$bin" generate --init "$work/hf32" --tokenizer bytes --prompt "Reverse word1." --max-new 4
+run "export --dtype fp16 is refused" 2 "$bin" export --ckpt "$work/ck" --output "$work/hf-x" --dtype fp16
+run "export --shard-size nonsense" 2 "$bin" export --ckpt "$work/ck" --output "$work/hf-x" --shard-size 5XB
+cp -r "$work/hf32" "$work/hf-cut" && truncate -s 5000 "$work/hf-cut/model.safetensors"
+run "a truncated safetensors file" 2 "$bin" eval --init "$work/hf-cut" --data "$work/train"
+expect "names the file and why" contains "$err" "hf-cut/model.safetensors: tensor"
+expect "one error line" [ "$(error_lines "$err")" = 1 ]
 
 # --- restart guard rails: never start over silently where checkpoints are ---
 sft_ck=(sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --lr 1e-3 --no-progress)
@@ -251,9 +275,9 @@ mkdir -p "$work/not-a-ckpt"
 run "score on a directory that is not a checkpoint" 2 "$bin" score --init "$work/not-a-ckpt" --prompt q --response a
 expect "one error line" [ "$(lines "$err")" = 1 ]
 expect "says so" contains "$err" "error: $work/not-a-ckpt: not a checkpoint"
-mkdir -p "$work/hf-model" && echo '{}' >"$work/hf-model/config.json" && : >"$work/hf-model/model.safetensors"
-run "a Hugging Face directory is not imported yet" 2 "$bin" generate --init "$work/hf-model" --prompt hi
-expect "says so" contains "$err" "importing Hugging Face weights is not built yet"
+mkdir -p "$work/hf-model" && echo '{"architectures":["GPT2LMHeadModel"]}' >"$work/hf-model/config.json" && : >"$work/hf-model/model.safetensors"
+run "a Hugging Face model of another architecture" 2 "$bin" generate --init "$work/hf-model" --prompt hi
+expect "says which are supported" contains "$err" "only LlamaForCausalLM and LlamaForSequenceClassification"
 run "score needs a prompt and response or an input" 2 "$bin" score --init "$work/not-a-ckpt" --prompt q
 expect "says what to give" contains "$err" "give --prompt TEXT --response TEXT, or --input FILE.jsonl"
 run "a bad temperature is refused before loading" 2 "$bin" generate --init "$work/nonexistent" --prompt hi --temperature -1

@@ -139,8 +139,8 @@ TEST_CASE("checkpoint loading refuses what it cannot use", "[generate][ckpt]") {
   std::ofstream(hf / "config.json") << "{}";
   std::ofstream(hf / "model.safetensors") << "";
   e = error_of([&] { (void)l3::cli::load_inference_model(hf.string(), HeadKind::language_model); });
-  CHECK(e.kind() == l3::core::ErrorKind::usage);
-  CHECK(contains(e.what(), "Hugging Face"));
+  CHECK(e.kind() == l3::core::ErrorKind::bad_input);  // no architectures: not a Llama model
+  CHECK(contains(e.what(), "only LlamaForCausalLM and LlamaForSequenceClassification"));
 
   // The reward checkpoint records another tokenizer's sha256.
   const InferenceModel loaded = l3::cli::load_inference_model(rm.string(), HeadKind::reward);

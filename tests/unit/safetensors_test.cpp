@@ -55,7 +55,7 @@ std::string u16_bytes(std::initializer_list<std::uint16_t> values) {
 std::string write_file(const l3::test::TempDir& dir, const std::string& name,
                        const std::string& header, const std::string& data,
                        std::optional<std::uint64_t> length = std::nullopt) {
-  const std::string path = (dir.path() / name).string();
+  std::string path = (dir.path() / name).string();
   std::ofstream(path, std::ios::binary) << le64(length.value_or(header.size())) << header << data;
   return path;
 }
@@ -71,18 +71,19 @@ std::string open_error(const std::string& path) {
   return {};
 }
 
-const std::string kGood = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+const char* const kGood = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                           R"("b":{"dtype":"BF16","shape":[1,2],"data_offsets":[8,12]},)"
                           R"("c":{"dtype":"F16","shape":[1],"data_offsets":[12,14]},)"
                           R"("__metadata__":{"format":"pt"}})";
-const std::string kGoodData =
-    f32_bytes({1.5F, -2.0F}) + u16_bytes({0x3FC0, 0xC000}) + u16_bytes({0x3C00});
+std::string good_data() {
+  return f32_bytes({1.5F, -2.0F}) + u16_bytes({0x3FC0, 0xC000}) + u16_bytes({0x3C00});
+}
 
 }  // namespace
 
 TEST_CASE("a hand-built safetensors file reads back its known values", "[safetensors]") {
   const l3::test::TempDir dir;
-  const SafetensorsFile file(write_file(dir, "good.safetensors", kGood, kGoodData));
+  const SafetensorsFile file(write_file(dir, "good.safetensors", kGood, good_data()));
   REQUIRE(file.header().tensors.size() == 3);
   CHECK(file.header().metadata.at("format") == "pt");
   std::vector<float> a(2);
@@ -123,7 +124,7 @@ TEST_CASE("bf16 rounds to nearest even, f16 decodes every class", "[safetensors]
 
 TEST_CASE("safetensors writer round trips: F32 bit for bit, BF16 rounded", "[safetensors]") {
   const l3::test::TempDir dir;
-  std::vector<float> w(6 * 7);
+  std::vector<float> w(std::size_t{6} * 7);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::sin(static_cast<float>(i)) * 3.0F;
   const std::vector<float> bias = {0.25F, -1e-30F, 7.0F};
   const std::vector<l3::io::TensorToWrite> tensors = {{"z.weight", {6, 7}, w},
@@ -280,7 +281,7 @@ TEST_CASE("malformed safetensors files are refused with the file and the reason"
     const std::string path = (dir.path() / "short.safetensors").string();
     std::ofstream(path, std::ios::binary) << "abc";
     CHECK_THAT(open_error(path), Catch::Contains("too short"));
-    std::ofstream(path, std::ios::binary | std::ios::trunc);
+    { const std::ofstream empty(path, std::ios::binary | std::ios::trunc); }
     CHECK_THAT(open_error(path), Catch::Contains("too short"));
   }
   SECTION("the tensor is named where it applies") {

@@ -1,0 +1,168 @@
+#include "ckpt/hf_export.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/checkpoint_reader.hpp"
+#include "ckpt/manifest.hpp"
+#include "ckpt/model_file.hpp"
+#include "core/durable_file.hpp"
+#include "core/error.hpp"
+#include "io/safetensors/safetensors_writer.hpp"
+#include "io/tokenizer/special_tokens.hpp"
+#include "model/parameter_layout.hpp"
+
+namespace l3::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// The Llama 3 special tokens sit in the last 256 ids of both tokenizers this program writes
+// data with (Meta's: 128000..128255; `bytes`: 256..511).
+struct TokenIds {
+  std::int64_t bos = 0;
+  json eos;
+  std::int64_t pad = 0;
+};
+
+TokenIds token_ids(std::int64_t vocab_size) {
+  const std::int64_t base = vocab_size - tokenizer::kSpecialTokenCount;
+  const auto id = [&](tokenizer::Special s) { return base + static_cast<std::int64_t>(s); };
+  return {id(tokenizer::Special::begin_of_text),
+          json::array({id(tokenizer::Special::end_of_text), id(tokenizer::Special::end_of_message),
+                       id(tokenizer::Special::end_of_turn)}),
+          id(tokenizer::Special::finetune_right_pad)};
+}
+
+// Meta's tokenizer.model the data was prepared with, and the HF tokenizer files next to it
+// (`DIR/original/tokenizer.model` and `DIR/tokenizer*.json`), copied when they exist.
+bool copy_tokenizer(const std::string& recorded, const fs::path& into) {
+  if (recorded.empty() || recorded == "bytes") return false;
+  fs::path source(recorded);
+  if (fs::is_directory(source)) {
+    for (const char* candidate : {"original/tokenizer.model", "tokenizer.model"}) {
+      if (fs::is_regular_file(source / candidate)) {
+        source = source / candidate;
+        break;
+      }
+    }
+  }
+  if (!fs::is_regular_file(source)) return false;
+  bool copied = false;
+  if (source.filename() == "tokenizer.model") {
+    fs::create_directories(into / "original");
+    fs::copy_file(source, into / "original" / "tokenizer.model");
+    copied = true;
+  }
+  const fs::path hf_dir = source.parent_path().filename() == "original"
+                              ? source.parent_path().parent_path()
+                              : source.parent_path();
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    if (fs::is_regular_file(hf_dir / name)) {
+      fs::copy_file(hf_dir / name, into / name);
+      copied = true;
+    }
+  }
+  return copied;
+}
+
+}  // namespace
+
+std::uint64_t parse_byte_size(const std::string& text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) != 0))
+    ++digits;
+  std::string unit = text.substr(digits);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::uint64_t kilo = unit.ends_with("IB") ? 1024 : 1000;
+  std::uint64_t scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  if (unit == "KB" || unit == "KIB") scale = kilo;
+  if (unit == "MB" || unit == "MIB") scale = kilo * kilo;
+  if (unit == "GB" || unit == "GIB") scale = kilo * kilo * kilo;
+  if (digits == 0 || scale == 0 || digits > 12) {
+    throw core::usage_error(
+        fmt::format("'{}' is not a size (write e.g. 5GB, 500MB, 2GiB or a number of bytes)", text));
+  }
+  const std::uint64_t value = std::stoull(text.substr(0, digits)) * scale;
+  if (value == 0) throw core::usage_error(fmt::format("'{}': the size must not be 0", text));
+  return value;
+}
+
+HfExportReport export_hugging_face(const std::string& checkpoint, const std::string& output,
+                                   const HfExportOptions& options) {
+  const std::string step_dir = resolve_checkpoint(checkpoint);
+  const Manifest manifest = read_manifest(step_dir);
+  const fs::path out = fs::absolute(output).lexically_normal();
+  if (fs::exists(out) && !options.overwrite) {
+    throw core::usage_error(
+        fmt::format("{} exists: choose another --output, or pass --overwrite", out.string()));
+  }
+
+  // The weights, checked against the checkpoint's checksums.
+  const model::ParameterLayout layout(manifest.model, manifest.head);
+  std::vector<float> flat(static_cast<std::size_t>(layout.total()), 0.0F);
+  read_model_file((fs::path(step_dir) / kModelFile).string(), layout, flat);
+  check_loaded_model(manifest, step_dir, layout, flat, {});
+  std::vector<io::TensorToWrite> tensors;
+  for (const model::TensorInfo& t : layout.tensors()) {
+    tensors.push_back({t.name, t.shape,
+                       std::span<const float>(flat).subspan(static_cast<std::size_t>(t.offset),
+                                                            static_cast<std::size_t>(t.numel))});
+  }
+
+  const bool reward = manifest.head == model::HeadKind::reward;
+  HfExportReport report;
+  report.architecture = reward ? "LlamaForSequenceClassification" : "LlamaForCausalLM";
+  const fs::path partial = out.string() + ".partial";
+  fs::remove_all(partial);
+  fs::create_directories(partial);
+  report.files = io::write_safetensors_model(
+      partial.string(), tensors,
+      options.bf16 ? io::SafetensorsDType::bf16 : io::SafetensorsDType::f32, options.shard_bytes,
+      {{"format", "pt"}});
+  for (const io::TensorToWrite& t : tensors)
+    report.tensor_bytes += t.values.size() * (options.bf16 ? 2 : 4);
+
+  json config = manifest.model.to_hf_json();
+  config["architectures"] = json::array({report.architecture});
+  config["torch_dtype"] = options.bf16 ? "bfloat16" : "float32";
+  const TokenIds ids = token_ids(manifest.model.vocab_size);
+  config["bos_token_id"] = ids.bos;
+  config["eos_token_id"] = ids.eos;
+  config["pad_token_id"] = ids.pad;  // never an eos id: a reward model reads the last non-pad
+  if (reward) {
+    config["num_labels"] = 1;
+    config["id2label"] = {{"0", "LABEL_0"}};
+    config["label2id"] = {{"LABEL_0", 0}};
+  }
+  config["llama3_hpc"] = {{"checkpoint", fs::absolute(step_dir).string()},
+                          {"step", manifest.step},
+                          {"phase", manifest.phase},
+                          {"git_commit", manifest.git_commit}};
+  core::write_file_atomically((partial / "config.json").string(), config.dump(2) + "\n");
+  report.files.emplace_back("config.json");
+  if (!reward) {
+    const json generation = {
+        {"bos_token_id", ids.bos}, {"eos_token_id", ids.eos}, {"pad_token_id", ids.pad}};
+    core::write_file_atomically((partial / "generation_config.json").string(),
+                                generation.dump(2) + "\n");
+    report.files.emplace_back("generation_config.json");
+  }
+  report.tokenizer_copied = copy_tokenizer(manifest.tokenizer, partial);
+
+  if (fs::exists(out)) fs::remove_all(out);  // --overwrite
+  core::fsync_path(partial.string());
+  core::rename_path(partial.string(), out.string());
+  core::fsync_path(out.parent_path().string());
+  report.directory = out.string();
+  return report;
+}
+
+}  // namespace l3::ckpt
