@@ -1,13 +1,18 @@
 // --init from a Hugging Face model directory: tied embeddings when lm_head.weight is absent,
-// every tensor read where the layout wants it, and a missing or misshapen tensor refused with
-// the directory and the tensor named.
+// every tensor read where the layout wants it, a missing or misshapen tensor refused with the
+// directory and the tensor named; and export -> --init returns the weights bit for bit (fp32).
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "../support/catch.hpp"
+#include "ckpt/hf_export.hpp"
+#include "ckpt/manifest.hpp"
+#include "ckpt/model_file.hpp"
 #include "core/error.hpp"
 #include "io/safetensors/safetensors_writer.hpp"
 #include "model/parameter_layout.hpp"
@@ -104,5 +109,51 @@ TEST_CASE("a missing or misshapen tensor in a Hugging Face model is refused", "[
     std::vector<float> flat(static_cast<std::size_t>(layout.total()));
     CHECK_THROWS_WITH(l3::train::read_initial_weights(source, layout, flat),
                       Catch::Contains(expected) && Catch::Contains(name));
+  }
+}
+
+TEST_CASE("export then --init gives back the checkpoint's weights bit for bit", "[hf]") {
+  for (const HeadKind head : {HeadKind::language_model, HeadKind::reward}) {
+    for (const bool tied : {true, false}) {
+      if (head == HeadKind::reward && !tied) continue;  // a reward model has no lm_head
+      INFO((head == HeadKind::reward ? "reward" : "language model") << (tied ? ", tied" : ""));
+      const l3::test::TempDir dir;
+      l3::model::ModelConfig config = l3::model::preset("tiny");
+      config.tie_word_embeddings = tied;
+      const ParameterLayout layout(config, head);
+      std::vector<float> flat(static_cast<std::size_t>(layout.total()), 0.0F);
+      for (const l3::model::TensorInfo& t : layout.tensors()) {
+        for (std::int64_t i = 0; i < t.numel; ++i) {
+          flat[static_cast<std::size_t>(t.offset + i)] =
+              std::sin(0.37F * static_cast<float>(i + t.offset)) * 1e-2F;
+        }
+      }
+      // A model-only checkpoint: manifest + model.h5.
+      const std::filesystem::path step = dir.path() / "ck" / "step-00000007";
+      std::filesystem::create_directories(step);
+      l3::ckpt::write_model_file((step / "model.h5").string(), layout, flat);
+      l3::ckpt::Manifest manifest;
+      manifest.step = 7;
+      manifest.phase = head == HeadKind::reward ? "reward" : "sft";
+      manifest.head = head;
+      manifest.model = config;
+      manifest.tokenizer = "bytes";
+      std::ofstream(step / "manifest.json") << manifest.to_json().dump();
+
+      const std::string out = (dir.path() / "hf").string();
+      const l3::ckpt::HfExportReport report =
+          l3::ckpt::export_hugging_face(step.string(), out, {.bf16 = false});
+      CHECK(report.architecture ==
+            (head == HeadKind::reward ? "LlamaForSequenceClassification" : "LlamaForCausalLM"));
+      const l3::train::ModelSource source = l3::train::resolve_model_source("", out);
+      CHECK(source.hf_head == head);
+      CHECK(source.config.tie_word_embeddings == tied);
+      l3::model::ModelConfig named = source.config;
+      named.name = config.name;
+      CHECK(named.to_hf_json() == config.to_hf_json());
+      std::vector<float> back(flat.size(), -1.0F);
+      l3::train::read_initial_weights(source, ParameterLayout(source.config, head), back);
+      CHECK(std::memcmp(back.data(), flat.data(), flat.size() * sizeof(float)) == 0);
+    }
   }
 }
