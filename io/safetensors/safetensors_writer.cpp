@@ -72,7 +72,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
                   static_cast<std::streamsize>(t.values.size_bytes()));
         continue;
       }
-      constexpr std::size_t kChunk = std::size_t{1} << 20U;
+      constexpr std::size_t kChunk = std::size_t{1} << 20U;  // elements per conversion
       for (std::size_t i = 0; i < t.values.size(); i += kChunk) {
         const std::size_t n_chunk = std::min(kChunk, t.values.size() - i);
         half.resize(n_chunk);
