@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -35,8 +34,10 @@
 #include <thread>
 #include <vector>
 
+#include "bench_stats.hpp"
 #include "ckpt/checkpoint_writer.hpp"
 #include "core/build_info.hpp"
+#include "core/timer.hpp"
 #include "dist/mpi_runtime.hpp"
 #include "dist/world.hpp"
 #include "mid_model_inputs.hpp"
@@ -44,27 +45,19 @@
 #include "train/trainer.hpp"
 
 namespace fs = std::filesystem;
+using l3::bench::median;
+using l3::core::Stopwatch;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 // The slowest rank's time of a collective piece of work that starts together.
 template <typename Work>
 double timed_together(const l3::dist::World& world, Work&& work) {
   world.barrier();
-  const auto start = Clock::now();
+  const Stopwatch start;
   work();
-  double local = seconds_since(start);
+  double local = start.seconds();
   double slowest = 0;
   MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.comm());
   return slowest;
@@ -208,9 +201,9 @@ RunFigures timed_run(const l3::dist::World& world, const l3::core::Logger& log,
   std::optional<l3::train::Trainer> trainer(std::in_place, world, log, c);
   const double seconds = timed_together(world, [&] {
     for (;;) {
-      const auto start = Clock::now();
+      const Stopwatch start;
       if (!trainer->step()) break;
-      step_seconds.push_back(seconds_since(start));
+      step_seconds.push_back(start.seconds());
     }
     trainer.reset();  // waits for the write in flight
   });

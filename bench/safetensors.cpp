@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -20,25 +19,19 @@
 #include <stdexcept>
 #include <vector>
 
+#include "bench_stats.hpp"
 #include "core/build_info.hpp"
+#include "core/timer.hpp"
 #include "io/safetensors/safetensors_file.hpp"
 #include "io/safetensors/safetensors_writer.hpp"
 #include "mid_model_inputs.hpp"
 #include "model/parameter_layout.hpp"
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using l3::bench::median;
+using l3::core::Stopwatch;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void drop_cache(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -49,7 +42,7 @@ void drop_cache(const std::string& path) {
 }
 
 double raw_write(const std::string& path, const std::vector<char>& bytes) {
-  const auto start = Clock::now();
+  const Stopwatch start;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot create " + path);
   for (std::size_t at = 0; at < bytes.size();) {
@@ -60,11 +53,11 @@ double raw_write(const std::string& path, const std::vector<char>& bytes) {
   }
   if (::fsync(fd) != 0) throw std::runtime_error("fsync failed");
   ::close(fd);
-  return seconds_since(start);
+  return start.seconds();
 }
 
 double raw_read(const std::string& path, std::vector<char>& into) {
-  const auto start = Clock::now();
+  const Stopwatch start;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("cannot open " + path);
   std::size_t at = 0;
@@ -76,7 +69,7 @@ double raw_read(const std::string& path, std::vector<char>& into) {
     if (at == into.size()) break;
   }
   ::close(fd);
-  return seconds_since(start);
+  return start.seconds();
 }
 
 }  // namespace
@@ -122,9 +115,9 @@ int main(int argc, char** argv) try {
       std::vector<char> same(fs::file_size(path));
       (void)raw_read(path, same);
       if (r % 2 == 1) raw_write_s.push_back(raw_write(raw_path, same));
-      auto start = Clock::now();
+      Stopwatch start;
       l3::io::write_safetensors(path, tensors, dtype, {});
-      write_s.push_back(seconds_since(start));
+      write_s.push_back(start.seconds());
       bytes = static_cast<double>(fs::file_size(path));
       if (r % 2 == 0) raw_write_s.push_back(raw_write(raw_path, same));
       for (const bool cold : {false, true}) {
@@ -132,7 +125,7 @@ int main(int argc, char** argv) try {
           drop_cache(path);
           drop_cache(raw_path);
         }
-        start = Clock::now();
+        start.reset();
         {
           const l3::io::SafetensorsFile file(path);
           for (const l3::model::TensorInfo& t : layout.tensors()) {
@@ -140,7 +133,7 @@ int main(int argc, char** argv) try {
                                                              static_cast<std::size_t>(t.numel)));
           }
         }
-        (cold ? read_cold : read_warm).push_back(seconds_since(start));
+        (cold ? read_cold : read_warm).push_back(start.seconds());
         (cold ? raw_read_cold : raw_read_warm).push_back(raw_read(raw_path, same));
       }
     }
