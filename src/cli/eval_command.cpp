@@ -17,9 +17,10 @@ namespace l3::cli {
 
 void declare_eval_options(po::options_description& options,
                           po::positional_options_description& /*positional*/) {
-  options.add_options()("init", po::value<std::string>()->value_name("CKPT"),
-                        "the checkpoint to evaluate (step directory or checkpoint root)")(
-      "ckpt", po::value<std::string>()->value_name("CKPT"), "the same as --init")(
+  options.add_options()(
+      "init", po::value<std::string>()->value_name("CKPT"),
+      "the model to evaluate: a checkpoint (step directory or root) or a Hugging Face model "
+      "directory")("ckpt", po::value<std::string>()->value_name("CKPT"), "the same as --init")(
       "data", po::value<std::string>()->value_name("DIR"),
       "dataset: SFT data for a language model, preference data for a reward model")(
       "seq-len", po::value<std::int64_t>()->value_name("N"),

@@ -28,8 +28,9 @@ std::string_view head_description(model::HeadKind head) {
 void declare_inference_model_options(po::options_description& options) {
   options.add_options()(
       "init", po::value<std::string>()->value_name("CKPT"),
-      "the model: a checkpoint step directory, or a checkpoint root holding 'latest'")(
-      "ckpt", po::value<std::string>()->value_name("CKPT"), "the same as --init")(
+      "the model: a checkpoint step directory, a checkpoint root holding 'latest', or a "
+      "Hugging Face model directory")("ckpt", po::value<std::string>()->value_name("CKPT"),
+                                      "the same as --init")(
       "tokenizer", po::value<std::string>()->value_name("FILE|bytes"),
       "tokenizer.model, tokenizer.json, a model directory or 'bytes' (default: the one the "
       "checkpoint's data was prepared with)")(

@@ -22,8 +22,10 @@ void declare_common(po::options_description& o, train::Phase phase) {
                   "model preset (tiny, llama3.2-1b, llama3-8b, ...) or a Hugging Face config.json "
                   "(random initial weights unless --init)")(
       "init", po::value<std::string>()->value_name("CKPT"),
-      sft ? "start from this checkpoint (a step directory, or a checkpoint root: its latest)"
-          : "the SFT checkpoint whose backbone the reward model starts from")(
+      sft ? "start from this checkpoint (a step directory, or a checkpoint root: its latest) or "
+            "Hugging Face model directory (LlamaForCausalLM)"
+          : "the SFT checkpoint or Hugging Face model directory whose backbone the reward model "
+            "starts from (or a LlamaForSequenceClassification model, head included)")(
       "data", po::value<std::string>()->value_name("DIR"),
       sft ? "SFT dataset (made by 'prep sft')" : "preference dataset (made by 'prep preference')")(
       "val-data", po::value<std::string>()->value_name("DIR"),
