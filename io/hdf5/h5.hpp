@@ -43,6 +43,8 @@ class Handle {
   [[nodiscard]] hid_t get() const noexcept { return id_; }
   [[nodiscard]] bool valid() const noexcept { return id_ >= 0; }
   void reset() noexcept;
+  // Gives up ownership without closing: the id stays open until the library shuts down.
+  void release() noexcept { id_ = H5I_INVALID_HID; }
 
  private:
   hid_t id_ = H5I_INVALID_HID;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "core/error.hpp"
 #include "io/hdf5/h5.hpp"
@@ -56,6 +57,19 @@ ShardReader::ShardReader(const dist::World& world, const DatasetIndex& index, Re
 
 ShardReader::~ShardReader() {
   const std::scoped_lock guard(h5::library_lock());
+  if (std::uncaught_exceptions() > 0) {
+    // Unwinding after an error on this rank while the others may be anywhere (mid-step, in a
+    // collective): closing an MPI-IO file is collective, so it would wait for them forever instead
+    // of reaching the error agreement that reports the error or aborts the job (cli::conclude_run).
+    // Leave the shards open; MPI_Abort, or HDF5's shutdown in MPI_Finalize, ends them.
+    for (const auto& shard : shards_) {
+      shard->tokens.release();
+      shard->loss_mask.release();
+      shard->rejected.release();
+      shard->file.release();
+    }
+    return;
+  }
   shards_.clear();  // closes datasets, then files (collective with the MPI-IO driver)
 }
 

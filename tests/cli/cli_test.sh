@@ -185,6 +185,11 @@ expect "a metrics line per step" [ "$(grep -c '"kind":"train"' "$work/m.jsonl")"
 expect "an eval object" [ "$(grep -c '"kind":"eval"' "$work/m.jsonl")" = 1 ]
 expect "latest names the last step" [ "$(cat "$work/ck/latest")" = "step-00000006" ]
 expect "the periodic checkpoint too" [ -f "$work/ck/step-00000004/manifest.json" ]
+# An internal error on one rank mid-step, the other blocked in the step's collectives: the failing
+# rank must not hang in collective cleanup (closing the MPI-IO shards) but report and abort.
+L3_FAULT="train.update@1#2=throw-internal" run "one rank fails mid-step" 1 timeout -k 5 60 \
+  "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --steps 6 --no-progress
+expect "names the error and the abort" contains "$err" "injected fault at train.update on rank 1 (other ranks did not finish"
 run "eval of the checkpoint" 0 "$bin" eval --init "$work/ck" --data "$work/train"
 expect "one JSON line with the loss" contains "$out" '"loss":'
 expect "and the perplexity" contains "$out" '"perplexity":'
