@@ -2,19 +2,45 @@
 # (scripts/install-deps.sh installs them all) and what to do elsewhere (Spack).
 include(FindPackageHandleStandardArgs)
 
+# l3_require(FOUND WHAT DEBIAN_PACKAGES SPACK_SPEC [SPACK_CONDITION]): stop with the fix when FOUND
+# is false. Every SPACK_SPEC (with the variant it depends on, if any) is also recorded (l3_record_dependency) in the dependency list that tests/spack checks
+# against spack/packages/llama3-hpc/package.py, so that the package cannot drift from the build.
 function(l3_require found what debian_pkg spack_pkg)
   if(NOT ${found})
+    # Virtual Spack packages (what package.py depends on) are installed through a provider.
+    set(install "${spack_pkg}")
+    if(spack_pkg STREQUAL "mpi")
+      set(install "mpich (or another MPI)")
+    elseif(spack_pkg STREQUAL "zlib-api")
+      set(install "zlib")
+    endif()
     message(FATAL_ERROR
       "llama3-hpc needs ${what}, which was not found.\n"
       "  Debian/Ubuntu: apt-get install ${debian_pkg}   (or run scripts/install-deps.sh)\n"
-      "  Spack:         spack install ${spack_pkg}   (then spack load it)\n"
+      "  Spack:         spack install ${install}   (then spack load it)\n"
       "  Elsewhere:     point CMAKE_PREFIX_PATH at its installation.")
   endif()
+  l3_record_dependency("${spack_pkg}" "${ARGV4}")
+endfunction()
+
+# l3_record_dependency(SPACK_SPEC CONDITION): one line "SPACK_SPEC[ when CONDITION]" in
+# ${PROJECT_BINARY_DIR}/l3-dependencies.txt, written at the end of the configure step.
+function(l3_record_dependency spec condition)
+  if(condition)
+    set(spec "${spec} when ${condition}")
+  endif()
+  set_property(GLOBAL APPEND PROPERTY L3_DEPENDENCIES "${spec}")
+endfunction()
+
+function(l3_write_dependency_list)
+  get_property(deps GLOBAL PROPERTY L3_DEPENDENCIES)
+  list(JOIN deps "\n" text)
+  file(WRITE "${PROJECT_BINARY_DIR}/l3-dependencies.txt" "${text}\n")
 endfunction()
 
 # MPI (any MPI-3 implementation; Debian's MPICH is what CI tests).
 find_package(MPI COMPONENTS C CXX)
-l3_require(MPI_CXX_FOUND "an MPI-3 implementation (C and C++ bindings)" "mpich libmpich-dev" "mpich")
+l3_require(MPI_CXX_FOUND "an MPI-3 implementation (C and C++ bindings)" "mpich libmpich-dev" "mpi")
 
 # Parallel HDF5: the serial library cannot do rank-parallel shard reading or checkpoint writes.
 set(HDF5_PREFER_PARALLEL TRUE)
@@ -38,7 +64,10 @@ find_package(nlohmann_json 3.9 QUIET)
 l3_require(nlohmann_json_FOUND "nlohmann-json (>= 3.9)" "nlohmann-json3-dev" "nlohmann-json")
 
 find_package(OpenMP COMPONENTS CXX)
-l3_require(OpenMP_CXX_FOUND "OpenMP support in the C++ compiler" "libgomp1 (part of g++)" "gcc")
+if(NOT OpenMP_CXX_FOUND)  # the compiler's, not a package: nothing to record for Spack
+  message(FATAL_ERROR "llama3-hpc needs OpenMP support in the C++ compiler (GCC's libgomp: "
+                      "Debian package g++; or a Clang with libomp).")
+endif()
 
 # OpenBLAS: we call cblas_sgemm and openblas_* directly, so we need its cblas.h, not any BLAS.
 # The OpenMP-threaded build is preferred: it shares our OpenMP thread pool and runs serially
@@ -111,13 +140,13 @@ find_package(OpenSSL COMPONENTS Crypto)
 l3_require(OpenSSL_FOUND "OpenSSL's libcrypto (SHA-256 of tokenizers and checkpoints)" "libssl-dev"
            "openssl")
 find_package(ZLIB)
-l3_require(ZLIB_FOUND "zlib (reading .jsonl.gz)" "zlib1g-dev" "zlib")
+l3_require(ZLIB_FOUND "zlib (reading .jsonl.gz)" "zlib1g-dev" "zlib-api")
 
 # Catch2 v2 (Debian 12) or v3 (newer distributions): tests/support/catch.hpp hides the difference.
 if(L3_BUILD_TESTS)
   find_package(Catch2 QUIET)
   l3_require(Catch2_FOUND "Catch2 (v2 or v3) for the tests (or configure with -DL3_BUILD_TESTS=OFF)"
-             "catch2" "catch2")
+             "catch2" "catch2" "+tests")
   string(REGEX MATCH "^[0-9]+" L3_CATCH2_MAJOR "${Catch2_VERSION}")
   list(APPEND CMAKE_MODULE_PATH "${Catch2_DIR}")  # Catch.cmake (catch_discover_tests) lives there
   find_program(MPIEXEC_EXECUTABLE_FOR_TESTS NAMES ${MPIEXEC_EXECUTABLE} mpiexec)

@@ -4,6 +4,8 @@
 #
 #   scripts/install-deps.sh            install what is missing
 #   scripts/install-deps.sh --check    list what is missing, install nothing (exit 1 if any)
+#   scripts/install-deps.sh --test-tools   also what some tests need and skip without: a local
+#                                          Slurm (tests/slurm), shellcheck (lint/shell); CI uses it
 #   scripts/install-deps.sh --spack    print the equivalent Spack line for clusters and exit
 set -euo pipefail
 
@@ -21,14 +23,20 @@ packages=(
   libssl-dev                    # SHA-256 (OpenSSL libcrypto): tokenizer and checkpoint hashes
   zlib1g-dev                    # .jsonl.gz input
   libxxhash-dev                 # xxHash64 checksums of checkpoint slices
+  python3                       # tests/spack/check_package.py
+)
+test_tools=(
+  slurmctld slurmd slurm-client munge   # tests/slurm: the job scripts under a real Slurm
+  shellcheck                            # lint/shell: jobs/ and scripts/
 )
 
-spack_line='spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib xxhash cmake (+ cuda cudnn nccl for the GPU backend)'
+spack_line='spack repo add ./spack && spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib xxhash cmake (+ cuda cudnn nccl for the GPU backend)'
 
 case "${1:-}" in
   --spack) echo "$spack_line"; exit 0 ;;
+  --test-tools) packages+=("${test_tools[@]}"); shift ;;
   --check|"") ;;
-  -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
   *) echo "install-deps.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
 esac
 

@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# The job scripts (jobs/) under a real Slurm started on this machine for the test
+# (tests/slurm/local_slurm.sh; SKIP, exit 77, where it cannot run), with tiny models:
+#   complete  sft.sbatch runs to completion with the weights of the same run under mpiexec; a
+#             rerun of the finished job exits at once; a bad config fails at once (exit 2)
+#   requeue   --time=2 with USR1 60 s ahead: the job checkpoints, exits 75, requeues itself and
+#             finishes with the weights of an uninterrupted run
+#   restart   a rank killed with SIGKILL mid-run: the restart loop resumes and the job finishes
+#             with the uninterrupted run's weights; a job failing on every attempt fails loudly
+#   pipeline  jobs/pipeline.sh: prep -> sft -> reward end to end; a failed stage cancels the rest
+#
+#   slurm_test.sh CASE LLAMA3_HPC SOURCE_DIR MPIEXEC
+set -uo pipefail
+case_name=${1:?usage: slurm_test.sh CASE LLAMA3_HPC SOURCE_DIR MPIEXEC}
+bin=${2:?}
+source_dir=${3:?}
+mpiexec=${4:?}
+work=$(mktemp -d "${TMPDIR:-/tmp}/l3-slurm-XXXXXX")
+failures=0
+
+cleanup() {
+  scancel --full --signal=KILL --user="$(id -un)" >/dev/null 2>&1 || true
+  "$source_dir/tests/slurm/local_slurm.sh" stop "$work/slurm"
+  rm -rf "$work"
+}
+"$source_dir/tests/slurm/local_slurm.sh" start "$work/slurm" || {
+  rc=$?
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+export SLURM_CONF=$work/slurm/slurm.conf
+export LLAMA3_HPC=$bin OMP_NUM_THREADS=1 L3_RETRY_DELAY=1 L3_ERROR_GRACE_SECONDS=2
+cd "$work" || exit 1
+
+fail() {
+  echo "FAIL [$1]"
+  failures=$((failures + 1))
+}
+pass() { echo "ok   [$1]"; }
+check() {  # check NAME COMMAND...: pass if COMMAND succeeds
+  local name=$1
+  shift
+  if "$@"; then pass "$name"; else fail "$name"; fi
+}
+
+# job_state ID: COMPLETED, FAILED, ... as scontrol reports it.
+job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/^ *JobState=\([A-Z_]*\).*/\1/p'; }
+job_field() { scontrol show job "$1" 2>/dev/null | grep -o "$2=[^ ]*" | head -n 1 | cut -d= -f2; }
+
+# wait_job ID SECONDS: wait until the job has ended for good (a requeued job comes back); prints
+# its final state. A job still running after SECONDS is cancelled and reported as HUNG.
+wait_job() {
+  local id=$1 limit=$2 state
+  for ((t = 0; t < limit * 2; t++)); do
+    state=$(job_state "$id")
+    case $state in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
+        echo "$state"
+        return
+        ;;
+    esac
+    sleep 0.5
+  done
+  scancel "$id" 2>/dev/null
+  echo HUNG
+}
+
+show_output() {  # the last lines of a job's output file
+  echo "--- $1 ---"
+  tail -n "${2:-15}" "$1" 2>/dev/null
+}
+
+digest() { "$bin" ckpt verify --json "$1" 2>/dev/null; }
+
+# --- data: a reversal task (SFT) and preference pairs ---
+for i in $(seq 1 120); do
+  w="word$((i % 37))x$((i % 5))"
+  printf '{"prompt":"Reverse %s.","completion":"%s"}\n' "$w" "$(echo "$w" | rev)"
+done >sft.jsonl
+for i in $(seq 1 120); do
+  w="item$((i % 29))y$((i % 3))"
+  printf '{"prompt":"Reverse %s.","chosen":"%s","rejected":"%s ?"}\n' "$w" "$(echo "$w" | rev)" "$w"
+done >pref.jsonl
+prep_data() {
+  "$bin" prep sft --input sft.jsonl --tokenizer bytes --output sft >/dev/null 2>&1 &&
+    "$bin" prep preference --input pref.jsonl --tokenizer bytes --output pref >/dev/null 2>&1
+}
+
+# sft_config FILE CKPT_DIR STEPS [KEY=VALUE...]: a tiny-model SFT config; KEY=VALUE adds or replaces.
+sft_config() {
+  local file=$1 kv key
+  local -A options=([model]=tiny [data]=$work/sft [steps]=$3 [seq-len]=128 [global-batch]=12
+    [micro-batch]=2 [lr]=3e-3 [warmup]=2 [ckpt-dir]=$2 [no-progress]=true)
+  shift 3
+  for kv in "$@"; do options[${kv%%=*}]=${kv#*=}; done
+  for key in "${!options[@]}"; do echo "$key = ${options[$key]}"; done >"$file"
+}
+
+# reference CONFIG RANKS CKPT_DIR: the same run under plain mpiexec (in the background).
+reference() {
+  "$mpiexec" -n "$2" "$bin" sft --config "$1" --ckpt-dir "$3" >"$3.log" 2>&1
+}
+
+case $case_name in
+complete)
+  prep_data || { echo "prep failed"; exit 1; }
+  sft_config sft.ini "$work/ckpt" 20 checkpoint-every=5 log-every=5
+  reference sft.ini 2 "$work/ref" &
+  ref_pid=$!
+  id=$(sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" sft.ini)
+  state=$(wait_job "$id" 120)
+  wait "$ref_pid"
+  check "sft.sbatch: job $id completes ($state)" test "$state" = COMPLETED
+  check "sft.sbatch: the job's weights equal the same run under mpiexec" \
+    test -n "$(digest ref/step-00000020)" -a "$(digest ckpt/step-00000020)" = "$(digest ref/step-00000020)"
+  [[ $state == COMPLETED ]] || show_output "l3-sft-$id.out"
+  before=$(stat -c %Y ckpt/latest)
+  id=$(sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" sft.ini)
+  state=$(wait_job "$id" 60)
+  check "a rerun of the finished job completes at once ($state)" \
+    grep -q "sft done: 0 steps" "l3-sft-$id.out"
+  check "... and leaves the checkpoints alone" test "$(stat -c %Y ckpt/latest)" = "$before"
+  # Bad input: exit 2, not retried.
+  sft_config bad.ini "$work/ckpt-bad" 20 data="$work/no-such-data"
+  id=$(L3_MAX_ATTEMPTS=3 sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" bad.ini)
+  state=$(wait_job "$id" 60)
+  check "a bad config fails the job ($state, exit $(job_field "$id" ExitCode))" \
+    test "$state" = FAILED -a "$(job_field "$id" ExitCode)" = 2:0
+  check "... at once, naming the problem" grep -q "not retried:.*no-such-data" "l3-sft-$id.out"
+  check "... after one attempt" test "$(grep -c 'attempt [0-9]/' "l3-sft-$id.out")" = 1
+  [[ $failures -eq 0 ]] || show_output "l3-sft-$id.out"
+  id=$(sbatch --parsable "$source_dir/jobs/sft.sbatch" 2>&1)
+  state=$(wait_job "$id" 60)
+  check "no config file: the job fails with the usage" grep -q "no config file" "l3-sft-$id.out"
+  ;;
+
+requeue)
+  prep_data || { echo "prep failed"; exit 1; }
+  # About 60-90 s of training on one rank; USR1 comes 60-90 s before the 2-minute limit.
+  sft_config long.ini "$work/ckpt" 1000 seq-len=512 global-batch=16 micro-batch=4 \
+    checkpoint-every=100 log-every=100 deadline-margin=5
+  reference long.ini 1 "$work/ref" &
+  ref_pid=$!
+  id=$(sbatch --parsable --time=2 --signal=B:USR1@60 "$source_dir/jobs/sft.sbatch" long.ini)
+  state=$(wait_job "$id" 540)
+  wait "$ref_pid"
+  out=l3-sft-$id.out
+  check "time-limited job $id completes ($state) after $(job_field "$id" Restarts) requeues" \
+    test "$state" = COMPLETED -a "$(job_field "$id" Restarts)" -ge 1
+  check "the job got SIGUSR1 and forwarded it" grep -q "SIGUSR1 received: asking llama3-hpc" "$out"
+  check "llama3-hpc checkpointed and exited 75" grep -q "stopped at step .* (exit 75)" "$out"
+  check "the job requeued itself and resumed" grep -q "resumed at step" "$out"
+  check "its final weights equal an uninterrupted run's" \
+    test -n "$(digest ref/step-00001000)" -a "$(digest ckpt/step-00001000)" = "$(digest ref/step-00001000)"
+  [[ $failures -eq 0 ]] || show_output "$out" 40
+  ;;
+
+restart)
+  prep_data || { echo "prep failed"; exit 1; }
+  sft_config long.ini "$work/ckpt" 2500 checkpoint-every=250 log-every=250
+  reference long.ini 2 "$work/ref" &
+  ref_pid=$!
+  id=$(sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" long.ini)
+  # Once the first checkpoint is in, kill rank 1 (SLURM_PROCID=1 in its environment) with SIGKILL.
+  killed=""
+  for ((t = 0; t < 240; t++)); do
+    [[ -z $killed ]] || break
+    if [[ -e ckpt/latest ]]; then
+      for pid in $(pgrep -f "sft --config long.ini"); do
+        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx SLURM_PROCID=1; then
+          kill -9 "$pid" && killed=$pid
+        fi
+      done
+    fi
+    sleep 0.5
+  done
+  state=$(wait_job "$id" 240)
+  wait "$ref_pid"
+  out=l3-sft-$id.out
+  check "rank 1 killed mid-run (pid ${killed:-none})" test -n "$killed"
+  check "job $id completes ($state)" test "$state" = COMPLETED
+  check "the restart loop logged the failure and a second attempt" \
+    grep -q "attempt 2/3: .* --resume auto" "$out"
+  check "the second attempt resumed from a checkpoint" grep -q "resumed at step" "$out"
+  check "the final weights equal an uninterrupted run's" \
+    test -n "$(digest ref/step-00002500)" -a "$(digest ckpt/step-00002500)" = "$(digest ref/step-00002500)"
+  [[ $failures -eq 0 ]] || show_output "$out" 40
+  # A job whose every attempt crashes: N attempts, then a loud failure with the last error.
+  sft_config crash.ini "$work/ckpt-crash" 20 log-every=5
+  id=$(L3_MAX_ATTEMPTS=2 L3_FAULT="train.update@1#3=throw-internal" \
+    sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" crash.ini)
+  state=$(wait_job "$id" 120)
+  out=l3-sft-$id.out
+  check "a job failing on every attempt fails ($state)" test "$state" = FAILED
+  check "... after 2 attempts, with the last error" grep -q "sft failed 2 times; last error: .*error" "$out"
+  [[ $failures -eq 0 ]] || show_output "$out" 20
+  ;;
+
+pipeline)
+  printf 'kind = sft\ninput = %s/sft.jsonl\ntokenizer = bytes\noutput = %s/sft\n' "$work" "$work" >prep-sft.ini
+  printf 'kind = preference\ninput = %s/pref.jsonl\ntokenizer = bytes\noutput = %s/pref\n' "$work" "$work" >prep-pref.ini
+  sft_config sft.ini "$work/ckpt-sft" 12 log-every=4
+  {
+    echo "init = $work/ckpt-sft"
+    echo "data = $work/pref"
+    echo "steps = 8"
+    echo "seq-len = 128"
+    echo "global-batch = 8"
+    echo "micro-batch = 2"
+    echo "ckpt-dir = $work/ckpt-rm"
+    echo "no-progress = true"
+  } >reward.ini
+  mapfile -t jobs < <("$source_dir/jobs/pipeline.sh" --prep prep-sft.ini --prep prep-pref.ini \
+    --sft sft.ini --reward reward.ini -- --ntasks-per-node=2)
+  check "pipeline.sh submits 3 jobs (${jobs[*]})" test "${#jobs[@]}" = 3
+  sft_id=${jobs[1]#sft }
+  check "sft waits for prep (afterok)" grep -q "afterok:${jobs[0]#prep }" <<<"$(job_field "$sft_id" Dependency)"
+  reward_id=${jobs[2]#reward }
+  state=$(wait_job "$reward_id" 240)
+  for job in "${jobs[@]}"; do
+    check "stage ${job% *} (job ${job#* }) completed" test "$(job_state "${job#* }")" = COMPLETED
+  done
+  check "the reward model's checkpoint verifies" "$bin" ckpt verify --quick ckpt-rm
+  check "... and started from the SFT model" grep -q "model from $work/ckpt-sft" "l3-reward-$reward_id.out"
+  [[ $failures -eq 0 ]] || for f in l3-*.out; do show_output "$f"; done
+  # A failing first stage: the later ones are cancelled, not left pending.
+  printf 'kind = sft\ninput = %s/missing.jsonl\ntokenizer = bytes\noutput = %s/x\n' "$work" "$work" >bad-prep.ini
+  mapfile -t jobs < <("$source_dir/jobs/pipeline.sh" --prep bad-prep.ini --sft sft.ini)
+  state=$(wait_job "${jobs[1]#sft }" 60)
+  check "after a failed prep ($(job_state "${jobs[0]#prep }")) the sft stage is cancelled ($state)" \
+    test "$(job_state "${jobs[0]#prep }")" = FAILED -a "$state" = CANCELLED
+  ;;
+
+*)
+  echo "unknown case '$case_name'"
+  exit 2
+  ;;
+esac
+
+echo "$failures failure(s)"
+[[ $failures -eq 0 ]]
