@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "api/train_options.hpp"
 #include "cli/command.hpp"
 #include "cli/run_outcome.hpp"
 #include "core/build_info.hpp"
@@ -77,12 +78,8 @@ std::string version_text() {
 }
 
 void add_common_options(po::options_description& options) {
-  options.add_options()("help,h", "show this help and exit")(
-      "config", po::value<std::string>()->value_name("FILE"),
-      "read options from FILE ('key = value' lines; the command line wins)")(
-      "log-level", po::value<std::string>()->default_value("info")->value_name("LEVEL"),
-      "trace, debug, info, warn, error or off")("log-all-ranks", po::bool_switch(),
-                                                "log from every rank, not only rank 0");
+  options.add_options()("help,h", "show this help and exit");
+  api::declare_config_and_log_options(options);
 }
 
 // A subcommand's own options, the common ones, and both together for parsing.
@@ -123,13 +120,6 @@ bool wants_help(const std::vector<std::string>& args) {
   return false;
 }
 
-core::LogConfig log_config(const po::variables_map& values) {
-  core::LogConfig config;
-  config.level = core::parse_log_level(values["log-level"].as<std::string>());
-  config.all_ranks = values["log-all-ranks"].as<bool>();
-  return config;
-}
-
 // Runs the subcommand inside MPI. Everything that can throw runs inside the try, so that the
 // outcome of every rank reaches conclude_run().
 int run_under_mpi(const Command& command, const std::vector<std::string>& args, int argc,
@@ -152,7 +142,7 @@ int run_under_mpi(const Command& command, const std::vector<std::string>& args, 
   try {
     const CommandOptions options(command);
     const po::variables_map values = core::parse_options(options.all, options.positional, args);
-    const core::Logger log(world->rank(), world->size(), log_config(values));
+    const core::Logger log(world->rank(), world->size(), api::log_config_from(values));
     log.debug("{} {} on {} ranks, {} nodes", kProgram, command.name, world->size(),
               world->node_count());
     const dist::ThreadBudget threads = dist::apply_thread_budget(*world);

@@ -14,8 +14,4 @@ void declare_reward_options(po::options_description& options,
 int run_sft(const CommandContext& context);
 int run_reward(const CommandContext& context);
 
-// The options as a TrainConfig (usage Errors for values that cannot be right).
-[[nodiscard]] train::TrainConfig train_config_from(const po::variables_map& options,
-                                                   train::Phase phase);
-
 }  // namespace l3::cli

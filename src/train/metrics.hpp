@@ -12,45 +12,9 @@
 
 namespace l3::train {
 
-struct StepMetrics {
-  std::int64_t step = 0;  // optimizer steps done, this one included (1-based)
-  std::int64_t total_steps = 0;
-  std::int64_t epoch = 0;
-  double loss = 0;  // SFT: mean CE per loss token; reward: mean Bradley-Terry loss per pair
-  double lr = 0;
-  double grad_norm = 0;          // before clipping
-  std::int64_t tokens = 0;       // document tokens of the global batch (padding not counted)
-  std::int64_t loss_tokens = 0;  // SFT: tokens in the loss
-  std::int64_t pairs = 0;        // reward
-  double tokens_per_s = 0;
-  std::optional<double> mfu;  // model FLOPs utilisation, when the peak is known
-  double data_wait_ms = 0;    // the training thread waited for data
-  double step_ms = 0;
-  double reduce_wait_ms = 0;  // waited for the gradient reduction after the backward pass
-  double reduce_ms = 0;       // spent reducing gradients (overlapped or not)
-  double gather_ms = 0;       // parameter all-gather (ZeRO-1)
-  double eta_seconds = 0;
-  bool skipped = false;            // loss or gradient norm not finite: no update
-  std::optional<double> accuracy;  // reward: pairs with r_chosen > r_rejected
-  std::optional<double> margin;    // reward: mean r_chosen - r_rejected
-};
-
-struct EvalMetrics {
-  std::int64_t step = 0;
-  Phase phase = Phase::sft;
-  // SFT
-  double loss = 0;
-  double perplexity = 0;
-  std::int64_t tokens = 0;
-  // Reward
-  double accuracy = 0;
-  double margin = 0;
-  double reward_mean = 0;
-  double reward_std = 0;
-  std::int64_t pairs = 0;
-  std::int64_t skipped_samples = 0;  // too long for --seq-len
-  double seconds = 0;
-};
+// The public structs (include/l3/l3.hpp): embedding hosts get exactly what the trainer reports.
+using StepMetrics = l3::StepMetrics;
+using EvalMetrics = l3::EvalMetrics;
 
 [[nodiscard]] nlohmann::json to_json(const StepMetrics& m);
 [[nodiscard]] nlohmann::json to_json(const EvalMetrics& m);

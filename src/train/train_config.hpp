@@ -7,11 +7,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "l3/l3.hpp"
 #include "train/adamw_optimizer.hpp"
 
 namespace l3::train {
 
-enum class Phase { sft, reward };
+using Phase = l3::Phase;  // the public enum (include/l3/l3.hpp)
 [[nodiscard]] std::string_view phase_name(Phase phase) noexcept;
 
 // Fields are grouped by meaning, not by size: one instance per run.

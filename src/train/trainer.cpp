@@ -522,15 +522,25 @@ struct Trainer::Impl {
     checkpoint_seconds = std::max(checkpoint_seconds, report->seconds);
     last_checkpoint = report->directory;
     last_checkpoint_step = pending_step;
+    const CheckpointReport committed{.step = pending_step,
+                                     .directory = report->directory,
+                                     .bytes = report->bytes,
+                                     .seconds = report->seconds};
+    last_report = committed;
+    for (const auto& callback : checkpoint_callbacks) callback(committed);
   }
 
   // ---- stopping early ----------------------------------------------------------------
 
-  // Whether the ranks agree to stop now: a stop was requested on any rank (a signal, the
-  // host application), or the deadline is closer than a step plus a checkpoint plus margin.
-  bool stop_agreed() {
-    int local = stop_requested.load() ? 1 : 0;
-    if (stop_check && stop_check()) local = 1;
+  // What the ranks agree to do at this step boundary (bits of kStopNow, kCheckpointNow): stop
+  // when a stop was requested on any rank (a signal, the host application) or the deadline is
+  // closer than a step plus a checkpoint plus margin; checkpoint when any rank asked for one.
+  static constexpr int kStopNow = 1;
+  static constexpr int kCheckpointNow = 2;
+  int boundary_agreement() {
+    int local = stop_requested.load() ? kStopNow : 0;
+    if (checkpoint_requested.exchange(false)) local |= kCheckpointNow;
+    if (stop_check && stop_check()) local |= kStopNow;
     if (config.deadline_unix > 0 && writer && done > first_step) {
       const double step_seconds = run_seconds / static_cast<double>(done - first_step);
       const double needed = 2.0 * step_seconds + 1.5 * checkpoint_seconds + config.deadline_margin;
@@ -545,12 +555,12 @@ struct Trainer::Impl {
               config.deadline_unix - now, needed);
         }
         deadline_hit = true;
-        local = 1;
+        local |= kStopNow;
       }
     }
-    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_MAX, world.comm()),
-                    "MPI_Allreduce (stop agreement)");
-    return local != 0;
+    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_BOR, world.comm()),
+                    "MPI_Allreduce (step boundary agreement)");
+    return local;
   }
 
   const dist::World& world;
@@ -586,11 +596,14 @@ struct Trainer::Impl {
   std::int64_t prior_tokens = 0;  // trained before this run (resumed)
   double prior_seconds = 0;
   std::atomic<bool> stop_requested{false};
+  std::atomic<bool> checkpoint_requested{false};
+  CheckpointReport last_report;
   std::function<bool()> stop_check;
   bool deadline_hit = false;
   bool stopped = false;
   std::vector<std::function<void(const StepMetrics&)>> step_callbacks;
   std::vector<std::function<void(const EvalMetrics&)>> eval_callbacks;
+  std::vector<std::function<void(const CheckpointReport&)>> checkpoint_callbacks;
 };
 
 Trainer::Trainer(const dist::World& world, const core::Logger& log, TrainConfig config)
@@ -601,6 +614,26 @@ Trainer::~Trainer() = default;
 bool Trainer::step() {
   Impl& s = *impl_;
   if (s.done >= s.total || s.stopped) return false;
+  // Requests made since the last step (a signal, the host, the deadline) are agreed before this
+  // one, so that a host asking between two steps gets no further step.
+  const int agreed = s.boundary_agreement();
+  if ((agreed & Impl::kStopNow) != 0) {
+    s.progress->clear();
+    s.log.warn("stopping at step {} of {} on request: {}", s.done, s.total,
+               s.writer ? "writing a checkpoint" : "no --ckpt-dir, nothing to save");
+    s.stopped = true;
+    if (s.writer && s.last_checkpoint_step != s.done && s.pending_step != s.done) s.checkpoint();
+    s.finish_checkpoint();
+    return false;
+  }
+  if ((agreed & Impl::kCheckpointNow) != 0) {
+    if (!s.writer) {
+      s.log.warn("a checkpoint was requested at step {}, but there is no --ckpt-dir to write it to",
+                 s.done);
+    } else if (s.last_checkpoint_step != s.done && s.pending_step != s.done) {
+      s.checkpoint();
+    }
+  }
   core::fault_point("train.step", s.world.rank());
   const StepMetrics m = s.run_step();
   s.last_step = m;
@@ -612,15 +645,6 @@ bool Trainer::step() {
         s.bad_in_a_row, m.step, m.loss, m.grad_norm));
   }
   if (s.writer && s.writer->ready()) s.finish_checkpoint();
-  if (s.done < s.total && s.stop_agreed()) {
-    s.progress->clear();
-    s.log.warn("stopping at step {} of {} on request: {}", s.done, s.total,
-               s.writer ? "writing a checkpoint" : "no --ckpt-dir, nothing to save");
-    s.stopped = true;
-    if (s.writer && s.last_checkpoint_step != s.done && s.pending_step != s.done) s.checkpoint();
-    s.finish_checkpoint();
-    return false;
-  }
   if (s.config.checkpoint_every > 0 && s.done % s.config.checkpoint_every == 0 && s.done < s.total)
     s.checkpoint();
   if (s.config.eval_every > 0 && s.done % s.config.eval_every == 0 && s.done < s.total)
@@ -653,18 +677,30 @@ TrainSummary Trainer::run() {
 }
 
 std::optional<EvalMetrics> Trainer::evaluate() { return impl_->evaluate(); }
-std::string Trainer::checkpoint() {
-  impl_->checkpoint();
-  impl_->finish_checkpoint();
-  return impl_->last_checkpoint;
+CheckpointReport Trainer::checkpoint() {
+  Impl& s = *impl_;
+  s.finish_checkpoint();
+  if (!s.last_checkpoint.empty() && s.last_checkpoint_step == s.done) {
+    // Nothing changed since the last one (written at this step, or resumed from).
+    if (s.last_report.step == s.done && s.last_report.directory == s.last_checkpoint)
+      return s.last_report;
+    return {.step = s.done, .directory = s.last_checkpoint};
+  }
+  s.checkpoint();
+  s.finish_checkpoint();
+  return s.last_report;
 }
 void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
+void Trainer::request_checkpoint() noexcept { impl_->checkpoint_requested.store(true); }
 void Trainer::set_stop_check(std::function<bool()> check) { impl_->stop_check = std::move(check); }
 void Trainer::on_step(std::function<void(const StepMetrics&)> callback) {
   impl_->step_callbacks.push_back(std::move(callback));
 }
 void Trainer::on_eval(std::function<void(const EvalMetrics&)> callback) {
   impl_->eval_callbacks.push_back(std::move(callback));
+}
+void Trainer::on_checkpoint(std::function<void(const CheckpointReport&)> callback) {
+  impl_->checkpoint_callbacks.push_back(std::move(callback));
 }
 std::int64_t Trainer::steps_done() const noexcept { return impl_->done; }
 std::int64_t Trainer::total_steps() const noexcept { return impl_->total; }

@@ -28,6 +28,13 @@ class LlamaModel;
 
 namespace l3::train {
 
+struct CheckpointReport {
+  std::int64_t step = 0;
+  std::string directory;
+  std::int64_t bytes = 0;
+  double seconds = 0;
+};
+
 struct TrainSummary {
   std::int64_t steps = 0;       // optimizer steps done by this run
   std::int64_t first_step = 0;  // steps already done when it started (resumed)
@@ -58,19 +65,24 @@ class Trainer {
   bool step();
   // Evaluates on the validation data (nullopt without). Collective.
   std::optional<EvalMetrics> evaluate();
-  // Writes a checkpoint of the current state and waits for it; returns its directory.
-  // Collective.
-  std::string checkpoint();
+  // Writes a checkpoint of the current state and waits for it to be committed. Collective.
+  CheckpointReport checkpoint();
 
   // Asks the run to checkpoint and stop at the next step boundary (all ranks agree, so one
   // rank asking is enough). Async-signal-safe: a signal handler may call it.
   void request_stop() noexcept;
+  // Asks for a checkpoint at the next step boundary (the ranks agree, so one rank asking is
+  // enough); without --ckpt-dir a warning says there is nowhere to write it. Async-signal-safe.
+  void request_checkpoint() noexcept;
   // Polled on every rank at every step boundary: true asks to stop, as request_stop().
   void set_stop_check(std::function<bool()> check);
 
   // Called on every rank with the global metrics.
   void on_step(std::function<void(const StepMetrics&)> callback);
   void on_eval(std::function<void(const EvalMetrics&)> callback);
+  // Called on every rank when a checkpoint has been committed (on the training thread, at the
+  // step boundary where the commit is seen, or when the run waits for it).
+  void on_checkpoint(std::function<void(const CheckpointReport&)> callback);
 
   [[nodiscard]] std::int64_t steps_done() const noexcept;
   [[nodiscard]] std::int64_t total_steps() const noexcept;

@@ -1,0 +1,206 @@
+// llama3-hpc's public C++ API: fine-tune Llama 3 (SFT or a Bradley-Terry reward model) inside
+// a host application's own MPI job, on the communicator it chooses. See docs/embedding.md.
+//
+//   l3::RunConfig config = l3::RunConfig::from_args({"sft", "--model", "tiny", "--data", "d",
+//                                                    "--global-batch", "8", "--steps", "100"});
+//   l3::Session session(comm, config);          // collective over comm
+//   session.on_step([](const l3::StepMetrics& m) { ... });
+//   l3::RunSummary summary = session.run();     // or: while (session.step()) { ... }
+//
+// Every Session call is collective over the session's communicator (all its ranks call it, in
+// the same order) unless it says otherwise. The library never uses MPI_COMM_WORLD and keeps no
+// global state: sessions on disjoint communicators run side by side, and a session can be
+// destroyed and another created in the same process. Errors are thrown as l3::Error.
+//
+// MPI must be initialised by the host (MPI_THREAD_MULTIPLE is best: checkpoints are written by
+// a background thread; with less, they are written on the training thread).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#define L3_VERSION_MAJOR 0
+#define L3_VERSION_MINOR 1
+#define L3_VERSION_PATCH 0
+
+namespace l3 {
+
+// The library's version, "0.1.0" (that of the shared library in use, which may be newer than
+// the headers a host was built with).
+[[nodiscard]] std::string version();
+
+enum class Phase { sft, reward };
+
+// A failure, with the exit code the CLI would give it: 2 bad usage or input (a wrong option, a
+// missing or malformed file: fix and retry), 1 anything else. what() is one line naming the file,
+// tensor or record at fault where there is one.
+class Error : public std::runtime_error {
+ public:
+  Error(int exit_code, const std::string& message);
+  [[nodiscard]] int exit_code() const noexcept { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
+// One optimizer step, global over the session's ranks (the same values on every rank).
+struct StepMetrics {
+  std::int64_t step = 0;  // steps done, this one included (1-based)
+  std::int64_t total_steps = 0;
+  std::int64_t epoch = 0;
+  double loss = 0;  // SFT: mean cross-entropy per loss token; reward: mean Bradley-Terry loss
+  double lr = 0;
+  double grad_norm = 0;          // before clipping
+  std::int64_t tokens = 0;       // document tokens of the global batch (padding not counted)
+  std::int64_t loss_tokens = 0;  // SFT: tokens in the loss
+  std::int64_t pairs = 0;        // reward: preference pairs
+  double tokens_per_s = 0;
+  std::optional<double> mfu;  // model FLOPs utilisation, when the peak is known
+  double data_wait_ms = 0;    // the training thread waited for data
+  double step_ms = 0;
+  double reduce_wait_ms = 0;  // waited for the gradient reduction after the backward pass
+  double reduce_ms = 0;       // spent reducing gradients (overlapped or not)
+  double gather_ms = 0;       // parameter all-gather (ZeRO-1)
+  double eta_seconds = 0;
+  bool skipped = false;            // loss or gradient norm not finite: no update
+  std::optional<double> accuracy;  // reward: pairs with r_chosen > r_rejected
+  std::optional<double> margin;    // reward: mean r_chosen - r_rejected
+};
+
+// An evaluation on the validation data.
+struct EvalMetrics {
+  std::int64_t step = 0;
+  Phase phase = Phase::sft;
+  double loss = 0;  // SFT: mean cross-entropy per loss token
+  double perplexity = 0;
+  std::int64_t tokens = 0;
+  double accuracy = 0;  // reward: pairs ranked correctly
+  double margin = 0;
+  double reward_mean = 0;
+  double reward_std = 0;
+  std::int64_t pairs = 0;
+  std::int64_t skipped_samples = 0;  // too long for --seq-len
+  double seconds = 0;
+};
+
+// A committed checkpoint (weights, AdamW state, manifest; docs/FORMAT.md).
+struct CheckpointInfo {
+  std::int64_t step = 0;
+  std::string directory;  // CKPT_DIR/step-NNNNNNNN
+  std::int64_t bytes = 0;
+  double seconds = 0;  // writing it (in the background unless checkpoint-sync)
+};
+
+struct RunSummary {
+  std::int64_t steps = 0;       // optimizer steps done by this run
+  std::int64_t first_step = 0;  // steps already done when it started (resumed)
+  bool stopped = false;         // stopped early on request or deadline, with a checkpoint
+  std::int64_t skipped_steps = 0;
+  std::optional<StepMetrics> last_step;
+  std::optional<EvalMetrics> last_eval;
+  std::string checkpoint;  // the last checkpoint written, if any
+  double seconds = 0;
+  double tokens_per_s = 0;  // over the whole run
+};
+
+// Everything `llama3-hpc sft` / `llama3-hpc reward` accept (docs/CLI.md), with the same names,
+// defaults, checks and config files. A value type: copy it, change it, give it to a Session.
+class RunConfig {
+ public:
+  // A command line without the program name: the phase, then options, e.g.
+  // {"sft", "--model", "tiny", "--data", "dir", "--global-batch", "8", "--config", "f.ini"}.
+  // Throws Error (exit code 2) for an unknown option, a bad value or a missing requirement.
+  [[nodiscard]] static RunConfig from_args(const std::vector<std::string>& args);
+  [[nodiscard]] static RunConfig from_args(std::initializer_list<std::string_view> args);
+  // A config file of 'key = value' lines (keys: the long option names), for `phase`.
+  [[nodiscard]] static RunConfig from_file(const std::string& path, Phase phase = Phase::sft);
+
+  // Sets one option, as on the command line ("lr", "1e-5"; a switch takes "true"/"false"),
+  // replacing an earlier value; checked at once (Error, exit code 2). Returns *this.
+  RunConfig& set(std::string_view option, std::string_view value);
+  RunConfig& set(std::string_view option, const char* value);
+  RunConfig& set(std::string_view option, double value);
+  RunConfig& set(std::string_view option, std::int64_t value);
+  RunConfig& set(std::string_view option, int value);
+  RunConfig& set(std::string_view option, bool value);
+  // The option's value as the command line would show it ("" when unset and without default).
+  [[nodiscard]] std::string get(std::string_view option) const;
+
+  [[nodiscard]] Phase phase() const noexcept;
+  // The equivalent command line (phase first): what from_args() would take back.
+  [[nodiscard]] std::vector<std::string> args() const;
+  // The resolved configuration as a JSON object (as in a checkpoint's manifest).
+  [[nodiscard]] std::string to_json() const;
+
+  RunConfig(const RunConfig& other);
+  RunConfig& operator=(const RunConfig& other);
+  RunConfig(RunConfig&& other) noexcept;
+  RunConfig& operator=(RunConfig&& other) noexcept;
+  ~RunConfig();
+
+  struct Parsed;  // the library's view of it
+
+ private:
+  friend class Session;
+  explicit RunConfig(std::vector<std::string> args);
+  std::vector<std::string> args_;  // phase, then options
+  std::unique_ptr<Parsed> parsed_;
+};
+
+// A training run on the ranks of `comm`: SFT or reward, as the config says. The constructor is
+// collective: it resolves the model (--init checkpoint or Hugging Face directory, or a preset),
+// opens the data, builds the model and the optimizer, and resumes from the newest good
+// checkpoint in --ckpt-dir (--resume auto).
+class Session {
+ public:
+  Session(MPI_Comm comm, const RunConfig& config);
+  ~Session();  // waits for a checkpoint still being written
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  Session(Session&& other) noexcept;
+  Session& operator=(Session&& other) noexcept;
+
+  // The remaining steps, with the periodic evaluations and checkpoints, then the final
+  // evaluation (with --val-data) and checkpoint (with --ckpt-dir). Returns early, with a
+  // checkpoint, after request_stop() or near the deadline.
+  RunSummary run();
+  // One optimizer step (and the evaluation or checkpoint due after it); false once every step
+  // is done or the run was stopped. A host-driven loop: while (session.step()) { ... }
+  bool step();
+  // Evaluates on --val-data now (nullopt without validation data).
+  std::optional<EvalMetrics> evaluate();
+  // Writes a checkpoint of the current state now and waits for it to be committed.
+  CheckpointInfo checkpoint();
+
+  // Asks for a checkpoint at the next step boundary, or to checkpoint and stop there. Not
+  // collective: one rank asking is enough (the ranks agree at the boundary). Safe to call from
+  // another thread or a signal handler.
+  void request_checkpoint() noexcept;
+  void request_stop() noexcept;
+
+  // Called on every rank of the session, on the calling thread of step()/run(), with the global
+  // values. Set them before running; several callbacks of a kind are called in order.
+  void on_step(std::function<void(const StepMetrics&)> callback);
+  void on_eval(std::function<void(const EvalMetrics&)> callback);
+  void on_checkpoint(std::function<void(const CheckpointInfo&)> callback);
+
+  [[nodiscard]] std::int64_t steps_done() const noexcept;
+  [[nodiscard]] std::int64_t total_steps() const noexcept;
+  [[nodiscard]] int rank() const noexcept;  // in the session's communicator
+  [[nodiscard]] int size() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace l3

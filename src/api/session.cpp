@@ -1,0 +1,100 @@
+// l3::Session: a training run on a host's communicator, over train::Trainer. The session owns
+// its World (a private duplicate of the host's communicator), its logger and its trainer, and
+// nothing global: sessions on disjoint communicators run side by side in one job.
+#include <fmt/format.h>
+
+#include "api/public_errors.hpp"
+#include "api/run_config_parsed.hpp"
+#include "core/build_info.hpp"
+#include "dist/thread_budget.hpp"
+#include "dist/world.hpp"
+#include "l3/l3.hpp"
+#include "train/trainer.hpp"
+
+namespace l3 {
+
+Error::Error(int exit_code, const std::string& message)
+    : std::runtime_error(message), exit_code_(exit_code) {}
+
+std::string version() { return core::build_info().version; }
+
+struct Session::Impl {
+  Impl(MPI_Comm comm, const RunConfig::Parsed& parsed)
+      : world(comm),
+        log(world.rank(), world.size(), parsed.log),
+        threads(dist::apply_thread_budget(world)),
+        trainer(world, log, parsed.train) {}
+
+  dist::World world;
+  core::Logger log;
+  dist::ThreadBudget threads;
+  train::Trainer trainer;
+};
+
+Session::Session(MPI_Comm comm, const RunConfig& config) {
+  api::rethrow_as_public([&] { impl_ = std::make_unique<Impl>(comm, *config.parsed_); });
+}
+
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
+
+RunSummary Session::run() {
+  RunSummary out;
+  api::rethrow_as_public([&] {
+    const train::TrainSummary s = impl_->trainer.run();
+    out = {.steps = s.steps,
+           .first_step = s.first_step,
+           .stopped = s.stopped,
+           .skipped_steps = s.skipped_steps,
+           .last_step = s.last_step,
+           .last_eval = s.last_eval,
+           .checkpoint = s.checkpoint,
+           .seconds = s.seconds,
+           .tokens_per_s = s.tokens_per_s};
+  });
+  return out;
+}
+
+bool Session::step() {
+  bool more = false;
+  api::rethrow_as_public([&] { more = impl_->trainer.step(); });
+  return more;
+}
+
+std::optional<EvalMetrics> Session::evaluate() {
+  std::optional<EvalMetrics> out;
+  api::rethrow_as_public([&] { out = impl_->trainer.evaluate(); });
+  return out;
+}
+
+CheckpointInfo Session::checkpoint() {
+  CheckpointInfo out;
+  api::rethrow_as_public([&] {
+    const train::CheckpointReport r = impl_->trainer.checkpoint();
+    out = {r.step, r.directory, r.bytes, r.seconds};
+  });
+  return out;
+}
+
+void Session::request_checkpoint() noexcept { impl_->trainer.request_checkpoint(); }
+void Session::request_stop() noexcept { impl_->trainer.request_stop(); }
+
+void Session::on_step(std::function<void(const StepMetrics&)> callback) {
+  impl_->trainer.on_step(std::move(callback));
+}
+void Session::on_eval(std::function<void(const EvalMetrics&)> callback) {
+  impl_->trainer.on_eval(std::move(callback));
+}
+void Session::on_checkpoint(std::function<void(const CheckpointInfo&)> callback) {
+  impl_->trainer.on_checkpoint([callback = std::move(callback)](const train::CheckpointReport& r) {
+    callback(CheckpointInfo{r.step, r.directory, r.bytes, r.seconds});
+  });
+}
+
+std::int64_t Session::steps_done() const noexcept { return impl_->trainer.steps_done(); }
+std::int64_t Session::total_steps() const noexcept { return impl_->trainer.total_steps(); }
+int Session::rank() const noexcept { return impl_->world.rank(); }
+int Session::size() const noexcept { return impl_->world.size(); }
+
+}  // namespace l3

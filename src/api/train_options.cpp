@@ -1,0 +1,201 @@
+#include "api/train_options.hpp"
+
+#include <cstdlib>
+
+#include "core/deadline.hpp"
+#include "core/error.hpp"
+
+namespace l3::api {
+
+namespace {
+
+void declare_common(po::options_description& o, train::Phase phase) {
+  const train::TrainConfig d;
+  const bool sft = phase == train::Phase::sft;
+  o.add_options()("model", po::value<std::string>()->value_name("PRESET|config.json"),
+                  "model preset (tiny, llama3.2-1b, llama3-8b, ...) or a Hugging Face config.json "
+                  "(random initial weights unless --init)")(
+      "init", po::value<std::string>()->value_name("CKPT"),
+      sft ? "start from this checkpoint (a step directory, or a checkpoint root: its latest) or "
+            "Hugging Face model directory (LlamaForCausalLM)"
+          : "the SFT checkpoint or Hugging Face model directory whose backbone the reward model "
+            "starts from (or a LlamaForSequenceClassification model, head included)")(
+      "data", po::value<std::string>()->value_name("DIR"),
+      sft ? "SFT dataset (made by 'prep sft')" : "preference dataset (made by 'prep preference')")(
+      "val-data", po::value<std::string>()->value_name("DIR"),
+      "validation dataset, evaluated every --eval-every steps and at the end")(
+      "seq-len", po::value<std::int64_t>()->default_value(d.seq_len)->value_name("N"),
+      "tokens per packed row")(
+      "global-batch", po::value<std::int64_t>()->value_name("N"),
+      sft ? "rows of --seq-len tokens per optimizer step, over all ranks (required)"
+          : "preference pairs per optimizer step, over all ranks (required)")(
+      "micro-batch", po::value<std::int64_t>()->default_value(d.micro_batch)->value_name("N"),
+      sft ? "rows per rank and forward/backward pass; gradient accumulation = global / (ranks x "
+            "micro)"
+          : "pairs per rank and forward/backward pass; gradient accumulation = global / (ranks "
+            "x micro)")("steps", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+                        "optimizer steps (0: --epochs)")(
+      "epochs", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "passes over the data when --steps is 0 (default 1)")(
+      "drop-long", po::bool_switch(),
+      "SFT: leave out documents longer than --seq-len instead of truncating them")(
+      "lr", po::value<double>()->default_value(sft ? 2e-5 : 1e-5)->value_name("LR"),
+      "peak learning rate")("min-lr", po::value<double>()->value_name("LR"),
+                            "learning rate at the end of the cosine decay (default 0.1 x --lr)")(
+      "warmup", po::value<std::int64_t>()->default_value(0)->value_name("STEPS"),
+      "linear warmup steps")(
+      "weight-decay", po::value<float>()->default_value(d.adamw.weight_decay)->value_name("WD"),
+      "AdamW weight decay (2-D weights only)")(
+      "beta1", po::value<float>()->default_value(d.adamw.beta1)->value_name("B1"), "AdamW beta1")(
+      "beta2", po::value<float>()->default_value(d.adamw.beta2)->value_name("B2"), "AdamW beta2")(
+      "adam-eps", po::value<float>()->default_value(d.adamw.eps)->value_name("EPS"),
+      "AdamW epsilon")("grad-clip",
+                       po::value<double>()->default_value(d.grad_clip)->value_name("NORM"),
+                       "clip the global gradient norm to this (0: no clipping)")(
+      "seed", po::value<std::uint64_t>()->default_value(d.seed),
+      "seed of the initial weights and the data order")(
+      "recompute", po::bool_switch(),
+      "recompute each block's activations in the backward pass (less memory, ~1/3 more compute)")(
+      "backend", po::value<std::string>()->default_value(d.backend)->value_name("auto|cpu|cuda"),
+      "compute backend")("eval-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+                         "evaluate on --val-data every N steps (and always at the end)")(
+      "log-every", po::value<std::int64_t>()->default_value(d.log_every)->value_name("N"),
+      "print a metrics line every N steps (0: first and last only)")(
+      "metrics", po::value<std::string>()->value_name("FILE"),
+      "append one JSON object per step and evaluation to FILE (metrics.jsonl)")(
+      "ckpt-dir", po::value<std::string>()->value_name("DIR"),
+      "write checkpoints here: DIR/step-NNNNNNNN/ and DIR/latest (always at the end)")(
+      "checkpoint-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "also checkpoint every N steps (0: only at the end)")(
+      "max-bad-steps", po::value<int>()->default_value(d.max_bad_steps)->value_name("N"),
+      "stop after N steps in a row with a non-finite loss or gradient norm (they are skipped)")(
+      "peak-tflops", po::value<double>()->default_value(0)->value_name("TFLOPS"),
+      "per-rank peak for MFU (0: known GPUs by name; none on the CPU)")(
+      "no-shard-optimizer", po::bool_switch(),
+      "keep the whole AdamW state on every rank instead of 1/N per rank (ZeRO-1)")(
+      "bucket-mb", po::value<double>()->default_value(d.bucket_mb)->value_name("MIB"),
+      "gradient reduction bucket size")(
+      "no-overlap-reduction", po::bool_switch(),
+      "reduce gradients after the backward pass instead of during it")(
+      "prefetch-depth", po::value<int>()->default_value(d.prefetch_depth)->value_name("N"),
+      "steps of data prepared ahead")(
+      "ignore-tokenizer-mismatch", po::bool_switch(),
+      "train even if the data was tokenized with another tokenizer than the --init model's")(
+      "no-progress", po::bool_switch(), "no progress bar, even on a terminal")(
+      "resume", po::value<std::string>()->default_value("auto")->value_name("auto|none|CKPT"),
+      "auto: continue from the newest good checkpoint in --ckpt-dir (damaged ones are set "
+      "aside); none: start over; or a checkpoint to continue from")(
+      "resume-verify", po::value<std::string>()->default_value("full")->value_name("full|quick"),
+      "full: check every checksum before resuming; quick: manifest, sizes and structure only")(
+      "keep-last", po::value<int>()->default_value(d.keep_last)->value_name("K"),
+      "keep the newest K complete checkpoints (at least 2)")(
+      "checkpoint-sync", po::bool_switch(),
+      "write checkpoints on the training thread instead of in the background")(
+      "allow-config-change", po::bool_switch(),
+      "resume even if options that change the training (lr, batch, seed, data...) changed")(
+      "deadline", po::value<std::string>()->value_name("SECONDS|TIME"),
+      "checkpoint and exit 75 before this: seconds from now or an ISO-8601 time (default: "
+      "SLURM_JOB_END_TIME when set)")(
+      "deadline-margin", po::value<double>()->default_value(d.deadline_margin)->value_name("S"),
+      "seconds kept in reserve before the deadline, on top of a step and a checkpoint");
+}
+
+template <typename T>
+T get(const po::variables_map& o, const char* name) {
+  return o[name].as<T>();
+}
+
+std::string optional_string(const po::variables_map& o, const char* name) {
+  return o.count(name) != 0 ? o[name].as<std::string>() : std::string();
+}
+
+}  // namespace
+
+void declare_train_options(po::options_description& options, train::Phase phase) {
+  declare_common(options, phase);
+  if (phase == train::Phase::reward) {
+    options.add_options()("margin-from-data", po::bool_switch(),
+                          "use the records' margins: -log sigmoid(r_chosen - r_rejected - margin)")(
+        "center-rewards", po::value<double>()->default_value(0)->value_name("COEF"),
+        "add COEF x (r_chosen + r_rejected)^2 to keep rewards centred at 0 (TRL uses 0.01)");
+  }
+}
+
+void declare_config_and_log_options(po::options_description& options) {
+  options.add_options()("config", po::value<std::string>()->value_name("FILE"),
+                        "read options from FILE ('key = value' lines; the command line wins)")(
+      "log-level", po::value<std::string>()->default_value("info")->value_name("LEVEL"),
+      "trace, debug, info, warn, error or off")("log-all-ranks", po::bool_switch(),
+                                                "log from every rank, not only rank 0");
+}
+
+core::LogConfig log_config_from(const po::variables_map& values) {
+  core::LogConfig config;
+  config.level = core::parse_log_level(values["log-level"].as<std::string>());
+  config.all_ranks = values["log-all-ranks"].as<bool>();
+  return config;
+}
+
+train::TrainConfig train_config_from(const po::variables_map& o, train::Phase phase) {
+  train::TrainConfig c;
+  c.phase = phase;
+  c.model = optional_string(o, "model");
+  c.init = optional_string(o, "init");
+  c.data = optional_string(o, "data");
+  c.val_data = optional_string(o, "val-data");
+  c.backend = get<std::string>(o, "backend");
+  c.seq_len = get<std::int64_t>(o, "seq-len");
+  c.global_batch = o.count("global-batch") != 0 ? get<std::int64_t>(o, "global-batch") : 0;
+  c.micro_batch = get<std::int64_t>(o, "micro-batch");
+  c.steps = get<std::int64_t>(o, "steps");
+  c.epochs = get<std::int64_t>(o, "epochs");
+  c.drop_long = get<bool>(o, "drop-long");
+  c.lr = get<double>(o, "lr");
+  c.min_lr = o.count("min-lr") != 0 ? get<double>(o, "min-lr") : -1.0;
+  c.warmup = get<std::int64_t>(o, "warmup");
+  c.adamw.weight_decay = get<float>(o, "weight-decay");
+  c.adamw.beta1 = get<float>(o, "beta1");
+  c.adamw.beta2 = get<float>(o, "beta2");
+  c.adamw.eps = get<float>(o, "adam-eps");
+  c.grad_clip = get<double>(o, "grad-clip");
+  c.seed = get<std::uint64_t>(o, "seed");
+  c.recompute = get<bool>(o, "recompute");
+  c.eval_every = get<std::int64_t>(o, "eval-every");
+  c.log_every = get<std::int64_t>(o, "log-every");
+  c.metrics = optional_string(o, "metrics");
+  c.ckpt_dir = optional_string(o, "ckpt-dir");
+  c.checkpoint_every = get<std::int64_t>(o, "checkpoint-every");
+  c.max_bad_steps = get<int>(o, "max-bad-steps");
+  c.peak_tflops = get<double>(o, "peak-tflops");
+  c.shard_optimizer = !get<bool>(o, "no-shard-optimizer");
+  c.bucket_mb = get<double>(o, "bucket-mb");
+  c.overlap_reduction = !get<bool>(o, "no-overlap-reduction");
+  c.prefetch_depth = get<int>(o, "prefetch-depth");
+  c.ignore_tokenizer_mismatch = get<bool>(o, "ignore-tokenizer-mismatch");
+  c.progress = !get<bool>(o, "no-progress");
+  c.resume = get<std::string>(o, "resume");
+  const auto verify = get<std::string>(o, "resume-verify");
+  if (verify != "full" && verify != "quick")
+    throw core::usage_error("--resume-verify must be full or quick");
+  c.verify_resume = verify == "full";
+  c.keep_last = get<int>(o, "keep-last");
+  c.checkpoint_sync = get<bool>(o, "checkpoint-sync");
+  c.allow_config_change = get<bool>(o, "allow-config-change");
+  c.deadline_margin = get<double>(o, "deadline-margin");
+  if (o.count("deadline") != 0) {
+    if (c.ckpt_dir.empty())
+      throw core::usage_error("--deadline needs --ckpt-dir (it checkpoints before the deadline)");
+    c.deadline_unix = core::parse_deadline(get<std::string>(o, "deadline"), core::unix_now());
+  } else if (const auto slurm = core::slurm_end_time(std::getenv("SLURM_JOB_END_TIME"));
+             slurm && !c.ckpt_dir.empty()) {
+    c.deadline_unix = *slurm;
+  }
+  if (phase == train::Phase::reward) {
+    c.margin_from_data = get<bool>(o, "margin-from-data");
+    c.center_rewards = get<double>(o, "center-rewards");
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace l3::api

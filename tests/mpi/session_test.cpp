@@ -1,0 +1,225 @@
+// The public C++ API (include/l3/l3.hpp) as an embedding host uses it: RunConfig from arguments,
+// files and setters with the CLI's checks; Sessions on sub-communicators while the other ranks
+// do their own collectives (the library never touches MPI_COMM_WORLD); two sessions at once on
+// disjoint communicators; create, run, destroy and create again; host-driven steps, callbacks,
+// checkpoint and stop requests; errors as l3::Error with the CLI's exit codes.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "dist/gather_strings.hpp"
+#include "dist/world.hpp"
+#include "io/prep/prep_job.hpp"
+#include "l3/l3.hpp"
+#include "shared_directory.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A small reversal SFT dataset, prepared once per test (collective over `world`).
+std::string make_sft_data(const l3::dist::World& world, const char* name) {
+  const std::string dir = l3::test::shared_directory(world, "session", name);
+  if (world.is_root()) {
+    std::ofstream out(dir + "/in.jsonl");
+    const char* const words[] = {"apple", "river", "stone", "cloud", "maple", "tiger"};
+    for (int i = 0; i < 60; ++i) {
+      const std::string word = words[i % 6];
+      out << nlohmann::json{{"prompt", fmt::format("Reverse {}.", word)},
+                            {"completion", std::string(word.rbegin(), word.rend())}}
+                 .dump()
+          << "\n";
+    }
+  }
+  world.barrier();
+  l3::prep::PrepOptions o;
+  o.kind = l3::prep::DatasetKind::sft;
+  o.inputs = {dir + "/in.jsonl"};
+  o.tokenizer = "bytes";
+  o.output = dir + "/data";
+  const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::off});
+  (void)l3::prep::run_prep(world, quiet, o);
+  return dir;
+}
+
+l3::RunConfig tiny_run(const std::string& dir, int steps) {
+  return l3::RunConfig::from_args({"sft", "--model", "tiny", "--data", dir + "/data", "--backend",
+                                   "cpu", "--seq-len", "64", "--global-batch", "4", "--steps",
+                                   std::to_string(steps), "--lr", "3e-3", "--log-level", "warn",
+                                   "--no-progress"});
+}
+
+int expect_error(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const l3::Error& e) {
+    INFO(e.what());
+    return e.exit_code();
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("RunConfig takes the CLI's options, config files and setters, with its checks",
+          "[session]") {
+  const l3::dist::World world(MPI_COMM_SELF);
+  const std::string dir = l3::test::shared_directory(world, "session", "config");
+  l3::RunConfig config = l3::RunConfig::from_args(
+      {"sft", "--model", "tiny", "--data", "d", "--global-batch", "8", "--lr", "1e-4"});
+  CHECK(config.phase() == l3::Phase::sft);
+  CHECK(config.get("lr") == "0.0001");
+  CHECK(config.get("seq-len") == "2048");  // the CLI's default
+  config.set("lr", 5e-5).set("steps", 12).set("recompute", true);
+  CHECK(config.get("lr") == "5e-05");
+  CHECK(config.get("steps") == "12");
+  CHECK(config.get("recompute") == "true");
+  CHECK(nlohmann::json::parse(config.to_json())["steps"] == 12);
+  // args() gives back a command line that parses to the same configuration.
+  CHECK(l3::RunConfig::from_args(config.args()).to_json() == config.to_json());
+  config.set("recompute", false);
+  CHECK(config.get("recompute") == "false");
+
+  {
+    std::ofstream file(dir + "/reward.ini");
+    file << "# a reward run\nmodel = tiny\ndata = pairs\nglobal-batch = 4\ncenter-rewards = 0.01\n";
+  }
+  const l3::RunConfig reward = l3::RunConfig::from_file(dir + "/reward.ini", l3::Phase::reward);
+  CHECK(reward.phase() == l3::Phase::reward);
+  CHECK(reward.get("center-rewards") == "0.01");
+  CHECK(reward.get("global-batch") == "4");
+
+  // Every mistake is an l3::Error with exit code 2, and leaves the config as it was.
+  const std::string before = config.to_json();
+  CHECK(expect_error([&] { config.set("no-such-option", "1"); }) == 2);
+  CHECK(expect_error([&] { config.set("lr", "fast"); }) == 2);
+  CHECK(expect_error([&] { config.set("micro-batch", 0); }) == 2);
+  CHECK(expect_error([&] { config.set("recompute", "yes"); }) == 2);
+  CHECK(config.to_json() == before);
+  CHECK(expect_error([] { (void)l3::RunConfig::from_args({"train", "--data", "d"}); }) == 2);
+  CHECK(expect_error([] { (void)l3::RunConfig::from_args({"sft", "--model", "tiny"}); }) == 2);
+  CHECK(expect_error([&] { (void)l3::RunConfig::from_file(dir + "/missing.ini"); }) == 2);
+  CHECK(expect_error([] {
+          (void)l3::RunConfig::from_args({"sft", "--model", "tiny", "--data", "d", "--global-batch",
+                                          "8", "--center-rewards", "1"});
+        }) == 2);  // a reward option in an SFT run
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+TEST_CASE("a session on a sub-communicator runs while the other ranks do their own collectives",
+          "[session]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const std::string dir = make_sft_data(world, "subcomm");
+  // Rank 0 (and 1 with four ranks) train; the others sum numbers among themselves meanwhile.
+  // A library collective on MPI_COMM_WORLD would hang here: the others never join it.
+  const int trainers = world.size() >= 4 ? 2 : 1;
+  const bool trains = world.rank() < trainers;
+  MPI_Comm half = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, trains ? 0 : 1, world.rank(), &half);
+  if (trains) {
+    l3::Session session(half, tiny_run(dir, 4));
+    CHECK(session.size() == trainers);
+    std::vector<double> losses;
+    session.on_step([&](const l3::StepMetrics& m) { losses.push_back(m.loss); });
+    const l3::RunSummary summary = session.run();
+    CHECK(summary.steps == 4);
+    CHECK(losses.size() == 4);
+  } else {
+    long total = 0;
+    for (int i = 0; i < 200; ++i) {
+      long mine = i;
+      MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_LONG, MPI_SUM, half);
+      total += mine;
+    }
+    int others = 0;
+    MPI_Comm_size(half, &others);
+    CHECK(total == 199L * 200 / 2 * others);
+  }
+  MPI_Comm_free(&half);
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+TEST_CASE("two sessions on disjoint communicators at once, with different seeds", "[session]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;  // needs 2 ranks (runs with 2 and 4)
+  const std::string dir = make_sft_data(world, "two");
+  const int color = world.rank() % 2;
+  MPI_Comm half = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, color, world.rank(), &half);
+  {
+    l3::RunConfig config = tiny_run(dir, 3);
+    config.set("seed", static_cast<std::int64_t>(100 + color));
+    config.set("ckpt-dir", fmt::format("{}/ckpt-{}", dir, color));
+    l3::Session session(half, config);
+    const l3::RunSummary summary = session.run();
+    REQUIRE(summary.last_step.has_value());
+    CHECK(summary.checkpoint == fmt::format("{}/ckpt-{}/step-00000003", dir, color));
+    // Different seeds, different first losses: the sessions did not share anything.
+    double loss = summary.last_step->loss;
+    double other = 0;
+    const int peer = world.rank() % 2 == 0 ? world.rank() + 1 : world.rank() - 1;
+    if (peer < world.size()) {
+      MPI_Sendrecv(&loss, 1, MPI_DOUBLE, peer, 7, &other, 1, MPI_DOUBLE, peer, 7, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
+      CHECK(other != loss);
+    }
+  }
+  MPI_Comm_free(&half);
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+TEST_CASE("a session is created, driven step by step, destroyed and created again", "[session]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const std::string dir = make_sft_data(world, "again");
+  l3::RunConfig config = tiny_run(dir, 6);
+  config.set("ckpt-dir", dir + "/ckpt");
+  std::vector<std::int64_t> committed;
+  {
+    l3::Session session(MPI_COMM_WORLD, config);
+    session.on_checkpoint([&](const l3::CheckpointInfo& c) { committed.push_back(c.step); });
+    int steps = 0;
+    while (session.step()) {
+      ++steps;
+      if (steps == 2 && world.rank() == world.size() - 1) session.request_checkpoint();
+      if (steps == 4) session.request_stop();  // every rank: no step after step 4
+    }
+    CHECK(steps == 4);
+    CHECK(session.steps_done() == 4);
+    CHECK(session.total_steps() == 6);
+  }
+  // The requested checkpoint at step 2 (one rank asked) and the stop's at step 4, both reported.
+  CHECK(committed == std::vector<std::int64_t>{2, 4});
+  {
+    // Created again in the same process: resumes from the stop's checkpoint and finishes.
+    l3::Session session(MPI_COMM_WORLD, config);
+    CHECK(session.steps_done() == 4);
+    const l3::RunSummary summary = session.run();
+    CHECK(summary.first_step == 4);
+    CHECK(summary.steps == 2);
+    const l3::CheckpointInfo now = session.checkpoint();
+    CHECK(now.step == 6);
+    CHECK(now.directory == dir + "/ckpt/step-00000006");
+  }
+  {
+    // An error in the constructor reaches every rank as an l3::Error, exit code 2.
+    l3::RunConfig bad = tiny_run(dir, 2);
+    bad.set("data", dir + "/no-such-data");
+    int code = 0;
+    try {
+      l3::Session session(MPI_COMM_WORLD, bad);
+    } catch (const l3::Error& e) {
+      code = e.exit_code();
+      if (world.is_root()) CHECK(std::string(e.what()).find("no-such-data") != std::string::npos);
+    }
+    CHECK(code == 2);
+  }
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
