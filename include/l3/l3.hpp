@@ -156,6 +156,42 @@ class RunConfig {
   std::unique_ptr<Parsed> parsed_;
 };
 
+// Training data from the host's memory instead of HDF5 shards (--data): one rank's samples for
+// one optimizer step. Token ids come from the model's tokenizer (Llama 3: tiktoken ids with the
+// chat template applied by the host); loss_mask[t] = 1 makes token t a training target (predicted
+// from the tokens before it; the first token never is), as in a prepared dataset (docs/FORMAT.md).
+struct SftDocument {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::uint8_t> loss_mask;  // same length as tokens
+};
+struct PreferencePair {
+  std::vector<std::int32_t> chosen;    // prompt + preferred response
+  std::vector<std::int32_t> rejected;  // prompt + other response
+  float margin = 0;                    // used with --margin-from-data
+};
+struct StepSamples {
+  std::vector<SftDocument> documents;  // SFT
+  std::vector<PreferencePair> pairs;   // reward
+};
+
+// Feeds a Session. fill() is called on every rank, on the training thread, once per optimizer
+// step, with the 0-based step (a resumed run continues at the step it stopped at, so the same
+// step must give the same samples for a restart to be exact). SFT: the documents are packed in
+// order into this rank's --global-batch / ranks rows of --seq-len tokens (more is an error,
+// fewer is fine); reward: at most --global-batch / ranks pairs. With a DataSource, --data is not
+// used and --steps is required.
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual void fill(std::int64_t step, int rank, int ranks, StepSamples& out) = 0;
+
+  DataSource() = default;
+  DataSource(const DataSource&) = default;
+  DataSource& operator=(const DataSource&) = default;
+  DataSource(DataSource&&) = default;
+  DataSource& operator=(DataSource&&) = default;
+};
+
 // A training run on the ranks of `comm`: SFT or reward, as the config says. The constructor is
 // collective: it resolves the model (--init checkpoint or Hugging Face directory, or a preset),
 // opens the data, builds the model and the optimizer, and resumes from the newest good
@@ -163,6 +199,8 @@ class RunConfig {
 class Session {
  public:
   Session(MPI_Comm comm, const RunConfig& config);
+  // The same, with the training data from `data` (see DataSource); --val-data still works.
+  Session(MPI_Comm comm, const RunConfig& config, std::shared_ptr<DataSource> data);
   ~Session();  // waits for a checkpoint still being written
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;

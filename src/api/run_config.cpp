@@ -66,7 +66,7 @@ RunConfig::RunConfig(std::vector<std::string> args) : args_(std::move(args)) {
     auto parsed = std::make_unique<Parsed>();
     parsed->values = core::parse_options(declared.all, declared.positional,
                                          std::span<const std::string>(args_).subspan(1));
-    parsed->train = api::train_config_from(parsed->values, phase);
+    parsed->train = api::train_config_from(parsed->values, phase, /*data_may_come_from_host=*/true);
     parsed->log = api::log_config_from(parsed->values);
     parsed_ = std::move(parsed);
   });

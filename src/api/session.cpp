@@ -3,6 +3,7 @@
 // nothing global: sessions on disjoint communicators run side by side in one job.
 #include <fmt/format.h>
 
+#include "api/host_data.hpp"
 #include "api/public_errors.hpp"
 #include "api/run_config_parsed.hpp"
 #include "core/build_info.hpp"
@@ -18,12 +19,24 @@ Error::Error(int exit_code, const std::string& message)
 
 std::string version() { return core::build_info().version; }
 
+namespace {
+
+train::TrainConfig with_host_data(train::TrainConfig config, bool from_host) {
+  config.data_from_host = from_host;
+  if (from_host) config.data.clear();
+  return config;
+}
+
+}  // namespace
+
 struct Session::Impl {
-  Impl(MPI_Comm comm, const RunConfig::Parsed& parsed)
+  // `train` already says whether the data comes from the host (with_host_data).
+  Impl(MPI_Comm comm, const RunConfig::Parsed& parsed, train::TrainConfig train,
+       std::unique_ptr<train::StepSource> host_data)
       : world(comm),
         log(world.rank(), world.size(), parsed.log),
         threads(dist::apply_thread_budget(world)),
-        trainer(world, log, parsed.train) {}
+        trainer(world, log, std::move(train), std::move(host_data)) {}
 
   dist::World world;
   core::Logger log;
@@ -31,8 +44,15 @@ struct Session::Impl {
   train::Trainer trainer;
 };
 
-Session::Session(MPI_Comm comm, const RunConfig& config) {
-  api::rethrow_as_public([&] { impl_ = std::make_unique<Impl>(comm, *config.parsed_); });
+Session::Session(MPI_Comm comm, const RunConfig& config) : Session(comm, config, nullptr) {}
+
+Session::Session(MPI_Comm comm, const RunConfig& config, std::shared_ptr<DataSource> data) {
+  api::rethrow_as_public([&] {
+    std::unique_ptr<train::StepSource> host_data;
+    if (data) host_data = api::host_step_source(std::move(data));
+    train::TrainConfig train = with_host_data(config.parsed_->train, host_data != nullptr);
+    impl_ = std::make_unique<Impl>(comm, *config.parsed_, std::move(train), std::move(host_data));
+  });
 }
 
 Session::~Session() = default;

@@ -136,7 +136,8 @@ core::LogConfig log_config_from(const po::variables_map& values) {
   return config;
 }
 
-train::TrainConfig train_config_from(const po::variables_map& o, train::Phase phase) {
+train::TrainConfig train_config_from(const po::variables_map& o, train::Phase phase,
+                                     bool data_may_come_from_host) {
   train::TrainConfig c;
   c.phase = phase;
   c.model = optional_string(o, "model");
@@ -194,7 +195,9 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     c.margin_from_data = get<bool>(o, "margin-from-data");
     c.center_rewards = get<double>(o, "center-rewards");
   }
+  c.data_from_host = data_may_come_from_host && c.data.empty();
   c.validate();
+  c.data_from_host = false;  // the Session decides, once it knows whether there is a DataSource
   return c;
 }
 

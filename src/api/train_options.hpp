@@ -17,9 +17,12 @@ void declare_train_options(po::options_description& options, train::Phase phase)
 // --config FILE, --log-level, --log-all-ranks: every command has them.
 void declare_config_and_log_options(po::options_description& options);
 
-// The options as a TrainConfig (usage Errors for values that cannot be right).
+// The options as a TrainConfig (usage Errors for values that cannot be right). With
+// `data_may_come_from_host`, a missing --data is accepted (an embedding host may give a
+// DataSource instead; the Session checks), and --steps is then required.
 [[nodiscard]] train::TrainConfig train_config_from(const po::variables_map& options,
-                                                   train::Phase phase);
+                                                   train::Phase phase,
+                                                   bool data_may_come_from_host = false);
 [[nodiscard]] core::LogConfig log_config_from(const po::variables_map& values);
 
 }  // namespace l3::api

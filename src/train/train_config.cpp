@@ -14,7 +14,10 @@ void TrainConfig::validate() const {
   auto require = [](bool ok, std::string_view message) {
     if (!ok) throw core::usage_error(std::string(message));
   };
-  require(!data.empty(), "--data is required (a dataset directory made by 'llama3-hpc prep')");
+  require(!data.empty() || data_from_host,
+          "--data is required (a dataset directory made by 'llama3-hpc prep')");
+  require(!data_from_host || (steps > 0 && epochs == 0),
+          "with data from the host (a DataSource), give --steps (epochs are not known)");
   require(!model.empty() || !init.empty(),
           "say which model: --model PRESET|config.json, or --init CHECKPOINT");
   require(seq_len > 0, "--seq-len must be positive");
@@ -46,7 +49,7 @@ nlohmann::json TrainConfig::to_json() const {
   return {{"phase", phase_name(phase)},
           {"model", model},
           {"init", init},
-          {"data", data},
+          {"data", data_from_host ? std::string("(host DataSource)") : data},
           {"val_data", val_data},
           {"backend", backend},
           {"seq_len", seq_len},

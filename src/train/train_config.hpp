@@ -18,10 +18,11 @@ using Phase = l3::Phase;  // the public enum (include/l3/l3.hpp)
 // Fields are grouped by meaning, not by size: one instance per run.
 struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   Phase phase = Phase::sft;
-  std::string model;     // preset name or config.json; may be empty when `init` is a checkpoint
-  std::string init;      // checkpoint (step directory or root) to start from; empty: random
-  std::string data;      // dataset directory (index.json)
-  std::string val_data;  // validation dataset; empty: none
+  std::string model;  // preset name or config.json; may be empty when `init` is a checkpoint
+  std::string init;   // checkpoint (step directory or root) to start from; empty: random
+  std::string data;   // dataset directory (index.json)
+  bool data_from_host = false;  // the training data comes from a StepSource instead (embedding)
+  std::string val_data;         // validation dataset; empty: none
   std::string backend = "auto";
 
   std::int64_t seq_len = 2048;

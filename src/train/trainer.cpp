@@ -62,10 +62,36 @@ data::DatasetIndex open_data(const dist::World& world, const std::string& direct
 
 }  // namespace
 
+// The shards of config.data through the prefetching loader (created once the start position is
+// known: the loader starts producing at once).
+class ShardStepSource final : public StepSource {
+ public:
+  ShardStepSource(const dist::World& world, const data::DatasetIndex& index,
+                  data::LoaderConfig config)
+      : world_(world), index_(index), config_(config) {}
+  void start(const StepShape& /*shape*/, data::Position from) override {
+    loader_ = std::make_unique<data::DataLoader>(world_, index_, config_, from);
+  }
+  const data::StepData& next() override { return loader_->next(); }
+  [[nodiscard]] double last_wait_ms() const override { return loader_->last_wait_ms(); }
+  [[nodiscard]] std::int64_t steps_in_epoch(std::int64_t epoch) const {
+    return loader_->steps_in_epoch(epoch);
+  }
+
+ private:
+  const dist::World& world_;
+  const data::DatasetIndex& index_;
+  data::LoaderConfig config_;
+  std::unique_ptr<data::DataLoader> loader_;
+};
+
 struct Trainer::Impl {
-  Impl(const dist::World& w, const core::Logger& l, TrainConfig c)
-      : world(w), log(l), config(std::move(c)) {
+  Impl(const dist::World& w, const core::Logger& l, TrainConfig c,
+       std::unique_ptr<StepSource> host_data)
+      : world(w), log(l), config(std::move(c)), data_source(std::move(host_data)) {
     config.validate();
+    if (config.data_from_host != (data_source != nullptr))
+      throw core::internal_error("Trainer: data_from_host and the data source disagree");
     ops = kernels::make_ops(config.backend, world.local_rank());
     const std::string resume_dir = choose_resume();
     source = resolve_model_source(config.model, resume_dir.empty() ? config.init : resume_dir);
@@ -81,8 +107,10 @@ struct Trainer::Impl {
           fmt::format("--init {} is a reward model; SFT needs a language model", source.origin()));
     }
     if (!resume_dir.empty()) check_resume_config(*source.checkpoint);
-    index =
-        open_data(world, config.data, config.phase, mc, source, config.ignore_tokenizer_mismatch);
+    if (!config.data_from_host) {
+      index =
+          open_data(world, config.data, config.phase, mc, source, config.ignore_tokenizer_mismatch);
+    }
     if (!config.val_data.empty()) {
       val_index = open_data(world, config.val_data, config.phase, mc, source,
                             config.ignore_tokenizer_mismatch);
@@ -122,21 +150,35 @@ struct Trainer::Impl {
     lc.plan.seed = config.seed;
     lc.plan.long_samples = config.drop_long ? data::LongSamples::drop : data::LongSamples::truncate;
     lc.depth = config.prefetch_depth;
-    lc.pad_id = pad_token(index.vocab_size);
+    lc.pad_id = pad_token(config.data_from_host ? mc.vocab_size : index.vocab_size);
     lc.model_vocab = mc.vocab_size;
     lc.margins_from_data = config.margin_from_data;
-    if (config.margin_from_data && !index.has_margin()) {
+    if (config.margin_from_data && !config.data_from_host && !index.has_margin()) {
       throw core::usage_error(fmt::format(
           "--margin-from-data: the dataset {} has no margins (its records had no \"margin\")",
           config.data));
     }
-    loader = std::make_unique<data::DataLoader>(world, index, lc, position);
+    if (!data_source) {
+      data_source = std::make_unique<ShardStepSource>(world, index, lc);
+    }
+    lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
+    data_source->start(StepShape{.phase = config.phase,
+                                 .seq_len = config.seq_len,
+                                 .per_rank = config.global_batch / world.size(),
+                                 .micro_batch = config.micro_batch,
+                                 .pad_id = lc.pad_id,
+                                 .vocab_size = mc.vocab_size,
+                                 .margins_from_data = config.margin_from_data,
+                                 .rank = world.rank(),
+                                 .ranks = world.size()},
+                       position);
 
     if (config.steps > 0) {
       total = config.steps;
     } else {
       const std::int64_t epochs = config.epochs > 0 ? config.epochs : 1;
-      for (std::int64_t e = 0; e < epochs; ++e) total += loader->steps_in_epoch(e);
+      auto* shards = dynamic_cast<ShardStepSource*>(data_source.get());
+      for (std::int64_t e = 0; e < epochs; ++e) total += shards->steps_in_epoch(e);
     }
     schedule = {config.lr, config.min_lr < 0 ? 0.1 * config.lr : config.min_lr, config.warmup,
                 total};
@@ -159,8 +201,10 @@ struct Trainer::Impl {
     log.info(
         "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-1 "
         "{}, {} gradient bucket{}, reduction {}",
-        config.data, index.samples(), index.total_tokens(), lc.plan.accumulation(),
-        lc.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
+        config.data_from_host ? "from the host (DataSource)" : config.data,
+        config.data_from_host ? std::string("?") : fmt::format("{}", index.samples()),
+        config.data_from_host ? std::string("?") : fmt::format("{}", index.total_tokens()),
+        lc.plan.accumulation(), lc.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
         config.shard_optimizer ? "on" : "off", parallel->buckets().size(),
         parallel->buckets().size() == 1 ? "" : "s",
         parallel->overlapping() ? "overlapped with the backward pass" : "after the backward");
@@ -169,8 +213,8 @@ struct Trainer::Impl {
   StepMetrics run_step() {
     const core::Stopwatch watch;
     const bool sft = config.phase == Phase::sft;
-    const data::StepData& data = loader->next();
-    const double wait_ms = loader->last_wait_ms();
+    const data::StepData& data = data_source->next();
+    const double wait_ms = data_source->last_wait_ms();
 
     // The global denominators first: each rank's gradients are then already those of the
     // global mean.
@@ -571,7 +615,7 @@ struct Trainer::Impl {
   data::DatasetIndex index;
   data::DatasetIndex val_index;
   std::unique_ptr<model::LlamaModel> model;
-  std::unique_ptr<data::DataLoader> loader;
+  std::unique_ptr<StepSource> data_source;
   std::unique_ptr<DataParallel> parallel;
   std::unique_ptr<MetricsFile> metrics;
   std::unique_ptr<ProgressBar> progress;
@@ -606,8 +650,9 @@ struct Trainer::Impl {
   std::vector<std::function<void(const CheckpointReport&)>> checkpoint_callbacks;
 };
 
-Trainer::Trainer(const dist::World& world, const core::Logger& log, TrainConfig config)
-    : impl_(std::make_unique<Impl>(world, log, std::move(config))) {}
+Trainer::Trainer(const dist::World& world, const core::Logger& log, TrainConfig config,
+                 std::unique_ptr<StepSource> data)
+    : impl_(std::make_unique<Impl>(world, log, std::move(config), std::move(data))) {}
 
 Trainer::~Trainer() = default;
 

@@ -20,6 +20,7 @@
 #include "core/log.hpp"
 #include "dist/world.hpp"
 #include "train/metrics.hpp"
+#include "train/step_source.hpp"
 #include "train/train_config.hpp"
 
 namespace l3::model {
@@ -51,7 +52,10 @@ class Trainer {
  public:
   // Collective over `world`: resolves the model, opens the data, builds the model and the
   // optimizer. Errors are core::Error (usage, bad_input) with context.
-  Trainer(const dist::World& world, const core::Logger& log, TrainConfig config);
+  // `data`: the training data, when it does not come from config.data's shards
+  // (config.data_from_host must then be set).
+  Trainer(const dist::World& world, const core::Logger& log, TrainConfig config,
+          std::unique_ptr<StepSource> data = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -103,6 +103,13 @@ TEST_CASE("RunConfig takes the CLI's options, config files and setters, with its
   CHECK(config.to_json() == before);
   CHECK(expect_error([] { (void)l3::RunConfig::from_args({"train", "--data", "d"}); }) == 2);
   CHECK(expect_error([] { (void)l3::RunConfig::from_args({"sft", "--model", "tiny"}); }) == 2);
+  // Without --data (a DataSource may feed the session), --steps is required.
+  CHECK(expect_error([] {
+          (void)l3::RunConfig::from_args({"sft", "--model", "tiny", "--global-batch", "4"});
+        }) == 2);
+  CHECK(l3::RunConfig::from_args({"sft", "--model", "tiny", "--global-batch", "4", "--steps", "3"})
+            .get("data")
+            .empty());
   CHECK(expect_error([&] { (void)l3::RunConfig::from_file(dir + "/missing.ini"); }) == 2);
   CHECK(expect_error([] {
           (void)l3::RunConfig::from_args({"sft", "--model", "tiny", "--data", "d", "--global-batch",
@@ -220,6 +227,96 @@ TEST_CASE("a session is created, driven step by step, destroyed and created agai
     }
     CHECK(code == 2);
   }
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+namespace {
+
+// Reversal documents made in memory: "w:" + word, then the reversed word as the target. Byte ids
+// (the tiny model's vocabulary covers them); the same samples for the same step on every run.
+class ReversalSource final : public l3::DataSource {
+ public:
+  explicit ReversalSource(int per_rank) : per_rank_(per_rank) {}
+  void fill(std::int64_t step, int rank, int /*ranks*/, l3::StepSamples& out) override {
+    ++calls;
+    const char* const words[] = {"apple", "river", "stone", "cloud", "maple", "tiger"};
+    for (int i = 0; i < per_rank_; ++i) {
+      const std::string word = words[(step * 7 + rank * 3 + i) % 6];
+      l3::SftDocument document;
+      for (const char c : "w:" + word) {
+        document.tokens.push_back(static_cast<unsigned char>(c));
+        document.loss_mask.push_back(0);
+      }
+      for (auto c = word.rbegin(); c != word.rend(); ++c) {
+        document.tokens.push_back(static_cast<unsigned char>(*c));
+        document.loss_mask.push_back(1);
+      }
+      out.documents.push_back(std::move(document));
+    }
+  }
+  int calls = 0;
+
+ private:
+  int per_rank_;
+};
+
+}  // namespace
+
+TEST_CASE("a DataSource feeds a session from memory, and a restart continues it exactly",
+          "[session]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const std::string dir = l3::test::shared_directory(world, "session", "source");
+  // 8 rows per step over the ranks; each rank's documents fill its 8 / ranks rows.
+  auto config = l3::RunConfig::from_args({"sft", "--model", "tiny", "--backend", "cpu", "--seq-len",
+                                          "32", "--global-batch", "8", "--steps", "6", "--lr",
+                                          "3e-3", "--log-level", "warn", "--no-progress"});
+  const int per_rank = 8 / world.size();
+  std::vector<double> straight;
+  {
+    auto source = std::make_shared<ReversalSource>(per_rank);
+    l3::Session session(MPI_COMM_WORLD, config, source);
+    session.on_step([&](const l3::StepMetrics& m) { straight.push_back(m.loss); });
+    const l3::RunSummary summary = session.run();
+    CHECK(summary.steps == 6);
+    CHECK(source->calls == 6);
+  }
+  REQUIRE(straight.size() == 6);
+  CHECK(straight.back() < straight.front());  // it learns from the host's data
+
+  // Stopped after 3 steps with a checkpoint, then a new session resumes at step 3.
+  config.set("ckpt-dir", dir + "/ckpt");
+  std::vector<double> resumed;
+  {
+    l3::Session session(MPI_COMM_WORLD, config, std::make_shared<ReversalSource>(per_rank));
+    session.on_step([&](const l3::StepMetrics& m) { resumed.push_back(m.loss); });
+    for (int i = 0; i < 3; ++i) REQUIRE(session.step());
+    session.request_stop();
+    CHECK_FALSE(session.step());
+  }
+  {
+    l3::Session session(MPI_COMM_WORLD, config, std::make_shared<ReversalSource>(per_rank));
+    session.on_step([&](const l3::StepMetrics& m) { resumed.push_back(m.loss); });
+    CHECK(session.run().first_step == 3);
+  }
+  CHECK(resumed == straight);  // bit for bit
+
+  // Bad samples are the host's input errors (exit code 2), on every rank.
+  class OutOfVocabulary final : public l3::DataSource {
+    void fill(std::int64_t /*step*/, int /*rank*/, int /*ranks*/, l3::StepSamples& out) override {
+      out.documents.push_back({{1, 2, 1 << 20}, {0, 1, 1}});
+    }
+  };
+  config.set("ckpt-dir", dir + "/ckpt-bad");
+  int code = 0;
+  try {
+    l3::Session session(MPI_COMM_WORLD, config, std::make_shared<OutOfVocabulary>());
+    (void)session.run();
+  } catch (const l3::Error& e) {
+    code = e.exit_code();
+    CHECK(std::string(e.what()).find("outside the model's vocabulary") != std::string::npos);
+  }
+  CHECK(code == 2);
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
 }

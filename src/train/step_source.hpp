@@ -1,0 +1,43 @@
+// Where a training step's micro-batches come from: the HDF5 shards through the prefetching
+// DataLoader (the CLI, and hosts with datasets on disk), or a host application's memory
+// (l3::DataSource, adapted in api/host_data). The trainer sees only this interface.
+#pragma once
+
+#include <cstdint>
+
+#include "io/hdf5/data_loader.hpp"
+#include "train/train_config.hpp"
+
+namespace l3::train {
+
+// What a source needs to know to cut a step into micro-batches.
+struct StepShape {
+  Phase phase = Phase::sft;
+  std::int64_t seq_len = 0;
+  std::int64_t per_rank = 0;     // rows (SFT) or pairs (reward) of this rank per step
+  std::int64_t micro_batch = 0;  // rows or pairs per micro-batch
+  std::int32_t pad_id = 0;
+  std::int64_t vocab_size = 0;     // token ids must be below this
+  bool margins_from_data = false;  // reward: use the samples' margins (else 0)
+  int rank = 0;
+  int ranks = 1;
+};
+
+class StepSource {
+ public:
+  virtual ~StepSource() = default;
+  // Called once, before the first next(), with the position to start from (a resumed run's).
+  virtual void start(const StepShape& shape, data::Position from) = 0;
+  // The next step of this rank; valid until the following call.
+  virtual const data::StepData& next() = 0;
+  // Milliseconds the last next() waited for its data.
+  [[nodiscard]] virtual double last_wait_ms() const = 0;
+
+  StepSource() = default;
+  StepSource(const StepSource&) = delete;
+  StepSource& operator=(const StepSource&) = delete;
+  StepSource(StepSource&&) = delete;
+  StepSource& operator=(StepSource&&) = delete;
+};
+
+}  // namespace l3::train
