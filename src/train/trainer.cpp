@@ -213,7 +213,17 @@ struct Trainer::Impl {
   StepMetrics run_step() {
     const core::Stopwatch watch;
     const bool sft = config.phase == Phase::sft;
-    const data::StepData& data = data_source->next();
+    // A source failing on some ranks only (a host's DataSource, a read error) must not leave
+    // the others waiting in the step's collectives: the ranks agree first.
+    const data::StepData* next = nullptr;
+    std::exception_ptr failure;
+    try {
+      next = &data_source->next();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    dist::agree_on_failure(world, failure);
+    const data::StepData& data = *next;
     const double wait_ms = data_source->last_wait_ms();
 
     // The global denominators first: each rank's gradients are then already those of the
