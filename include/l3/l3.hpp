@@ -28,6 +28,14 @@
 #include <string_view>
 #include <vector>
 
+// What the shared library exports (it is built with hidden visibility: everything else stays
+// inside).
+#if defined(_WIN32)
+#define L3_API
+#else
+#define L3_API __attribute__((visibility("default")))
+#endif
+
 #define L3_VERSION_MAJOR 0
 #define L3_VERSION_MINOR 1
 #define L3_VERSION_PATCH 0
@@ -36,14 +44,14 @@ namespace l3 {
 
 // The library's version, "0.1.0" (that of the shared library in use, which may be newer than
 // the headers a host was built with).
-[[nodiscard]] std::string version();
+[[nodiscard]] L3_API std::string version();
 
 enum class Phase { sft, reward };
 
 // A failure, with the exit code the CLI would give it: 2 bad usage or input (a wrong option, a
 // missing or malformed file: fix and retry), 1 anything else. what() is one line naming the file,
 // tensor or record at fault where there is one.
-class Error : public std::runtime_error {
+class L3_API Error : public std::runtime_error {
  public:
   Error(int exit_code, const std::string& message);
   [[nodiscard]] int exit_code() const noexcept { return exit_code_; }
@@ -114,7 +122,7 @@ struct RunSummary {
 
 // Everything `llama3-hpc sft` / `llama3-hpc reward` accept (docs/CLI.md), with the same names,
 // defaults, checks and config files. A value type: copy it, change it, give it to a Session.
-class RunConfig {
+class L3_API RunConfig {
  public:
   // A command line without the program name: the phase, then options, e.g.
   // {"sft", "--model", "tiny", "--data", "dir", "--global-batch", "8", "--config", "f.ini"}.
@@ -180,7 +188,7 @@ struct StepSamples {
 // order into this rank's --global-batch / ranks rows of --seq-len tokens (more is an error,
 // fewer is fine); reward: at most --global-batch / ranks pairs. With a DataSource, --data is not
 // used and --steps is required.
-class DataSource {
+class L3_API DataSource {
  public:
   virtual ~DataSource() = default;
   virtual void fill(std::int64_t step, int rank, int ranks, StepSamples& out) = 0;
@@ -196,7 +204,7 @@ class DataSource {
 // collective: it resolves the model (--init checkpoint or Hugging Face directory, or a preset),
 // opens the data, builds the model and the optimizer, and resumes from the newest good
 // checkpoint in --ckpt-dir (--resume auto).
-class Session {
+class L3_API Session {
  public:
   Session(MPI_Comm comm, const RunConfig& config);
   // The same, with the training data from `data` (see DataSource); --val-data still works.

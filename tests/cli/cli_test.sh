@@ -39,7 +39,7 @@ expect() {
   fi
 }
 contains() { [[ "$1" == *"$2"* ]]; }
-lines() { [[ -z "$1" ]] && echo 0 || printf '%s\n' "$1" | wc -l; }
+lines() { if [[ -z "$1" ]]; then echo 0; else printf '%s\n' "$1" | wc -l; fi; }
 error_lines() { printf '%s\n' "$1" | grep -c '^error: ' || true; }
 
 # --- help and version: no MPI needed ---
@@ -264,7 +264,7 @@ cp -r "$work/ck" "$work/ck-flip"
 file="$work/ck-flip/step-00000006/model.h5"
 off=$(($(stat -c %s "$file") - 100))
 byte=$(od -An -tu1 -j "$off" -N1 "$file" | tr -d ' ')
-printf "\\x$(printf %02x $((byte ^ 1)))" | dd of="$file" bs=1 seek="$off" conv=notrunc status=none
+printf '%b' "\\x$(printf %02x $((byte ^ 1)))" | dd of="$file" bs=1 seek="$off" conv=notrunc status=none
 run "--init from a damaged checkpoint" 2 "$bin" sft --init "$work/ck-flip" --data "$work/train" --global-batch 2 --seq-len 64 --steps 1 --no-progress
 expect "names the tensor" contains "$err" "checksum mismatch"
 

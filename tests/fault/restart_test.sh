@@ -134,13 +134,14 @@ if [[ $group == all || $group == corrupt ]]; then
       off=$(($(stat -c %s "$file") - $2))
       local byte
       byte=$(od -An -tu1 -j "$off" -N1 "$file" | tr -d ' ')
-      printf "\\x$(printf %02x $((byte ^ 1)))" | dd of="$file" bs=1 seek="$off" conv=notrunc status=none
+      printf '%b' "\\x$(printf %02x $((byte ^ 1)))" | dd of="$file" bs=1 seek="$off" conv=notrunc status=none
     }
     corrupt() { # NAME COMMANDS...: apply to a copy, resume, expect fallback to 12
       local name=$1
       shift
       local dir="$work/corrupt-$name"
       cp -r "$work/template" "$dir"
+      # shellcheck disable=SC2294  # the corruptions are shell snippets, run in the copy
       (cd "$dir" && eval "$@")
       run 2 "${sft_args[@]}" --ckpt-dir "$dir"
       local rc=$?

@@ -5,6 +5,6 @@ set -euo pipefail
 root=${1:?usage: shell_check.sh SOURCE_DIR}
 cd "$root"
 command -v shellcheck >/dev/null || { echo "SKIP: shellcheck not installed"; exit 77; }
-files=(jobs/*.sbatch jobs/*.sh scripts/*.sh tests/slurm/*.sh tools/*.sh .ci/run)
+files=(jobs/*.sbatch jobs/*.sh scripts/*.sh tests/*/*.sh tools/*.sh .ci/run)
 shellcheck -x -P jobs "${files[@]}"
 echo "shellcheck: ${#files[@]} files clean"
