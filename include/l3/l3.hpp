@@ -53,11 +53,15 @@ enum class Phase { sft, reward };
 // tensor or record at fault where there is one.
 class L3_API Error : public std::runtime_error {
  public:
-  Error(int exit_code, const std::string& message);
+  Error(int exit_code, const std::string& message, bool from_another_rank = false);
   [[nodiscard]] int exit_code() const noexcept { return exit_code_; }
+  // True on the ranks that did not fail themselves: another rank did, and its error (thrown
+  // there) says why. A host printing errors can print only the others, as the CLI does.
+  [[nodiscard]] bool from_another_rank() const noexcept { return from_another_rank_; }
 
  private:
   int exit_code_;
+  bool from_another_rank_;
 };
 
 // One optimizer step, global over the session's ranks (the same values on every rank).

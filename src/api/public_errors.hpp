@@ -16,11 +16,11 @@ void rethrow_as_public(Body&& body) {
     body();
   } catch (const l3::Error&) {
     throw;
+  } catch (const core::PeerFailure& e) {
+    throw l3::Error(e.exit_code(), "another rank of the session failed (it reports why)", true);
   } catch (...) {
     const core::ErrorSummary summary = core::summarize(std::current_exception());
-    throw l3::Error(summary.exit_code, summary.text.empty()
-                                           ? "another rank of the session failed (it reports why)"
-                                           : summary.text);
+    throw l3::Error(summary.exit_code, summary.text);
   }
 }
 

@@ -14,8 +14,8 @@
 
 namespace l3 {
 
-Error::Error(int exit_code, const std::string& message)
-    : std::runtime_error(message), exit_code_(exit_code) {}
+Error::Error(int exit_code, const std::string& message, bool from_another_rank)
+    : std::runtime_error(message), exit_code_(exit_code), from_another_rank_(from_another_rank) {}
 
 std::string version() { return core::build_info().version; }
 

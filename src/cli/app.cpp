@@ -149,7 +149,7 @@ int run_under_mpi(const Command& command, const std::vector<std::string>& args, 
     log.debug("{} compute thread{} per rank ({})", threads.threads, threads.threads == 1 ? "" : "s",
               threads.reason);
     core::fault_point("cli.run", world->rank());
-    outcome.exit_code = command.run(CommandContext{*world, log, values});
+    outcome.exit_code = command.run(CommandContext{*world, log, values, args});
     core::fault_point("cli.finished", world->rank());
   } catch (...) {
     const core::ErrorSummary summary = core::summarize(std::current_exception());

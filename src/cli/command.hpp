@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "core/log.hpp"
@@ -17,6 +18,7 @@ struct CommandContext {
   const dist::World& world;
   const core::Logger& log;
   const po::variables_map& options;
+  std::span<const std::string> args;  // the words after the command name, as given
 };
 
 // Returns an exit code: core::kExitOk or core::kExitCheckpointed. Failures are exceptions.

@@ -14,8 +14,9 @@
 #include "dist/agree.hpp"
 #include "io/prep/prep_job.hpp"
 #include "io/tokenizer/special_tokens.hpp"
+#include "l3/l3.hpp"
 #include "model/generator.hpp"
-#include "train/trainer.hpp"
+#include "train/metrics.hpp"
 
 namespace l3::cli {
 
@@ -40,38 +41,47 @@ std::string prepare(const CommandContext& context, prep::DatasetKind kind, const
   return output;
 }
 
-train::TrainConfig demo_config(const CommandContext& context, train::Phase phase,
-                               const std::string& root) {
+// The demo's runs, configured as a host would through the public API (include/l3/l3.hpp).
+l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const std::string& root) {
   const po::variables_map& o = context.options;
   const int ranks = context.world.size();
-  train::TrainConfig c;
-  c.phase = phase;
-  c.backend = "cpu";
-  c.seq_len = 256;
-  c.micro_batch = std::max(1, 16 / ranks);  // a global batch of about 16 on any rank count
-  c.global_batch = c.micro_batch * ranks;
-  c.adamw.weight_decay = 0.0F;
-  c.log_every = 50;
-  c.seed = 1;
+  const int micro = std::max(1, 16 / ranks);  // a global batch of about 16 on any rank count
   const std::string name(train::phase_name(phase));
-  c.metrics = fmt::format("{}/metrics-{}.jsonl", root, name);
-  c.ckpt_dir = fmt::format("{}/ckpt/{}", root, name);
-  if (phase == train::Phase::sft) {
-    c.model = o["model"].as<std::string>();
-    c.data = root + "/sft/train";
-    c.val_data = root + "/sft/val";
-    c.steps = o["sft-steps"].as<std::int64_t>();
-    c.lr = 3e-3;
-    c.warmup = 20;
+  std::vector<std::string> args{name,
+                                "--backend",
+                                "cpu",
+                                "--seq-len",
+                                "256",
+                                "--micro-batch",
+                                std::to_string(micro),
+                                "--global-batch",
+                                std::to_string(micro * ranks),
+                                "--weight-decay",
+                                "0",
+                                "--log-every",
+                                "50",
+                                "--seed",
+                                "1",
+                                "--metrics",
+                                fmt::format("{}/metrics-{}.jsonl", root, name),
+                                "--ckpt-dir",
+                                fmt::format("{}/ckpt/{}", root, name),
+                                "--log-level",
+                                o["log-level"].as<std::string>()};
+  if (o["log-all-ranks"].as<bool>()) args.emplace_back("--log-all-ranks");
+  const auto add = [&](std::initializer_list<std::string> more) {
+    args.insert(args.end(), more.begin(), more.end());
+  };
+  if (phase == l3::Phase::sft) {
+    add({"--model", o["model"].as<std::string>(), "--data", root + "/sft/train", "--val-data",
+         root + "/sft/val", "--steps", std::to_string(o["sft-steps"].as<std::int64_t>()), "--lr",
+         "3e-3", "--warmup", "20"});
   } else {
-    c.init = root + "/ckpt/sft";
-    c.data = root + "/preferences/train";
-    c.val_data = root + "/preferences/val";
-    c.steps = o["reward-steps"].as<std::int64_t>();
-    c.lr = 1e-3;
-    c.warmup = 10;
+    add({"--init", root + "/ckpt/sft", "--data", root + "/preferences/train", "--val-data",
+         root + "/preferences/val", "--steps", std::to_string(o["reward-steps"].as<std::int64_t>()),
+         "--lr", "1e-3", "--warmup", "10"});
   }
-  return c;
+  return l3::RunConfig::from_args(args);
 }
 
 // What the fine-tuned model answers to a few held-out-style prompts (greedy, rank 0).
@@ -133,22 +143,22 @@ int run_demo(const CommandContext& context) {
           root + "/preferences");
 
   context.log.info("demo: supervised fine-tuning");
-  train::TrainSummary sft;
+  l3::RunSummary sft;
   {
-    train::Trainer trainer(world, context.log, demo_config(context, train::Phase::sft, root));
-    sft = trainer.run();
+    l3::Session session(world.comm(), demo_config(context, l3::Phase::sft, root));
+    sft = session.run();
   }
   context.log.info("demo: reward model, from the SFT checkpoint");
-  train::TrainSummary reward;
+  l3::RunSummary reward;
   {
-    train::Trainer trainer(world, context.log, demo_config(context, train::Phase::reward, root));
-    reward = trainer.run();
+    l3::Session session(world.comm(), demo_config(context, l3::Phase::reward, root));
+    reward = session.run();
   }
 
   if (world.is_root()) {
     const std::string samples = generation_samples(sft.checkpoint, context.log);
-    const train::EvalMetrics& s = *sft.last_eval;
-    const train::EvalMetrics& r = *reward.last_eval;
+    const l3::EvalMetrics& s = *sft.last_eval;
+    const l3::EvalMetrics& r = *reward.last_eval;
     std::cout << fmt::format(
         "\nllama3-hpc demo: done in {} on {} rank{}\n"
         "  SFT     {} steps: validation loss {:.3f} (perplexity {:.2f}) on {} answer tokens\n"

@@ -9,22 +9,31 @@
 
 #include "api/train_options.hpp"
 #include "core/error.hpp"
-#include "train/trainer.hpp"
+#include "l3/l3.hpp"
+#include "train/metrics.hpp"
 
 namespace l3::cli {
 
 namespace {
 
-// SIGUSR1 / SIGTERM: only a flag, read at the next step boundary (all ranks then agree, write
-// a checkpoint and exit 75). A signal handler can only reach process-wide state.
+// SIGUSR1 / SIGTERM: the handler asks the running session to checkpoint and stop (an atomic store,
+// async-signal-safe); the ranks agree before the next step, write a checkpoint and exit 75. A
+// signal handler can only reach process-wide state, hence the globals.
 std::atomic<int> g_stop_signal{0};  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
+std::atomic<l3::Session*> g_session{
+    nullptr};  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
 
-extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+extern "C" void on_stop_signal(int signal) {
+  g_stop_signal.store(signal);
+  if (l3::Session* session = g_session.load(); session != nullptr) session->request_stop();
+}
 
 // Installs the handlers for the scope of a run, then puts the previous ones back.
 class StopSignals {
  public:
-  StopSignals() {
+  explicit StopSignals(l3::Session& session) {
+    g_stop_signal.store(0);
+    g_session.store(&session);
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
@@ -40,6 +49,7 @@ class StopSignals {
     sigaction(SIGUSR1, &old_usr1_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
     sigaction(SIGXFSZ, &old_xfsz_, nullptr);
+    g_session.store(nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -52,23 +62,23 @@ class StopSignals {
   struct sigaction old_xfsz_ {};
 };
 
-int run_phase(const CommandContext& context, train::Phase phase) {
-  const StopSignals signals;
-  g_stop_signal.store(0);
-  train::Trainer trainer(context.world, context.log,
-                         api::train_config_from(context.options, phase));
-  trainer.set_stop_check([&] {
-    const int signal = g_stop_signal.load();
-    if (signal != 0) {
+// `llama3-hpc sft|reward` through the public API (include/l3/l3.hpp), as an embedding host would:
+// the CLI has no shortcut into the trainer.
+int run_phase(const CommandContext& context, l3::Phase phase) {
+  std::vector<std::string> args{std::string(train::phase_name(phase))};
+  args.insert(args.end(), context.args.begin(), context.args.end());
+  const l3::RunConfig config = l3::RunConfig::from_args(args);
+  const bool has_checkpoints = !config.get("ckpt-dir").empty();
+  l3::Session session(context.world.comm(), config);
+  const StopSignals signals(session);
+  session.on_step([&](const l3::StepMetrics& /*metrics*/) {
+    if (const int signal = g_stop_signal.exchange(0); signal != 0) {
       context.log.local(core::LogLevel::warn, "received {}: checkpointing and stopping",
                         signal == SIGTERM ? "SIGTERM" : "SIGUSR1");
-      g_stop_signal.store(0);
-      return true;
     }
-    return false;
   });
-  const train::TrainSummary s = trainer.run();
-  if (s.stopped && s.checkpoint.empty()) {
+  const l3::RunSummary s = session.run();
+  if (s.stopped && !has_checkpoints) {
     throw core::internal_error(fmt::format(
         "{} stopped by a signal at step {} with nothing saved (no --ckpt-dir): running it again "
         "starts over; give --ckpt-dir to make runs restartable",
@@ -109,7 +119,7 @@ void declare_reward_options(po::options_description& options,
   api::declare_train_options(options, train::Phase::reward);
 }
 
-int run_sft(const CommandContext& context) { return run_phase(context, train::Phase::sft); }
-int run_reward(const CommandContext& context) { return run_phase(context, train::Phase::reward); }
+int run_sft(const CommandContext& context) { return run_phase(context, l3::Phase::sft); }
+int run_reward(const CommandContext& context) { return run_phase(context, l3::Phase::reward); }
 
 }  // namespace l3::cli

@@ -6,6 +6,8 @@
 #include <new>
 #include <system_error>
 
+#include "l3/l3.hpp"
+
 namespace l3::core {
 
 Error::Error(ErrorKind kind, std::string message, ErrorContext context)
@@ -83,6 +85,8 @@ ErrorSummary summarize(const std::exception_ptr& error) noexcept {
       return {e.exit_code(), e.what()};
     } catch (const PeerFailure& e) {
       return {e.exit_code(), ""};
+    } catch (const l3::Error& e) {  // from the public API (the CLI's training commands use it)
+      return {e.exit_code(), e.from_another_rank() ? std::string() : one_line(e.what())};
     } catch (const boost::program_options::error& e) {
       return {kExitBadInput, one_line(e.what())};
     } catch (const std::bad_alloc&) {

@@ -17,7 +17,8 @@ void TrainConfig::validate() const {
   require(!data.empty() || data_from_host,
           "--data is required (a dataset directory made by 'llama3-hpc prep')");
   require(!data_from_host || (steps > 0 && epochs == 0),
-          "with data from the host (a DataSource), give --steps (epochs are not known)");
+          "--data is required (a dataset directory made by 'llama3-hpc prep'); a host "
+          "embedding the library may give a DataSource instead, with --steps");
   require(!model.empty() || !init.empty(),
           "say which model: --model PRESET|config.json, or --init CHECKPOINT");
   require(seq_len > 0, "--seq-len must be positive");
