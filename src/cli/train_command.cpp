@@ -19,9 +19,10 @@ namespace {
 // SIGUSR1 / SIGTERM: the handler asks the running session to checkpoint and stop (an atomic store,
 // async-signal-safe); the ranks agree before the next step, write a checkpoint and exit 75. A
 // signal handler can only reach process-wide state, hence the globals.
-std::atomic<int> g_stop_signal{0};  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
-std::atomic<l3::Session*> g_session{
-    nullptr};  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
+// NOLINTBEGIN(cppcoreguidelines-avoid-non-const-global-variables)
+std::atomic<int> g_stop_signal{0};
+std::atomic<l3::Session*> g_session{nullptr};
+// NOLINTEND(cppcoreguidelines-avoid-non-const-global-variables)
 
 extern "C" void on_stop_signal(int signal) {
   g_stop_signal.store(signal);
