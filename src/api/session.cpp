@@ -61,18 +61,7 @@ Session& Session::operator=(Session&&) noexcept = default;
 
 RunSummary Session::run() {
   RunSummary out;
-  api::rethrow_as_public([&] {
-    const train::TrainSummary s = impl_->trainer.run();
-    out = {.steps = s.steps,
-           .first_step = s.first_step,
-           .stopped = s.stopped,
-           .skipped_steps = s.skipped_steps,
-           .last_step = s.last_step,
-           .last_eval = s.last_eval,
-           .checkpoint = s.checkpoint,
-           .seconds = s.seconds,
-           .tokens_per_s = s.tokens_per_s};
-  });
+  api::rethrow_as_public([&] { out = impl_->trainer.run(); });
   return out;
 }
 
@@ -90,10 +79,7 @@ std::optional<EvalMetrics> Session::evaluate() {
 
 CheckpointInfo Session::checkpoint() {
   CheckpointInfo out;
-  api::rethrow_as_public([&] {
-    const train::CheckpointReport r = impl_->trainer.checkpoint();
-    out = {r.step, r.directory, r.bytes, r.seconds};
-  });
+  api::rethrow_as_public([&] { out = impl_->trainer.checkpoint(); });
   return out;
 }
 
@@ -107,9 +93,7 @@ void Session::on_eval(std::function<void(const EvalMetrics&)> callback) {
   impl_->trainer.on_eval(std::move(callback));
 }
 void Session::on_checkpoint(std::function<void(const CheckpointInfo&)> callback) {
-  impl_->trainer.on_checkpoint([callback = std::move(callback)](const train::CheckpointReport& r) {
-    callback(CheckpointInfo{r.step, r.directory, r.bytes, r.seconds});
-  });
+  impl_->trainer.on_checkpoint(std::move(callback));
 }
 
 std::int64_t Session::steps_done() const noexcept { return impl_->trainer.steps_done(); }

@@ -29,24 +29,9 @@ class LlamaModel;
 
 namespace l3::train {
 
-struct CheckpointReport {
-  std::int64_t step = 0;
-  std::string directory;
-  std::int64_t bytes = 0;
-  double seconds = 0;
-};
-
-struct TrainSummary {
-  std::int64_t steps = 0;       // optimizer steps done by this run
-  std::int64_t first_step = 0;  // steps already done when it started (resumed)
-  bool stopped = false;         // stopped early on request or deadline, with a checkpoint
-  std::int64_t skipped_steps = 0;
-  std::optional<StepMetrics> last_step;
-  std::optional<EvalMetrics> last_eval;
-  std::string checkpoint;  // the last checkpoint written, if any
-  double seconds = 0;
-  double tokens_per_s = 0;  // over the whole run
-};
+// The public structs (include/l3/l3.hpp): what the trainer reports is what a host gets.
+using CheckpointReport = l3::CheckpointInfo;
+using TrainSummary = l3::RunSummary;
 
 class Trainer {
  public:
