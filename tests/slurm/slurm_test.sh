@@ -2,7 +2,8 @@
 # The job scripts (jobs/) under a real Slurm started on this machine for the test
 # (tests/slurm/local_slurm.sh; SKIP, exit 77, where it cannot run), with tiny models:
 #   complete  sft.sbatch runs to completion with the weights of the same run under mpiexec; a
-#             rerun of the finished job exits at once; a bad config fails at once (exit 2)
+#             rerun of the finished job exits at once; a bad config fails at once (exit 2); a
+#             preempted job (SIGTERM) checkpoints, requeues itself and finishes
 #   requeue   --time=2 with USR1 60 s ahead: the job checkpoints, exits 75, requeues itself and
 #             finishes with the weights of an uninterrupted run
 #   restart   a rank killed with SIGKILL mid-run: the restart loop resumes and the job finishes
@@ -133,6 +134,23 @@ complete)
   id=$(sbatch --parsable "$source_dir/jobs/sft.sbatch" 2>&1)
   state=$(wait_job "$id" 60)
   check "no config file: the job fails with the usage" grep -q "no config file" "l3-sft-$id.out"
+  # Preemption: SIGTERM to the batch shell and the job step (what Slurm sends) -> checkpoint,
+  # exit 75, requeue, resume, finish.
+  sft_config term.ini "$work/ckpt-term" 2500 checkpoint-every=500 log-every=500
+  id=$(sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" term.ini)
+  for ((t = 0; t < 240; t++)); do
+    [[ -e ckpt-term/latest ]] && break
+    sleep 0.5
+  done
+  scancel --signal=TERM --full "$id"
+  state=$(wait_job "$id" 240)
+  out=l3-sft-$id.out
+  check "preempted job $id (SIGTERM) completes ($state) after $(job_field "$id" Restarts) requeue(s)" \
+    test "$state" = COMPLETED -a "$(job_field "$id" Restarts)" -ge 1
+  check "... having forwarded SIGTERM and stopped with exit 75" \
+    grep -q "SIGTERM received: asking llama3-hpc" "$out"
+  check "... and resumed from its checkpoint" grep -q "resumed at step" "$out"
+  [[ $failures -eq 0 ]] || show_output "$out" 30
   ;;
 
 requeue)
