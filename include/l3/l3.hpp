@@ -124,6 +124,8 @@ struct RunSummary {
   double tokens_per_s = 0;  // over the whole run
 };
 
+struct MemoryPlan;
+
 // Everything `llama3-hpc sft` / `llama3-hpc reward` accept (docs/CLI.md), with the same names,
 // defaults, checks and config files. A value type: copy it, change it, give it to a Session.
 class L3_API RunConfig {
@@ -163,6 +165,7 @@ class L3_API RunConfig {
 
  private:
   friend class Session;
+  friend MemoryPlan plan_memory(const RunConfig& config, int ranks);
   explicit RunConfig(std::vector<std::string> args);
   std::vector<std::string> args_;  // phase, then options
   std::unique_ptr<Parsed> parsed_;
@@ -203,6 +206,24 @@ class L3_API DataSource {
   DataSource(DataSource&&) = default;
   DataSource& operator=(DataSource&&) = default;
 };
+
+// What a run takes in the compute backend's memory on each rank (GPU memory with the CUDA
+// backend), computed from the configuration without allocating anything: weights, fp32 master
+// copy, gradients, this rank's AdamW moments, one micro-batch's activations. Not included: the
+// backend's own scratch (cuBLASLt workspace, per-op scratch), the CUDA context and NCCL buffers.
+struct MemoryPlan {
+  struct Line {
+    std::string what;
+    std::int64_t bytes = 0;
+  };
+  std::string backend;  // "cuda (bf16)" or "cpu (fp32)": what the plan assumes
+  int ranks = 1;
+  std::vector<Line> lines;
+  std::int64_t total_bytes = 0;
+};
+// The model is read from --model (preset or config.json) or --init (a checkpoint's manifest, a
+// Hugging Face config.json); --backend auto plans for CUDA when the library has it. Not collective.
+[[nodiscard]] L3_API MemoryPlan plan_memory(const RunConfig& config, int ranks);
 
 // A training run on the ranks of `comm`: SFT or reward, as the config says. The constructor is
 // collective: it resolves the model (--init checkpoint or Hugging Face directory, or a preset),

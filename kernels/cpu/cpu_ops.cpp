@@ -44,6 +44,7 @@ Buffer CpuOps::allocate(DType dtype, std::int64_t numel) {
     throw core::internal_error(fmt::format("out of host memory allocating {} bytes", bytes));
   }
   std::memset(data, 0, rounded == 0 ? kAlignment : rounded);
+  allocated_ += static_cast<std::int64_t>(bytes);
   return {data, dtype, numel, free_aligned};
 }
 

@@ -2,6 +2,8 @@
 // backend is tested against, so it favours exactness (deterministic reductions) over tricks.
 #pragma once
 
+#include <atomic>
+
 #include "kernels/ops.hpp"
 
 namespace l3::kernels {
@@ -12,6 +14,9 @@ class CpuOps final : public Ops {
   [[nodiscard]] DType compute_dtype() const noexcept override { return DType::f32; }
 
   [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override;
+  // Bytes handed out by allocate() since construction (numel x element size, not counting
+  // alignment padding or frees): what model::plan_training_memory is checked against.
+  [[nodiscard]] std::int64_t allocated_bytes() const noexcept { return allocated_.load(); }
   void zero(TensorView x) override;
   void copy(TensorView dst, TensorView src) override;
   void synchronize() override {}
@@ -51,6 +56,9 @@ class CpuOps final : public Ops {
                            std::int64_t hidden) override;
   void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
              TensorView v, std::int64_t n, const AdamWParams& hyper) override;
+
+ private:
+  std::atomic<std::int64_t> allocated_{0};
 };
 
 }  // namespace l3::kernels

@@ -69,6 +69,11 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "also checkpoint every N steps (0: only at the end)")(
       "max-bad-steps", po::value<int>()->default_value(d.max_bad_steps)->value_name("N"),
       "stop after N steps in a row with a non-finite loss or gradient norm (they are skipped)")(
+      "dry-run-memory", po::bool_switch(),
+      "print what the run takes in the backend's memory per rank (weights, master copy, "
+      "gradients, AdamW moments, activations) and exit, allocating nothing")(
+      "dry-run-ranks", po::value<int>()->default_value(0)->value_name("N"),
+      "--dry-run-memory: plan for N ranks (0: the ranks of this run)")(
       "peak-tflops", po::value<double>()->default_value(0)->value_name("TFLOPS"),
       "per-rank peak for MFU (0: known GPUs by name; none on the CPU)")(
       "no-shard-optimizer", po::bool_switch(),
@@ -196,6 +201,15 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     c.center_rewards = get<double>(o, "center-rewards");
   }
   c.data_from_host = data_may_come_from_host && c.data.empty();
+  if (get<bool>(o, "dry-run-memory")) {
+    // A memory plan needs the model and the micro-batch, not the data or the batch over ranks.
+    train::TrainConfig planned = c;
+    if (planned.data.empty()) planned.data = "(dry run)";
+    if (planned.global_batch == 0) planned.global_batch = planned.micro_batch;
+    planned.data_from_host = false;
+    planned.validate();
+    return c;
+  }
   c.validate();
   c.data_from_host = false;  // the Session decides, once it knows whether there is a DataSource
   return c;

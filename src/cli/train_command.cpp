@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "api/train_options.hpp"
 #include "core/error.hpp"
@@ -63,12 +64,38 @@ class StopSignals {
   struct sigaction old_xfsz_ {};
 };
 
+// --dry-run-memory: the plan, printed by rank 0; nothing is allocated or trained.
+int print_memory_plan(const CommandContext& context, const l3::RunConfig& config) {
+  const int planned = std::stoi(config.get("dry-run-ranks"));
+  const l3::MemoryPlan plan = l3::plan_memory(config, planned > 0 ? planned : context.world.size());
+  if (!context.world.is_root()) return core::kExitOk;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  std::string text = fmt::format(
+      "memory per rank: {} on {} rank{}, {}, micro-batch {} x {} tokens, recompute {}, ZeRO-1 {}\n",
+      train::phase_name(config.phase()), plan.ranks, plan.ranks == 1 ? "" : "s", plan.backend,
+      config.get("micro-batch"), config.get("seq-len"),
+      config.get("recompute") == "true" ? "on" : "off",
+      config.get("no-shard-optimizer") == "true" ? "off" : "on");
+  for (const l3::MemoryPlan::Line& line : plan.lines) {
+    text +=
+        fmt::format("  {:<62} {:>9.2f} GiB\n", line.what, static_cast<double>(line.bytes) / kGiB);
+  }
+  text +=
+      fmt::format("  {:<62} {:>9.2f} GiB\n", "total", static_cast<double>(plan.total_bytes) / kGiB);
+  text +=
+      "  not included: the backend's scratch (cuBLASLt workspace, per-op buffers), the CUDA "
+      "context and NCCL's buffers\n";
+  std::cout << text << std::flush;
+  return core::kExitOk;
+}
+
 // `llama3-hpc sft|reward` through the public API (include/l3/l3.hpp), as an embedding host would:
 // the CLI has no shortcut into the trainer.
 int run_phase(const CommandContext& context, l3::Phase phase) {
   std::vector<std::string> args{std::string(train::phase_name(phase))};
   args.insert(args.end(), context.args.begin(), context.args.end());
   const l3::RunConfig config = l3::RunConfig::from_args(args);
+  if (config.get("dry-run-memory") == "true") return print_memory_plan(context, config);
   const bool has_checkpoints = !config.get("ckpt-dir").empty();
   l3::Session session(context.world.comm(), config);
   const StopSignals signals(session);

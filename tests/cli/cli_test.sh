@@ -190,6 +190,15 @@ expect "the periodic checkpoint too" [ -f "$work/ck/step-00000004/manifest.json"
 L3_FAULT="train.update@1#2=throw-internal" run "one rank fails mid-step" 1 timeout -k 5 60 \
   "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --steps 6 --no-progress
 expect "names the error and the abort" contains "$err" "injected fault at train.update on rank 1 (other ranks did not finish"
+# --dry-run-memory: the plan per rank, without data, allocating and writing nothing.
+run "sft --dry-run-memory" 0 "$bin" sft --model llama3-8b --seq-len 8192 --dry-run-memory \
+  --dry-run-ranks 8 --backend cuda --ckpt-dir "$work/never"
+expect "plans for 8 ranks in bf16" contains "$out" "sft on 8 ranks, cuda (bf16), micro-batch 1 x 8192 tokens"
+expect "lists the master weights" contains "$out" "master weights (fp32, every rank)"
+expect "and a total" contains "$out" "total"
+expect "writes nothing" [ ! -e "$work/never" ]
+run "reward --dry-run-memory from a checkpoint" 0 "$bin" reward --init "$work/ck" --dry-run-memory --recompute
+expect "one block with --recompute" contains "$out" "block activations (one block: --recompute)"
 run "eval of the checkpoint" 0 "$bin" eval --init "$work/ck" --data "$work/train"
 expect "one JSON line with the loss" contains "$out" '"loss":'
 expect "and the perplexity" contains "$out" '"perplexity":'

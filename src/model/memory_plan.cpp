@@ -1,0 +1,94 @@
+#include "model/memory_plan.hpp"
+
+#include <fmt/format.h>
+
+namespace l3::model {
+
+namespace {
+
+using kernels::DType;
+
+std::int64_t bytes_of(DType dtype, std::int64_t count) {
+  return count * static_cast<std::int64_t>(kernels::dtype_size(dtype));
+}
+
+// LlamaModel::prepare's workspace for n tokens, line by line (keep the two in step: the unit
+// test compares them).
+struct Workspace {
+  std::int64_t inputs = 0;      // token ids, targets, mask, positions, segments, scores
+  std::int64_t residual = 0;    // the residual stream at every layer boundary
+  std::int64_t blocks = 0;      // each block's saved activations (one block with recompute)
+  std::int64_t backward = 0;    // gradients of activations, scratch
+  std::int64_t final_norm = 0;  // the final RMSNorm output and statistics
+  std::int64_t rope = 0;        // cos and sin tables
+};
+
+Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_t n,
+                    std::int64_t seq_len) {
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+  Workspace w;
+  w.inputs = bytes_of(DType::i32, n) * 3 + bytes_of(DType::u8, n) + bytes_of(DType::i32, n + 1) +
+             bytes_of(DType::i32, n) + bytes_of(DType::f32, n) * 2;
+  w.residual = bytes_of(act, n * h) * (c.n_layers + 1);
+  const std::int64_t block = bytes_of(act, n * h) * 3 + bytes_of(DType::f32, n) * 2 +
+                             bytes_of(act, n * q) * 2 + bytes_of(act, n * kv) * 2 +
+                             bytes_of(DType::f32, n * c.n_heads) + bytes_of(act, n * i) * 3;
+  w.blocks = block * (recompute ? 1 : c.n_layers);
+  w.final_norm = bytes_of(act, n * h) + bytes_of(DType::f32, n);
+  w.backward = bytes_of(act, n * h) * 4 + bytes_of(act, n * q) * 2 + bytes_of(act, n * kv) * 2 +
+               bytes_of(act, n * i) * 3;
+  w.rope = bytes_of(DType::f32, seq_len * (c.head_dim / 2)) * 2;
+  return w;
+}
+
+}  // namespace
+
+std::int64_t MemoryPlan::total() const noexcept {
+  std::int64_t sum = 0;
+  for (const MemoryLine& line : lines) sum += line.bytes;
+  return sum;
+}
+
+std::int64_t model_bytes(const ModelConfig& model, HeadKind head, DType compute, bool recompute,
+                         std::int64_t tokens, std::int64_t seq_len) {
+  const std::int64_t params = ParameterLayout(model, head).total();
+  const Workspace w = workspace(model, compute, recompute, tokens, seq_len);
+  return bytes_of(compute, params) * 2 +
+         (compute == DType::f32 ? 0 : bytes_of(DType::f32, params)) + w.inputs + w.residual +
+         w.blocks + w.backward + w.final_norm + w.rope;
+}
+
+MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
+  const ModelConfig& c = in.model;
+  const std::int64_t params = ParameterLayout(c, in.head).total();
+  const std::int64_t n = in.micro_batch_rows * in.seq_len;
+  const std::string dtype(kernels::dtype_name(in.compute));
+  const Workspace w = workspace(c, in.compute, in.recompute, n, in.seq_len);
+  const std::int64_t owned = in.shard_optimizer ? (params + in.ranks - 1) / in.ranks : params;
+
+  MemoryPlan plan;
+  plan.lines.push_back(
+      {fmt::format("weights ({}, {:.3f}B parameters)", dtype, static_cast<double>(params) / 1e9),
+       bytes_of(in.compute, params)});
+  if (in.compute != DType::f32)
+    plan.lines.push_back({"master weights (fp32, every rank)", bytes_of(DType::f32, params)});
+  plan.lines.push_back({fmt::format("gradients ({})", dtype), bytes_of(in.compute, params)});
+  plan.lines.push_back({in.shard_optimizer
+                            ? fmt::format("AdamW moments (fp32, ZeRO-1: 1/{} of them)", in.ranks)
+                            : std::string("AdamW moments (fp32, all of them)"),
+                        bytes_of(DType::f32, owned) * 2});
+  plan.lines.push_back(
+      {fmt::format("residual stream ({} layer boundaries x {} tokens)", c.n_layers + 1, n),
+       w.residual});
+  plan.lines.push_back({in.recompute ? std::string("block activations (one block: --recompute)")
+                                     : fmt::format("block activations ({} blocks)", c.n_layers),
+                        w.blocks});
+  plan.lines.push_back({"backward scratch (activation gradients)", w.backward});
+  plan.lines.push_back({"batch inputs, final norm, RoPE tables", w.inputs + w.final_norm + w.rope});
+  return plan;
+}
+
+}  // namespace l3::model

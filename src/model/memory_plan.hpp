@@ -1,0 +1,47 @@
+// What training a model takes in the compute backend's memory (GPU memory on the CUDA backend),
+// per rank, computed from the configuration alone (nothing is allocated): the weights, their fp32
+// master copy and gradients, this rank's AdamW moments, and the activations of one micro-batch as
+// LlamaModel lays them out. tests/unit/memory_plan_test.cpp checks the model's part against what
+// the model really allocates. `llama3-hpc sft|reward --dry-run-memory` prints it (docs/GPU.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/tensor.hpp"
+#include "model/model_config.hpp"
+#include "model/parameter_layout.hpp"
+
+namespace l3::model {
+
+struct MemoryPlanInput {
+  ModelConfig model;
+  HeadKind head = HeadKind::language_model;
+  kernels::DType compute = kernels::DType::bf16;  // weights and activations
+  bool recompute = false;
+  std::int64_t micro_batch_rows = 1;
+  std::int64_t seq_len = 2048;
+  int ranks = 1;
+  bool shard_optimizer = true;  // ZeRO-1: AdamW moments of 1/ranks of the parameters
+};
+
+struct MemoryLine {
+  std::string what;
+  std::int64_t bytes = 0;
+};
+
+struct MemoryPlan {
+  std::vector<MemoryLine> lines;
+  [[nodiscard]] std::int64_t total() const noexcept;
+};
+
+[[nodiscard]] MemoryPlan plan_training_memory(const MemoryPlanInput& input);
+
+// The parts of the plan that LlamaModel itself allocates (weights, master copy, gradients, and the
+// workspace of one micro-batch of `tokens` with RoPE tables for `seq_len` positions).
+[[nodiscard]] std::int64_t model_bytes(const ModelConfig& model, HeadKind head,
+                                       kernels::DType compute, bool recompute, std::int64_t tokens,
+                                       std::int64_t seq_len);
+
+}  // namespace l3::model

@@ -1,0 +1,77 @@
+// The memory plan (model/memory_plan) against what the model really allocates on the CPU
+// backend, with and without recomputation, and its arithmetic for a GPU-shaped configuration.
+#include "model/memory_plan.hpp"
+
+#include "catch.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
+#include "model/batch.hpp"
+#include "model/llama_model.hpp"
+
+using l3::kernels::DType;
+using l3::model::HeadKind;
+
+namespace {
+
+l3::model::Batch reversal_batch(std::int64_t rows, std::int64_t seq_len) {
+  l3::model::BatchBuilder builder(rows, seq_len, 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::vector<std::int32_t> tokens{5, 6, 7, 8, 9, 10};
+    const std::vector<std::uint8_t> mask{0, 0, 0, 1, 1, 1};
+    REQUIRE(builder.add(tokens, mask) >= 0);
+    builder.end_row();
+  }
+  return builder.finish();
+}
+
+}  // namespace
+
+TEST_CASE("the memory plan is what the model allocates for a step", "[memory]") {
+  for (const bool recompute : {false, true}) {
+    INFO("recompute " << recompute);
+    l3::kernels::CpuOps ops;
+    const l3::model::ModelConfig config = l3::model::preset("tiny");
+    l3::model::LlamaModel model(config, HeadKind::language_model, ops, {.recompute = recompute});
+    const std::int64_t rows = 3;
+    const std::int64_t seq_len = 32;
+    (void)model.sft_forward_backward(reversal_batch(rows, seq_len), 1.0F);
+    CHECK(ops.allocated_bytes() == l3::model::model_bytes(config, HeadKind::language_model,
+                                                          DType::f32, recompute, rows * seq_len,
+                                                          seq_len));
+    // A second step of the same shape allocates nothing more.
+    const std::int64_t after_first = ops.allocated_bytes();
+    (void)model.sft_forward_backward(reversal_batch(rows, seq_len), 1.0F);
+    CHECK(ops.allocated_bytes() == after_first);
+  }
+}
+
+TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
+  l3::model::MemoryPlanInput in;
+  in.model = l3::model::preset("llama3-8b");
+  in.compute = DType::bf16;
+  in.seq_len = 8192;
+  in.micro_batch_rows = 1;
+  in.ranks = 8;
+  const l3::model::ParameterLayout layout(in.model, HeadKind::language_model);
+  const std::int64_t p = layout.total();
+  CHECK(p > 8'000'000'000);  // 8.03B parameters
+  CHECK(p < 8'100'000'000);
+
+  in.recompute = false;
+  const l3::model::MemoryPlan full = l3::model::plan_training_memory(in);
+  in.recompute = true;
+  const l3::model::MemoryPlan lean = l3::model::plan_training_memory(in);
+  // bf16 weights + grads (2 + 2 bytes), fp32 master (4), fp32 moments of 1/8 (8 / 8 bytes).
+  const std::int64_t states = 2 * p + 2 * p + 4 * p + 2 * 4 * ((p + 7) / 8);
+  std::int64_t lean_states = 0;
+  for (const auto& line : lean.lines) {
+    if (line.what.starts_with("weights") || line.what.starts_with("master") ||
+        line.what.starts_with("gradients") || line.what.starts_with("AdamW"))
+      lean_states += line.bytes;
+  }
+  CHECK(lean_states == states);
+  // Recomputation keeps one block's activations instead of 32: the difference is 31 blocks.
+  const std::int64_t n = 8192;
+  const std::int64_t block =
+      2 * n * (3 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 14336) + 4 * n * 2 + 4 * n * 32;
+  CHECK(full.total() - lean.total() == 31 * block);
+}
