@@ -41,6 +41,10 @@ class HostStepSource final : public train::StepSource {
   }
 
   [[nodiscard]] double last_wait_ms() const override { return wait_ms_; }
+  // The host's data has no epochs: a run fed by it counts --steps.
+  [[nodiscard]] std::optional<std::int64_t> steps_in_epoch(std::int64_t /*epoch*/) const override {
+    return std::nullopt;
+  }
 
  private:
   [[nodiscard]] std::int64_t micro_batches() const { return shape_.per_rank / shape_.micro_batch; }

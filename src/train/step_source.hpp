@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "io/hdf5/data_loader.hpp"
 #include "train/train_config.hpp"
@@ -32,6 +33,9 @@ class StepSource {
   virtual const data::StepData& next() = 0;
   // Milliseconds the last next() waited for its data.
   [[nodiscard]] virtual double last_wait_ms() const = 0;
+  // Optimizer steps in `epoch` (after start()), for runs counted in epochs; nullopt when the
+  // source cannot know (then --steps is required, and TrainConfig::validate says so).
+  [[nodiscard]] virtual std::optional<std::int64_t> steps_in_epoch(std::int64_t epoch) const = 0;
 
   StepSource() = default;
   StepSource(const StepSource&) = delete;

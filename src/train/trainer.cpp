@@ -74,7 +74,7 @@ class ShardStepSource final : public StepSource {
   }
   const data::StepData& next() override { return loader_->next(); }
   [[nodiscard]] double last_wait_ms() const override { return loader_->last_wait_ms(); }
-  [[nodiscard]] std::int64_t steps_in_epoch(std::int64_t epoch) const {
+  [[nodiscard]] std::optional<std::int64_t> steps_in_epoch(std::int64_t epoch) const override {
     return loader_->steps_in_epoch(epoch);
   }
 
@@ -177,8 +177,11 @@ struct Trainer::Impl {
       total = config.steps;
     } else {
       const std::int64_t epochs = config.epochs > 0 ? config.epochs : 1;
-      auto* shards = dynamic_cast<ShardStepSource*>(data_source.get());
-      for (std::int64_t e = 0; e < epochs; ++e) total += shards->steps_in_epoch(e);
+      for (std::int64_t e = 0; e < epochs; ++e) {
+        const std::optional<std::int64_t> steps = data_source->steps_in_epoch(e);
+        if (!steps) throw core::usage_error("give --steps: this data source has no epochs");
+        total += *steps;
+      }
     }
     schedule = {config.lr, config.min_lr < 0 ? 0.1 * config.lr : config.min_lr, config.warmup,
                 total};
