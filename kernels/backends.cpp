@@ -83,7 +83,7 @@ double default_peak_tflops(std::string_view backend_name, int local_rank) {
 #endif
 }
 
-std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank) {
+std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank, int device) {
   const int devices = visible_cuda_devices();
   if (backend == "cpu" || (backend == "auto" && devices == 0)) return std::make_unique<CpuOps>();
   if (backend != "cuda" && backend != "auto") {
@@ -94,9 +94,14 @@ std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank) {
     throw core::usage_error(
         fmt::format("--backend cuda: no usable CUDA device ({})", cuda_backend().summary));
   }
-  return std::make_unique<cuda::CudaOps>(local_rank % devices);
+  if (device >= devices) {
+    throw core::usage_error(fmt::format("--device {}: this rank sees {} CUDA device{}", device,
+                                        devices, devices == 1 ? "" : "s"));
+  }
+  return std::make_unique<cuda::CudaOps>(device >= 0 ? device : local_rank % devices);
 #else
   (void)local_rank;
+  (void)device;
   throw core::usage_error(
       "--backend cuda: this build has no CUDA backend (configure with "
       "-DL3_CUDA=ON)");

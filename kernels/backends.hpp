@@ -31,6 +31,8 @@ struct BackendReport {
 // known data-centre GPUs by name; 0 when unknown or on the CPU backend.
 [[nodiscard]] double default_peak_tflops(std::string_view backend_name, int local_rank);
 
-[[nodiscard]] std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank);
+// device >= 0: that CUDA device instead (usage Error when it is not visible).
+[[nodiscard]] std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank,
+                                            int device = -1);
 
 }  // namespace l3::kernels

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "kernels/tensor.hpp"
@@ -24,6 +25,10 @@ struct AttentionShape {
   int head_dim = 0;
   int n_segments = 0;
   int max_segment = 0;  // longest segment, for workspace sizing
+  // The same cu_seqlens in host memory, when the caller has them: a backend that plans its work
+  // per segment on the host (the CUDA fallback) then needs no download and no stream
+  // synchronisation per call. Empty: read the device copy.
+  std::span<const std::int32_t> host_cu_seqlens{};
 };
 
 // The summed cross-entropy of the counted tokens and how many there were.
@@ -117,6 +122,11 @@ class Ops {
   // ---- reductions ------------------------------------------------------------------------
   // sum of x^2 in double precision (gradient norms)
   [[nodiscard]] virtual double sum_squares(TensorView x, std::int64_t n) = 0;
+  // out[i] = sum_squares(xs[i], xs[i].numel()), the same values; a backend with a queue
+  // returns them all with one synchronisation instead of one each.
+  virtual void sum_squares_each(std::span<const TensorView> xs, std::span<double> out) {
+    for (std::size_t i = 0; i < xs.size(); ++i) out[i] = sum_squares(xs[i], xs[i].numel());
+  }
 
   // ---- lm_head + masked cross-entropy, fused and chunked over tokens ----------------------
   // h (N, H), w (V, H). targets (N) i32: the token that position t predicts; mask (N) u8: 1
@@ -140,8 +150,9 @@ class Ops {
   // ---- optimizer -------------------------------------------------------------------------
   // PyTorch's AdamW on n elements: p *= 1 - lr*wd; m, v updated with g*grad_scale;
   // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). params (the master weights), m, v
-  // f32; grads in the compute dtype. When the compute dtype is not f32, params_copy (the
-  // weights the matmuls read) receives the updated params rounded to it; otherwise it is empty.
+  // f32; grads in the compute dtype. params_copy (the weights the matmuls read, when they are
+  // not the master weights themselves) receives the updated params rounded to its dtype, or is
+  // empty.
   virtual void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
                      TensorView v, std::int64_t n, const AdamWParams& hyper) = 0;
 };

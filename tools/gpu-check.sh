@@ -1,49 +1,167 @@
 #!/usr/bin/env bash
-# The one-shot GPU check, run on a GPU node with the bundled executables on PATH:
-# version report, GPU smoke test, the GPU test suite (every CUDA op and the tiny model against
-# the CPU reference), then the op benchmark. Writes under OUTDIR:
-#   tests.xml (JUnit), tests.log, bench.log, and gpu-<date>-<gpu>.json, the results file
-#   committed to bench/results/ (schema in docs/GPU.md).
+# The one-shot GPU check, run on a GPU node with the bundled executables on PATH, in order of
+# value, each stage with its own time limit and the whole within a budget (L3_GPU_CHECK_BUDGET
+# seconds, default 600: a stage that would start later is skipped and says so):
+#   1. version report and GPU smoke test;
+#   2. the GPU test suite (every CUDA op and the tiny model against the CPU reference);
+#   3. training through the program (tests/gpu/training_test.sh: CPU trajectory, bitwise
+#      restart, NCCL on one rank, two ranks sharing the GPU through MPI);
+#   4. the op benchmark (l3-bench-gpu: bf16 GEMM rate, copy bandwidth, per-op times);
+#   5. training throughput and MFU (l3-bench-train-throughput) for the 1B shape, then the
+#      Hugging Face baseline of the same shapes (bench/baselines/hf_train.py) where the node's
+#      python3 has torch, then the 8B shape.
+# Writes under OUTDIR: logs, tests.xml (JUnit) and gpu-<date>-<gpu>.json, the results file
+# committed to bench/results/ (schema in docs/GPU.md).
 #   bash .gpubundle/run.sh bash tools/gpu-check.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: gpu-check.sh OUTDIR}
+root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 start=$(date +%s)
+budget=${L3_GPU_CHECK_BUDGET:-600}
+skipped=()
+# stage NAME LIMIT: true when there is time left for a stage of up to LIMIT seconds.
+stage() {
+  local left=$((budget - ($(date +%s) - start)))
+  if ((left < $2 / 3)); then
+    echo "== $1: skipped ($left s of the budget left)"
+    skipped+=("$1")
+    return 1
+  fi
+  echo "== $1 ($(($(date +%s) - start)) s in)"
+}
+limit() { # the smaller of a stage's limit and what is left of the budget
+  local left=$((budget - ($(date +%s) - start)))
+  echo $(($1 < left ? $1 : left))
+}
+
 llama3-hpc --version | tee "$out/version.txt"
 l3_gpu_device_smoke_test | tee "$out/smoke.log"
 smoke=${PIPESTATUS[0]}
-timeout 600 l3_gpu_tests --reporter junit --out "$out/tests.xml" > "$out/tests.log" 2>&1
-tests_rc=$?
-timeout 900 l3-bench-gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
-bench_rc=${PIPESTATUS[0]}
-python3 - "$out" "$smoke" "$tests_rc" "$bench_rc" "$(( $(date +%s) - start ))" <<'PY'
-import json, sys, os, re, datetime, xml.etree.ElementTree as ET
-out, smoke, tests_rc, bench_rc, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+
+tests_rc=-1
+if stage "GPU tests" 240; then
+  timeout "$(limit 240)" l3_gpu_tests --reporter junit --out "$out/tests.xml" >"$out/tests.log" 2>&1
+  tests_rc=$?
+fi
+
+training_rc=-1
+if stage "training tests" 240; then
+  timeout "$(limit 240)" bash "$root/tests/gpu/training_test.sh" "$(command -v llama3-hpc)" \
+    "$(command -v mpiexec.hydra || command -v mpiexec || true)" 2>&1 | tee "$out/training-tests.log"
+  training_rc=${PIPESTATUS[0]}
+fi
+
+bench_rc=-1
+if stage "op benchmark" 150; then
+  timeout "$(limit 150)" l3-bench-gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
+  bench_rc=${PIPESTATUS[0]}
+fi
+peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("gemm_tflops", 0))' \
+  "$out/bench.json" 2>/dev/null || echo 0)
+
+# train CASE...: llama3-hpc's throughput rows into train-CASE.json.
+train() {
+  for c in "$@"; do
+    if stage "throughput $c" 120; then
+      timeout "$(limit 180)" l3-bench-train-throughput --case "$c" --peak-tflops "$peak" \
+        --json "$out/train-$c.json" 2>&1 | tee -a "$out/train.log"
+    fi
+  done
+}
+# baseline CASE...: the transformers run of the shape llama3-hpc ran for CASE (halving the
+# micro-batch after an out-of-memory).
+baseline() {
+  python3 -c 'import torch, transformers' 2>/dev/null || {
+    echo "== transformers baseline: no torch/transformers here"
+    return
+  }
+  for c in "$@"; do
+    [[ -f "$out/train-$c.json" ]] || continue
+    read -r model layers phase seq batch < <(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["training"][0]
+m = r["model"]
+base, layers = (m.split("-")[0] + "-" + m.split("-")[1], m.split("-")[2].replace("layers", "")) if m.endswith("layers") else (m, "0")
+print(base, layers, r["phase"], r["seq"], r["micro_batch"])' "$out/train-$c.json") || continue
+    while ((batch >= 1)) && stage "transformers $c (micro-batch $batch)" 120; do
+      timeout "$(limit 180)" python3 "$root/bench/baselines/hf_train.py" --model "$model" \
+        --layers "$layers" --phase "$phase" --seq "$seq" --micro-batch "$batch" \
+        --peak-tflops "$peak" --json "$out/hf-$c.json" 2>>"$out/hf-errors.log" | tee -a "$out/hf.log"
+      [[ ${PIPESTATUS[0]} -eq 3 ]] || break # 3: out of memory
+      batch=$((batch / 2))
+    done
+  done
+}
+train 1b-sft 1b-reward
+baseline 1b-sft 1b-reward
+train 8b-sft 8b-reward
+baseline 8b-sft
+
+python3 - "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" \
+  "$(($(date +%s) - start))" "$(
+    IFS=';'
+    echo "${skipped[*]:-}"
+  )" <<'PY'
+import json, sys, os, re, glob, datetime, xml.etree.ElementTree as ET
+out, smoke, tests_rc, training_rc, bench_rc, seconds = sys.argv[1], *map(int, sys.argv[2:7])
+skipped = [s for s in sys.argv[7].split(";") if s] if len(sys.argv) > 7 else []
 tests = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
 try:
     root = ET.parse(os.path.join(out, "tests.xml")).getroot()
     for case in root.iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
+        node = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if node is not None:
             tests["failed"] += 1
-            node = case.find("failure") if case.find("failure") is not None else case.find("error")
             tests["failures"].append({"test": case.get("name"), "message": (node.get("message") or "")[:500],
                                       "detail": (node.text or "")[:2000]})
         elif case.find("skipped") is not None:
             tests["skipped"] += 1
         else:
             tests["passed"] += 1
-except Exception as e:  # no XML: the suite crashed or skipped as a whole
+except Exception as e:  # no XML: the suite crashed, skipped as a whole, or did not run
     tests["error"] = f"no test report ({e}); exit code {tests_rc}"
-tests["exit_code"] = tests_rc
-tests["smoke_exit_code"] = smoke
-doc = {"impl": "llama3-hpc", "tests": tests, "bench_exit_code": bench_rc, "seconds": seconds}
+# The training checks count as tests too: "ok   [...]" / "FAIL [...]" lines.
+try:
+    for line in open(os.path.join(out, "training-tests.log")):
+        if line.startswith("ok   ["):
+            tests["passed"] += 1
+        elif line.startswith("FAIL ["):
+            tests["failed"] += 1
+            tests["failures"].append({"test": "gpu/training: " + line[6:].strip().rstrip("]"), "message": ""})
+except OSError:
+    pass
+tests.update(exit_code=tests_rc, training_exit_code=training_rc, smoke_exit_code=smoke)
+doc = {"impl": "llama3-hpc", "tests": tests, "bench_exit_code": bench_rc, "seconds": seconds,
+       "skipped_stages": skipped}
 try:
     doc.update(json.load(open(os.path.join(out, "bench.json"))))
 except Exception as e:
     doc["bench_error"] = str(e)
+training = []
+for path in sorted(glob.glob(os.path.join(out, "train-*.json"))):
+    try:
+        d = json.load(open(path))
+        doc.setdefault("gpu", d.get("gpu"))
+        doc.setdefault("commit", d.get("commit"))
+        training += d.get("training", [])
+    except Exception as e:
+        training.append({"impl": "llama3-hpc", "error": f"{os.path.basename(path)}: {e}"})
+for path in sorted(glob.glob(os.path.join(out, "hf-*.json"))):
+    try:
+        row = json.load(open(path))
+        ours = [t for t in training if t.get("impl") == "llama3-hpc" and t.get("model") == row.get("model")
+                and t.get("phase") == row.get("phase")]
+        if ours and "tokens_per_s" in row and "tokens_per_s" in ours[0]:
+            row["llama3_hpc_speedup"] = ours[0]["tokens_per_s"] / row["tokens_per_s"]
+        training.append(row)
+    except Exception as e:
+        training.append({"impl": "transformers", "error": f"{os.path.basename(path)}: {e}"})
+doc["training"] = training
 doc.setdefault("date", datetime.date.today().isoformat())
-gpu = re.sub(r"[^A-Za-z0-9]+", "-", doc.get("gpu", "unknown-gpu")).strip("-").lower()
+gpu = re.sub(r"[^A-Za-z0-9]+", "-", doc.get("gpu") or "unknown-gpu").strip("-").lower()
 name = f"gpu-{doc['date']}-{gpu}.json"
 json.dump(doc, open(os.path.join(out, name), "w"), indent=2)
-print(f"wrote {name}: tests passed {tests['passed']}, failed {tests['failed']}, skipped {tests['skipped']}")
+print(f"wrote {name}: tests passed {tests['passed']}, failed {tests['failed']}, skipped "
+      f"{tests['skipped']}; {len(training)} training rows; {seconds} s")
 PY

@@ -209,7 +209,8 @@ class L3_API DataSource {
 
 // What a run takes in the compute backend's memory on each rank (GPU memory with the CUDA
 // backend), computed from the configuration without allocating anything: weights, fp32 master
-// copy, gradients, this rank's AdamW moments, one micro-batch's activations. Not included: the
+// copy, gradients, this rank's AdamW moments, one micro-batch's activations (reward: two rows
+// of --seq-len per pair, the worst case). Not included: the
 // backend's own scratch (cuBLASLt workspace, per-op scratch), the CUDA context and NCCL buffers.
 struct MemoryPlan {
   struct Line {

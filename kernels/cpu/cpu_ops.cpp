@@ -165,10 +165,11 @@ void CpuOps::gather_dot_backward(TensorView dh, TensorView dw, TensorView dscore
 
 void CpuOps::adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
                    TensorView v, std::int64_t n, const AdamWParams& hyper) {
-  if (!params_copy.empty()) {
-    throw core::internal_error("cpu adamw: the CPU backend computes in f32, no weight copy");
-  }
   cpu::adamw(f32(params, n), cf32(grads, n), f32(m, n), f32(v, n), hyper);
+  // A separate f32 copy (the master weights kept in optimizer shards): exact.
+  if (!params_copy.empty())
+    std::memcpy(f32(params_copy, n).data(), params.data(),
+                static_cast<std::size_t>(n) * sizeof(float));
 }
 
 }  // namespace l3::kernels

@@ -137,6 +137,8 @@ void CudaOps::copy(TensorView dst, TensorView src) {
   const bool dst_device = is_device_pointer(dst.data());
   const bool src_device = is_device_pointer(src.data());
   if (dst.dtype() == src.dtype()) {
+    if (dst_device && !src_device && uploads_.upload(dst.data(), src.data(), src.bytes(), stream_))
+      return;  // staged through pinned memory: no synchronisation
     check(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, stream_), "copy");
     if (!dst_device || !src_device) synchronize();  // host memory is the caller's once we return
     return;
@@ -256,7 +258,16 @@ void CudaOps::rope_backward(TensorView dx, TensorView positions, TensorView cos,
              stream_);
 }
 
-std::vector<std::int32_t> CudaOps::download_segments(TensorView cu_seqlens, int segments) {
+std::vector<std::int32_t> CudaOps::download_segments(TensorView cu_seqlens,
+                                                     const kernels::AttentionShape& shape) {
+  const int segments = shape.n_segments;
+  if (!shape.host_cu_seqlens.empty()) {
+    if (shape.host_cu_seqlens.size() != static_cast<std::size_t>(segments) + 1) {
+      throw core::internal_error(fmt::format("attention: {} host cu_seqlens for {} segments",
+                                             shape.host_cu_seqlens.size(), segments));
+    }
+    return {shape.host_cu_seqlens.begin(), shape.host_cu_seqlens.end()};
+  }
   std::vector<std::int32_t> host(static_cast<std::size_t>(segments) + 1);
   check(cudaMemcpyAsync(host.data(),
                         in<std::int32_t>(cu_seqlens, segments + 1, "attention", "cu_seqlens"),
@@ -314,7 +325,7 @@ void CudaOps::attention(TensorView out_view, TensorView lse, TensorView q, Tenso
   const auto* vd = in<BFloat16>(v, n * kvs, "attention", "v");
   auto* od = out<BFloat16>(out_view, n * qs, "attention", "out");
   auto* lsed = out<float>(lse, n * shape.n_heads, "attention", "lse");
-  const std::vector<std::int32_t> cu = download_segments(cu_seqlens, shape.n_segments);
+  const std::vector<std::int32_t> cu = download_segments(cu_seqlens, shape);
   const std::int64_t longest = shape.max_segment;
   Carver carve;
   const std::size_t scores_at = carve.reserve<float>(shape.n_kv_heads * longest * longest);
@@ -396,7 +407,7 @@ void CudaOps::attention_backward(TensorView dq, TensorView dk, TensorView dv, Te
   auto* dqd = out<BFloat16>(dq, n * qs, "attention_backward", "dq");
   auto* dkd = out<BFloat16>(dk, n * kvs, "attention_backward", "dk");
   auto* dvd = out<BFloat16>(dv, n * kvs, "attention_backward", "dv");
-  const std::vector<std::int32_t> cu = download_segments(cu_seqlens, shape.n_segments);
+  const std::vector<std::int32_t> cu = download_segments(cu_seqlens, shape);
   const std::int64_t longest = shape.max_segment;
   const std::int64_t squares = shape.n_kv_heads * longest * longest;
   Carver carve;
@@ -510,6 +521,30 @@ double CudaOps::sum_squares(TensorView x, std::int64_t n) {
         "sum_squares: download");
   synchronize();
   return result;
+}
+
+void CudaOps::sum_squares_each(std::span<const TensorView> xs, std::span<double> out) {
+  if (xs.empty()) return;
+  Carver carve;
+  const std::size_t partials_at = carve.reserve<double>(kSumSquaresBlocks);
+  const std::size_t results_at = carve.reserve<double>(static_cast<std::int64_t>(xs.size()));
+  void* base = scratch_.get(carve.total(), stream_);
+  // The partials are reused piece after piece: the kernels run in stream order.
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const TensorView x = xs[i];
+    double* result = at<double>(base, results_at) + i;
+    if (x.dtype() == DType::f32) {
+      sum_squares_f32(result, in<float>(x, x.numel(), "sum_squares_each", "x"), x.numel(),
+                      at<double>(base, partials_at), stream_);
+    } else {
+      cuda::sum_squares(result, in<BFloat16>(x, x.numel(), "sum_squares_each", "x"), x.numel(),
+                        at<double>(base, partials_at), stream_);
+    }
+  }
+  check(cudaMemcpyAsync(out.data(), at<double>(base, results_at), xs.size() * sizeof(double),
+                        cudaMemcpyDeviceToHost, stream_),
+        fmt::format("sum_squares_each: download of {} sums", xs.size()));
+  synchronize();
 }
 
 kernels::LossSum CudaOps::lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h,

@@ -2,7 +2,8 @@
 // master weights and AdamW state. Matmuls on cuBLASLt; attention on cuBLAS batched GEMMs with
 // causal-softmax kernels (the fallback path, exact and simple); everything else on the kernels
 // of kernels/cuda/*.cu. All work is queued on one stream; calls that return a value (loss,
-// squared norm) synchronise it.
+// squared norm) and copies to host memory synchronise it; copies from host memory do not
+// (pinned staging, PinnedUploads).
 #pragma once
 
 #include <cublas_v2.h>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cuda/pinned_uploads.hpp"
 #include "kernels/ops.hpp"
 
 namespace l3::cuda {
@@ -87,6 +89,7 @@ class CudaOps final : public kernels::Ops {
   void swiglu_backward(kernels::TensorView dgate, kernels::TensorView dup, kernels::TensorView dout,
                        kernels::TensorView gate, kernels::TensorView up, std::int64_t n) override;
   [[nodiscard]] double sum_squares(kernels::TensorView x, std::int64_t n) override;
+  void sum_squares_each(std::span<const kernels::TensorView> xs, std::span<double> out) override;
   kernels::LossSum lm_head_cross_entropy(kernels::TensorView dh, kernels::TensorView dw,
                                          kernels::TensorView h, kernels::TensorView w,
                                          kernels::TensorView targets, kernels::TensorView mask,
@@ -103,13 +106,16 @@ class CudaOps final : public kernels::Ops {
              const kernels::AdamWParams& hyper) override;
 
  private:
-  std::vector<std::int32_t> download_segments(kernels::TensorView cu_seqlens, int segments);
+  // The segment table on the host: shape.host_cu_seqlens when given, else downloaded (a sync).
+  std::vector<std::int32_t> download_segments(kernels::TensorView cu_seqlens,
+                                              const kernels::AttentionShape& shape);
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<LtMatmul> lt_;
   DeviceScratch scratch_;
+  PinnedUploads uploads_;  // host -> device copies of inputs, without a stream synchronisation
 };
 
 }  // namespace l3::cuda

@@ -29,7 +29,9 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
     in.compute = cuda ? kernels::DType::bf16 : kernels::DType::f32;
     in.recompute = t.recompute;
     in.seq_len = t.seq_len;
-    in.micro_batch_rows = t.micro_batch;
+    // Reward: a pair's two sequences share a row when they fit in one; planned for the worst
+    // case, each a row of its own.
+    in.micro_batch_rows = t.phase == Phase::sft ? t.micro_batch : 2 * t.micro_batch;
     in.ranks = ranks;
     in.shard_optimizer = t.shard_optimizer;
     const model::MemoryPlan plan = model::plan_training_memory(in);

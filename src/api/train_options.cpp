@@ -82,6 +82,16 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "gradient reduction bucket size")(
       "no-overlap-reduction", po::bool_switch(),
       "reduce gradients after the backward pass instead of during it")(
+      "grad-exchange",
+      po::value<std::string>()->default_value(d.grad_exchange)->value_name("auto|mpi|nccl"),
+      "how ranks exchange gradients and weights: nccl (GPU buffers, one rank per GPU), mpi "
+      "(host memory; from GPUs through host buffers), auto (nccl on the CUDA backend when "
+      "every rank has a GPU of its own)")(
+      "deterministic", po::bool_switch(),
+      "bit-identical results run after run and across restarts: on the GPU, gradients are "
+      "summed on the host in rank order (MPI) unless --grad-exchange nccl is given")(
+      "device", po::value<int>()->default_value(-1)->value_name("N"),
+      "CUDA device of this rank (-1: the node-local rank modulo the visible devices)")(
       "prefetch-depth", po::value<int>()->default_value(d.prefetch_depth)->value_name("N"),
       "steps of data prepared ahead")(
       "ignore-tokenizer-mismatch", po::bool_switch(),
@@ -176,6 +186,9 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.shard_optimizer = !get<bool>(o, "no-shard-optimizer");
   c.bucket_mb = get<double>(o, "bucket-mb");
   c.overlap_reduction = !get<bool>(o, "no-overlap-reduction");
+  c.grad_exchange = get<std::string>(o, "grad-exchange");
+  c.device = get<int>(o, "device");
+  c.deterministic = get<bool>(o, "deterministic");
   c.prefetch_depth = get<int>(o, "prefetch-depth");
   c.ignore_tokenizer_mismatch = get<bool>(o, "ignore-tokenizer-mismatch");
   c.progress = !get<bool>(o, "no-progress");

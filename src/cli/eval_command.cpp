@@ -57,7 +57,7 @@ int run_eval(const CommandContext& context) {
 
   const auto ops = kernels::make_ops(o["backend"].as<std::string>(), context.world.local_rank());
   model::LlamaModel model(source.config, head, *ops);
-  train::initialize_model(context.world, model, source, 0);
+  (void)train::initialize_model(context.world, model, source, 0);
 
   data::DatasetExpectations expect;
   expect.kind =

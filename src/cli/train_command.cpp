@@ -73,8 +73,11 @@ int print_memory_plan(const CommandContext& context, const l3::RunConfig& config
   std::string text = fmt::format(
       "memory per rank: {} on {} rank{}, {}, micro-batch {} x {} tokens, recompute {}, ZeRO-1 {}\n",
       train::phase_name(config.phase()), plan.ranks, plan.ranks == 1 ? "" : "s", plan.backend,
-      config.get("micro-batch"), config.get("seq-len"),
-      config.get("recompute") == "true" ? "on" : "off",
+      config.phase() == l3::Phase::sft
+          ? config.get("micro-batch")
+          : fmt::format("{} pairs = at most {} rows", config.get("micro-batch"),
+                        2 * std::stoll(config.get("micro-batch"))),
+      config.get("seq-len"), config.get("recompute") == "true" ? "on" : "off",
       config.get("no-shard-optimizer") == "true" ? "off" : "on");
   for (const l3::MemoryPlan::Line& line : plan.lines) {
     text +=

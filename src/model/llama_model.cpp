@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/trace_range.hpp"
 #include "model/parameter_init.hpp"
 #include "model/rope_table.hpp"
 
@@ -43,6 +44,7 @@ struct LlamaModel::Workspace {
   std::int64_t capacity = 0;  // tokens the buffers hold
   // the micro-batch, on the backend
   Buffer tokens, targets, mask, positions, cu_seqlens, score_rows;
+  std::vector<std::int32_t> host_cu_seqlens;  // the same segment table, for AttentionShape
   Buffer rope_cos, rope_sin;
   std::int64_t rope_positions = 0;
   // forward
@@ -63,8 +65,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
       ops_(ops),
       options_(options),
       params_(ops.allocate(ops.compute_dtype(), layout_.total())),
-      master_(ops.compute_dtype() == DType::f32 ? Buffer{}
-                                                : ops.allocate(DType::f32, layout_.total())),
+      master_(ops.compute_dtype() == DType::f32 || !options.keep_master
+                  ? Buffer{}
+                  : ops.allocate(DType::f32, layout_.total())),
       grads_(ops.allocate(ops.compute_dtype(), layout_.total())),
       ws_(std::make_unique<Workspace>()) {}
 
@@ -103,7 +106,8 @@ void LlamaModel::load_parameters(std::span<const float> host) {
 
 std::vector<float> LlamaModel::master_to_host() const {
   std::vector<float> host(static_cast<std::size_t>(layout_.total()));
-  ops_.copy(TensorView(std::span<float>(host)), master_weights());
+  const TensorView master = master_weights();
+  ops_.copy(TensorView(std::span<float>(host)), master.empty() ? params_.view() : master);
   ops_.synchronize();
   return host;
 }
@@ -111,6 +115,7 @@ std::vector<float> LlamaModel::master_to_host() const {
 void LlamaModel::zero_gradients() { ops_.zero(grads_.view()); }
 
 void LlamaModel::prepare(const Batch& batch) {
+  const core::TraceRange range("batch upload");
   const ModelConfig& c = config();
   batch.validate(c.vocab_size);
   Workspace& ws = *ws_;
@@ -181,12 +186,14 @@ void LlamaModel::prepare(const Batch& batch) {
   ops_.copy(ws.mask.slice(0, n), host_view(batch.loss_mask));
   ops_.copy(ws.positions.slice(0, n), host_view(batch.positions));
   ops_.copy(ws.cu_seqlens.slice(0, batch.segments() + 1), host_view(batch.cu_seqlens));
+  ws.host_cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
   ws.shape = {n,
               c.n_heads,
               c.n_kv_heads,
               c.head_dim,
               static_cast<int>(batch.segments()),
-              static_cast<int>(batch.longest_segment())};
+              static_cast<int>(batch.longest_segment()),
+              ws.host_cu_seqlens};
 }
 
 void LlamaModel::forward_backbone() {
@@ -194,8 +201,11 @@ void LlamaModel::forward_backbone() {
   Workspace& ws = *ws_;
   const std::int64_t n = ws.n;
   const std::int64_t h = c.hidden_size;
-  ops_.embedding(ws.layer_inputs[0].slice(0, n * h), ws.tokens.slice(0, n),
-                 weight(layout_.embedding(), c.vocab_size * h), n, h);
+  {
+    const core::TraceRange range("embedding");
+    ops_.embedding(ws.layer_inputs[0].slice(0, n * h), ws.tokens.slice(0, n),
+                   weight(layout_.embedding(), c.vocab_size * h), n, h);
+  }
   for (int l = 0; l < c.n_layers; ++l) {
     block_forward(l, ws.layer_inputs[static_cast<std::size_t>(l)].slice(0, n * h),
                   ws.layer_inputs[static_cast<std::size_t>(l) + 1].slice(0, n * h),
@@ -207,6 +217,7 @@ void LlamaModel::forward_backbone() {
 }
 
 void LlamaModel::block_forward(int layer, TensorView x_in, TensorView x_out, int slot) {
+  const core::TraceRange range("block {} forward", layer);
   const ModelConfig& c = config();
   Workspace& ws = *ws_;
   BlockActivations& a = ws.blocks[static_cast<std::size_t>(slot)];
@@ -264,6 +275,7 @@ void LlamaModel::backward_backbone() {
   if (gradient_ready_) gradient_ready_(layout_.final_norm());  // and the head after it
 
   for (int l = c.n_layers - 1; l >= 0; --l) {
+    const core::TraceRange range("block {} backward", l);
     const TensorView x_in = ws.layer_inputs[static_cast<std::size_t>(l)].slice(0, n * h);
     const int slot = options_.recompute ? 0 : l;
     if (options_.recompute) block_forward(l, x_in, ws.scratch_out.slice(0, n * h), slot);
@@ -309,6 +321,7 @@ void LlamaModel::backward_backbone() {
                           weight(w.input_norm, h), a.rstd1.slice(0, n), n, h);
     if (gradient_ready_) gradient_ready_(w.q_proj);  // the block's first tensor
   }
+  const core::TraceRange range("embedding backward");
   ops_.embedding_backward(weight_grad(layout_.embedding(), c.vocab_size * h), ws.tokens.slice(0, n),
                           d_resid, n, h);
   if (gradient_ready_) gradient_ready_(0);
@@ -325,10 +338,14 @@ kernels::LossSum LlamaModel::sft_forward_backward(const Batch& batch, float grad
   const std::int64_t n = ws.n;
   const std::int64_t v = c.vocab_size;
   const std::int64_t h = c.hidden_size;
-  const kernels::LossSum loss =
-      ops_.lm_head_cross_entropy(ws.d_final.slice(0, n * h), weight_grad(layout_.lm_head(), v * h),
-                                 ws.final_out.slice(0, n * h), weight(layout_.lm_head(), v * h),
-                                 ws.targets.slice(0, n), ws.mask.slice(0, n), n, v, h, grad_scale);
+  kernels::LossSum loss;
+  {
+    const core::TraceRange range("lm_head + cross-entropy");
+    loss = ops_.lm_head_cross_entropy(
+        ws.d_final.slice(0, n * h), weight_grad(layout_.lm_head(), v * h),
+        ws.final_out.slice(0, n * h), weight(layout_.lm_head(), v * h), ws.targets.slice(0, n),
+        ws.mask.slice(0, n), n, v, h, grad_scale);
+  }
   backward_backbone();
   return loss;
 }

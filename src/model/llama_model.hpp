@@ -29,6 +29,9 @@ struct ModelOptions {
   // backward: memory O(layers x N x H) instead of O(layers x N x (H + 3 I + ...)), same
   // gradients bit for bit.
   bool recompute = false;
+  // When the backend computes in bf16: keep a whole fp32 master copy of the weights here.
+  // Training keeps it in the optimizer's ZeRO-1 shards instead (false).
+  bool keep_master = true;
 };
 
 struct RewardOutput {
@@ -55,9 +58,11 @@ class LlamaModel {
   // The flat parameter and gradient buffers (layout().total() elements, compute dtype).
   [[nodiscard]] kernels::TensorView parameters() const noexcept { return params_.view(); }
   // The fp32 master weights the optimizer updates: parameters() itself when the backend
-  // computes in f32, a separate buffer otherwise.
+  // computes in f32, a separate buffer otherwise; empty when the model keeps none (bf16
+  // without keep_master).
   [[nodiscard]] kernels::TensorView master_weights() const noexcept {
-    return master_.numel() > 0 ? master_.view() : params_.view();
+    if (master_.numel() > 0) return master_.view();
+    return params_.dtype() == kernels::DType::f32 ? params_.view() : kernels::TensorView{};
   }
   // What the optimizer must refresh from the master weights: empty when they are the same.
   [[nodiscard]] kernels::TensorView weight_copy() const noexcept {
@@ -71,7 +76,8 @@ class LlamaModel {
   void initialize(std::uint64_t seed);
   // Parameters from host fp32 values laid out by layout() (a checkpoint, an import).
   void load_parameters(std::span<const float> host);
-  // The fp32 master weights, copied to the host (checkpoints, generation on another backend).
+  // The fp32 master weights, copied to the host (checkpoints, generation on another backend);
+  // the compute weights widened to fp32 when the model keeps no master.
   [[nodiscard]] std::vector<float> master_to_host() const;
   void zero_gradients();
 

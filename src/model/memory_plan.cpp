@@ -56,9 +56,8 @@ std::int64_t model_bytes(const ModelConfig& model, HeadKind head, DType compute,
                          std::int64_t tokens, std::int64_t seq_len) {
   const std::int64_t params = ParameterLayout(model, head).total();
   const Workspace w = workspace(model, compute, recompute, tokens, seq_len);
-  return bytes_of(compute, params) * 2 +
-         (compute == DType::f32 ? 0 : bytes_of(DType::f32, params)) + w.inputs + w.residual +
-         w.blocks + w.backward + w.final_norm + w.rope;
+  return bytes_of(compute, params) * 2 + w.inputs + w.residual + w.blocks + w.backward +
+         w.final_norm + w.rope;
 }
 
 MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
@@ -73,8 +72,13 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   plan.lines.push_back(
       {fmt::format("weights ({}, {:.3f}B parameters)", dtype, static_cast<double>(params) / 1e9),
        bytes_of(in.compute, params)});
-  if (in.compute != DType::f32)
-    plan.lines.push_back({"master weights (fp32, every rank)", bytes_of(DType::f32, params)});
+  // In bf16 the fp32 master weights live with the AdamW state (the trainer's shard_master).
+  if (in.compute != DType::f32) {
+    plan.lines.push_back({in.shard_optimizer
+                              ? fmt::format("master weights (fp32, ZeRO-1: 1/{} of them)", in.ranks)
+                              : std::string("master weights (fp32, all of them)"),
+                          bytes_of(DType::f32, owned)});
+  }
   plan.lines.push_back({fmt::format("gradients ({})", dtype), bytes_of(in.compute, params)});
   plan.lines.push_back({in.shard_optimizer
                             ? fmt::format("AdamW moments (fp32, ZeRO-1: 1/{} of them)", in.ranks)

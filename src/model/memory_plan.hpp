@@ -38,8 +38,9 @@ struct MemoryPlan {
 
 [[nodiscard]] MemoryPlan plan_training_memory(const MemoryPlanInput& input);
 
-// The parts of the plan that LlamaModel itself allocates (weights, master copy, gradients, and the
-// workspace of one micro-batch of `tokens` with RoPE tables for `seq_len` positions).
+// The parts of the plan that LlamaModel itself allocates when training (weights, gradients,
+// and the workspace of one micro-batch of `tokens` with RoPE tables for `seq_len` positions;
+// the master weights are the optimizer's: ModelOptions::keep_master false).
 [[nodiscard]] std::int64_t model_bytes(const ModelConfig& model, HeadKind head,
                                        kernels::DType compute, bool recompute, std::int64_t tokens,
                                        std::int64_t seq_len);

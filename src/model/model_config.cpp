@@ -174,12 +174,14 @@ std::int64_t ModelConfig::parameter_count() const {
          hidden_size;
 }
 
-std::int64_t ModelConfig::flop_parameters() const {
-  return n_layers * block_parameters() + hidden_size + vocab_size * hidden_size;
+std::int64_t ModelConfig::flop_parameters(bool language_model_head) const {
+  // A reward model's head is one hidden-size vector, not the (V, H) lm_head.
+  return n_layers * block_parameters() + hidden_size +
+         (language_model_head ? vocab_size : 1) * hidden_size;
 }
 
-double ModelConfig::training_flops_per_token(std::int64_t seq_len) const {
-  return 6.0 * static_cast<double>(flop_parameters()) +
+double ModelConfig::training_flops_per_token(std::int64_t seq_len, bool language_model_head) const {
+  return 6.0 * static_cast<double>(flop_parameters(language_model_head)) +
          12.0 * n_layers * static_cast<double>(hidden_size) * static_cast<double>(seq_len);
 }
 

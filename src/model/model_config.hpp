@@ -46,11 +46,13 @@ struct ModelConfig {
   [[nodiscard]] std::int64_t block_parameters() const;
   // All parameters of the language model (embedding, blocks, final norm, lm_head if untied).
   [[nodiscard]] std::int64_t parameter_count() const;
-  // Parameters that take part in matmuls per token (the blocks and the lm_head; not the input
-  // embedding lookup): the N of the PaLM FLOP formula 6N + 12 L H Q T.
-  [[nodiscard]] std::int64_t flop_parameters() const;
+  // Parameters that take part in matmuls per token (the blocks and the lm_head, or the score
+  // head of a reward model; not the input embedding lookup): the N of the PaLM FLOP formula
+  // 6N + 12 L H Q T.
+  [[nodiscard]] std::int64_t flop_parameters(bool language_model_head = true) const;
   // Training FLOPs per token at sequence length T (PaLM): 6N + 12 L H Q T with H Q = hidden.
-  [[nodiscard]] double training_flops_per_token(std::int64_t seq_len) const;
+  [[nodiscard]] double training_flops_per_token(std::int64_t seq_len,
+                                                bool language_model_head = true) const;
 
   [[nodiscard]] nlohmann::json to_hf_json() const;
 };

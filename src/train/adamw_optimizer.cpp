@@ -8,14 +8,15 @@
 namespace l3::train {
 
 AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
-             std::int64_t begin, std::int64_t end)
+             std::int64_t begin, std::int64_t end, bool own_master)
     : ops_(ops),
       layout_(layout),
       config_(config),
       begin_(begin),
       end_(end),
       m_(ops.allocate(kernels::DType::f32, end - begin)),
-      v_(ops.allocate(kernels::DType::f32, end - begin)) {
+      v_(ops.allocate(kernels::DType::f32, end - begin)),
+      master_(own_master ? ops.allocate(kernels::DType::f32, end - begin) : kernels::Buffer{}) {
   if (begin < 0 || end < begin || end > layout.total()) {
     throw core::internal_error("AdamW: range outside the parameter buffer");
   }
@@ -31,10 +32,11 @@ void AdamW::step(kernels::TensorView master, kernels::TensorView weight_copy,
     const std::int64_t hi = std::min(end_, t.offset + t.numel);
     if (lo >= hi) continue;
     hyper.weight_decay = t.decay ? config_.weight_decay : 0.0F;
-    ops_.adamw(master.slice(lo, hi - lo),
-               weight_copy.empty() ? kernels::TensorView{} : weight_copy.slice(lo, hi - lo),
-               grads.slice(lo, hi - lo), m_.slice(lo - begin_, hi - lo),
-               v_.slice(lo - begin_, hi - lo), hi - lo, hyper);
+    ops_.adamw(
+        master_.numel() > 0 ? master_.slice(lo - begin_, hi - lo) : master.slice(lo, hi - lo),
+        weight_copy.empty() ? kernels::TensorView{} : weight_copy.slice(lo, hi - lo),
+        grads.slice(lo, hi - lo), m_.slice(lo - begin_, hi - lo), v_.slice(lo - begin_, hi - lo),
+        hi - lo, hyper);
   }
 }
 

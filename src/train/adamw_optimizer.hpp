@@ -19,21 +19,26 @@ struct AdamWConfig {
 
 class AdamW {
  public:
+  // own_master: this optimizer keeps the fp32 master weights of [begin, end) itself (ZeRO-1
+  // with the master weights sharded too: the model holds only its compute-dtype weights).
   AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
-        std::int64_t begin, std::int64_t end);
+        std::int64_t begin, std::int64_t end, bool own_master = false);
   AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config)
       : AdamW(ops, layout, config, 0, layout.total()) {}
 
   // One update of master[begin, end) from grads[begin, end) (full flat buffers: the fp32 master
   // weights, the gradients in the compute dtype), the gradients multiplied by grad_scale first
-  // (clipping). weight_copy: the compute-dtype weights to refresh from the master (bf16 on the
-  // GPU), or empty when the master weights are the compute weights (the CPU backend).
+  // (clipping). master is empty when the optimizer owns its master weights. weight_copy: the
+  // compute-dtype weights to refresh from the master (bf16 on the GPU), or empty when the
+  // master weights are the compute weights (the CPU backend).
   void step(kernels::TensorView master, kernels::TensorView weight_copy, kernels::TensorView grads,
             float lr, float grad_scale);
 
   [[nodiscard]] std::int64_t steps_taken() const noexcept { return step_; }
   [[nodiscard]] kernels::TensorView first_moment() const noexcept { return m_.view(); }
   [[nodiscard]] kernels::TensorView second_moment() const noexcept { return v_.view(); }
+  // The master weights of [begin, end) when own_master, else empty.
+  [[nodiscard]] kernels::TensorView own_master() const noexcept { return master_.view(); }
   // Restoring a checkpoint.
   void set_steps_taken(std::int64_t steps) noexcept { step_ = steps; }
   [[nodiscard]] std::int64_t begin() const noexcept { return begin_; }
@@ -47,6 +52,7 @@ class AdamW {
   std::int64_t end_;
   kernels::Buffer m_;  // (end - begin)
   kernels::Buffer v_;
+  kernels::Buffer master_;  // (end - begin) when own_master
   std::int64_t step_ = 0;
 };
 

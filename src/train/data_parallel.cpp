@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
+#include <utility>
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
@@ -23,11 +23,12 @@ std::int64_t align_down(std::int64_t x) { return x / kAlign * kAlign; }
 
 DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
                            const model::ParameterLayout& layout, DataParallelConfig config,
-                           AdamWConfig adamw)
+                           AdamWConfig adamw, ModelWeights weights)
     : world_(world),
       ops_(ops),
       layout_(layout),
-      config_(config),
+      config_(std::move(config)),
+      weights_(weights),
       size_(world.size()),
       rank_(world.rank()) {
   if (config_.bucket_elements < kAlign ||
@@ -35,15 +36,20 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
     throw core::usage_error(fmt::format("the gradient bucket must hold between {} and {} values",
                                         kAlign, std::numeric_limits<int>::max() / 2));
   }
-  if (size_ > 1 && ops.compute_dtype() != kernels::DType::f32) {
-    throw core::usage_error(fmt::format(
-        "data parallelism over {} ranks on the {} backend needs NCCL gradient reduction, which "
-        "this version does not have yet: run one rank per job or use --backend cpu",
-        size_, ops.name()));
+  if (config_.shard_master != weights_.master.empty() ||
+      (ops.compute_dtype() != kernels::DType::f32 && weights_.compute.empty())) {
+    throw core::internal_error("DataParallel: master weights and compute weights disagree");
   }
-  // Buckets from the end of the buffer (where the backward pass starts), aligned.
+  // One rank needs no exchange, unless NCCL is asked for by name (its code path checked on a
+  // machine with one GPU).
+  if (size_ > 1 || config_.exchange == "nccl")
+    exchange_ = make_gradient_exchange(world, ops, config_.exchange);
+  // Buckets from the end of the buffer (where the backward pass starts), aligned; for an
+  // exchange that prefers even pieces, a multiple of the ranks' share so that every bucket but
+  // the first splits evenly.
   const std::int64_t total = layout.total();
-  const std::int64_t bucket = align_down(config_.bucket_elements);
+  const std::int64_t unit = exchange_ && exchange_->prefers_even_pieces() ? kAlign * size_ : kAlign;
+  const std::int64_t bucket = std::max(unit, config_.bucket_elements / unit * unit);
   for (std::int64_t end = total; end > 0;) {
     const std::int64_t begin = std::max<std::int64_t>(0, align_down(end - bucket));
     buckets_.push_back({begin, end});
@@ -51,23 +57,24 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
   }
   std::reverse(buckets_.begin(), buckets_.end());
 
-  std::int64_t largest_piece = 0;
   if (config_.shard_optimizer) {
     optimizers_.reserve(buckets_.size());
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       const Range p = piece(b, rank_);
-      optimizers_.emplace_back(ops, layout, adamw, p.begin, p.end);
+      optimizers_.emplace_back(ops, layout, adamw, p.begin, p.end, config_.shard_master);
     }
   } else {
-    optimizers_.emplace_back(ops, layout, adamw, 0, total);
+    optimizers_.emplace_back(ops, layout, adamw, 0, total, config_.shard_master);
   }
-  for (std::size_t b = 0; b < buckets_.size(); ++b)
-    largest_piece = std::max(largest_piece, piece(b, rank_).size());
-  scratch_.resize(static_cast<std::size_t>(largest_piece));
 
-  overlap_ = config_.overlap && size_ > 1 && world.thread_level() == MPI_THREAD_MULTIPLE;
-  if (size_ > 1) comm_ = world.duplicate_comm();
-  if (overlap_) worker_ = std::thread([this] { worker_loop(); });
+  // Overlap needs reductions that can start before the backward pass ends: queued on a
+  // stream, or on a thread of their own over host memory (with MPI_THREAD_MULTIPLE).
+  if (exchange_ && config_.overlap) {
+    worker_thread_ = !exchange_->queued() && exchange_->host_thread_safe() &&
+                     world.thread_level() == MPI_THREAD_MULTIPLE;
+    overlap_ = exchange_->queued() || worker_thread_;
+  }
+  if (worker_thread_) worker_ = std::thread([this] { worker_loop(); });
 }
 
 DataParallel::~DataParallel() {
@@ -91,9 +98,20 @@ Range DataParallel::piece(std::size_t bucket, int rank) const {
   return {edge(rank), edge(rank + 1)};
 }
 
+std::vector<Range> DataParallel::pieces_of(std::size_t bucket) const {
+  std::vector<Range> pieces;
+  pieces.reserve(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) pieces.push_back(piece(bucket, r));
+  return pieces;
+}
+
+std::string_view DataParallel::exchange_name() const noexcept {
+  return exchange_ ? exchange_->name() : "none";
+}
+
 void DataParallel::begin_step(kernels::TensorView grads) {
-  if (grads.numel() != layout_.total() || grads.dtype() != kernels::DType::f32) {
-    if (size_ > 1) throw core::internal_error("DataParallel: gradients must be the fp32 buffer");
+  if (grads.numel() != layout_.total() || grads.dtype() != ops_.compute_dtype()) {
+    throw core::internal_error("DataParallel: the gradients must be the model's flat buffer");
   }
   grads_ = grads;
   times_ = {};
@@ -105,37 +123,40 @@ void DataParallel::begin_step(kernels::TensorView grads) {
 }
 
 void DataParallel::gradients_ready(std::int64_t offset) {
-  if (size_ == 1) return;
-  launch_until(offset);
+  if (overlap_) launch_until(offset);
 }
 
 void DataParallel::launch_until(std::int64_t offset) {
-  if (!overlap_) return;  // finish_reduction does it all
+  std::vector<std::size_t> ready;
   {
     const std::scoped_lock lock(mutex_);
     while (next_launch_ < buckets_.size()) {
       const std::size_t b = buckets_.size() - 1 - next_launch_;
       if (buckets_[b].begin < offset) break;
-      queue_.push_back(b);
+      ready.push_back(b);
       ++next_launch_;
     }
+    if (worker_thread_) queue_.insert(queue_.end(), ready.begin(), ready.end());
   }
-  changed_.notify_all();
+  if (worker_thread_) {
+    changed_.notify_all();
+    return;
+  }
+  // Queued on the exchange's stream, or (no overlap) done here and now.
+  for (const std::size_t b : ready) reduce_bucket(b);
 }
 
 void DataParallel::finish_reduction() {
-  if (size_ == 1) return;
+  if (!exchange_) return;
   const core::Stopwatch watch;
-  if (overlap_) {
-    launch_until(0);
+  launch_until(0);
+  if (worker_thread_) {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return done_ == buckets_.size() || failure_ != nullptr; });
     if (failure_) std::rethrow_exception(failure_);
-    times_.wait_seconds = watch.seconds();
-  } else {
-    for (std::size_t i = 0; i < buckets_.size(); ++i) reduce_bucket(buckets_.size() - 1 - i);
-    times_.wait_seconds = watch.seconds();
   }
+  exchange_->join();
+  times_.wait_seconds = watch.seconds();
 }
 
 void DataParallel::worker_loop() {
@@ -164,26 +185,9 @@ void DataParallel::worker_loop() {
 
 void DataParallel::reduce_bucket(std::size_t bucket) {
   const core::Stopwatch watch;
-  const Range b = buckets_[bucket];
-  std::vector<int> counts(static_cast<std::size_t>(size_));
-  std::vector<int> displacements(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    const Range p = piece(bucket, r);
-    counts[static_cast<std::size_t>(r)] = static_cast<int>(p.size());
-    displacements[static_cast<std::size_t>(r)] = static_cast<int>(p.begin - b.begin);
-  }
-  auto* base = static_cast<float*>(grads_.data()) + b.begin;
-  dist::check_mpi(
-      MPI_Reduce_scatter(base, scratch_.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm_.get()),
-      "MPI_Reduce_scatter (gradients)");
-  const Range mine = piece(bucket, rank_);
-  std::memcpy(static_cast<float*>(grads_.data()) + mine.begin, scratch_.data(),
-              static_cast<std::size_t>(mine.size()) * sizeof(float));
-  if (!config_.shard_optimizer) {
-    dist::check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base, counts.data(),
-                                   displacements.data(), MPI_FLOAT, comm_.get()),
-                    "MPI_Allgatherv (gradients)");
-  }
+  const std::vector<Range> pieces = pieces_of(bucket);
+  exchange_->reduce_scatter(grads_, buckets_[bucket], pieces);
+  if (!config_.shard_optimizer) exchange_->all_gather(grads_, buckets_[bucket], pieces);
   const double seconds = watch.seconds();
   const std::scoped_lock lock(mutex_);
   times_.reduce_seconds += seconds;
@@ -193,21 +197,28 @@ double DataParallel::gradient_norm() {
   // Partial sums of squares per (bucket, rank) piece, added up in that fixed order.
   const std::size_t nb = buckets_.size();
   std::vector<double> table(nb * static_cast<std::size_t>(size_), 0.0);  // [rank][bucket]
-  auto sum_of = [&](std::size_t b, int r) {
-    const Range p = piece(b, r);
-    return p.size() == 0 ? 0.0 : ops_.sum_squares(grads_.slice(p.begin, p.size()), p.size());
-  };
-  if (config_.shard_optimizer && size_ > 1) {
-    std::vector<double> mine(nb);
-    for (std::size_t b = 0; b < nb; ++b) mine[b] = sum_of(b, rank_);
+  // The sums of the pieces this rank computes (all of them without sharding), in one call.
+  const bool mine_only = config_.shard_optimizer && size_ > 1;
+  std::vector<kernels::TensorView> views;
+  std::vector<std::size_t> slots;
+  for (int r = 0; r < size_; ++r) {
+    if (mine_only && r != rank_) continue;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const Range p = piece(b, r);
+      if (p.size() == 0) continue;
+      views.push_back(grads_.slice(p.begin, p.size()));
+      slots.push_back(static_cast<std::size_t>(r) * nb + b);
+    }
+  }
+  std::vector<double> sums(views.size());
+  ops_.sum_squares_each(views, sums);
+  for (std::size_t i = 0; i < sums.size(); ++i) table[slots[i]] = sums[i];
+  if (mine_only) {
+    std::vector<double> mine(table.begin() + static_cast<std::ptrdiff_t>(rank_ * nb),
+                             table.begin() + static_cast<std::ptrdiff_t>((rank_ + 1) * nb));
     dist::check_mpi(MPI_Allgather(mine.data(), static_cast<int>(nb), MPI_DOUBLE, table.data(),
                                   static_cast<int>(nb), MPI_DOUBLE, world_.comm()),
                     "MPI_Allgather (gradient norm)");
-  } else {
-    for (int r = 0; r < size_; ++r) {
-      for (std::size_t b = 0; b < nb; ++b)
-        table[static_cast<std::size_t>(r) * nb + b] = sum_of(b, r);
-    }
   }
   double total = 0;
   for (std::size_t b = 0; b < nb; ++b) {
@@ -216,28 +227,57 @@ double DataParallel::gradient_norm() {
   return std::sqrt(total);
 }
 
-void DataParallel::update(kernels::TensorView master, kernels::TensorView weight_copy, float lr,
-                          float grad_scale) {
-  for (AdamW& optimizer : optimizers_) optimizer.step(master, weight_copy, grads_, lr, grad_scale);
+void DataParallel::update(float lr, float grad_scale) {
+  for (AdamW& optimizer : optimizers_)
+    optimizer.step(weights_.master, weights_.compute, grads_, lr, grad_scale);
   const core::Stopwatch watch;
-  gather_parameters(master);
+  gather_parameters();
   times_.gather_seconds = watch.seconds();
 }
 
-void DataParallel::gather_parameters(kernels::TensorView master) {
-  if (!config_.shard_optimizer || size_ == 1) return;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    std::vector<int> counts(static_cast<std::size_t>(size_));
-    std::vector<int> displacements(static_cast<std::size_t>(size_));
-    for (int r = 0; r < size_; ++r) {
-      const Range p = piece(b, r);
-      counts[static_cast<std::size_t>(r)] = static_cast<int>(p.size());
-      displacements[static_cast<std::size_t>(r)] = static_cast<int>(p.begin - buckets_[b].begin);
-    }
-    dist::check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL,
-                                   static_cast<float*>(master.data()) + buckets_[b].begin,
-                                   counts.data(), displacements.data(), MPI_FLOAT, comm_.get()),
-                    "MPI_Allgatherv (parameters)");
+void DataParallel::gather_parameters() {
+  if (!config_.shard_optimizer || !exchange_) return;
+  const kernels::TensorView target = weights_.compute.empty() ? weights_.master : weights_.compute;
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    exchange_->all_gather(target, buckets_[b], pieces_of(b));
+  exchange_->join();
+}
+
+kernels::TensorView DataParallel::master_of(Range r) {
+  if (!config_.shard_master) return weights_.master.slice(r.begin, r.size());
+  const auto [optimizer, offset] = optimizer_at(r.begin);
+  return optimizer->own_master().slice(offset, r.size());
+}
+
+void DataParallel::save_master(const std::vector<Range>& ranges, std::span<float> values) {
+  std::size_t at = 0;
+  for (const Range& r : ranges) {
+    const auto n = static_cast<std::size_t>(r.size());
+    ops_.copy(kernels::TensorView(values.subspan(at, n)), master_of(r));
+    at += n;
+  }
+  ops_.synchronize();
+}
+
+void DataParallel::load_master(const std::vector<Range>& ranges, std::span<const float> values) {
+  std::size_t at = 0;
+  for (const Range& r : ranges) {
+    const auto n = static_cast<std::size_t>(r.size());
+    const kernels::TensorView master = master_of(r);
+    ops_.copy(master, kernels::TensorView(values.subspan(at, n)));
+    if (!weights_.compute.empty()) ops_.copy(weights_.compute.slice(r.begin, r.size()), master);
+    at += n;
+  }
+  ops_.synchronize();
+}
+
+void DataParallel::load_master_from_whole(std::span<const float> all) {
+  if (static_cast<std::int64_t>(all.size()) != layout_.total()) {
+    throw core::internal_error("load_master_from_whole: not the whole layout");
+  }
+  for (const Range& r : state_ranges()) {
+    load_master({r},
+                all.subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size())));
   }
 }
 

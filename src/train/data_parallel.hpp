@@ -3,16 +3,20 @@
 // The flat gradient buffer is cut into buckets (contiguous ranges, the last one first because
 // the backward pass finishes the gradients from the end of the layout to its start). Each
 // bucket is split into one piece per rank. During the backward pass of a step's last
-// micro-batch, each bucket whose gradients are complete is handed to a communication thread
-// that reduce-scatters it: rank r receives the global sum of piece r. Reduction of the late
-// layers thus overlaps the backward of the early ones.
+// micro-batch, each bucket whose gradients are complete is reduce-scattered (rank r receives
+// the global sum of piece r) by a GradientExchange: MPI on a communication thread (CPU), or
+// NCCL on a communication stream (GPU). Reduction of the late layers thus overlaps the
+// backward of the early ones.
 //
 // ZeRO-1 (shard_optimizer): rank r owns the AdamW state of its pieces only (1/W of the
 // optimizer memory), updates them, and the updated parameters are all-gathered bucket by
-// bucket. Without sharding, the reduced pieces are all-gathered instead and every rank runs
-// AdamW on the whole buffer. Both give bit-identical weights: the same reduced gradients, the
-// same elementwise update, and a gradient norm summed piece by piece in a fixed order (not in
-// MPI's order), so it does not depend on how the work was split either.
+// bucket. When the model computes in bf16, the fp32 master weights are sharded the same way
+// (shard_master): rank r keeps the master of its pieces only, writes their bf16 copy, and the
+// bf16 weights are what is all-gathered. Without sharding, the reduced pieces are
+// all-gathered instead and every rank runs AdamW on the whole buffer. Both give bit-identical
+// weights: the same reduced gradients, the same elementwise update, and a gradient norm summed
+// piece by piece in a fixed order (not in MPI's order), so it does not depend on how the work was
+// split either.
 //
 // Pieces and buckets start at multiples of ParameterLayout::kAlignment elements, so every
 // element is updated by the same vector code path whatever the number of ranks.
@@ -22,44 +26,52 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "dist/unique_comm.hpp"
 #include "dist/world.hpp"
 #include "kernels/ops.hpp"
 #include "model/parameter_layout.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/gradient_exchange.hpp"
 
 namespace l3::train {
 
 struct DataParallelConfig {
   std::int64_t bucket_elements = std::int64_t{8} << 20;  // 32 MiB of fp32 gradients
   bool shard_optimizer = true;                           // ZeRO-1
-  bool overlap = true;  // reduce on a communication thread during the backward pass
+  bool overlap = true;  // reduce during the backward pass (thread or stream)
+  // Keep the fp32 master weights in the optimizers (this rank's pieces only when sharded)
+  // rather than whole in the model. Required when the model computes in bf16 (its weights are
+  // then a copy refreshed by the update); possible in f32, where it costs memory (tests).
+  bool shard_master = false;
+  std::string exchange = "auto";  // make_gradient_exchange's choice
 };
 
-// A range [begin, end) of the flat buffers.
-struct Range {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
-  [[nodiscard]] std::int64_t size() const noexcept { return end - begin; }
+// The model's weights as the optimizer sees them.
+struct ModelWeights {
+  kernels::TensorView master;   // whole fp32 master weights; empty with shard_master
+  kernels::TensorView compute;  // the weights the model computes with when they are not
+                                // `master` (bf16, or shard_master); else empty
 };
 
 struct ReductionTimes {
   double wait_seconds = 0;    // the training thread blocked waiting for reductions
-  double reduce_seconds = 0;  // time spent in reduce-scatter (and gradient all-gather)
+  double reduce_seconds = 0;  // time spent in reduce-scatter (host time to queue it on a GPU)
   double gather_seconds = 0;  // parameter all-gather after the update
 };
 
 class DataParallel {
  public:
-  // Collective over `world` (duplicates its communicator for the communication thread).
+  // Collective over `world` (the exchange duplicates its communicator).
   DataParallel(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
-               DataParallelConfig config, AdamWConfig adamw);
+               DataParallelConfig config, AdamWConfig adamw, ModelWeights weights);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -67,7 +79,8 @@ class DataParallel {
   DataParallel& operator=(DataParallel&&) = delete;
 
   // One step: begin_step before the last micro-batch's backward, gradients_ready from the
-  // model's hook during it (any thread that runs the backward), finish_reduction after it.
+  // model's hook during it (the thread that runs the backward), finish_reduction after it.
+  // grads: the model's flat gradient buffer (compute dtype).
   void begin_step(kernels::TensorView grads);
   void gradients_ready(std::int64_t offset);
   void finish_reduction();
@@ -75,21 +88,26 @@ class DataParallel {
   // sqrt(sum g^2) of the reduced gradients. Collective; the same value on every rank.
   [[nodiscard]] double gradient_norm();
   // AdamW on this rank's share with the gradients scaled by grad_scale (clipping), then the
-  // parameters all-gathered (ZeRO-1). master / weight_copy as in AdamW::step.
-  void update(kernels::TensorView master, kernels::TensorView weight_copy, float lr,
-              float grad_scale);
+  // weights all-gathered (ZeRO-1).
+  void update(float lr, float grad_scale);
 
-  // All-gathers the parameters from their owners (after update(), or after each rank loaded
-  // its pieces from a checkpoint). Nothing to do on one rank or without sharding.
-  void gather_parameters(kernels::TensorView master);
+  // All-gathers the weights the model computes with from their owners (after update(), or
+  // after each rank loaded its pieces). Nothing to do on one rank or without sharding.
+  void gather_parameters();
 
   // Checkpoints: the ranges this rank writes (its pieces, ascending; sharded or not, so that
   // every value is written once), and the ranges whose state it must hold (its pieces when
   // sharded, the whole buffer otherwise).
   [[nodiscard]] std::vector<Range> write_ranges() const;
   [[nodiscard]] std::vector<Range> state_ranges() const;
-  // The AdamW moments of `ranges` (within state_ranges()) to / from host arrays holding the
-  // ranges back to back; and the update count of every optimizer.
+  // The fp32 master weights of `ranges` (within state_ranges()) to / from host arrays holding
+  // the ranges back to back. Loading also sets the compute weights of those ranges; call
+  // gather_parameters() afterwards for the others.
+  void save_master(const std::vector<Range>& ranges, std::span<float> values);
+  void load_master(const std::vector<Range>& ranges, std::span<const float> values);
+  // The master weights of state_ranges() from the whole flat array (a fresh start).
+  void load_master_from_whole(std::span<const float> all);
+  // The AdamW moments, likewise; and the update count of every optimizer.
   void save_moments(const std::vector<Range>& ranges, std::span<float> m, std::span<float> v);
   void load_moments(const std::vector<Range>& ranges, std::span<const float> m,
                     std::span<const float> v);
@@ -103,35 +121,42 @@ class DataParallel {
   [[nodiscard]] std::vector<AdamW>& optimizers() noexcept { return optimizers_; }
   [[nodiscard]] bool sharded() const noexcept { return config_.shard_optimizer; }
   [[nodiscard]] bool overlapping() const noexcept { return overlap_; }
+  // The exchange's name ("mpi", "nccl", ...); "none" on one rank.
+  [[nodiscard]] std::string_view exchange_name() const noexcept;
   // Times of the last step.
   [[nodiscard]] const ReductionTimes& times() const noexcept { return times_; }
 
  private:
   void reduce_bucket(std::size_t bucket);
-  // The optimizer holding flat position `begin` and the offset of `begin` in its moments.
+  [[nodiscard]] std::vector<Range> pieces_of(std::size_t bucket) const;
+  // The optimizer holding flat position `begin` and the offset of `begin` in its state.
   [[nodiscard]] std::pair<AdamW*, std::int64_t> optimizer_at(std::int64_t begin);
-  void launch_until(std::int64_t offset);  // queue every bucket starting at or after offset
+  // The master weights of [r.begin, r.end) (within state_ranges()).
+  [[nodiscard]] kernels::TensorView master_of(Range r);
+  void launch_until(std::int64_t offset);  // reduce every bucket starting at or after offset
   void worker_loop();
 
   const dist::World& world_;
   kernels::Ops& ops_;
   const model::ParameterLayout& layout_;
   DataParallelConfig config_;
+  ModelWeights weights_;
   int size_;
   int rank_;
   std::vector<Range> buckets_;  // in layout order
   std::vector<AdamW> optimizers_;
-  std::vector<float> scratch_;  // the received piece of a bucket
   kernels::TensorView grads_;
   ReductionTimes times_;
+  std::unique_ptr<GradientExchange> exchange_;  // null on one rank
 
-  // The communication thread and its queue of buckets (launched from the last to the first).
+  // Buckets are launched from the last to the first: next_launch_ counts those launched. With
+  // a host exchange and overlap, a communication thread reduces them from a queue.
+  std::size_t next_launch_ = 0;
   bool overlap_ = false;
-  dist::UniqueComm comm_;  // the reductions' own communicator
+  bool worker_thread_ = false;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::size_t> queue_;
-  std::size_t next_launch_ = 0;  // buckets not launched yet: [0, buckets_.size() - next_launch_)
   std::size_t done_ = 0;
   bool stopping_ = false;
   std::exception_ptr failure_;

@@ -151,8 +151,8 @@ void read_initial_weights(const ModelSource& source, const model::ParameterLayou
                            });
 }
 
-void initialize_model(const dist::World& world, model::LlamaModel& model, const ModelSource& source,
-                      std::uint64_t seed) {
+std::vector<float> initialize_model(const dist::World& world, model::LlamaModel& model,
+                                    const ModelSource& source, std::uint64_t seed) {
   const model::ParameterLayout& layout = model.layout();
   std::vector<float> host(static_cast<std::size_t>(layout.total()));
   model::initialize_parameters(host, layout, seed);
@@ -169,6 +169,7 @@ void initialize_model(const dist::World& world, model::LlamaModel& model, const 
     dist::broadcast_bytes(world.comm(), host.data(), host.size() * sizeof(float), 0);
   }
   model.load_parameters(host);
+  return host;
 }
 
 }  // namespace l3::train

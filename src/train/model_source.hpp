@@ -50,7 +50,9 @@ void read_initial_weights(const ModelSource& source, const model::ParameterLayou
 // reward head (a reward model from an SFT model: the score head keeps its random
 // initialisation). Every tensor's presence and shape is checked; checkpoint weights also
 // against their checksums. Rank 0 reads the files and broadcasts. Collective over `world`.
-void initialize_model(const dist::World& world, model::LlamaModel& model, const ModelSource& source,
-                      std::uint64_t seed);
+// Returns the fp32 values loaded (for master weights kept outside the model).
+[[nodiscard]] std::vector<float> initialize_model(const dist::World& world,
+                                                  model::LlamaModel& model,
+                                                  const ModelSource& source, std::uint64_t seed);
 
 }  // namespace l3::train

@@ -44,6 +44,10 @@ void TrainConfig::validate() const {
   require(prefetch_depth >= 1, "--prefetch-depth must be at least 1");
   require(center_rewards >= 0, "--center-rewards must not be negative");
   require(peak_tflops >= 0, "--peak-tflops must not be negative");
+  require(grad_exchange == "auto" || grad_exchange == "mpi" || grad_exchange == "nccl" ||
+              grad_exchange == "mpi-staged",
+          "--grad-exchange takes auto, mpi or nccl");
+  require(device >= -1, "--device must be a device number (or -1: by node-local rank)");
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -74,6 +78,9 @@ nlohmann::json TrainConfig::to_json() const {
           {"shard_optimizer", shard_optimizer},
           {"bucket_mb", bucket_mb},
           {"overlap_reduction", overlap_reduction},
+          {"grad_exchange", grad_exchange},
+          {"deterministic", deterministic},
+          {"device", device},
           {"prefetch_depth", prefetch_depth},
           {"eval_every", eval_every},
           {"log_every", log_every},

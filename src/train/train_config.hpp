@@ -24,6 +24,7 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   bool data_from_host = false;  // the training data comes from a StepSource instead (embedding)
   std::string val_data;         // validation dataset; empty: none
   std::string backend = "auto";
+  int device = -1;  // CUDA device; -1: node-local rank modulo the visible devices
 
   std::int64_t seq_len = 2048;
   std::int64_t global_batch = 0;  // rows (SFT) or pairs (reward) per optimizer step
@@ -48,6 +49,13 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   bool shard_optimizer = true;
   double bucket_mb = 32.0;
   bool overlap_reduction = true;
+  std::string grad_exchange = "auto";  // auto, mpi, nccl (see make_gradient_exchange)
+  // Bit-identical runs and restarts: reductions in a fixed order (on the GPU, "auto" exchanges
+  // through MPI, whose sums do not depend on NCCL's topology-dependent algorithm choice).
+  bool deterministic = false;
+  // Keep the fp32 master weights in the optimizer's ZeRO-1 shards even when the model
+  // computes in f32 (always so in bf16): the GPU's arrangement, for tests on the CPU.
+  bool master_in_optimizer = false;
   int prefetch_depth = 2;
 
   // Cadence and output.

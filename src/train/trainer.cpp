@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
 #include "core/timer.hpp"
+#include "core/trace_range.hpp"
 #include "dist/agree.hpp"
 #include "dist/gather_strings.hpp"
 #include "dist/mpi_check.hpp"
@@ -92,7 +93,7 @@ struct Trainer::Impl {
     config.validate();
     if (config.data_from_host != (data_source != nullptr))
       throw core::internal_error("Trainer: data_from_host and the data source disagree");
-    ops = kernels::make_ops(config.backend, world.local_rank());
+    ops = kernels::make_ops(config.backend, world.local_rank(), config.device);
     const std::string resume_dir = choose_resume();
     source = resolve_model_source(config.model, resume_dir.empty() ? config.init : resume_dir);
     const model::ModelConfig& mc = source.config;
@@ -116,17 +117,30 @@ struct Trainer::Impl {
                             config.ignore_tokenizer_mismatch);
     }
 
-    model = std::make_unique<model::LlamaModel>(mc, head, *ops,
-                                                model::ModelOptions{.recompute = config.recompute});
+    // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only.
+    const bool shard_master =
+        ops->compute_dtype() != kernels::DType::f32 || config.master_in_optimizer;
+    model = std::make_unique<model::LlamaModel>(
+        mc, head, *ops,
+        model::ModelOptions{.recompute = config.recompute, .keep_master = !shard_master});
     DataParallelConfig dp;
     dp.bucket_elements = std::max<std::int64_t>(
         model::ParameterLayout::kAlignment,
         static_cast<std::int64_t>(config.bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
     dp.shard_optimizer = config.shard_optimizer;
     dp.overlap = config.overlap_reduction;
-    parallel = std::make_unique<DataParallel>(world, *ops, model->layout(), dp, config.adamw);
+    dp.shard_master = shard_master;
+    dp.exchange =
+        config.deterministic && config.grad_exchange == "auto" ? "mpi" : config.grad_exchange;
+    const ModelWeights weights =
+        shard_master
+            ? ModelWeights{.master = {}, .compute = model->parameters()}
+            : ModelWeights{.master = model->master_weights(), .compute = model->weight_copy()};
+    parallel =
+        std::make_unique<DataParallel>(world, *ops, model->layout(), dp, config.adamw, weights);
     if (resume_dir.empty()) {
-      initialize_model(world, *model, source, config.seed);
+      const std::vector<float> initial = initialize_model(world, *model, source, config.seed);
+      if (shard_master) parallel->load_master_from_whole(initial);
     } else {
       restore(resume_dir, *source.checkpoint);
     }
@@ -203,24 +217,27 @@ struct Trainer::Impl {
              config.phase == Phase::sft ? "rows" : "pairs");
     log.info(
         "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-1 "
-        "{}, {} gradient bucket{}, reduction {}",
+        "{}, {} gradient bucket{}, reduction {} ({})",
         config.data_from_host ? "from the host (DataSource)" : config.data,
         config.data_from_host ? std::string("?") : fmt::format("{}", index.samples()),
         config.data_from_host ? std::string("?") : fmt::format("{}", index.total_tokens()),
         lc.plan.accumulation(), lc.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
         config.shard_optimizer ? "on" : "off", parallel->buckets().size(),
         parallel->buckets().size() == 1 ? "" : "s",
-        parallel->overlapping() ? "overlapped with the backward pass" : "after the backward");
+        parallel->overlapping() ? "overlapped with the backward pass" : "after the backward",
+        parallel->exchange_name());
   }
 
   StepMetrics run_step() {
     const core::Stopwatch watch;
+    const core::TraceRange step_range("step {}", done + 1);
     const bool sft = config.phase == Phase::sft;
     // A source failing on some ranks only (a host's DataSource, a read error) must not leave
     // the others waiting in the step's collectives: the ranks agree first.
     const data::StepData* next = nullptr;
     std::exception_ptr failure;
     try {
+      const core::TraceRange range("data");
       next = &data_source->next();
     } catch (...) {
       failure = std::current_exception();
@@ -247,6 +264,7 @@ struct Trainer::Impl {
     for (std::size_t m = 0; m < data.micro.size(); ++m) {
       const model::Batch& batch = data.micro[m];
       const bool last = m + 1 == data.micro.size();
+      const core::TraceRange range("micro-batch {}", m);
       if (last) {
         model->set_gradient_ready_hook(
             [this](std::int64_t offset) { parallel->gradients_ready(offset); });
@@ -262,10 +280,17 @@ struct Trainer::Impl {
       }
       if (last) model->set_gradient_ready_hook({});
     }
-    parallel->finish_reduction();
+    {
+      const core::TraceRange range("gradient reduction wait");
+      parallel->finish_reduction();
+    }
     dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 3, MPI_DOUBLE, MPI_SUM, world.comm()),
                     "MPI_Allreduce (step loss)");
-    const double norm = parallel->gradient_norm();
+    double norm = 0;
+    {
+      const core::TraceRange range("gradient norm");
+      norm = parallel->gradient_norm();
+    }
 
     StepMetrics m;
     m.step = done + 1;
@@ -286,7 +311,8 @@ struct Trainer::Impl {
     m.skipped = !std::isfinite(m.loss) || !std::isfinite(norm);
     core::fault_point("train.update", world.rank());  // gradients reduced, weights not updated
     if (!m.skipped) {
-      parallel->update(model->master_weights(), model->weight_copy(), static_cast<float>(m.lr),
+      const core::TraceRange range("optimizer update and weight all-gather");
+      parallel->update(static_cast<float>(m.lr),
                        static_cast<float>(clip_factor(norm, config.grad_clip)));
       bad_in_a_row = 0;
     } else {
@@ -305,7 +331,9 @@ struct Trainer::Impl {
     m.gather_ms = 1e3 * t.gather_seconds;
     m.tokens_per_s = static_cast<double>(m.tokens) / std::max(1e-9, m.step_ms / 1e3);
     if (peak_tflops > 0) {
-      m.mfu = m.tokens_per_s * model->config().training_flops_per_token(config.seq_len) /
+      m.mfu = m.tokens_per_s *
+              model->config().training_flops_per_token(
+                  config.seq_len, model->layout().head() == model::HeadKind::language_model) /
               (peak_tflops * 1e12 * world.size());
     }
     run_seconds += m.step_ms / 1e3;
@@ -463,20 +491,12 @@ struct Trainer::Impl {
       failure = std::current_exception();
     }
     dist::agree_on_failure(world, failure);
-    const kernels::TensorView master = model->master_weights();
-    std::size_t at = 0;
     std::vector<Range> parallel_ranges;
-    for (const ckpt::FlatRange& r : state.ranges) {
-      const auto n = static_cast<std::size_t>(r.size());
-      ops->copy(master.slice(r.begin, r.size()),
-                kernels::TensorView(std::span<const float>(state.master).subspan(at, n)));
-      parallel_ranges.push_back({r.begin, r.end});
-      at += n;
-    }
+    for (const ckpt::FlatRange& r : state.ranges) parallel_ranges.push_back({r.begin, r.end});
+    parallel->load_master(parallel_ranges, state.master);
     parallel->load_moments(parallel_ranges, state.exp_avg, state.exp_avg_sq);
     parallel->set_adamw_steps(manifest.adamw_step);
-    parallel->gather_parameters(master);
-    if (!model->weight_copy().empty()) ops->copy(model->weight_copy(), master);
+    parallel->gather_parameters();
     ops->synchronize();
     done = first_step = manifest.step;
     position = {manifest.data_epoch, manifest.data_step};
@@ -547,17 +567,11 @@ struct Trainer::Impl {
 
     // The host snapshot: this rank's pieces of the master weights and moments, in the previous
     // checkpoint's buffers when there was one.
+    const core::TraceRange range("checkpoint snapshot");
     ckpt::RankState state = writer->take_spare();
     const std::vector<Range> mine = parallel->write_ranges();
     state.allocate(snapshot_ranges());
-    std::size_t at = 0;
-    const kernels::TensorView master = model->master_weights();
-    for (const Range& r : mine) {
-      const auto n = static_cast<std::size_t>(r.size());
-      ops->copy(kernels::TensorView(std::span<float>(state.master).subspan(at, n)),
-                master.slice(r.begin, r.size()));
-      at += n;
-    }
+    parallel->save_master(mine, state.master);
     parallel->save_moments(mine, state.exp_avg, state.exp_avg_sq);
     writer->write(model->layout(), std::move(manifest), std::move(state));
     snapshot_seconds = watch.seconds();

@@ -194,11 +194,12 @@ expect "names the error and the abort" contains "$err" "injected fault at train.
 run "sft --dry-run-memory" 0 "$bin" sft --model llama3-8b --seq-len 8192 --dry-run-memory \
   --dry-run-ranks 8 --backend cuda --ckpt-dir "$work/never"
 expect "plans for 8 ranks in bf16" contains "$out" "sft on 8 ranks, cuda (bf16), micro-batch 1 x 8192 tokens"
-expect "lists the master weights" contains "$out" "master weights (fp32, every rank)"
+expect "lists the master weights, sharded" contains "$out" "master weights (fp32, ZeRO-1: 1/8 of them)"
 expect "and a total" contains "$out" "total"
 expect "writes nothing" [ ! -e "$work/never" ]
 run "reward --dry-run-memory from a checkpoint" 0 "$bin" reward --init "$work/ck" --dry-run-memory --recompute
 expect "one block with --recompute" contains "$out" "block activations (one block: --recompute)"
+expect "reward plans two rows per pair" contains "$out" "micro-batch 1 pairs = at most 2 rows x"
 run "eval of the checkpoint" 0 "$bin" eval --init "$work/ck" --data "$work/train"
 expect "one JSON line with the loss" contains "$out" '"loss":'
 expect "and the perplexity" contains "$out" '"perplexity":'

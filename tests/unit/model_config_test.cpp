@@ -131,3 +131,15 @@ TEST_CASE("parameter layout: Hugging Face names, order, shapes, alignment", "[mo
   CHECK(rm.tensors().back().shape == std::vector<std::int64_t>{1, 64});
   CHECK(rm.lm_head() < 0);
 }
+
+TEST_CASE("PaLM FLOPs per token count the head the model has", "[model]") {
+  const ModelConfig c = l3::model::preset("llama3-8b");
+  // 8.03B parameters of which the input embedding (V x H = 525M) is a lookup, not a matmul.
+  const std::int64_t lm = c.flop_parameters(true);
+  CHECK(lm == c.parameter_count() - c.vocab_size * c.hidden_size);
+  // A reward model's score head is one H vector instead of the (V, H) lm_head.
+  CHECK(lm - c.flop_parameters(false) == (c.vocab_size - 1) * c.hidden_size);
+  const double per_token = c.training_flops_per_token(8192, true);
+  CHECK(per_token == 6.0 * static_cast<double>(lm) + 12.0 * 32 * 4096 * 8192);
+  CHECK(c.training_flops_per_token(8192, false) < per_token);
+}

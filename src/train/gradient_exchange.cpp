@@ -1,0 +1,135 @@
+#include "train/gradient_exchange.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/error.hpp"
+#include "dist/mpi_check.hpp"
+
+#if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+#include "train/nccl_exchange.hpp"
+#endif
+
+namespace l3::train {
+
+namespace {
+
+// Counts and displacements (relative to the bucket) of the pieces, as MPI wants them.
+struct PieceCounts {
+  std::vector<int> counts;
+  std::vector<int> displacements;
+};
+
+PieceCounts piece_counts(Range bucket, std::span<const Range> pieces) {
+  PieceCounts c;
+  c.counts.reserve(pieces.size());
+  c.displacements.reserve(pieces.size());
+  for (const Range& p : pieces) {
+    c.counts.push_back(static_cast<int>(p.size()));
+    c.displacements.push_back(static_cast<int>(p.begin - bucket.begin));
+  }
+  return c;
+}
+
+// Element type for moving values without arithmetic: bf16 travels as its 16 bits.
+MPI_Datatype transport_type(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::f32:
+      return MPI_FLOAT;
+    case kernels::DType::bf16:
+      return MPI_UINT16_T;
+    default:
+      throw core::internal_error(
+          fmt::format("gradient exchange: no transport for {}", kernels::dtype_name(dtype)));
+  }
+}
+
+}  // namespace
+
+MpiExchange::MpiExchange(const dist::World& world, kernels::Ops& ops, bool staged)
+    : ops_(ops), comm_(world.duplicate_comm()), rank_(world.rank()), staged_(staged) {}
+
+void MpiExchange::reduce_scatter(kernels::TensorView values, Range bucket,
+                                 std::span<const Range> pieces) {
+  const PieceCounts c = piece_counts(bucket, pieces);
+  const Range mine = pieces[static_cast<std::size_t>(rank_)];
+  piece_f32_.resize(static_cast<std::size_t>(mine.size()));
+  const float* send = nullptr;
+  if (staged_) {
+    // Widened to fp32 on the host: the sum is rounded to the compute dtype once, at the end.
+    bucket_f32_.resize(static_cast<std::size_t>(bucket.size()));
+    ops_.copy(kernels::TensorView(std::span<float>(bucket_f32_)),
+              values.slice(bucket.begin, bucket.size()));
+    send = bucket_f32_.data();
+  } else {
+    send = values.slice(bucket.begin, bucket.size()).as<float>().data();
+  }
+  dist::check_mpi(
+      MPI_Reduce_scatter(send, piece_f32_.data(), c.counts.data(), MPI_FLOAT, MPI_SUM, comm_.get()),
+      fmt::format("MPI_Reduce_scatter ({} gradients)", bucket.size()));
+  if (mine.size() == 0) return;
+  if (staged_) {
+    ops_.copy(values.slice(mine.begin, mine.size()),
+              kernels::TensorView(std::span<const float>(piece_f32_)));
+  } else {
+    std::memcpy(values.slice(mine.begin, mine.size()).data(), piece_f32_.data(),
+                piece_f32_.size() * sizeof(float));
+  }
+}
+
+void MpiExchange::all_gather(kernels::TensorView values, Range bucket,
+                             std::span<const Range> pieces) {
+  const PieceCounts c = piece_counts(bucket, pieces);
+  const MPI_Datatype type = transport_type(values.dtype());
+  const kernels::TensorView whole = values.slice(bucket.begin, bucket.size());
+  void* buffer = whole.data();
+  kernels::TensorView staging;
+  if (staged_) {
+    gather_raw_.resize(whole.bytes());
+    staging = kernels::TensorView(gather_raw_.data(), values.dtype(), bucket.size());
+    const Range mine = pieces[static_cast<std::size_t>(rank_)];
+    if (mine.size() > 0) {
+      ops_.copy(staging.slice(mine.begin - bucket.begin, mine.size()),
+                values.slice(mine.begin, mine.size()));
+    }
+    buffer = staging.data();
+  }
+  dist::check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, c.counts.data(),
+                                 c.displacements.data(), type, comm_.get()),
+                  fmt::format("MPI_Allgatherv ({} values)", bucket.size()));
+  if (staged_) ops_.copy(whole, staging);
+}
+
+std::unique_ptr<GradientExchange> make_gradient_exchange(const dist::World& world,
+                                                         kernels::Ops& ops,
+                                                         std::string_view choice) {
+  const bool host_memory = ops.name() == "cpu";
+  if (choice != "auto" && choice != "mpi" && choice != "nccl" && choice != "mpi-staged") {
+    throw core::usage_error(
+        fmt::format("unknown --grad-exchange '{}' (use auto, mpi or nccl)", choice));
+  }
+  // Through host staging buffers even where the buffers are host memory: the GPU fallback's
+  // code path, exercised by the CPU tests.
+  if (choice == "mpi-staged") return std::make_unique<MpiExchange>(world, ops, true);
+  if (choice == "nccl" && host_memory) {
+    throw core::usage_error("--grad-exchange nccl needs the CUDA backend (--backend cuda)");
+  }
+#if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+  if (!host_memory && choice != "mpi") {
+    if (each_rank_has_its_own_gpu(world, ops)) return make_nccl_exchange(world, ops);
+    if (choice == "nccl") {
+      throw core::usage_error(
+          "--grad-exchange nccl: ranks of a node share a GPU, which NCCL does not allow (one "
+          "rank per GPU, or --grad-exchange mpi)");
+    }
+  }
+#else
+  if (choice == "nccl") {
+    throw core::usage_error("--grad-exchange nccl: this build has no CUDA/NCCL (L3_CUDA=ON)");
+  }
+#endif
+  return std::make_unique<MpiExchange>(world, ops, !host_memory);
+}
+
+}  // namespace l3::train

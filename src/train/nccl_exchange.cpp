@@ -1,0 +1,221 @@
+#include "train/nccl_exchange.hpp"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <array>
+#include <exception>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "dist/agree.hpp"
+#include "dist/gather_strings.hpp"
+#include "dist/mpi_check.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+
+namespace l3::train {
+
+namespace {
+
+void check_nccl(ncclResult_t status, std::string_view what) {
+  if (status != ncclSuccess) {
+    throw core::internal_error(fmt::format("NCCL {}: {}", what, ncclGetErrorString(status)));
+  }
+}
+
+ncclDataType_t nccl_type(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::f32:
+      return ncclFloat32;
+    case kernels::DType::bf16:
+      return ncclBfloat16;
+    default:
+      throw core::internal_error(
+          fmt::format("NCCL exchange: no NCCL type for {}", kernels::dtype_name(dtype)));
+  }
+}
+
+bool even(std::span<const Range> pieces) {
+  return std::ranges::all_of(pieces,
+                             [&](const Range& p) { return p.size() == pieces.front().size(); });
+}
+
+char* element(kernels::TensorView values, std::int64_t index) {
+  return static_cast<char*>(values.data()) +
+         static_cast<std::size_t>(index) * kernels::dtype_size(values.dtype());
+}
+
+class NcclExchange final : public GradientExchange {
+ public:
+  NcclExchange(const dist::World& world, cuda::CudaOps& ops)
+      : compute_(ops.stream()), rank_(world.rank()), size_(world.size()) {
+    cuda::check(cudaSetDevice(ops.device()), "NCCL exchange: cudaSetDevice");
+    ncclUniqueId id{};
+    std::exception_ptr failure;
+    if (world.is_root()) {
+      try {
+        check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    dist::agree_on_failure(world, failure);
+    dist::broadcast_bytes(world.comm(), &id, sizeof(id), 0);
+    try {
+      check_nccl(
+          ncclCommInitRank(&comm_, size_, id, rank_),
+          fmt::format("ncclCommInitRank (rank {} of {}, device {})", rank_, size_, ops.device()));
+      // Lower number = higher priority: the reductions go ahead of queued compute kernels.
+      int least = 0;
+      int greatest = 0;
+      cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities");
+      cuda::check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
+                  "NCCL exchange: cudaStreamCreate");
+      cuda::check(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming),
+                  "NCCL exchange: cudaEventCreate");
+      cuda::check(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming),
+                  "NCCL exchange: cudaEventCreate");
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    try {
+      dist::agree_on_failure(world, failure);
+    } catch (...) {
+      release(true);
+      throw;
+    }
+  }
+
+  ~NcclExchange() override { release(std::uncaught_exceptions() > 0); }
+  NcclExchange(const NcclExchange&) = delete;
+  NcclExchange& operator=(const NcclExchange&) = delete;
+  NcclExchange(NcclExchange&&) = delete;
+  NcclExchange& operator=(NcclExchange&&) = delete;
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "nccl"; }
+  [[nodiscard]] bool queued() const noexcept override { return true; }
+  [[nodiscard]] bool host_thread_safe() const noexcept override { return false; }
+  [[nodiscard]] bool prefers_even_pieces() const noexcept override { return true; }
+
+  void reduce_scatter(kernels::TensorView values, Range bucket,
+                      std::span<const Range> pieces) override {
+    wait_for_compute();
+    const ncclDataType_t type = nccl_type(values.dtype());
+    const std::string what = fmt::format("reduce-scatter of {} values", bucket.size());
+    if (even(pieces)) {
+      const auto count = static_cast<std::size_t>(pieces.front().size());
+      // In place: rank r's result lands at bucket + r * count, its own piece.
+      check_nccl(ncclReduceScatter(element(values, bucket.begin),
+                                   element(values, pieces[static_cast<std::size_t>(rank_)].begin),
+                                   count, type, ncclSum, comm_, stream_),
+                 what);
+      return;
+    }
+    check_nccl(ncclGroupStart(), what);
+    for (int r = 0; r < size_; ++r) {
+      const Range p = pieces[static_cast<std::size_t>(r)];
+      if (p.size() == 0) continue;
+      check_nccl(ncclReduce(element(values, p.begin), element(values, p.begin),
+                            static_cast<std::size_t>(p.size()), type, ncclSum, r, comm_, stream_),
+                 what);
+    }
+    check_nccl(ncclGroupEnd(), what);
+  }
+
+  void all_gather(kernels::TensorView values, Range bucket,
+                  std::span<const Range> pieces) override {
+    wait_for_compute();
+    const ncclDataType_t type = nccl_type(values.dtype());
+    const std::string what = fmt::format("all-gather of {} values", bucket.size());
+    if (even(pieces)) {
+      const auto count = static_cast<std::size_t>(pieces.front().size());
+      check_nccl(ncclAllGather(element(values, pieces[static_cast<std::size_t>(rank_)].begin),
+                               element(values, bucket.begin), count, type, comm_, stream_),
+                 what);
+      return;
+    }
+    check_nccl(ncclGroupStart(), what);
+    for (int r = 0; r < size_; ++r) {
+      const Range p = pieces[static_cast<std::size_t>(r)];
+      if (p.size() == 0) continue;
+      check_nccl(ncclBroadcast(element(values, p.begin), element(values, p.begin),
+                               static_cast<std::size_t>(p.size()), type, r, comm_, stream_),
+                 what);
+    }
+    check_nccl(ncclGroupEnd(), what);
+  }
+
+  void join() override {
+    cuda::check(cudaEventRecord(comm_done_, stream_), "NCCL exchange: record");
+    cuda::check(cudaStreamWaitEvent(compute_, comm_done_, 0), "NCCL exchange: compute waits");
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    check_nccl(async, "asynchronous error");
+  }
+
+ private:
+  // failing: unwinding from an error, when peers may never join a last collective (abort).
+  void release(bool failing) noexcept {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (comm_ != nullptr && failing) ncclCommAbort(comm_);
+    if (comm_ != nullptr && !failing) ncclCommDestroy(comm_);
+    if (compute_ready_ != nullptr) cudaEventDestroy(compute_ready_);
+    if (comm_done_ != nullptr) cudaEventDestroy(comm_done_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    comm_ = nullptr;
+    compute_ready_ = comm_done_ = nullptr;
+    stream_ = nullptr;
+  }
+
+  void wait_for_compute() {
+    cuda::check(cudaEventRecord(compute_ready_, compute_), "NCCL exchange: record");
+    cuda::check(cudaStreamWaitEvent(stream_, compute_ready_, 0), "NCCL exchange: stream waits");
+  }
+
+  cudaStream_t compute_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t compute_ready_ = nullptr;
+  cudaEvent_t comm_done_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+bool each_rank_has_its_own_gpu(const dist::World& world, kernels::Ops& ops) {
+  auto* cuda_ops = dynamic_cast<cuda::CudaOps*>(&ops);
+  if (cuda_ops == nullptr) return false;
+  // The PCI bus id names a GPU whatever CUDA_VISIBLE_DEVICES numbers it as on each rank.
+  constexpr int kIdLength = 32;
+  std::array<char, kIdLength> mine{};
+  cuda::check(cudaDeviceGetPCIBusId(mine.data(), kIdLength, cuda_ops->device()),
+              "cudaDeviceGetPCIBusId");
+  std::vector<char> all(static_cast<std::size_t>(world.local_size()) * kIdLength);
+  dist::check_mpi(MPI_Allgather(mine.data(), kIdLength, MPI_CHAR, all.data(), kIdLength, MPI_CHAR,
+                                world.local_comm()),
+                  "MPI_Allgather (GPU bus ids)");
+  std::set<std::string> distinct;
+  for (int r = 0; r < world.local_size(); ++r) {
+    distinct.emplace(all.data() + static_cast<std::ptrdiff_t>(r) * kIdLength);
+  }
+  int shared = static_cast<int>(distinct.size()) < world.local_size() ? 1 : 0;
+  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, world.comm()),
+                  "MPI_Allreduce (GPU sharing)");
+  return shared == 0;
+}
+
+std::unique_ptr<GradientExchange> make_nccl_exchange(const dist::World& world, kernels::Ops& ops) {
+  auto* cuda_ops = dynamic_cast<cuda::CudaOps*>(&ops);
+  if (cuda_ops == nullptr) {
+    throw core::usage_error("the NCCL gradient exchange needs the CUDA backend");
+  }
+  return std::make_unique<NcclExchange>(world, *cuda_ops);
+}
+
+}  // namespace l3::train

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Training on the GPU through the real program; exits 77 (skipped) without a CUDA device.
+#   - 10 SFT steps and 10 reward steps of the tiny model on the CUDA backend follow the CPU
+#     backend's loss trajectory within bf16 tolerance;
+#   - two runs on the GPU give bit-identical checkpoints; a run killed after its step-5
+#     checkpoint and resumed with --resume auto ends bit-identical to the uninterrupted one;
+#   - the NCCL exchange on one rank (communicator, stream, events, in-place collectives) changes
+#     nothing, bit for bit;
+#   - with an MPI launcher: two ranks sharing the GPU exchange through host buffers (auto picks
+#     it; --grad-exchange nccl is refused with exit 2) and follow the one-rank trajectory.
+#   training_test.sh PATH/TO/llama3-hpc [MPIEXEC]
+# L3_GPU_TEST_BACKEND=cpu runs the same script with the CPU backend in the GPU's place (NCCL
+# cases left out): a check of the script itself on a machine without a GPU.
+set -uo pipefail
+bin=${1:?usage: training_test.sh LLAMA3_HPC [MPIEXEC]}
+mpiexec=${2:-}
+backend=${L3_GPU_TEST_BACKEND:-cuda}
+if [[ $backend == cuda ]] && "$bin" --version | grep -q "^backend cuda: .*devices: none"; then
+  echo "SKIP: no CUDA device ($("$bin" --version | grep '^backend cuda:'))"
+  exit 77
+fi
+if [[ $backend == cuda ]] && ! "$bin" --version | grep -q "^backend cuda:"; then
+  echo "SKIP: this build has no CUDA backend"
+  exit 77
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/l3-gpu-train-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() {
+  echo "FAIL [$1]"
+  failures=$((failures + 1))
+}
+pass() { echo "ok   [$1]"; }
+
+for i in $(seq 1 120); do
+  w="word$((i % 37))x$((i % 5))"
+  printf '{"prompt":"Reverse %s.","completion":"%s"}\n' "$w" "$(echo "$w" | rev)"
+done >"$work/sft.jsonl"
+for i in $(seq 1 120); do
+  w="item$((i % 29))y$((i % 3))"
+  printf '{"prompt":"Reverse %s.","chosen":"%s","rejected":"%s ?"}\n' "$w" "$(echo "$w" | rev)" "$w"
+done >"$work/pref.jsonl"
+if ! "$bin" prep sft --input "$work/sft.jsonl" --tokenizer bytes --output "$work/sft" >/dev/null ||
+  ! "$bin" prep preference --input "$work/pref.jsonl" --tokenizer bytes --output "$work/pref" \
+    >/dev/null; then
+  echo "prep failed"
+  exit 1
+fi
+
+common=(--model tiny --seq-len 128 --global-batch 12 --micro-batch 2 --lr 3e-3 --warmup 2
+  --steps 10 --log-every 1 --no-progress)
+# train NAME [LAUNCHER...] -- ARGS...: output in $work/NAME.log, metrics in $work/NAME.jsonl.
+train() {
+  local name=$1
+  shift
+  local launcher=()
+  while [[ $1 != -- ]]; do
+    launcher+=("$1")
+    shift
+  done
+  shift
+  timeout -k 5 300 "${launcher[@]}" "$bin" "$@" --metrics "$work/$name.jsonl" \
+    >"$work/$name.log" 2>&1
+  local rc=$?
+  if [[ $rc -ne 0 ]]; then
+    echo "  $name exited $rc:"
+    tail -5 "$work/$name.log" | sed 's/^/    /'
+  fi
+  return $rc
+}
+# close A B TOLERANCE: every step's loss of run B within TOLERANCE (relative) of run A's.
+close() {
+  python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$3" <<'PY'
+import json, math, sys
+def losses(path):
+    return [r["loss"] for r in map(json.loads, open(path)) if r.get("kind") == "train"]
+a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+worst = max((abs(x - y) / abs(x) for x, y in zip(a, b) if x is not None and y is not None),
+            default=math.inf)
+ok = len(a) == len(b) == 10 and all(y is not None and math.isfinite(y) for y in b) and worst <= tol
+print(f"  losses {a[0]:.4f} -> {a[-1]:.4f} vs {b[0]:.4f} -> {b[-1]:.4f}; worst relative "
+      f"difference {worst:.2e} (tolerance {tol:g})")
+sys.exit(0 if ok else 1)
+PY
+}
+digest() { "$bin" ckpt verify --json "$1" 2>/dev/null; }
+
+# --- the CUDA backend against the CPU reference ---
+train cpu -- sft "${common[@]}" --data "$work/sft" --backend cpu || fail "CPU reference run"
+if train gpu -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --ckpt-dir "$work/gpu" \
+  --checkpoint-every 5 && close cpu gpu 3e-2; then
+  pass "SFT on the GPU follows the CPU loss trajectory"
+else
+  fail "SFT on the GPU follows the CPU loss trajectory"
+fi
+train rcpu -- reward "${common[@]}" --data "$work/pref" --backend cpu || fail "CPU reward run"
+if train rgpu -- reward "${common[@]}" --data "$work/pref" --backend "$backend" && close rcpu rgpu 3e-2; then
+  pass "reward on the GPU follows the CPU loss trajectory"
+else
+  fail "reward on the GPU follows the CPU loss trajectory"
+fi
+
+# --- bitwise: repeat, restart, NCCL on one rank ---
+ref=$(digest "$work/gpu/step-00000010")
+train again -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --ckpt-dir "$work/again" \
+  --checkpoint-every 5
+if [[ -n "$ref" && "$(digest "$work/again/step-00000010")" == "$ref" ]]; then
+  pass "two GPU runs end with bit-identical checkpoints"
+else
+  fail "two GPU runs end with bit-identical checkpoints"
+fi
+L3_FAULT="train.update@0#8=kill" train killed -- sft "${common[@]}" --data "$work/sft" \
+  --backend "$backend" --ckpt-dir "$work/restart" --checkpoint-every 5
+train resumed -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --ckpt-dir "$work/restart" \
+  --checkpoint-every 5 --resume auto
+if grep -q "resumed at step 5" "$work/resumed.log" &&
+  [[ -n "$ref" && "$(digest "$work/restart/step-00000010")" == "$ref" ]]; then
+  pass "a GPU run killed at step 8 resumes from step 5 bit for bit"
+else
+  fail "a GPU run killed at step 8 resumes from step 5 bit for bit"
+fi
+if [[ $backend == cuda ]]; then
+train nccl1 -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --ckpt-dir "$work/nccl1" \
+  --grad-exchange nccl
+if grep -q "(nccl)" "$work/nccl1.log" && [[ "$(digest "$work/nccl1/step-00000010")" == "$ref" ]]; then
+  pass "the NCCL exchange on one rank is bit-identical"
+else
+  fail "the NCCL exchange on one rank is bit-identical"
+fi
+fi
+
+# --- two ranks on the one GPU ---
+if [[ -n "$mpiexec" ]]; then
+  if train two "$mpiexec" -n 2 -- sft "${common[@]}" --data "$work/sft" --backend "$backend" &&
+    grep -q "$([[ $backend == cuda ]] && echo "(mpi (staged through host memory))" || echo "(mpi)")" \
+      "$work/two.log" && close gpu two 2e-2; then
+    pass "two ranks sharing the GPU (MPI through host buffers) follow the one-rank run"
+  else
+    fail "two ranks sharing the GPU (MPI through host buffers) follow the one-rank run"
+  fi
+  [[ $backend == cuda ]] && train refused "$mpiexec" -n 2 -- sft "${common[@]}" --data "$work/sft" --backend "$backend" \
+    --grad-exchange nccl
+  rc=$?
+  if [[ $backend != cuda ]]; then
+    :
+  elif [[ $rc -eq 2 ]] && grep -q "share a GPU" "$work/refused.log"; then
+    pass "--grad-exchange nccl with ranks sharing a GPU: exit 2, says why"
+  else
+    fail "--grad-exchange nccl with ranks sharing a GPU: exit 2, says why (exit $rc)"
+  fi
+else
+  echo "note: no MPI launcher given, the two-rank cases did not run"
+fi
+
+[[ $failures -eq 0 ]] || {
+  echo "$failures failure(s)"
+  exit 1
+}
+echo "all GPU training checks passed"
