@@ -11,6 +11,7 @@
 // against the datasheet dense bf16 peak of the GPU (989 TFLOP/s for H100/H200).
 //
 //   l3-bench-train-throughput [--backend cuda|cpu] [--case NAME ...] [--steps N] [--warmup N]
+//                             [--attention fallback|cudnn]
 //                  [--peak-tflops T] [--datasheet-tflops T] [--json FILE]
 //   cases: 1b-sft, 1b-reward, 8b-sft, 8b-reward (cuda default: all four), tiny-sft,
 //   tiny-reward (cpu default)
@@ -126,6 +127,8 @@ std::string model_file(const Case& c, int layers, const fs::path& dir) {
   return path.string();
 }
 
+std::string g_attention = "fallback";  // --attention, for every case of this run
+
 std::vector<std::string> run_args(const std::string& phase, const Case& c, const std::string& model,
                                   std::int64_t rows, int steps, const std::string& backend,
                                   bool recompute) {
@@ -148,6 +151,10 @@ std::vector<std::string> run_args(const std::string& phase, const Case& c, const
                                    "warn",
                                    "--no-progress"};
   if (recompute) args.emplace_back("--recompute");
+  if (backend == "cuda") {
+    args.emplace_back("--attention");
+    args.push_back(g_attention);
+  }
   return args;
 }
 
@@ -237,6 +244,7 @@ json run_case(const Case& c, const std::string& backend, int steps, int warmup, 
       {"seq", c.seq},
       {"micro_batch", choice.rows},
       {"recompute", choice.recompute},
+      {"attention", backend == "cuda" ? g_attention : std::string("cpu")},
       {"planned_gib", static_cast<double>(choice.planned_bytes) / (1 << 30)},
       {"steps_timed", step_ms.size()},
       {"tokens_per_s", tps},
@@ -286,6 +294,8 @@ int main(int argc, char** argv) {
         datasheet = std::stod(next());
       else if (a == "--json")
         json_path = next();
+      else if (a == "--attention")
+        g_attention = next();
       else {
         std::fprintf(stderr, "l3-bench-train-throughput: unknown argument %s\n", a.c_str());
         MPI_Finalize();

@@ -83,9 +83,20 @@ double default_peak_tflops(std::string_view backend_name, int local_rank) {
 #endif
 }
 
-std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank, int device) {
+std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank,
+                              const BackendOptions& options) {
+  if (options.attention != "fallback" && options.attention != "cudnn") {
+    throw core::usage_error(
+        fmt::format("unknown --attention '{}' (use fallback or cudnn)", options.attention));
+  }
+  const int device = options.device;
   const int devices = visible_cuda_devices();
-  if (backend == "cpu" || (backend == "auto" && devices == 0)) return std::make_unique<CpuOps>();
+  if (backend == "cpu" || (backend == "auto" && devices == 0)) {
+    if (options.attention == "cudnn") {
+      throw core::usage_error("--attention cudnn needs the CUDA backend (--backend cuda)");
+    }
+    return std::make_unique<CpuOps>();
+  }
   if (backend != "cuda" && backend != "auto") {
     throw core::usage_error(fmt::format("unknown backend '{}' (use auto, cpu or cuda)", backend));
   }
@@ -98,10 +109,14 @@ std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank, int devi
     throw core::usage_error(fmt::format("--device {}: this rank sees {} CUDA device{}", device,
                                         devices, devices == 1 ? "" : "s"));
   }
-  return std::make_unique<cuda::CudaOps>(device >= 0 ? device : local_rank % devices);
+  return std::make_unique<cuda::CudaOps>(
+      cuda::CudaOptions{.device = device >= 0 ? device : local_rank % devices,
+                        .cudnn_attention = options.attention == "cudnn",
+                        .deterministic = options.deterministic});
 #else
   (void)local_rank;
   (void)device;
+  (void)options;
   throw core::usage_error(
       "--backend cuda: this build has no CUDA backend (configure with "
       "-DL3_CUDA=ON)");

@@ -31,8 +31,15 @@ struct BackendReport {
 // known data-centre GPUs by name; 0 when unknown or on the CPU backend.
 [[nodiscard]] double default_peak_tflops(std::string_view backend_name, int local_rank);
 
-// device >= 0: that CUDA device instead (usage Error when it is not visible).
+struct BackendOptions {
+  int device = -1;  // CUDA device; -1: local_rank modulo the visible devices
+  // CUDA attention: "fallback" (cuBLAS GEMMs + softmax kernels) or "cudnn" (cuDNN's fused
+  // flash attention where it supports the shape, the fallback elsewhere).
+  std::string attention = "fallback";
+  bool deterministic = false;  // kernels that give the same bits run after run
+};
+// usage Error for a device that is not visible or an unknown attention.
 [[nodiscard]] std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank,
-                                            int device = -1);
+                                            const BackendOptions& options = {});
 
 }  // namespace l3::kernels

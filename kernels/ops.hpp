@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "kernels/tensor.hpp"
@@ -57,6 +58,9 @@ class Ops {
   Ops& operator=(Ops&&) = delete;
 
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  // What the backend did that a run's log should say (e.g. which attention ran how often);
+  // empty when nothing.
+  [[nodiscard]] virtual std::string report() const { return {}; }
   // The element type of activations and of the weights the matmuls read.
   [[nodiscard]] virtual DType compute_dtype() const noexcept = 0;
 

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/lt_matmul.hpp"
 
@@ -98,7 +99,12 @@ void* DeviceScratch::get(std::size_t bytes, cudaStream_t stream) {
   return data_;
 }
 
-CudaOps::CudaOps(int device) {
+CudaOps::CudaOps(CudaOptions options) {
+  const int device = options.device;
+  if (options.cudnn_attention) {
+    cudnn_ = std::make_unique<CudnnAttention>(
+        CudnnAttentionOptions{.deterministic = options.deterministic});
+  }
   if (device < 0) {
     check(cudaGetDevice(&device_), "cudaGetDevice");
   } else {
@@ -113,6 +119,7 @@ CudaOps::CudaOps(int device) {
 
 CudaOps::~CudaOps() {
   cudaStreamSynchronize(stream_);
+  cudnn_.reset();
   lt_.reset();
   cublasDestroy(cublas_);
   cudaStreamDestroy(stream_);
@@ -124,6 +131,15 @@ kernels::Buffer CudaOps::allocate(DType dtype, std::int64_t numel) {
 
 void CudaOps::zero(TensorView x) {
   check(cudaMemsetAsync(x.data(), 0, x.bytes(), stream_), "zero");
+}
+
+std::string CudaOps::report() const {
+  if (!cudnn_) return {};
+  std::string text = fmt::format("attention: {} calls on cuDNN, {} on the fallback",
+                                 attention_.cudnn, attention_.fallback);
+  if (!attention_.last_declined.empty())
+    text += fmt::format(" (cuDNN declined: {})", attention_.last_declined);
+  return text;
 }
 
 void CudaOps::synchronize() { check(cudaStreamSynchronize(stream_), "synchronize"); }
@@ -315,6 +331,15 @@ void run(cublasHandle_t handle, const BatchedGemm& g, std::string_view what) {
 // column-major (L keys x L queries) matrix of key . query, i.e. row-major scores[query][key].
 void CudaOps::attention(TensorView out_view, TensorView lse, TensorView q, TensorView k,
                         TensorView v, TensorView cu_seqlens, const kernels::AttentionShape& shape) {
+  if (cudnn_) {
+    if (cudnn_->forward(out_view, lse, q, k, v, cu_seqlens, shape, shape.host_cu_seqlens,
+                        stream_)) {
+      ++attention_.cudnn;
+      return;
+    }
+    ++attention_.fallback;
+    attention_.last_declined = cudnn_->last_unsupported_reason();
+  }
   const std::int64_t n = shape.tokens;
   const int hd = shape.head_dim;
   const int group = shape.n_heads / shape.n_kv_heads;
@@ -393,6 +418,15 @@ void CudaOps::attention_backward(TensorView dq, TensorView dk, TensorView dv, Te
                                  TensorView out_view, TensorView lse, TensorView q, TensorView k,
                                  TensorView v, TensorView cu_seqlens,
                                  const kernels::AttentionShape& shape) {
+  if (cudnn_) {
+    if (cudnn_->backward(dq, dk, dv, dout, out_view, lse, q, k, v, cu_seqlens, shape,
+                         shape.host_cu_seqlens, stream_)) {
+      ++attention_.cudnn;
+      return;
+    }
+    ++attention_.fallback;
+    attention_.last_declined = cudnn_->last_unsupported_reason();
+  }
   const std::int64_t n = shape.tokens;
   const int hd = shape.head_dim;
   const int group = shape.n_heads / shape.n_kv_heads;

@@ -1,6 +1,8 @@
 // The CUDA backend: bf16 activations and weights, fp32 accumulation and statistics, fp32
-// master weights and AdamW state. Matmuls on cuBLASLt; attention on cuBLAS batched GEMMs with
-// causal-softmax kernels (the fallback path, exact and simple); everything else on the kernels
+// master weights and AdamW state. Matmuls on cuBLASLt; attention on cuDNN's fused flash
+// attention when asked for (CudaOptions::cudnn_attention) and cuDNN supports the shape, else on
+// cuBLAS batched GEMMs with causal-softmax kernels (the fallback, exact and simple); everything
+// else on the kernels
 // of kernels/cuda/*.cu. All work is queued on one stream; calls that return a value (loss,
 // squared norm) and copies to host memory synchronise it; copies from host memory do not
 // (pinned staging, PinnedUploads).
@@ -10,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/pinned_uploads.hpp"
@@ -36,10 +39,18 @@ class DeviceScratch {
   std::size_t bytes_ = 0;
 };
 
+class CudnnAttention;
+
+struct CudaOptions {
+  int device = -1;               // the CUDA device to use (-1: the current one)
+  bool cudnn_attention = false;  // cuDNN's fused attention where supported (else the fallback)
+  bool deterministic = false;    // the same bits run after run (cuDNN's deterministic backward)
+};
+
 class CudaOps final : public kernels::Ops {
  public:
-  // device: the CUDA device to use (-1: the current one).
-  explicit CudaOps(int device = -1);
+  explicit CudaOps(CudaOptions options);
+  explicit CudaOps(int device = -1) : CudaOps(CudaOptions{.device = device}) {}
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -51,6 +62,14 @@ class CudaOps final : public kernels::Ops {
     return kernels::DType::bf16;
   }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  // Attention calls cuDNN ran, and those it declined (run by the fallback) with the last reason.
+  struct AttentionCounts {
+    std::int64_t cudnn = 0;
+    std::int64_t fallback = 0;
+    std::string last_declined;
+  };
+  [[nodiscard]] const AttentionCounts& attention_counts() const noexcept { return attention_; }
+  [[nodiscard]] std::string report() const override;
   [[nodiscard]] int device() const noexcept { return device_; }
 
   [[nodiscard]] kernels::Buffer allocate(kernels::DType dtype, std::int64_t numel) override;
@@ -116,6 +135,8 @@ class CudaOps final : public kernels::Ops {
   std::unique_ptr<LtMatmul> lt_;
   DeviceScratch scratch_;
   PinnedUploads uploads_;  // host -> device copies of inputs, without a stream synchronisation
+  std::unique_ptr<CudnnAttention> cudnn_;  // null: the fallback attention only
+  AttentionCounts attention_;
 };
 
 }  // namespace l3::cuda

@@ -71,6 +71,12 @@ struct alignas(16) Bf16x8 {
   bf16 v[8];
 };
 
+// Whether every pointer can be read and written as Bf16x8 (16-byte aligned).
+template <typename... Pointers>
+inline bool aligned16(const Pointers*... pointers) {
+  return ((reinterpret_cast<std::uintptr_t>(pointers) % 16U == 0U) && ...);
+}
+
 inline unsigned int blocks_for(std::int64_t n, int threads) {
   return static_cast<unsigned int>((n + threads - 1) / threads);
 }

@@ -90,6 +90,11 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "deterministic", po::bool_switch(),
       "bit-identical results run after run and across restarts: on the GPU, gradients are "
       "summed on the host in rank order (MPI) unless --grad-exchange nccl is given")(
+      "attention",
+      po::value<std::string>()->default_value(d.attention)->value_name("fallback|cudnn"),
+      "CUDA attention: fallback (cuBLAS GEMMs and softmax kernels, exact) or cudnn (cuDNN's fused "
+      "flash attention where it supports the shape, the fallback elsewhere; with "
+      "--deterministic its deterministic backward)")(
       "device", po::value<int>()->default_value(-1)->value_name("N"),
       "CUDA device of this rank (-1: the node-local rank modulo the visible devices)")(
       "prefetch-depth", po::value<int>()->default_value(d.prefetch_depth)->value_name("N"),
@@ -188,6 +193,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.overlap_reduction = !get<bool>(o, "no-overlap-reduction");
   c.grad_exchange = get<std::string>(o, "grad-exchange");
   c.device = get<int>(o, "device");
+  c.attention = get<std::string>(o, "attention");
   c.deterministic = get<bool>(o, "deterministic");
   c.prefetch_depth = get<int>(o, "prefetch-depth");
   c.ignore_tokenizer_mismatch = get<bool>(o, "ignore-tokenizer-mismatch");

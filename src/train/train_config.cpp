@@ -47,6 +47,7 @@ void TrainConfig::validate() const {
   require(grad_exchange == "auto" || grad_exchange == "mpi" || grad_exchange == "nccl" ||
               grad_exchange == "mpi-staged",
           "--grad-exchange takes auto, mpi or nccl");
+  require(attention == "fallback" || attention == "cudnn", "--attention takes fallback or cudnn");
   require(device >= -1, "--device must be a device number (or -1: by node-local rank)");
 }
 
@@ -81,6 +82,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"grad_exchange", grad_exchange},
           {"deterministic", deterministic},
           {"device", device},
+          {"attention", attention},
           {"prefetch_depth", prefetch_depth},
           {"eval_every", eval_every},
           {"log_every", log_every},

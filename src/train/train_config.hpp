@@ -25,6 +25,7 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string val_data;         // validation dataset; empty: none
   std::string backend = "auto";
   int device = -1;  // CUDA device; -1: node-local rank modulo the visible devices
+  std::string attention = "fallback";  // CUDA attention: fallback or cudnn
 
   std::int64_t seq_len = 2048;
   std::int64_t global_batch = 0;  // rows (SFT) or pairs (reward) per optimizer step

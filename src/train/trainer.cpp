@@ -93,7 +93,10 @@ struct Trainer::Impl {
     config.validate();
     if (config.data_from_host != (data_source != nullptr))
       throw core::internal_error("Trainer: data_from_host and the data source disagree");
-    ops = kernels::make_ops(config.backend, world.local_rank(), config.device);
+    ops = kernels::make_ops(config.backend, world.local_rank(),
+                            {.device = config.device,
+                             .attention = config.attention,
+                             .deterministic = config.deterministic});
     const std::string resume_dir = choose_resume();
     source = resolve_model_source(config.model, resume_dir.empty() ? config.init : resume_dir);
     const model::ModelConfig& mc = source.config;
@@ -734,6 +737,7 @@ TrainSummary Trainer::run() {
     if (s.writer && s.last_checkpoint_step != s.done && s.pending_step != s.done) s.checkpoint();
   }
   s.finish_checkpoint();
+  if (const std::string report = s.ops->report(); !report.empty()) s.log.info("{}", report);
   TrainSummary summary;
   summary.steps = s.done - s.first_step;
   summary.first_step = s.first_step;

@@ -179,6 +179,12 @@ run "sft with an unknown model" 2 "$bin" sft --model llama9 --data "$work/train"
 expect "lists the presets" contains "$err" "tiny"
 run "reward on SFT data" 2 "$bin" reward --model tiny --data "$work/train" --global-batch 2
 expect "names the format" contains "$err" "this phase needs"
+run "an unknown --grad-exchange" 2 "$bin" sft --model tiny --data "$work/train" --global-batch 2 --grad-exchange carrier-pigeon
+expect "names the choices" contains "$err" "--grad-exchange takes auto, mpi or nccl"
+run "NCCL on the CPU backend" 2 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --backend cpu --grad-exchange nccl
+expect "says NCCL needs CUDA" contains "$err" "--grad-exchange nccl needs the CUDA backend"
+run "--deterministic on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --deterministic --no-progress
+expect "reports the exchange" contains "$err$out" "(mpi)"
 run "sft on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --val-data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 6 --lr 1e-3 --metrics "$work/m.jsonl" --ckpt-dir "$work/ck" --checkpoint-every 4 --no-progress
 expect "a summary line" contains "$out" "sft done: 6 steps"
 expect "a metrics line per step" [ "$(grep -c '"kind":"train"' "$work/m.jsonl")" = 6 ]

@@ -108,7 +108,10 @@ TEST_CASE("embedding forward and deterministic backward", "[gpu]") {
 TEST_CASE("rmsnorm forward and backward", "[gpu]") {
   INFO("seed " << l3::test::test_seed());
   l3::cuda::CudaOps gpu;
-  const std::int64_t rows = 100, hidden = 320;
+  // 320: the 16-byte vectorised kernels; 100: not a multiple of 8, the scalar ones.
+  const std::int64_t hidden = GENERATE(320, 100);
+  INFO("hidden " << hidden);
+  const std::int64_t rows = 100;
   l3::test::Random rnd(103);
   const auto x = round_bf16(rnd.normal(rows * hidden, 2.0F));
   const auto w = round_bf16(rnd.uniform(hidden, 0.5F, 1.5F));
@@ -158,6 +161,10 @@ TEST_CASE("rope forward and backward with llama3 scaling", "[gpu]") {
 TEST_CASE("swiglu forward and backward", "[gpu]") {
   INFO("seed " << l3::test::test_seed());
   l3::cuda::CudaOps gpu;
+  // The vectorised bulk and the scalar tail (10007 = 8 x 1250 + 7), and a buffer starting
+  // 2 bytes past a 16-byte boundary (all scalar).
+  const std::int64_t skew = GENERATE(0, 1);
+  INFO("skew " << skew);
   const std::int64_t n = 10007;
   l3::test::Random rnd(105);
   const auto gate = round_bf16(rnd.normal(n, 3.0F)), up = round_bf16(rnd.normal(n));
@@ -165,13 +172,20 @@ TEST_CASE("swiglu forward and backward", "[gpu]") {
   std::vector<float> out(n), dgate(n), dup(n);
   l3::kernels::cpu::swiglu(out, gate, up);
   l3::kernels::cpu::swiglu_backward(dgate, dup, dout, gate, up);
-  const auto gg = upload(gpu, gate), gu = upload(gpu, up), gd = upload(gpu, dout);
-  const auto go = poisoned(gpu, n), gdg = poisoned(gpu, n), gdu = poisoned(gpu, n);
-  gpu.swiglu(go.view(), gg.view(), gu.view(), n);
-  gpu.swiglu_backward(gdg.view(), gdu.view(), gd.view(), gg.view(), gu.view(), n);
-  expect_close("out", download(gpu, go.view()), out, 1e-2);
-  expect_close("dgate", download(gpu, gdg.view()), dgate, 1e-2);
-  expect_close("dup", download(gpu, gdu.view()), dup, 1e-2);
+  auto skewed = [&](const std::vector<float>& v) {
+    std::vector<float> padded(v.size() + static_cast<std::size_t>(skew), 0.0F);
+    std::copy(v.begin(), v.end(), padded.begin() + skew);
+    return upload(gpu, padded);
+  };
+  const auto gg = skewed(gate), gu = skewed(up), gd = skewed(dout);
+  const auto go = poisoned(gpu, n + skew), gdg = poisoned(gpu, n + skew),
+             gdu = poisoned(gpu, n + skew);
+  auto at = [&](const l3::kernels::Buffer& b) { return b.slice(skew, n); };
+  gpu.swiglu(at(go), at(gg), at(gu), n);
+  gpu.swiglu_backward(at(gdg), at(gdu), at(gd), at(gg), at(gu), n);
+  expect_close("out", download(gpu, at(go)), out, 1e-2);
+  expect_close("dgate", download(gpu, at(gdg)), dgate, 1e-2);
+  expect_close("dup", download(gpu, at(gdu)), dup, 1e-2);
 }
 
 TEST_CASE("fallback attention forward and backward (causal, GQA, packed)", "[gpu]") {

@@ -100,6 +100,28 @@ else
   fail "reward on the GPU follows the CPU loss trajectory"
 fi
 
+# --- cuDNN's fused attention (where it declines a shape the fallback runs; the log says) ---
+if [[ $backend == cuda ]]; then
+  if train cudnn -- sft "${common[@]}" --data "$work/sft" --backend cuda --attention cudnn &&
+    grep -q "calls on cuDNN" "$work/cudnn.log" && ! grep -q "attention: 0 calls on cuDNN" "$work/cudnn.log" &&
+    close cpu cudnn 3e-2; then
+    pass "SFT with cuDNN attention follows the CPU loss trajectory"
+  else
+    fail "SFT with cuDNN attention follows the CPU loss trajectory"
+  fi
+  grep "calls on cuDNN" "$work/cudnn.log" | sed 's/^/  /'
+  train det1 -- sft "${common[@]}" --data "$work/sft" --backend cuda --attention cudnn \
+    --deterministic --ckpt-dir "$work/det1"
+  train det2 -- sft "${common[@]}" --data "$work/sft" --backend cuda --attention cudnn \
+    --deterministic --ckpt-dir "$work/det2"
+  d1=$(digest "$work/det1/step-00000010")
+  if [[ -n "$d1" && "$(digest "$work/det2/step-00000010")" == "$d1" ]]; then
+    pass "cuDNN attention with --deterministic: two runs bit-identical"
+  else
+    fail "cuDNN attention with --deterministic: two runs bit-identical"
+  fi
+fi
+
 # --- bitwise: repeat, restart, NCCL on one rank ---
 ref=$(digest "$work/gpu/step-00000010")
 train again -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --ckpt-dir "$work/again" \
