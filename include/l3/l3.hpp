@@ -210,8 +210,9 @@ class L3_API DataSource {
 // What a run takes in the compute backend's memory on each rank (GPU memory with the CUDA
 // backend), computed from the configuration without allocating anything: weights, fp32 master
 // copy, gradients, this rank's AdamW moments, one micro-batch's activations (reward: two rows
-// of --seq-len per pair, the worst case). Not included: the
-// backend's own scratch (cuBLASLt workspace, per-op scratch), the CUDA context and NCCL buffers.
+// of --seq-len per pair, the worst case) and, on CUDA, the backend's scratch (the largest op's
+// temporaries, the cuBLASLt workspace; not cuDNN's own). Not included: the CUDA context, NCCL's
+// buffers and allocator fragmentation.
 struct MemoryPlan {
   struct Line {
     std::string what;

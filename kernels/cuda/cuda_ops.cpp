@@ -61,6 +61,7 @@ T* out(TensorView x, std::int64_t count, std::string_view op, std::string_view n
 }
 
 constexpr std::size_t kLogitBlockBytes = 256ULL << 20U;  // fp32 logits of one block of tokens
+constexpr std::int64_t kCopyChunkElements = std::int64_t{16} << 20U;  // converting host copies
 
 // C (rows x cols) = alpha op(A) op(B) + beta C with bf16 operands (see RowMajorGemm).
 RowMajorGemm gemm(std::int64_t rows, std::int64_t cols, std::int64_t inner, const void* a,
@@ -166,31 +167,49 @@ void CudaOps::copy(TensorView dst, TensorView src) {
                                            kernels::dtype_name(src.dtype()),
                                            kernels::dtype_name(dst.dtype())));
   }
-  // Convert on the device; host sides go through a staging copy of the source dtype.
+  // Convert on the device. Host sides go through device staging a chunk at a time, so that
+  // converting a whole model (initial weights, an import) needs tens of MB of scratch rather
+  // than 6 bytes per parameter.
+  auto cast = [&](void* to, const void* from, std::int64_t count) {
+    if (to_bf16) {
+      cast_f32_to_bf16(static_cast<BFloat16*>(to), static_cast<const float*>(from), count, stream_);
+    } else {
+      cast_bf16_to_f32(static_cast<float*>(to), static_cast<const BFloat16*>(from), count, stream_);
+    }
+  };
+  if (dst_device && src_device) {
+    cast(dst.data(), src.data(), n);
+    return;
+  }
+  const std::size_t src_size = kernels::dtype_size(src.dtype());
+  const std::size_t dst_size = kernels::dtype_size(dst.dtype());
+  const std::int64_t chunk = std::min<std::int64_t>(n, kCopyChunkElements);
   Carver carve;
-  const std::size_t staged_src = carve.reserve_bytes(src.bytes());
-  const std::size_t staged_dst = carve.reserve_bytes(dst.bytes());
+  const std::size_t staged_src = carve.reserve_bytes(static_cast<std::size_t>(chunk) * src_size);
+  const std::size_t staged_dst = carve.reserve_bytes(static_cast<std::size_t>(chunk) * dst_size);
   void* base = scratch_.get(carve.total(), stream_);
-  const void* device_src = src.data();
-  if (!src_device) {
-    check(cudaMemcpyAsync(at<char>(base, staged_src), src.data(), src.bytes(),
-                          cudaMemcpyHostToDevice, stream_),
-          "copy: upload");
-    device_src = at<char>(base, staged_src);
+  for (std::int64_t first = 0; first < n; first += chunk) {
+    const std::int64_t count = std::min(chunk, n - first);
+    const auto offset = static_cast<std::size_t>(first);
+    const auto* src_at = static_cast<const char*>(src.data()) + offset * src_size;
+    auto* dst_at = static_cast<char*>(dst.data()) + offset * dst_size;
+    const void* device_src = src_at;
+    if (!src_device) {
+      check(cudaMemcpyAsync(at<char>(base, staged_src), src_at,
+                            static_cast<std::size_t>(count) * src_size, cudaMemcpyHostToDevice,
+                            stream_),
+            "copy: upload");
+      device_src = at<char>(base, staged_src);
+    }
+    void* device_dst = dst_device ? static_cast<void*>(dst_at) : at<char>(base, staged_dst);
+    cast(device_dst, device_src, count);
+    if (!dst_device) {
+      check(cudaMemcpyAsync(dst_at, device_dst, static_cast<std::size_t>(count) * dst_size,
+                            cudaMemcpyDeviceToHost, stream_),
+            "copy: download");
+    }
   }
-  void* device_dst = dst_device ? dst.data() : at<char>(base, staged_dst);
-  if (to_bf16) {
-    cast_f32_to_bf16(static_cast<BFloat16*>(device_dst), static_cast<const float*>(device_src), n,
-                     stream_);
-  } else {
-    cast_bf16_to_f32(static_cast<float*>(device_dst), static_cast<const BFloat16*>(device_src), n,
-                     stream_);
-  }
-  if (!dst_device) {
-    check(cudaMemcpyAsync(dst.data(), device_dst, dst.bytes(), cudaMemcpyDeviceToHost, stream_),
-          "copy: download");
-  }
-  if (!dst_device || !src_device) synchronize();
+  synchronize();  // host memory is the caller's once we return
 }
 
 void CudaOps::matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,

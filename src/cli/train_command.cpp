@@ -86,8 +86,8 @@ int print_memory_plan(const CommandContext& context, const l3::RunConfig& config
   text +=
       fmt::format("  {:<62} {:>9.2f} GiB\n", "total", static_cast<double>(plan.total_bytes) / kGiB);
   text +=
-      "  not included: the backend's scratch (cuBLASLt workspace, per-op buffers), the CUDA "
-      "context and NCCL's buffers\n";
+      "  not included: the CUDA context (about 0.5 GiB), NCCL's buffers, the memory allocator's "
+      "fragmentation\n";
   std::cout << text << std::flush;
   return core::kExitOk;
 }

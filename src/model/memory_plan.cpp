@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <string>
+
 namespace l3::model {
 
 namespace {
@@ -42,6 +45,43 @@ Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_
                bytes_of(act, n * i) * 3;
   w.rope = bytes_of(DType::f32, seq_len * (c.head_dim / 2)) * 2;
   return w;
+}
+
+// The CUDA backend's temporaries: one grow-only buffer sized by the largest op (CudaOps' Carver,
+// 256-byte pieces), plus the cuBLASLt workspace. Keep in step with kernels/cuda/cuda_ops.cpp.
+struct Scratch {
+  std::int64_t bytes = 0;
+  std::string largest;
+};
+
+Scratch cuda_scratch(const ModelConfig& c, std::int64_t n, std::int64_t seq_len,
+                     bool cudnn_attention) {
+  auto piece = [](std::int64_t bytes) {
+    return (std::max<std::int64_t>(bytes, 1) + 255) / 256 * 256;
+  };
+  const std::int64_t v = c.vocab_size;
+  const std::int64_t h = c.hidden_size;
+  // lm_head + cross-entropy: fp32 logits of a block of tokens (256 MiB), their bf16 gradient,
+  // the block's hidden states and their gradient, per-token indices/targets/losses, and CUB's
+  // selection workspace (about 1 MiB).
+  const std::int64_t block =
+      std::max<std::int64_t>(1, std::min<std::int64_t>(n, (std::int64_t{256} << 20) / (v * 4)));
+  const std::int64_t lm_head = piece(4 * n) * 3 + piece(4) + piece(8) + piece(2 * block * h) * 2 +
+                               piece(4 * block * v) + piece(2 * block * v) +
+                               (std::int64_t{1} << 20);
+  // Fallback attention backward for the longest possible segment (a whole row): scores, P,
+  // dP, dS of every KV head's group, row dots, fp32 dK and dV of the segment.
+  const std::int64_t l = seq_len;
+  const std::int64_t squares = c.n_kv_heads * l * l;
+  const std::int64_t attention = piece(4 * squares) * 2 + piece(2 * squares) * 2 +
+                                 piece(4 * c.n_heads * l) + piece(4 * l * c.kv_size()) * 2;
+  // Converting copies between host and device: 16M elements per chunk.
+  const std::int64_t conversion =
+      piece((std::int64_t{16} << 20) * 4) + piece((std::int64_t{16} << 20) * 2);
+  Scratch s{lm_head, "lm_head + loss"};
+  if (!cudnn_attention && attention > s.bytes) s = {attention, "fallback attention"};
+  if (conversion > s.bytes) s = {conversion, "converting copies"};
+  return s;
 }
 
 }  // namespace
@@ -92,6 +132,13 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
                         w.blocks});
   plan.lines.push_back({"backward scratch (activation gradients)", w.backward});
   plan.lines.push_back({"batch inputs, final norm, RoPE tables", w.inputs + w.final_norm + w.rope});
+  if (in.compute != DType::f32) {
+    const Scratch scratch = cuda_scratch(c, n, in.seq_len, in.cudnn_attention);
+    plan.lines.push_back({fmt::format("CUDA scratch ({}{})", scratch.largest,
+                                      in.cudnn_attention ? "; cuDNN workspace extra" : ""),
+                          scratch.bytes});
+    plan.lines.push_back({"cuBLASLt workspace", std::int64_t{32} << 20});
+  }
   return plan;
 }
 

@@ -23,7 +23,8 @@ struct MemoryPlanInput {
   std::int64_t micro_batch_rows = 1;
   std::int64_t seq_len = 2048;
   int ranks = 1;
-  bool shard_optimizer = true;  // ZeRO-1: AdamW moments of 1/ranks of the parameters
+  bool shard_optimizer = true;   // ZeRO-1: AdamW moments of 1/ranks of the parameters
+  bool cudnn_attention = false;  // CUDA: --attention cudnn (its own workspace is not planned)
 };
 
 struct MemoryLine {

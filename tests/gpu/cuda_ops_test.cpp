@@ -46,6 +46,23 @@ TEST_CASE("f32 <-> bf16 copies round to nearest even", "[gpu]") {
   for (std::size_t i = 0; i < x.size(); ++i) REQUIRE(back[i] == round_bf16(x[i]));
   const auto f = upload(gpu, x, DType::f32);
   CHECK(download(gpu, f.view()) == x);
+  // Device to device, both ways, without staging.
+  const auto widened = gpu.allocate(DType::f32, 1000);
+  gpu.copy(widened.view(), b.view());
+  CHECK(download(gpu, widened.view()) == back);
+}
+
+TEST_CASE("converting copies of more than one staging chunk", "[gpu]") {
+  // 16M elements per chunk: 2 chunks and a tail, each way.
+  l3::cuda::CudaOps gpu;
+  const std::int64_t n = (std::int64_t{16} << 20) * 2 + 1234;
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 65521) * 0.37F - 9.5F;
+  const auto b = upload(gpu, x);
+  const auto back = download(gpu, b.view());
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) wrong += back[i] != round_bf16(x[i]) ? 1 : 0;
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("matmul forward and backward", "[gpu]") {

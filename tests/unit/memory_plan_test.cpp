@@ -74,4 +74,25 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   const std::int64_t block =
       2 * n * (3 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 14336) + 4 * n * 2 + 4 * n * 32;
   CHECK(full.total() - lean.total() == 31 * block);
+
+  // The CUDA backend's scratch: the fallback attention's backward over a whole 8192-token row
+  // (scores, P, dP, dS of 8 KV-head groups: 12 bytes each) dominates; cuDNN's attention does not
+  // use it, leaving the lm_head's fp32 logit block (256 MiB) as the largest.
+  auto scratch_of = [](const l3::model::MemoryPlan& plan) {
+    for (const auto& line : plan.lines)
+      if (line.what.starts_with("CUDA scratch")) return line;
+    return l3::model::MemoryLine{};
+  };
+  const std::int64_t squares = std::int64_t{8} * 8192 * 8192;
+  CHECK(scratch_of(lean).what == "CUDA scratch (fallback attention)");
+  // + fp32 row dots (32 heads) and fp32 dK, dV of the segment (8192 x 1024 each).
+  CHECK(scratch_of(lean).bytes == 12 * squares + 4 * 32 * 8192 + 2 * 4 * 8192 * 1024);
+  in.cudnn_attention = true;
+  const l3::model::MemoryLine with_cudnn = scratch_of(l3::model::plan_training_memory(in));
+  CHECK(with_cudnn.what == "CUDA scratch (lm_head + loss; cuDNN workspace extra)");
+  CHECK(with_cudnn.bytes > (std::int64_t{256} << 20));
+  CHECK(with_cudnn.bytes < (std::int64_t{512} << 20));
+  // The CPU backend has none of it.
+  in.compute = DType::f32;
+  CHECK(scratch_of(l3::model::plan_training_memory(in)).what.empty());
 }
