@@ -74,7 +74,8 @@ Scratch cuda_scratch(const ModelConfig& c, std::int64_t n, std::int64_t seq_len,
   const std::int64_t l = seq_len;
   const std::int64_t squares = c.n_kv_heads * l * l;
   const std::int64_t attention = piece(4 * squares) * 2 + piece(2 * squares) * 2 +
-                                 piece(4 * c.n_heads * l) + piece(4 * l * c.kv_size()) * 2;
+                                 piece(std::int64_t{4} * c.n_heads * l) +
+                                 piece(4 * l * c.kv_size()) * 2;
   // Converting copies between host and device: 16M elements per chunk.
   const std::int64_t conversion =
       piece((std::int64_t{16} << 20) * 4) + piece((std::int64_t{16} << 20) * 2);
