@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cuda/carver.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/cudnn_attention.hpp"
@@ -20,32 +21,6 @@ using kernels::DType;
 using kernels::TensorView;
 
 namespace {
-
-// Lays consecutive, 256-byte aligned arrays out in one scratch region.
-class Carver {
- public:
-  template <typename T>
-  std::size_t reserve(std::int64_t count) {
-    const std::size_t at = used_;
-    used_ +=
-        (static_cast<std::size_t>(std::max<std::int64_t>(count, 1)) * sizeof(T) + 255) / 256 * 256;
-    return at;
-  }
-  std::size_t reserve_bytes(std::size_t bytes) {
-    const std::size_t at = used_;
-    used_ += (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
-    return at;
-  }
-  [[nodiscard]] std::size_t total() const { return used_; }
-
- private:
-  std::size_t used_ = 0;
-};
-
-template <typename T>
-T* at(void* base, std::size_t offset) {
-  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);  // NOLINT: carved scratch
-}
 
 template <typename T>
 const T* in(TensorView x, std::int64_t count, std::string_view op, std::string_view name) {

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cuda/carver.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace l3::cuda {
@@ -147,25 +148,6 @@ class DeviceBuffer {
   std::unique_ptr<void, DeviceFree> data_;
   std::size_t bytes_ = 0;
 };
-
-// Consecutive 256-byte aligned pieces of one buffer.
-class Carver {
- public:
-  std::size_t reserve(std::size_t bytes) {
-    const std::size_t at = used_;
-    used_ += (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
-    return at;
-  }
-  [[nodiscard]] std::size_t total() const { return used_; }
-
- private:
-  std::size_t used_ = 0;
-};
-
-template <typename T>
-T* piece(void* base, std::size_t offset) {
-  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);  // NOLINT: carved scratch
-}
 
 // ---- the operation graph -----------------------------------------------------------------------
 
@@ -699,17 +681,17 @@ struct TablesAt {
 
 TablesAt reserve_tables(Carver& carve, std::int64_t batch) {
   const auto entries = static_cast<std::size_t>(batch);
-  TablesAt at;
-  at.seq_len = carve.reserve(entries * sizeof(std::int32_t));
-  at.offset_q = carve.reserve((entries + 1) * sizeof(std::int64_t));
-  at.offset_kv = carve.reserve((entries + 1) * sizeof(std::int64_t));
-  at.offset_stats = carve.reserve((entries + 1) * sizeof(std::int64_t));
-  return at;
+  TablesAt where;
+  where.seq_len = carve.reserve_bytes(entries * sizeof(std::int32_t));
+  where.offset_q = carve.reserve_bytes((entries + 1) * sizeof(std::int64_t));
+  where.offset_kv = carve.reserve_bytes((entries + 1) * sizeof(std::int64_t));
+  where.offset_stats = carve.reserve_bytes((entries + 1) * sizeof(std::int64_t));
+  return where;
 }
 
-Tables place_tables(void* base, const TablesAt& at) {
-  return {piece<std::int32_t>(base, at.seq_len), piece<std::int64_t>(base, at.offset_q),
-          piece<std::int64_t>(base, at.offset_kv), piece<std::int64_t>(base, at.offset_stats)};
+Tables place_tables(void* base, const TablesAt& where) {
+  return {at<std::int32_t>(base, where.seq_len), at<std::int64_t>(base, where.offset_q),
+          at<std::int64_t>(base, where.offset_kv), at<std::int64_t>(base, where.offset_stats)};
 }
 
 std::string join_first(const std::vector<std::string>& parts, std::size_t shown) {
@@ -799,20 +781,21 @@ std::unique_ptr<Plan> build_plan(const PlanKey& key, cudnnHandle_t handle,
           mode_name, count));
     }
     for (std::int64_t i = 0; i < std::min(returned, count); ++i) {
-      const auto at = static_cast<std::size_t>(i);
+      const auto index = static_cast<std::size_t>(i);
       Descriptor candidate = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, context, "plan");
-      set_descriptor(candidate.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[at], context,
+      set_descriptor(candidate.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[index], context,
                      "plan: engine configuration");
       // Finalising compiles the kernels (seconds for some engines); a refusal tries the next.
       if (const cudnnStatus_t status = cudnnBackendFinalize(candidate.get());
           status != CUDNN_STATUS_SUCCESS) {
         if (device != nullptr && status == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER) {
-          plan->engine = engine_name(raw[at]) + " (compiled; not loaded: no usable GPU driver)";
-          plan->config = std::move(configs[at]);
+          plan->engine = engine_name(raw[index]) + " (compiled; not loaded: no usable GPU driver)";
+          plan->config = std::move(configs[index]);
           plan->workspace = -1;
           return plan;
         }
-        refusals.push_back(refusal(status, fmt::format("{} {}", engine_name(raw[at]), mode_name)));
+        refusals.push_back(
+            refusal(status, fmt::format("{} {}", engine_name(raw[index]), mode_name)));
         continue;
       }
       std::int64_t workspace = 0;
@@ -822,11 +805,11 @@ std::unique_ptr<Plan> build_plan(const PlanKey& key, cudnnHandle_t handle,
               context, "plan workspace size");
       if (workspace < 0 || static_cast<std::size_t>(workspace) > max_workspace) {
         refusals.push_back(fmt::format("{} needs {} bytes of workspace (limit {})",
-                                       engine_name(raw[at]), workspace, max_workspace));
+                                       engine_name(raw[index]), workspace, max_workspace));
         continue;
       }
-      plan->engine = engine_name(raw[at]);
-      plan->config = std::move(configs[at]);
+      plan->engine = engine_name(raw[index]);
+      plan->config = std::move(configs[index]);
       plan->plan = std::move(candidate);
       plan->workspace = workspace;
       return plan;
@@ -1064,12 +1047,12 @@ bool CudnnAttention::Impl::forward(TensorView out, TensorView lse, TensorView q,
   // scratch: segment tables, token-major statistics (N + margin, heads), cuDNN's workspace
   Carver carve;
   const TablesAt tables_at = reserve_tables(carve, key.batch);
-  const std::size_t stats_at =
-      carve.reserve(static_cast<std::size_t>((n + kTokenMargin) * call.heads) * sizeof(float));
-  const std::size_t workspace_at = carve.reserve(static_cast<std::size_t>(plan->workspace));
+  const std::size_t stats_at = carve.reserve_bytes(
+      static_cast<std::size_t>((n + kTokenMargin) * call.heads) * sizeof(float));
+  const std::size_t workspace_at = carve.reserve_bytes(static_cast<std::size_t>(plan->workspace));
   void* base = buffer_.get(carve.total(), stream_);
   const Tables t = place_tables(base, tables_at);
-  auto* stats = piece<float>(base, stats_at);
+  auto* stats = at<float>(base, stats_at);
   fill_tables(t, cu_seqlens, call, key.batch);
 
   auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(call.head_dim)));
@@ -1082,7 +1065,7 @@ bool CudnnAttention::Impl::forward(TensorView out, TensorView lse, TensorView q,
                                           stats,       t.seq_len,     t.seq_len,   t.offset_q,
                                           t.offset_kv, t.offset_kv,   t.offset_q,  t.offset_stats,
                                           &scale,      &padding_fill, &causal_fill};
-  execute(*plan, uids, pointers, piece<void>(base, workspace_at));
+  execute(*plan, uids, pointers, at<void>(base, workspace_at));
   // lse (heads, N) from the token-major statistics (N, heads)
   detail::transpose_f32(static_cast<float*>(lse.data()), stats, n, call.heads, stream_);
   return true;
@@ -1124,28 +1107,28 @@ bool CudnnAttention::Impl::backward(TensorView dq, TensorView dk, TensorView dv,
   const auto rows = static_cast<std::size_t>((n + kTokenMargin) * call.heads);
   Carver carve;
   const TablesAt tables_at = reserve_tables(carve, key.batch);
-  const std::size_t stats_at = carve.reserve(rows * sizeof(float));
-  const std::size_t dot_at = carve.reserve(rows * sizeof(float));
+  const std::size_t stats_at = carve.reserve_bytes(rows * sizeof(float));
+  const std::size_t dot_at = carve.reserve_bytes(rows * sizeof(float));
   const std::size_t accum_bytes =
       key.deterministic ? 0 : rows * static_cast<std::size_t>(call.head_dim) * sizeof(float);
-  const std::size_t accum_at = carve.reserve(accum_bytes);
+  const std::size_t accum_at = carve.reserve_bytes(accum_bytes);
   // GQA per-query-head dK, dV: bf16 in the graph, sized for fp32 as cudnn-frontend does
   const bool gqa = call.heads != call.kv_heads;
   const std::size_t full_bytes =
       gqa ? rows * static_cast<std::size_t>(call.head_dim) * sizeof(float) : 0;
-  const std::size_t dk_full_at = carve.reserve(full_bytes);
-  const std::size_t dv_full_at = carve.reserve(full_bytes);
-  const std::size_t workspace_at = carve.reserve(static_cast<std::size_t>(plan->workspace));
+  const std::size_t dk_full_at = carve.reserve_bytes(full_bytes);
+  const std::size_t dv_full_at = carve.reserve_bytes(full_bytes);
+  const std::size_t workspace_at = carve.reserve_bytes(static_cast<std::size_t>(plan->workspace));
   void* base = buffer_.get(carve.total(), stream_);
   const Tables t = place_tables(base, tables_at);
-  auto* stats = piece<float>(base, stats_at);
+  auto* stats = at<float>(base, stats_at);
   fill_tables(t, cu_seqlens, call, key.batch);
   // token-major statistics (N, heads) from lse (heads, N)
   detail::transpose_f32(stats, static_cast<const float*>(lse.data()), call.heads, n, stream_);
   if (accum_bytes > 0) {
     // cuDNN >= 9.6 clears it itself (cudnn-frontend stopped doing so); cheap insurance
     if (const cudaError_t status =
-            cudaMemsetAsync(piece<void>(base, accum_at), 0, accum_bytes, stream_);
+            cudaMemsetAsync(at<void>(base, accum_at), 0, accum_bytes, stream_);
         status != cudaSuccess) {
       check(status, fmt::format("{}: clear the dQ accumulator", describe(key)));
     }
@@ -1159,24 +1142,22 @@ bool CudnnAttention::Impl::backward(TensorView dq, TensorView dk, TensorView dv,
       kQ,           kK,          kV,       kO,       kDo,      kStats,       kSeqLenQ,
       kSeqLenKv,    kOffsetQ,    kOffsetK, kOffsetV, kOffsetO, kOffsetStats, kScale,
       kPaddingFill, kCausalFill, kOne,     kRowDot,  kDq,      kDk,          kDv};
-  std::vector<void*> pointers = {q.data(),       k.data(),    v.data(),
-                                 out.data(),     dout.data(), stats,
-                                 t.seq_len,      t.seq_len,   t.offset_q,
-                                 t.offset_kv,    t.offset_kv, t.offset_q,
-                                 t.offset_stats, &scale,      &padding_fill,
-                                 &causal_fill,   &one,        piece<float>(base, dot_at),
-                                 dq.data(),      dk.data(),   dv.data()};
+  std::vector<void*> pointers = {
+      q.data(),       k.data(),  v.data(),      out.data(),   dout.data(), stats,
+      t.seq_len,      t.seq_len, t.offset_q,    t.offset_kv,  t.offset_kv, t.offset_q,
+      t.offset_stats, &scale,    &padding_fill, &causal_fill, &one,        at<float>(base, dot_at),
+      dq.data(),      dk.data(), dv.data()};
   if (!key.deterministic) {
     uids.push_back(kDqAccum);
-    pointers.push_back(piece<float>(base, accum_at));
+    pointers.push_back(at<float>(base, accum_at));
   }
   if (gqa) {
     uids.push_back(kDkFull);
-    pointers.push_back(piece<void>(base, dk_full_at));
+    pointers.push_back(at<void>(base, dk_full_at));
     uids.push_back(kDvFull);
-    pointers.push_back(piece<void>(base, dv_full_at));
+    pointers.push_back(at<void>(base, dv_full_at));
   }
-  execute(*plan, uids, pointers, piece<void>(base, workspace_at));
+  execute(*plan, uids, pointers, at<void>(base, workspace_at));
   return true;
 }
 

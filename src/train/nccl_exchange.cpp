@@ -116,15 +116,10 @@ class NcclExchange final : public GradientExchange {
                  what);
       return;
     }
-    check_nccl(ncclGroupStart(), what);
-    for (int r = 0; r < size_; ++r) {
-      const Range p = pieces[static_cast<std::size_t>(r)];
-      if (p.size() == 0) continue;
-      check_nccl(ncclReduce(element(values, p.begin), element(values, p.begin),
-                            static_cast<std::size_t>(p.size()), type, ncclSum, r, comm_, stream_),
-                 what);
-    }
-    check_nccl(ncclGroupEnd(), what);
+    // Uneven pieces: one reduce to each piece's owner, in place, as one group.
+    per_piece(values, pieces, what, [&](void* piece, std::size_t count, int owner) {
+      return ncclReduce(piece, piece, count, type, ncclSum, owner, comm_, stream_);
+    });
   }
 
   void all_gather(kernels::TensorView values, Range bucket,
@@ -139,15 +134,10 @@ class NcclExchange final : public GradientExchange {
                  what);
       return;
     }
-    check_nccl(ncclGroupStart(), what);
-    for (int r = 0; r < size_; ++r) {
-      const Range p = pieces[static_cast<std::size_t>(r)];
-      if (p.size() == 0) continue;
-      check_nccl(ncclBroadcast(element(values, p.begin), element(values, p.begin),
-                               static_cast<std::size_t>(p.size()), type, r, comm_, stream_),
-                 what);
-    }
-    check_nccl(ncclGroupEnd(), what);
+    // Uneven pieces: each owner broadcasts its piece, in place, as one group.
+    per_piece(values, pieces, what, [&](void* piece, std::size_t count, int owner) {
+      return ncclBroadcast(piece, piece, count, type, owner, comm_, stream_);
+    });
   }
 
   void join() override {
@@ -159,6 +149,19 @@ class NcclExchange final : public GradientExchange {
   }
 
  private:
+  // call(piece pointer, count, owning rank) for every non-empty piece, inside one NCCL group.
+  template <typename Call>
+  void per_piece(kernels::TensorView values, std::span<const Range> pieces, const std::string& what,
+                 Call call) {
+    check_nccl(ncclGroupStart(), what);
+    for (int r = 0; r < size_; ++r) {
+      const Range p = pieces[static_cast<std::size_t>(r)];
+      if (p.size() > 0)
+        check_nccl(call(element(values, p.begin), static_cast<std::size_t>(p.size()), r), what);
+    }
+    check_nccl(ncclGroupEnd(), what);
+  }
+
   // failing: unwinding from an error, when peers may never join a last collective (abort).
   void release(bool failing) noexcept {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);

@@ -28,19 +28,9 @@ fail() {
 pass() { echo "ok   [$1]"; }
 
 # --- data: a reversal task (SFT) and preference pairs, prepared with the bytes tokenizer ---
-for i in $(seq 1 120); do
-  w="word$((i % 37))x$((i % 5))"
-  printf '{"prompt":"Reverse %s.","completion":"%s"}\n' "$w" "$(echo "$w" | rev)"
-done >"$work/sft.jsonl"
-for i in $(seq 1 120); do
-  w="item$((i % 29))y$((i % 3))"
-  printf '{"prompt":"Reverse %s.","chosen":"%s","rejected":"%s ?"}\n' "$w" "$(echo "$w" | rev)" "$w"
-done >"$work/pref.jsonl"
-"$bin" prep sft --input "$work/sft.jsonl" --tokenizer bytes --output "$work/sft" >/dev/null 2>&1 || {
-  echo "prep failed"
-  exit 1
-}
-"$bin" prep preference --input "$work/pref.jsonl" --tokenizer bytes --output "$work/pref" >/dev/null 2>&1 || {
+# shellcheck source=tests/support/reversal_data.sh
+source "$(dirname "$0")/../support/reversal_data.sh"
+prep_reversal_data "$bin" "$work" || {
   echo "prep failed"
   exit 1
 }

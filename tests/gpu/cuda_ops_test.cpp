@@ -22,20 +22,12 @@
 
 using l3::kernels::DType;
 using l3::test::download;
+using l3::test::expect_close;
 using l3::test::poisoned;
 using l3::test::rel_error;
 using l3::test::round_bf16;
 using l3::test::upload;
 using l3::test::upload_raw;
-
-namespace {
-void expect_close(const char* what, const std::vector<float>& gpu, const std::vector<float>& cpu,
-                  double tolerance) {
-  const double error = rel_error(gpu, cpu);
-  INFO(what << ": relative error " << error << " (tolerance " << tolerance << ")");
-  CHECK(error < tolerance);
-}
-}  // namespace
 
 TEST_CASE("f32 <-> bf16 copies round to nearest even", "[gpu]") {
   l3::cuda::CudaOps gpu;

@@ -23,6 +23,7 @@ using l3::kernels::Buffer;
 using l3::kernels::DType;
 using l3::kernels::TensorView;
 using l3::test::download;
+using l3::test::expect_close;
 using l3::test::poisoned;
 using l3::test::rel_error;
 using l3::test::round_bf16;
@@ -35,14 +36,6 @@ constexpr double kForwardTolerance = 2e-2;
 constexpr double kLseTolerance = 1e-3;
 constexpr double kBackwardTolerance = 3e-2;
 constexpr std::int64_t kGuard = 64;  // poisoned elements after every output
-
-void expect_close(const std::string& what, const std::vector<float>& actual,
-                  const std::vector<float>& expected, double tolerance) {
-  REQUIRE(actual.size() >= expected.size());
-  const double error = rel_error(actual, expected);
-  INFO(what << ": relative error " << error << " (tolerance " << tolerance << ")");
-  CHECK(error < tolerance);
-}
 
 // A NaN-filled device output of n elements followed by kGuard NaN elements nobody may write.
 struct Output {

@@ -6,10 +6,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "catch.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/tensor.hpp"
+#include "numeric_support.hpp"
 
 namespace l3::test {
 
@@ -49,6 +52,15 @@ inline kernels::Buffer poisoned(cuda::CudaOps& ops, std::int64_t n,
   return upload(
       ops, std::vector<float>(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN()),
       dtype);
+}
+
+// ||actual - expected|| / ||expected|| under `tolerance` (NaN never is), named in the report.
+inline void expect_close(const std::string& what, const std::vector<float>& actual,
+                         const std::vector<float>& expected, double tolerance) {
+  REQUIRE(actual.size() >= expected.size());
+  const double error = rel_error(actual, expected);
+  INFO(what << ": relative error " << error << " (tolerance " << tolerance << ")");
+  CHECK(error < tolerance);
 }
 
 }  // namespace l3::test

@@ -32,17 +32,9 @@ fail() {
 }
 pass() { echo "ok   [$1]"; }
 
-for i in $(seq 1 120); do
-  w="word$((i % 37))x$((i % 5))"
-  printf '{"prompt":"Reverse %s.","completion":"%s"}\n' "$w" "$(echo "$w" | rev)"
-done >"$work/sft.jsonl"
-for i in $(seq 1 120); do
-  w="item$((i % 29))y$((i % 3))"
-  printf '{"prompt":"Reverse %s.","chosen":"%s","rejected":"%s ?"}\n' "$w" "$(echo "$w" | rev)" "$w"
-done >"$work/pref.jsonl"
-if ! "$bin" prep sft --input "$work/sft.jsonl" --tokenizer bytes --output "$work/sft" >/dev/null ||
-  ! "$bin" prep preference --input "$work/pref.jsonl" --tokenizer bytes --output "$work/pref" \
-    >/dev/null; then
+# shellcheck source=tests/support/reversal_data.sh
+source "$(dirname "$0")/../support/reversal_data.sh"
+if ! prep_reversal_data "$bin" "$work"; then
   echo "prep failed"
   exit 1
 fi

@@ -75,18 +75,10 @@ show_output() {  # the last lines of a job's output file
 digest() { "$bin" ckpt verify --json "$1" 2>/dev/null; }
 
 # --- data: a reversal task (SFT) and preference pairs ---
-for i in $(seq 1 120); do
-  w="word$((i % 37))x$((i % 5))"
-  printf '{"prompt":"Reverse %s.","completion":"%s"}\n' "$w" "$(echo "$w" | rev)"
-done >sft.jsonl
-for i in $(seq 1 120); do
-  w="item$((i % 29))y$((i % 3))"
-  printf '{"prompt":"Reverse %s.","chosen":"%s","rejected":"%s ?"}\n' "$w" "$(echo "$w" | rev)" "$w"
-done >pref.jsonl
-prep_data() {
-  "$bin" prep sft --input sft.jsonl --tokenizer bytes --output sft >/dev/null 2>&1 &&
-    "$bin" prep preference --input pref.jsonl --tokenizer bytes --output pref >/dev/null 2>&1
-}
+# shellcheck source=tests/support/reversal_data.sh
+source "$source_dir/tests/support/reversal_data.sh"
+write_reversal_jsonl .
+prep_data() { prep_reversal_data "$bin" .; }
 
 # sft_config FILE CKPT_DIR STEPS [KEY=VALUE...]: a tiny-model SFT config; KEY=VALUE adds or replaces.
 sft_config() {

@@ -1,0 +1,23 @@
+# shellcheck shell=bash
+# Sourced by the shell tests: the synthetic task they train on. write_reversal_jsonl DIR writes
+# DIR/sft.jsonl (120 "Reverse X." prompts with X reversed as the completion) and DIR/pref.jsonl
+# (120 pairs: the reversal chosen, a wrong answer rejected); prep_reversal_data BIN DIR also
+# prepares them with the bytes tokenizer into DIR/sft and DIR/pref (non-zero exit on failure).
+write_reversal_jsonl() {
+  local dir=$1 i w
+  for i in $(seq 1 120); do
+    w="word$((i % 37))x$((i % 5))"
+    printf '{"prompt":"Reverse %s.","completion":"%s"}\n' "$w" "$(echo "$w" | rev)"
+  done >"$dir/sft.jsonl"
+  for i in $(seq 1 120); do
+    w="item$((i % 29))y$((i % 3))"
+    printf '{"prompt":"Reverse %s.","chosen":"%s","rejected":"%s ?"}\n' "$w" "$(echo "$w" | rev)" "$w"
+  done >"$dir/pref.jsonl"
+}
+prep_reversal_data() {
+  local bin=$1 dir=$2
+  write_reversal_jsonl "$dir" &&
+    "$bin" prep sft --input "$dir/sft.jsonl" --tokenizer bytes --output "$dir/sft" >/dev/null 2>&1 &&
+    "$bin" prep preference --input "$dir/pref.jsonl" --tokenizer bytes --output "$dir/pref" \
+      >/dev/null 2>&1
+}
