@@ -9,7 +9,8 @@
 #   4. the op benchmark (l3-bench-gpu: bf16 GEMM rate, copy bandwidth, per-op times);
 #   5. training throughput and MFU (l3-bench-train-throughput) for the 1B shape, then the
 #      Hugging Face baseline of the same shapes (bench/baselines/hf_train.py) where the node's
-#      python3 has torch, then the 8B shape.
+#      python3 has torch, then the 8B shape (fallback and cuDNN attention);
+#   6. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
 # Writes under OUTDIR: logs, tests.xml (JUnit) and gpu-<date>-<gpu>.json, the results file
 # committed to bench/results/ (schema in docs/GPU.md).
 #   bash .gpubundle/run.sh bash tools/gpu-check.sh OUTDIR
@@ -105,14 +106,24 @@ train cudnn 8b-sft
 baseline 8b-sft
 train fallback 8b-reward
 
-python3 - "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" \
+# Last, while time is left: cuDNN's attention under compute-sanitizer's memcheck (reads past the
+# last packed token are possible in principle with ragged layouts; the tests see only writes).
+memcheck_rc=-1
+if command -v compute-sanitizer >/dev/null && stage "memcheck cuDNN attention" 150; then
+  timeout "$(limit 150)" compute-sanitizer --tool memcheck --error-exitcode 9 l3_gpu_tests \
+    "cuDNN attention, GQA 8/2 heads, head_dim 64, segments of 37 3 260 1 119" >"$out/memcheck.log" 2>&1
+  memcheck_rc=$?
+  tail -3 "$out/memcheck.log"
+fi
+
+python3 - "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
   "$(($(date +%s) - start))" "$(
     IFS=';'
     echo "${skipped[*]:-}"
   )" <<'PY'
 import json, sys, os, re, glob, datetime, xml.etree.ElementTree as ET
-out, smoke, tests_rc, training_rc, bench_rc, seconds = sys.argv[1], *map(int, sys.argv[2:7])
-skipped = [s for s in sys.argv[7].split(";") if s] if len(sys.argv) > 7 else []
+out, smoke, tests_rc, training_rc, bench_rc, memcheck_rc, seconds = sys.argv[1], *map(int, sys.argv[2:8])
+skipped = [s for s in sys.argv[8].split(";") if s] if len(sys.argv) > 8 else []
 tests = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
 try:
     root = ET.parse(os.path.join(out, "tests.xml")).getroot()
@@ -138,7 +149,8 @@ try:
             tests["failures"].append({"test": "gpu/training: " + line[6:].strip().rstrip("]"), "message": ""})
 except OSError:
     pass
-tests.update(exit_code=tests_rc, training_exit_code=training_rc, smoke_exit_code=smoke)
+tests.update(exit_code=tests_rc, training_exit_code=training_rc, smoke_exit_code=smoke,
+             memcheck_exit_code=memcheck_rc)
 doc = {"impl": "llama3-hpc", "tests": tests, "bench_exit_code": bench_rc, "seconds": seconds,
        "skipped_stages": skipped}
 try:
