@@ -323,6 +323,14 @@ int main(int argc, char** argv) {
         rc = 2;
         continue;
       }
+      if (backend != "cuda" && c->preset != "tiny") {  // hours of CPU time for nothing useful
+        std::fprintf(stderr,
+                     "l3-bench-train-throughput: case %s needs the CUDA backend (on the CPU: "
+                     "tiny-sft, tiny-reward)\n",
+                     name.c_str());
+        rc = 2;
+        continue;
+      }
       try {
         json row = run_case(*c, backend, steps, warmup, peak, datasheet, dir);
         std::string mfu;
