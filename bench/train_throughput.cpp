@@ -127,7 +127,11 @@ std::string model_file(const Case& c, int layers, const fs::path& dir) {
   return path.string();
 }
 
-std::string g_attention = "fallback";  // --attention, for every case of this run
+// --attention, for every case of this run.
+std::string& attention_choice() {
+  static std::string choice = "fallback";
+  return choice;
+}
 
 std::vector<std::string> run_args(const std::string& phase, const Case& c, const std::string& model,
                                   std::int64_t rows, int steps, const std::string& backend,
@@ -153,7 +157,7 @@ std::vector<std::string> run_args(const std::string& phase, const Case& c, const
   if (recompute) args.emplace_back("--recompute");
   if (backend == "cuda") {
     args.emplace_back("--attention");
-    args.push_back(g_attention);
+    args.push_back(attention_choice());
   }
   return args;
 }
@@ -244,7 +248,7 @@ json run_case(const Case& c, const std::string& backend, int steps, int warmup, 
       {"seq", c.seq},
       {"micro_batch", choice.rows},
       {"recompute", choice.recompute},
-      {"attention", backend == "cuda" ? g_attention : std::string("cpu")},
+      {"attention", backend == "cuda" ? attention_choice() : std::string("cpu")},
       {"planned_gib", static_cast<double>(choice.planned_bytes) / (1 << 30)},
       {"steps_timed", step_ms.size()},
       {"tokens_per_s", tps},
@@ -295,7 +299,7 @@ int main(int argc, char** argv) {
       else if (a == "--json")
         json_path = next();
       else if (a == "--attention")
-        g_attention = next();
+        attention_choice() = next();
       else {
         std::fprintf(stderr, "l3-bench-train-throughput: unknown argument %s\n", a.c_str());
         MPI_Finalize();
