@@ -13,6 +13,7 @@
 #include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/lt_matmul.hpp"
+#include "kernels/cuda/scratch_sizes.hpp"
 
 namespace l3::cuda {
 
@@ -34,9 +35,6 @@ template <typename T>
 T* out(TensorView x, std::int64_t count, std::string_view op, std::string_view name) {
   return const_cast<T*>(in<T>(x, count, op, name));  // NOLINT: views are untyped memory
 }
-
-constexpr std::size_t kLogitBlockBytes = 256ULL << 20U;  // fp32 logits of one block of tokens
-constexpr std::int64_t kCopyChunkElements = std::int64_t{16} << 20U;  // converting host copies
 
 // C (rows x cols) = alpha op(A) op(B) + beta C with bf16 operands (see RowMajorGemm).
 RowMajorGemm gemm(std::int64_t rows, std::int64_t cols, std::int64_t inner, const void* a,
@@ -584,8 +582,7 @@ kernels::LossSum CudaOps::lm_head_cross_entropy(TensorView dh, TensorView dw, Te
   const auto* wd = in<BFloat16>(w, vocab * hidden, "lm_head_cross_entropy", "w");
   const auto* td = in<std::int32_t>(targets, n, "lm_head_cross_entropy", "targets");
   const auto* md = in<std::uint8_t>(mask, n, "lm_head_cross_entropy", "mask");
-  const std::int64_t block = std::max<std::int64_t>(
-      1, std::min<std::int64_t>(n, static_cast<std::int64_t>(kLogitBlockBytes) / (vocab * 4)));
+  const std::int64_t block = logit_block_rows(n, vocab);
 
   Carver carve;
   const std::size_t indices_at = carve.reserve<std::int32_t>(n);

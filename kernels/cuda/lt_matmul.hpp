@@ -13,6 +13,7 @@
 #include <memory>
 #include <tuple>
 
+#include "kernels/cuda/scratch_sizes.hpp"
 #include "kernels/tensor.hpp"
 
 namespace l3::cuda {
@@ -41,7 +42,7 @@ struct RowMajorGemm {
 
 class LtMatmul {
  public:
-  explicit LtMatmul(std::size_t workspace_bytes = 32ULL << 20U);
+  explicit LtMatmul(std::size_t workspace_bytes = kLtWorkspaceBytes);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/cuda/carver.hpp"
+#include "kernels/cuda/scratch_sizes.hpp"
+
 namespace l3::model {
 
 namespace {
@@ -47,8 +50,8 @@ Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_
   return w;
 }
 
-// The CUDA backend's temporaries: one grow-only buffer sized by the largest op (CudaOps' Carver,
-// 256-byte pieces), plus the cuBLASLt workspace. Keep in step with kernels/cuda/cuda_ops.cpp.
+// The CUDA backend's temporaries: one grow-only buffer sized by the largest op, carved as
+// CudaOps carves it (kernels/cuda/cuda_ops.cpp), plus the cuBLASLt workspace.
 struct Scratch {
   std::int64_t bytes = 0;
   std::string largest;
@@ -56,32 +59,44 @@ struct Scratch {
 
 Scratch cuda_scratch(const ModelConfig& c, std::int64_t n, std::int64_t seq_len,
                      bool cudnn_attention) {
-  auto piece = [](std::int64_t bytes) {
-    return (std::max<std::int64_t>(bytes, 1) + 255) / 256 * 256;
-  };
   const std::int64_t v = c.vocab_size;
   const std::int64_t h = c.hidden_size;
-  // lm_head + cross-entropy: fp32 logits of a block of tokens (256 MiB), their bf16 gradient,
-  // the block's hidden states and their gradient, per-token indices/targets/losses, and CUB's
+  // lm_head + cross-entropy: per-token indices/targets/losses, the count and the loss, a logit
+  // block's hidden states and their gradient, its fp32 logits and bf16 gradient, and CUB's
   // selection workspace (about 1 MiB).
-  const std::int64_t block =
-      std::max<std::int64_t>(1, std::min<std::int64_t>(n, (std::int64_t{256} << 20) / (v * 4)));
-  const std::int64_t lm_head = piece(4 * n) * 3 + piece(4) + piece(8) + piece(2 * block * h) * 2 +
-                               piece(4 * block * v) + piece(2 * block * v) +
-                               (std::int64_t{1} << 20);
+  const std::int64_t block = cuda::logit_block_rows(n, v);
+  cuda::Carver lm;
+  lm.reserve<std::int32_t>(n);
+  lm.reserve<std::int32_t>(1);
+  lm.reserve<std::int32_t>(n);
+  lm.reserve<float>(n);
+  lm.reserve<double>(1);
+  lm.reserve<std::uint16_t>(block * h);
+  lm.reserve<std::uint16_t>(block * h);
+  lm.reserve<float>(block * v);
+  lm.reserve<std::uint16_t>(block * v);
+  lm.reserve_bytes(std::size_t{1} << 20U);
   // Fallback attention backward for the longest possible segment (a whole row): scores, P,
   // dP, dS of every KV head's group, row dots, fp32 dK and dV of the segment.
   const std::int64_t l = seq_len;
   const std::int64_t squares = c.n_kv_heads * l * l;
-  const std::int64_t attention = piece(4 * squares) * 2 + piece(2 * squares) * 2 +
-                                 piece(std::int64_t{4} * c.n_heads * l) +
-                                 piece(4 * l * c.kv_size()) * 2;
-  // Converting copies between host and device: 16M elements per chunk.
-  const std::int64_t conversion =
-      piece((std::int64_t{16} << 20) * 4) + piece((std::int64_t{16} << 20) * 2);
-  Scratch s{lm_head, "lm_head + loss"};
-  if (!cudnn_attention && attention > s.bytes) s = {attention, "fallback attention"};
-  if (conversion > s.bytes) s = {conversion, "converting copies"};
+  cuda::Carver attention;
+  attention.reserve<float>(squares);
+  attention.reserve<std::uint16_t>(squares);
+  attention.reserve<float>(squares);
+  attention.reserve<std::uint16_t>(squares);
+  attention.reserve<float>(c.n_heads * l);
+  attention.reserve<float>(l * c.kv_size());
+  attention.reserve<float>(l * c.kv_size());
+  // Converting copies between host and device, a chunk at a time.
+  cuda::Carver conversion;
+  conversion.reserve<float>(cuda::kCopyChunkElements);
+  conversion.reserve<std::uint16_t>(cuda::kCopyChunkElements);
+
+  auto bytes = [](const cuda::Carver& carve) { return static_cast<std::int64_t>(carve.total()); };
+  Scratch s{bytes(lm), "lm_head + loss"};
+  if (!cudnn_attention && bytes(attention) > s.bytes) s = {bytes(attention), "fallback attention"};
+  if (bytes(conversion) > s.bytes) s = {bytes(conversion), "converting copies"};
   return s;
 }
 
@@ -138,7 +153,8 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
     plan.lines.push_back({fmt::format("CUDA scratch ({}{})", scratch.largest,
                                       in.cudnn_attention ? "; cuDNN workspace extra" : ""),
                           scratch.bytes});
-    plan.lines.push_back({"cuBLASLt workspace", std::int64_t{32} << 20});
+    plan.lines.push_back(
+        {"cuBLASLt workspace", static_cast<std::int64_t>(cuda::kLtWorkspaceBytes)});
   }
   return plan;
 }
