@@ -269,18 +269,21 @@ void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, 
     std::vector<std::int32_t> targets(static_cast<std::size_t>(n));
     for (std::int64_t t = 0; t < n; ++t)
       targets[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919) % s.vocab);
-    const std::vector<std::uint8_t> mask(static_cast<std::size_t>(n), 1);
+    std::vector<std::int32_t> rows(static_cast<std::size_t>(n));
+    for (std::int64_t t = 0; t < n; ++t)
+      rows[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
     Buffer tb = gpu.allocate(DType::i32, n);
-    Buffer mb = gpu.allocate(DType::u8, n);
+    Buffer rb = gpu.allocate(DType::i32, n);
+    Buffer loss = gpu.allocate(DType::f64, 1);
     gpu.copy(tb.view(), TensorView(std::span<const std::int32_t>(targets)));
-    gpu.copy(mb.view(), TensorView(std::span<const std::uint8_t>(mask)));
+    gpu.copy(rb.view(), TensorView(std::span<const std::int32_t>(rows)));
     record("lm_head + CE fwd+bwd",
            time_ms(
                gpu,
                [&] {
-                 (void)gpu.lm_head_cross_entropy(dh.view(), dw_lm.view(), x.view(), w_lm.view(),
-                                                 tb.view(), mb.view(), n, s.vocab, h,
-                                                 1.0F / static_cast<float>(n));
+                 gpu.lm_head_cross_entropy(loss.view(), dh.view(), dw_lm.view(), x.view(),
+                                           w_lm.view(), rb.view(), tb.view(), n, n, s.vocab, h,
+                                           1.0F / static_cast<float>(n));
                },
                repeats),
            6.0 * n * s.vocab * h, 0, -1);

@@ -132,15 +132,18 @@ class Ops {
     for (std::size_t i = 0; i < xs.size(); ++i) out[i] = sum_squares(xs[i], xs[i].numel());
   }
 
-  // ---- lm_head + masked cross-entropy, fused and chunked over tokens ----------------------
-  // h (N, H), w (V, H). targets (N) i32: the token that position t predicts; mask (N) u8: 1
-  // when position t counts. Returns the summed CE of counted positions (logits are built a
-  // block of tokens at a time, never for the whole batch). With dh non-empty, also
-  // dh (N, H) = grad_scale * d(sum CE)/dh (overwritten) and dw (V, H) += grad_scale * d/dw.
-  virtual LossSum lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h, TensorView w,
-                                        TensorView targets, TensorView mask, std::int64_t n,
-                                        std::int64_t vocab, std::int64_t hidden,
-                                        float grad_scale) = 0;
+  // ---- lm_head + cross-entropy, fused and chunked over tokens -------------------------------
+  // h (N, H), w (V, H). rows (C) i32: the positions whose loss counts (ascending), targets (C)
+  // i32: the token each of them predicts; C = counted, known to the caller (it built the mask),
+  // so that the backend sizes its work without reading anything back. Adds the summed CE of
+  // the C rows to loss_sum (1) f64 in backend memory: the caller reads it when it needs the
+  // value, and a backend with a queue does not wait here. Logits are built a block of tokens
+  // at a time, never for the whole batch. With dh non-empty, also dh (N, H) =
+  // grad_scale * d(sum CE)/dh (overwritten; uncounted rows 0) and dw (V, H) += grad_scale * d/dw.
+  virtual void lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw,
+                                     TensorView h, TensorView w, TensorView rows,
+                                     TensorView targets, std::int64_t n, std::int64_t counted,
+                                     std::int64_t vocab, std::int64_t hidden, float grad_scale) = 0;
 
   // ---- reward head: scores (P) f32 = h[rows[p]] . w, w (H) --------------------------------
   virtual void gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
@@ -150,6 +153,16 @@ class Ops {
   virtual void gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
                                    TensorView w, TensorView rows, std::int64_t count,
                                    std::int64_t hidden) = 0;
+
+  // ---- Bradley-Terry loss on P preference pairs (the reward model's) -----------------------
+  // scores (2P) f32: the chosen rows' scores, then the rejected rows'; margins (P) f32, or
+  // empty for none. loss_p = softplus(-(c - r - margin_p)) + center * (c + r)^2, in fp64.
+  // Adds {sum of loss_p, pairs with c > r, sum of c - r} to sums (3) f64 in backend memory
+  // (read when needed, as lm_head_cross_entropy's loss_sum); with d_scores (2P) f32 non-empty,
+  // d_scores = grad_scale * d loss / d scores.
+  virtual void bradley_terry(TensorView sums, TensorView d_scores, TensorView scores,
+                             TensorView margins, std::int64_t pairs, double center,
+                             float grad_scale) = 0;
 
   // ---- optimizer -------------------------------------------------------------------------
   // PyTorch's AdamW on n elements: p *= 1 - lr*wd; m, v updated with g*grad_scale;

@@ -116,13 +116,19 @@ class ProfilingOps final : public Ops {
   [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override {
     return timed("sum_squares", [&] { return inner_.sum_squares(x, n); });
   }
-  LossSum lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h, TensorView w,
-                                TensorView targets, TensorView mask, std::int64_t n,
-                                std::int64_t vocab, std::int64_t hidden,
-                                float grad_scale) override {
-    return timed("lm_head_cross_entropy", [&] {
-      return inner_.lm_head_cross_entropy(dh, dw, h, w, targets, mask, n, vocab, hidden,
-                                          grad_scale);
+  void lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
+                             TensorView w, TensorView rows, TensorView targets, std::int64_t n,
+                             std::int64_t counted, std::int64_t vocab, std::int64_t hidden,
+                             float grad_scale) override {
+    timed("lm_head_cross_entropy", [&] {
+      inner_.lm_head_cross_entropy(loss_sum, dh, dw, h, w, rows, targets, n, counted, vocab, hidden,
+                                   grad_scale);
+    });
+  }
+  void bradley_terry(TensorView sums, TensorView d_scores, TensorView scores, TensorView margins,
+                     std::int64_t pairs, double center, float grad_scale) override {
+    timed("bradley_terry", [&] {
+      inner_.bradley_terry(sums, d_scores, scores, margins, pairs, center, grad_scale);
     });
   }
   void gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,

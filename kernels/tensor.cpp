@@ -16,6 +16,8 @@ std::string_view dtype_name(DType dtype) noexcept {
       return "i32";
     case DType::u8:
       return "u8";
+    case DType::f64:
+      return "f64";
   }
   return "?";
 }

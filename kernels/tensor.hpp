@@ -11,7 +11,7 @@
 
 namespace l3::kernels {
 
-enum class DType : std::uint8_t { f32, bf16, i32, u8 };
+enum class DType : std::uint8_t { f32, bf16, i32, u8, f64 };
 
 [[nodiscard]] constexpr std::size_t dtype_size(DType dtype) noexcept {
   switch (dtype) {
@@ -23,6 +23,8 @@ enum class DType : std::uint8_t { f32, bf16, i32, u8 };
       return 4;
     case DType::u8:
       return 1;
+    case DType::f64:
+      return 8;
   }
   return 0;
 }
@@ -50,6 +52,10 @@ struct DTypeOf<std::int32_t> {
 template <>
 struct DTypeOf<std::uint8_t> {
   static constexpr DType value = DType::u8;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
 };
 template <typename T>
 inline constexpr DType dtype_of = DTypeOf<std::remove_const_t<T>>::value;

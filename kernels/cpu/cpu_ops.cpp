@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/adamw.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/cpu/checks.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
 #include "kernels/cpu/embedding.hpp"
@@ -139,14 +140,31 @@ void CpuOps::swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, 
 
 double CpuOps::sum_squares(TensorView x, std::int64_t n) { return cpu::sum_squares(cf32(x, n)); }
 
-LossSum CpuOps::lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h, TensorView w,
-                                      TensorView targets, TensorView mask, std::int64_t n,
-                                      std::int64_t vocab, std::int64_t hidden, float grad_scale) {
+void CpuOps::lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
+                                   TensorView w, TensorView rows, TensorView targets,
+                                   std::int64_t n, std::int64_t counted, std::int64_t vocab,
+                                   std::int64_t hidden, float grad_scale) {
   const cpu::CrossEntropySum sum = cpu::lm_head_cross_entropy(
       f32_or_empty(dh, n * hidden), dh.empty() ? std::span<float>{} : f32(dw, vocab * hidden),
-      cf32(h, n * hidden), cf32(w, vocab * hidden), ci32(targets, n),
-      mask.slice(0, n).as<const std::uint8_t>(), vocab, hidden, grad_scale);
-  return {sum.loss, sum.tokens};
+      cf32(h, n * hidden), cf32(w, vocab * hidden), ci32(rows, counted), ci32(targets, counted),
+      vocab, hidden, grad_scale);
+  loss_sum.slice(0, 1).as<double>()[0] += sum.loss;
+}
+
+void CpuOps::bradley_terry(TensorView sums, TensorView d_scores, TensorView scores,
+                           TensorView margins, std::int64_t pairs, double center,
+                           float grad_scale) {
+  const std::span<const float> all = cf32(scores, 2 * pairs);
+  const auto p = static_cast<std::size_t>(pairs);
+  const std::span<float> d_all = f32_or_empty(d_scores, 2 * pairs);
+  const cpu::PreferenceStats stats = cpu::bradley_terry(
+      all.first(p), all.last(p), margins.empty() ? std::span<const float>{} : cf32(margins, pairs),
+      center, grad_scale, d_all.empty() ? d_all : d_all.first(p),
+      d_all.empty() ? d_all : d_all.last(p));
+  const std::span<double> out = sums.slice(0, 3).as<double>();
+  out[0] += stats.loss;
+  out[1] += static_cast<double>(stats.correct);
+  out[2] += stats.margin;
 }
 
 void CpuOps::gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,

@@ -46,9 +46,12 @@ class CpuOps final : public Ops {
   void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
                        TensorView up, std::int64_t n) override;
   [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override;
-  LossSum lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h, TensorView w,
-                                TensorView targets, TensorView mask, std::int64_t n,
-                                std::int64_t vocab, std::int64_t hidden, float grad_scale) override;
+  void lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
+                             TensorView w, TensorView rows, TensorView targets, std::int64_t n,
+                             std::int64_t counted, std::int64_t vocab, std::int64_t hidden,
+                             float grad_scale) override;
+  void bradley_terry(TensorView sums, TensorView d_scores, TensorView scores, TensorView margins,
+                     std::int64_t pairs, double center, float grad_scale) override;
   void gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
                   std::int64_t count, std::int64_t hidden) override;
   void gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,

@@ -15,36 +15,37 @@ namespace l3::kernels::cpu {
 
 CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
                                       std::span<const float> h, std::span<const float> w,
-                                      std::span<const std::int32_t> targets,
-                                      std::span<const std::uint8_t> mask, std::int64_t vocab,
+                                      std::span<const std::int32_t> rows,
+                                      std::span<const std::int32_t> targets, std::int64_t vocab,
                                       std::int64_t hidden, float grad_scale,
                                       std::int64_t block_bytes) {
-  const auto n = static_cast<std::int64_t>(targets.size());
+  const auto n = static_cast<std::int64_t>(h.size()) / std::max<std::int64_t>(hidden, 1);
   const bool backward = !dh.empty();
   require_size(h.size(), n * hidden, "lm_head_cross_entropy", "h");
   require_size(w.size(), vocab * hidden, "lm_head_cross_entropy", "w");
-  require_size(mask.size(), n, "lm_head_cross_entropy", "mask");
+  require_size(targets.size(), static_cast<std::int64_t>(rows.size()), "lm_head_cross_entropy",
+               "targets");
   if (backward) {
     require_size(dh.size(), n * hidden, "lm_head_cross_entropy", "dh");
     require_size(dw.size(), vocab * hidden, "lm_head_cross_entropy", "dw");
     std::fill(dh.begin(), dh.end(), 0.0F);
   }
 
-  std::vector<std::int64_t> counted;
-  for (std::int64_t t = 0; t < n; ++t) {
-    if (mask[static_cast<std::size_t>(t)] == 0) continue;
-    const std::int32_t target = targets[static_cast<std::size_t>(t)];
-    if (target < 0 || target >= vocab) {
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r] < 0 || rows[r] >= n) {
+      throw core::internal_error(
+          fmt::format("lm_head_cross_entropy: counted row {} outside [0, {})", rows[r], n));
+    }
+    if (targets[r] < 0 || targets[r] >= vocab) {
       throw core::bad_input(
           fmt::format("target token id {} at position {} is outside the "
                       "vocabulary [0, {})",
-                      target, t, vocab));
+                      targets[r], rows[r], vocab));
     }
-    counted.push_back(t);
   }
   CrossEntropySum result;
-  result.tokens = static_cast<std::int64_t>(counted.size());
-  if (counted.empty()) return result;
+  result.tokens = static_cast<std::int64_t>(rows.size());
+  if (rows.empty()) return result;
 
   const std::int64_t block = std::clamp<std::int64_t>(
       block_bytes / (vocab * static_cast<std::int64_t>(sizeof(float))), 1, result.tokens);
@@ -56,21 +57,21 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
   const int ih = blas_int(hidden, "lm_head_cross_entropy");
 
   for (std::int64_t begin = 0; begin < result.tokens; begin += block) {
-    const std::int64_t rows = std::min(block, result.tokens - begin);
-    const int ir = static_cast<int>(rows);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      std::memcpy(hb.data() + r * hidden,
-                  h.data() + counted[static_cast<std::size_t>(begin + r)] * hidden,
-                  static_cast<std::size_t>(hidden) * sizeof(float));
+    const std::int64_t count = std::min(block, result.tokens - begin);
+    const int ir = static_cast<int>(count);
+    for (std::int64_t r = 0; r < count; ++r) {
+      std::memcpy(
+          hb.data() + r * hidden,
+          h.data() + static_cast<std::int64_t>(rows[static_cast<std::size_t>(begin + r)]) * hidden,
+          static_cast<std::size_t>(hidden) * sizeof(float));
     }
-    // logits (rows, V) = hb (rows, H) . w^T (H, V)
+    // logits (count, V) = hb (count, H) . w^T (H, V)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, iv, ih, 1.0F, hb.data(), ih, w.data(),
                 ih, 0.0F, logits.data(), iv);
 #pragma omp parallel for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t r = 0; r < count; ++r) {
       float* row = logits.data() + r * vocab;
-      const std::int32_t target =
-          targets[static_cast<std::size_t>(counted[static_cast<std::size_t>(begin + r)])];
+      const std::int32_t target = targets[static_cast<std::size_t>(begin + r)];
       const float target_logit = row[target];
       const SoftmaxRow s = exp_row(row, vocab);  // row = exp(logits - max)
       const double lse = static_cast<double>(s.max) + std::log(static_cast<double>(s.sum));
@@ -81,16 +82,17 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
         row[target] -= grad_scale;
       }
     }
-    for (std::int64_t r = 0; r < rows; ++r) result.loss += row_loss[static_cast<std::size_t>(r)];
+    for (std::int64_t r = 0; r < count; ++r) result.loss += row_loss[static_cast<std::size_t>(r)];
     if (!backward) continue;
-    // dhb (rows, H) = dlogits (rows, V) . w (V, H)
+    // dhb (count, H) = dlogits (count, V) . w (V, H)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ir, ih, iv, 1.0F, logits.data(), iv,
                 w.data(), ih, 0.0F, dhb.data(), ih);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      std::memcpy(dh.data() + counted[static_cast<std::size_t>(begin + r)] * hidden,
-                  dhb.data() + r * hidden, static_cast<std::size_t>(hidden) * sizeof(float));
+    for (std::int64_t r = 0; r < count; ++r) {
+      std::memcpy(
+          dh.data() + static_cast<std::int64_t>(rows[static_cast<std::size_t>(begin + r)]) * hidden,
+          dhb.data() + r * hidden, static_cast<std::size_t>(hidden) * sizeof(float));
     }
-    // dw (V, H) += dlogits^T (V, rows) . hb (rows, H)
+    // dw (V, H) += dlogits^T (V, count) . hb (count, H)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, iv, ih, ir, 1.0F, logits.data(), iv,
                 hb.data(), ih, 1.0F, dw.data(), ih);
   }

@@ -1,7 +1,7 @@
 // The lm_head and the masked cross-entropy, fused: logits are computed for a block of counted
 // tokens at a time (never for the whole batch), turned into the loss and, in the same pass,
-// into the gradients of the hidden states and of the lm_head weights. Tokens whose mask is 0
-// cost nothing (SFT masks the prompt).
+// into the gradients of the hidden states and of the lm_head weights. Only the counted rows cost
+// anything (SFT does not count the prompt).
 #pragma once
 
 #include <cstdint>
@@ -17,12 +17,13 @@ struct CrossEntropySum {
 // Memory for logits of one block: about this many bytes (at least one token).
 inline constexpr std::int64_t kLogitBlockBytes = 64LL << 20U;
 
-// h (N, H); w (V, H); targets (N); mask (N). With dh non-empty: dh (N, H) =
-// grad_scale * d(loss)/dh (rows not counted are 0) and dw (V, H) += grad_scale * d(loss)/dw.
+// h (N, H); w (V, H); rows (C): the counted positions, in the order their losses are summed;
+// targets (C): the token each predicts. With dh non-empty: dh (N, H) = grad_scale * d(loss)/dh
+// (rows not counted are 0) and dw (V, H) += grad_scale * d(loss)/dw.
 CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
                                       std::span<const float> h, std::span<const float> w,
-                                      std::span<const std::int32_t> targets,
-                                      std::span<const std::uint8_t> mask, std::int64_t vocab,
+                                      std::span<const std::int32_t> rows,
+                                      std::span<const std::int32_t> targets, std::int64_t vocab,
                                       std::int64_t hidden, float grad_scale,
                                       std::int64_t block_bytes = kLogitBlockBytes);
 

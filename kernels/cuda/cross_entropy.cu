@@ -1,7 +1,6 @@
-// The row-wise parts of the fused lm_head + cross-entropy: selecting the counted positions,
-// gathering their hidden states, and the softmax / loss / gradient of one block of logits.
-#include <cub/cub.cuh>
-
+// The row-wise parts of the fused lm_head + cross-entropy: gathering the counted rows' hidden
+// states (the host lists them: no selection on the device, nothing read back), and the
+// softmax / loss / gradient of one block of logits.
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/device_utils.cuh"
@@ -52,22 +51,6 @@ __global__ void softmax_cross_entropy_kernel(float* loss, bf16* dlogits, const f
   }
 }
 
-__global__ void gather_targets_kernel(std::int32_t* out, const std::int32_t* targets,
-                                      const std::int32_t* indices, std::int64_t count) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i < count) out[i] = targets[indices[i]];
-}
-
-__global__ void iota_kernel(std::int32_t* out, std::int64_t n) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = static_cast<std::int32_t>(i);
-}
-
-// The select workspace: the candidate positions 0..n-1, then cub's temporary storage.
-std::size_t positions_bytes(std::int64_t n) {
-  return (static_cast<std::size_t>(n) * sizeof(std::int32_t) + 255) / 256 * 256;
-}
-
 }  // namespace
 
 void gather_rows(BFloat16* out, const BFloat16* h, const std::int32_t* rows, std::int64_t count,
@@ -94,35 +77,6 @@ void softmax_cross_entropy(float* loss, BFloat16* dlogits, const float* logits,
       loss, dlogits == nullptr ? nullptr : device_cast(dlogits), logits, targets, vocab,
       grad_scale);
   check_launch("softmax cross-entropy");
-}
-
-std::size_t select_workspace(std::int64_t n) {
-  std::size_t bytes = 0;
-  cub::DeviceSelect::Flagged(nullptr, bytes, static_cast<const std::int32_t*>(nullptr),
-                             static_cast<const std::uint8_t*>(nullptr),
-                             static_cast<std::int32_t*>(nullptr),
-                             static_cast<std::int32_t*>(nullptr), static_cast<int>(n));
-  return positions_bytes(n) + bytes;
-}
-
-void select_counted(std::int32_t* indices, std::int32_t* count, const std::uint8_t* mask,
-                    std::int64_t n, void* workspace, std::size_t workspace_bytes,
-                    cudaStream_t stream) {
-  auto* positions = static_cast<std::int32_t*>(workspace);
-  iota_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
-  check_launch("select counted positions: iota");
-  std::size_t bytes = workspace_bytes - positions_bytes(n);
-  check(cub::DeviceSelect::Flagged(static_cast<char*>(workspace) + positions_bytes(n), bytes,
-                                   positions, mask, indices, count, static_cast<int>(n), stream),
-        "select counted positions");
-}
-
-void gather_targets(std::int32_t* out, const std::int32_t* targets, const std::int32_t* indices,
-                    std::int64_t count, cudaStream_t stream) {
-  if (count == 0) return;
-  gather_targets_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(out, targets, indices,
-                                                                              count);
-  check_launch("gather targets");
 }
 
 }  // namespace l3::cuda

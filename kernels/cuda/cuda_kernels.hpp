@@ -68,16 +68,8 @@ void scatter_rows(BFloat16* h, const BFloat16* in, const std::int32_t* rows, std
 void softmax_cross_entropy(float* loss, BFloat16* dlogits, const float* logits,
                            const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
                            float grad_scale, cudaStream_t stream);
-// Indices of the counted positions (mask != 0), in order; *count on the device.
-std::size_t select_workspace(std::int64_t n);
-void select_counted(std::int32_t* indices, std::int32_t* count, const std::uint8_t* mask,
-                    std::int64_t n, void* workspace, std::size_t workspace_bytes,
-                    cudaStream_t stream);
-// targets_out[i] = targets[indices[i]]
-void gather_targets(std::int32_t* out, const std::int32_t* targets, const std::int32_t* indices,
-                    std::int64_t count, cudaStream_t stream);
-// sum of n floats into *result (double), fixed order
-void sum_f32(double* result, const float* x, std::int64_t n, cudaStream_t stream);
+// *result += the sum of n floats (fp64, fixed order): the loss stays on the device
+void add_sum_f32(double* result, const float* x, std::int64_t n, cudaStream_t stream);
 
 // attention_fallback.cu, for one segment of length L and a batch of `heads` score matrices
 // (the heads of one GQA group offset): scores (heads, L, L) fp32 already scaled; probs
@@ -101,6 +93,11 @@ void gather_dot(float* scores, const BFloat16* h, const BFloat16* w, const std::
 void gather_dot_backward(BFloat16* dh, BFloat16* dw, const float* dscores, const BFloat16* h,
                          const BFloat16* w, const std::int32_t* rows, std::int64_t count,
                          std::int64_t hidden, cudaStream_t stream);
+// Bradley-Terry over P pairs (scores: chosen then rejected; margins may be null): sums[0..2] +=
+// {loss, pairs with chosen > rejected, chosen - rejected}; d_scores (may be null) = grad_scale *
+// d loss / d score. fp64, one block, a fixed summation order.
+void bradley_terry(double* sums, float* d_scores, const float* scores, const float* margins,
+                   std::int64_t pairs, double center, float grad_scale, cudaStream_t stream);
 
 // adamw.cu: master f32, grads bf16, moments f32, copy bf16 (may be null)
 void adamw(float* master, BFloat16* copy, const BFloat16* grads, float* m, float* v, std::int64_t n,

@@ -573,78 +573,63 @@ void CudaOps::sum_squares_each(std::span<const TensorView> xs, std::span<double>
   synchronize();
 }
 
-kernels::LossSum CudaOps::lm_head_cross_entropy(TensorView dh, TensorView dw, TensorView h,
-                                                TensorView w, TensorView targets, TensorView mask,
-                                                std::int64_t n, std::int64_t vocab,
-                                                std::int64_t hidden, float grad_scale) {
+void CudaOps::lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
+                                    TensorView w, TensorView rows, TensorView targets,
+                                    std::int64_t n, std::int64_t counted, std::int64_t vocab,
+                                    std::int64_t hidden, float grad_scale) {
   const bool backward = !dh.empty();
+  auto* sum = out<double>(loss_sum, 1, "lm_head_cross_entropy", "loss_sum");
   const auto* hd = in<BFloat16>(h, n * hidden, "lm_head_cross_entropy", "h");
   const auto* wd = in<BFloat16>(w, vocab * hidden, "lm_head_cross_entropy", "w");
-  const auto* td = in<std::int32_t>(targets, n, "lm_head_cross_entropy", "targets");
-  const auto* md = in<std::uint8_t>(mask, n, "lm_head_cross_entropy", "mask");
-  const std::int64_t block = logit_block_rows(n, vocab);
-
-  Carver carve;
-  const std::size_t indices_at = carve.reserve<std::int32_t>(n);
-  const std::size_t count_at = carve.reserve<std::int32_t>(1);
-  const std::size_t targets_at = carve.reserve<std::int32_t>(n);
-  const std::size_t losses_at = carve.reserve<float>(n);
-  const std::size_t result_at = carve.reserve<double>(1);
-  const std::size_t hb_at = carve.reserve<BFloat16>(block * hidden);
-  const std::size_t dhb_at = carve.reserve<BFloat16>(block * hidden);
-  const std::size_t logits_at = carve.reserve<float>(block * vocab);
-  const std::size_t dlogits_at = carve.reserve<BFloat16>(backward ? block * vocab : 1);
-  const std::size_t select_at = carve.reserve_bytes(select_workspace(n));
-  void* base = scratch_.get(carve.total(), stream_);
-  auto* indices = at<std::int32_t>(base, indices_at);
-
-  select_counted(indices, at<std::int32_t>(base, count_at), md, n, at<char>(base, select_at),
-                 select_workspace(n), stream_);
-  std::int32_t counted = 0;
-  check(cudaMemcpyAsync(&counted, at<std::int32_t>(base, count_at), sizeof(counted),
-                        cudaMemcpyDeviceToHost, stream_),
-        "lm_head_cross_entropy: count");
-  synchronize();
+  const auto* rd = in<std::int32_t>(rows, counted, "lm_head_cross_entropy", "rows");
+  const auto* td = in<std::int32_t>(targets, counted, "lm_head_cross_entropy", "targets");
   if (backward) {
     if (dw.numel() < vocab * hidden) throw core::internal_error("cuda lm_head: dw too small");
     zero(dh.slice(0, n * hidden));
   }
-  gather_targets(at<std::int32_t>(base, targets_at), td, indices, counted, stream_);
+  if (counted == 0) return;
 
-  for (std::int64_t begin = 0; begin < counted; begin += block) {
-    const std::int64_t rows = std::min<std::int64_t>(block, counted - begin);
-    auto* hb = at<BFloat16>(base, hb_at);
-    auto* logits = at<float>(base, logits_at);
-    auto* dlogits = backward ? at<BFloat16>(base, dlogits_at) : nullptr;
-    gather_rows(hb, hd, indices + begin, rows, hidden, stream_);
-    // logits (rows, V) = hb (rows, H) w^T, in fp32
-    lt_->run(gemm(rows, vocab, hidden, hb, hidden, false, wd, hidden, true, logits, vocab, 0.0F,
+  Carver carve;
+  const LmHeadScratch layout = carve_lm_head(carve, counted, vocab, hidden, backward);
+  void* base = scratch_.get(carve.total(), stream_);
+  auto* losses = at<float>(base, layout.losses);
+  auto* hb = at<BFloat16>(base, layout.hb);
+  auto* dhb = at<BFloat16>(base, layout.dhb);
+  auto* logits = at<float>(base, layout.logits);
+  auto* dlogits = backward ? at<BFloat16>(base, layout.dlogits) : nullptr;
+  for (std::int64_t begin = 0; begin < counted; begin += layout.block) {
+    const std::int64_t block = std::min<std::int64_t>(layout.block, counted - begin);
+    gather_rows(hb, hd, rd + begin, block, hidden, stream_);
+    // logits (block, V) = hb (block, H) w^T, in fp32
+    lt_->run(gemm(block, vocab, hidden, hb, hidden, false, wd, hidden, true, logits, vocab, 0.0F,
                   DType::f32),
              stream_);
-    softmax_cross_entropy(at<float>(base, losses_at) + begin, dlogits, logits,
-                          at<std::int32_t>(base, targets_at) + begin, rows, vocab, grad_scale,
+    softmax_cross_entropy(losses + begin, dlogits, logits, td + begin, block, vocab, grad_scale,
                           stream_);
     if (!backward) continue;
-    // dhb (rows, H) = dlogits (rows, V) w (V, H), then into dh's counted rows
-    lt_->run(gemm(rows, hidden, vocab, dlogits, vocab, false, wd, hidden, false,
-                  at<BFloat16>(base, dhb_at), hidden, 0.0F),
-             stream_);
-    scatter_rows(out<BFloat16>(dh, n * hidden, "lm_head_cross_entropy", "dh"),
-                 at<BFloat16>(base, dhb_at), indices + begin, rows, hidden, stream_);
-    // dw (V, H) += dlogits^T (V, rows) hb (rows, H)
+    // dhb (block, H) = dlogits (block, V) w (V, H), then into dh's counted rows
     lt_->run(
-        gemm(vocab, hidden, rows, dlogits, vocab, true, hb, hidden, false, dw.data(), hidden, 1.0F),
+        gemm(block, hidden, vocab, dlogits, vocab, false, wd, hidden, false, dhb, hidden, 0.0F),
         stream_);
+    scatter_rows(out<BFloat16>(dh, n * hidden, "lm_head_cross_entropy", "dh"), dhb, rd + begin,
+                 block, hidden, stream_);
+    // dw (V, H) += dlogits^T (V, block) hb (block, H)
+    lt_->run(gemm(vocab, hidden, block, dlogits, vocab, true, hb, hidden, false, dw.data(), hidden,
+                  1.0F),
+             stream_);
   }
-  kernels::LossSum result{0.0, counted};
-  if (counted > 0) {
-    sum_f32(at<double>(base, result_at), at<float>(base, losses_at), counted, stream_);
-    check(cudaMemcpyAsync(&result.loss, at<double>(base, result_at), sizeof(double),
-                          cudaMemcpyDeviceToHost, stream_),
-          "lm_head_cross_entropy: loss");
-    synchronize();
-  }
-  return result;
+  add_sum_f32(sum, losses, counted, stream_);  // stays on the device: no synchronisation
+}
+
+void CudaOps::bradley_terry(TensorView sums, TensorView d_scores, TensorView scores,
+                            TensorView margins, std::int64_t pairs, double center,
+                            float grad_scale) {
+  cuda::bradley_terry(
+      out<double>(sums, 3, "bradley_terry", "sums"),
+      d_scores.empty() ? nullptr : out<float>(d_scores, 2 * pairs, "bradley_terry", "d_scores"),
+      in<float>(scores, 2 * pairs, "bradley_terry", "scores"),
+      margins.empty() ? nullptr : in<float>(margins, pairs, "bradley_terry", "margins"), pairs,
+      center, grad_scale, stream_);
 }
 
 void CudaOps::gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,

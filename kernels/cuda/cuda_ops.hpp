@@ -109,11 +109,14 @@ class CudaOps final : public kernels::Ops {
                        kernels::TensorView gate, kernels::TensorView up, std::int64_t n) override;
   [[nodiscard]] double sum_squares(kernels::TensorView x, std::int64_t n) override;
   void sum_squares_each(std::span<const kernels::TensorView> xs, std::span<double> out) override;
-  kernels::LossSum lm_head_cross_entropy(kernels::TensorView dh, kernels::TensorView dw,
-                                         kernels::TensorView h, kernels::TensorView w,
-                                         kernels::TensorView targets, kernels::TensorView mask,
-                                         std::int64_t n, std::int64_t vocab, std::int64_t hidden,
-                                         float grad_scale) override;
+  void lm_head_cross_entropy(kernels::TensorView loss_sum, kernels::TensorView dh,
+                             kernels::TensorView dw, kernels::TensorView h, kernels::TensorView w,
+                             kernels::TensorView rows, kernels::TensorView targets, std::int64_t n,
+                             std::int64_t counted, std::int64_t vocab, std::int64_t hidden,
+                             float grad_scale) override;
+  void bradley_terry(kernels::TensorView sums, kernels::TensorView d_scores,
+                     kernels::TensorView scores, kernels::TensorView margins, std::int64_t pairs,
+                     double center, float grad_scale) override;
   void gather_dot(kernels::TensorView scores, kernels::TensorView h, kernels::TensorView w,
                   kernels::TensorView rows, std::int64_t count, std::int64_t hidden) override;
   void gather_dot_backward(kernels::TensorView dh, kernels::TensorView dw,

@@ -27,6 +27,12 @@ __device__ __forceinline__ bf16 to_bf16(float x) {
   return __float2bfloat16(x);
 }  // round to nearest
 
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffU, v, offset);
+  return v;
+}
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = kWarp / 2; offset > 0; offset /= 2)
@@ -40,9 +46,11 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `scratch` holds 32 floats of shared memory; the function synchronises the block.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order; every thread
+// gets the result. `scratch` holds 32 values of shared memory; the function synchronises the
+// block. T: float or double.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   v = warp_sum(v);
@@ -50,7 +58,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int warps = blockDim.x / kWarp;
-  v = lane < warps ? scratch[lane] : 0.0F;
+  v = lane < warps ? scratch[lane] : T{0};
   return warp_sum(v);
 }
 __device__ __forceinline__ float block_max(float v, float* scratch) {

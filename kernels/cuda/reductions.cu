@@ -10,26 +10,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ double warp_sum_double(double v) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(0xffffffffU, v, offset);
-  return v;
-}
-
-// Block-wide sum in a fixed order; the result is valid in thread 0.
-__device__ double block_sum_double(double v) {
-  __shared__ double scratch[kWarp];
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  v = warp_sum_double(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < blockDim.x / kWarp ? scratch[threadIdx.x] : 0.0;
-  if (warp == 0) v = warp_sum_double(v);
-  return v;
-}
-
 template <typename T>
 __global__ void sum_squares_partial_kernel(double* partials, const T* x, std::int64_t n) {
   double sum = 0.0;
@@ -38,22 +18,25 @@ __global__ void sum_squares_partial_kernel(double* partials, const T* x, std::in
     const double v = to_float(x[i]);
     sum += v * v;
   }
-  sum = block_sum_double(sum);
+  __shared__ double scratch[kWarp];
+  sum = block_sum(sum, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
 __global__ void sum_partials_kernel(double* result, const double* partials, int count) {
   double sum = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
-  sum = block_sum_double(sum);
+  __shared__ double scratch[kWarp];
+  sum = block_sum(sum, scratch);
   if (threadIdx.x == 0) *result = sum;
 }
 
-__global__ void sum_f32_kernel(double* result, const float* x, std::int64_t n) {
+__global__ void add_sum_f32_kernel(double* result, const float* x, std::int64_t n) {
   double sum = 0.0;
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
-  sum = block_sum_double(sum);
-  if (threadIdx.x == 0) *result = sum;
+  __shared__ double scratch[kWarp];
+  sum = block_sum(sum, scratch);
+  if (threadIdx.x == 0) *result += sum;
 }
 
 }  // namespace
@@ -75,8 +58,8 @@ void sum_squares_f32(double* result, const float* x, std::int64_t n, double* par
   check_launch("sum of squares (partials)");
 }
 
-void sum_f32(double* result, const float* x, std::int64_t n, cudaStream_t stream) {
-  sum_f32_kernel<<<1, kThreads, 0, stream>>>(result, x, n);
+void add_sum_f32(double* result, const float* x, std::int64_t n, cudaStream_t stream) {
+  add_sum_f32_kernel<<<1, kThreads, 0, stream>>>(result, x, n);
   check_launch("sum (f32)");
 }
 

@@ -1,4 +1,5 @@
-// The reward score read-out (one dot product per selected row) and its gradient.
+// The reward score read-out (one dot product per selected row) and its gradient, and the
+// Bradley-Terry loss on the scores (on the device, so that a training step reads nothing back).
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/device_utils.cuh"
@@ -36,7 +37,55 @@ __global__ void gather_dot_backward_kernel(bf16* dh, bf16* dw, const float* dsco
   dw[c] = to_bf16(to_float(dw[c]) + dwc);
 }
 
+// log(1 + exp(x)) without overflow, and the logistic function, as the CPU reference computes them
+__device__ double softplus(double x) { return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x)); }
+__device__ double sigmoid(double x) {
+  return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+}
+
+// One block: each thread takes pairs tid, tid + blockDim.x, ...; the block then sums in a fixed
+// tree, so that the same scores give the same sums bit for bit.
+__global__ void bradley_terry_kernel(double* sums, float* d_scores, const float* scores,
+                                     const float* margins, std::int64_t pairs, double center,
+                                     float grad_scale) {
+  __shared__ double scratch[kWarp];
+  double loss = 0.0;
+  double correct = 0.0;
+  double margin = 0.0;
+  for (std::int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const double c = scores[p];
+    const double r = scores[pairs + p];
+    const double z = c - r - (margins == nullptr ? 0.0 : static_cast<double>(margins[p]));
+    const double sum = c + r;
+    loss += softplus(-z) + center * sum * sum;
+    margin += c - r;
+    if (c > r) correct += 1.0;
+    if (d_scores != nullptr) {
+      const double dz = -sigmoid(-z);  // d softplus(-z) / dz
+      const double centering = 2.0 * center * sum;
+      d_scores[p] = static_cast<float>(grad_scale * (dz + centering));
+      d_scores[pairs + p] = static_cast<float>(grad_scale * (-dz + centering));
+    }
+  }
+  loss = block_sum(loss, scratch);
+  correct = block_sum(correct, scratch);
+  margin = block_sum(margin, scratch);
+  if (threadIdx.x == 0) {
+    sums[0] += loss;
+    sums[1] += correct;
+    sums[2] += margin;
+  }
+}
+
 }  // namespace
+
+void bradley_terry(double* sums, float* d_scores, const float* scores, const float* margins,
+                   std::int64_t pairs, double center, float grad_scale, cudaStream_t stream) {
+  if (pairs == 0) return;
+  bradley_terry_kernel<<<1, kThreads, 0, stream>>>(sums, d_scores, scores, margins, pairs, center,
+                                                   grad_scale);
+  check_launch("Bradley-Terry loss");
+}
 
 void gather_dot(float* scores, const BFloat16* h, const BFloat16* w, const std::int32_t* rows,
                 std::int64_t count, std::int64_t hidden, cudaStream_t stream) {

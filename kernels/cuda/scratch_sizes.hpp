@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/carver.hpp"
+
 namespace l3::cuda {
 
 // lm_head + cross-entropy: fp32 logits are built for a block of tokens at a time.
@@ -19,6 +21,28 @@ constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20U;
 constexpr std::int64_t logit_block_rows(std::int64_t n, std::int64_t vocab) {
   return std::max<std::int64_t>(
       1, std::min<std::int64_t>(n, static_cast<std::int64_t>(kLogitBlockBytes) / (vocab * 4)));
+}
+
+// Where lm_head_cross_entropy finds its pieces in the scratch, for `counted` rows.
+struct LmHeadScratch {
+  std::size_t losses = 0;   // (counted) f32: each row's loss, summed at the end
+  std::size_t hb = 0;       // (block, H) bf16: the block's hidden states
+  std::size_t dhb = 0;      // (block, H) bf16: their gradient
+  std::size_t logits = 0;   // (block, V) f32
+  std::size_t dlogits = 0;  // (block, V) bf16 (backward only)
+  std::int64_t block = 0;   // rows per block
+};
+
+inline LmHeadScratch carve_lm_head(Carver& carve, std::int64_t counted, std::int64_t vocab,
+                                   std::int64_t hidden, bool backward) {
+  LmHeadScratch s;
+  s.block = logit_block_rows(counted, vocab);
+  s.losses = carve.reserve<float>(counted);
+  s.hb = carve.reserve<std::uint16_t>(s.block * hidden);
+  s.dhb = carve.reserve<std::uint16_t>(s.block * hidden);
+  s.logits = carve.reserve<float>(s.block * vocab);
+  s.dlogits = carve.reserve<std::uint16_t>(backward ? s.block * vocab : 1);
+  return s;
 }
 
 }  // namespace l3::cuda

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <array>
+
 #include "core/error.hpp"
 #include "core/trace_range.hpp"
 #include "model/parameter_init.hpp"
@@ -43,7 +45,10 @@ struct BlockActivations {
 struct LlamaModel::Workspace {
   std::int64_t capacity = 0;  // tokens the buffers hold
   // the micro-batch, on the backend
-  Buffer tokens, targets, mask, positions, cu_seqlens, score_rows;
+  Buffer tokens, positions, cu_seqlens, score_rows;
+  Buffer loss_rows, loss_targets;  // (C) the counted positions and the tokens they predict
+  Buffer margins;                  // (P) the pairs' margins (reward)
+  std::int64_t counted = 0;        // C
   std::vector<std::int32_t> host_cu_seqlens;  // the same segment table, for AttentionShape
   Buffer rope_cos, rope_sin;
   std::int64_t rope_positions = 0;
@@ -69,6 +74,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
                   ? Buffer{}
                   : ops.allocate(DType::f32, layout_.total())),
       grads_(ops.allocate(ops.compute_dtype(), layout_.total())),
+      sums_(ops.allocate(DType::f64, kLossSumElements)),
       ws_(std::make_unique<Workspace>()) {}
 
 LlamaModel::~LlamaModel() = default;
@@ -131,8 +137,9 @@ void LlamaModel::prepare(const Batch& batch) {
     fresh.capacity = n;
     auto alloc = [&](DType dtype, std::int64_t count) { return ops_.allocate(dtype, count); };
     fresh.tokens = alloc(DType::i32, n);
-    fresh.targets = alloc(DType::i32, n);
-    fresh.mask = alloc(DType::u8, n);
+    fresh.loss_rows = alloc(DType::i32, n);
+    fresh.loss_targets = alloc(DType::i32, n);
+    fresh.margins = alloc(DType::f32, n);
     fresh.positions = alloc(DType::i32, n);
     fresh.cu_seqlens = alloc(DType::i32, n + 1);
     fresh.score_rows = alloc(DType::i32, n);
@@ -182,8 +189,24 @@ void LlamaModel::prepare(const Batch& batch) {
 
   ws.n = n;
   ops_.copy(ws.tokens.slice(0, n), host_view(batch.tokens));
-  ops_.copy(ws.targets.slice(0, n), host_view(batch.targets));
-  ops_.copy(ws.mask.slice(0, n), host_view(batch.loss_mask));
+  // The counted rows are listed here, on the host, where the mask is: the backend then knows
+  // how much lm_head work there is without reading anything back.
+  std::vector<std::int32_t> rows;
+  std::vector<std::int32_t> targets;
+  rows.reserve(static_cast<std::size_t>(n));
+  targets.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (batch.loss_mask[static_cast<std::size_t>(t)] == 0) continue;
+    rows.push_back(static_cast<std::int32_t>(t));
+    targets.push_back(batch.targets[static_cast<std::size_t>(t)]);
+  }
+  ws.counted = static_cast<std::int64_t>(rows.size());
+  ops_.copy(ws.loss_rows.slice(0, ws.counted), host_view(rows));
+  ops_.copy(ws.loss_targets.slice(0, ws.counted), host_view(targets));
+  if (!batch.margins.empty()) {
+    ops_.copy(ws.margins.slice(0, static_cast<std::int64_t>(batch.margins.size())),
+              host_view(batch.margins));
+  }
   ops_.copy(ws.positions.slice(0, n), host_view(batch.positions));
   ops_.copy(ws.cu_seqlens.slice(0, batch.segments() + 1), host_view(batch.cu_seqlens));
   ws.host_cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
@@ -327,9 +350,23 @@ void LlamaModel::backward_backbone() {
   if (gradient_ready_) gradient_ready_(0);
 }
 
-kernels::LossSum LlamaModel::sft_forward_backward(const Batch& batch, float grad_scale) {
+TensorView LlamaModel::sum_slot(int slot) const {
+  return sums_.slice(slot * kSumValues, kSumValues);
+}
+
+LossSums LlamaModel::read_sums(int slot) const {
+  std::array<double, kSumValues> host{};
+  ops_.copy(TensorView(std::span<double>(host)), sum_slot(slot));
+  return {host[0], host[1], host[2]};
+}
+
+void LlamaModel::zero_loss_sums() { ops_.zero(sum_slot(kStepSlot)); }
+
+LossSums LlamaModel::loss_sums() const { return read_sums(kStepSlot); }
+
+void LlamaModel::sft(const Batch& batch, float grad_scale, bool backward, TensorView sums) {
   if (layout_.head() != HeadKind::language_model) {
-    throw core::internal_error("sft_forward_backward on a model without a language-model head");
+    throw core::internal_error("SFT pass on a model without a language-model head");
   }
   prepare(batch);
   forward_backbone();
@@ -338,37 +375,38 @@ kernels::LossSum LlamaModel::sft_forward_backward(const Batch& batch, float grad
   const std::int64_t n = ws.n;
   const std::int64_t v = c.vocab_size;
   const std::int64_t h = c.hidden_size;
-  kernels::LossSum loss;
   {
     const core::TraceRange range("lm_head + cross-entropy");
-    loss = ops_.lm_head_cross_entropy(
-        ws.d_final.slice(0, n * h), weight_grad(layout_.lm_head(), v * h),
-        ws.final_out.slice(0, n * h), weight(layout_.lm_head(), v * h), ws.targets.slice(0, n),
-        ws.mask.slice(0, n), n, v, h, grad_scale);
+    ops_.lm_head_cross_entropy(
+        sums.slice(0, 1), backward ? ws.d_final.slice(0, n * h) : TensorView{},
+        backward ? weight_grad(layout_.lm_head(), v * h) : TensorView{},
+        ws.final_out.slice(0, n * h), weight(layout_.lm_head(), v * h),
+        ws.loss_rows.slice(0, ws.counted), ws.loss_targets.slice(0, ws.counted), n, ws.counted, v,
+        h, grad_scale);
   }
-  backward_backbone();
-  return loss;
+  if (backward) backward_backbone();
+}
+
+void LlamaModel::sft_accumulate(const Batch& batch, float grad_scale) {
+  sft(batch, grad_scale, true, sum_slot(kStepSlot));
+}
+
+kernels::LossSum LlamaModel::sft_forward_backward(const Batch& batch, float grad_scale) {
+  ops_.zero(sum_slot(kCallSlot));
+  sft(batch, grad_scale, true, sum_slot(kCallSlot));
+  return {read_sums(kCallSlot).loss, batch.counted_tokens()};
 }
 
 kernels::LossSum LlamaModel::sft_forward(const Batch& batch) {
-  if (layout_.head() != HeadKind::language_model) {
-    throw core::internal_error("sft_forward on a model without a language-model head");
-  }
-  prepare(batch);
-  forward_backbone();
-  const ModelConfig& c = config();
-  const Workspace& ws = *ws_;
-  const std::int64_t n = ws.n;
-  return ops_.lm_head_cross_entropy({}, {}, ws.final_out.slice(0, n * c.hidden_size),
-                                    weight(layout_.lm_head(), c.vocab_size * c.hidden_size),
-                                    ws.targets.slice(0, n), ws.mask.slice(0, n), n, c.vocab_size,
-                                    c.hidden_size, 1.0F);
+  ops_.zero(sum_slot(kCallSlot));
+  sft(batch, 1.0F, false, sum_slot(kCallSlot));
+  return {read_sums(kCallSlot).loss, batch.counted_tokens()};
 }
 
-RewardOutput LlamaModel::reward(const Batch& batch, float grad_scale, double center,
-                                bool backward) {
+void LlamaModel::reward(const Batch& batch, float grad_scale, double center, bool backward,
+                        TensorView sums) {
   if (layout_.head() != HeadKind::reward) {
-    throw core::internal_error("reward forward on a model without a score head");
+    throw core::internal_error("reward pass on a model without a score head");
   }
   prepare(batch);
   forward_backbone();
@@ -385,36 +423,48 @@ RewardOutput LlamaModel::reward(const Batch& batch, float grad_scale, double cen
   ops_.copy(ws.score_rows.slice(0, count), host_view(rows));
   ops_.gather_dot(ws.scores.slice(0, count), ws.final_out.slice(0, n * h),
                   weight(layout_.score(), h), ws.score_rows.slice(0, count), count, h);
-  std::vector<float> scores(static_cast<std::size_t>(count));
-  ops_.copy(TensorView(std::span<float>(scores)), ws.scores.slice(0, count));
+  ops_.bradley_terry(
+      sums, backward ? ws.d_scores.slice(0, count) : TensorView{}, ws.scores.slice(0, count),
+      batch.margins.empty() ? TensorView{} : ws.margins.slice(0, pairs), pairs, center, grad_scale);
+  if (!backward) return;
 
-  RewardOutput out;
-  out.chosen.assign(scores.begin(), scores.begin() + pairs);
-  out.rejected.assign(scores.begin() + pairs, scores.end());
-  std::vector<float> d_scores(backward ? static_cast<std::size_t>(count) : 0U);
-  const std::span<float> d_all(d_scores);
-  out.stats =
-      bradley_terry(out.chosen, out.rejected, batch.margins, center, grad_scale,
-                    backward ? d_all.first(static_cast<std::size_t>(pairs)) : std::span<float>{},
-                    backward ? d_all.last(static_cast<std::size_t>(pairs)) : std::span<float>{});
-  if (!backward) return out;
-
-  ops_.copy(ws.d_scores.slice(0, count), host_view(d_scores));
   ops_.zero(ws.d_final.slice(0, n * h));
   ops_.gather_dot_backward(ws.d_final.slice(0, n * h), weight_grad(layout_.score(), h),
                            ws.d_scores.slice(0, count), ws.final_out.slice(0, n * h),
                            weight(layout_.score(), h), ws.score_rows.slice(0, count), count, h);
   backward_backbone();
+}
+
+void LlamaModel::reward_accumulate(const Batch& batch, float grad_scale,
+                                   double center_coefficient) {
+  reward(batch, grad_scale, center_coefficient, true, sum_slot(kStepSlot));
+}
+
+RewardOutput LlamaModel::reward_call(const Batch& batch, float grad_scale, double center,
+                                     bool backward) {
+  ops_.zero(sum_slot(kCallSlot));
+  reward(batch, grad_scale, center, backward, sum_slot(kCallSlot));
+  const std::int64_t pairs = batch.pairs();
+  std::vector<float> scores(static_cast<std::size_t>(2 * pairs));
+  ops_.copy(TensorView(std::span<float>(scores)), ws_->scores.slice(0, 2 * pairs));
+  const LossSums sums = read_sums(kCallSlot);
+  RewardOutput out;
+  out.chosen.assign(scores.begin(), scores.begin() + pairs);
+  out.rejected.assign(scores.begin() + pairs, scores.end());
+  out.stats.loss = sums.loss;
+  out.stats.pairs = pairs;
+  out.stats.correct = static_cast<std::int64_t>(sums.correct);
+  out.stats.margin = sums.margin;
   return out;
 }
 
 RewardOutput LlamaModel::reward_forward_backward(const Batch& batch, float grad_scale,
                                                  double center_coefficient) {
-  return reward(batch, grad_scale, center_coefficient, true);
+  return reward_call(batch, grad_scale, center_coefficient, true);
 }
 
 RewardOutput LlamaModel::reward_forward(const Batch& batch, double center_coefficient) {
-  return reward(batch, 1.0F, center_coefficient, false);
+  return reward_call(batch, 1.0F, center_coefficient, false);
 }
 
 std::vector<float> LlamaModel::logits(const Batch& batch) {

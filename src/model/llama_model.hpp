@@ -17,9 +17,9 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/ops.hpp"
 #include "model/batch.hpp"
-#include "model/bradley_terry.hpp"
 #include "model/parameter_layout.hpp"
 
 namespace l3::model {
@@ -34,8 +34,15 @@ struct ModelOptions {
   bool keep_master = true;
 };
 
+// What training micro-batches add up (the last two for reward models only).
+struct LossSums {
+  double loss = 0.0;     // summed cross-entropy of counted tokens, or summed pair losses
+  double correct = 0.0;  // pairs whose chosen score is the higher
+  double margin = 0.0;   // summed chosen - rejected scores
+};
+
 struct RewardOutput {
-  PreferenceStats stats;
+  kernels::cpu::PreferenceStats stats;
   std::vector<float> chosen;  // score of each pair's chosen sequence
   std::vector<float> rejected{};
 };
@@ -91,11 +98,25 @@ class LlamaModel {
 
   // SFT. The loss is the summed cross-entropy of the counted tokens; gradients are those of
   // grad_scale * loss (grad_scale = 1 / counted tokens of the whole global batch).
-  kernels::LossSum sft_forward_backward(const Batch& batch, float grad_scale);
-  [[nodiscard]] kernels::LossSum sft_forward(const Batch& batch);
-
   // Reward. Scores are read at each pair's last tokens; the loss is summed over pairs and the
   // gradients are those of grad_scale * loss (grad_scale = 1 / pairs of the global batch).
+  //
+  // Training steps: the micro-batches' losses add up in backend memory, so that a backend
+  // with a queue never waits inside a step: zero_loss_sums(), then sft_accumulate or
+  // reward_accumulate (forward + backward) per micro-batch, then loss_sums() once (it waits).
+  void zero_loss_sums();
+  void sft_accumulate(const Batch& batch, float grad_scale);
+  void reward_accumulate(const Batch& batch, float grad_scale, double center_coefficient);
+  [[nodiscard]] LossSums loss_sums() const;
+
+  // The loss sums' slots in backend memory (f64): the training step's and single calls'.
+  static constexpr int kSumValues = 3;
+  static constexpr std::int64_t kLossSumElements = 2 * kSumValues;
+
+  // One micro-batch with its result read back at once (evaluation, tests); the sums of a
+  // training step in progress are left alone.
+  kernels::LossSum sft_forward_backward(const Batch& batch, float grad_scale);
+  [[nodiscard]] kernels::LossSum sft_forward(const Batch& batch);
   RewardOutput reward_forward_backward(const Batch& batch, float grad_scale,
                                        double center_coefficient);
   [[nodiscard]] RewardOutput reward_forward(const Batch& batch, double center_coefficient);
@@ -110,7 +131,15 @@ class LlamaModel {
   void forward_backbone();
   void block_forward(int layer, kernels::TensorView x_in, kernels::TensorView x_out, int slot);
   void backward_backbone();  // from d(final norm output) in d_final_ to the embedding
-  RewardOutput reward(const Batch& batch, float grad_scale, double center, bool backward);
+  // Loss sums in backend memory: one slot for the training step, one for single calls.
+  static constexpr int kStepSlot = 0;
+  static constexpr int kCallSlot = 1;
+  [[nodiscard]] kernels::TensorView sum_slot(int slot) const;
+  [[nodiscard]] LossSums read_sums(int slot) const;
+  void sft(const Batch& batch, float grad_scale, bool backward, kernels::TensorView sums);
+  void reward(const Batch& batch, float grad_scale, double center, bool backward,
+              kernels::TensorView sums);
+  RewardOutput reward_call(const Batch& batch, float grad_scale, double center, bool backward);
   [[nodiscard]] kernels::TensorView weight(std::int64_t offset, std::int64_t numel) const;
   [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, std::int64_t numel) const;
 
@@ -120,6 +149,7 @@ class LlamaModel {
   kernels::Buffer params_;
   kernels::Buffer master_;  // empty when the compute dtype is f32
   kernels::Buffer grads_;
+  kernels::Buffer sums_;  // (2, kSumValues) f64: slots kStepSlot and kCallSlot
   std::unique_ptr<Workspace> ws_;
   GradientReadyHook gradient_ready_;
 };

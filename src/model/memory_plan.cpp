@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/carver.hpp"
 #include "kernels/cuda/scratch_sizes.hpp"
+#include "model/llama_model.hpp"
 
 namespace l3::model {
 
@@ -21,7 +22,7 @@ std::int64_t bytes_of(DType dtype, std::int64_t count) {
 // LlamaModel::prepare's workspace for n tokens, line by line (keep the two in step: the unit
 // test compares them).
 struct Workspace {
-  std::int64_t inputs = 0;      // token ids, targets, mask, positions, segments, scores
+  std::int64_t inputs = 0;      // token ids, counted rows, targets, positions, segments, scores
   std::int64_t residual = 0;    // the residual stream at every layer boundary
   std::int64_t blocks = 0;      // each block's saved activations (one block with recompute)
   std::int64_t backward = 0;    // gradients of activations, scratch
@@ -36,8 +37,10 @@ Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_
   const std::int64_t q = c.q_size();
   const std::int64_t kv = c.kv_size();
   Workspace w;
-  w.inputs = bytes_of(DType::i32, n) * 3 + bytes_of(DType::u8, n) + bytes_of(DType::i32, n + 1) +
-             bytes_of(DType::i32, n) + bytes_of(DType::f32, n) * 2;
+  // tokens, counted rows, their targets, positions; the segment table; score rows; scores,
+  // their gradients and the pairs' margins
+  w.inputs = bytes_of(DType::i32, n) * 4 + bytes_of(DType::i32, n + 1) + bytes_of(DType::i32, n) +
+             bytes_of(DType::f32, n) * 3 + bytes_of(DType::f64, LlamaModel::kLossSumElements);
   w.residual = bytes_of(act, n * h) * (c.n_layers + 1);
   const std::int64_t block = bytes_of(act, n * h) * 3 + bytes_of(DType::f32, n) * 2 +
                              bytes_of(act, n * q) * 2 + bytes_of(act, n * kv) * 2 +
@@ -61,21 +64,10 @@ Scratch cuda_scratch(const ModelConfig& c, std::int64_t n, std::int64_t seq_len,
                      bool cudnn_attention) {
   const std::int64_t v = c.vocab_size;
   const std::int64_t h = c.hidden_size;
-  // lm_head + cross-entropy: per-token indices/targets/losses, the count and the loss, a logit
-  // block's hidden states and their gradient, its fp32 logits and bf16 gradient, and CUB's
-  // selection workspace (about 1 MiB).
-  const std::int64_t block = cuda::logit_block_rows(n, v);
+  // lm_head + cross-entropy, every token counted (the worst case), with the backward: laid
+  // out by the function the backend itself uses.
   cuda::Carver lm;
-  lm.reserve<std::int32_t>(n);
-  lm.reserve<std::int32_t>(1);
-  lm.reserve<std::int32_t>(n);
-  lm.reserve<float>(n);
-  lm.reserve<double>(1);
-  lm.reserve<std::uint16_t>(block * h);
-  lm.reserve<std::uint16_t>(block * h);
-  lm.reserve<float>(block * v);
-  lm.reserve<std::uint16_t>(block * v);
-  lm.reserve_bytes(std::size_t{1} << 20U);
+  (void)cuda::carve_lm_head(lm, n, v, h, true);
   // Fallback attention backward for the longest possible segment (a whole row): scores, P,
   // dP, dS of every KV head's group, row dots, fp32 dK and dV of the segment.
   const std::int64_t l = seq_len;

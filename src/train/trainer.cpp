@@ -262,8 +262,8 @@ struct Trainer::Impl {
     const float scale = counts[0] > 0 ? 1.0F / static_cast<float>(counts[0]) : 0.0F;
 
     model->zero_gradients();
+    model->zero_loss_sums();
     parallel->begin_step(model->gradients());
-    std::array<double, 3> sums{0, 0, 0};  // loss, correct pairs, margin
     for (std::size_t m = 0; m < data.micro.size(); ++m) {
       const model::Batch& batch = data.micro[m];
       const bool last = m + 1 == data.micro.size();
@@ -273,13 +273,9 @@ struct Trainer::Impl {
             [this](std::int64_t offset) { parallel->gradients_ready(offset); });
       }
       if (sft && batch.document_tokens > 0) {
-        sums[0] += model->sft_forward_backward(batch, scale).loss;
+        model->sft_accumulate(batch, scale);
       } else if (!sft && batch.pairs() > 0) {
-        const model::RewardOutput out =
-            model->reward_forward_backward(batch, scale, config.center_rewards);
-        sums[0] += out.stats.loss;
-        sums[1] += static_cast<double>(out.stats.correct);
-        sums[2] += out.stats.margin;
+        model->reward_accumulate(batch, scale, config.center_rewards);
       }
       if (last) model->set_gradient_ready_hook({});
     }
@@ -287,6 +283,9 @@ struct Trainer::Impl {
       const core::TraceRange range("gradient reduction wait");
       parallel->finish_reduction();
     }
+    // The step's one read of its losses (the micro-batches added them up in backend memory).
+    const model::LossSums local = model->loss_sums();
+    std::array<double, 3> sums{local.loss, local.correct, local.margin};
     dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 3, MPI_DOUBLE, MPI_SUM, world.comm()),
                     "MPI_Allreduce (step loss)");
     double norm = 0;

@@ -9,6 +9,7 @@
 #include "gpu_test_support.hpp"
 #include "kernels/cpu/adamw.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gather_dot.hpp"
@@ -22,6 +23,7 @@
 
 using l3::kernels::DType;
 using l3::test::download;
+using l3::test::download_raw;
 using l3::test::expect_close;
 using l3::test::poisoned;
 using l3::test::rel_error;
@@ -235,26 +237,72 @@ TEST_CASE("fused lm_head + masked cross-entropy", "[gpu]") {
   const auto h = round_bf16(rnd.normal(n * hidden)),
              w = round_bf16(rnd.normal(vocab * hidden, 0.1F));
   const auto targets = rnd.integers(n, static_cast<std::int32_t>(vocab));
-  std::vector<std::uint8_t> mask(n);
-  for (std::int64_t i = 0; i < n; ++i) mask[i] = i % 3 == 0 ? 0 : 1;
+  std::vector<std::int32_t> rows, row_targets;  // every third position is not counted
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % 3 == 0) continue;
+    rows.push_back(static_cast<std::int32_t>(i));
+    row_targets.push_back(targets[i]);
+  }
+  const auto counted = static_cast<std::int64_t>(rows.size());
   const float scale = 0.01F;
   std::vector<float> dh(n * hidden), dw(vocab * hidden, 0.0F);
-  const auto cpu =
-      l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, targets, mask, vocab, hidden, scale);
+  const auto cpu = l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, rows, row_targets, vocab,
+                                                           hidden, scale);
 
   const auto gh = upload(gpu, h), gw = upload(gpu, w);
-  const auto gt = upload_raw(gpu, targets), gm = upload_raw(gpu, mask);
+  const auto gr = upload_raw(gpu, rows), gt = upload_raw(gpu, row_targets);
   const auto gdh = poisoned(gpu, n * hidden);
   const auto gdw = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
-  const auto sum = gpu.lm_head_cross_entropy(gdh.view(), gdw.view(), gh.view(), gw.view(),
-                                             gt.view(), gm.view(), n, vocab, hidden, scale);
-  CHECK(sum.tokens == cpu.tokens);
-  CHECK(sum.loss == Approx(cpu.loss).epsilon(1e-4));
+  // The loss adds to what the sum holds: start from 1.5.
+  const auto gsum = upload_raw(gpu, std::vector<double>{1.5});
+  gpu.lm_head_cross_entropy(gsum.view(), gdh.view(), gdw.view(), gh.view(), gw.view(), gr.view(),
+                            gt.view(), n, counted, vocab, hidden, scale);
+  CHECK(download_raw<double>(gpu, gsum.view()).at(0) - 1.5 == Approx(cpu.loss).epsilon(1e-4));
   expect_close("dh", download(gpu, gdh.view()), dh, 2e-2);
   expect_close("dw", download(gpu, gdw.view()), dw, 2e-2);
-  const auto forward = gpu.lm_head_cross_entropy({}, {}, gh.view(), gw.view(), gt.view(), gm.view(),
-                                                 n, vocab, hidden, 1.0F);
-  CHECK(forward.loss == Approx(cpu.loss).epsilon(1e-4));
+  const auto fsum = upload_raw(gpu, std::vector<double>{0.0});
+  gpu.lm_head_cross_entropy(fsum.view(), {}, {}, gh.view(), gw.view(), gr.view(), gt.view(), n,
+                            counted, vocab, hidden, 1.0F);
+  CHECK(download_raw<double>(gpu, fsum.view()).at(0) == Approx(cpu.loss).epsilon(1e-4));
+  // Nothing counted: dh all zero, the sum unchanged.
+  gpu.lm_head_cross_entropy(fsum.view(), gdh.view(), gdw.view(), gh.view(), gw.view(), gr.view(),
+                            gt.view(), n, 0, vocab, hidden, scale);
+  CHECK(download_raw<double>(gpu, fsum.view()).at(0) == Approx(cpu.loss).epsilon(1e-4));
+  for (const float x : download(gpu, gdh.view())) REQUIRE(x == 0.0F);
+}
+
+TEST_CASE("Bradley-Terry loss on the device", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::int64_t pairs = 700;  // more than one pass of the block's threads
+  l3::test::Random rnd(109);
+  const auto scores = rnd.normal(2 * pairs, 2.0F);
+  const auto margins = rnd.normal(pairs, 0.5F);
+  const double center = 0.01;
+  const float scale = 1.0F / 700.0F;
+  std::vector<float> dc(pairs), dr(pairs);
+  const std::span<const float> all(scores);
+  const auto ref = l3::kernels::cpu::bradley_terry(all.first(pairs), all.last(pairs), margins,
+                                                   center, scale, dc, dr);
+  const auto gs = upload(gpu, scores, DType::f32), gm = upload(gpu, margins, DType::f32);
+  const auto gd = poisoned(gpu, 2 * pairs, DType::f32);
+  const auto gsums = upload_raw(gpu, std::vector<double>{1.0, 2.0, 3.0});
+  gpu.bradley_terry(gsums.view(), gd.view(), gs.view(), gm.view(), pairs, center, scale);
+  const auto sums = download_raw<double>(gpu, gsums.view());
+  CHECK(sums[0] - 1.0 == Approx(ref.loss).epsilon(1e-12));
+  CHECK(sums[1] - 2.0 == static_cast<double>(ref.correct));
+  CHECK(sums[2] - 3.0 == Approx(ref.margin).epsilon(1e-12));
+  std::vector<float> d(dc);
+  d.insert(d.end(), dr.begin(), dr.end());
+  expect_close("d_scores", download(gpu, gd.view()), d, 1e-6);
+  // Without margins or gradients: the sums only.
+  const auto plain =
+      l3::kernels::cpu::bradley_terry(all.first(pairs), all.last(pairs), {}, 0.0, 1.0F, {}, {});
+  const auto gp = upload_raw(gpu, std::vector<double>{0.0, 0.0, 0.0});
+  gpu.bradley_terry(gp.view(), {}, gs.view(), {}, pairs, 0.0, 1.0F);
+  const auto psums = download_raw<double>(gpu, gp.view());
+  CHECK(psums[0] == Approx(plain.loss).epsilon(1e-12));
+  CHECK(psums[1] == static_cast<double>(plain.correct));
 }
 
 TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {

@@ -46,6 +46,12 @@ inline std::vector<float> download(cuda::CudaOps& ops, kernels::TensorView x) {
   ops.copy(kernels::TensorView(std::span<float>(host)), x);
   return host;
 }
+template <typename T>
+std::vector<T> download_raw(cuda::CudaOps& ops, kernels::TensorView x) {
+  std::vector<T> host(static_cast<std::size_t>(x.numel()));
+  ops.copy(kernels::TensorView(std::span<T>(host)), x);
+  return host;
+}
 // A device array of n elements filled with NaN: an element the kernel does not write fails.
 inline kernels::Buffer poisoned(cuda::CudaOps& ops, std::int64_t n,
                                 kernels::DType dtype = kernels::DType::bf16) {

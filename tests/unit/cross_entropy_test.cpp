@@ -7,6 +7,25 @@
 namespace ref = l3::test::reference;
 using l3::test::rel_error;
 
+namespace {
+
+// The counted positions of a mask and the targets they predict, as the model lists them.
+struct Counted {
+  std::vector<std::int32_t> rows;
+  std::vector<std::int32_t> targets;
+};
+Counted counted(const std::vector<std::int32_t>& targets, const std::vector<std::uint8_t>& mask) {
+  Counted c;
+  for (std::size_t t = 0; t < mask.size(); ++t) {
+    if (mask[t] == 0) continue;
+    c.rows.push_back(static_cast<std::int32_t>(t));
+    c.targets.push_back(targets[t]);
+  }
+  return c;
+}
+
+}  // namespace
+
 TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
           "[kernels][cross_entropy]") {
   INFO("seed " << l3::test::test_seed());
@@ -19,11 +38,12 @@ TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
   const auto targets = rnd.integers(n, vocab);
   const std::vector<std::uint8_t> mask = {1, 0, 1, 1, 0, 0, 1, 1, 1};
   const float scale = 1.0F / 6.0F;  // 1 / counted tokens
+  const Counted c = counted(targets, mask);
 
   std::vector<float> dh(n * hidden, NAN);  // poisoned: every row must be written (0 if masked)
   std::vector<float> dw(vocab * hidden, 0.0F);
-  const auto sum =
-      l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, targets, mask, vocab, hidden, scale);
+  const auto sum = l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, c.rows, c.targets, vocab,
+                                                           hidden, scale);
   const auto hd = l3::test::to_double(h);
   const auto wd = l3::test::to_double(w);
   CHECK(sum.tokens == 6);
@@ -46,7 +66,7 @@ TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
   // Blocks of one token (logit memory of a single row) give the same result.
   std::vector<float> dh1(dh.size());
   std::vector<float> dw1(dw.size(), 0.0F);
-  const auto one = l3::kernels::cpu::lm_head_cross_entropy(dh1, dw1, h, w, targets, mask, vocab,
+  const auto one = l3::kernels::cpu::lm_head_cross_entropy(dh1, dw1, h, w, c.rows, c.targets, vocab,
                                                            hidden, scale, vocab * 4);
   CHECK(one.loss == Approx(sum.loss).epsilon(1e-12));
   CHECK(rel_error(dh1, dh) < 1e-6);
@@ -54,14 +74,17 @@ TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
 
   // Forward only, and nothing counted.
   const auto fwd =
-      l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, targets, mask, vocab, hidden, 1.0F);
+      l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, c.rows, c.targets, vocab, hidden, 1.0F);
   CHECK(fwd.loss == Approx(sum.loss).epsilon(1e-12));
-  const std::vector<std::uint8_t> none(n, 0);
-  CHECK(l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, targets, none, vocab, hidden, 1.0F)
-            .tokens == 0);
+  CHECK(l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, {}, {}, vocab, hidden, 1.0F).tokens ==
+        0);
 
-  auto bad = targets;
+  auto bad = c.targets;
   bad[0] = static_cast<std::int32_t>(vocab);
   CHECK_THROWS(
-      l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, bad, mask, vocab, hidden, 1.0F));
+      l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, c.rows, bad, vocab, hidden, 1.0F));
+  auto outside = c.rows;
+  outside.back() = static_cast<std::int32_t>(n);
+  CHECK_THROWS(l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, outside, c.targets, vocab,
+                                                       hidden, 1.0F));
 }

@@ -282,3 +282,51 @@ TEST_CASE("activation recomputation gives bitwise identical gradients", "[model]
   const auto gb = recomputed.gradients().as<float>();
   CHECK(std::equal(ga.begin(), ga.end(), gb.begin()));
 }
+
+TEST_CASE("training micro-batches add their losses up in backend memory, read once", "[model]") {
+  INFO("seed " << l3::test::test_seed());
+  const ModelConfig c = check_config();
+  l3::kernels::CpuOps ops;
+  l3::test::Random rnd(23);
+  const Batch a = sft_batch(rnd, c.vocab_size);
+  const Batch b = sft_batch(rnd, c.vocab_size);
+
+  LlamaModel single(c, HeadKind::language_model, ops);
+  single.initialize(l3::test::test_seed());
+  single.zero_gradients();
+  const double la = single.sft_forward_backward(a, 0.25F).loss;
+  const double lb = single.sft_forward_backward(b, 0.25F).loss;
+  const std::vector<double> single_grads(single.gradients().as<float>().begin(),
+                                         single.gradients().as<float>().end());
+
+  LlamaModel step(c, HeadKind::language_model, ops);
+  step.initialize(l3::test::test_seed());
+  step.zero_gradients();
+  step.zero_loss_sums();
+  step.sft_accumulate(a, 0.25F);
+  // A single call in between (evaluation) leaves the step's sums alone.
+  CHECK(step.sft_forward(b).loss == Approx(lb).epsilon(1e-12));
+  step.sft_accumulate(b, 0.25F);
+  CHECK(step.loss_sums().loss == la + lb);  // the same additions in the same order
+  CHECK(rel_error(step.gradients().as<float>(), single_grads) == 0.0);
+  step.zero_loss_sums();
+  CHECK(step.loss_sums().loss == 0.0);
+
+  // Reward: loss, correct pairs and margins add up the same way.
+  LlamaModel reward(c, HeadKind::reward, ops);
+  reward.initialize(l3::test::test_seed() + 2);
+  BatchBuilder builder(2, 10, 0);
+  REQUIRE(builder.add_pair(tokens_of(rnd, 5, c.vocab_size), tokens_of(rnd, 4, c.vocab_size), 0.5F));
+  REQUIRE(builder.add_pair(tokens_of(rnd, 3, c.vocab_size), tokens_of(rnd, 6, c.vocab_size), 0.0F));
+  const Batch pairs = builder.finish();
+  const auto once = reward.reward_forward_backward(pairs, 0.5F, 0.01);
+  reward.zero_loss_sums();
+  reward.reward_accumulate(pairs, 0.5F, 0.01);
+  reward.reward_accumulate(pairs, 0.5F, 0.01);
+  const l3::model::LossSums sums = reward.loss_sums();
+  CHECK(sums.loss == once.stats.loss + once.stats.loss);
+  CHECK(sums.correct == static_cast<double>(2 * once.stats.correct));
+  CHECK(sums.margin == once.stats.margin + once.stats.margin);
+  CHECK(once.stats.margin ==
+        Approx((once.chosen[0] - once.rejected[0]) + (once.chosen[1] - once.rejected[1])));
+}

@@ -2,8 +2,8 @@
 // gradient checks (its finite differences against the fp32 model's backward).
 #pragma once
 
+#include "kernels/cpu/bradley_terry.hpp"
 #include "model/batch.hpp"
-#include "model/bradley_terry.hpp"
 #include "model/parameter_layout.hpp"
 #include "model/rope_table.hpp"
 #include "reference_ops.hpp"

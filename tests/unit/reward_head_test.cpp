@@ -1,8 +1,8 @@
 #include <cmath>
 
 #include "catch.hpp"
+#include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/cpu/gather_dot.hpp"
-#include "model/bradley_terry.hpp"
 #include "numeric_support.hpp"
 
 using l3::test::rel_error;
@@ -48,7 +48,8 @@ TEST_CASE("Bradley-Terry loss, metrics and gradients", "[reward]") {
   const double center = 0.01;
   std::vector<float> dc(8);
   std::vector<float> dr(8);
-  const auto stats = l3::model::bradley_terry(chosen, rejected, margins, center, 0.125F, dc, dr);
+  const auto stats =
+      l3::kernels::cpu::bradley_terry(chosen, rejected, margins, center, 0.125F, dc, dr);
 
   auto loss = [&](const std::vector<double>& c, const std::vector<double>& r) {
     double total = 0;
@@ -70,8 +71,8 @@ TEST_CASE("Bradley-Terry loss, metrics and gradients", "[reward]") {
   CHECK(rel_error(dr, fd_r) < 1e-5);
 
   // Swapping chosen and rejected flips the sign of the margin metric.
-  const auto swapped = l3::model::bradley_terry(rejected, chosen, {}, 0.0, 1.0F, {}, {});
-  const auto plain = l3::model::bradley_terry(chosen, rejected, {}, 0.0, 1.0F, {}, {});
+  const auto swapped = l3::kernels::cpu::bradley_terry(rejected, chosen, {}, 0.0, 1.0F, {}, {});
+  const auto plain = l3::kernels::cpu::bradley_terry(chosen, rejected, {}, 0.0, 1.0F, {}, {});
   CHECK(swapped.margin == Approx(-plain.margin));
   CHECK(swapped.correct + plain.correct <= 8);
 
@@ -80,7 +81,7 @@ TEST_CASE("Bradley-Terry loss, metrics and gradients", "[reward]") {
   const std::vector<float> other = {1.0F, -100.0F, 100.0F};
   std::vector<float> g1(3);
   std::vector<float> g2(3);
-  const auto s = l3::model::bradley_terry(tie, other, {}, 0.0, 1.0F, g1, g2);
+  const auto s = l3::kernels::cpu::bradley_terry(tie, other, {}, 0.0, 1.0F, g1, g2);
   CHECK(s.correct == 1);
   CHECK(std::isfinite(s.loss));
   CHECK(s.loss == Approx(std::log(2.0) + 0.0 + 200.0).epsilon(1e-9));

@@ -1,10 +1,10 @@
-#include "model/bradley_terry.hpp"
+#include "kernels/cpu/bradley_terry.hpp"
 
 #include <cmath>
 
 #include "core/error.hpp"
 
-namespace l3::model {
+namespace l3::kernels::cpu {
 
 namespace {
 // log(1 + exp(x)) without overflow
@@ -44,4 +44,4 @@ PreferenceStats bradley_terry(std::span<const float> chosen, std::span<const flo
   return stats;
 }
 
-}  // namespace l3::model
+}  // namespace l3::kernels::cpu

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <span>
 
-namespace l3::model {
+namespace l3::kernels::cpu {
 
 struct PreferenceStats {
   double loss = 0.0;  // sum over pairs
@@ -22,4 +22,4 @@ PreferenceStats bradley_terry(std::span<const float> chosen, std::span<const flo
                               float grad_scale, std::span<float> d_chosen,
                               std::span<float> d_rejected);
 
-}  // namespace l3::model
+}  // namespace l3::kernels::cpu
