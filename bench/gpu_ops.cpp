@@ -209,6 +209,25 @@ void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, 
              repeats),
          0, 5.0 * n * i * 2, -1);
 
+  // AdamW over the up_proj weight: fp32 master, m and v read and written, bf16 gradient read,
+  // bf16 copy written (28 bytes per parameter).
+  if (seq == 2048) {
+    const std::int64_t count = i * h;
+    Buffer master = gpu.allocate(DType::f32, count);
+    Buffer m1 = gpu.allocate(DType::f32, count);
+    Buffer m2 = gpu.allocate(DType::f32, count);
+    const l3::kernels::AdamWParams hyper{1e-5F, 0.9F, 0.95F, 1e-8F, 0.1F, 1.0F, 1};
+    record("adamw (up_proj)",
+           time_ms(
+               gpu,
+               [&] {
+                 gpu.adamw(master.view(), w_up.view(), dw_up.view(), m1.view(), m2.view(), count,
+                           hyper);
+               },
+               repeats),
+           0, 28.0 * static_cast<double>(count), -1);
+  }
+
   l3::model::ModelConfig config = l3::model::preset("llama3.2-1b");
   config.head_dim = s.head_dim;
   const auto table = l3::model::make_rope_table(config, seq);

@@ -162,11 +162,24 @@ TEST_CASE("rope forward and backward with llama3 scaling", "[gpu]") {
 
   const auto gcos = upload(gpu, table.cos, DType::f32), gsin = upload(gpu, table.sin, DType::f32);
   const auto gpos = upload_raw(gpu, positions);
-  const auto gy = upload(gpu, x), gdx = upload(gpu, x);
-  gpu.rope(gy.view(), gpos.view(), gcos.view(), gsin.view(), n, heads, hd);
-  gpu.rope_backward(gdx.view(), gpos.view(), gcos.view(), gsin.view(), n, heads, hd);
-  expect_close("rope", download(gpu, gy.view()), y, 1e-2);
-  expect_close("rope backward", download(gpu, gdx.view()), dx, 1e-2);
+  // x 16-byte aligned (the vectorised kernel), and 2 bytes past that (the one-pair kernel): the
+  // two agree with the CPU and with each other bit for bit.
+  std::vector<std::vector<float>> forward, backward;
+  for (const std::int64_t skew : {0, 1}) {
+    INFO("skew " << skew);
+    std::vector<float> padded(x.size() + static_cast<std::size_t>(skew), 0.0F);
+    std::copy(x.begin(), x.end(), padded.begin() + skew);
+    const auto gy = upload(gpu, padded), gdx = upload(gpu, padded);
+    const auto y_at = gy.slice(skew, n * heads * hd), dx_at = gdx.slice(skew, n * heads * hd);
+    gpu.rope(y_at, gpos.view(), gcos.view(), gsin.view(), n, heads, hd);
+    gpu.rope_backward(dx_at, gpos.view(), gcos.view(), gsin.view(), n, heads, hd);
+    forward.push_back(download(gpu, y_at));
+    backward.push_back(download(gpu, dx_at));
+    expect_close("rope", forward.back(), y, 1e-2);
+    expect_close("rope backward", backward.back(), dx, 1e-2);
+  }
+  CHECK((forward[0] == forward[1]));
+  CHECK((backward[0] == backward[1]));
 }
 
 TEST_CASE("swiglu forward and backward", "[gpu]") {
@@ -330,17 +343,38 @@ TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
   CHECK(gpu.sum_squares(gh.view(), gh.numel()) ==
         Approx(l3::kernels::cpu::sum_squares(h)).epsilon(1e-9));
 
-  auto master = rnd.normal(1000);
-  const auto grads = round_bf16(rnd.normal(1000));
-  std::vector<float> m(1000, 0.0F), v(1000, 0.0F);
+  // AdamW on 1003 values (the four-wide kernel and a tail of 3), then the same with every
+  // array one element off its 16-byte alignment (the one-wide kernel): both match the CPU and
+  // each other bit for bit.
+  const std::int64_t count = 1003;
+  const auto master0 = rnd.normal(count);
+  const auto grads = round_bf16(rnd.normal(count));
+  const auto m0 = rnd.normal(count, 0.01F);
+  auto v0 = rnd.normal(count, 0.01F);
+  for (float& x : v0) x = x * x;
   const l3::kernels::AdamWParams hyper{1e-3F, 0.9F, 0.95F, 1e-8F, 0.1F, 0.5F, 3};
-  const auto gmaster = upload(gpu, master, DType::f32), ggrads = upload(gpu, grads);
-  const auto gm = upload(gpu, m, DType::f32), gv = upload(gpu, v, DType::f32);
-  const auto gcopy = poisoned(gpu, 1000);
+  auto master = master0, m = m0, v = v0;
   l3::kernels::cpu::adamw(master, grads, m, v, hyper);
-  gpu.adamw(gmaster.view(), gcopy.view(), ggrads.view(), gm.view(), gv.view(), 1000, hyper);
-  const auto new_master = download(gpu, gmaster.view());
-  expect_close("master", new_master, master, 1e-6);
-  expect_close("m", download(gpu, gm.view()), m, 1e-6);
-  CHECK(download(gpu, gcopy.view()) == round_bf16(new_master));
+  std::vector<std::vector<float>> masters, copies;
+  for (const std::int64_t skew : {0, 1}) {
+    INFO("skew " << skew);
+    auto skewed = [&](const std::vector<float>& values, DType dtype) {
+      std::vector<float> padded(values.size() + static_cast<std::size_t>(skew), 0.0F);
+      std::copy(values.begin(), values.end(), padded.begin() + skew);
+      return upload(gpu, padded, dtype);
+    };
+    const auto gmaster = skewed(master0, DType::f32), ggrads = skewed(grads, DType::bf16);
+    const auto gm = skewed(m0, DType::f32), gv = skewed(v0, DType::f32);
+    const auto gcopy = poisoned(gpu, count + skew);
+    gpu.adamw(gmaster.slice(skew, count), gcopy.slice(skew, count), ggrads.slice(skew, count),
+              gm.slice(skew, count), gv.slice(skew, count), count, hyper);
+    masters.push_back(download(gpu, gmaster.slice(skew, count)));
+    copies.push_back(download(gpu, gcopy.slice(skew, count)));
+    expect_close("master", masters.back(), master, 1e-6);
+    expect_close("m", download(gpu, gm.slice(skew, count)), m, 1e-6);
+    expect_close("v", download(gpu, gv.slice(skew, count)), v, 1e-6);
+    CHECK((copies.back() == round_bf16(masters.back())));
+  }
+  CHECK((masters[0] == masters[1]));
+  CHECK((copies[0] == copies[1]));
 }
