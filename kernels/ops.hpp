@@ -38,6 +38,12 @@ struct LossSum {
   std::int64_t tokens = 0;
 };
 
+// One host array to copy into backend memory (same dtype and length).
+struct HostUpload {
+  TensorView dst;  // backend memory
+  TensorView src;  // host memory, free for reuse once upload_inputs returns
+};
+
 struct AdamWParams {
   float lr = 0.0F;
   float beta1 = 0.9F;
@@ -72,6 +78,15 @@ class Ops {
   // on the CPU backend both sides are host memory.
   virtual void copy(TensorView dst, TensorView src) = 0;
   virtual void synchronize() = 0;
+  // A micro-batch's inputs, host -> backend. The caller alternates its input buffers between
+  // two sets (`set` 0 or 1) and passes every upload of one micro-batch in one call. A backend
+  // with queues copies on its own copy queue, overlapping the work already queued: copies into
+  // a set wait only for the work queued before the previous call (which used the other set),
+  // and the work queued after this call waits for the copies. Here: plain copies.
+  virtual void upload_inputs(int set, std::span<const HostUpload> uploads) {
+    (void)set;
+    for (const HostUpload& u : uploads) copy(u.dst, u.src);
+  }
 
   // ---- linear layers: y = x W^T, W stored [out, in] as in Hugging Face --------------------
   // y (M, N) = x (M, K) W^T, W (N, K); y += ... when accumulate

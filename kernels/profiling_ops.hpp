@@ -58,10 +58,14 @@ class ProfilingOps final : public Ops {
     timed("copy", [&] { inner_.copy(dst, src); });
   }
   void synchronize() override { inner_.synchronize(); }
+  void upload_inputs(int set, std::span<const HostUpload> uploads) override {
+    timed("upload_inputs", [&] { inner_.upload_inputs(set, uploads); });
+  }
   void matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
               std::int64_t k, bool accumulate) override {
     timed("matmul", [&] { inner_.matmul(y, x, w, m, n, k, accumulate); });
   }
+
   void matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x, TensorView w,
                        std::int64_t m, std::int64_t n, std::int64_t k,
                        bool accumulate_dx) override {

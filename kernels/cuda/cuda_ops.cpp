@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/device_memory.hpp"
+#include "kernels/cuda/input_stager.hpp"
 #include "kernels/cuda/lt_matmul.hpp"
 #include "kernels/cuda/scratch_sizes.hpp"
 
@@ -93,6 +94,7 @@ CudaOps::CudaOps(CudaOptions options) {
 
 CudaOps::~CudaOps() {
   cudaStreamSynchronize(stream_);
+  inputs_.reset();
   cudnn_.reset();
   lt_.reset();
   cublasDestroy(cublas_);
@@ -101,6 +103,11 @@ CudaOps::~CudaOps() {
 
 kernels::Buffer CudaOps::allocate(DType dtype, std::int64_t numel) {
   return allocate_device(dtype, numel);
+}
+
+void CudaOps::upload_inputs(int set, std::span<const kernels::HostUpload> uploads) {
+  if (!inputs_) inputs_ = std::make_unique<InputStager>(stream_);
+  inputs_->upload(set, uploads);
 }
 
 void CudaOps::zero(TensorView x) {

@@ -3,9 +3,9 @@
 // attention when asked for (CudaOptions::cudnn_attention) and cuDNN supports the shape, else on
 // cuBLAS batched GEMMs with causal-softmax kernels (the fallback, exact and simple); everything
 // else on the kernels
-// of kernels/cuda/*.cu. All work is queued on one stream; calls that return a value (loss,
-// squared norm) and copies to host memory synchronise it; copies from host memory do not
-// (pinned staging, PinnedUploads).
+// of kernels/cuda/*.cu. All work is queued on one stream; calls that return a value (squared
+// norms) and copies to host memory synchronise it; copies from host memory do not (pinned
+// staging, PinnedUploads), and a micro-batch's inputs go on a copy stream (InputStager).
 #pragma once
 
 #include <cublas_v2.h>
@@ -40,6 +40,7 @@ class DeviceScratch {
 };
 
 class CudnnAttention;
+class InputStager;
 
 struct CudaOptions {
   int device = -1;               // the CUDA device to use (-1: the current one)
@@ -76,6 +77,8 @@ class CudaOps final : public kernels::Ops {
   void zero(kernels::TensorView x) override;
   void copy(kernels::TensorView dst, kernels::TensorView src) override;
   void synchronize() override;
+  // On a copy stream of its own (InputStager), overlapping the queued compute.
+  void upload_inputs(int set, std::span<const kernels::HostUpload> uploads) override;
 
   void matmul(kernels::TensorView y, kernels::TensorView x, kernels::TensorView w, std::int64_t m,
               std::int64_t n, std::int64_t k, bool accumulate) override;
@@ -137,7 +140,8 @@ class CudaOps final : public kernels::Ops {
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<LtMatmul> lt_;
   DeviceScratch scratch_;
-  PinnedUploads uploads_;  // host -> device copies of inputs, without a stream synchronisation
+  PinnedUploads uploads_;                // host -> device copies, without a stream synchronisation
+  std::unique_ptr<InputStager> inputs_;  // micro-batch inputs on the copy stream (first use)
   std::unique_ptr<CudnnAttention> cudnn_;  // null: the fallback attention only
   AttentionCounts attention_;
 };

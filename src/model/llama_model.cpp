@@ -42,13 +42,25 @@ struct BlockActivations {
   Buffer act;    // (N, I)  silu(gate) * up
 };
 
+// A micro-batch's inputs on the backend.
+struct InputBuffers {
+  Buffer tokens, positions;        // (N)
+  Buffer cu_seqlens;               // (segments + 1)
+  Buffer loss_rows, loss_targets;  // (C) the counted positions and the tokens they predict
+  Buffer score_rows;               // (2P) the chosen, then the rejected last tokens (reward)
+  Buffer margins;                  // (P) the pairs' margins (reward)
+};
+
 struct LlamaModel::Workspace {
   std::int64_t capacity = 0;  // tokens the buffers hold
-  // the micro-batch, on the backend
-  Buffer tokens, positions, cu_seqlens, score_rows;
-  Buffer loss_rows, loss_targets;  // (C) the counted positions and the tokens they predict
-  Buffer margins;                  // (P) the pairs' margins (reward)
-  std::int64_t counted = 0;        // C
+  // Two sets of inputs, alternating per micro-batch: a backend with a copy queue uploads the
+  // next micro-batch's while this one computes (Ops::upload_inputs).
+  std::array<InputBuffers, 2> input_sets;
+  int current = 0;
+  [[nodiscard]] const InputBuffers& in() const {
+    return input_sets[static_cast<std::size_t>(current)];
+  }
+  std::int64_t counted = 0;                   // C
   std::vector<std::int32_t> host_cu_seqlens;  // the same segment table, for AttentionShape
   Buffer rope_cos, rope_sin;
   std::int64_t rope_positions = 0;
@@ -136,13 +148,12 @@ void LlamaModel::prepare(const Batch& batch) {
     Workspace fresh;
     fresh.capacity = n;
     auto alloc = [&](DType dtype, std::int64_t count) { return ops_.allocate(dtype, count); };
-    fresh.tokens = alloc(DType::i32, n);
-    fresh.loss_rows = alloc(DType::i32, n);
-    fresh.loss_targets = alloc(DType::i32, n);
-    fresh.margins = alloc(DType::f32, n);
-    fresh.positions = alloc(DType::i32, n);
-    fresh.cu_seqlens = alloc(DType::i32, n + 1);
-    fresh.score_rows = alloc(DType::i32, n);
+    for (InputBuffers& set : fresh.input_sets) {
+      set = {alloc(DType::i32, n),    alloc(DType::i32, n), alloc(DType::i32, n + 1),
+             alloc(DType::i32, n),    alloc(DType::i32, n), alloc(DType::i32, n),
+             alloc(DType::f32, n / 2)};
+    }
+    fresh.current = ws.current;
     fresh.scores = alloc(DType::f32, n);
     fresh.d_scores = alloc(DType::f32, n);
     for (int l = 0; l <= c.n_layers; ++l) fresh.layer_inputs.push_back(alloc(act, n * h));
@@ -188,7 +199,6 @@ void LlamaModel::prepare(const Batch& batch) {
   }
 
   ws.n = n;
-  ops_.copy(ws.tokens.slice(0, n), host_view(batch.tokens));
   // The counted rows are listed here, on the host, where the mask is: the backend then knows
   // how much lm_head work there is without reading anything back.
   std::vector<std::int32_t> rows;
@@ -201,14 +211,21 @@ void LlamaModel::prepare(const Batch& batch) {
     targets.push_back(batch.targets[static_cast<std::size_t>(t)]);
   }
   ws.counted = static_cast<std::int64_t>(rows.size());
-  ops_.copy(ws.loss_rows.slice(0, ws.counted), host_view(rows));
-  ops_.copy(ws.loss_targets.slice(0, ws.counted), host_view(targets));
-  if (!batch.margins.empty()) {
-    ops_.copy(ws.margins.slice(0, static_cast<std::int64_t>(batch.margins.size())),
-              host_view(batch.margins));
-  }
-  ops_.copy(ws.positions.slice(0, n), host_view(batch.positions));
-  ops_.copy(ws.cu_seqlens.slice(0, batch.segments() + 1), host_view(batch.cu_seqlens));
+  std::vector<std::int32_t> score_rows(batch.chosen_last);  // chosen, then rejected
+  score_rows.insert(score_rows.end(), batch.rejected_last.begin(), batch.rejected_last.end());
+
+  ws.current = 1 - ws.current;
+  const InputBuffers& in = ws.in();
+  auto upload = [](const Buffer& dst, const auto& host) {
+    return kernels::HostUpload{dst.slice(0, static_cast<std::int64_t>(host.size())),
+                               host_view(host)};
+  };
+  const std::array<kernels::HostUpload, 7> uploads{
+      upload(in.tokens, batch.tokens),         upload(in.positions, batch.positions),
+      upload(in.cu_seqlens, batch.cu_seqlens), upload(in.loss_rows, rows),
+      upload(in.loss_targets, targets),        upload(in.score_rows, score_rows),
+      upload(in.margins, batch.margins)};
+  ops_.upload_inputs(ws.current, uploads);
   ws.host_cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
   ws.shape = {n,
               c.n_heads,
@@ -226,7 +243,7 @@ void LlamaModel::forward_backbone() {
   const std::int64_t h = c.hidden_size;
   {
     const core::TraceRange range("embedding");
-    ops_.embedding(ws.layer_inputs[0].slice(0, n * h), ws.tokens.slice(0, n),
+    ops_.embedding(ws.layer_inputs[0].slice(0, n * h), ws.in().tokens.slice(0, n),
                    weight(layout_.embedding(), c.vocab_size * h), n, h);
   }
   for (int l = 0; l < c.n_layers; ++l) {
@@ -260,12 +277,12 @@ void LlamaModel::block_forward(int layer, TensorView x_in, TensorView x_out, int
               false);
   ops_.matmul(a.v.slice(0, n * kv), a.ln1.slice(0, n * h), weight(w.v_proj, kv * h), n, kv, h,
               false);
-  ops_.rope(a.q.slice(0, n * q), ws.positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(),
-            n, c.n_heads, c.head_dim);
-  ops_.rope(a.k.slice(0, n * kv), ws.positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(),
-            n, c.n_kv_heads, c.head_dim);
+  ops_.rope(a.q.slice(0, n * q), ws.in().positions.slice(0, n), ws.rope_cos.view(),
+            ws.rope_sin.view(), n, c.n_heads, c.head_dim);
+  ops_.rope(a.k.slice(0, n * kv), ws.in().positions.slice(0, n), ws.rope_cos.view(),
+            ws.rope_sin.view(), n, c.n_kv_heads, c.head_dim);
   ops_.attention(a.att.slice(0, n * q), a.lse.slice(0, n * c.n_heads), a.q.slice(0, n * q),
-                 a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.cu_seqlens.view(), ws.shape);
+                 a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.in().cu_seqlens.view(), ws.shape);
   ops_.copy(a.h.slice(0, n * h), x_in);  // the residual, then += o_proj(att)
   ops_.matmul(a.h.slice(0, n * h), a.att.slice(0, n * q), weight(w.o_proj, h * q), n, h, q, true);
 
@@ -328,12 +345,12 @@ void LlamaModel::backward_backbone() {
                          weight(w.o_proj, h * q), n, h, q, false);
     ops_.attention_backward(d_q, d_k, d_v, d_att, a.att.slice(0, n * q),
                             a.lse.slice(0, n * c.n_heads), a.q.slice(0, n * q),
-                            a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.cu_seqlens.view(),
+                            a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.in().cu_seqlens.view(),
                             ws.shape);
-    ops_.rope_backward(d_q, ws.positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(), n,
-                       c.n_heads, c.head_dim);
-    ops_.rope_backward(d_k, ws.positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(), n,
-                       c.n_kv_heads, c.head_dim);
+    ops_.rope_backward(d_q, ws.in().positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(),
+                       n, c.n_heads, c.head_dim);
+    ops_.rope_backward(d_k, ws.in().positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(),
+                       n, c.n_kv_heads, c.head_dim);
     ops_.matmul_backward(d_ln, weight_grad(w.q_proj, q * h), d_q, a.ln1.slice(0, n * h),
                          weight(w.q_proj, q * h), n, q, h, false);
     ops_.matmul_backward(d_ln, weight_grad(w.k_proj, kv * h), d_k, a.ln1.slice(0, n * h),
@@ -345,8 +362,8 @@ void LlamaModel::backward_backbone() {
     if (gradient_ready_) gradient_ready_(w.q_proj);  // the block's first tensor
   }
   const core::TraceRange range("embedding backward");
-  ops_.embedding_backward(weight_grad(layout_.embedding(), c.vocab_size * h), ws.tokens.slice(0, n),
-                          d_resid, n, h);
+  ops_.embedding_backward(weight_grad(layout_.embedding(), c.vocab_size * h),
+                          ws.in().tokens.slice(0, n), d_resid, n, h);
   if (gradient_ready_) gradient_ready_(0);
 }
 
@@ -381,8 +398,8 @@ void LlamaModel::sft(const Batch& batch, float grad_scale, bool backward, Tensor
         sums.slice(0, 1), backward ? ws.d_final.slice(0, n * h) : TensorView{},
         backward ? weight_grad(layout_.lm_head(), v * h) : TensorView{},
         ws.final_out.slice(0, n * h), weight(layout_.lm_head(), v * h),
-        ws.loss_rows.slice(0, ws.counted), ws.loss_targets.slice(0, ws.counted), n, ws.counted, v,
-        h, grad_scale);
+        ws.in().loss_rows.slice(0, ws.counted), ws.in().loss_targets.slice(0, ws.counted), n,
+        ws.counted, v, h, grad_scale);
   }
   if (backward) backward_backbone();
 }
@@ -417,21 +434,19 @@ void LlamaModel::reward(const Batch& batch, float grad_scale, double center, boo
   const std::int64_t pairs = batch.pairs();
   const std::int64_t count = 2 * pairs;
 
-  // rows = the chosen last tokens, then the rejected ones
-  std::vector<std::int32_t> rows(batch.chosen_last);
-  rows.insert(rows.end(), batch.rejected_last.begin(), batch.rejected_last.end());
-  ops_.copy(ws.score_rows.slice(0, count), host_view(rows));
   ops_.gather_dot(ws.scores.slice(0, count), ws.final_out.slice(0, n * h),
-                  weight(layout_.score(), h), ws.score_rows.slice(0, count), count, h);
-  ops_.bradley_terry(
-      sums, backward ? ws.d_scores.slice(0, count) : TensorView{}, ws.scores.slice(0, count),
-      batch.margins.empty() ? TensorView{} : ws.margins.slice(0, pairs), pairs, center, grad_scale);
+                  weight(layout_.score(), h), ws.in().score_rows.slice(0, count), count, h);
+  ops_.bradley_terry(sums, backward ? ws.d_scores.slice(0, count) : TensorView{},
+                     ws.scores.slice(0, count),
+                     batch.margins.empty() ? TensorView{} : ws.in().margins.slice(0, pairs), pairs,
+                     center, grad_scale);
   if (!backward) return;
 
   ops_.zero(ws.d_final.slice(0, n * h));
   ops_.gather_dot_backward(ws.d_final.slice(0, n * h), weight_grad(layout_.score(), h),
                            ws.d_scores.slice(0, count), ws.final_out.slice(0, n * h),
-                           weight(layout_.score(), h), ws.score_rows.slice(0, count), count, h);
+                           weight(layout_.score(), h), ws.in().score_rows.slice(0, count), count,
+                           h);
   backward_backbone();
 }
 

@@ -3,6 +3,7 @@
 // accumulation: 1e-2 where one bf16 rounding of the output dominates, 2e-2 to 3e-2 where
 // bf16 intermediates (probabilities, dlogits) enter a second GEMM. NaN/Inf never pass.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "catch.hpp"
@@ -114,6 +115,45 @@ TEST_CASE("embedding forward and deterministic backward", "[gpu]") {
   const auto d1 = download(gpu, gd1.view());
   expect_close("dtable", d1, dtable, 1e-2);
   CHECK(d1 == download(gpu, gd2.view()));  // bitwise repeatable
+}
+
+TEST_CASE("micro-batch inputs on the copy stream reach each micro-batch intact", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  // Eight micro-batches through two alternating input sets, each behind a long matmul on the
+  // compute stream, so that the copy stream runs ahead: a copy that did not wait for the
+  // micro-batch two back to finish reading its set, or a kernel that did not wait for its
+  // copies, would embed the wrong tokens.
+  const std::int64_t vocab = 512, hidden = 128, n = 4096, big = 4096;
+  l3::test::Random rnd(110);
+  const auto table = round_bf16(rnd.normal(vocab * hidden));
+  const auto gtable = upload(gpu, table);
+  const auto ga = upload(gpu, round_bf16(rnd.normal(big * big, 0.01F)));
+  const auto gc = poisoned(gpu, big * big);
+  std::array<l3::kernels::Buffer, 2> sets{gpu.allocate(DType::i32, n), gpu.allocate(DType::i32, n)};
+  // Outputs first: poisoning them copies from pageable memory, which waits for the stream.
+  std::vector<l3::kernels::Buffer> outs;
+  for (int k = 0; k < 8; ++k) outs.push_back(poisoned(gpu, n * hidden));
+  std::vector<std::vector<std::int32_t>> batches;
+  for (int k = 0; k < 8; ++k) {
+    for (int r = 0; r < 10; ++r) {  // a few milliseconds of work ahead of the copies
+      gpu.matmul(gc.view(), ga.view(), ga.view(), big, big, big, false);
+    }
+    batches.push_back(rnd.integers(n, static_cast<std::int32_t>(vocab)));
+    std::vector<std::int32_t> source = batches.back();
+    const std::array<l3::kernels::HostUpload, 1> uploads{l3::kernels::HostUpload{
+        sets[k % 2].view(), l3::kernels::TensorView(std::span<const std::int32_t>(source))}};
+    gpu.upload_inputs(k % 2, uploads);
+    std::fill(source.begin(), source.end(), -1);  // the source is the caller's again on return
+    gpu.embedding(outs[static_cast<std::size_t>(k)].view(), sets[k % 2].view(), gtable.view(), n,
+                  hidden);
+  }
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    INFO("micro-batch " << k);
+    std::vector<float> expected(n * hidden);
+    l3::kernels::cpu::embedding(expected, batches[k], table, hidden);
+    CHECK((download(gpu, outs[k].view()) == expected));
+  }
 }
 
 TEST_CASE("rmsnorm forward and backward", "[gpu]") {
