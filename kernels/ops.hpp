@@ -87,6 +87,10 @@ class Ops {
     (void)set;
     for (const HostUpload& u : uploads) copy(u.dst, u.src);
   }
+  // Milliseconds the backend's compute queue stood waiting for input uploads since the last
+  // call (call it once the queued work is done, e.g. after synchronize()). 0 here: plain copies
+  // happen before the work is queued.
+  [[nodiscard]] virtual double take_input_wait_ms() { return 0.0; }
 
   // ---- linear layers: y = x W^T, W stored [out, in] as in Hugging Face --------------------
   // y (M, N) = x (M, K) W^T, W (N, K); y += ... when accumulate

@@ -61,6 +61,7 @@ class ProfilingOps final : public Ops {
   void upload_inputs(int set, std::span<const HostUpload> uploads) override {
     timed("upload_inputs", [&] { inner_.upload_inputs(set, uploads); });
   }
+  [[nodiscard]] double take_input_wait_ms() override { return inner_.take_input_wait_ms(); }
   void matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
               std::int64_t k, bool accumulate) override {
     timed("matmul", [&] { inner_.matmul(y, x, w, m, n, k, accumulate); });

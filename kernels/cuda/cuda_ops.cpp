@@ -110,6 +110,8 @@ void CudaOps::upload_inputs(int set, std::span<const kernels::HostUpload> upload
   inputs_->upload(set, uploads);
 }
 
+double CudaOps::take_input_wait_ms() { return inputs_ ? inputs_->take_wait_ms() : 0.0; }
+
 void CudaOps::zero(TensorView x) {
   check(cudaMemsetAsync(x.data(), 0, x.bytes(), stream_), "zero");
 }

@@ -79,6 +79,7 @@ class CudaOps final : public kernels::Ops {
   void synchronize() override;
   // On a copy stream of its own (InputStager), overlapping the queued compute.
   void upload_inputs(int set, std::span<const kernels::HostUpload> uploads) override;
+  [[nodiscard]] double take_input_wait_ms() override;
 
   void matmul(kernels::TensorView y, kernels::TensorView x, kernels::TensorView w, std::int64_t m,
               std::int64_t n, std::int64_t k, bool accumulate) override;

@@ -7,12 +7,15 @@
 //     at that previous upload;
 //   - the compute stream waits for the copies (`ready_`) before the work queued after them.
 // Sources are staged through pinned slots, so the caller's host arrays are free on return.
+// Timing events around each compute-stream wait measure how long the compute stream stood
+// waiting for its inputs (the GPU side of data_wait_ms).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <array>
 #include <span>
+#include <vector>
 
 #include "kernels/cuda/pinned_uploads.hpp"
 #include "kernels/ops.hpp"
@@ -29,12 +32,20 @@ class InputStager {
   InputStager& operator=(InputStager&&) = delete;
 
   void upload(int set, std::span<const kernels::HostUpload> uploads);
+  // Milliseconds the compute stream waited for uploads since the last call; the waits must
+  // have happened (call after a synchronisation).
+  [[nodiscard]] double take_wait_ms();
 
  private:
   cudaStream_t compute_;
   cudaStream_t copy_ = nullptr;
   std::array<cudaEvent_t, 2> released_{};  // per set: the compute work that may still read it
   cudaEvent_t ready_ = nullptr;            // the last upload's copies are done
+  // (before, after) the compute stream's wait, one pair per upload since take_wait_ms()
+  std::vector<std::array<cudaEvent_t, 2>> wait_timers_;
+  std::size_t timers_used_ = 0;
+  static constexpr std::size_t kMaxTimers = 256;
+  double pending_ms_ = 0.0;  // waits folded in when kMaxTimers were in use
   PinnedUploads pinned_;
 };
 

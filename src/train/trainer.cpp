@@ -248,6 +248,7 @@ struct Trainer::Impl {
     dist::agree_on_failure(world, failure);
     const data::StepData& data = *next;
     const double wait_ms = data_source->last_wait_ms();
+    (void)ops->take_input_wait_ms();  // waits before this step (evaluation) are not its own
 
     // The global denominators first: each rank's gradients are then already those of the
     // global mean.
@@ -326,7 +327,9 @@ struct Trainer::Impl {
     ++done;
 
     m.step_ms = watch.milliseconds();
-    m.data_wait_ms = wait_ms;
+    // The host's wait for the prefetcher (the GPU's queue is empty then) plus the time the
+    // backend's compute queue stood waiting for input copies during the step.
+    m.data_wait_ms = wait_ms + ops->take_input_wait_ms();
     const ReductionTimes& t = parallel->times();
     m.reduce_wait_ms = 1e3 * t.wait_seconds;
     m.reduce_ms = 1e3 * t.reduce_seconds;

@@ -148,6 +148,12 @@ TEST_CASE("micro-batch inputs on the copy stream reach each micro-batch intact",
     gpu.embedding(outs[static_cast<std::size_t>(k)].view(), sets[k % 2].view(), gtable.view(), n,
                   hidden);
   }
+  gpu.synchronize();
+  // How long the compute stream stood waiting for the copies: a time, then reset.
+  const double waited = gpu.take_input_wait_ms();
+  CHECK(std::isfinite(waited));
+  CHECK(waited >= 0.0);
+  CHECK(gpu.take_input_wait_ms() == 0.0);
   for (std::size_t k = 0; k < outs.size(); ++k) {
     INFO("micro-batch " << k);
     std::vector<float> expected(n * hidden);
