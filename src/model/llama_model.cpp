@@ -368,7 +368,7 @@ void LlamaModel::backward_backbone() {
 }
 
 TensorView LlamaModel::sum_slot(int slot) const {
-  return sums_.slice(slot * kSumValues, kSumValues);
+  return sums_.slice(static_cast<std::int64_t>(slot) * kSumValues, kSumValues);
 }
 
 LossSums LlamaModel::read_sums(int slot) const {

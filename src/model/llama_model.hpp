@@ -111,7 +111,7 @@ class LlamaModel {
 
   // The loss sums' slots in backend memory (f64): the training step's and single calls'.
   static constexpr int kSumValues = 3;
-  static constexpr std::int64_t kLossSumElements = 2 * kSumValues;
+  static constexpr std::int64_t kLossSumElements = std::int64_t{2} * kSumValues;
 
   // One micro-batch with its result read back at once (evaluation, tests); the sums of a
   // training step in progress are left alone.
