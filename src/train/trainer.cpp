@@ -284,16 +284,18 @@ struct Trainer::Impl {
       const core::TraceRange range("gradient reduction wait");
       parallel->finish_reduction();
     }
-    // The step's one read of its losses (the micro-batches added them up in backend memory).
+    double norm = 0;
+    {
+      // Queued right behind the backward: its one download is the step's wait for the GPU.
+      const core::TraceRange range("gradient norm");
+      norm = parallel->gradient_norm();
+    }
+    // The step's one read of its losses (the micro-batches added them up in backend memory);
+    // the queue is empty by now, so it costs a small copy, not a second wait.
     const model::LossSums local = model->loss_sums();
     std::array<double, 3> sums{local.loss, local.correct, local.margin};
     dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 3, MPI_DOUBLE, MPI_SUM, world.comm()),
                     "MPI_Allreduce (step loss)");
-    double norm = 0;
-    {
-      const core::TraceRange range("gradient norm");
-      norm = parallel->gradient_norm();
-    }
 
     StepMetrics m;
     m.step = done + 1;
