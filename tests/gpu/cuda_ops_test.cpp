@@ -45,6 +45,20 @@ TEST_CASE("f32 <-> bf16 copies round to nearest even", "[gpu]") {
   const auto widened = gpu.allocate(DType::f32, 1000);
   gpu.copy(widened.view(), b.view());
   CHECK(download(gpu, widened.view()) == back);
+  // The eight-wide kernels with a tail (offsets 0 and 8: 16-byte aligned on both sides; counts
+  // not multiples of 8) and unaligned views (offset 1: the one-wide kernels): the same values.
+  const std::array<std::array<std::int64_t, 2>, 3> cases{{{0, 997}, {1, 999}, {8, 989}}};
+  for (const auto& [skew, count] : cases) {
+    INFO("offset " << skew << ", count " << count);
+    const auto narrowed = poisoned(gpu, 1000);
+    gpu.copy(narrowed.slice(skew, count), f.slice(skew, count));
+    const auto got = download(gpu, narrowed.slice(skew, count));
+    const std::vector<float> want(back.begin() + skew, back.begin() + skew + count);
+    CHECK((got == want));
+    const auto wide = poisoned(gpu, 1000, DType::f32);
+    gpu.copy(wide.slice(skew, count), b.slice(skew, count));
+    CHECK((download(gpu, wide.slice(skew, count)) == want));
+  }
 }
 
 TEST_CASE("converting copies of more than one staging chunk", "[gpu]") {
