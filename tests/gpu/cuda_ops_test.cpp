@@ -403,6 +403,12 @@ TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
 
   CHECK(gpu.sum_squares(gh.view(), gh.numel()) ==
         Approx(l3::kernels::cpu::sum_squares(h)).epsilon(1e-9));
+  // 16-byte loads with a tail of 5, and an unaligned view (one value at a time).
+  const std::span<const float> hs(h);
+  CHECK(gpu.sum_squares(gh.slice(0, 1005), 1005) ==
+        Approx(l3::kernels::cpu::sum_squares(hs.first(1005))).epsilon(1e-9));
+  CHECK(gpu.sum_squares(gh.slice(3, 1002), 1002) ==
+        Approx(l3::kernels::cpu::sum_squares(hs.subspan(3, 1002))).epsilon(1e-9));
 
   // AdamW on 1003 values (the four-wide kernel and a tail of 3), then the same with every
   // array one element off its 16-byte alignment (the one-wide kernel): both match the CPU and
