@@ -27,28 +27,109 @@ __global__ void scatter_rows_kernel(bf16* h, const bf16* in, const std::int32_t*
   for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
 }
 
-// One block per row of logits.
+// A running (max, sum of exp(x - max)) pair: the softmax statistics in one pass over a row
+// (online softmax), so the fp32 logits are read twice (statistics, gradient) instead of three
+// times. -inf max: nothing seen yet.
+struct SoftmaxStats {
+  float max = -INFINITY;
+  float sum = 0.0F;
+
+  __device__ __forceinline__ void add(float x) {
+    if (x > max) {
+      sum = sum * __expf(max - x) + 1.0F;
+      max = x;
+    } else {
+      sum += __expf(x - max);
+    }
+  }
+  __device__ __forceinline__ void merge(SoftmaxStats o) {
+    if (o.max == -INFINITY) return;
+    if (max == -INFINITY) {
+      *this = o;
+      return;
+    }
+    const float m = fmaxf(max, o.max);
+    sum = sum * __expf(max - m) + o.sum * __expf(o.max - m);
+    max = m;
+  }
+};
+
+__device__ __forceinline__ SoftmaxStats warp_merge(SoftmaxStats s) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    SoftmaxStats o;
+    o.max = __shfl_xor_sync(0xffffffffU, s.max, offset);
+    o.sum = __shfl_xor_sync(0xffffffffU, s.sum, offset);
+    s.merge(o);
+  }
+  return s;
+}
+
+// The whole block's statistics, in every thread (blockDim.x a multiple of 32).
+__device__ SoftmaxStats block_merge(SoftmaxStats s) {
+  __shared__ float maxes[kWarp];
+  __shared__ float sums[kWarp];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  s = warp_merge(s);
+  if (lane == 0) {
+    maxes[warp] = s.max;
+    sums[warp] = s.sum;
+  }
+  __syncthreads();
+  SoftmaxStats t;
+  if (lane < static_cast<int>(blockDim.x) / kWarp) {
+    t.max = maxes[lane];
+    t.sum = sums[lane];
+  }
+  return warp_merge(t);
+}
+
+// Four bf16 values in one 8-byte store.
+struct alignas(8) Bf16x4 {
+  bf16 v[4];
+};
+
+// One block per row of logits. Rows whose logits (and gradient) allow it are read as float4 and
+// written four bf16 at a time (vocab % 4 == 0 and the row 16-byte aligned: Llama 3's 128256).
 __global__ void softmax_cross_entropy_kernel(float* loss, bf16* dlogits, const float* logits,
                                              const std::int32_t* targets, std::int64_t vocab,
                                              float grad_scale) {
-  __shared__ float scratch[kWarp];
   const std::int64_t row = blockIdx.x;
   const float* z = logits + row * vocab;
-  float max = -INFINITY;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) max = fmaxf(max, z[j]);
-  max = block_max(max, scratch);
-  float sum = 0.0F;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += __expf(z[j] - max);
-  sum = block_sum(sum, scratch);
-  const std::int32_t target = targets[row];
-  if (threadIdx.x == 0) loss[row] = max + logf(sum) - z[target];
-  if (dlogits == nullptr) return;
-  const float factor = grad_scale / sum;
-  bf16* d = dlogits + row * vocab;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float p = __expf(z[j] - max) * factor;
-    d[j] = to_bf16(j == target ? p - grad_scale : p);
+  bf16* d = dlogits == nullptr ? nullptr : dlogits + row * vocab;
+  const bool wide = vocab % 4 == 0 && reinterpret_cast<std::uintptr_t>(z) % 16U == 0U &&
+                    reinterpret_cast<std::uintptr_t>(d) % 8U == 0U;
+  const std::int64_t quads = wide ? vocab / 4 : 0;
+  const auto* z4 = reinterpret_cast<const float4*>(z);
+
+  SoftmaxStats stats;
+  for (std::int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
+    const float4 v = z4[q];
+    stats.add(v.x);
+    stats.add(v.y);
+    stats.add(v.z);
+    stats.add(v.w);
   }
+  for (std::int64_t j = quads * 4 + threadIdx.x; j < vocab; j += blockDim.x) stats.add(z[j]);
+  stats = block_merge(stats);
+
+  const std::int32_t target = targets[row];
+  if (threadIdx.x == 0) loss[row] = stats.max + logf(stats.sum) - z[target];
+  if (d == nullptr) return;
+  // dlogits = grad_scale * (softmax - onehot(target))
+  const float factor = grad_scale / stats.sum;
+  auto grad = [&](std::int64_t j, float x) {
+    const float p = __expf(x - stats.max) * factor;
+    return to_bf16(j == target ? p - grad_scale : p);
+  };
+  for (std::int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
+    const float4 v = z4[q];
+    const std::int64_t j = q * 4;
+    reinterpret_cast<Bf16x4*>(d)[q] =
+        Bf16x4{{grad(j, v.x), grad(j + 1, v.y), grad(j + 2, v.z), grad(j + 3, v.w)}};
+  }
+  for (std::int64_t j = quads * 4 + threadIdx.x; j < vocab; j += blockDim.x) d[j] = grad(j, z[j]);
 }
 
 }  // namespace
