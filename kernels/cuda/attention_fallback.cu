@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/softmax_stats.cuh"
 
 namespace l3::cuda {
 
@@ -11,21 +12,19 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One block per (head, query row).
+// One block per (head, query row); the statistics in one pass over the visible scores.
 __global__ void causal_softmax_kernel(bf16* probs, float* lse, const float* scores,
                                       std::int64_t length, std::int64_t lse_stride) {
-  __shared__ float scratch[kWarp];
   const std::int64_t head = blockIdx.y;
   const std::int64_t row = blockIdx.x;
   const std::int64_t visible = row + 1;
   const float* s = scores + (head * length + row) * length;
   bf16* p = probs + (head * length + row) * length;
-  float max = -INFINITY;
-  for (std::int64_t j = threadIdx.x; j < visible; j += blockDim.x) max = fmaxf(max, s[j]);
-  max = block_max(max, scratch);
-  float sum = 0.0F;
-  for (std::int64_t j = threadIdx.x; j < visible; j += blockDim.x) sum += __expf(s[j] - max);
-  sum = block_sum(sum, scratch);
+  SoftmaxStats stats;
+  for (std::int64_t j = threadIdx.x; j < visible; j += blockDim.x) stats.add(s[j]);
+  stats = block_merge(stats);
+  const float max = stats.max;
+  const float sum = stats.sum;
   const float inv = 1.0F / sum;
   for (std::int64_t j = threadIdx.x; j < length; j += blockDim.x) {
     p[j] = to_bf16(j < visible ? __expf(s[j] - max) * inv : 0.0F);
