@@ -381,6 +381,14 @@ void LlamaModel::zero_loss_sums() { ops_.zero(sum_slot(kStepSlot)); }
 
 LossSums LlamaModel::loss_sums() const { return read_sums(kStepSlot); }
 
+void LlamaModel::zero_eval_sums() { ops_.zero(sum_slot(kEvalSlot)); }
+
+void LlamaModel::sft_eval_accumulate(const Batch& batch) {
+  sft(batch, 1.0F, false, sum_slot(kEvalSlot));
+}
+
+LossSums LlamaModel::eval_sums() const { return read_sums(kEvalSlot); }
+
 void LlamaModel::sft(const Batch& batch, float grad_scale, bool backward, TensorView sums) {
   if (layout_.head() != HeadKind::language_model) {
     throw core::internal_error("SFT pass on a model without a language-model head");

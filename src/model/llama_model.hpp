@@ -109,9 +109,16 @@ class LlamaModel {
   void reward_accumulate(const Batch& batch, float grad_scale, double center_coefficient);
   [[nodiscard]] LossSums loss_sums() const;
 
-  // The loss sums' slots in backend memory (f64): the training step's and single calls'.
+  // Evaluation, likewise: forward passes whose losses add up in backend memory, read once.
+  void zero_eval_sums();
+  void sft_eval_accumulate(const Batch& batch);
+  [[nodiscard]] LossSums eval_sums() const;
+
+  // The loss sums' slots in backend memory (f64): the training step's, evaluation's and single
+  // calls'.
   static constexpr int kSumValues = 3;
-  static constexpr std::int64_t kLossSumElements = std::int64_t{2} * kSumValues;
+  static constexpr int kSumSlotCount = 3;
+  static constexpr std::int64_t kLossSumElements = std::int64_t{kSumSlotCount} * kSumValues;
 
   // One micro-batch with its result read back at once (evaluation, tests); the sums of a
   // training step in progress are left alone.
@@ -134,6 +141,7 @@ class LlamaModel {
   // Loss sums in backend memory: one slot for the training step, one for single calls.
   static constexpr int kStepSlot = 0;
   static constexpr int kCallSlot = 1;
+  static constexpr int kEvalSlot = 2;
   [[nodiscard]] kernels::TensorView sum_slot(int slot) const;
   [[nodiscard]] LossSums read_sums(int slot) const;
   void sft(const Batch& batch, float grad_scale, bool backward, kernels::TensorView sums);
@@ -149,7 +157,7 @@ class LlamaModel {
   kernels::Buffer params_;
   kernels::Buffer master_;  // empty when the compute dtype is f32
   kernels::Buffer grads_;
-  kernels::Buffer sums_;  // (2, kSumValues) f64: slots kStepSlot and kCallSlot
+  kernels::Buffer sums_;  // (kSumSlotCount, kSumValues) f64
   std::unique_ptr<Workspace> ws_;
   GradientReadyHook gradient_ready_;
 };

@@ -43,14 +43,15 @@ EvalMetrics evaluate(const dist::World& world, model::LlamaModel& model,
 
   // Local sums: loss, tokens | pairs, correct, margin, reward sum, reward sum of squares.
   std::array<double, 7> sums{};
+  // SFT losses add up in backend memory and are read once, after the last batch.
+  model.zero_eval_sums();
   for (std::int64_t s = 0; s < steps; ++s) {
     const data::StepData& step = loader.next();
     for (const model::Batch& batch : step.micro) {
       if (sft) {
         if (batch.document_tokens == 0) continue;
-        const kernels::LossSum loss = model.sft_forward(batch);
-        sums[0] += loss.loss;
-        sums[1] += static_cast<double>(loss.tokens);
+        model.sft_eval_accumulate(batch);
+        sums[1] += static_cast<double>(batch.counted_tokens());
       } else {
         if (batch.pairs() == 0) continue;
         const model::RewardOutput out = model.reward_forward(batch, 0.0);
@@ -67,6 +68,7 @@ EvalMetrics evaluate(const dist::World& world, model::LlamaModel& model,
       }
     }
   }
+  if (sft) sums[0] = model.eval_sums().loss;
   dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()),
                                 MPI_DOUBLE, MPI_SUM, world.comm()),
                   "MPI_Allreduce (evaluation)");

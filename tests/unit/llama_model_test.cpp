@@ -311,6 +311,13 @@ TEST_CASE("training micro-batches add their losses up in backend memory, read on
   CHECK(rel_error(step.gradients().as<float>(), single_grads) == 0.0);
   step.zero_loss_sums();
   CHECK(step.loss_sums().loss == 0.0);
+  // Evaluation's forward passes add up in their own slot, the step's sums left alone.
+  step.sft_accumulate(a, 0.25F);
+  step.zero_eval_sums();
+  step.sft_eval_accumulate(a);
+  step.sft_eval_accumulate(b);
+  CHECK(step.eval_sums().loss == step.sft_forward(a).loss + step.sft_forward(b).loss);
+  CHECK(step.loss_sums().loss == la);
 
   // Reward: loss, correct pairs and margins add up the same way.
   LlamaModel reward(c, HeadKind::reward, ops);
