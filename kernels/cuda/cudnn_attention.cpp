@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -408,17 +409,31 @@ Bound bind_common(GraphBuilder& g, const Layout& l) {
   return t;
 }
 
+// The row and column index (int32) of every score, for a mask; `compute` is the pointwise
+// operation's compute type (each mask keeps the one its graph pattern was validated with).
+struct IndexGrids {
+  cudnnBackendDescriptor_t row;
+  cudnnBackendDescriptor_t col;
+};
+IndexGrids index_grids(GraphBuilder& g, const Layout& l, cudnnBackendDescriptor_t scores,
+                       cudnnDataType_t compute, std::string_view mask) {
+  const Dims dims = l.score_dims();
+  const Dims strides = l.score_strides();
+  const std::string row_name = fmt::format("{}: row index", mask);
+  const std::string col_name = fmt::format("{}: column index", mask);
+  auto* row = g.intermediate(CUDNN_DATA_INT32, dims, strides, row_name);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, compute, scores, nullptr, nullptr, row, row_name, 2);
+  auto* col = g.intermediate(CUDNN_DATA_INT32, dims, strides, col_name);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, compute, scores, nullptr, nullptr, col, col_name, 3);
+  return {row, col};
+}
+
 // Scores outside the batch's sequence length (rows or columns) become -inf.
 cudnnBackendDescriptor_t padding_mask(GraphBuilder& g, const Layout& l, const Bound& t,
                                       cudnnBackendDescriptor_t scores) {
   const Dims dims = l.score_dims();
   const Dims strides = l.score_strides();
-  auto* row = g.intermediate(CUDNN_DATA_INT32, dims, strides, "padding: row index");
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, scores, nullptr, nullptr, row,
-              "padding: row index", 2);
-  auto* col = g.intermediate(CUDNN_DATA_INT32, dims, strides, "padding: column index");
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, scores, nullptr, nullptr, col,
-              "padding: column index", 3);
+  const auto [row, col] = index_grids(g, l, scores, CUDNN_DATA_INT32, "padding");
   auto* row_in = g.intermediate(CUDNN_DATA_BOOLEAN, dims, strides, "padding: row < seq_len_q");
   g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, t.seq_q, nullptr, row_in,
               "padding: row < seq_len_q");
@@ -439,12 +454,7 @@ cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const Layout& l, const Bou
                                      cudnnBackendDescriptor_t scores) {
   const Dims dims = l.score_dims();
   const Dims strides = l.score_strides();
-  auto* row = g.intermediate(CUDNN_DATA_INT32, dims, strides, "causal: row index");
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, scores, nullptr, nullptr, row,
-              "causal: row index", 2);
-  auto* col = g.intermediate(CUDNN_DATA_INT32, dims, strides, "causal: column index");
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, scores, nullptr, nullptr, col,
-              "causal: column index", 3);
+  const auto [row, col] = index_grids(g, l, scores, CUDNN_DATA_FLOAT, "causal");
   auto* keep = g.intermediate(CUDNN_DATA_BOOLEAN, dims, strides, "causal: row >= col");
   g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep,
               "causal: row >= col");

@@ -103,6 +103,17 @@ Reference reference(const std::vector<std::int32_t>& cu, const AttentionShape& s
   return r;
 }
 
+// The reference inputs and the segment table on the device.
+struct DeviceInputs {
+  Buffer q, k, v, dout, cu;
+};
+
+DeviceInputs upload_inputs(l3::cuda::CudaOps& gpu, const Reference& ref,
+                           const std::vector<std::int32_t>& cu) {
+  return {upload(gpu, ref.q), upload(gpu, ref.k), upload(gpu, ref.v), upload(gpu, ref.dout),
+          upload_raw(gpu, cu)};
+}
+
 // Runs one case through the fallback and cuDNN and compares everything.
 void check_case(const std::vector<std::int32_t>& cu, int heads, int kv_heads, int head_dim,
                 std::uint32_t stream, bool pass_host_cu) {
@@ -118,19 +129,16 @@ void check_case(const std::vector<std::int32_t>& cu, int heads, int kv_heads, in
 
   l3::cuda::CudaOps gpu;
   l3::cuda::CudnnAttention cudnn;
-  const auto q = upload(gpu, ref.q);
-  const auto k = upload(gpu, ref.k);
-  const auto v = upload(gpu, ref.v);
-  const auto dout = upload(gpu, ref.dout);
-  const auto gcu = upload_raw(gpu, cu);
+  const DeviceInputs in = upload_inputs(gpu, ref, cu);
 
   // the fallback, the CUDA backend's reference path
   const Output f_out(gpu, qn);
   const Output f_lse(gpu, n * heads, DType::f32);
-  gpu.attention(f_out.view(), f_lse.view(), q.view(), k.view(), v.view(), gcu.view(), shape);
+  gpu.attention(f_out.view(), f_lse.view(), in.q.view(), in.k.view(), in.v.view(), in.cu.view(),
+                shape);
   const Grads f(gpu, qn, kvn);
-  gpu.attention_backward(f.dq.view(), f.dk.view(), f.dv.view(), dout.view(), f_out.view(),
-                         f_lse.view(), q.view(), k.view(), v.view(), gcu.view(), shape);
+  gpu.attention_backward(f.dq.view(), f.dk.view(), f.dv.view(), in.dout.view(), f_out.view(),
+                         f_lse.view(), in.q.view(), in.k.view(), in.v.view(), in.cu.view(), shape);
   const auto f_dq = f.dq.values(gpu);
   const auto f_dk = f.dk.values(gpu);
   const auto f_dv = f.dv.values(gpu);
@@ -138,8 +146,8 @@ void check_case(const std::vector<std::int32_t>& cu, int heads, int kv_heads, in
   // cuDNN forward
   const Output c_out(gpu, qn);
   const Output c_lse(gpu, n * heads, DType::f32);
-  const bool ran = cudnn.forward(c_out.view(), c_lse.view(), q.view(), k.view(), v.view(),
-                                 gcu.view(), shape, host_cu, gpu.stream());
+  const bool ran = cudnn.forward(c_out.view(), c_lse.view(), in.q.view(), in.k.view(), in.v.view(),
+                                 in.cu.view(), shape, host_cu, gpu.stream());
   INFO("cuDNN: " << cudnn.last_unsupported_reason());
   REQUIRE(ran);
   INFO(cudnn.describe_plans());
@@ -154,9 +162,9 @@ void check_case(const std::vector<std::int32_t>& cu, int heads, int kv_heads, in
 
   // cuDNN backward on cuDNN's own forward results
   const Grads c(gpu, qn, kvn);
-  const bool ran_back =
-      cudnn.backward(c.dq.view(), c.dk.view(), c.dv.view(), dout.view(), c_out.view(), c_lse.view(),
-                     q.view(), k.view(), v.view(), gcu.view(), shape, host_cu, gpu.stream());
+  const bool ran_back = cudnn.backward(c.dq.view(), c.dk.view(), c.dv.view(), in.dout.view(),
+                                       c_out.view(), c_lse.view(), in.q.view(), in.k.view(),
+                                       in.v.view(), in.cu.view(), shape, host_cu, gpu.stream());
   INFO("cuDNN backward: " << cudnn.last_unsupported_reason());
   REQUIRE(ran_back);
   const auto dq = c.dq.values(gpu);
@@ -175,9 +183,9 @@ void check_case(const std::vector<std::int32_t>& cu, int heads, int kv_heads, in
   // the lse contract: cuDNN's backward on the fallback's forward (out, lse) gives the
   // fallback's gradients
   const Grads x(gpu, qn, kvn);
-  REQUIRE(cudnn.backward(x.dq.view(), x.dk.view(), x.dv.view(), dout.view(), f_out.view(),
-                         f_lse.view(), q.view(), k.view(), v.view(), gcu.view(), shape, host_cu,
-                         gpu.stream()));
+  REQUIRE(cudnn.backward(x.dq.view(), x.dk.view(), x.dv.view(), in.dout.view(), f_out.view(),
+                         f_lse.view(), in.q.view(), in.k.view(), in.v.view(), in.cu.view(), shape,
+                         host_cu, gpu.stream()));
   expect_close("dq from the fallback's lse", x.dq.values(gpu), f_dq, kBackwardTolerance);
   expect_close("dk from the fallback's lse", x.dk.values(gpu), f_dk, kBackwardTolerance);
   expect_close("dv from the fallback's lse", x.dv.values(gpu), f_dv, kBackwardTolerance);
@@ -313,23 +321,19 @@ TEST_CASE("cuDNN attention deterministic backward is bitwise reproducible", "[gp
   l3::cuda::CudnnAttentionOptions options;
   options.deterministic = true;
   l3::cuda::CudnnAttention cudnn(options);
-  const auto q = upload(gpu, ref.q);
-  const auto k = upload(gpu, ref.k);
-  const auto v = upload(gpu, ref.v);
-  const auto dout = upload(gpu, ref.dout);
-  const auto gcu = upload_raw(gpu, cu);
+  const DeviceInputs in = upload_inputs(gpu, ref, cu);
   const Output out(gpu, qn);
   const Output lse(gpu, shape.tokens * shape.n_heads, DType::f32);
-  const bool ran = cudnn.forward(out.view(), lse.view(), q.view(), k.view(), v.view(), gcu.view(),
-                                 shape, cu, gpu.stream());
+  const bool ran = cudnn.forward(out.view(), lse.view(), in.q.view(), in.k.view(), in.v.view(),
+                                 in.cu.view(), shape, cu, gpu.stream());
   INFO("cuDNN: " << cudnn.last_unsupported_reason());
   REQUIRE(ran);
   std::vector<std::vector<float>> runs;
   for (int run = 0; run < 2; ++run) {
     const Grads g(gpu, qn, kvn);
-    const bool ran_back =
-        cudnn.backward(g.dq.view(), g.dk.view(), g.dv.view(), dout.view(), out.view(), lse.view(),
-                       q.view(), k.view(), v.view(), gcu.view(), shape, cu, gpu.stream());
+    const bool ran_back = cudnn.backward(g.dq.view(), g.dk.view(), g.dv.view(), in.dout.view(),
+                                         out.view(), lse.view(), in.q.view(), in.k.view(),
+                                         in.v.view(), in.cu.view(), shape, cu, gpu.stream());
     INFO("cuDNN deterministic backward: " << cudnn.last_unsupported_reason());
     REQUIRE(ran_back);
     runs.push_back(g.dq.values(gpu));
