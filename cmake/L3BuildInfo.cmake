@@ -3,6 +3,9 @@
 # when it changes so that an unchanged tree does not relink.
 set(L3_GENERATED_DIR "${PROJECT_BINARY_DIR}/generated")
 string(REPLACE ";" "," L3_CUDA_ARCHS_STRING "${L3_CUDA_ARCHS}")
+if(L3_CUDA_EMULATED)  # --version then says "compiled for sm EMULATED (CPU, tests only)"
+  set(L3_CUDA_ARCHS_STRING "EMULATED (CPU, tests only)")
+endif()
 configure_file("${PROJECT_SOURCE_DIR}/cmake/build_config.hpp.in"
                "${L3_GENERATED_DIR}/l3_build_config.hpp" @ONLY)
 

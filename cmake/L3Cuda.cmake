@@ -2,8 +2,13 @@
 #   L3_CUDA=OFF   CPU only
 #   L3_CUDA=AUTO  build the CUDA backend when nvcc and all libraries are found (default)
 #   L3_CUDA=ON    the same, but a missing piece is an error
-# Sets L3_HAVE_CUDA and, when true, the imported targets l3_cudnn and l3_nccl.
+#   L3_CUDA=EMULATED  for testing without a GPU: the CUDA backend built by the host compiler
+#                 against tests/emulated (kernels run as CPU fibers, cuBLAS GEMMs on OpenBLAS,
+#                 cuDNN declining every graph, one-rank NCCL); needs only the CUDA headers
+# Sets L3_HAVE_CUDA (and L3_CUDA_EMULATED) and, when true, the targets CUDA::cudart,
+# CUDA::cublas, CUDA::cublasLt, l3_cudnn and l3_nccl.
 set(L3_HAVE_CUDA OFF)
+set(L3_CUDA_EMULATED OFF)
 
 function(l3_cuda_unavailable reason)
   if(L3_CUDA STREQUAL "ON")
@@ -14,11 +19,30 @@ function(l3_cuda_unavailable reason)
   message(STATUS "llama3-hpc: CUDA backend disabled: ${reason}")
 endfunction()
 
-if(NOT L3_CUDA MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "L3_CUDA must be AUTO, ON or OFF (got '${L3_CUDA}')")
+if(NOT L3_CUDA MATCHES "^(AUTO|ON|OFF|EMULATED)$")
+  message(FATAL_ERROR "L3_CUDA must be AUTO, ON, OFF or EMULATED (got '${L3_CUDA}')")
 endif()
 
-if(NOT L3_CUDA STREQUAL "OFF")
+if(L3_CUDA STREQUAL "EMULATED")
+  # The headers of the toolkit, cuDNN and NCCL (types and declarations); no nvcc, no libraries.
+  find_path(L3_CUDA_INCLUDE_DIR cuda_runtime_api.h
+    HINTS ENV CUDA_HOME ENV CUDA_PATH ${CUDAToolkit_ROOT} /usr/local/cuda PATH_SUFFIXES include)
+  find_path(L3_CUDNN_INCLUDE_DIR cudnn.h
+    HINTS ENV CUDNN_ROOT ${CUDNN_ROOT} ${L3_CUDA_INCLUDE_DIR} PATH_SUFFIXES include)
+  find_path(L3_NCCL_INCLUDE_DIR nccl.h
+    HINTS ENV NCCL_ROOT ${NCCL_ROOT} ${L3_CUDA_INCLUDE_DIR} PATH_SUFFIXES include)
+  if(NOT L3_CUDA_INCLUDE_DIR OR NOT L3_CUDNN_INCLUDE_DIR OR NOT L3_NCCL_INCLUDE_DIR)
+    message(FATAL_ERROR "L3_CUDA=EMULATED needs the CUDA, cuDNN and NCCL headers "
+                        "(set CUDAToolkit_ROOT, CUDNN_ROOT, NCCL_ROOT)")
+  endif()
+  set(L3_HAVE_CUDA ON)
+  set(L3_CUDA_EMULATED ON)
+  add_subdirectory("${PROJECT_SOURCE_DIR}/tests/emulated" "${PROJECT_BINARY_DIR}/emulated")
+  foreach(_l3_target CUDA::cudart CUDA::cublas CUDA::cublasLt l3_cudnn l3_nccl)
+    add_library(${_l3_target} ALIAS l3_cuda_emulation)
+  endforeach()
+  message(STATUS "llama3-hpc: CUDA backend EMULATED on the CPU (headers: ${L3_CUDA_INCLUDE_DIR})")
+elseif(NOT L3_CUDA STREQUAL "OFF")
   # nvcc is often not on PATH on build machines; look where the toolkit usually lives.
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
     find_program(_l3_nvcc nvcc HINTS ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda PATH_SUFFIXES bin)

@@ -16,6 +16,14 @@
 
 namespace l3::test {
 
+// Built against the CPU emulation (L3_CUDA=EMULATED, tests/emulated): work whose only purpose is
+// to keep a real GPU busy is sized down there.
+#if defined(L3_CUDA_EMULATED) && L3_CUDA_EMULATED
+inline constexpr bool kEmulatedDevice = true;
+#else
+inline constexpr bool kEmulatedDevice = false;
+#endif
+
 // Round to the nearest bf16, ties to even (what __float2bfloat16 does), and back to float.
 inline float round_bf16(float x) {
   if (std::isnan(x)) return x;

@@ -60,15 +60,19 @@ train() {
   fi
   return $rc
 }
-# close A B TOLERANCE: every step's loss of run B within TOLERANCE (relative) of run A's.
+# close A B TOLERANCE: every step's loss of run B within TOLERANCE of run A's, relative to
+# max(|loss|, a quarter of A's first loss): the reward model's loss falls towards zero (0.69 ->
+# 0.06 in 10 steps), where a plain relative difference measures bf16 noise against nothing (the
+# CUDA emulation showed 3.7e-2 at a 0.065 loss, a difference of 5e-4).
 close() {
   python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$3" <<'PY'
 import json, math, sys
 def losses(path):
     return [r["loss"] for r in map(json.loads, open(path)) if r.get("kind") == "train"]
 a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
-worst = max((abs(x - y) / abs(x) for x, y in zip(a, b) if x is not None and y is not None),
-            default=math.inf)
+floor = abs(a[0]) / 4 if a and a[0] is not None else 0.0
+worst = max((abs(x - y) / max(abs(x), floor) for x, y in zip(a, b)
+             if x is not None and y is not None), default=math.inf)
 ok = len(a) == len(b) == 10 and all(y is not None and math.isfinite(y) for y in b) and worst <= tol
 print(f"  losses {a[0]:.4f} -> {a[-1]:.4f} vs {b[0]:.4f} -> {b[-1]:.4f}; worst relative "
       f"difference {worst:.2e} (tolerance {tol:g})")
@@ -93,7 +97,13 @@ else
 fi
 
 # --- cuDNN's fused attention (where it declines a shape the fallback runs; the log says) ---
-if [[ $backend == cuda ]]; then
+# The CUDA emulation (L3_CUDA=EMULATED) has no cuDNN engines: nothing to test there.
+emulated=false
+if [[ $backend == cuda ]] && "$bin" --version | grep -q "CUDA emulation"; then
+  emulated=true
+  echo "skip [cuDNN attention cases: the CUDA emulation has no cuDNN engines]"
+fi
+if [[ $backend == cuda && $emulated == false ]]; then
   if train cudnn -- sft "${common[@]}" --data "$work/sft" --backend cuda --attention cudnn &&
     grep -q "calls on cuDNN" "$work/cudnn.log" && ! grep -q "attention: 0 calls on cuDNN" "$work/cudnn.log" &&
     close cpu cudnn 3e-2; then

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU tests without a GPU: builds the CUDA backend against the CPU emulation (tests/emulated,
+# L3_CUDA=EMULATED) into build-emulated/ (or $L3_EMULATED_BUILD_DIR) and runs the emulation's
+# own tests and tests/gpu's op and model tests there (label gpu; about a minute once built).
+# They check the backend's logic: kernel indexing, barriers, vector paths and tails, buffer
+# carving, call sequences; not the GPU (docs/GPU.md, "Testing without a GPU"). Needs the CUDA,
+# cuDNN and NCCL headers (no GPU, no nvcc); skips with a message without them. Extra arguments go
+# to ctest. The slow training script runs with: ctest --test-dir build-emulated -L slow
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${L3_EMULATED_BUILD_DIR:-$root/build-emulated}
+cuda_include=${CUDA_HOME:-/usr/local/cuda}/include
+if [[ ! -f "$cuda_include/cuda_runtime_api.h" || ! -f "$cuda_include/cudnn.h" ]]; then
+  echo "SKIP: emulated GPU tests need the CUDA and cuDNN headers (not found under $cuda_include)"
+  exit 0
+fi
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  cmake -S "$root" -B "$build" -DL3_CUDA=EMULATED -DL3_BUILD_BENCH=OFF
+fi
+cmake --build "$build" -j "${L3_JOBS:-2}" --target l3_gpu_tests l3_emulation_tests llama3-hpc
+ctest --test-dir "$build" --output-on-failure -j "${L3_JOBS:-2}" -L gpu -LE slow "$@"

@@ -1,0 +1,151 @@
+// The CUDA emulation (L3_CUDA=EMULATED) against its promises: it computes what a GPU computes for
+// correct kernels, and exposes what a GPU might hide or do at random: a missing barrier, a
+// barrier or full-mask shuffle some threads never reach, reads of unwritten shared memory,
+// reliance on the order of blocks. Also the GEMM and memory calls the backend relies on.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include "catch.hpp"
+#include "probe_kernels.hpp"
+
+namespace probe = l3::emulation_probe;
+
+TEST_CASE("emulated block reductions sum like the GPU", "[emulation]") {
+  const int blocks = 7, threads = 256;
+  std::vector<float> in(static_cast<std::size_t>(blocks * threads));
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 13) - 6.0F;
+  std::vector<float> out(blocks, NAN);
+  probe::block_sums(out.data(), in.data(), blocks, threads);
+  for (int b = 0; b < blocks; ++b) {
+    const auto first = in.begin() + b * threads;
+    CHECK(out[static_cast<std::size_t>(b)] == std::accumulate(first, first + threads, 0.0F));
+  }
+}
+
+TEST_CASE("a missing barrier gives a wrong result", "[emulation]") {
+  // Thread 0 reads the other threads' shared values with no __syncthreads between: in the
+  // emulation's shuffled order most of them have not been written yet.
+  const int blocks = 4, threads = 256;
+  std::vector<float> in(static_cast<std::size_t>(blocks * threads), 1.0F);
+  std::vector<float> out(blocks, NAN);
+  probe::racy_sums(out.data(), in.data(), blocks, threads);
+  const auto right = std::count(out.begin(), out.end(), static_cast<float>(threads));
+  CHECK(right < blocks);
+}
+
+TEST_CASE("barriers and shuffles that some threads never reach are errors", "[emulation]") {
+  std::vector<float> out(64, 0.0F);
+  CHECK_THROWS_WITH(probe::divergent_barrier(out.data()),
+                    Catch::Contains("__syncthreads") && Catch::Contains("block (0, 0, 0)"));
+  CHECK_THROWS_WITH(probe::barrier_after_exit(out.data()), Catch::Contains("exited"));
+  CHECK_THROWS_WITH(probe::shuffle_with_exited_lane(out.data()), Catch::Contains("shuffle"));
+  // The emulation recovers: the next launch runs normally.
+  std::vector<float> in(256, 2.0F), sums(1, NAN);
+  probe::block_sums(sums.data(), in.data(), 1, 256);
+  CHECK(sums[0] == 512.0F);
+}
+
+TEST_CASE("__shfl_xor_sync returns the partner lane's value", "[emulation]") {
+  std::vector<int> out(64, -1);
+  probe::shuffle_partner(out.data(), 64);
+  for (int t = 0; t < 64; ++t) CHECK(out[static_cast<std::size_t>(t)] == ((t % 32) ^ 3) * 10);
+  CHECK_THROWS_WITH(probe::shuffle_partner(out.data(), 48), Catch::Contains("not whole warps"));
+}
+
+TEST_CASE("dynamic shared memory starts as NaN in every block", "[emulation]") {
+  std::vector<float> out(3 * 64, 0.0F);
+  probe::dynamic_shared(out.data(), 3, 64);
+  CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }));
+}
+
+TEST_CASE("blocks run once each, in a shuffled order", "[emulation]") {
+  const int blocks = 64;
+  std::vector<int> order(blocks, -1);
+  int counter = 0;
+  probe::block_order(order.data(), &counter, blocks);
+  CHECK(counter == blocks);
+  std::vector<int> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> identity(blocks);
+  std::iota(identity.begin(), identity.end(), 0);
+  CHECK((sorted == identity));  // a permutation
+  CHECK_FALSE((order == identity));
+}
+
+TEST_CASE("built-in indices over a 2D grid of 3D blocks", "[emulation]") {
+  const unsigned int gx = 3, gy = 2, bx = 8, by = 4, bz = 2;
+  const unsigned int per_block = bx * by * bz;
+  std::vector<int> out(gx * gy * per_block, -1);
+  probe::indices(out.data(), gx, gy, bx, by, bz);
+  for (unsigned int b = 0; b < gx * gy; ++b)
+    for (unsigned int t = 0; t < per_block; ++t)
+      CHECK(out[b * per_block + t] == static_cast<int>(b * 1000 + t));
+}
+
+TEST_CASE("emulated cuBLASLt GEMM: bf16 in, fp32 accumulation, beta, transposes", "[emulation]") {
+  // Column-major D (2 x 3) = A^T (2 x 4) B (4 x 3) + C, with A stored (4 x 2) in bf16.
+  const std::vector<float> a_values = {1, 2, 3, 4, 5, 6, 7, 8};  // A (4 x 2), column-major
+  std::vector<__nv_bfloat16> a(8);
+  for (std::size_t i = 0; i < 8; ++i) a[i] = __float2bfloat16(a_values[i]);
+  const std::vector<float> b = {1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 1, 1};  // B (4 x 3)
+  std::vector<float> d = {10, 20, 30, 40, 50, 60};                    // C, then D (2 x 3)
+  cublasLtHandle_t handle = nullptr;
+  REQUIRE(cublasLtCreate(&handle) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t desc = nullptr;
+  REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+  const cublasOperation_t t = CUBLAS_OP_T;
+  REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)) ==
+          CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  REQUIRE(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, 4, 2, 4) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, 4, 3, 4) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, 2, 3, 2) == CUBLAS_STATUS_SUCCESS);
+  const float alpha = 1.0F, beta = 1.0F;
+  REQUIRE(cublasLtMatmul(handle, desc, &alpha, a.data(), la, b.data(), lb, &beta, d.data(), lc,
+                         d.data(), lc, nullptr, nullptr, 0, nullptr) == CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> c = {10, 20, 30, 40, 50, 60};
+  std::vector<float> reference(6);
+  for (int col = 0; col < 3; ++col) {
+    for (int row = 0; row < 2; ++row) {
+      float sum = c[static_cast<std::size_t>(col * 2 + row)];
+      for (int p = 0; p < 4; ++p) {
+        sum += a_values[static_cast<std::size_t>(row * 4 + p)] *
+               b[static_cast<std::size_t>(col * 4 + p)];
+      }
+      reference[static_cast<std::size_t>(col * 2 + row)] = sum;
+    }
+  }
+  CHECK((d == reference));
+  // An epilogue is not modelled: refused, not ignored.
+  const cublasLtEpilogue_t relu = CUBLASLT_EPILOGUE_RELU;
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &relu, sizeof(relu));
+  CHECK(cublasLtMatmul(handle, desc, &alpha, a.data(), la, b.data(), lb, &beta, d.data(), lc,
+                       d.data(), lc, nullptr, nullptr, 0, nullptr) == CUBLAS_STATUS_NOT_SUPPORTED);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(handle);
+}
+
+TEST_CASE("emulated device memory: NaN-filled, told apart from host memory", "[emulation]") {
+  void* device = nullptr;
+  REQUIRE(cudaMalloc(&device, 64) == cudaSuccess);
+  CHECK(std::isnan(static_cast<float*>(device)[3]));
+  cudaPointerAttributes attributes{};
+  REQUIRE(cudaPointerGetAttributes(&attributes, static_cast<char*>(device) + 10) == cudaSuccess);
+  CHECK(attributes.type == cudaMemoryTypeDevice);
+  std::vector<float> host(4);
+  REQUIRE(cudaPointerGetAttributes(&attributes, host.data()) == cudaSuccess);
+  CHECK(attributes.type == cudaMemoryTypeUnregistered);
+  CHECK(cudaFree(device) == cudaSuccess);
+  CHECK(cudaFree(host.data()) == cudaErrorInvalidValue);  // not a device allocation
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
