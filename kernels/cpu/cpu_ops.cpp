@@ -49,7 +49,9 @@ Buffer CpuOps::allocate(DType dtype, std::int64_t numel) {
   return {data, dtype, numel, free_aligned};
 }
 
-void CpuOps::zero(TensorView x) { std::memset(x.data(), 0, x.bytes()); }
+void CpuOps::zero(TensorView x) {
+  if (x.bytes() != 0) std::memset(x.data(), 0, x.bytes());  // an empty view may have no data
+}
 
 void CpuOps::copy(TensorView dst, TensorView src) {
   if (dst.numel() != src.numel() || dst.dtype() != src.dtype()) {
@@ -57,7 +59,7 @@ void CpuOps::copy(TensorView dst, TensorView src) {
                                            dtype_name(src.dtype()), dst.numel(),
                                            dtype_name(dst.dtype())));
   }
-  std::memmove(dst.data(), src.data(), src.bytes());
+  if (src.bytes() != 0) std::memmove(dst.data(), src.data(), src.bytes());  // empty: maybe null
 }
 
 void CpuOps::matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,

@@ -12,7 +12,11 @@
 #include <cstring>
 #include <vector>
 
-struct cublasContext {};
+#include "cuda_emulation.hpp"
+
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
 struct cublasLtContext {};
 
 namespace {
@@ -59,11 +63,12 @@ std::vector<float> dense(cudaDataType_t t, const void* base, std::int64_t rows, 
 }
 
 // D (m x n, ldd) = alpha op(A) op(B) + beta C, column-major; C and D may be the same array.
-cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n,
-                    std::int64_t k, float alpha, cudaDataType_t a_type, const void* a,
-                    std::int64_t lda, cudaDataType_t b_type, const void* b, std::int64_t ldb,
-                    float beta, cudaDataType_t c_type, const void* c, std::int64_t ldc,
-                    cudaDataType_t d_type, void* d, std::int64_t ldd) {
+// With run false, only checks the arguments (at the call; the product runs when its stream does).
+cublasStatus_t gemm(bool run, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m,
+                    std::int64_t n, std::int64_t k, float alpha, cudaDataType_t a_type,
+                    const void* a, std::int64_t lda, cudaDataType_t b_type, const void* b,
+                    std::int64_t ldb, float beta, cudaDataType_t c_type, const void* c,
+                    std::int64_t ldc, cudaDataType_t d_type, void* d, std::int64_t ldd) {
   if (!supported(a_type) || !supported(b_type) || !supported(c_type) || !supported(d_type)) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -79,7 +84,7 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, 
   if (lda < a_rows || ldb < b_rows || ldd < m || (beta != 0.0F && ldc < m)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (!run || m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   const std::vector<float> da = dense(a_type, a, a_rows, a_cols, lda);
   const std::vector<float> db = dense(b_type, b, b_rows, b_cols, ldb);
   std::vector<float> product(static_cast<std::size_t>(m * n), 0.0F);
@@ -129,10 +134,11 @@ cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
   delete handle;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream_v2(cublasHandle_t /*handle*/, cudaStream_t /*stream*/) {
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+  handle->stream = stream;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t /*handle*/, cublasOperation_t ta,
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t ta,
                                           cublasOperation_t tb, int m, int n, int k,
                                           const void* alpha, const void* a, cudaDataType a_type,
                                           int lda, long long stride_a, const void* b,
@@ -149,10 +155,17 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t /*handle*/, cublasOpera
   for (int i = 0; i < batch; ++i) {
     void* ci = const_cast<char*>(at(c_type, c, stride_c * i));
     const cublasStatus_t s =
-        gemm(ta, tb, m, n, k, al, a_type, at(a_type, a, stride_a * i), lda, b_type,
+        gemm(false, ta, tb, m, n, k, al, a_type, at(a_type, a, stride_a * i), lda, b_type,
              at(b_type, b, stride_b * i), ldb, be, c_type, ci, ldc, c_type, ci, ldc);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
   }
+  l3emu::enqueue(handle->stream, [=] {
+    for (int i = 0; i < batch; ++i) {
+      void* ci = const_cast<char*>(at(c_type, c, stride_c * i));
+      gemm(true, ta, tb, m, n, k, al, a_type, at(a_type, a, stride_a * i), lda, b_type,
+           at(b_type, b, stride_b * i), ldb, be, c_type, ci, ldc, c_type, ci, ldc);
+    }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -244,7 +257,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t /*handle*/, cublasLtMatmulDesc_t 
                               const void* c, cublasLtMatrixLayout_t c_layout, void* d,
                               cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t* /*algo*/,
                               void* /*workspace*/, std::size_t /*workspace_bytes*/,
-                              cudaStream_t /*stream*/) {
+                              cudaStream_t stream) {
   Desc op{};
   std::memcpy(&op, desc->data, sizeof(op));
   if (op.unsupported) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -263,9 +276,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t /*handle*/, cublasLtMatmulDesc_t 
       static_cast<std::int64_t>(ld.cols) != n || lc.rows != ld.rows || lc.cols != ld.cols) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  return gemm(op.trans_a, op.trans_b, m, n, k, *static_cast<const float*>(alpha), la.type, a, la.ld,
-              lb.type, b, lb.ld, *static_cast<const float*>(beta), lc.type, c, lc.ld, ld.type, d,
-              ld.ld);
+  const float al = *static_cast<const float*>(alpha);  // host pointers: read at the call
+  const float be = *static_cast<const float*>(beta);
+  const cublasStatus_t checked = gemm(false, op.trans_a, op.trans_b, m, n, k, al, la.type, a, la.ld,
+                                      lb.type, b, lb.ld, be, lc.type, c, lc.ld, ld.type, d, ld.ld);
+  if (checked != CUBLAS_STATUS_SUCCESS) return checked;
+  l3emu::enqueue(stream, [=] {
+    gemm(true, op.trans_a, op.trans_b, m, n, k, al, la.type, a, la.ld, lb.type, b, lb.ld, be,
+         lc.type, c, lc.ld, ld.type, d, ld.ld);
+  });
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // extern "C"

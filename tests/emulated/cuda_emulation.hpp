@@ -71,24 +71,34 @@ void* dynamic_shared_memory();
 void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes,
               const std::function<void()>& thread_body);
 
+// Queues work on a stream (runtime.cpp): it runs when a synchronisation or a dependent stream
+// needs it, never earlier.
+void enqueue(cudaStream_t stream, std::function<void()> work);
+// Whether streams also run queued work at random moments (the default) or only when it is
+// needed (the latest moment CUDA allows); returns the previous setting. For tests that need one
+// order.
+bool set_random_progress(bool on);
+
 struct LaunchConfig {
   dim3 grid;
   dim3 block;
   std::size_t shared_bytes = 0;
+  cudaStream_t stream = nullptr;
 };
 inline LaunchConfig config(dim3 grid, dim3 block, std::size_t shared_bytes = 0,
-                           cudaStream_t /*stream: launches run at once, in order*/ = nullptr) {
-  return {grid, block, shared_bytes};
+                           cudaStream_t stream = nullptr) {
+  return {grid, block, shared_bytes, stream};
 }
 
 // `kernel<<<cfg>>>(args)` becomes `launch(config(cfg), call-the-kernel)(args)`: the arguments
-// are evaluated once, copied, and every thread calls the kernel with its own copy (by value,
-// like CUDA's parameters).
+// are evaluated at the launch and copied into the queued work; every thread calls the kernel with
+// its own copy (by value, like CUDA's parameters).
 template <typename Call>
 auto launch(LaunchConfig cfg, Call call) {
   return [cfg, call](const auto&... args) {
-    const auto parameters = std::make_tuple(args...);
-    run_grid(cfg.grid, cfg.block, cfg.shared_bytes, [&] { std::apply(call, parameters); });
+    enqueue(cfg.stream, [cfg, call, parameters = std::make_tuple(args...)] {
+      run_grid(cfg.grid, cfg.block, cfg.shared_bytes, [&] { std::apply(call, parameters); });
+    });
   };
 }
 

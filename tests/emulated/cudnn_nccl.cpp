@@ -9,6 +9,8 @@
 #include <cstring>
 #include <map>
 
+#include "cuda_emulation.hpp"
+
 struct cudnnContext {};
 struct ncclComm {
   int ranks = 1;
@@ -39,10 +41,14 @@ std::size_t nccl_size(ncclDataType_t type) {
   }
 }
 
+// One rank: every collective is a copy, queued on its stream.
 ncclResult_t copy(const void* send, void* recv, std::size_t count, ncclDataType_t type,
-                  ncclComm_t comm) {
+                  ncclComm_t comm, cudaStream_t stream) {
   if (comm == nullptr) return ncclInvalidArgument;
-  if (send != recv && count != 0) std::memmove(recv, send, count * nccl_size(type));
+  const std::size_t bytes = count * nccl_size(type);
+  if (send != recv && count != 0) {
+    l3emu::enqueue(stream, [send, recv, bytes] { std::memmove(recv, send, bytes); });
+  }
   return ncclSuccess;
 }
 
@@ -142,20 +148,20 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t /*comm*/, ncclResult_t* error) {
 ncclResult_t ncclGroupStart() { return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t count, ncclDataType_t type,
-                           ncclComm_t comm, cudaStream_t /*stream*/) {
-  return copy(send, recv, count, type, comm);
+                           ncclComm_t comm, cudaStream_t stream) {
+  return copy(send, recv, count, type, comm, stream);
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t count, ncclDataType_t type,
-                               ncclRedOp_t /*op*/, ncclComm_t comm, cudaStream_t /*stream*/) {
-  return copy(send, recv, count, type, comm);
+                               ncclRedOp_t /*op*/, ncclComm_t comm, cudaStream_t stream) {
+  return copy(send, recv, count, type, comm, stream);
 }
 ncclResult_t ncclReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
-                        ncclRedOp_t /*op*/, int root, ncclComm_t comm, cudaStream_t /*stream*/) {
-  return root == 0 ? copy(send, recv, count, type, comm) : ncclInvalidArgument;
+                        ncclRedOp_t /*op*/, int root, ncclComm_t comm, cudaStream_t stream) {
+  return root == 0 ? copy(send, recv, count, type, comm, stream) : ncclInvalidArgument;
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type,
-                           int root, ncclComm_t comm, cudaStream_t /*stream*/) {
-  return root == 0 ? copy(send, recv, count, type, comm) : ncclInvalidArgument;
+                           int root, ncclComm_t comm, cudaStream_t stream) {
+  return root == 0 ? copy(send, recv, count, type, comm, stream) : ncclInvalidArgument;
 }
 
 }  // extern "C"

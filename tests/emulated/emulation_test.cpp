@@ -12,9 +12,17 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "cuda_emulation.hpp"
 #include "probe_kernels.hpp"
 
 namespace probe = l3::emulation_probe;
+
+namespace {
+// Launches are queued on their stream: results (and a kernel's errors) come with a sync.
+void finish() {
+  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize");
+}
+}  // namespace
 
 TEST_CASE("emulated block reductions sum like the GPU", "[emulation]") {
   const int blocks = 7, threads = 256;
@@ -22,6 +30,7 @@ TEST_CASE("emulated block reductions sum like the GPU", "[emulation]") {
   for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 13) - 6.0F;
   std::vector<float> out(blocks, NAN);
   probe::block_sums(out.data(), in.data(), blocks, threads);
+  finish();
   for (int b = 0; b < blocks; ++b) {
     const auto first = in.begin() + b * threads;
     CHECK(out[static_cast<std::size_t>(b)] == std::accumulate(first, first + threads, 0.0F));
@@ -35,32 +44,38 @@ TEST_CASE("a missing barrier gives a wrong result", "[emulation]") {
   std::vector<float> in(static_cast<std::size_t>(blocks * threads), 1.0F);
   std::vector<float> out(blocks, NAN);
   probe::racy_sums(out.data(), in.data(), blocks, threads);
+  finish();
   const auto right = std::count(out.begin(), out.end(), static_cast<float>(threads));
   CHECK(right < blocks);
 }
 
 TEST_CASE("barriers and shuffles that some threads never reach are errors", "[emulation]") {
   std::vector<float> out(64, 0.0F);
-  CHECK_THROWS_WITH(probe::divergent_barrier(out.data()),
+  CHECK_THROWS_WITH((probe::divergent_barrier(out.data()), finish()),
                     Catch::Contains("__syncthreads") && Catch::Contains("block (0, 0, 0)"));
-  CHECK_THROWS_WITH(probe::barrier_after_exit(out.data()), Catch::Contains("exited"));
-  CHECK_THROWS_WITH(probe::shuffle_with_exited_lane(out.data()), Catch::Contains("shuffle"));
+  CHECK_THROWS_WITH((probe::barrier_after_exit(out.data()), finish()), Catch::Contains("exited"));
+  CHECK_THROWS_WITH((probe::shuffle_with_exited_lane(out.data()), finish()),
+                    Catch::Contains("shuffle"));
   // The emulation recovers: the next launch runs normally.
   std::vector<float> in(256, 2.0F), sums(1, NAN);
   probe::block_sums(sums.data(), in.data(), 1, 256);
+  finish();
   CHECK(sums[0] == 512.0F);
 }
 
 TEST_CASE("__shfl_xor_sync returns the partner lane's value", "[emulation]") {
   std::vector<int> out(64, -1);
   probe::shuffle_partner(out.data(), 64);
+  finish();
   for (int t = 0; t < 64; ++t) CHECK(out[static_cast<std::size_t>(t)] == ((t % 32) ^ 3) * 10);
-  CHECK_THROWS_WITH(probe::shuffle_partner(out.data(), 48), Catch::Contains("not whole warps"));
+  CHECK_THROWS_WITH((probe::shuffle_partner(out.data(), 48), finish()),
+                    Catch::Contains("not whole warps"));
 }
 
 TEST_CASE("dynamic shared memory starts as NaN in every block", "[emulation]") {
   std::vector<float> out(3 * 64, 0.0F);
   probe::dynamic_shared(out.data(), 3, 64);
+  finish();
   CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }));
 }
 
@@ -69,6 +84,7 @@ TEST_CASE("blocks run once each, in a shuffled order", "[emulation]") {
   std::vector<int> order(blocks, -1);
   int counter = 0;
   probe::block_order(order.data(), &counter, blocks);
+  finish();
   CHECK(counter == blocks);
   std::vector<int> sorted = order;
   std::sort(sorted.begin(), sorted.end());
@@ -83,6 +99,7 @@ TEST_CASE("built-in indices over a 2D grid of 3D blocks", "[emulation]") {
   const unsigned int per_block = bx * by * bz;
   std::vector<int> out(gx * gy * per_block, -1);
   probe::indices(out.data(), gx, gy, bx, by, bz);
+  finish();
   for (unsigned int b = 0; b < gx * gy; ++b)
     for (unsigned int t = 0; t < per_block; ++t)
       CHECK(out[b * per_block + t] == static_cast<int>(b * 1000 + t));
@@ -109,6 +126,7 @@ TEST_CASE("emulated cuBLASLt GEMM: bf16 in, fp32 accumulation, beta, transposes"
   const float alpha = 1.0F, beta = 1.0F;
   REQUIRE(cublasLtMatmul(handle, desc, &alpha, a.data(), la, b.data(), lb, &beta, d.data(), lc,
                          d.data(), lc, nullptr, nullptr, 0, nullptr) == CUBLAS_STATUS_SUCCESS);
+  finish();
   const std::vector<float> c = {10, 20, 30, 40, 50, 60};
   std::vector<float> reference(6);
   for (int col = 0; col < 3; ++col) {
@@ -148,4 +166,55 @@ TEST_CASE("emulated device memory: NaN-filled, told apart from host memory", "[e
   CHECK(cudaFree(host.data()) == cudaErrorInvalidValue);  // not a device allocation
   CHECK(cudaGetLastError() == cudaErrorInvalidValue);
   CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("streams run their work only when needed: a missing event wait reads stale data",
+          "[emulation]") {
+  const std::size_t n = 16, bytes = n * sizeof(float);
+  float* produced = nullptr;
+  float* consumed = nullptr;
+  float* pinned = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&produced), bytes) == cudaSuccess);
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&consumed), bytes) == cudaSuccess);
+  REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&pinned), bytes, cudaHostAllocDefault) ==
+          cudaSuccess);
+  cudaStream_t producer = nullptr, consumer = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t ready = nullptr;
+  REQUIRE(cudaEventCreate(&ready) == cudaSuccess);
+
+  const bool random_progress = l3emu::set_random_progress(false);  // latest moment only
+  std::fill(pinned, pinned + n, 1.0F);
+  cudaMemcpyAsync(produced, pinned, bytes, cudaMemcpyHostToDevice, producer);
+  cudaMemcpyAsync(consumed, produced, bytes, cudaMemcpyDeviceToDevice, consumer);  // no wait
+  cudaStreamSynchronize(consumer);
+  CHECK(std::isnan(consumed[0]));  // the producer's copy has not run
+
+  cudaEventRecord(ready, producer);
+  cudaStreamWaitEvent(consumer, ready, 0);
+  cudaMemcpyAsync(consumed, produced, bytes, cudaMemcpyDeviceToDevice, consumer);
+  cudaStreamSynchronize(consumer);
+  CHECK(consumed[0] == 1.0F);  // the wait ran the producer first
+
+  // A pinned source is read when the copy runs, not when it is queued.
+  std::fill(pinned, pinned + n, 2.0F);
+  cudaMemcpyAsync(produced, pinned, bytes, cudaMemcpyHostToDevice, producer);
+  std::fill(pinned, pinned + n, 3.0F);
+  cudaStreamSynchronize(producer);
+  CHECK(produced[0] == 3.0F);
+  // A pageable source is read before cudaMemcpyAsync returns.
+  std::vector<float> pageable(n, 4.0F);
+  cudaMemcpyAsync(produced, pageable.data(), bytes, cudaMemcpyHostToDevice, producer);
+  std::fill(pageable.begin(), pageable.end(), 5.0F);
+  cudaStreamSynchronize(producer);
+  CHECK(produced[0] == 4.0F);
+
+  l3emu::set_random_progress(random_progress);
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(producer);
+  cudaStreamDestroy(consumer);
+  cudaFreeHost(pinned);
+  cudaFree(consumed);
+  cudaFree(produced);
 }

@@ -1,19 +1,37 @@
 // The CUDA runtime calls of the backend, on the host, for the emulated build (L3_CUDA=EMULATED):
 // one device ("llama3-hpc CUDA emulation"), device memory from the host heap (tracked, so that
-// cudaPointerGetAttributes can tell device from host), streams and events as handles. Kernel
-// launches run to completion when they are made (cuda_emulation.hpp), so every stream is always
-// idle: copies and memsets happen at once, waits and synchronisations return at once, and an
-// event records the time it was recorded (cudaEventElapsedTime measures host time between).
+// cudaPointerGetAttributes can tell device from host, and NaN-filled), streams and events.
+//
+// Streams are deferred: kernels, GEMMs, collectives, memsets and copies between device and
+// pinned memory are queued on their stream and run when something needs them (a synchronisation
+// of the stream, an event or the device, a copy to or from pageable memory, which CUDA performs
+// in order with its stream, a cudaFree, a cudaStreamWaitEvent whose waiting stream runs) or, at
+// random moments before that, when the emulation decides to make progress: after each enqueue,
+// with even odds, the oldest operation of a random stream runs (with what it waits for). So
+// streams run ahead of and behind each other in ways a GPU may: a missing event wait between
+// streams reads stale data or overwrites data not yet read, and a host buffer reused before the
+// copy that reads it ran shows its new contents. The choices come from a fixed seed
+// ($L3_EMULATION_SEED changes it), so a failure repeats. Legacy default-stream ordering is
+// modelled for streams created without cudaStreamNonBlocking.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda_emulation.hpp"
 
 namespace {
 
@@ -69,16 +87,135 @@ cudaError_t release(void* p, cudaMemoryType type) {
   return cudaSuccess;
 }
 
+// A stream's queue: operations enqueued and not yet run, and how many ran.
 struct Stream {
   int priority = 0;
-};
-struct Event {
-  std::chrono::steady_clock::time_point time;
-  bool recorded = false;
-  bool timing = true;
+  bool blocking = true;  // synchronises with the legacy default stream
+  std::deque<std::function<void()>> pending;
+  std::uint64_t enqueued = 0;
+  std::uint64_t executed = 0;
 };
 
+// Where an event was recorded: its stream and the number of operations queued there before it.
+struct Event {
+  std::chrono::steady_clock::time_point time;
+  bool recorded = false;  // its record ran
+  bool timing = true;
+  Stream* stream = nullptr;
+  std::uint64_t position = 0;
+};
+
+Stream& legacy_stream() {
+  static Stream s;
+  return s;
+}
+
+struct Streams {
+  std::set<Stream*> all;                         // live streams, for device-wide synchronisation
+  std::vector<std::unique_ptr<Stream>> retired;  // destroyed, all their work done
+};
+Streams& streams() {
+  static Streams s;
+  return s;
+}
+
+Stream* stream_of(cudaStream_t handle) {
+  return handle == nullptr ? &legacy_stream() : reinterpret_cast<Stream*>(handle);
+}
+
+// Runs stream s's queue up to (not beyond) `position` operations. An operation may drain other
+// streams first (an event wait); the emulated grid runs one launch at a time.
+void drain(Stream& s, std::uint64_t position) {
+  while (s.executed < position && !s.pending.empty()) {
+    std::function<void()> op = std::move(s.pending.front());
+    s.pending.pop_front();
+    ++s.executed;
+    op();
+  }
+}
+void drain_all(Stream& s) { drain(s, s.enqueued); }
+void drain_device() {
+  drain_all(legacy_stream());
+  for (Stream* s : streams().all) drain_all(*s);
+}
+
+void push(Stream& s, std::function<void()> op) {
+  s.pending.push_back(std::move(op));
+  ++s.enqueued;
+}
+
+// The random progress described at the top (xorshift64*, seeded from $L3_EMULATION_SEED).
+std::uint64_t next_random() {
+  static std::uint64_t state = [] {
+    const char* text = std::getenv("L3_EMULATION_SEED");
+    const std::uint64_t seed = text != nullptr ? std::strtoull(text, nullptr, 10) : 20261130U;
+    return seed * 0x9E3779B97F4A7C15ULL + 1;
+  }();
+  state ^= state >> 12U;
+  state ^= state << 25U;
+  state ^= state >> 27U;
+  return state * 0x2545F4914F6CDD1DULL;
+}
+
+bool g_random_progress = true;
+
+void make_progress() {
+  static bool busy = false;  // an operation run from here enqueues nothing, but be sure
+  if (!g_random_progress || busy || next_random() >> 63U == 0U) return;
+  std::vector<Stream*> waiting;
+  if (!legacy_stream().pending.empty()) waiting.push_back(&legacy_stream());
+  for (Stream* s : streams().all) {
+    if (!s->pending.empty()) waiting.push_back(s);
+  }
+  if (waiting.empty()) return;
+  Stream& s = *waiting[(next_random() >> 32U) % waiting.size()];
+  busy = true;
+  try {
+    drain(s, s.executed + 1);
+  } catch (...) {
+    busy = false;
+    throw;
+  }
+  busy = false;
+}
+
+// Legacy default-stream semantics: work on the null stream waits for every blocking stream's
+// queued work, and work on a blocking stream waits for the null stream's.
+void enqueue_on(Stream& s, std::function<void()> op) {
+  Stream& legacy = legacy_stream();
+  if (&s == &legacy) {
+    for (Stream* other : streams().all) {
+      if (!other->blocking) continue;
+      const std::uint64_t at = other->enqueued;
+      push(s, [other, at] { drain(*other, at); });
+    }
+  } else if (s.blocking && legacy.enqueued > legacy.executed) {
+    const std::uint64_t at = legacy.enqueued;
+    push(s, [&legacy, at] { drain(legacy, at); });
+  }
+  push(s, std::move(op));
+  make_progress();
+}
+
+// Pageable host memory: neither a device allocation nor pinned (cudaHostAlloc) memory.
+bool pageable(const void* p) {
+  Runtime& r = runtime();
+  const std::lock_guard lock(r.mutex);
+  const auto* c = static_cast<const char*>(p);
+  auto it = r.allocations.upper_bound(c);
+  if (it == r.allocations.begin()) return true;
+  --it;
+  return c >= it->first + std::max<std::size_t>(it->second.bytes, 1);
+}
+
 }  // namespace
+
+namespace l3emu {
+void enqueue(cudaStream_t stream, std::function<void()> work) {
+  enqueue_on(*stream_of(stream), std::move(work));
+}
+bool set_random_progress(bool on) { return std::exchange(g_random_progress, on); }
+}  // namespace l3emu
 
 extern "C" {
 
@@ -176,19 +313,28 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   if (greatest != nullptr) *greatest = -5;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  drain_device();
+  return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
   return allocate(pointer, bytes, cudaMemoryTypeDevice);
 }
-cudaError_t cudaFree(void* pointer) { return release(pointer, cudaMemoryTypeDevice); }
+cudaError_t cudaFree(void* pointer) {
+  drain_device();  // cudaFree waits for the device's queued work
+  return release(pointer, cudaMemoryTypeDevice);
+}
 cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned int /*flags*/) {
   return allocate(pointer, bytes, cudaMemoryTypeHost);
 }
 cudaError_t cudaMallocHost(void** pointer, std::size_t bytes) {
   return allocate(pointer, bytes, cudaMemoryTypeHost);
 }
-cudaError_t cudaFreeHost(void* pointer) { return release(pointer, cudaMemoryTypeHost); }
+cudaError_t cudaFreeHost(void* pointer) {
+  drain_device();
+  return release(pointer, cudaMemoryTypeHost);
+}
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer) {
   *attributes = cudaPointerAttributes{};
   attributes->type = cudaMemoryTypeUnregistered;
@@ -209,70 +355,115 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind /*kind*/) {
-  if (bytes != 0) std::memmove(dst, src, bytes);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind /*kind*/,
+                            cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  Stream& s = *stream_of(stream);
+  if (pageable(dst)) {
+    // To pageable memory: returns once the copy is done, in order with the stream.
+    drain_all(s);
+    std::memmove(dst, src, bytes);
+  } else if (pageable(src)) {
+    // From pageable memory: the stream's earlier work first, the source read before returning.
+    drain_all(s);
+    std::vector<unsigned char> staged(static_cast<const unsigned char*>(src),
+                                      static_cast<const unsigned char*>(src) + bytes);
+    enqueue_on(
+        s, [dst, staged = std::move(staged)] { std::memcpy(dst, staged.data(), staged.size()); });
+  } else {
+    enqueue_on(s, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t /*stream*/) {
-  return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  drain_all(legacy_stream());
+  return e;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t stream) {
+  if (bytes != 0)
+    enqueue_on(*stream_of(stream), [dst, value, bytes] { std::memset(dst, value, bytes); });
+  return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, std::size_t bytes) {
-  if (bytes != 0) std::memset(dst, value, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t /*stream*/) {
-  return cudaMemset(dst, value, bytes);
+  const cudaError_t e = cudaMemsetAsync(dst, value, bytes, nullptr);
+  drain_all(legacy_stream());
+  return e;
 }
 
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+  auto* s = new Stream{};
+  s->priority = priority;
+  s->blocking = (flags & cudaStreamNonBlocking) == 0U;
+  streams().all.insert(s);
+  *stream = reinterpret_cast<cudaStream_t>(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  return cudaStreamCreateWithPriority(stream, flags, 0);
+}
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  *stream = reinterpret_cast<cudaStream_t>(new Stream{});
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int /*flags*/) {
-  return cudaStreamCreate(stream);
-}
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int /*flags*/,
-                                         int priority) {
-  *stream = reinterpret_cast<cudaStream_t>(new Stream{priority});
-  return cudaSuccess;
+  return cudaStreamCreateWithPriority(stream, cudaStreamDefault, 0);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  delete reinterpret_cast<Stream*>(stream);
+  if (stream == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  Stream* s = stream_of(stream);
+  drain_device();  // CUDA lets queued work finish (and the null stream may wait on this one)
+  // Kept, empty: events recorded on it stay valid to wait for and synchronise with.
+  streams().all.erase(s);
+  streams().retired.emplace_back(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t /*stream*/) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t /*stream*/, cudaEvent_t event,
-                                unsigned int /*flags*/) {
-  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  drain_all(*stream_of(stream));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const auto* e = reinterpret_cast<const Event*>(event);
+  if (e->stream == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
+  Stream* target = e->stream;
+  const std::uint64_t at = e->position;
+  enqueue_on(*stream_of(stream), [target, at] { drain(*target, at); });
+  return cudaSuccess;
 }
 
-cudaError_t cudaEventCreate(cudaEvent_t* event) {
-  *event = reinterpret_cast<cudaEvent_t>(new Event{});
-  return cudaSuccess;
-}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   auto* e = new Event{};
   e->timing = (flags & cudaEventDisableTiming) == 0U;
   *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;
 }
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  delete reinterpret_cast<Event*>(event);
+  auto* e = reinterpret_cast<Event*>(event);
+  if (e != nullptr && e->stream != nullptr && !e->recorded) drain(*e->stream, e->position);
+  delete e;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t /*stream*/) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   auto* e = reinterpret_cast<Event*>(event);
-  e->time = std::chrono::steady_clock::now();
-  e->recorded = true;
+  Stream& s = *stream_of(stream);
+  e->recorded = false;
+  enqueue_on(s, [e] {
+    e->time = std::chrono::steady_clock::now();
+    e->recorded = true;
+  });
+  e->stream = &s;
+  e->position = s.enqueued;
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const auto* e = reinterpret_cast<const Event*>(event);
+  if (e->stream != nullptr) drain(*e->stream, e->position);
+  return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return event == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+  return cudaEventSynchronize(event);  // asked, it completes: a poll loop always ends
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   const auto* a = reinterpret_cast<const Event*>(start);
