@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU tests without a GPU: builds the CUDA backend against the CPU emulation (tests/emulated,
 # L3_CUDA=EMULATED) into build-emulated/ (or $L3_EMULATED_BUILD_DIR) and runs the emulation's
-# own tests and tests/gpu's op and model tests there (label gpu; about a minute once built).
+# own tests (emulation/...) and tests/gpu's op and model tests there (label gpu; about a minute
+# once built).
 # They check the backend's logic: kernel indexing, barriers, vector paths and tails, buffer
 # carving, call sequences; not the GPU (docs/GPU.md, "Testing without a GPU"). Needs the CUDA,
 # cuDNN and NCCL headers (no GPU, no nvcc); skips with a message without them. Extra arguments go
