@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Training on the GPU through the real program; exits 77 (skipped) without a CUDA device.
 #   - 10 SFT steps and 10 reward steps of the tiny model on the CUDA backend follow the CPU
-#     backend's loss trajectory within bf16 tolerance;
+#     backend's loss trajectory within bf16 tolerance, and their evaluations (every 5 steps)
+#     match the CPU's;
 #   - two runs on the GPU give bit-identical checkpoints; a run killed after its step-5
 #     checkpoint and resumed with --resume auto ends bit-identical to the uninterrupted one;
 #   - the NCCL exchange on one rank (communicator, stream, events, in-place collectives) changes
@@ -79,21 +80,60 @@ print(f"  losses {a[0]:.4f} -> {a[-1]:.4f} vs {b[0]:.4f} -> {b[-1]:.4f}; worst r
 sys.exit(0 if ok else 1)
 PY
 }
+# close_eval A B TOLERANCE: the runs evaluated at the same steps, on the same number of tokens
+# (pairs); SFT evaluation losses within TOLERANCE (relative), reward accuracies within TOLERANCE
+# (absolute: a pair whose two scores nearly tie may flip between backends).
+close_eval() {
+  python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$3" <<'PY'
+import json, sys
+def evals(path):
+    return [r for r in map(json.loads, open(path)) if r.get("kind") == "eval"]
+a, b, tol = evals(sys.argv[1]), evals(sys.argv[2]), float(sys.argv[3])
+same = len(a) == len(b) > 0 and all(
+    x["step"] == y["step"] and x.get("tokens") == y.get("tokens") and x.get("pairs") == y.get("pairs")
+    for x, y in zip(a, b))
+key = "loss" if a and "loss" in a[0] else "accuracy"
+def difference(x, y):
+    return abs(x - y) / abs(x) if key == "loss" else abs(x - y)
+worst = max((difference(x[key], y[key]) for x, y in zip(a, b)), default=1.0)
+print(f"  {len(b)} evaluations; {key} {[round(x[key], 4) for x in a]} vs "
+      f"{[round(y[key], 4) for y in b]}; worst difference {worst:.2e} (tolerance {tol:g})")
+sys.exit(0 if same and worst <= tol else 1)
+PY
+}
 digest() { "$bin" ckpt verify --json "$1" 2>/dev/null; }
 
 # --- the CUDA backend against the CPU reference ---
-train cpu -- sft "${common[@]}" --data "$work/sft" --backend cpu || fail "CPU reference run"
-if train gpu -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --ckpt-dir "$work/gpu" \
-  --checkpoint-every 5 && close cpu gpu 3e-2; then
+# With evaluation every 5 steps (on the training shards: what matters is that both backends
+# evaluate the same tokens), which must not change training: the bitwise checks below compare
+# the "gpu" run with runs that do not evaluate.
+sft_eval=(--val-data "$work/sft" --eval-every 5)
+train cpu -- sft "${common[@]}" "${sft_eval[@]}" --data "$work/sft" --backend cpu ||
+  fail "CPU reference run"
+if train gpu -- sft "${common[@]}" "${sft_eval[@]}" --data "$work/sft" --backend "$backend" \
+  --ckpt-dir "$work/gpu" --checkpoint-every 5 && close cpu gpu 3e-2; then
   pass "SFT on the GPU follows the CPU loss trajectory"
 else
   fail "SFT on the GPU follows the CPU loss trajectory"
 fi
-train rcpu -- reward "${common[@]}" --data "$work/pref" --backend cpu || fail "CPU reward run"
-if train rgpu -- reward "${common[@]}" --data "$work/pref" --backend "$backend" && close rcpu rgpu 3e-2; then
+if close_eval cpu gpu 1e-2; then
+  pass "SFT evaluation on the GPU matches the CPU's"
+else
+  fail "SFT evaluation on the GPU matches the CPU's"
+fi
+reward_eval=(--val-data "$work/pref" --eval-every 5)
+train rcpu -- reward "${common[@]}" "${reward_eval[@]}" --data "$work/pref" --backend cpu ||
+  fail "CPU reward run"
+if train rgpu -- reward "${common[@]}" "${reward_eval[@]}" --data "$work/pref" \
+  --backend "$backend" && close rcpu rgpu 3e-2; then
   pass "reward on the GPU follows the CPU loss trajectory"
 else
   fail "reward on the GPU follows the CPU loss trajectory"
+fi
+if close_eval rcpu rgpu 5e-2; then
+  pass "reward evaluation on the GPU matches the CPU's"
+else
+  fail "reward evaluation on the GPU matches the CPU's"
 fi
 
 # --- cuDNN's fused attention (where it declines a shape the fallback runs; the log says) ---
