@@ -24,6 +24,11 @@ if [[ $backend == cuda ]] && ! "$bin" --version | grep -q "^backend cuda:"; then
   echo "SKIP: this build has no CUDA backend"
   exit 77
 fi
+# The CUDA emulation (L3_CUDA=EMULATED, docs/GPU.md) runs kernels on the CPU: minutes per run
+# instead of seconds, and no cuDNN engines.
+emulated=false
+if [[ $backend == cuda ]] && "$bin" --version | grep -q "CUDA emulation"; then emulated=true; fi
+run_timeout=${L3_GPU_TEST_RUN_TIMEOUT:-$([[ $emulated == true ]] && echo 1800 || echo 300)}
 work=$(mktemp -d "${TMPDIR:-/tmp}/l3-gpu-train-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -52,7 +57,7 @@ train() {
     shift
   done
   shift
-  timeout -k 5 300 "${launcher[@]}" "$bin" "$@" --metrics "$work/$name.jsonl" \
+  timeout -k 5 "$run_timeout" "${launcher[@]}" "$bin" "$@" --metrics "$work/$name.jsonl" \
     >"$work/$name.log" 2>&1
   local rc=$?
   if [[ $rc -ne 0 ]]; then
@@ -137,10 +142,7 @@ else
 fi
 
 # --- cuDNN's fused attention (where it declines a shape the fallback runs; the log says) ---
-# The CUDA emulation (L3_CUDA=EMULATED) has no cuDNN engines: nothing to test there.
-emulated=false
-if [[ $backend == cuda ]] && "$bin" --version | grep -q "CUDA emulation"; then
-  emulated=true
+if [[ $emulated == true ]]; then
   echo "skip [cuDNN attention cases: the CUDA emulation has no cuDNN engines]"
 fi
 if [[ $backend == cuda && $emulated == false ]]; then
