@@ -215,9 +215,9 @@ std::string describe(const uint3& block_idx) {
          std::to_string(block_idx.z) + ")";
 }
 
-// Releases the barriers every live thread of their scope has reached. Returns false when no
-// thread can run: a barrier that some threads will never reach.
-bool release_barriers(Block& block, int threads) {
+// Releases the barriers every live thread of their scope has reached. Throws when no thread
+// can run: a barrier that some threads will never reach.
+void release_barriers(Block& block, int threads) {
   bool any_live = false;
   bool all_at_block_barrier = true;
   bool any_at_block_barrier = false;
@@ -231,7 +231,7 @@ bool release_barriers(Block& block, int threads) {
     if (f.wait == Wait::block_barrier) any_at_block_barrier = true;
     if (f.wait != Wait::block_barrier) all_at_block_barrier = false;
   }
-  if (!any_live) return true;
+  if (!any_live) return;
   if (all_at_block_barrier) {
     if (any_done) {
       throw std::runtime_error(
@@ -239,7 +239,7 @@ bool release_barriers(Block& block, int threads) {
           "exited (undefined in CUDA)");
     }
     for (Fiber& f : block.fibers) f.wait = Wait::none;
-    return true;
+    return;
   }
   bool released = false;
   const int warps = (threads + kWarpSize - 1) / kWarpSize;
@@ -265,7 +265,7 @@ bool release_barriers(Block& block, int threads) {
       released = true;
     }
   }
-  if (released) return true;
+  if (released) return;
   if (any_at_block_barrier) {
     throw std::runtime_error(
         "emulated CUDA: some threads wait at __syncthreads while others of the block wait in a "
