@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configure (once) and build llama3-hpc into build/ (or $L3_BUILD_DIR).
-#   L3_BUILD_DIR=build  L3_CUDA=AUTO|ON|OFF  L3_CUDA_ARCHS="80;90"  L3_JOBS=2  scripts/build.sh [cmake args]
+#   L3_BUILD_DIR=build  L3_CUDA=AUTO|ON|OFF|EMULATED  L3_CUDA_ARCHS="80;90"  L3_JOBS=2  scripts/build.sh [cmake args]
+#   (EMULATED: the CUDA backend on a CPU emulation, for tests; scripts/test-emulated.sh uses it)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${L3_BUILD_DIR:-$root/build}
