@@ -15,7 +15,8 @@
 //
 // What it cannot model: the GPU's memory model and timing, bf16 hardware rounding in
 // intrinsics (fp32 math here is the host's; __expf is expf), and anything in cuBLASLt, cuDNN or
-// NCCL. A kernel passing here still has to pass tests/gpu on a device.
+// NCCL (nccl.cpp moves the data of NCCL's collectives over MPI instead). A kernel passing here
+// still has to pass tests/gpu on a device.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -74,6 +75,9 @@ void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes,
 // Queues work on a stream (runtime.cpp): it runs when a synchronisation or a dependent stream
 // needs it, never earlier.
 void enqueue(cudaStream_t stream, std::function<void()> work);
+// Runs everything queued on the stream so far (and what it waits for), like
+// cudaStreamSynchronize.
+void synchronize(cudaStream_t stream);
 // Whether streams also run queued work at random moments (the default) or only when it is
 // needed (the latest moment CUDA allows); returns the previous setting. For tests that need one
 // order.

@@ -1,6 +1,9 @@
 // The CUDA runtime calls of the backend, on the host, for the emulated build (L3_CUDA=EMULATED):
-// one device ("llama3-hpc CUDA emulation"), device memory from the host heap (tracked, so that
-// cudaPointerGetAttributes can tell device from host, and NaN-filled), streams and events.
+// devices ("llama3-hpc CUDA emulation": one, or $L3_EMULATION_DEVICES of them, each with a PCI
+// bus id of its own, so that ranks of a node can each take one and use NCCL), device memory from
+// the host heap (tracked, so that cudaPointerGetAttributes can tell device from host, and
+// NaN-filled), streams and events. The devices share this process's memory: an emulated device
+// is a name and a number, not a separate address space.
 //
 // Streams are deferred: kernels, GEMMs, collectives, memsets and copies between device and
 // pinned memory are queued on their stream and run when something needs them (a synchronisation
@@ -11,13 +14,15 @@
 // streams run ahead of and behind each other in ways a GPU may: a missing event wait between
 // streams reads stale data or overwrites data not yet read, and a host buffer reused before the
 // copy that reads it ran shows its new contents. The choices come from a fixed seed
-// ($L3_EMULATION_SEED changes it), so a failure repeats. Legacy default-stream ordering is
+// ($L3_EMULATION_SEED changes it), so a failure repeats. $L3_EMULATION_PROGRESS=latest turns the
+// random progress off. Legacy default-stream ordering is
 // modelled for streams created without cudaStreamNonBlocking.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -40,13 +45,31 @@ constexpr std::size_t kAlignment = 256;  // what cudaMalloc guarantees
 struct Allocation {
   std::size_t bytes;
   cudaMemoryType type;
+  int device;  // current when it was allocated
 };
+
+constexpr int kMaxDevices = 16;
+
+// $L3_EMULATION_DEVICES: how many devices this process sees (1 unless set; 1 to 16).
+int device_count_from_environment() {
+  const char* text = std::getenv("L3_EMULATION_DEVICES");
+  if (text == nullptr || *text == '\0') return 1;
+  char* end = nullptr;
+  const long n = std::strtol(text, &end, 10);
+  if (*end != '\0' || n < 1 || n > kMaxDevices) {
+    std::fprintf(stderr, "L3_EMULATION_DEVICES=%s: expected a number of devices from 1 to %d\n",
+                 text, kMaxDevices);
+    std::abort();
+  }
+  return static_cast<int>(n);
+}
 
 struct Runtime {
   std::mutex mutex;
   std::map<const char*, Allocation> allocations;  // base address -> extent
   cudaError_t last_error = cudaSuccess;
   int device = 0;
+  int device_count = device_count_from_environment();
 };
 
 Runtime& runtime() {
@@ -59,6 +82,8 @@ cudaError_t fail(cudaError_t error) {
   return error;
 }
 
+bool valid_device(int device) { return device >= 0 && device < runtime().device_count; }
+
 cudaError_t allocate(void** pointer, std::size_t bytes, cudaMemoryType type) {
   if (pointer == nullptr) return fail(cudaErrorInvalidValue);
   const std::size_t rounded =
@@ -69,7 +94,7 @@ cudaError_t allocate(void** pointer, std::size_t bytes, cudaMemoryType type) {
               rounded);  // NaN in bf16 and fp32: an unwritten element is not silently right
   Runtime& r = runtime();
   const std::lock_guard lock(r.mutex);
-  r.allocations[static_cast<const char*>(p)] = {bytes, type};
+  r.allocations[static_cast<const char*>(p)] = {bytes, type, r.device};
   *pointer = p;
   return cudaSuccess;
 }
@@ -157,7 +182,18 @@ std::uint64_t next_random() {
   return state * 0x2545F4914F6CDD1DULL;
 }
 
-bool g_random_progress = true;
+// $L3_EMULATION_PROGRESS: "random" (the default) or "latest": queued work runs only when
+// something needs it, the latest moment CUDA allows, so that every missing wait for another
+// stream reads stale data (random progress lets a lagging stream catch up by chance).
+bool random_progress_from_environment() {
+  const char* text = std::getenv("L3_EMULATION_PROGRESS");
+  if (text == nullptr || *text == '\0' || std::strcmp(text, "random") == 0) return true;
+  if (std::strcmp(text, "latest") == 0) return false;
+  std::fprintf(stderr, "L3_EMULATION_PROGRESS=%s: expected random or latest\n", text);
+  std::abort();
+}
+
+bool g_random_progress = random_progress_from_environment();
 
 void make_progress() {
   static bool busy = false;  // an operation run from here enqueues nothing, but be sure
@@ -214,6 +250,7 @@ namespace l3emu {
 void enqueue(cudaStream_t stream, std::function<void()> work) {
   enqueue_on(*stream_of(stream), std::move(work));
 }
+void synchronize(cudaStream_t stream) { drain_all(*stream_of(stream)); }
 bool set_random_progress(bool on) { return std::exchange(g_random_progress, on); }
 }  // namespace l3emu
 
@@ -256,7 +293,7 @@ cudaError_t cudaDriverGetVersion(int* version) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = runtime().device_count;
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
@@ -264,12 +301,12 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return fail(cudaErrorInvalidDevice);
   runtime().device = device;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return fail(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   std::strncpy(prop->name, "llama3-hpc CUDA emulation (CPU)", sizeof(prop->name) - 1);
   prop->major = 9;
@@ -283,7 +320,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return fail(cudaErrorInvalidDevice);
   switch (attribute) {
     case cudaDevAttrComputeCapabilityMajor:
       *value = 9;
@@ -303,9 +340,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetPCIBusId(char* id, int length, int device) {
-  if (device != 0 || length < 1) return fail(cudaErrorInvalidValue);
-  std::strncpy(id, "0000:00:00.0", static_cast<std::size_t>(length) - 1);
-  id[length - 1] = '\0';
+  if (!valid_device(device) || length < 1) return fail(cudaErrorInvalidValue);
+  std::snprintf(id, static_cast<std::size_t>(length), "0000:%02x:00.0", device);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
@@ -346,7 +382,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
     --it;
     if (p < it->first + std::max<std::size_t>(it->second.bytes, 1)) {
       attributes->type = it->second.type;
-      attributes->device = 0;
+      attributes->device = it->second.device;
       attributes->devicePointer = const_cast<char*>(it->first);
       attributes->hostPointer =
           it->second.type == cudaMemoryTypeHost ? attributes->devicePointer : nullptr;

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Data parallel over NCCL: two ranks, each on a GPU of its own, through the real program. Exits 77
+# (skipped) with fewer than two CUDA devices; runs on the CUDA emulation with two emulated devices
+# (L3_EMULATION_DEVICES=2, set here), whose NCCL moves the data over MPI (tests/emulated/nccl.cpp).
+#   - `--grad-exchange auto` picks NCCL; 4 steps in small buckets (several reduce-scatters
+#     overlapping the backward, an uneven first bucket, all-gathers after the update) give the
+#     same losses and gradient norms and end bit-identical to the same run exchanging through
+#     host buffers (--grad-exchange mpi) on the emulation, whose bf16 sum of two ranks rounds once like the host's fp32 sum; within bf16
+#     tolerance on GPUs (NCCL's reduction order is its own). Without clipping: the global norm
+#     adds its per-piece sums in an order that depends on the bucket layout, which NCCL's
+#     preference for even pieces changes.
+#   - a run whose rank 1 is killed at step 3 resumes from its step-2 checkpoint and ends
+#     bit-identical to the uninterrupted one.
+#   nccl_ranks_test.sh PATH/TO/llama3-hpc MPIEXEC
+set -uo pipefail
+bin=${1:?usage: nccl_ranks_test.sh LLAMA3_HPC MPIEXEC}
+mpiexec=${2:?usage: nccl_ranks_test.sh LLAMA3_HPC MPIEXEC}
+emulated=false
+if "$bin" --version | grep -q "CUDA emulation"; then
+  emulated=true
+  export L3_EMULATION_DEVICES=2
+fi
+cuda=$("$bin" --version | grep '^backend cuda:')
+devices=$(grep -o '[0-9][0-9]*: [^;]*(sm_' <<<"$cuda" | wc -l)
+if [[ -z $cuda || $devices -lt 2 ]]; then
+  echo "SKIP: two ranks over NCCL need two CUDA devices (${cuda:-no CUDA backend})"
+  exit 77
+fi
+run_timeout=${L3_GPU_TEST_RUN_TIMEOUT:-$([[ $emulated == true ]] && echo 600 || echo 300)}
+work=$(mktemp -d "${TMPDIR:-/tmp}/l3-nccl-ranks-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() {
+  echo "FAIL [$1]"
+  failures=$((failures + 1))
+}
+pass() { echo "ok   [$1]"; }
+
+# shellcheck source=tests/support/reversal_data.sh
+source "$(dirname "$0")/../support/reversal_data.sh"
+if ! prep_reversal_data "$bin" "$work"; then
+  echo "prep failed"
+  exit 1
+fi
+
+# The tiny model's 0.16M parameters in buckets of about 26k values: 7 buckets.
+common=(sft --model tiny --seq-len 128 --global-batch 12 --micro-batch 2 --lr 3e-3 --warmup 2
+  --steps 4 --log-every 1 --no-progress --data "$work/sft" --backend cuda --bucket-mb 0.05
+  --grad-clip 0 --checkpoint-every 2)
+# train NAME ARGS...: two ranks; output in $work/NAME.log, metrics in $work/NAME.jsonl. A failure
+# is shown unless a fault was injected (L3_FAULT) to cause it.
+train() {
+  local name=$1
+  shift
+  timeout -k 5 "$run_timeout" "$mpiexec" -n 2 "$bin" "${common[@]}" "$@" \
+    --ckpt-dir "$work/$name" --metrics "$work/$name.jsonl" >"$work/$name.log" 2>&1
+  local rc=$?
+  if [[ $rc -ne 0 && -z ${L3_FAULT:-} ]]; then
+    echo "  $name exited $rc:"
+    tail -5 "$work/$name.log" | sed 's/^/    /'
+  fi
+  return $rc
+}
+digest() { "$bin" ckpt verify --json "$1" 2>/dev/null | sed "s|$1||g"; }
+losses() {
+  python3 - "$1" <<'PY'
+import json, sys
+print(" ".join(f"{r['loss']:.6f}" for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"))
+PY
+}
+# same_metrics A B: every step's loss and gradient norm equal, to the last bit printed.
+same_metrics() {
+  python3 - "$work/$1.jsonl" "$work/$2.jsonl" <<'PY'
+import json, sys
+def steps(path):
+    return [(r["step"], r["loss"], r["grad_norm"], r["loss_tokens"])
+            for r in map(json.loads, open(path)) if r.get("kind") == "train"]
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+for x, y in zip(a, b):
+    if x != y:
+        print(f"  step {x[0]}: loss {x[1]!r} vs {y[1]!r}, gradient norm {x[2]!r} vs {y[2]!r}")
+sys.exit(0 if a == b and len(a) == 4 else 1)
+PY
+}
+# close A B TOLERANCE: every step's loss within TOLERANCE (relative).
+close() {
+  python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$3" <<'PY'
+import json, sys
+def losses(path):
+    return [r["loss"] for r in map(json.loads, open(path)) if r.get("kind") == "train"]
+a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if a and len(a) == len(b) else 1.0
+print(f"  worst relative loss difference {worst:.2e} (tolerance {tol:g})")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+
+# On the emulation, queued work runs at the latest moment CUDA allows (not also at random
+# earlier ones): a missing wait between the compute and communication streams then reads stale
+# gradients for certain, and shows in the gradient norm.
+L3_EMULATION_PROGRESS=latest train nccl || fail "two ranks over NCCL ran"
+if grep -q "(nccl)" "$work/nccl.log"; then
+  pass "two ranks with a GPU each: auto picks NCCL"
+else
+  fail "two ranks with a GPU each: auto picks NCCL ($(grep -o 'reduction [^)]*)' "$work/nccl.log"))"
+fi
+echo "  buckets: $(grep -o '[0-9]* gradient buckets' "$work/nccl.log")"
+train staged --grad-exchange mpi || fail "two ranks through host buffers ran"
+ref=$(digest "$work/nccl/step-00000004")
+echo "  NCCL losses:   $(losses "$work/nccl.jsonl")"
+echo "  staged losses: $(losses "$work/staged.jsonl")"
+if [[ $emulated == true ]]; then
+  if same_metrics staged nccl && [[ -n $ref && "$(digest "$work/staged/step-00000004")" == "$ref" ]]; then
+    pass "NCCL and the host-buffer exchange: same losses and gradient norms, bit-identical checkpoints (emulation)"
+  else
+    fail "NCCL and the host-buffer exchange: same losses and gradient norms, bit-identical checkpoints (emulation)"
+  fi
+elif close staged nccl 2e-2; then
+  pass "NCCL follows the host-buffer exchange's loss trajectory"
+else
+  fail "NCCL follows the host-buffer exchange's loss trajectory"
+fi
+
+L3_FAULT="train.update@1#3=kill" train killed
+train killed --resume auto
+if grep -q "resumed at step 2" "$work/killed.log" &&
+  [[ -n $ref && "$(digest "$work/killed/step-00000004")" == "$ref" ]]; then
+  pass "two NCCL ranks, rank 1 killed at step 3, resume from step 2 bit for bit"
+else
+  fail "two NCCL ranks, rank 1 killed at step 3, resume from step 2 bit for bit"
+fi
+
+[[ $failures -eq 0 ]] || {
+  echo "$failures failure(s)"
+  exit 1
+}
+echo "all NCCL rank checks passed"
