@@ -10,7 +10,8 @@
 #     adds its per-piece sums in an order that depends on the bucket layout, which NCCL's
 #     preference for even pieces changes.
 #   - a run whose rank 1 is killed at step 3 resumes from its step-2 checkpoint and ends
-#     bit-identical to the uninterrupted one.
+#     bit-identical to the uninterrupted one;
+#   - 2 reward steps over NCCL against the host-buffer exchange, likewise.
 #   nccl_ranks_test.sh PATH/TO/llama3-hpc MPIEXEC
 set -uo pipefail
 bin=${1:?usage: nccl_ranks_test.sh LLAMA3_HPC MPIEXEC}
@@ -44,15 +45,19 @@ if ! prep_reversal_data "$bin" "$work"; then
 fi
 
 # The tiny model's 0.16M parameters in buckets of about 26k values: 7 buckets.
-common=(sft --model tiny --seq-len 128 --global-batch 12 --micro-batch 2 --lr 3e-3 --warmup 2
-  --steps 4 --log-every 1 --no-progress --data "$work/sft" --backend cuda --bucket-mb 0.05
-  --grad-clip 0 --checkpoint-every 2)
-# train NAME ARGS...: two ranks; output in $work/NAME.log, metrics in $work/NAME.jsonl. A failure
-# is shown unless a fault was injected (L3_FAULT) to cause it.
+common=(--model tiny --seq-len 128 --global-batch 12 --micro-batch 2 --lr 3e-3 --warmup 2
+  --log-every 1 --no-progress --backend cuda --bucket-mb 0.05 --grad-clip 0 --checkpoint-every 2)
+# shellcheck disable=SC2034  # used by name (train's second argument)
+sft=(sft --data "$work/sft" --steps 4)
+# shellcheck disable=SC2034
+reward=(reward --data "$work/pref" --steps 2)
+# train NAME sft|reward ARGS...: two ranks; output in $work/NAME.log, metrics in
+# $work/NAME.jsonl. A failure is shown unless a fault was injected (L3_FAULT) to cause it.
 train() {
   local name=$1
-  shift
-  timeout -k 5 "$run_timeout" "$mpiexec" -n 2 "$bin" "${common[@]}" "$@" \
+  local -n phase=$2
+  shift 2
+  timeout -k 5 "$run_timeout" "$mpiexec" -n 2 "$bin" "${phase[@]}" "${common[@]}" "$@" \
     --ckpt-dir "$work/$name" --metrics "$work/$name.jsonl" >"$work/$name.log" 2>&1
   local rc=$?
   if [[ $rc -ne 0 && -z ${L3_FAULT:-} ]]; then
@@ -68,18 +73,19 @@ import json, sys
 print(" ".join(f"{r['loss']:.6f}" for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"))
 PY
 }
-# same_metrics A B: every step's loss and gradient norm equal, to the last bit printed.
+# same_metrics A B STEPS: every step's loss, gradient norm, counts and reward margin equal, to
+# the last bit printed.
 same_metrics() {
-  python3 - "$work/$1.jsonl" "$work/$2.jsonl" <<'PY'
+  python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$3" <<'PY'
 import json, sys
 def steps(path):
-    return [(r["step"], r["loss"], r["grad_norm"], r["loss_tokens"])
+    return [(r["step"], r["loss"], r["grad_norm"], r.get("loss_tokens"), r.get("pairs"), r.get("margin"))
             for r in map(json.loads, open(path)) if r.get("kind") == "train"]
 a, b = steps(sys.argv[1]), steps(sys.argv[2])
 for x, y in zip(a, b):
     if x != y:
         print(f"  step {x[0]}: loss {x[1]!r} vs {y[1]!r}, gradient norm {x[2]!r} vs {y[2]!r}")
-sys.exit(0 if a == b and len(a) == 4 else 1)
+sys.exit(0 if a == b and len(a) == int(sys.argv[3]) else 1)
 PY
 }
 # close A B TOLERANCE: every step's loss within TOLERANCE (relative).
@@ -98,19 +104,19 @@ PY
 # On the emulation, queued work runs at the latest moment CUDA allows (not also at random
 # earlier ones): a missing wait between the compute and communication streams then reads stale
 # gradients for certain, and shows in the gradient norm.
-L3_EMULATION_PROGRESS=latest train nccl || fail "two ranks over NCCL ran"
+L3_EMULATION_PROGRESS=latest train nccl sft || fail "two ranks over NCCL ran"
 if grep -q "(nccl)" "$work/nccl.log"; then
   pass "two ranks with a GPU each: auto picks NCCL"
 else
   fail "two ranks with a GPU each: auto picks NCCL ($(grep -o 'reduction [^)]*)' "$work/nccl.log"))"
 fi
 echo "  buckets: $(grep -o '[0-9]* gradient buckets' "$work/nccl.log")"
-train staged --grad-exchange mpi || fail "two ranks through host buffers ran"
+train staged sft --grad-exchange mpi || fail "two ranks through host buffers ran"
 ref=$(digest "$work/nccl/step-00000004")
 echo "  NCCL losses:   $(losses "$work/nccl.jsonl")"
 echo "  staged losses: $(losses "$work/staged.jsonl")"
 if [[ $emulated == true ]]; then
-  if same_metrics staged nccl && [[ -n $ref && "$(digest "$work/staged/step-00000004")" == "$ref" ]]; then
+  if same_metrics staged nccl 4 && [[ -n $ref && "$(digest "$work/staged/step-00000004")" == "$ref" ]]; then
     pass "NCCL and the host-buffer exchange: same losses and gradient norms, bit-identical checkpoints (emulation)"
   else
     fail "NCCL and the host-buffer exchange: same losses and gradient norms, bit-identical checkpoints (emulation)"
@@ -121,13 +127,29 @@ else
   fail "NCCL follows the host-buffer exchange's loss trajectory"
 fi
 
-L3_FAULT="train.update@1#3=kill" train killed
-train killed --resume auto
+L3_FAULT="train.update@1#3=kill" train killed sft
+train killed sft --resume auto
 if grep -q "resumed at step 2" "$work/killed.log" &&
   [[ -n $ref && "$(digest "$work/killed/step-00000004")" == "$ref" ]]; then
   pass "two NCCL ranks, rank 1 killed at step 3, resume from step 2 bit for bit"
 else
   fail "two NCCL ranks, rank 1 killed at step 3, resume from step 2 bit for bit"
+fi
+
+# The reward model (its score head's gradients in the last bucket) over NCCL, two steps.
+L3_EMULATION_PROGRESS=latest train rnccl reward || fail "reward over NCCL ran"
+train rstaged reward --grad-exchange mpi || fail "reward through host buffers ran"
+if [[ $emulated == true ]]; then
+  if same_metrics rstaged rnccl 2 &&
+    [[ "$(digest "$work/rnccl/step-00000002")" == "$(digest "$work/rstaged/step-00000002")" ]]; then
+    pass "reward over NCCL and through host buffers: same losses and norms, bit-identical (emulation)"
+  else
+    fail "reward over NCCL and through host buffers: same losses and norms, bit-identical (emulation)"
+  fi
+elif close rstaged rnccl 2e-2; then
+  pass "reward over NCCL follows the host-buffer exchange's loss trajectory"
+else
+  fail "reward over NCCL follows the host-buffer exchange's loss trajectory"
 fi
 
 [[ $failures -eq 0 ]] || {
