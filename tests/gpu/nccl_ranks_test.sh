@@ -28,23 +28,13 @@ if [[ -z $cuda || $devices -lt 2 ]]; then
   exit 77
 fi
 run_timeout=${L3_GPU_TEST_RUN_TIMEOUT:-$([[ $emulated == true ]] && echo 600 || echo 300)}
-work=$(mktemp -d "${TMPDIR:-/tmp}/l3-nccl-ranks-XXXXXX")
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() {
-  echo "FAIL [$1]"
-  failures=$((failures + 1))
-}
-pass() { echo "ok   [$1]"; }
-
+# shellcheck source=tests/support/checks.sh
+source "$(dirname "$0")/../support/checks.sh"
 # shellcheck source=tests/support/reversal_data.sh
 source "$(dirname "$0")/../support/reversal_data.sh"
-if ! prep_reversal_data "$bin" "$work"; then
-  echo "prep failed"
-  exit 1
-fi
+reversal_workdir "$bin" l3-nccl-ranks
 
-# The tiny model's 0.16M parameters in buckets of about 26k values: 7 buckets.
+# The tiny model's 0.16M parameters in buckets of 0.05 MiB of fp32 (13107 values): 13 buckets.
 common=(--model tiny --seq-len 128 --global-batch 12 --micro-batch 2 --lr 3e-3 --warmup 2
   --log-every 1 --no-progress --backend cuda --bucket-mb 0.05 --grad-clip 0 --checkpoint-every 2)
 # shellcheck disable=SC2034  # used by name (train's second argument)
@@ -152,8 +142,4 @@ else
   fail "reward over NCCL follows the host-buffer exchange's loss trajectory"
 fi
 
-[[ $failures -eq 0 ]] || {
-  echo "$failures failure(s)"
-  exit 1
-}
-echo "all NCCL rank checks passed"
+finish_checks "NCCL rank checks"

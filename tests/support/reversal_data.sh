@@ -21,3 +21,14 @@ prep_reversal_data() {
     "$bin" prep preference --input "$dir/pref.jsonl" --tokenizer bytes --output "$dir/pref" \
       >/dev/null 2>&1
 }
+# reversal_workdir BIN NAME: a temporary directory named after NAME, removed when the shell exits,
+# with the data prepared in it; its path in $work. Exits 1 when preparing fails.
+reversal_workdir() {
+  work=$(mktemp -d "${TMPDIR:-/tmp}/$2-XXXXXX")
+  # shellcheck disable=SC2064  # the path is fixed now
+  trap "rm -rf '$work'" EXIT
+  if ! prep_reversal_data "$1" "$work"; then
+    echo "prep failed"
+    exit 1
+  fi
+}
