@@ -18,5 +18,5 @@ fi
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   cmake -S "$root" -B "$build" -DL3_CUDA=EMULATED -DL3_BUILD_BENCH=OFF
 fi
-cmake --build "$build" -j "${L3_JOBS:-2}" --target l3_gpu_tests l3_emulation_tests l3_emulated_nccl_test llama3-hpc
+cmake --build "$build" -j "${L3_JOBS:-2}" --target l3_gpu_tests l3_emulation_tests l3_emulated_nccl_test l3_mpi_session_test llama3-hpc
 ctest --test-dir "$build" --output-on-failure -j "${L3_JOBS:-2}" -L gpu -LE slow "$@"

@@ -5,6 +5,7 @@
 // checkpoint and stop requests; errors as l3::Error with the CLI's exit codes.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -47,11 +48,18 @@ std::string make_sft_data(const l3::dist::World& world, const char* name) {
   return dir;
 }
 
+// The backend: cpu, or $L3_SESSION_TEST_BACKEND (the emulated build runs these tests with cuda:
+// each rank on an emulated device of its own, exchanging over NCCL, tests/CMakeLists.txt).
+std::string test_backend() {
+  const char* chosen = std::getenv("L3_SESSION_TEST_BACKEND");
+  return chosen != nullptr && *chosen != '\0' ? chosen : "cpu";
+}
+
 l3::RunConfig tiny_run(const std::string& dir, int steps) {
   return l3::RunConfig::from_args({"sft", "--model", "tiny", "--data", dir + "/data", "--backend",
-                                   "cpu", "--seq-len", "64", "--global-batch", "4", "--steps",
-                                   std::to_string(steps), "--lr", "3e-3", "--log-level", "warn",
-                                   "--no-progress"});
+                                   test_backend(), "--seq-len", "64", "--global-batch", "4",
+                                   "--steps", std::to_string(steps), "--lr", "3e-3", "--log-level",
+                                   "warn", "--no-progress"});
 }
 
 int expect_error(const std::function<void()>& body) {
