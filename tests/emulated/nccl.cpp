@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cuda_emulation.hpp"
@@ -186,6 +187,17 @@ void complete_in_order(cudaStream_t stream, std::shared_ptr<Transfer> t, void* r
   });
 }
 
+// Snapshots `in_bytes` of `send`, starts the MPI collective `begin(transfer)` on it and queues
+// the completion that writes `recv_bytes` at `recv` (none when recv is null).
+template <typename Begin>
+ncclResult_t start(cudaStream_t stream, const void* send, std::size_t in_bytes,
+                   std::size_t out_bytes, void* recv, std::size_t recv_bytes, Begin begin) {
+  std::shared_ptr<Transfer> t = snapshot(stream, send, in_bytes, out_bytes);
+  if (begin(*t) != MPI_SUCCESS) return ncclSystemError;
+  complete_in_order(stream, std::move(t), recv, recv_bytes);
+  return ncclSuccess;
+}
+
 // One rank: every collective is a copy, queued on its stream.
 ncclResult_t copy(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                   cudaStream_t stream) {
@@ -321,38 +333,33 @@ ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t count, nccl
   }
   if (comm->ranks == 1) return copy(send, recv, count, type, stream);
   const std::size_t bytes = count * nccl_size(type);
-  auto t = snapshot(stream, send, bytes, bytes * static_cast<std::size_t>(comm->ranks));
+  const std::size_t all = bytes * static_cast<std::size_t>(comm->ranks);
   const int n = static_cast<int>(count);
-  const int status = MPI_Iallgather(t->in.data(), n, carrier(type), t->out.data(), n, carrier(type),
-                                    comm->mpi, &t->request);
-  if (status != MPI_SUCCESS) return ncclSystemError;
-  complete_in_order(stream, t, recv, t->out.size());
-  return ncclSuccess;
+  return start(stream, send, bytes, all, recv, all, [&](Transfer& t) {
+    return MPI_Iallgather(t.in.data(), n, carrier(type), t.out.data(), n, carrier(type), comm->mpi,
+                          &t.request);
+  });
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (!valid(comm, count) || reduction(op, type) == MPI_OP_NULL) return ncclInvalidArgument;
   if (comm->ranks == 1) return copy(send, recv, count, type, stream);
   const std::size_t bytes = count * nccl_size(type);
-  auto t = snapshot(stream, send, bytes * static_cast<std::size_t>(comm->ranks), bytes);
-  const int status =
-      MPI_Ireduce_scatter_block(t->in.data(), t->out.data(), static_cast<int>(count), carrier(type),
-                                reduction(op, type), comm->mpi, &t->request);
-  if (status != MPI_SUCCESS) return ncclSystemError;
-  complete_in_order(stream, t, recv, bytes);
-  return ncclSuccess;
+  const std::size_t all = bytes * static_cast<std::size_t>(comm->ranks);
+  return start(stream, send, all, bytes, recv, bytes, [&](Transfer& t) {
+    return MPI_Ireduce_scatter_block(t.in.data(), t.out.data(), static_cast<int>(count),
+                                     carrier(type), reduction(op, type), comm->mpi, &t.request);
+  });
 }
 ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (!valid(comm, count) || reduction(op, type) == MPI_OP_NULL) return ncclInvalidArgument;
   if (comm->ranks == 1) return copy(send, recv, count, type, stream);
   const std::size_t bytes = count * nccl_size(type);
-  auto t = snapshot(stream, send, bytes, bytes);
-  const int status = MPI_Iallreduce(t->in.data(), t->out.data(), static_cast<int>(count),
-                                    carrier(type), reduction(op, type), comm->mpi, &t->request);
-  if (status != MPI_SUCCESS) return ncclSystemError;
-  complete_in_order(stream, t, recv, bytes);
-  return ncclSuccess;
+  return start(stream, send, bytes, bytes, recv, bytes, [&](Transfer& t) {
+    return MPI_Iallreduce(t.in.data(), t.out.data(), static_cast<int>(count), carrier(type),
+                          reduction(op, type), comm->mpi, &t.request);
+  });
 }
 ncclResult_t ncclReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
@@ -363,14 +370,12 @@ ncclResult_t ncclReduce(const void* send, void* recv, std::size_t count, ncclDat
   if (comm->ranks == 1) return copy(send, recv, count, type, stream);
   const std::size_t bytes = count * nccl_size(type);
   const bool at_root = comm->rank == root;
-  auto t = snapshot(stream, send, bytes, at_root ? bytes : 0);
-  const int status =
-      MPI_Ireduce(t->in.data(), at_root ? t->out.data() : nullptr, static_cast<int>(count),
-                  carrier(type), reduction(op, type), root, comm->mpi, &t->request);
-  if (status != MPI_SUCCESS) return ncclSystemError;
   // Only the root's output is written (NCCL ignores recv on the other ranks).
-  complete_in_order(stream, t, at_root ? recv : nullptr, bytes);
-  return ncclSuccess;
+  return start(
+      stream, send, bytes, at_root ? bytes : 0, at_root ? recv : nullptr, bytes, [&](Transfer& t) {
+        return MPI_Ireduce(t.in.data(), at_root ? t.out.data() : nullptr, static_cast<int>(count),
+                           carrier(type), reduction(op, type), root, comm->mpi, &t.request);
+      });
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                            int root, ncclComm_t comm, cudaStream_t stream) {
