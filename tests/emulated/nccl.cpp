@@ -332,10 +332,10 @@ ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t count, nccl
     return ncclInvalidArgument;
   }
   if (comm->ranks == 1) return copy(send, recv, count, type, stream);
-  const std::size_t bytes = count * nccl_size(type);
-  const std::size_t all = bytes * static_cast<std::size_t>(comm->ranks);
+  const std::size_t piece = count * nccl_size(type);  // one rank's share
+  const std::size_t bucket = piece * static_cast<std::size_t>(comm->ranks);
   const int n = static_cast<int>(count);
-  return start(stream, send, bytes, all, recv, all, [&](Transfer& t) {
+  return start(stream, send, piece, bucket, recv, bucket, [&](Transfer& t) {
     return MPI_Iallgather(t.in.data(), n, carrier(type), t.out.data(), n, carrier(type), comm->mpi,
                           &t.request);
   });
@@ -344,9 +344,9 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t count, 
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (!valid(comm, count) || reduction(op, type) == MPI_OP_NULL) return ncclInvalidArgument;
   if (comm->ranks == 1) return copy(send, recv, count, type, stream);
-  const std::size_t bytes = count * nccl_size(type);
-  const std::size_t all = bytes * static_cast<std::size_t>(comm->ranks);
-  return start(stream, send, all, bytes, recv, bytes, [&](Transfer& t) {
+  const std::size_t piece = count * nccl_size(type);  // one rank's share
+  const std::size_t bucket = piece * static_cast<std::size_t>(comm->ranks);
+  return start(stream, send, bucket, piece, recv, piece, [&](Transfer& t) {
     return MPI_Ireduce_scatter_block(t.in.data(), t.out.data(), static_cast<int>(count),
                                      carrier(type), reduction(op, type), comm->mpi, &t.request);
   });
