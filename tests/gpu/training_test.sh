@@ -56,22 +56,32 @@ train() {
   fi
   return $rc
 }
-# close A B TOLERANCE: every step's loss of run B within TOLERANCE of run A's, relative to
-# max(|loss|, a quarter of A's first loss): the reward model's loss falls towards zero (0.69 ->
-# 0.06 in 10 steps), where a plain relative difference measures bf16 noise against nothing (the
-# CUDA emulation showed 3.7e-2 at a 0.065 loss, a difference of 5e-4).
+# close A B TOLERANCE [EARLY]: every step's loss of run B within TOLERANCE of run A's, and the
+# first five within EARLY (default: TOLERANCE), relative to max(|loss|, a quarter of A's first
+# loss): the reward model's loss falls towards zero (0.69 -> 0.06 in 10 steps), where a plain
+# relative difference measures bf16 noise against nothing (the CUDA emulation showed 3.7e-2 at a
+# 0.065 loss, a difference of 5e-4). Two tiers because bf16 and fp32 runs drift apart once the
+# loss falls steeply: on the emulation the reward runs agree within 2.5e-3 for five steps, then
+# differ by up to 2.4e-2 (step 8, after a step whose gradient norm of 4.1 was clipped to 1). The
+# check still discriminates: CPU runs with the learning rate 1% off differ by 8e-2 to 1.8e-1 by
+# the end, and with it 10% off by 1e-1 within the first five steps.
 close() {
-  python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$3" <<'PY'
+  python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$3" "${4:-$3}" <<'PY'
 import json, math, sys
 def losses(path):
     return [r["loss"] for r in map(json.loads, open(path)) if r.get("kind") == "train"]
-a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+tol, early_tol = float(sys.argv[3]), float(sys.argv[4])
 floor = abs(a[0]) / 4 if a and a[0] is not None else 0.0
-worst = max((abs(x - y) / max(abs(x), floor) for x, y in zip(a, b)
-             if x is not None and y is not None), default=math.inf)
-ok = len(a) == len(b) == 10 and all(y is not None and math.isfinite(y) for y in b) and worst <= tol
+diffs = [abs(x - y) / max(abs(x), floor) if x is not None and y is not None else math.inf
+         for x, y in zip(a, b)]
+worst = max(diffs, default=math.inf)
+early = max(diffs[:5], default=math.inf)
+ok = (len(a) == len(b) == 10 and all(y is not None and math.isfinite(y) for y in b)
+      and worst <= tol and early <= early_tol)
 print(f"  losses {a[0]:.4f} -> {a[-1]:.4f} vs {b[0]:.4f} -> {b[-1]:.4f}; worst relative "
-      f"difference {worst:.2e} (tolerance {tol:g})")
+      f"difference {worst:.2e} (tolerance {tol:g}), in the first five steps {early:.2e} "
+      f"(tolerance {early_tol:g})")
 sys.exit(0 if ok else 1)
 PY
 }
@@ -106,7 +116,7 @@ sft_eval=(--val-data "$work/sft" --eval-every 5)
 train cpu -- sft "${common[@]}" "${sft_eval[@]}" --data "$work/sft" --backend cpu ||
   fail "CPU reference run"
 if train gpu -- sft "${common[@]}" "${sft_eval[@]}" --data "$work/sft" --backend "$backend" \
-  --ckpt-dir "$work/gpu" --checkpoint-every 5 && close cpu gpu 3e-2; then
+  --ckpt-dir "$work/gpu" --checkpoint-every 5 && close cpu gpu 3e-2 1e-2; then
   pass "SFT on the GPU follows the CPU loss trajectory"
 else
   fail "SFT on the GPU follows the CPU loss trajectory"
@@ -120,7 +130,7 @@ reward_eval=(--val-data "$work/pref" --eval-every 5)
 train rcpu -- reward "${common[@]}" "${reward_eval[@]}" --data "$work/pref" --backend cpu ||
   fail "CPU reward run"
 if train rgpu -- reward "${common[@]}" "${reward_eval[@]}" --data "$work/pref" \
-  --backend "$backend" && close rcpu rgpu 3e-2; then
+  --backend "$backend" && close rcpu rgpu 5e-2 1e-2; then
   pass "reward on the GPU follows the CPU loss trajectory"
 else
   fail "reward on the GPU follows the CPU loss trajectory"
@@ -138,7 +148,7 @@ fi
 if [[ $backend == cuda && $emulated == false ]]; then
   if train cudnn -- sft "${common[@]}" --data "$work/sft" --backend cuda --attention cudnn &&
     grep -q "calls on cuDNN" "$work/cudnn.log" && ! grep -q "attention: 0 calls on cuDNN" "$work/cudnn.log" &&
-    close cpu cudnn 3e-2; then
+    close cpu cudnn 3e-2 1e-2; then
     pass "SFT with cuDNN attention follows the CPU loss trajectory"
   else
     fail "SFT with cuDNN attention follows the CPU loss trajectory"
