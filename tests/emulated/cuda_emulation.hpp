@@ -75,9 +75,6 @@ void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes,
 // Queues work on a stream (runtime.cpp): it runs when a synchronisation or a dependent stream
 // needs it, never earlier.
 void enqueue(cudaStream_t stream, std::function<void()> work);
-// Runs everything queued on the stream so far (and what it waits for), like
-// cudaStreamSynchronize.
-void synchronize(cudaStream_t stream);
 // Whether streams also run queued work at random moments (the default) or only when it is
 // needed (the latest moment CUDA allows); returns the previous setting. For tests that need one
 // order.

@@ -24,6 +24,7 @@
 // MPI_Comm_create_group, collective over the members only. So MPI must be initialised and the
 // id's creator must be a member, as in every use of the trainer. Communicators of one rank need no
 // MPI: their collectives are copies, queued on the stream.
+#include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
 
@@ -169,7 +170,7 @@ struct Transfer {
 
 std::shared_ptr<Transfer> snapshot(cudaStream_t stream, const void* send, std::size_t bytes,
                                    std::size_t out_bytes) {
-  l3emu::synchronize(stream);  // the input as the stream leaves it at this point
+  cudaStreamSynchronize(stream);  // the input as the stream leaves it at this point
   auto t = std::make_shared<Transfer>();
   const auto* p = static_cast<const unsigned char*>(send);
   t->in.assign(p, p + bytes);

@@ -15,8 +15,8 @@
 // streams reads stale data or overwrites data not yet read, and a host buffer reused before the
 // copy that reads it ran shows its new contents. The choices come from a fixed seed
 // ($L3_EMULATION_SEED changes it), so a failure repeats. $L3_EMULATION_PROGRESS=latest turns the
-// random progress off. Legacy default-stream ordering is
-// modelled for streams created without cudaStreamNonBlocking.
+// random progress off. Legacy default-stream ordering is modelled for streams created without
+// cudaStreamNonBlocking.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -250,7 +250,6 @@ namespace l3emu {
 void enqueue(cudaStream_t stream, std::function<void()> work) {
   enqueue_on(*stream_of(stream), std::move(work));
 }
-void synchronize(cudaStream_t stream) { drain_all(*stream_of(stream)); }
 bool set_random_progress(bool on) { return std::exchange(g_random_progress, on); }
 }  // namespace l3emu
 
