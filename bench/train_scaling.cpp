@@ -6,7 +6,9 @@
 // Prints tokens/s of both, their ratio (ideal: the rank count when cores are not the limit,
 // 1.0 when they are), and the share of the step spent in gradient reduction: the time the
 // training thread waited for it after the backward pass (exposed) and the time the reductions
-// took in total (overlapped or not), plus the ZeRO-1 parameter all-gather.
+// took in total (overlapped or not), plus the ZeRO-1 parameter all-gather;
+//  3. the same as 2 with ZeRO-2 (--shard-gradients): tokens/s against ZeRO-1's (each of the two
+//     micro-batches is reduced, instead of once per step) and the gradient memory per rank.
 //
 //   mpiexec -n 2 l3-bench-train [--steps N] [--dir DIR] [--json FILE] [--no-overlap]
 #include <fmt/format.h>
@@ -25,6 +27,9 @@
 #include "dist/mpi_runtime.hpp"
 #include "dist/world.hpp"
 #include "mid_model_inputs.hpp"
+#include "model/memory_plan.hpp"
+#include "model/model_config.hpp"
+#include "model/parameter_layout.hpp"
 #include "train/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -45,8 +50,8 @@ struct Figures {
 };
 
 // Median over the steps after the first two (warm-up: allocation, page cache, first GEMMs).
-Figures run(const l3::dist::World& world, const std::string& dir, std::int64_t steps,
-            bool overlap) {
+Figures run(const l3::dist::World& world, const std::string& dir, std::int64_t steps, bool overlap,
+            bool shard_gradients = false) {
   l3::train::TrainConfig c;
   c.model = dir + "/config.json";
   c.data = dir + "/data";
@@ -59,6 +64,7 @@ Figures run(const l3::dist::World& world, const std::string& dir, std::int64_t s
   c.log_every = 0;
   c.progress = false;
   c.overlap_reduction = overlap;
+  c.shard_gradients = shard_gradients;
   const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::warn});
   l3::train::Trainer trainer(world, quiet, c);
   std::vector<l3::train::StepMetrics> all;
@@ -131,6 +137,8 @@ int main(int argc, char** argv) {
   // 2. Every rank, the cores shared.
   omp_set_num_threads(std::max(1, cores / world.size()));
   const Figures together = run(world, dir, steps, overlap);
+  // 3. The same with ZeRO-2.
+  const Figures zero2 = run(world, dir, steps, overlap, true);
 
   if (world.is_root()) {
     const double ratio = together.tokens_per_s / alone.tokens_per_s;
@@ -149,6 +157,22 @@ int main(int argc, char** argv) {
         together.reduce_ms, 100 * together.reduce_ms / together.step_ms,
         overlap ? "overlapped with the backward pass" : "after the backward pass",
         together.gather_ms, 100 * together.gather_ms / together.step_ms);
+    // Gradient memory per rank (fp32 on the CPU): the whole buffer, or ZeRO-2's two slots and
+    // this rank's share of the reduced gradients.
+    const l3::model::ParameterLayout layout(l3::model::resolve_model(dir + "/config.json"),
+                                            l3::model::HeadKind::language_model);
+    const double zero1_mb = 4.0 * static_cast<double>(layout.total()) / (1 << 20);
+    const double zero2_mb =
+        4.0 *
+        static_cast<double>(l3::model::gradient_slot_elements(layout) +
+                            (layout.total() + world.size() - 1) / world.size()) /
+        (1 << 20);
+    fmt::print(
+        "  ZeRO-2 ({} ranks): {:8.0f} tokens/s, step {:6.0f} ms -> {:.2f}x of ZeRO-1; reductions "
+        "{:.1f} ms (waited {:.1f} ms); gradient memory per rank {:.0f} MiB vs {:.0f} MiB "
+        "({:.2f}x)\n",
+        world.size(), zero2.tokens_per_s, zero2.step_ms, zero2.tokens_per_s / together.tokens_per_s,
+        zero2.reduce_ms, zero2.reduce_wait_ms, zero2_mb, zero1_mb, zero2_mb / zero1_mb);
     if (!json_path.empty()) {
       const l3::core::BuildInfo build = l3::core::build_info();
       std::ofstream(json_path) << json{{"benchmark", "train-scaling"},
@@ -159,7 +183,12 @@ int main(int argc, char** argv) {
                                        {"overlap", overlap},
                                        {"one_rank", to_json(alone)},
                                        {"all_ranks", to_json(together)},
-                                       {"speedup", ratio}}
+                                       {"speedup", ratio},
+                                       {"zero2", to_json(zero2)},
+                                       {"zero2_vs_zero1",
+                                        zero2.tokens_per_s / together.tokens_per_s},
+                                       {"zero2_gradient_mib", zero2_mb},
+                                       {"zero1_gradient_mib", zero1_mb}}
                                       .dump(2)
                                << '\n';
     }

@@ -143,6 +143,9 @@ class Ops {
                                TensorView up, std::int64_t n) = 0;
 
   // ---- reductions ------------------------------------------------------------------------
+  // dst += src over n values of the compute dtype, each sum taken in fp32 and rounded once
+  // (ZeRO-2: a micro-batch's reduced gradients added into the optimizer's piece).
+  virtual void add_into(TensorView dst, TensorView src, std::int64_t n) = 0;
   // sum of x^2 in double precision (gradient norms)
   [[nodiscard]] virtual double sum_squares(TensorView x, std::int64_t n) = 0;
   // out[i] = sum_squares(xs[i], xs[i].numel()), the same values; a backend with a queue

@@ -118,6 +118,9 @@ class ProfilingOps final : public Ops {
                        TensorView up, std::int64_t n) override {
     timed("swiglu_backward", [&] { inner_.swiglu_backward(dgate, dup, dout, gate, up, n); });
   }
+  void add_into(TensorView dst, TensorView src, std::int64_t n) override {
+    timed("add_into", [&] { inner_.add_into(dst, src, n); });
+  }
   [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override {
     return timed("sum_squares", [&] { return inner_.sum_squares(x, n); });
   }

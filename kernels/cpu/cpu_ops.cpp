@@ -140,6 +140,14 @@ void CpuOps::swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, 
   cpu::swiglu_backward(f32(dgate, n), f32(dup, n), cf32(dout, n), cf32(gate, n), cf32(up, n));
 }
 
+void CpuOps::add_into(TensorView dst, TensorView src, std::int64_t n) {
+  const std::span<float> d = f32(dst, n);
+  const std::span<const float> s = cf32(src, n);
+#pragma omp parallel for simd schedule(static) if (n > (std::int64_t{1} << 16))
+  for (std::int64_t i = 0; i < n; ++i)
+    d[static_cast<std::size_t>(i)] += s[static_cast<std::size_t>(i)];
+}
+
 double CpuOps::sum_squares(TensorView x, std::int64_t n) { return cpu::sum_squares(cf32(x, n)); }
 
 void CpuOps::lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,

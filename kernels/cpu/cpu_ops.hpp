@@ -45,6 +45,7 @@ class CpuOps final : public Ops {
   void swiglu(TensorView out, TensorView gate, TensorView up, std::int64_t n) override;
   void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
                        TensorView up, std::int64_t n) override;
+  void add_into(TensorView dst, TensorView src, std::int64_t n) override;
   [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override;
   void lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
                              TensorView w, TensorView rows, TensorView targets, std::int64_t n,

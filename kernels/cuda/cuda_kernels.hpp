@@ -50,6 +50,9 @@ void swiglu_forward(BFloat16* out, const BFloat16* gate, const BFloat16* up, std
 void swiglu_backward(BFloat16* dgate, BFloat16* dup, const BFloat16* dout, const BFloat16* gate,
                      const BFloat16* up, std::int64_t n, cudaStream_t stream);
 
+// accumulate.cu: dst += src, fp32 sums rounded once
+void add_into(BFloat16* dst, const BFloat16* src, std::int64_t n, cudaStream_t stream);
+
 // reductions.cu: sum of squares in fp64, fixed order. partials: kSumSquaresBlocks doubles.
 inline constexpr int kSumSquaresBlocks = 1024;
 void sum_squares(double* result, const BFloat16* x, std::int64_t n, double* partials,

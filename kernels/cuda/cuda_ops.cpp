@@ -538,6 +538,11 @@ void CudaOps::swiglu_backward(TensorView dgate, TensorView dup, TensorView dout,
                         in<BFloat16>(up, n, "swiglu_backward", "up"), n, stream_);
 }
 
+void CudaOps::add_into(TensorView dst, TensorView src, std::int64_t n) {
+  cuda::add_into(out<BFloat16>(dst, n, "add_into", "dst"), in<BFloat16>(src, n, "add_into", "src"),
+                 n, stream_);
+}
+
 double CudaOps::sum_squares(TensorView x, std::int64_t n) {
   Carver carve;
   const std::size_t partials_at = carve.reserve<double>(kSumSquaresBlocks);

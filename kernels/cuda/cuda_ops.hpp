@@ -111,6 +111,7 @@ class CudaOps final : public kernels::Ops {
               std::int64_t n) override;
   void swiglu_backward(kernels::TensorView dgate, kernels::TensorView dup, kernels::TensorView dout,
                        kernels::TensorView gate, kernels::TensorView up, std::int64_t n) override;
+  void add_into(kernels::TensorView dst, kernels::TensorView src, std::int64_t n) override;
   [[nodiscard]] double sum_squares(kernels::TensorView x, std::int64_t n) override;
   void sum_squares_each(std::span<const kernels::TensorView> xs, std::span<double> out) override;
   void lm_head_cross_entropy(kernels::TensorView loss_sum, kernels::TensorView dh,

@@ -34,6 +34,7 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
     in.micro_batch_rows = t.phase == Phase::sft ? t.micro_batch : 2 * t.micro_batch;
     in.ranks = ranks;
     in.shard_optimizer = t.shard_optimizer;
+    in.shard_gradients = t.shard_gradients;
     in.cudnn_attention = t.attention == "cudnn";
     const model::MemoryPlan plan = model::plan_training_memory(in);
     out.backend = cuda ? "cuda (bf16)" : "cpu (fp32)";

@@ -78,6 +78,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "per-rank peak for MFU (0: known GPUs by name; none on the CPU)")(
       "no-shard-optimizer", po::bool_switch(),
       "keep the whole AdamW state on every rank instead of 1/N per rank (ZeRO-1)")(
+      "shard-gradients", po::bool_switch(),
+      "ZeRO-2: hold no whole gradient buffer, only the layers being computed and 1/N of the "
+      "reduced gradients per rank (each micro-batch is then reduced across ranks)")(
       "bucket-mb", po::value<double>()->default_value(d.bucket_mb)->value_name("MIB"),
       "gradient reduction bucket size")(
       "no-overlap-reduction", po::bool_switch(),
@@ -189,6 +192,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.max_bad_steps = get<int>(o, "max-bad-steps");
   c.peak_tflops = get<double>(o, "peak-tflops");
   c.shard_optimizer = !get<bool>(o, "no-shard-optimizer");
+  c.shard_gradients = get<bool>(o, "shard-gradients");
   c.bucket_mb = get<double>(o, "bucket-mb");
   c.overlap_reduction = !get<bool>(o, "no-overlap-reduction");
   c.grad_exchange = get<std::string>(o, "grad-exchange");

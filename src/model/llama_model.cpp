@@ -85,7 +85,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
       master_(ops.compute_dtype() == DType::f32 || !options.keep_master
                   ? Buffer{}
                   : ops.allocate(DType::f32, layout_.total())),
-      grads_(ops.allocate(ops.compute_dtype(), layout_.total())),
+      grads_(options.own_gradients ? ops.allocate(ops.compute_dtype(), layout_.total()) : Buffer{}),
       sums_(ops.allocate(DType::f64, kLossSumElements)),
       ws_(std::make_unique<Workspace>()) {}
 
@@ -95,7 +95,16 @@ TensorView LlamaModel::weight(std::int64_t offset, std::int64_t numel) const {
   return params_.slice(offset, numel);
 }
 TensorView LlamaModel::weight_grad(std::int64_t offset, std::int64_t numel) const {
-  return grads_.slice(offset, numel);
+  if (options_.own_gradients) return grads_.slice(offset, numel);
+  if (window_ == nullptr) {
+    throw core::internal_error("a backward pass of a model without gradients or gradient window");
+  }
+  return window_->gradients(offset, numel);
+}
+
+void LlamaModel::gradients_ready(std::int64_t offset) {
+  if (gradient_ready_) gradient_ready_(offset);
+  if (window_ != nullptr && !options_.own_gradients) window_->ready(offset);
 }
 TensorView LlamaModel::parameter(std::string_view name) const {
   const TensorInfo& t = layout_.find(name);
@@ -130,7 +139,9 @@ std::vector<float> LlamaModel::master_to_host() const {
   return host;
 }
 
-void LlamaModel::zero_gradients() { ops_.zero(grads_.view()); }
+void LlamaModel::zero_gradients() {
+  if (options_.own_gradients) ops_.zero(grads_.view());
+}
 
 void LlamaModel::prepare(const Batch& batch) {
   const core::TraceRange range("batch upload");
@@ -312,7 +323,7 @@ void LlamaModel::backward_backbone() {
   ops_.rmsnorm_backward(d_resid, weight_grad(layout_.final_norm(), h), ws.d_final.slice(0, n * h),
                         ws.layer_inputs.back().slice(0, n * h), weight(layout_.final_norm(), h),
                         ws.final_rstd.slice(0, n), n, h);
-  if (gradient_ready_) gradient_ready_(layout_.final_norm());  // and the head after it
+  gradients_ready(layout_.final_norm());  // and the head after it
 
   for (int l = c.n_layers - 1; l >= 0; --l) {
     const core::TraceRange range("block {} backward", l);
@@ -359,12 +370,12 @@ void LlamaModel::backward_backbone() {
                          weight(w.v_proj, kv * h), n, kv, h, true);
     ops_.rmsnorm_backward(d_resid, weight_grad(w.input_norm, h), d_ln, x_in,
                           weight(w.input_norm, h), a.rstd1.slice(0, n), n, h);
-    if (gradient_ready_) gradient_ready_(w.q_proj);  // the block's first tensor
+    gradients_ready(w.q_proj);  // the block's first tensor
   }
   const core::TraceRange range("embedding backward");
   ops_.embedding_backward(weight_grad(layout_.embedding(), c.vocab_size * h),
                           ws.in().tokens.slice(0, n), d_resid, n, h);
-  if (gradient_ready_) gradient_ready_(0);
+  gradients_ready(0);
 }
 
 TensorView LlamaModel::sum_slot(int slot) const {

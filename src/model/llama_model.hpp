@@ -20,6 +20,7 @@
 #include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/ops.hpp"
 #include "model/batch.hpp"
+#include "model/gradient_window.hpp"
 #include "model/parameter_layout.hpp"
 
 namespace l3::model {
@@ -32,6 +33,9 @@ struct ModelOptions {
   // When the backend computes in bf16: keep a whole fp32 master copy of the weights here.
   // Training keeps it in the optimizer's ZeRO-1 shards instead (false).
   bool keep_master = true;
+  // Hold a flat gradient buffer for the whole model. false: the backward writes into a
+  // GradientWindow (set_gradient_window) that holds a few layers at a time (ZeRO-2).
+  bool own_gradients = true;
 };
 
 // What training micro-batches add up (the last two for reward models only).
@@ -75,6 +79,7 @@ class LlamaModel {
   [[nodiscard]] kernels::TensorView weight_copy() const noexcept {
     return master_.numel() > 0 ? params_.view() : kernels::TensorView{};
   }
+  // Empty without own_gradients.
   [[nodiscard]] kernels::TensorView gradients() const noexcept { return grads_.view(); }
   [[nodiscard]] kernels::TensorView parameter(std::string_view name) const;
   [[nodiscard]] kernels::TensorView gradient(std::string_view name) const;
@@ -95,6 +100,9 @@ class LlamaModel {
   // with a stream the work is queued, not done: the hook must order its use after it.
   using GradientReadyHook = std::function<void(std::int64_t offset)>;
   void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_ = std::move(hook); }
+  // Where backward passes write their gradients without own_gradients (not owned; it must
+  // outlive the passes). Its ready() is called where the hook is.
+  void set_gradient_window(GradientWindow* window) noexcept { window_ = window; }
 
   // SFT. The loss is the summed cross-entropy of the counted tokens; gradients are those of
   // grad_scale * loss (grad_scale = 1 / counted tokens of the whole global batch).
@@ -138,6 +146,7 @@ class LlamaModel {
   void forward_backbone();
   void block_forward(int layer, kernels::TensorView x_in, kernels::TensorView x_out, int slot);
   void backward_backbone();  // from d(final norm output) in d_final_ to the embedding
+  void gradients_ready(std::int64_t offset);  // the hook and the window
   // Loss sums in backend memory: one slot for the training step, one for single calls.
   static constexpr int kStepSlot = 0;
   static constexpr int kCallSlot = 1;
@@ -160,6 +169,7 @@ class LlamaModel {
   kernels::Buffer sums_;  // (kSumSlotCount, kSumValues) f64
   std::unique_ptr<Workspace> ws_;
   GradientReadyHook gradient_ready_;
+  GradientWindow* window_ = nullptr;
 };
 
 }  // namespace l3::model

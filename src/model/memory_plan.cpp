@@ -104,11 +104,21 @@ std::int64_t MemoryPlan::total() const noexcept {
 }
 
 std::int64_t model_bytes(const ModelConfig& model, HeadKind head, DType compute, bool recompute,
-                         std::int64_t tokens, std::int64_t seq_len) {
+                         std::int64_t tokens, std::int64_t seq_len, bool own_gradients) {
   const std::int64_t params = ParameterLayout(model, head).total();
   const Workspace w = workspace(model, compute, recompute, tokens, seq_len);
-  return bytes_of(compute, params) * 2 + w.inputs + w.residual + w.blocks + w.backward +
-         w.final_norm + w.rope;
+  return bytes_of(compute, params) * (own_gradients ? 2 : 1) + w.inputs + w.residual + w.blocks +
+         w.backward + w.final_norm + w.rope;
+}
+
+std::int64_t gradient_slot_elements(const ParameterLayout& layout) {
+  const std::vector<LayoutSpan> groups = layout.gradient_groups();
+  const bool tied =
+      layout.head() == HeadKind::language_model && layout.lm_head() == layout.embedding();
+  std::int64_t largest = 0;
+  for (std::size_t g = tied ? 1 : 0; g < groups.size(); ++g)
+    largest = std::max(largest, groups[g].size());
+  return 2 * largest + (tied ? groups.front().size() : 0);
 }
 
 MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
@@ -130,7 +140,19 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
                               : std::string("master weights (fp32, all of them)"),
                           bytes_of(DType::f32, owned)});
   }
-  plan.lines.push_back({fmt::format("gradients ({})", dtype), bytes_of(in.compute, params)});
+  if (in.shard_gradients && in.shard_optimizer) {
+    const ParameterLayout layout(c, in.head);
+    const bool tied =
+        layout.head() == HeadKind::language_model && layout.lm_head() == layout.embedding();
+    plan.lines.push_back({fmt::format("gradients being computed ({}, ZeRO-2: two layer groups{})",
+                                      dtype, tied ? " and the tied embedding" : ""),
+                          bytes_of(in.compute, gradient_slot_elements(layout))});
+    plan.lines.push_back(
+        {fmt::format("reduced gradients ({}, ZeRO-2: 1/{} of them)", dtype, in.ranks),
+         bytes_of(in.compute, owned)});
+  } else {
+    plan.lines.push_back({fmt::format("gradients ({})", dtype), bytes_of(in.compute, params)});
+  }
   plan.lines.push_back({in.shard_optimizer
                             ? fmt::format("AdamW moments (fp32, ZeRO-1: 1/{} of them)", in.ranks)
                             : std::string("AdamW moments (fp32, all of them)"),

@@ -24,6 +24,7 @@ struct MemoryPlanInput {
   std::int64_t seq_len = 2048;
   int ranks = 1;
   bool shard_optimizer = true;   // ZeRO-1: AdamW moments of 1/ranks of the parameters
+  bool shard_gradients = false;  // ZeRO-2: gradients of two layer groups and 1/ranks reduced
   bool cudnn_attention = false;  // CUDA: --attention cudnn (its own workspace is not planned)
 };
 
@@ -39,11 +40,16 @@ struct MemoryPlan {
 
 [[nodiscard]] MemoryPlan plan_training_memory(const MemoryPlanInput& input);
 
-// The parts of the plan that LlamaModel itself allocates when training (weights, gradients,
-// and the workspace of one micro-batch of `tokens` with RoPE tables for `seq_len` positions;
-// the master weights are the optimizer's: ModelOptions::keep_master false).
+// The parts of the plan that LlamaModel itself allocates when training (weights, gradients
+// unless ZeRO-2 holds them, and the workspace of one micro-batch of `tokens` with RoPE tables
+// for `seq_len` positions; the master weights are the optimizer's: ModelOptions::keep_master
+// false).
 [[nodiscard]] std::int64_t model_bytes(const ModelConfig& model, HeadKind head,
                                        kernels::DType compute, bool recompute, std::int64_t tokens,
-                                       std::int64_t seq_len);
+                                       std::int64_t seq_len, bool own_gradients = true);
+
+// ZeRO-2's gradient slots (train::DataParallel): two the size of the largest gradient group,
+// and one for the embedding's group when the lm_head is tied to it. Elements.
+[[nodiscard]] std::int64_t gradient_slot_elements(const ParameterLayout& layout);
 
 }  // namespace l3::model

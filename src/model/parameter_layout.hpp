@@ -24,6 +24,13 @@ struct TensorInfo {
   bool decay = false;  // AdamW weight decay applies (2-D weights, not norms)
 };
 
+// A range [begin, end) of the flat buffer.
+struct LayoutSpan {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  [[nodiscard]] std::int64_t size() const noexcept { return end - begin; }
+};
+
 // Offsets of one decoder block's tensors.
 struct BlockOffsets {
   std::int64_t input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm, gate_proj, up_proj,
@@ -56,6 +63,12 @@ class ParameterLayout {
   [[nodiscard]] std::int64_t lm_head() const noexcept { return lm_head_; }
   // The score head (1, H). Reward head only.
   [[nodiscard]] std::int64_t score() const noexcept { return score_; }
+
+  // The groups a backward pass completes one at a time, from the last to the first: the head
+  // (final norm, then lm_head or score), each block from the last, the embedding. In layout
+  // order, tiling [0, total()); a group begins where LlamaModel's gradient-ready hook reports
+  // it. The tied lm_head is the embedding's group: written first, complete last.
+  [[nodiscard]] std::vector<LayoutSpan> gradient_groups() const;
 
  private:
   std::int64_t add(std::string name, std::vector<std::int64_t> shape, bool decay);

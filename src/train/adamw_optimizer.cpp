@@ -8,7 +8,7 @@
 namespace l3::train {
 
 AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
-             std::int64_t begin, std::int64_t end, bool own_master)
+             std::int64_t begin, std::int64_t end, bool own_master, bool own_gradients)
     : ops_(ops),
       layout_(layout),
       config_(config),
@@ -16,7 +16,8 @@ AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfi
       end_(end),
       m_(ops.allocate(kernels::DType::f32, end - begin)),
       v_(ops.allocate(kernels::DType::f32, end - begin)),
-      master_(own_master ? ops.allocate(kernels::DType::f32, end - begin) : kernels::Buffer{}) {
+      master_(own_master ? ops.allocate(kernels::DType::f32, end - begin) : kernels::Buffer{}),
+      grads_(own_gradients ? ops.allocate(ops.compute_dtype(), end - begin) : kernels::Buffer{}) {
   if (begin < 0 || end < begin || end > layout.total()) {
     throw core::internal_error("AdamW: range outside the parameter buffer");
   }
@@ -35,8 +36,8 @@ void AdamW::step(kernels::TensorView master, kernels::TensorView weight_copy,
     ops_.adamw(
         master_.numel() > 0 ? master_.slice(lo - begin_, hi - lo) : master.slice(lo, hi - lo),
         weight_copy.empty() ? kernels::TensorView{} : weight_copy.slice(lo, hi - lo),
-        grads.slice(lo, hi - lo), m_.slice(lo - begin_, hi - lo), v_.slice(lo - begin_, hi - lo),
-        hi - lo, hyper);
+        grads_.numel() > 0 ? grads_.slice(lo - begin_, hi - lo) : grads.slice(lo, hi - lo),
+        m_.slice(lo - begin_, hi - lo), v_.slice(lo - begin_, hi - lo), hi - lo, hyper);
   }
 }
 

@@ -21,14 +21,17 @@ class AdamW {
  public:
   // own_master: this optimizer keeps the fp32 master weights of [begin, end) itself (ZeRO-1
   // with the master weights sharded too: the model holds only its compute-dtype weights).
+  // own_gradients: it keeps the reduced gradients of [begin, end) too, in the compute dtype
+  // (ZeRO-2: the whole gradient buffer never exists).
   AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
-        std::int64_t begin, std::int64_t end, bool own_master = false);
+        std::int64_t begin, std::int64_t end, bool own_master = false, bool own_gradients = false);
   AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config)
       : AdamW(ops, layout, config, 0, layout.total()) {}
 
   // One update of master[begin, end) from grads[begin, end) (full flat buffers: the fp32 master
   // weights, the gradients in the compute dtype), the gradients multiplied by grad_scale first
-  // (clipping). master is empty when the optimizer owns its master weights. weight_copy: the
+  // (clipping). master is empty when the optimizer owns its master weights, grads when it owns
+  // its gradients. weight_copy: the
   // compute-dtype weights to refresh from the master (bf16 on the GPU), or empty when the
   // master weights are the compute weights (the CPU backend).
   void step(kernels::TensorView master, kernels::TensorView weight_copy, kernels::TensorView grads,
@@ -39,6 +42,8 @@ class AdamW {
   [[nodiscard]] kernels::TensorView second_moment() const noexcept { return v_.view(); }
   // The master weights of [begin, end) when own_master, else empty.
   [[nodiscard]] kernels::TensorView own_master() const noexcept { return master_.view(); }
+  // The reduced gradients of [begin, end) when own_gradients, else empty.
+  [[nodiscard]] kernels::TensorView own_gradients() const noexcept { return grads_.view(); }
   // Restoring a checkpoint.
   void set_steps_taken(std::int64_t steps) noexcept { step_ = steps; }
   [[nodiscard]] std::int64_t begin() const noexcept { return begin_; }
@@ -53,6 +58,7 @@ class AdamW {
   kernels::Buffer m_;  // (end - begin)
   kernels::Buffer v_;
   kernels::Buffer master_;  // (end - begin) when own_master
+  kernels::Buffer grads_;   // (end - begin) when own_gradients, compute dtype
   std::int64_t step_ = 0;
 };
 

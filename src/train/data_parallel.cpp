@@ -40,6 +40,10 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
       (ops.compute_dtype() != kernels::DType::f32 && weights_.compute.empty())) {
     throw core::internal_error("DataParallel: master weights and compute weights disagree");
   }
+  if (config_.shard_gradients && !config_.shard_optimizer) {
+    throw core::usage_error(
+        "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
+  }
   // One rank needs no exchange, unless NCCL is asked for by name (its code path checked on a
   // machine with one GPU).
   if (size_ > 1 || config_.exchange == "nccl")
@@ -50,18 +54,23 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
   const std::int64_t total = layout.total();
   const std::int64_t unit = exchange_ && exchange_->prefers_even_pieces() ? kAlign * size_ : kAlign;
   const std::int64_t bucket = std::max(unit, config_.bucket_elements / unit * unit);
-  for (std::int64_t end = total; end > 0;) {
-    const std::int64_t begin = std::max<std::int64_t>(0, align_down(end - bucket));
-    buckets_.push_back({begin, end});
-    end = begin;
+  if (config_.shard_gradients) {
+    make_group_buckets(bucket);
+  } else {
+    for (std::int64_t end = total; end > 0;) {
+      const std::int64_t begin = std::max<std::int64_t>(0, align_down(end - bucket));
+      buckets_.push_back({begin, end});
+      end = begin;
+    }
+    std::reverse(buckets_.begin(), buckets_.end());
   }
-  std::reverse(buckets_.begin(), buckets_.end());
 
   if (config_.shard_optimizer) {
     optimizers_.reserve(buckets_.size());
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       const Range p = piece(b, rank_);
-      optimizers_.emplace_back(ops, layout, adamw, p.begin, p.end, config_.shard_master);
+      optimizers_.emplace_back(ops, layout, adamw, p.begin, p.end, config_.shard_master,
+                               config_.shard_gradients);
     }
   } else {
     optimizers_.emplace_back(ops, layout, adamw, 0, total, config_.shard_master);
@@ -74,6 +83,7 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
                      world.thread_level() == MPI_THREAD_MULTIPLE;
     overlap_ = exchange_->queued() || worker_thread_;
   }
+  if (config_.shard_gradients) setup_gradient_slots();
   if (worker_thread_) worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -110,15 +120,25 @@ std::string_view DataParallel::exchange_name() const noexcept {
 }
 
 void DataParallel::begin_step(kernels::TensorView grads) {
-  if (grads.numel() != layout_.total() || grads.dtype() != ops_.compute_dtype()) {
-    throw core::internal_error("DataParallel: the gradients must be the model's flat buffer");
+  if (config_.shard_gradients
+          ? !grads.empty()
+          : grads.numel() != layout_.total() || grads.dtype() != ops_.compute_dtype()) {
+    throw core::internal_error(config_.shard_gradients
+                                   ? "DataParallel: with sharded gradients the model holds none"
+                                   : "DataParallel: the gradients must be the model's flat buffer");
   }
   grads_ = grads;
   times_ = {};
+  if (config_.shard_gradients) {
+    for (AdamW& o : optimizers_) ops_.zero(o.own_gradients());
+    for (GroupState& g : group_state_) g = {};
+    slot_owner_.fill(kNoGroup);
+  }
   const std::scoped_lock lock(mutex_);
   queue_.clear();
   next_launch_ = 0;
   done_ = 0;
+  launched_ = 0;
   failure_ = nullptr;
 }
 
@@ -147,6 +167,12 @@ void DataParallel::launch_until(std::int64_t offset) {
 }
 
 void DataParallel::finish_reduction() {
+  if (config_.shard_gradients) {
+    const core::Stopwatch watch;
+    finish_group_reductions();
+    times_.wait_seconds = watch.seconds();
+    return;
+  }
   if (!exchange_) return;
   const core::Stopwatch watch;
   launch_until(0);
@@ -183,11 +209,27 @@ void DataParallel::worker_loop() {
   }
 }
 
+std::pair<kernels::TensorView, std::int64_t> DataParallel::bucket_storage(std::size_t b) const {
+  if (!config_.shard_gradients) return {grads_, 0};
+  const std::size_t g = bucket_group_[b];
+  return {slot_view(g), groups_[g].begin};
+}
+
+kernels::TensorView DataParallel::reduced_piece(std::size_t bucket, int rank) const {
+  if (config_.shard_gradients) return optimizers_.at(bucket).own_gradients();
+  const Range p = piece(bucket, rank);
+  return grads_.slice(p.begin, p.size());
+}
+
 void DataParallel::reduce_bucket(std::size_t bucket) {
   const core::Stopwatch watch;
-  const std::vector<Range> pieces = pieces_of(bucket);
-  exchange_->reduce_scatter(grads_, buckets_[bucket], pieces);
-  if (!config_.shard_optimizer) exchange_->all_gather(grads_, buckets_[bucket], pieces);
+  // Positions relative to where the bucket is stored (a ZeRO-2 slot holds one group).
+  const auto [values, origin] = bucket_storage(bucket);
+  std::vector<Range> pieces = pieces_of(bucket);
+  for (Range& p : pieces) p = {p.begin - origin, p.end - origin};
+  const Range b{buckets_[bucket].begin - origin, buckets_[bucket].end - origin};
+  exchange_->reduce_scatter(values, b, pieces);
+  if (!config_.shard_optimizer) exchange_->all_gather(values, b, pieces);
   const double seconds = watch.seconds();
   const std::scoped_lock lock(mutex_);
   times_.reduce_seconds += seconds;
@@ -206,7 +248,7 @@ double DataParallel::gradient_norm() {
     for (std::size_t b = 0; b < nb; ++b) {
       const Range p = piece(b, r);
       if (p.size() == 0) continue;
-      views.push_back(grads_.slice(p.begin, p.size()));
+      views.push_back(reduced_piece(b, r));
       slots.push_back(static_cast<std::size_t>(r) * nb + b);
     }
   }

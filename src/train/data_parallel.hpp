@@ -18,10 +18,24 @@
 // piece by piece in a fixed order (not in MPI's order), so it does not depend on how the work was
 // split either.
 //
+// ZeRO-2 (shard_gradients, with shard_optimizer): the model holds no gradient buffer. Its
+// backward writes each gradient group (ParameterLayout::gradient_groups: the head, a block, the
+// embedding) into one of two slots the size of the largest group (the tied embedding, written
+// first and complete last, into a slot of its own); a completed group's buckets, which never
+// cross groups then, are reduce-scattered at once, in every micro-batch, and before its slot is
+// reused the reduced pieces this rank owns are added into the optimizers' gradients
+// (AdamW::own_gradients). Gradient memory per rank: two groups plus 1/W of the model, instead of
+// the whole model. One micro-batch per step on up to two ranks gives ZeRO-1's weights bit for
+// bit (the buckets differ, so the gradient norm's summation order does, by an ulp or so; on
+// more ranks MPI's or NCCL's order of the ranks' terms may differ with the bucket too); with
+// several micro-batches, each is reduced across ranks before they are added up (ZeRO-1 adds
+// them up first), which rounds differently.
+//
 // Pieces and buckets start at multiples of ParameterLayout::kAlignment elements, so every
 // element is updated by the same vector code path whatever the number of ranks.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,6 +51,7 @@
 
 #include "dist/world.hpp"
 #include "kernels/ops.hpp"
+#include "model/gradient_window.hpp"
 #include "model/parameter_layout.hpp"
 #include "train/adamw_optimizer.hpp"
 #include "train/gradient_exchange.hpp"
@@ -46,6 +61,7 @@ namespace l3::train {
 struct DataParallelConfig {
   std::int64_t bucket_elements = std::int64_t{8} << 20;  // 32 MiB of fp32 gradients
   bool shard_optimizer = true;                           // ZeRO-1
+  bool shard_gradients = false;                          // ZeRO-2 (needs shard_optimizer)
   bool overlap = true;  // reduce during the backward pass (thread or stream)
   // Keep the fp32 master weights in the optimizers (this rank's pieces only when sharded)
   // rather than whole in the model. Required when the model computes in bf16 (its weights are
@@ -67,12 +83,12 @@ struct ReductionTimes {
   double gather_seconds = 0;  // parameter all-gather after the update
 };
 
-class DataParallel {
+class DataParallel final : public model::GradientWindow {
  public:
   // Collective over `world` (the exchange duplicates its communicator).
   DataParallel(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
                DataParallelConfig config, AdamWConfig adamw, ModelWeights weights);
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
   DataParallel(DataParallel&&) = delete;
@@ -80,10 +96,22 @@ class DataParallel {
 
   // One step: begin_step before the last micro-batch's backward, gradients_ready from the
   // model's hook during it (the thread that runs the backward), finish_reduction after it.
-  // grads: the model's flat gradient buffer (compute dtype).
+  // grads: the model's flat gradient buffer (compute dtype); empty with shard_gradients.
   void begin_step(kernels::TensorView grads);
   void gradients_ready(std::int64_t offset);
   void finish_reduction();
+
+  // ZeRO-2: the model writes its gradients into this (LlamaModel::set_gradient_window), and
+  // every micro-batch of a step, on every rank, sits between begin_micro_batch() and
+  // end_micro_batch() (which completes the groups a micro-batch without a backward left
+  // untouched, with zeros, so that every rank takes part in the same reductions).
+  [[nodiscard]] bool shards_gradients() const noexcept { return config_.shard_gradients; }
+  void begin_micro_batch();
+  void end_micro_batch() { ready(0); }
+  kernels::TensorView gradients(std::int64_t offset, std::int64_t numel) override;
+  void ready(std::int64_t offset) override;
+  // Bytes of the ZeRO-2 slots (0 without).
+  [[nodiscard]] std::int64_t gradient_slot_bytes() const noexcept;
 
   // sqrt(sum g^2) of the reduced gradients. Collective; the same value on every rank.
   [[nodiscard]] double gradient_norm();
@@ -135,6 +163,19 @@ class DataParallel {
   [[nodiscard]] kernels::TensorView master_of(Range r);
   void launch_until(std::int64_t offset);  // reduce every bucket starting at or after offset
   void worker_loop();
+  // The reduced gradients of piece r of bucket b (this rank's, with shard_gradients).
+  [[nodiscard]] kernels::TensorView reduced_piece(std::size_t bucket, int rank) const;
+  // Where bucket b's gradients are: the buffer and the layout position of its element 0.
+  [[nodiscard]] std::pair<kernels::TensorView, std::int64_t> bucket_storage(std::size_t b) const;
+
+  // ZeRO-2 (data_parallel_zero2.cpp).
+  void make_group_buckets(std::int64_t bucket);
+  void setup_gradient_slots();
+  void acquire(std::size_t group);  // a slot for the group, zeroed
+  void release(std::size_t group);  // its reductions launched
+  void retire(std::size_t group);   // its reductions done, added into the optimizers
+  void finish_group_reductions();
+  [[nodiscard]] kernels::TensorView slot_view(std::size_t group) const;
 
   const dist::World& world_;
   kernels::Ops& ops_;
@@ -161,6 +202,26 @@ class DataParallel {
   bool stopping_ = false;
   std::exception_ptr failure_;
   std::thread worker_;
+
+  // ZeRO-2 state. A group is resident (in a slot, being written), released (its reductions
+  // launched: ticket) and retired (added into the optimizers, slot free) in each micro-batch.
+  struct GroupState {
+    int slot = -1;  // 0, 1, kPinnedSlot; -1: none
+    bool released = false;
+    bool pending = false;  // released, not yet retired
+    std::uint64_t ticket = 0;
+  };
+  static constexpr int kPinnedSlot = 2;
+  static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
+  std::vector<model::LayoutSpan> groups_;
+  std::vector<std::pair<std::size_t, std::size_t>> group_buckets_;  // [first, last) per group
+  std::vector<std::size_t> bucket_group_;
+  std::vector<GroupState> group_state_;
+  std::array<kernels::Buffer, 3> slots_;  // two alternating, one for the pinned group
+  std::array<std::size_t, 3> slot_owner_{kNoGroup, kNoGroup, kNoGroup};
+  std::size_t pinned_group_ = kNoGroup;  // the tied embedding's group
+  int next_slot_ = 0;
+  std::uint64_t launched_ = 0;  // buckets queued to the worker thread this step
 };
 
 }  // namespace l3::train

@@ -60,6 +60,11 @@ class GradientExchange {
                           std::span<const Range> pieces) = 0;
   // Orders the backend's later work after every exchange call so far (queued exchanges).
   virtual void join() = 0;
+  // Queued exchanges: a ticket for the calls made so far, and later backend work ordered after
+  // just those calls (the last kTickets tickets stay valid). Others: 0, and nothing to order.
+  static constexpr int kTickets = 8;
+  virtual std::uint64_t mark() { return 0; }
+  virtual void join_ticket(std::uint64_t ticket) { (void)ticket; }
 };
 
 class MpiExchange final : public GradientExchange {

@@ -80,6 +80,10 @@ class NcclExchange final : public GradientExchange {
                   "NCCL exchange: cudaEventCreate");
       cuda::check(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming),
                   "NCCL exchange: cudaEventCreate");
+      for (cudaEvent_t& e : ticket_events_) {
+        cuda::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                    "NCCL exchange: cudaEventCreate");
+      }
     } catch (...) {
       failure = std::current_exception();
     }
@@ -143,9 +147,25 @@ class NcclExchange final : public GradientExchange {
   void join() override {
     cuda::check(cudaEventRecord(comm_done_, stream_), "NCCL exchange: record");
     cuda::check(cudaStreamWaitEvent(compute_, comm_done_, 0), "NCCL exchange: compute waits");
-    ncclResult_t async = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-    check_nccl(async, "asynchronous error");
+    check_async_error();
+  }
+
+  std::uint64_t mark() override {
+    const std::uint64_t ticket = tickets_made_++;
+    cuda::check(cudaEventRecord(ticket_events_[ticket % kTickets], stream_),
+                "NCCL exchange: record a ticket");
+    return ticket;
+  }
+
+  void join_ticket(std::uint64_t ticket) override {
+    if (ticket >= tickets_made_ || ticket + kTickets < tickets_made_) {
+      throw core::internal_error(
+          fmt::format("NCCL exchange: ticket {} is not among the last {} of {}", ticket, kTickets,
+                      tickets_made_));
+    }
+    cuda::check(cudaStreamWaitEvent(compute_, ticket_events_[ticket % kTickets], 0),
+                "NCCL exchange: compute waits for a ticket");
+    check_async_error();
   }
 
  private:
@@ -169,10 +189,20 @@ class NcclExchange final : public GradientExchange {
     if (comm_ != nullptr && !failing) ncclCommDestroy(comm_);
     if (compute_ready_ != nullptr) cudaEventDestroy(compute_ready_);
     if (comm_done_ != nullptr) cudaEventDestroy(comm_done_);
+    for (cudaEvent_t& e : ticket_events_) {
+      if (e != nullptr) cudaEventDestroy(e);
+      e = nullptr;
+    }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     comm_ = nullptr;
     compute_ready_ = comm_done_ = nullptr;
     stream_ = nullptr;
+  }
+
+  void check_async_error() {
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    check_nccl(async, "asynchronous error");
   }
 
   void wait_for_compute() {
@@ -184,6 +214,8 @@ class NcclExchange final : public GradientExchange {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr;
   cudaEvent_t comm_done_ = nullptr;
+  std::array<cudaEvent_t, kTickets> ticket_events_{};  // mark(): ticket t uses t % kTickets
+  std::uint64_t tickets_made_ = 0;
   ncclComm_t comm_ = nullptr;
   int rank_ = 0;
   int size_ = 1;

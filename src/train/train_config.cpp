@@ -41,6 +41,8 @@ void TrainConfig::validate() const {
           "--resume CKPT needs --ckpt-dir (where the resumed run writes its checkpoints)");
   require(deadline_margin >= 0, "--deadline-margin must not be negative");
   require(bucket_mb > 0, "--bucket-mb must be positive");
+  require(shard_optimizer || !shard_gradients,
+          "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
   require(prefetch_depth >= 1, "--prefetch-depth must be at least 1");
   require(center_rewards >= 0, "--center-rewards must not be negative");
   require(peak_tflops >= 0, "--peak-tflops must not be negative");
@@ -77,6 +79,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"margin_from_data", margin_from_data},
           {"center_rewards", center_rewards},
           {"shard_optimizer", shard_optimizer},
+          {"shard_gradients", shard_gradients},
           {"bucket_mb", bucket_mb},
           {"overlap_reduction", overlap_reduction},
           {"grad_exchange", grad_exchange},

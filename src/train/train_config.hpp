@@ -48,6 +48,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
 
   // Data parallelism.
   bool shard_optimizer = true;
+  // ZeRO-2: no whole gradient buffer; each micro-batch's gradients reduced group by group into
+  // 1/N per rank (data_parallel.hpp).
+  bool shard_gradients = false;
   double bucket_mb = 32.0;
   bool overlap_reduction = true;
   std::string grad_exchange = "auto";  // auto, mpi, nccl (see make_gradient_exchange)

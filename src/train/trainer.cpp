@@ -125,12 +125,15 @@ struct Trainer::Impl {
         ops->compute_dtype() != kernels::DType::f32 || config.master_in_optimizer;
     model = std::make_unique<model::LlamaModel>(
         mc, head, *ops,
-        model::ModelOptions{.recompute = config.recompute, .keep_master = !shard_master});
+        model::ModelOptions{.recompute = config.recompute,
+                            .keep_master = !shard_master,
+                            .own_gradients = !config.shard_gradients});
     DataParallelConfig dp;
     dp.bucket_elements = std::max<std::int64_t>(
         model::ParameterLayout::kAlignment,
         static_cast<std::int64_t>(config.bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
     dp.shard_optimizer = config.shard_optimizer;
+    dp.shard_gradients = config.shard_gradients;
     dp.overlap = config.overlap_reduction;
     dp.shard_master = shard_master;
     dp.exchange =
@@ -141,6 +144,7 @@ struct Trainer::Impl {
             : ModelWeights{.master = model->master_weights(), .compute = model->weight_copy()};
     parallel =
         std::make_unique<DataParallel>(world, *ops, model->layout(), dp, config.adamw, weights);
+    if (config.shard_gradients) model->set_gradient_window(parallel.get());
     if (resume_dir.empty()) {
       const std::vector<float> initial = initialize_model(world, *model, source, config.seed);
       if (shard_master) parallel->load_master_from_whole(initial);
@@ -219,15 +223,17 @@ struct Trainer::Impl {
              static_cast<double>(params) / 1e6, total, config.global_batch,
              config.phase == Phase::sft ? "rows" : "pairs");
     log.info(
-        "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-1 "
-        "{}, {} gradient bucket{}, reduction {} ({})",
+        "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-{}, "
+        "{} gradient bucket{}, reduction {} ({})",
         config.data_from_host ? "from the host (DataSource)" : config.data,
         config.data_from_host ? std::string("?") : fmt::format("{}", index.samples()),
         config.data_from_host ? std::string("?") : fmt::format("{}", index.total_tokens()),
         lc.plan.accumulation(), lc.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
-        config.shard_optimizer ? "on" : "off", parallel->buckets().size(),
-        parallel->buckets().size() == 1 ? "" : "s",
-        parallel->overlapping() ? "overlapped with the backward pass" : "after the backward",
+        config.shard_optimizer ? (config.shard_gradients ? "2" : "1") : "0 (off)",
+        parallel->buckets().size(), parallel->buckets().size() == 1 ? "" : "s",
+        config.shard_gradients ? "of every micro-batch"
+                               : (parallel->overlapping() ? "overlapped with the backward pass"
+                                                          : "after the backward"),
         parallel->exchange_name());
   }
 
@@ -265,11 +271,14 @@ struct Trainer::Impl {
     model->zero_gradients();
     model->zero_loss_sums();
     parallel->begin_step(model->gradients());
+    const bool zero2 = parallel->shards_gradients();
     for (std::size_t m = 0; m < data.micro.size(); ++m) {
       const model::Batch& batch = data.micro[m];
+      // ZeRO-1 reduces during the last micro-batch's backward; ZeRO-2 during every one.
       const bool last = m + 1 == data.micro.size();
       const core::TraceRange range("micro-batch {}", m);
-      if (last) {
+      if (zero2) parallel->begin_micro_batch();
+      if (last && !zero2) {
         model->set_gradient_ready_hook(
             [this](std::int64_t offset) { parallel->gradients_ready(offset); });
       }
@@ -278,7 +287,8 @@ struct Trainer::Impl {
       } else if (!sft && batch.pairs() > 0) {
         model->reward_accumulate(batch, scale, config.center_rewards);
       }
-      if (last) model->set_gradient_ready_hook({});
+      if (last && !zero2) model->set_gradient_ready_hook({});
+      if (zero2) parallel->end_micro_batch();
     }
     {
       const core::TraceRange range("gradient reduction wait");

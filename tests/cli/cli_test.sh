@@ -183,8 +183,13 @@ run "an unknown --grad-exchange" 2 "$bin" sft --model tiny --data "$work/train" 
 expect "names the choices" contains "$err" "--grad-exchange takes auto, mpi or nccl"
 run "NCCL on the CPU backend" 2 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --backend cpu --grad-exchange nccl
 expect "says NCCL needs CUDA" contains "$err" "--grad-exchange nccl needs the CUDA backend"
+run "--shard-gradients without the sharded optimizer" 2 "$bin" sft --model tiny --data "$work/train" --global-batch 2 --shard-gradients --no-shard-optimizer
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "says why" contains "$err" "--shard-gradients (ZeRO-2) needs the sharded optimizer"
+run "ZeRO-2 on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 2 --shard-gradients --no-progress
+expect "reports ZeRO-2" contains "$err$out" "ZeRO-2,"
 run "--deterministic on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --deterministic --no-progress
-expect "reports the exchange" contains "$err$out" "(mpi)"
+expect "reports the exchange" contains "$err$out" "(mpi"
 run "sft on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --val-data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 6 --lr 1e-3 --metrics "$work/m.jsonl" --ckpt-dir "$work/ck" --checkpoint-every 4 --no-progress
 expect "a summary line" contains "$out" "sft done: 6 steps"
 expect "a metrics line per step" [ "$(grep -c '"kind":"train"' "$work/m.jsonl")" = 6 ]
@@ -203,6 +208,10 @@ expect "plans for 8 ranks in bf16" contains "$out" "sft on 8 ranks, cuda (bf16),
 expect "lists the master weights, sharded" contains "$out" "master weights (fp32, ZeRO-1: 1/8 of them)"
 expect "and a total" contains "$out" "total"
 expect "writes nothing" [ ! -e "$work/never" ]
+run "sft --dry-run-memory with ZeRO-2" 0 "$bin" sft --model llama3-8b --seq-len 8192 --dry-run-memory \
+  --dry-run-ranks 8 --backend cuda --shard-gradients
+expect "two layer groups being computed" contains "$out" "gradients being computed (bf16, ZeRO-2: two layer groups)"
+expect "1/8 of the reduced gradients" contains "$out" "reduced gradients (bf16, ZeRO-2: 1/8 of them)"
 run "reward --dry-run-memory from a checkpoint" 0 "$bin" reward --init "$work/ck" --dry-run-memory --recompute
 expect "one block with --recompute" contains "$out" "block activations (one block: --recompute)"
 expect "reward plans two rows per pair" contains "$out" "micro-batch 1 pairs = at most 2 rows x"

@@ -385,6 +385,26 @@ TEST_CASE("Bradley-Terry loss on the device", "[gpu]") {
   CHECK(psums[1] == static_cast<double>(plain.correct));
 }
 
+TEST_CASE("add_into: bf16 sums taken in fp32 and rounded once", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  // The vectorised bulk with a tail of 7, and a view 2 bytes off a 16-byte boundary (scalar).
+  const std::int64_t skew = GENERATE(0, 1);
+  INFO("skew " << skew);
+  const std::int64_t n = 10007;
+  l3::test::Random rnd(109);
+  const auto a = round_bf16(rnd.normal(n + skew, 2.0F)), b = round_bf16(rnd.normal(n + skew));
+  std::vector<float> want(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const std::size_t at = i + static_cast<std::size_t>(skew);
+    want[i] = round_bf16(a[at] + b[at]);  // the kernel's fp32 sum, rounded once
+  }
+  const auto ga = upload(gpu, a), gb = upload(gpu, b);
+  gpu.add_into(ga.slice(skew, n), gb.slice(skew, n), n);
+  CHECK((download(gpu, ga.slice(skew, n)) == want));
+  if (skew > 0) CHECK(download(gpu, ga.slice(0, 1))[0] == a[0]);  // outside the range: untouched
+}
+
 TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
   INFO("seed " << l3::test::test_seed());
   l3::cuda::CudaOps gpu;

@@ -87,6 +87,57 @@ TEST_CASE("a ZeRO shard updates exactly its range, like the whole", "[adamw]") {
       std::equal(whole.as<float>().begin(), whole.as<float>().end(), sharded.as<float>().begin()));
 }
 
+TEST_CASE("a shard that keeps its own gradients (ZeRO-2) updates like one reading the whole",
+          "[adamw]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::kernels::CpuOps ops;
+  const l3::model::ParameterLayout layout(l3::model::preset("tiny"),
+                                          l3::model::HeadKind::language_model);
+  l3::test::Random rnd(17);
+  const auto init = rnd.normal(static_cast<std::size_t>(layout.total()));
+  const auto grad = rnd.normal(init.size());
+  const std::int64_t begin = layout.total() / 4 + 5;
+  const std::int64_t end = layout.total() / 2 + 3;
+  auto reading = ops.allocate(l3::kernels::DType::f32, layout.total());
+  auto owning = ops.allocate(l3::kernels::DType::f32, layout.total());
+  auto grads = ops.allocate(l3::kernels::DType::f32, layout.total());
+  std::copy(init.begin(), init.end(), reading.as<float>().begin());
+  std::copy(init.begin(), init.end(), owning.as<float>().begin());
+  std::copy(grad.begin(), grad.end(), grads.as<float>().begin());
+  l3::train::AdamW plain(ops, layout, {}, begin, end);
+  l3::train::AdamW own(ops, layout, {}, begin, end, false, true);
+  REQUIRE(own.own_gradients().numel() == end - begin);
+  REQUIRE(plain.own_gradients().empty());
+  // Two halves added in: the sum of the pieces, as a micro-batch each.
+  const std::vector<float> half(grad.begin() + begin, grad.begin() + end);
+  std::vector<float> halves(half.size());
+  for (std::size_t i = 0; i < half.size(); ++i) halves[i] = half[i] * 0.5F;
+  ops.add_into(own.own_gradients(), l3::kernels::TensorView(std::span<const float>(halves)),
+               end - begin);
+  ops.add_into(own.own_gradients(), l3::kernels::TensorView(std::span<const float>(halves)),
+               end - begin);
+  plain.step(reading.view(), {}, grads.view(), 1e-3F, 0.7F);
+  own.step(owning.view(), {}, {}, 1e-3F, 0.7F);
+  CHECK(std::equal(reading.as<float>().begin(), reading.as<float>().end(),
+                   owning.as<float>().begin()));
+}
+
+TEST_CASE("add_into adds elementwise, each sum rounded once", "[kernels]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::kernels::CpuOps ops;
+  l3::test::Random rnd(18);
+  const std::size_t n = 70001;  // the threaded path
+  auto dst = rnd.normal(n, 3.0F);
+  const auto src = rnd.normal(n);
+  const auto before = dst;
+  ops.add_into(l3::kernels::TensorView(std::span<float>(dst)),
+               l3::kernels::TensorView(std::span<const float>(src)), static_cast<std::int64_t>(n));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    wrong += dst[i] != static_cast<float>(double(before[i]) + double(src[i])) ? 1 : 0;
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("LR schedule: linear warmup, cosine to min_lr", "[train]") {
   const l3::train::LrSchedule s{1.0, 0.1, 10, 110};
   CHECK(s.at(0) == Approx(0.1));

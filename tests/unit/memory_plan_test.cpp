@@ -44,6 +44,41 @@ TEST_CASE("the memory plan is what the model allocates for a step", "[memory]") 
   }
 }
 
+TEST_CASE("without its own gradients (ZeRO-2) the model allocates no gradient buffer", "[memory]") {
+  l3::kernels::CpuOps ops;
+  const l3::model::ModelConfig config = l3::model::preset("tiny");
+  const l3::model::LlamaModel model(config, HeadKind::language_model, ops,
+                                    {.own_gradients = false});
+  CHECK(model.gradients().empty());
+  const std::int64_t params = model.layout().total();
+  CHECK(ops.allocated_bytes() == 4 * params + 8 * l3::model::LlamaModel::kLossSumElements);
+  CHECK(l3::model::model_bytes(config, HeadKind::language_model, DType::f32, false, 96, 32) -
+            l3::model::model_bytes(config, HeadKind::language_model, DType::f32, false, 96, 32,
+                                   false) ==
+        4 * params);
+}
+
+TEST_CASE("gradient groups tile the layout where the backward reports them", "[memory]") {
+  for (const bool tied : {false, true}) {
+    INFO("tied " << tied);
+    l3::model::ModelConfig config = l3::model::preset("tiny");
+    config.tie_word_embeddings = tied;
+    const l3::model::ParameterLayout layout(config, HeadKind::language_model);
+    const auto groups = layout.gradient_groups();
+    REQUIRE(groups.size() == static_cast<std::size_t>(config.n_layers) + 2);
+    CHECK(groups.front().begin == 0);
+    CHECK(groups.back().end == layout.total());
+    for (std::size_t g = 1; g < groups.size(); ++g) CHECK(groups[g].begin == groups[g - 1].end);
+    CHECK(groups[1].begin == layout.block(0).q_proj);
+    CHECK(groups.back().begin == layout.final_norm());
+    // Two slots of the largest group (the embedding, or the head with an untied lm_head of the
+    // same size), plus the tied embedding's own.
+    const std::int64_t largest = std::max(groups.back().size(), groups[1].size());
+    CHECK(l3::model::gradient_slot_elements(layout) ==
+          (tied ? 2 * groups[1].size() + groups.front().size() : 2 * largest));
+  }
+}
+
 TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   l3::model::MemoryPlanInput in;
   in.model = l3::model::preset("llama3-8b");
@@ -92,6 +127,19 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   CHECK(with_cudnn.what == "CUDA scratch (lm_head + loss; cuDNN workspace extra)");
   CHECK(with_cudnn.bytes > (std::int64_t{256} << 20));
   CHECK(with_cudnn.bytes < (std::int64_t{512} << 20));
+  // ZeRO-2: the bf16 gradients of two groups (the largest is the 8B model's head: the final
+  // norm and the 128256 x 4096 lm_head) and 1/8 of all of them, instead of all of them.
+  const l3::model::MemoryPlan zero1 = l3::model::plan_training_memory(in);
+  in.shard_gradients = true;
+  const l3::model::MemoryPlan zero2 = l3::model::plan_training_memory(in);
+  std::int64_t gradient_bytes = 0;
+  for (const auto& line : zero2.lines) {
+    if (line.what.starts_with("gradients") || line.what.starts_with("reduced gradients"))
+      gradient_bytes += line.bytes;
+  }
+  CHECK(gradient_bytes == 2 * 2 * (std::int64_t{128256} * 4096 + 4096) + 2 * ((p + 7) / 8));
+  CHECK(zero1.total() - zero2.total() == 2 * p - gradient_bytes);
+  in.shard_gradients = false;
   // The CPU backend has none of it.
   in.compute = DType::f32;
   CHECK(scratch_of(l3::model::plan_training_memory(in)).what.empty());

@@ -1,0 +1,188 @@
+// ZeRO-2 (DataParallel with shard_gradients) against ZeRO-1 on the same micro-batches: the model
+// writes into the gradient window instead of a buffer of its own, every micro-batch is reduced
+// group by group, and the reduced pieces add up in the optimizers. The same gradient norm and
+// update (bit for bit with one micro-batch on up to two ranks, where both sum the same two
+// values), including micro-batches that some ranks have no data for (their reductions must still
+// match the other ranks').
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "catch.hpp"
+#include "dist/thread_budget.hpp"
+#include "dist/world.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
+#include "model/batch.hpp"
+#include "model/llama_model.hpp"
+#include "model/memory_plan.hpp"
+#include "train/data_parallel.hpp"
+
+using l3::model::Batch;
+using l3::model::HeadKind;
+using l3::model::LlamaModel;
+using l3::train::DataParallel;
+
+namespace {
+
+l3::model::ModelConfig test_model(bool tied) {
+  l3::model::ModelConfig c = l3::model::preset("tiny");
+  c.n_layers = 3;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// Micro-batch m of this rank: random documents, or none where `skips` says so.
+Batch micro_batch(const l3::dist::World& world, int m, HeadKind head, std::int64_t vocab) {
+  std::mt19937 rnd(static_cast<std::uint32_t>(1000 + 37 * world.rank() + m));
+  std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(vocab) - 1);
+  l3::model::BatchBuilder builder(2, 24, 0);
+  auto tokens = [&](std::size_t n) {
+    std::vector<std::int32_t> t(n);
+    for (std::int32_t& x : t) x = token(rnd);
+    return t;
+  };
+  if (head == HeadKind::reward) {
+    REQUIRE(builder.add_pair(tokens(7), tokens(9)));
+    REQUIRE(builder.add_pair(tokens(11), tokens(5)));
+  } else {
+    const std::vector<std::uint8_t> a = {0, 0, 1, 1, 1, 1, 1, 1};
+    const std::vector<std::uint8_t> b = {0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    REQUIRE(builder.add(tokens(a.size()), a) >= 0);
+    REQUIRE(builder.add(tokens(b.size()), b) >= 0);
+  }
+  return builder.finish();
+}
+
+struct Outcome {
+  double norm = 0;
+  std::vector<double> gradients;  // the reduced gradients, whole (gathered from their owners)
+  std::vector<float> weights;     // after the update
+};
+
+// Every rank's reduced pieces, put together on every rank.
+std::vector<double> reduced_gradients(const l3::dist::World& world, DataParallel& parallel,
+                                      const LlamaModel& model) {
+  std::vector<double> whole(static_cast<std::size_t>(model.layout().total()), 0.0);
+  for (std::size_t b = 0; b < parallel.buckets().size(); ++b) {
+    const l3::train::Range p = parallel.piece(b, world.rank());
+    const std::span<const float> values =
+        parallel.shards_gradients()
+            ? parallel.optimizers()[b].own_gradients().as<float>()
+            : model.gradients().as<float>().subspan(static_cast<std::size_t>(p.begin),
+                                                    static_cast<std::size_t>(p.size()));
+    REQUIRE(static_cast<std::int64_t>(values.size()) == p.size());
+    std::copy(values.begin(), values.end(), whole.begin() + p.begin);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, whole.data(), static_cast<int>(whole.size()), MPI_DOUBLE, MPI_SUM,
+                world.comm());
+  return whole;
+}
+
+// One step of `micro` micro-batches, rank r skipping micro-batch `skip(r)` (-1: none), through
+// ZeRO-1 or ZeRO-2, then the update.
+Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head, bool tied,
+             bool zero2, int micro, int skip, const std::string& exchange, bool overlap) {
+  const l3::model::ModelConfig config = test_model(tied);
+  LlamaModel model(config, head, ops, {.own_gradients = !zero2});
+  model.initialize(7);
+  l3::train::DataParallelConfig dp;
+  dp.bucket_elements = 3000;  // several buckets per group, uneven pieces
+  dp.shard_gradients = zero2;
+  dp.exchange = exchange;
+  dp.overlap = overlap;
+  DataParallel parallel(world, ops, model.layout(), dp, {},
+                        {.master = model.master_weights(), .compute = model.weight_copy()});
+  if (zero2) {
+    model.set_gradient_window(&parallel);
+    // The slots are what the memory plan says they are.
+    CHECK(parallel.gradient_slot_bytes() == l3::model::gradient_slot_elements(model.layout()) * 4);
+    CHECK(model.gradients().empty());
+  }
+  model.zero_gradients();
+  parallel.begin_step(model.gradients());
+  for (int m = 0; m < micro; ++m) {
+    const bool last = m + 1 == micro;
+    if (zero2) parallel.begin_micro_batch();
+    if (last && !zero2) {
+      model.set_gradient_ready_hook([&](std::int64_t offset) { parallel.gradients_ready(offset); });
+    }
+    if (m != skip) {
+      const Batch batch = micro_batch(world, m, head, config.vocab_size);
+      if (head == HeadKind::reward) {
+        model.reward_accumulate(batch, 0.25F, 0.01);
+      } else {
+        model.sft_accumulate(batch, 0.05F);
+      }
+    }
+    if (last && !zero2) model.set_gradient_ready_hook({});
+    if (zero2) parallel.end_micro_batch();
+  }
+  parallel.finish_reduction();
+  Outcome out;
+  out.gradients = reduced_gradients(world, parallel, model);
+  out.norm = parallel.gradient_norm();
+  parallel.update(1e-2F, 1.0F);
+  out.weights = model.master_to_host();
+  return out;
+}
+
+template <typename T>
+double relative_rms(const std::vector<T>& a, const std::vector<T>& b) {
+  double diff = 0;
+  double norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(a[i]) * a[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-2 reduces what ZeRO-1 reduces, micro-batch by micro-batch", "[zero]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  (void)l3::dist::apply_thread_budget(world);
+  l3::kernels::CpuOps ops;
+  const bool tied = GENERATE(false, true);
+  const HeadKind head = GENERATE(HeadKind::language_model, HeadKind::reward);
+  // The communication thread (mpi with overlap), reductions on the training thread (without),
+  // and the GPU's staged path (host buffers, always on the training thread).
+  const auto [exchange, overlap] = GENERATE(std::pair<std::string, bool>{"mpi", true},
+                                            std::pair<std::string, bool>{"mpi", false},
+                                            std::pair<std::string, bool>{"mpi-staged", false});
+  INFO("ranks " << world.size() << (tied ? ", tied" : ", untied") << ", "
+                << (head == HeadKind::reward ? "reward" : "sft") << ", " << exchange
+                << (overlap ? ", overlap" : ""));
+
+  SECTION("one micro-batch") {
+    const Outcome one = step(world, ops, head, tied, false, 1, -1, exchange, overlap);
+    const Outcome two = step(world, ops, head, tied, true, 1, -1, exchange, overlap);
+    CHECK(two.norm == Approx(one.norm).epsilon(1e-12));
+    if (world.size() <= 2) {
+      CHECK((two.gradients == one.gradients));
+      CHECK((two.weights == one.weights));
+    } else {
+      CHECK(relative_rms(two.gradients, one.gradients) < 1e-6);
+      CHECK(relative_rms(two.weights, one.weights) < 1e-4);
+    }
+  }
+  SECTION("three micro-batches, each rank skipping one") {
+    // Rank r has no data for micro-batch r % 3 (rank 3 for none): its backward never runs
+    // there, and ZeRO-2 must still take part in that micro-batch's reductions.
+    const int skip = world.rank() < 3 ? world.rank() : -1;
+    const Outcome one = step(world, ops, head, tied, false, 3, skip, exchange, overlap);
+    const Outcome two = step(world, ops, head, tied, true, 3, skip, exchange, overlap);
+    CHECK(two.norm == Approx(one.norm).epsilon(1e-6));
+    CHECK(relative_rms(two.gradients, one.gradients) < 1e-6);
+    // AdamW's first step moves every weight by about lr whatever its gradient's size, so a
+    // gradient near zero whose last bits differ can move its weight the other way: looser.
+    CHECK(relative_rms(two.weights, one.weights) < 1e-4);
+    // And the update moved the weights: the comparison is not between two untouched copies.
+    LlamaModel fresh(test_model(tied), head, ops);
+    fresh.initialize(7);
+    CHECK(relative_rms(two.weights, fresh.master_to_host()) > 1e-4);
+  }
+}
