@@ -56,7 +56,10 @@ int run_eval(const CommandContext& context) {
   if (micro <= 0) throw core::usage_error("--micro-batch must be positive");
 
   const auto ops = kernels::make_ops(o["backend"].as<std::string>(), context.world.local_rank());
-  model::LlamaModel model(source.config, head, *ops);
+  // Forward passes only: neither gradients nor (in bf16) an fp32 master copy, which would take
+  // 2 + 4 bytes per parameter for nothing (48 GB for an 8B model).
+  model::LlamaModel model(source.config, head, *ops,
+                          {.keep_master = false, .own_gradients = false});
   (void)train::initialize_model(context.world, model, source, 0);
 
   data::DatasetExpectations expect;

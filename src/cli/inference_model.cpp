@@ -72,7 +72,9 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
   }
   m.model.validate();
   loaded.ops = std::make_unique<kernels::CpuOps>();
-  loaded.model = std::make_unique<model::LlamaModel>(m.model, m.head, *loaded.ops);
+  // Forward passes only: no gradient buffer (4 bytes per parameter of host memory).
+  loaded.model = std::make_unique<model::LlamaModel>(m.model, m.head, *loaded.ops,
+                                                     model::ModelOptions{.own_gradients = false});
   std::vector<float> host(static_cast<std::size_t>(loaded.model->layout().total()), 0.0F);
   train::read_initial_weights(source, loaded.model->layout(), host);
   loaded.model->load_parameters(host);
