@@ -23,6 +23,7 @@
 #include "dist/world.hpp"
 #include "io/prep/prep_job.hpp"
 #include "model/llama_model.hpp"
+#include "relative_rms.hpp"
 #include "shared_directory.hpp"
 
 namespace fs = std::filesystem;
@@ -30,6 +31,8 @@ using l3::train::Phase;
 using l3::train::TrainConfig;
 using l3::train::Trainer;
 using nlohmann::json;
+
+using l3::test::relative_rms;
 
 namespace {
 
@@ -124,14 +127,26 @@ RunResult train_alone(const l3::dist::World& world, const TrainConfig& config) {
   return r;
 }
 
-double relative_rms(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0;
-  double norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(a[i]) * a[i];
+// A run stopped after step `stop` (its checkpoint written to config.ckpt_dir), then resumed to
+// the end: the losses of both parts and the final weights.
+RunResult stopped_and_resumed(const l3::dist::World& world, const TrainConfig& config,
+                              std::int64_t stop) {
+  const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::off});
+  RunResult r;
+  {
+    Trainer first(world, quiet, config);
+    first.on_step([&](const l3::train::StepMetrics& m) {
+      r.losses.push_back(m.loss);
+      if (m.step == stop) first.request_stop();
+    });
+    (void)first.run();
   }
-  return std::sqrt(diff / std::max(norm, 1e-30));
+  REQUIRE(r.losses.size() == static_cast<std::size_t>(stop));
+  Trainer second(world, quiet, config);
+  second.on_step([&](const l3::train::StepMetrics& m) { r.losses.push_back(m.loss); });
+  (void)second.run();
+  r.weights = second.model().master_to_host();
+  return r;
 }
 
 void check_close(const RunResult& many, const RunResult& one) {
@@ -233,22 +248,9 @@ TEST_CASE("master weights in optimizer shards and staged exchange are bit-identi
 
   // Stopped after step 3 (a checkpoint of the master shards), then resumed to the end.
   c.ckpt_dir = dir + "/ckpt";
-  const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::off});
-  std::vector<double> losses;
-  {
-    Trainer first(world, quiet, c);
-    first.on_step([&](const l3::train::StepMetrics& m) {
-      losses.push_back(m.loss);
-      if (m.step == 3) first.request_stop();
-    });
-    (void)first.run();
-  }
-  REQUIRE(losses.size() == 3);
-  Trainer second(world, quiet, c);
-  second.on_step([&](const l3::train::StepMetrics& m) { losses.push_back(m.loss); });
-  (void)second.run();
-  CHECK(losses == plain.losses);
-  CHECK((second.model().master_to_host() == plain.weights));
+  const RunResult resumed = stopped_and_resumed(world, c, 3);
+  CHECK(resumed.losses == plain.losses);
+  CHECK((resumed.weights == plain.weights));
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
 }
@@ -286,22 +288,9 @@ TEST_CASE("ZeRO-2 follows ZeRO-1 and resumes bit for bit", "[train][zero]") {
 
   c.shard_gradients = true;
   c.ckpt_dir = dir + "/ckpt";
-  const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::off});
-  std::vector<double> losses;
-  {
-    Trainer first(world, quiet, c);
-    first.on_step([&](const l3::train::StepMetrics& m) {
-      losses.push_back(m.loss);
-      if (m.step == 3) first.request_stop();
-    });
-    (void)first.run();
-  }
-  REQUIRE(losses.size() == 3);
-  Trainer second(world, quiet, c);
-  second.on_step([&](const l3::train::StepMetrics& m) { losses.push_back(m.loss); });
-  (void)second.run();
-  CHECK(losses == accumulated2.losses);
-  CHECK((second.model().master_to_host() == accumulated2.weights));
+  const RunResult resumed = stopped_and_resumed(world, c, 3);
+  CHECK(resumed.losses == accumulated2.losses);
+  CHECK((resumed.weights == accumulated2.weights));
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
 }

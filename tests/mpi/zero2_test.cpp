@@ -18,12 +18,15 @@
 #include "model/batch.hpp"
 #include "model/llama_model.hpp"
 #include "model/memory_plan.hpp"
+#include "relative_rms.hpp"
 #include "train/data_parallel.hpp"
 
 using l3::model::Batch;
 using l3::model::HeadKind;
 using l3::model::LlamaModel;
 using l3::train::DataParallel;
+
+using l3::test::relative_rms;
 
 namespace {
 
@@ -127,17 +130,6 @@ Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head,
   parallel.update(1e-2F, 1.0F);
   out.weights = model.master_to_host();
   return out;
-}
-
-template <typename T>
-double relative_rms(const std::vector<T>& a, const std::vector<T>& b) {
-  double diff = 0;
-  double norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(a[i]) * a[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
 }  // namespace
