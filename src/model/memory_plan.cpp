@@ -113,8 +113,7 @@ std::int64_t model_bytes(const ModelConfig& model, HeadKind head, DType compute,
 
 std::int64_t gradient_slot_elements(const ParameterLayout& layout) {
   const std::vector<LayoutSpan> groups = layout.gradient_groups();
-  const bool tied =
-      layout.head() == HeadKind::language_model && layout.lm_head() == layout.embedding();
+  const bool tied = layout.lm_head_tied();
   std::int64_t largest = 0;
   for (std::size_t g = tied ? 1 : 0; g < groups.size(); ++g)
     largest = std::max(largest, groups[g].size());
@@ -142,11 +141,10 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   }
   if (in.shard_gradients && in.shard_optimizer) {
     const ParameterLayout layout(c, in.head);
-    const bool tied =
-        layout.head() == HeadKind::language_model && layout.lm_head() == layout.embedding();
-    plan.lines.push_back({fmt::format("gradients being computed ({}, ZeRO-2: two layer groups{})",
-                                      dtype, tied ? " and the tied embedding" : ""),
-                          bytes_of(in.compute, gradient_slot_elements(layout))});
+    plan.lines.push_back(
+        {fmt::format("gradients being computed ({}, ZeRO-2: two layer groups{})", dtype,
+                     layout.lm_head_tied() ? " and the tied embedding" : ""),
+         bytes_of(in.compute, gradient_slot_elements(layout))});
     plan.lines.push_back(
         {fmt::format("reduced gradients ({}, ZeRO-2: 1/{} of them)", dtype, in.ranks),
          bytes_of(in.compute, owned)});

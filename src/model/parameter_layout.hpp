@@ -61,6 +61,7 @@ class ParameterLayout {
   [[nodiscard]] std::int64_t final_norm() const noexcept { return final_norm_; }
   // The lm_head weights (V, H): the embedding itself when tied. Language-model head only.
   [[nodiscard]] std::int64_t lm_head() const noexcept { return lm_head_; }
+  [[nodiscard]] bool lm_head_tied() const noexcept { return lm_head_ == embedding_; }
   // The score head (1, H). Reward head only.
   [[nodiscard]] std::int64_t score() const noexcept { return score_; }
 

@@ -57,12 +57,7 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
   if (config_.shard_gradients) {
     make_group_buckets(bucket);
   } else {
-    for (std::int64_t end = total; end > 0;) {
-      const std::int64_t begin = std::max<std::int64_t>(0, align_down(end - bucket));
-      buckets_.push_back({begin, end});
-      end = begin;
-    }
-    std::reverse(buckets_.begin(), buckets_.end());
+    buckets_ = cut_buckets({0, total}, bucket);
   }
 
   if (config_.shard_optimizer) {
@@ -96,6 +91,17 @@ DataParallel::~DataParallel() {
     changed_.notify_all();
     worker_.join();
   }
+}
+
+std::vector<Range> DataParallel::cut_buckets(Range span, std::int64_t bucket) {
+  std::vector<Range> cut;
+  for (std::int64_t end = span.end; end > span.begin;) {
+    const std::int64_t begin = std::max(span.begin, align_down(end - bucket));
+    cut.push_back({begin, end});
+    end = begin;
+  }
+  std::reverse(cut.begin(), cut.end());
+  return cut;
 }
 
 Range DataParallel::piece(std::size_t bucket, int rank) const {

@@ -168,6 +168,10 @@ class DataParallel final : public model::GradientWindow {
   // Where bucket b's gradients are: the buffer and the layout position of its element 0.
   [[nodiscard]] std::pair<kernels::TensorView, std::int64_t> bucket_storage(std::size_t b) const;
 
+  // [span.begin, span.end) cut into buckets of `bucket` elements from its end (where the
+  // backward pass starts), aligned, in layout order. span.begin aligned.
+  [[nodiscard]] static std::vector<Range> cut_buckets(Range span, std::int64_t bucket);
+
   // ZeRO-2 (data_parallel_zero2.cpp).
   void make_group_buckets(std::int64_t bucket);
   void setup_gradient_slots();

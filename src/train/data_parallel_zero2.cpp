@@ -11,32 +11,19 @@
 
 namespace l3::train {
 
-namespace {
-constexpr std::int64_t kAlign = model::ParameterLayout::kAlignment;
-}  // namespace
-
 void DataParallel::make_group_buckets(std::int64_t bucket) {
   groups_ = layout_.gradient_groups();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const model::LayoutSpan group = groups_[g];
     const std::size_t first = buckets_.size();
-    // From the group's end, like the whole buffer's buckets without ZeRO-2.
-    std::vector<Range> cut;
-    for (std::int64_t end = group.end; end > group.begin;) {
-      const std::int64_t begin =
-          std::max(group.begin, (end - bucket) / kAlign * kAlign);  // groups start aligned
-      cut.push_back({begin, end});
-      end = begin;
-    }
-    buckets_.insert(buckets_.end(), cut.rbegin(), cut.rend());
+    const std::vector<Range> cut = cut_buckets({groups_[g].begin, groups_[g].end}, bucket);
+    buckets_.insert(buckets_.end(), cut.begin(), cut.end());
     group_buckets_.emplace_back(first, buckets_.size());
     bucket_group_.insert(bucket_group_.end(), cut.size(), g);
   }
 }
 
 void DataParallel::setup_gradient_slots() {
-  if (layout_.head() == model::HeadKind::language_model &&
-      layout_.lm_head() == layout_.embedding()) {
+  if (layout_.lm_head_tied()) {
     pinned_group_ = 0;  // the lm_head's gradients land in the embedding's group first
   }
   std::int64_t largest = 0;
