@@ -1,9 +1,12 @@
 // GPU op benchmark: per-op time of a Llama-3.2-1B-shaped and a Llama-3-8B-shaped layer at
 // sequence 2048 and 8192 on the CUDA backend, as achieved TFLOP/s (GEMM-like ops) or GB/s
 // (memory-bound ops), next to the bf16 GEMM rate and the device copy bandwidth measured in the
-// same run; each op's relative error against the CPU reference on a 128-token slice.
+// same run; each op's relative error against the CPU reference on a 128-token slice, cuDNN's
+// attention against the fallback attention.
 //
-//   l3-bench-gpu [--quick] [--json FILE]        exits 77 without a CUDA device
+//   l3-bench-gpu [--quick] [--rehearsal] [--json FILE]        exits 77 without a CUDA device
+// --rehearsal: toy shapes and a 512^3 GEMM, for running the whole program in seconds on the CPU
+// emulation of the CUDA backend before a GPU session (it checks the program, not the GPU).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -114,15 +117,20 @@ struct LayerShape {
   int heads, kv_heads, head_dim;
 };
 
-void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, int repeats,
-                 double gemm_tflops, json& ops) {
+// cudnn: a second backend on the same device with cuDNN's fused attention on; its attention is
+// timed next to the fallback's and compared with it (the fallback is the one checked against the
+// CPU reference by the GPU tests).
+void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps& cudnn, const LayerShape& s,
+                 std::int64_t seq, bool first_seq, int repeats, double gemm_tflops, json& ops) {
   const std::int64_t n = seq;  // one sequence of `seq` tokens
   const std::int64_t h = s.hidden, i = s.intermediate;
   const std::int64_t q = static_cast<std::int64_t>(s.heads) * s.head_dim;
   const std::int64_t kv = static_cast<std::int64_t>(s.kv_heads) * s.head_dim;
   const std::string shape = fmt::format("{} T={}", s.name, seq);
-  auto record = [&](const std::string& op, double ms, double flops, double bytes, double err) {
+  auto record = [&](const std::string& op, double ms, double flops, double bytes, double err,
+                    json extra = json::object()) {
     json o = {{"op", op}, {"shape", shape}, {"ms", ms}};
+    o.update(extra);
     if (flops > 0) {
       o["tflops"] = flops / ms / 1e9;
       o["fraction_of_gemm"] = flops / ms / 1e9 / gemm_tflops;
@@ -133,6 +141,7 @@ void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, 
     if (flops > 0) fmt::print("  {:7.1f} TFLOP/s", flops / ms / 1e9);
     if (bytes > 0) fmt::print("  {:7.1f} GB/s", bytes / ms / 1e6);
     if (err >= 0) fmt::print("  rel_err {:.2e}", err);
+    if (o.contains("declined")) fmt::print("  (cuDNN declined: the fallback ran)");
     fmt::print("\n");
     ops.push_back(o);
   };
@@ -211,7 +220,7 @@ void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, 
 
   // AdamW over the up_proj weight: fp32 master, m and v read and written, bf16 gradient read,
   // bf16 copy written (28 bytes per parameter).
-  if (seq == 2048) {
+  if (first_seq) {  // (the same at every length)
     const std::int64_t count = i * h;
     Buffer master = gpu.allocate(DType::f32, count);
     Buffer m1 = gpu.allocate(DType::f32, count);
@@ -255,6 +264,7 @@ void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, 
   Buffer dq = gpu.allocate(DType::bf16, n * q);
   Buffer dk = gpu.allocate(DType::bf16, n * kv);
   Buffer dv = gpu.allocate(DType::bf16, n * kv);
+  Buffer dout = device_random(gpu, n * q, 1.0F, 10);
   const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(n)};
   Buffer cub = gpu.allocate(DType::i32, 2);
   gpu.copy(cub.view(), TensorView(std::span<const std::int32_t>(cu)));
@@ -274,14 +284,57 @@ void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, 
          time_ms(
              gpu,
              [&] {
-               gpu.attention_backward(dq.view(), dk.view(), dv.view(), att.view(), att.view(),
+               gpu.attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), att.view(),
                                       lse.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
                                       ashape);
              },
              repeats),
          2.5 * causal_flops, 0, -1);
 
-  if (seq == 2048) {
+  // cuDNN's fused attention on the same inputs, on its own stream (after the fallback's work),
+  // its outputs compared with the fallback's. Where cuDNN declines the shape, the row says so
+  // and what ran was the fallback again.
+  gpu.synchronize();
+  Buffer att_c = cudnn.allocate(DType::bf16, n * q);
+  Buffer lse_c = cudnn.allocate(DType::f32, n * s.heads);
+  Buffer dq_c = cudnn.allocate(DType::bf16, n * q);
+  Buffer dk_c = cudnn.allocate(DType::bf16, n * kv);
+  Buffer dv_c = cudnn.allocate(DType::bf16, n * kv);
+  // What ran: cuDNN, or (declined) the fallback, with cuDNN's reason.
+  auto ran_since = [&](std::int64_t declined_before) {
+    json ran = {{"reference", "fallback attention"}};
+    if (cudnn.attention_counts().fallback != declined_before)
+      ran["declined"] = cudnn.attention_counts().last_declined;
+    return ran;
+  };
+  std::int64_t declined_before = cudnn.attention_counts().fallback;
+  const double fwd_ms = time_ms(
+      cudnn,
+      [&] {
+        cudnn.attention(att_c.view(), lse_c.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
+                        ashape);
+      },
+      repeats);
+  const json fwd_ran = ran_since(declined_before);
+  declined_before = cudnn.attention_counts().fallback;
+  const double bwd_ms = time_ms(
+      cudnn,
+      [&] {
+        cudnn.attention_backward(dq_c.view(), dk_c.view(), dv_c.view(), dout.view(), att_c.view(),
+                                 lse_c.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
+                                 ashape);
+      },
+      repeats);
+  const json bwd_ran = ran_since(declined_before);
+  const double fwd_err = rel_error(download(cudnn, att_c.view()), download(gpu, att.view()));
+  const double bwd_err =
+      std::max({rel_error(download(cudnn, dq_c.view()), download(gpu, dq.view())),
+                rel_error(download(cudnn, dk_c.view()), download(gpu, dk.view())),
+                rel_error(download(cudnn, dv_c.view()), download(gpu, dv.view()))});
+  record("attention (cuDNN)", fwd_ms, causal_flops, 0, fwd_err, fwd_ran);
+  record("attention_backward (cuDNN)", bwd_ms, 2.5 * causal_flops, 0, bwd_err, bwd_ran);
+
+  if (first_seq) {  // (the same at every length)
     Buffer w_lm = device_random(gpu, s.vocab * h, 0.02F, 9);
     Buffer dw_lm = gpu.allocate(DType::bf16, s.vocab * h);
     Buffer dh = gpu.allocate(DType::bf16, n * h);
@@ -313,14 +366,17 @@ void bench_layer(l3::cuda::CudaOps& gpu, const LayerShape& s, std::int64_t seq, 
 
 int main(int argc, char** argv) try {
   bool quick = false;
+  bool rehearsal = false;
   std::string json_path;
   for (int a = 1; a < argc; ++a) {
     if (std::strcmp(argv[a], "--quick") == 0)
       quick = true;
+    else if (std::strcmp(argv[a], "--rehearsal") == 0)
+      rehearsal = true;
     else if (std::strcmp(argv[a], "--json") == 0 && a + 1 < argc)
       json_path = argv[++a];
     else {
-      fmt::print(stderr, "usage: {} [--quick] [--json FILE]\n", argv[0]);
+      fmt::print(stderr, "usage: {} [--quick] [--rehearsal] [--json FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -332,17 +388,18 @@ int main(int argc, char** argv) try {
   cudaDeviceProp prop{};
   l3::cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   l3::cuda::CudaOps gpu(0);
-  const int repeats = quick ? 3 : 7;
+  l3::cuda::CudaOps cudnn(l3::cuda::CudaOptions{.device = 0, .cudnn_attention = true});
+  const int repeats = quick || rehearsal ? 3 : 7;
 
   // Baselines of this run: bf16 GEMM 8192^3 (cuBLASLt) and device-to-device copy.
-  const std::int64_t g = 8192;
+  const std::int64_t g = rehearsal ? 512 : 8192;
   Buffer a = device_random(gpu, g * g, 1.0F, 20);
   Buffer b = device_random(gpu, g * g, 1.0F, 21);
   Buffer c = gpu.allocate(DType::bf16, g * g);
   const double gemm_ms = time_ms(
       gpu, [&] { gpu.matmul(c.view(), a.view(), b.view(), g, g, g, false); }, repeats);
   const double gemm_tflops = 2.0 * g * g * g / gemm_ms / 1e9;
-  const std::size_t copy_bytes = 1ULL << 31U;
+  const std::size_t copy_bytes = rehearsal ? 1ULL << 24U : 1ULL << 31U;
   void* src = nullptr;
   void* dst = nullptr;
   l3::cuda::check(cudaMalloc(&src, copy_bytes), "copy buffer");
@@ -353,16 +410,19 @@ int main(int argc, char** argv) try {
   cudaFree(src);
   cudaFree(dst);
   const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / copy_ms / 1e6;  // read + write
-  fmt::print(
-      "{} (sm_{}{}): bf16 GEMM 8192^3 {:.1f} TFLOP/s, device copy {:.0f} GB/s (read+write)\n",
-      prop.name, prop.major, prop.minor, gemm_tflops, copy_gbps);
+  fmt::print("{} (sm_{}{}): bf16 GEMM {}^3 {:.1f} TFLOP/s, device copy {:.0f} GB/s (read+write)\n",
+             prop.name, prop.major, prop.minor, g, gemm_tflops, copy_gbps);
 
   json ops = json::array();
-  const std::vector<LayerShape> shapes = {{"llama3.2-1b layer", 2048, 8192, 128256, 32, 8, 64},
+  const std::vector<LayerShape> shapes =
+      rehearsal ? std::vector<LayerShape>{{"toy layer", 128, 256, 512, 2, 1, 64}}
+                : std::vector<LayerShape>{{"llama3.2-1b layer", 2048, 8192, 128256, 32, 8, 64},
                                           {"llama3-8b layer", 4096, 14336, 128256, 32, 8, 128}};
+  const std::vector<std::int64_t> lengths =
+      rehearsal ? std::vector<std::int64_t>{64, 128} : std::vector<std::int64_t>{2048, 8192};
   for (const LayerShape& s : shapes) {
-    for (const std::int64_t seq : {std::int64_t{2048}, std::int64_t{8192}}) {
-      bench_layer(gpu, s, seq, repeats, gemm_tflops, ops);
+    for (const std::int64_t seq : lengths) {
+      bench_layer(gpu, cudnn, s, seq, seq == lengths.front(), repeats, gemm_tflops, ops);
     }
   }
   if (!json_path.empty()) {
@@ -376,7 +436,10 @@ int main(int argc, char** argv) try {
         {"date", fmt::format("{:04}-{:02}-{:02}", utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday)},
         {"gemm_tflops", gemm_tflops},
         {"copy_gbps", copy_gbps},
-        {"attention", "fallback (cuBLAS batched GEMMs + causal softmax kernels)"},
+        {"gemm_shape", g},
+        {"rehearsal", rehearsal},
+        {"attention",
+         "fallback (cuBLAS batched GEMMs + causal softmax kernels) and cuDNN fused attention"},
         {"ops", ops}};
     std::ofstream(json_path) << doc.dump(2) << '\n';
   }

@@ -11,10 +11,12 @@
 // against the datasheet dense bf16 peak of the GPU (989 TFLOP/s for H100/H200).
 //
 //   l3-bench-train-throughput [--backend cuda|cpu] [--case NAME ...] [--steps N] [--warmup N]
-//                             [--attention fallback|cudnn]
+//                             [--attention fallback|cudnn] [--micro-batch N]
 //                  [--peak-tflops T] [--datasheet-tflops T] [--json FILE]
 //   cases: 1b-sft, 1b-reward, 8b-sft, 8b-reward (cuda default: all four), tiny-sft,
 //   tiny-reward (cpu default)
+// --micro-batch N: that many rows (pairs) per step instead of the largest that the memory plan
+// fits (recomputation then only if N rows do not fit without it).
 #include <fmt/format.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -30,6 +32,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -173,7 +176,8 @@ struct Choice {
 // into 85% of the free device memory; without recomputation if possible. For layers == -1,
 // also the most decoder blocks that fit with one row (then the micro-batch for them). Planned
 // as SFT rows for both phases (a pair here fills one row; SFT's loss scratch is the larger).
-Choice choose(const Case& c, const std::string& backend, const fs::path& dir) {
+Choice choose(const Case& c, const std::string& backend, std::int64_t fixed_rows,
+              const fs::path& dir) {
   const auto budget =
       static_cast<std::int64_t>(0.85 * static_cast<double>(device_memory_bytes(backend)));
   auto planned = [&](int layers, std::int64_t rows, bool recompute) {
@@ -195,6 +199,11 @@ Choice choose(const Case& c, const std::string& backend, const fs::path& dir) {
     }
   }
   best.layers = layers;
+  if (fixed_rows > 0) {
+    const std::int64_t bytes = planned(layers, fixed_rows, false);
+    if (bytes <= budget) return {layers, fixed_rows, false, bytes};
+    return {layers, fixed_rows, true, planned(layers, fixed_rows, true)};
+  }
   for (const bool recompute : {false, true}) {
     for (std::int64_t rows = 16; rows >= 1; rows /= 2) {
       const std::int64_t bytes = planned(layers, rows, recompute);
@@ -209,9 +218,9 @@ Choice choose(const Case& c, const std::string& backend, const fs::path& dir) {
   return best;
 }
 
-json run_case(const Case& c, const std::string& backend, int steps, int warmup, double peak,
-              double datasheet, const fs::path& dir) {
-  const Choice choice = choose(c, backend, dir);
+json run_case(const Case& c, const std::string& backend, int steps, int warmup,
+              std::int64_t fixed_rows, double peak, double datasheet, const fs::path& dir) {
+  const Choice choice = choose(c, backend, fixed_rows, dir);
   const std::string model = model_file(c, choice.layers, dir);
   const bool reward = c.phase == "reward";
   // Reward: the micro-batch counts pairs, each of two sequences of seq / 2 tokens.
@@ -278,6 +287,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> names;
     int steps = 10;
     int warmup = 3;
+    std::int64_t fixed_rows = 0;  // 0: the largest that fits
     double peak = 0;
     double datasheet = -1;
     std::string json_path;
@@ -300,12 +310,15 @@ int main(int argc, char** argv) {
         json_path = next();
       else if (a == "--attention")
         attention_choice() = next();
+      else if (a == "--micro-batch")
+        fixed_rows = std::stoll(next());
       else {
         std::fprintf(stderr, "l3-bench-train-throughput: unknown argument %s\n", a.c_str());
         MPI_Finalize();
         return 2;
       }
     }
+    if (fixed_rows < 0) throw std::invalid_argument("--micro-batch: expected a positive number");
     if (datasheet < 0) datasheet = l3::kernels::default_peak_tflops(backend, 0);
     const std::vector<Case> all = {
         {"1b-sft", "llama3.2-1b", 0, "sft", 2048}, {"1b-reward", "llama3.2-1b", 0, "reward", 2048},
@@ -336,7 +349,7 @@ int main(int argc, char** argv) {
         continue;
       }
       try {
-        json row = run_case(*c, backend, steps, warmup, peak, datasheet, dir);
+        json row = run_case(*c, backend, steps, warmup, fixed_rows, peak, datasheet, dir);
         std::string mfu;
         if (row.contains("mfu"))
           mfu += fmt::format(", MFU {:.1f}% of measured", 100 * row["mfu"].get<double>());

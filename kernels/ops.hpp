@@ -143,8 +143,9 @@ class Ops {
                                TensorView up, std::int64_t n) = 0;
 
   // ---- reductions ------------------------------------------------------------------------
-  // dst += src over n values of the compute dtype, each sum taken in fp32 and rounded once
-  // (ZeRO-2: a micro-batch's reduced gradients added into the optimizer's piece).
+  // dst += src over n values, src in the compute dtype, dst in it or in f32; each sum taken in
+  // fp32 and rounded once to dst's dtype (ZeRO-2: a micro-batch's reduced gradients added into
+  // the optimizer's f32 piece).
   virtual void add_into(TensorView dst, TensorView src, std::int64_t n) = 0;
   // sum of x^2 in double precision (gradient norms)
   [[nodiscard]] virtual double sum_squares(TensorView x, std::int64_t n) = 0;
@@ -189,7 +190,7 @@ class Ops {
   // ---- optimizer -------------------------------------------------------------------------
   // PyTorch's AdamW on n elements: p *= 1 - lr*wd; m, v updated with g*grad_scale;
   // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). params (the master weights), m, v
-  // f32; grads in the compute dtype. params_copy (the weights the matmuls read, when they are
+  // f32; grads in the compute dtype or f32. params_copy (the weights the matmuls read, when they are
   // not the master weights themselves) receives the updated params rounded to its dtype, or is
   // empty.
   virtual void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU tests without a GPU: builds the CUDA backend against the CPU emulation (tests/emulated,
 # L3_CUDA=EMULATED) into build-emulated/ (or $L3_EMULATED_BUILD_DIR) and runs the emulation's
-# own tests (emulation/...) and tests/gpu's op and model tests there (label gpu; about a minute
-# once built).
+# own tests (emulation/...), tests/gpu's op and model tests and the rehearsal of the one-shot
+# GPU check (tools/gpu-check.sh) there (label gpu; a few minutes once built).
 # They check the backend's logic: kernel indexing, barriers, vector paths and tails, buffer
 # carving, call sequences; not the GPU (docs/GPU.md, "Testing without a GPU"). Needs the CUDA,
 # cuDNN and NCCL headers (no GPU, no nvcc); skips with a message without them. Extra arguments go
@@ -16,7 +16,13 @@ if [[ ! -f "$cuda_include/cuda_runtime_api.h" || ! -f "$cuda_include/cudnn.h" ]]
   exit 0
 fi
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$root" -B "$build" -DL3_CUDA=EMULATED -DL3_BUILD_BENCH=OFF
+  cmake -S "$root" -B "$build" -DL3_CUDA=EMULATED -DL3_BUILD_BENCH=ON
 fi
-cmake --build "$build" -j "${L3_JOBS:-2}" --target l3_gpu_tests l3_emulation_tests l3_emulated_nccl_test l3_mpi_session_test llama3-hpc
+targets=(l3_gpu_tests l3_gpu_zero2_test l3_emulation_tests l3_emulated_nccl_test l3_mpi_session_test
+  llama3-hpc)
+# The two benchmarks the GPU check runs, for its rehearsal (gpu/check_rehearsal).
+if grep -q '^L3_BUILD_BENCH:BOOL=ON' "$build/CMakeCache.txt"; then
+  targets+=(l3-bench-gpu l3-bench-train-throughput)
+fi
+cmake --build "$build" -j "${L3_JOBS:-2}" --target "${targets[@]}"
 ctest --test-dir "$build" --output-on-failure -j "${L3_JOBS:-2}" -L gpu -LE slow "$@"

@@ -50,8 +50,9 @@ void swiglu_forward(BFloat16* out, const BFloat16* gate, const BFloat16* up, std
 void swiglu_backward(BFloat16* dgate, BFloat16* dup, const BFloat16* dout, const BFloat16* gate,
                      const BFloat16* up, std::int64_t n, cudaStream_t stream);
 
-// accumulate.cu: dst += src, fp32 sums rounded once
+// accumulate.cu: dst += src, fp32 sums rounded once (to bf16, or kept in an fp32 dst)
 void add_into(BFloat16* dst, const BFloat16* src, std::int64_t n, cudaStream_t stream);
+void add_into(float* dst, const BFloat16* src, std::int64_t n, cudaStream_t stream);
 
 // reductions.cu: sum of squares in fp64, fixed order. partials: kSumSquaresBlocks doubles.
 inline constexpr int kSumSquaresBlocks = 1024;
@@ -102,8 +103,11 @@ void gather_dot_backward(BFloat16* dh, BFloat16* dw, const float* dscores, const
 void bradley_terry(double* sums, float* d_scores, const float* scores, const float* margins,
                    std::int64_t pairs, double center, float grad_scale, cudaStream_t stream);
 
-// adamw.cu: master f32, grads bf16, moments f32, copy bf16 (may be null)
+// adamw.cu: master f32, grads bf16 or f32 (ZeRO-2's accumulated shard), moments f32, copy bf16
+// (may be null)
 void adamw(float* master, BFloat16* copy, const BFloat16* grads, float* m, float* v, std::int64_t n,
+           const kernels::AdamWParams& hyper, cudaStream_t stream);
+void adamw(float* master, BFloat16* copy, const float* grads, float* m, float* v, std::int64_t n,
            const kernels::AdamWParams& hyper, cudaStream_t stream);
 
 }  // namespace l3::cuda

@@ -539,8 +539,12 @@ void CudaOps::swiglu_backward(TensorView dgate, TensorView dup, TensorView dout,
 }
 
 void CudaOps::add_into(TensorView dst, TensorView src, std::int64_t n) {
-  cuda::add_into(out<BFloat16>(dst, n, "add_into", "dst"), in<BFloat16>(src, n, "add_into", "src"),
-                 n, stream_);
+  const auto* from = in<BFloat16>(src, n, "add_into", "src");
+  if (dst.dtype() == DType::f32) {
+    cuda::add_into(out<float>(dst, n, "add_into", "dst"), from, n, stream_);
+  } else {
+    cuda::add_into(out<BFloat16>(dst, n, "add_into", "dst"), from, n, stream_);
+  }
 }
 
 double CudaOps::sum_squares(TensorView x, std::int64_t n) {
@@ -665,10 +669,16 @@ void CudaOps::gather_dot_backward(TensorView dh, TensorView dw, TensorView dscor
 
 void CudaOps::adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
                     TensorView v, std::int64_t n, const kernels::AdamWParams& hyper) {
-  cuda::adamw(out<float>(params, n, "adamw", "params"),
-              params_copy.empty() ? nullptr : out<BFloat16>(params_copy, n, "adamw", "params_copy"),
-              in<BFloat16>(grads, n, "adamw", "grads"), out<float>(m, n, "adamw", "m"),
-              out<float>(v, n, "adamw", "v"), n, hyper, stream_);
+  auto* master = out<float>(params, n, "adamw", "params");
+  auto* copy =
+      params_copy.empty() ? nullptr : out<BFloat16>(params_copy, n, "adamw", "params_copy");
+  auto* m1 = out<float>(m, n, "adamw", "m");
+  auto* m2 = out<float>(v, n, "adamw", "v");
+  if (grads.dtype() == DType::f32) {  // ZeRO-2's accumulated shard
+    cuda::adamw(master, copy, in<float>(grads, n, "adamw", "grads"), m1, m2, n, hyper, stream_);
+  } else {
+    cuda::adamw(master, copy, in<BFloat16>(grads, n, "adamw", "grads"), m1, m2, n, hyper, stream_);
+  }
 }
 
 }  // namespace l3::cuda

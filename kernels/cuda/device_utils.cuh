@@ -79,6 +79,11 @@ struct alignas(16) Bf16x8 {
   bf16 v[8];
 };
 
+// Four bf16 values in one 8-byte access (next to a float4 of fp32 values).
+struct alignas(8) Bf16x4 {
+  bf16 v[4];
+};
+
 // Whether every pointer can be read and written as Bf16x8 (16-byte aligned).
 template <typename... Pointers>
 inline bool aligned16(const Pointers*... pointers) {

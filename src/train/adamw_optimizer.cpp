@@ -8,7 +8,8 @@
 namespace l3::train {
 
 AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
-             std::int64_t begin, std::int64_t end, bool own_master, bool own_gradients)
+             std::int64_t begin, std::int64_t end, bool own_master, bool own_gradients,
+             kernels::DType gradient_dtype)
     : ops_(ops),
       layout_(layout),
       config_(config),
@@ -17,7 +18,7 @@ AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfi
       m_(ops.allocate(kernels::DType::f32, end - begin)),
       v_(ops.allocate(kernels::DType::f32, end - begin)),
       master_(own_master ? ops.allocate(kernels::DType::f32, end - begin) : kernels::Buffer{}),
-      grads_(own_gradients ? ops.allocate(ops.compute_dtype(), end - begin) : kernels::Buffer{}) {
+      grads_(own_gradients ? ops.allocate(gradient_dtype, end - begin) : kernels::Buffer{}) {
   if (begin < 0 || end < begin || end > layout.total()) {
     throw core::internal_error("AdamW: range outside the parameter buffer");
   }

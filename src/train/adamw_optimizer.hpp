@@ -21,10 +21,12 @@ class AdamW {
  public:
   // own_master: this optimizer keeps the fp32 master weights of [begin, end) itself (ZeRO-1
   // with the master weights sharded too: the model holds only its compute-dtype weights).
-  // own_gradients: it keeps the reduced gradients of [begin, end) too, in the compute dtype
-  // (ZeRO-2: the whole gradient buffer never exists).
+  // own_gradients: it keeps the reduced gradients of [begin, end) too, in gradient_dtype (ZeRO-2:
+  // the whole gradient buffer never exists; f32 so that the micro-batches of a step add up
+  // without a bf16 rounding each, the compute dtype when there is one micro-batch to add).
   AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
-        std::int64_t begin, std::int64_t end, bool own_master = false, bool own_gradients = false);
+        std::int64_t begin, std::int64_t end, bool own_master = false, bool own_gradients = false,
+        kernels::DType gradient_dtype = kernels::DType::f32);
   AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config)
       : AdamW(ops, layout, config, 0, layout.total()) {}
 
@@ -58,7 +60,7 @@ class AdamW {
   kernels::Buffer m_;  // (end - begin)
   kernels::Buffer v_;
   kernels::Buffer master_;  // (end - begin) when own_master
-  kernels::Buffer grads_;   // (end - begin) when own_gradients, compute dtype
+  kernels::Buffer grads_;   // (end - begin) when own_gradients, gradient_dtype
   std::int64_t step_ = 0;
 };
 

@@ -64,8 +64,9 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
     optimizers_.reserve(buckets_.size());
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       const Range p = piece(b, rank_);
-      optimizers_.emplace_back(ops, layout, adamw, p.begin, p.end, config_.shard_master,
-                               config_.shard_gradients);
+      optimizers_.emplace_back(
+          ops, layout, adamw, p.begin, p.end, config_.shard_master, config_.shard_gradients,
+          config_.fp32_reduced_gradients ? kernels::DType::f32 : ops.compute_dtype());
     }
   } else {
     optimizers_.emplace_back(ops, layout, adamw, 0, total, config_.shard_master);

@@ -62,6 +62,10 @@ struct DataParallelConfig {
   std::int64_t bucket_elements = std::int64_t{8} << 20;  // 32 MiB of fp32 gradients
   bool shard_optimizer = true;                           // ZeRO-1
   bool shard_gradients = false;                          // ZeRO-2 (needs shard_optimizer)
+  // ZeRO-2: the reduced gradients each rank keeps are fp32, so that several micro-batches per
+  // step add up without a bf16 rounding each; false: the compute dtype (one micro-batch per
+  // step has nothing to add up, and takes half the memory).
+  bool fp32_reduced_gradients = true;
   bool overlap = true;  // reduce during the backward pass (thread or stream)
   // Keep the fp32 master weights in the optimizers (this rank's pieces only when sharded)
   // rather than whole in the model. Required when the model computes in bf16 (its weights are

@@ -353,6 +353,20 @@ cudaError_t cudaDeviceSynchronize() {
   return cudaSuccess;
 }
 
+// The device's memory is the host's (as cudaGetDeviceProperties says); free is that less what
+// this process holds on the current device.
+cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
+  const std::size_t capacity = static_cast<std::size_t>(sysconf(_SC_PHYS_PAGES)) *
+                               static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  Runtime& r = runtime();
+  const std::lock_guard lock(r.mutex);
+  std::size_t held = 0;
+  for (const auto& [base, a] : r.allocations)
+    if (a.type == cudaMemoryTypeDevice && a.device == r.device) held += a.bytes;
+  if (total != nullptr) *total = capacity;
+  if (free != nullptr) *free = capacity - std::min(held, capacity);
+  return cudaSuccess;
+}
 cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
   return allocate(pointer, bytes, cudaMemoryTypeDevice);
 }

@@ -385,7 +385,7 @@ TEST_CASE("Bradley-Terry loss on the device", "[gpu]") {
   CHECK(psums[1] == static_cast<double>(plain.correct));
 }
 
-TEST_CASE("add_into: bf16 sums taken in fp32 and rounded once", "[gpu]") {
+TEST_CASE("add_into: bf16 sums taken in fp32 and rounded once, or kept in fp32", "[gpu]") {
   INFO("seed " << l3::test::test_seed());
   l3::cuda::CudaOps gpu;
   // The vectorised bulk with a tail of 7, and a view 2 bytes off a 16-byte boundary (scalar).
@@ -403,6 +403,19 @@ TEST_CASE("add_into: bf16 sums taken in fp32 and rounded once", "[gpu]") {
   gpu.add_into(ga.slice(skew, n), gb.slice(skew, n), n);
   CHECK((download(gpu, ga.slice(skew, n)) == want));
   if (skew > 0) CHECK(download(gpu, ga.slice(0, 1))[0] == a[0]);  // outside the range: untouched
+
+  // Into fp32 (ZeRO-2's reduced gradients): the fp32 sum kept, no rounding to bf16. The fp32
+  // values carry bits bf16 has not, so a bf16 rounding anywhere shows.
+  const auto acc = rnd.normal(n + skew, 2.0F);
+  std::vector<float> kept(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    const std::size_t at = i + static_cast<std::size_t>(skew);
+    kept[i] = acc[at] + b[at];
+  }
+  const auto gacc = upload(gpu, acc, DType::f32);
+  gpu.add_into(gacc.slice(skew, n), gb.slice(skew, n), n);
+  CHECK((download(gpu, gacc.slice(skew, n)) == kept));
+  if (skew > 0) CHECK(download(gpu, gacc.slice(0, 1))[0] == acc[0]);
 }
 
 TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
@@ -438,10 +451,13 @@ TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
 
   // AdamW on 1003 values (the four-wide kernel and a tail of 3), then the same with every
   // array one element off its 16-byte alignment (the one-wide kernel): both match the CPU and
-  // each other bit for bit.
+  // each other bit for bit. Gradients in bf16, or in fp32 (ZeRO-2's accumulated shard: values
+  // bf16 cannot hold, so that reading them as anything else fails).
+  const DType grad_dtype = GENERATE(DType::bf16, DType::f32);
+  INFO("gradients " << l3::kernels::dtype_name(grad_dtype));
   const std::int64_t count = 1003;
   const auto master0 = rnd.normal(count);
-  const auto grads = round_bf16(rnd.normal(count));
+  const auto grads = grad_dtype == DType::bf16 ? round_bf16(rnd.normal(count)) : rnd.normal(count);
   const auto m0 = rnd.normal(count, 0.01F);
   auto v0 = rnd.normal(count, 0.01F);
   for (float& x : v0) x = x * x;
@@ -456,7 +472,7 @@ TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
       std::copy(values.begin(), values.end(), padded.begin() + skew);
       return upload(gpu, padded, dtype);
     };
-    const auto gmaster = skewed(master0, DType::f32), ggrads = skewed(grads, DType::bf16);
+    const auto gmaster = skewed(master0, DType::f32), ggrads = skewed(grads, grad_dtype);
     const auto gm = skewed(m0, DType::f32), gv = skewed(v0, DType::f32);
     const auto gcopy = poisoned(gpu, count + skew);
     gpu.adamw(gmaster.slice(skew, count), gcopy.slice(skew, count), ggrads.slice(skew, count),

@@ -1,6 +1,8 @@
 // main() for MPI tests that play the host application: the test initialises MPI itself (as an
 // embedding code would) before the library is used, and finalises it after. Ranks other than 0
-// report only failures, so a passing run prints one summary.
+// report only failures, so a passing run prints one summary. Built with L3_NEEDS_CUDA_DEVICE
+// (MPI tests of the CUDA backend): without a CUDA device it exits 77 with a SKIP line first, as
+// gpu_catch_main.cpp does.
 #if L3_CATCH2_MAJOR < 3
 #define CATCH_CONFIG_RUNNER
 #endif
@@ -11,7 +13,26 @@
 
 #include "catch.hpp"
 
+#if defined(L3_NEEDS_CUDA_DEVICE)
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+
+#include "listing.hpp"
+#endif
+
 int main(int argc, char** argv) {
+#if defined(L3_NEEDS_CUDA_DEVICE)
+  if (!l3::test::listing_tests(argc, argv)) {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess || count == 0) {
+      std::printf("SKIP: no CUDA device (%s)\n",
+                  status != cudaSuccess ? cudaGetErrorString(status) : "0 devices visible");
+      return 77;
+    }
+  }
+#endif
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;

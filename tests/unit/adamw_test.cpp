@@ -107,6 +107,7 @@ TEST_CASE("a shard that keeps its own gradients (ZeRO-2) updates like one readin
   l3::train::AdamW plain(ops, layout, {}, begin, end);
   l3::train::AdamW own(ops, layout, {}, begin, end, false, true);
   REQUIRE(own.own_gradients().numel() == end - begin);
+  REQUIRE(own.own_gradients().dtype() == l3::kernels::DType::f32);  // whatever the compute dtype
   REQUIRE(plain.own_gradients().empty());
   // Two halves added in: the sum of the pieces, as a micro-batch each.
   const std::vector<float> half(grad.begin() + begin, grad.begin() + end);

@@ -128,7 +128,8 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   CHECK(with_cudnn.bytes > (std::int64_t{256} << 20));
   CHECK(with_cudnn.bytes < (std::int64_t{512} << 20));
   // ZeRO-2: the bf16 gradients of two groups (the largest is the 8B model's head: the final
-  // norm and the 128256 x 4096 lm_head) and 1/8 of all of them, instead of all of them.
+  // norm and the 128256 x 4096 lm_head) and 1/8 of all of them, instead of all of them; that
+  // 1/8 in bf16 with one micro-batch per step, in fp32 when micro-batches add up there.
   const l3::model::MemoryPlan zero1 = l3::model::plan_training_memory(in);
   in.shard_gradients = true;
   const l3::model::MemoryPlan zero2 = l3::model::plan_training_memory(in);
@@ -139,6 +140,9 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   }
   CHECK(gradient_bytes == 2 * 2 * (std::int64_t{128256} * 4096 + 4096) + 2 * ((p + 7) / 8));
   CHECK(zero1.total() - zero2.total() == 2 * p - gradient_bytes);
+  in.accumulation = 4;
+  CHECK(l3::model::plan_training_memory(in).total() - zero2.total() == 2 * ((p + 7) / 8));
+  in.accumulation = 1;
   in.shard_gradients = false;
   // The CPU backend has none of it.
   in.compute = DType::f32;

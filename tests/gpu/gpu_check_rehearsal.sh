@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# A rehearsal of the one-shot GPU check (tools/gpu-check.sh) on the CPU emulation of the CUDA
+# backend, so that the script a GPU session gets one chance to run has run end to end before:
+# every stage starts, finds its executable, writes what the summary reads, and the summary
+# assembles a complete gpu-<date>-<gpu>.json (tests counted from the JUnit report and the
+# training log, op rows including cuDNN's attention, the training rows of both attentions).
+# Toy sizes (L3_GPU_CHECK_REHEARSAL=1): the figures mean nothing, the plumbing does.
+#   gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC]
+set -uo pipefail
+if (($# < 4)); then
+  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC]" >&2
+  exit 2
+fi
+root=$(cd "$(dirname "$0")/../.." && pwd)
+if ! command -v python3 >/dev/null; then
+  echo "SKIP: the GPU check's summary needs python3"
+  exit 77
+fi
+if ! "$1" --version | grep -q "CUDA emulation"; then
+  echo "SKIP: $1 is not a build on the CUDA emulation (L3_CUDA=EMULATED)"
+  exit 77
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/l3-gpu-check-rehearsal.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+# The executables under the names the check calls, as the GPU bundle puts them on PATH.
+mkdir -p "$work/bin"
+ln -s "$(realpath "$1")" "$work/bin/llama3-hpc"
+ln -s "$(realpath "$2")" "$work/bin/l3_gpu_tests"
+ln -s "$(realpath "$3")" "$work/bin/l3-bench-gpu"
+ln -s "$(realpath "$4")" "$work/bin/l3-bench-train-throughput"
+if [[ -n ${5:-} ]]; then ln -s "$(realpath "$5")" "$work/bin/mpiexec"; fi
+
+PATH="$work/bin:$PATH" L3_GPU_CHECK_REHEARSAL=1 bash "$root/tools/gpu-check.sh" "$work/out" \
+  >"$work/check.log" 2>&1
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  echo "FAIL [tools/gpu-check.sh exited $rc]"
+  tail -20 "$work/check.log"
+  exit 1
+fi
+python3 - "$work/out" <<'PY' || { sed 's/^/  | /' "$work/check.log" | tail -40; exit 1; }
+import glob, json, math, os, sys
+out = sys.argv[1]
+failed = False
+def check(ok, what, detail=""):
+    global failed
+    print(("ok   [" if ok else "FAIL [") + what + "]" + (f"\n  {detail}" if detail and not ok else ""))
+    failed |= not ok
+
+files = glob.glob(os.path.join(out, "gpu-*.json"))
+check(len(files) == 1, "one results file gpu-<date>-<gpu>.json", str(files))
+if not files:
+    sys.exit(1)
+doc = json.load(open(files[0]))
+name = os.path.basename(files[0])
+check(name == f"gpu-{doc.get('date')}-llama3-hpc-cuda-emulation-cpu.json",
+      "the file is named after the date and the device", name)
+for key in ("impl", "gpu", "commit", "date", "tests", "ops", "gemm_tflops", "copy_gbps", "training"):
+    check(key in doc, f"the results have {key}")
+check(doc.get("rehearsal") is True, "the results say they are a rehearsal")
+check(doc.get("skipped_stages") == [], "no stage was skipped", str(doc.get("skipped_stages")))
+tests = doc.get("tests", {})
+check(tests.get("failed") == 0 and tests.get("exit_code") == 0 and tests.get("training_exit_code") == 0,
+      "the GPU tests and the training checks passed",
+      json.dumps({k: tests.get(k) for k in ("failed", "exit_code", "training_exit_code", "failures")}))
+# 16 test cases on the emulation, and the training checks' "ok" lines.
+check(tests.get("passed", 0) >= 20, "the tests were counted from the JUnit report and the training log",
+      f"passed {tests.get('passed')}")
+check(doc.get("gemm_tflops", 0) > 0 and doc.get("copy_gbps", 0) > 0, "the GEMM and copy baselines were measured")
+ops = doc.get("ops", [])
+names = {o["op"] for o in ops}
+expected = {"matmul q_proj", "matmul up_proj", "matmul down_proj", "matmul_backward up", "rmsnorm",
+            "rmsnorm_backward", "swiglu", "swiglu_backward", "adamw (up_proj)", "rope (q)",
+            "attention (fallback)", "attention_backward (fallback)", "attention (cuDNN)",
+            "attention_backward (cuDNN)", "lm_head + CE fwd+bwd"}
+check(expected <= names, "every op was timed", f"missing {sorted(expected - names)}")
+check(all(o.get("ms", 0) > 0 and ("tflops" in o or "gbps" in o) for o in ops),
+      "every op row has a time and a rate")
+cudnn = [o for o in ops if "cuDNN" in o["op"]]
+check(bool(cudnn) and all(math.isfinite(o.get("rel_err", math.inf)) and "reference" in o for o in cudnn),
+      "cuDNN's attention rows carry their error against the fallback")
+# No cuDNN engines on the emulation: the rows must say the fallback ran.
+check(all("declined" in o for o in cudnn), "the cuDNN rows say where cuDNN declined")
+training = doc.get("training", [])
+rows = [(t.get("phase"), t.get("attention")) for t in training if t.get("tokens_per_s", 0) > 0]
+check(sorted(rows) == [("reward", "fallback"), ("sft", "cudnn"), ("sft", "fallback")],
+      "training rows for SFT (both attentions) and reward", json.dumps(training)[:600])
+check(all(t.get("micro_batch") == 1 and t.get("model") == "tiny" for t in training),
+      "the rehearsal's training ran the tiny model at one row")
+sys.exit(1 if failed else 0)
+PY
+echo "the GPU check ran end to end on the emulation"
