@@ -15,8 +15,10 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -117,10 +119,10 @@ struct LayerShape {
   int heads, kv_heads, head_dim;
 };
 
-// cudnn: a second backend on the same device with cuDNN's fused attention on; its attention is
-// timed next to the fallback's and compared with it (the fallback is the one checked against the
-// CPU reference by the GPU tests).
-void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps& cudnn, const LayerShape& s,
+// cudnn: a second backend on the same device with cuDNN's fused attention on (null: none); its
+// attention is timed next to the fallback's and compared with it (the fallback is the one
+// checked against the CPU reference by the GPU tests).
+void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const LayerShape& s,
                  std::int64_t seq, bool first_seq, int repeats, double gemm_tflops, json& ops) {
   const std::int64_t n = seq;  // one sequence of `seq` tokens
   const std::int64_t h = s.hidden, i = s.intermediate;
@@ -293,46 +295,57 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps& cudnn, const LayerSh
 
   // cuDNN's fused attention on the same inputs, on its own stream (after the fallback's work),
   // its outputs compared with the fallback's. Where cuDNN declines the shape, the row says so
-  // and what ran was the fallback again.
+  // and what ran was the fallback again; where it fails, the row has the error and the rest of
+  // the layer is still timed.
   gpu.synchronize();
-  Buffer att_c = cudnn.allocate(DType::bf16, n * q);
-  Buffer lse_c = cudnn.allocate(DType::f32, n * s.heads);
-  Buffer dq_c = cudnn.allocate(DType::bf16, n * q);
-  Buffer dk_c = cudnn.allocate(DType::bf16, n * kv);
-  Buffer dv_c = cudnn.allocate(DType::bf16, n * kv);
-  // What ran: cuDNN, or (declined) the fallback, with cuDNN's reason.
-  auto ran_since = [&](std::int64_t declined_before) {
-    json ran = {{"reference", "fallback attention"}};
-    if (cudnn.attention_counts().fallback != declined_before)
-      ran["declined"] = cudnn.attention_counts().last_declined;
-    return ran;
+  auto time_cudnn = [&](l3::cuda::CudaOps& cudnn) {
+    Buffer att_c = cudnn.allocate(DType::bf16, n * q);
+    Buffer lse_c = cudnn.allocate(DType::f32, n * s.heads);
+    Buffer dq_c = cudnn.allocate(DType::bf16, n * q);
+    Buffer dk_c = cudnn.allocate(DType::bf16, n * kv);
+    Buffer dv_c = cudnn.allocate(DType::bf16, n * kv);
+    // What ran: cuDNN, or (declined) the fallback, with cuDNN's reason.
+    auto ran_since = [&](std::int64_t declined_before) {
+      json ran = {{"reference", "fallback attention"}};
+      if (cudnn.attention_counts().fallback != declined_before)
+        ran["declined"] = cudnn.attention_counts().last_declined;
+      return ran;
+    };
+    std::int64_t declined_before = cudnn.attention_counts().fallback;
+    const double fwd_ms = time_ms(
+        cudnn,
+        [&] {
+          cudnn.attention(att_c.view(), lse_c.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
+                          ashape);
+        },
+        repeats);
+    const json fwd_ran = ran_since(declined_before);
+    declined_before = cudnn.attention_counts().fallback;
+    const double bwd_ms = time_ms(
+        cudnn,
+        [&] {
+          cudnn.attention_backward(dq_c.view(), dk_c.view(), dv_c.view(), dout.view(), att_c.view(),
+                                   lse_c.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
+                                   ashape);
+        },
+        repeats);
+    const json bwd_ran = ran_since(declined_before);
+    const double fwd_err = rel_error(download(cudnn, att_c.view()), download(gpu, att.view()));
+    const double bwd_err =
+        std::max({rel_error(download(cudnn, dq_c.view()), download(gpu, dq.view())),
+                  rel_error(download(cudnn, dk_c.view()), download(gpu, dk.view())),
+                  rel_error(download(cudnn, dv_c.view()), download(gpu, dv.view()))});
+    record("attention (cuDNN)", fwd_ms, causal_flops, 0, fwd_err, fwd_ran);
+    record("attention_backward (cuDNN)", bwd_ms, 2.5 * causal_flops, 0, bwd_err, bwd_ran);
   };
-  std::int64_t declined_before = cudnn.attention_counts().fallback;
-  const double fwd_ms = time_ms(
-      cudnn,
-      [&] {
-        cudnn.attention(att_c.view(), lse_c.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
-                        ashape);
-      },
-      repeats);
-  const json fwd_ran = ran_since(declined_before);
-  declined_before = cudnn.attention_counts().fallback;
-  const double bwd_ms = time_ms(
-      cudnn,
-      [&] {
-        cudnn.attention_backward(dq_c.view(), dk_c.view(), dv_c.view(), dout.view(), att_c.view(),
-                                 lse_c.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
-                                 ashape);
-      },
-      repeats);
-  const json bwd_ran = ran_since(declined_before);
-  const double fwd_err = rel_error(download(cudnn, att_c.view()), download(gpu, att.view()));
-  const double bwd_err =
-      std::max({rel_error(download(cudnn, dq_c.view()), download(gpu, dq.view())),
-                rel_error(download(cudnn, dk_c.view()), download(gpu, dk.view())),
-                rel_error(download(cudnn, dv_c.view()), download(gpu, dv.view()))});
-  record("attention (cuDNN)", fwd_ms, causal_flops, 0, fwd_err, fwd_ran);
-  record("attention_backward (cuDNN)", bwd_ms, 2.5 * causal_flops, 0, bwd_err, bwd_ran);
+  if (cudnn_ops != nullptr) {
+    try {
+      time_cudnn(*cudnn_ops);
+    } catch (const std::exception& e) {
+      fmt::print("  attention (cuDNN)      {:<14} failed: {}\n", shape, e.what());
+      ops.push_back({{"op", "attention (cuDNN)"}, {"shape", shape}, {"error", e.what()}});
+    }
+  }
 
   if (first_seq) {  // (the same at every length)
     Buffer w_lm = device_random(gpu, s.vocab * h, 0.02F, 9);
@@ -388,7 +401,15 @@ int main(int argc, char** argv) try {
   cudaDeviceProp prop{};
   l3::cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   l3::cuda::CudaOps gpu(0);
-  l3::cuda::CudaOps cudnn(l3::cuda::CudaOptions{.device = 0, .cudnn_attention = true});
+  std::unique_ptr<l3::cuda::CudaOps> cudnn;
+  std::string cudnn_error;
+  try {
+    cudnn = std::make_unique<l3::cuda::CudaOps>(
+        l3::cuda::CudaOptions{.device = 0, .cudnn_attention = true});
+  } catch (const std::exception& e) {
+    cudnn_error = e.what();
+    fmt::print("cuDNN attention unavailable: {}\n", cudnn_error);
+  }
   const int repeats = quick || rehearsal ? 3 : 7;
 
   // Baselines of this run: bf16 GEMM 8192^3 (cuBLASLt) and device-to-device copy.
@@ -420,16 +441,14 @@ int main(int argc, char** argv) try {
                                           {"llama3-8b layer", 4096, 14336, 128256, 32, 8, 128}};
   const std::vector<std::int64_t> lengths =
       rehearsal ? std::vector<std::int64_t>{64, 128} : std::vector<std::int64_t>{2048, 8192};
-  for (const LayerShape& s : shapes) {
-    for (const std::int64_t seq : lengths) {
-      bench_layer(gpu, cudnn, s, seq, seq == lengths.front(), repeats, gemm_tflops, ops);
-    }
-  }
-  if (!json_path.empty()) {
+  // Written after every layer shape, so that a run stopped by a time limit keeps what it measured
+  // (and the GEMM rate, which the training benchmark's MFU needs).
+  auto write = [&](bool complete) {
+    if (json_path.empty()) return;
     const std::time_t now = std::time(nullptr);
     std::tm utc{};
     gmtime_r(&now, &utc);
-    const json doc = {
+    json doc = {
         {"impl", "llama3-hpc"},
         {"gpu", prop.name},
         {"commit", l3::core::build_info().git_commit},
@@ -440,10 +459,29 @@ int main(int argc, char** argv) try {
         {"rehearsal", rehearsal},
         {"attention",
          "fallback (cuBLAS batched GEMMs + causal softmax kernels) and cuDNN fused attention"},
-        {"ops", ops}};
-    std::ofstream(json_path) << doc.dump(2) << '\n';
+        {"ops", ops},
+        {"ops_complete", complete}};
+    if (!cudnn_error.empty()) doc["cudnn_error"] = cudnn_error;
+    const std::string temporary = json_path + ".partial";
+    std::ofstream(temporary) << doc.dump(2) << '\n';
+    std::filesystem::rename(temporary, json_path);
+  };
+  int failed = 0;
+  for (const LayerShape& s : shapes) {
+    for (const std::int64_t seq : lengths) {
+      try {
+        bench_layer(gpu, cudnn.get(), s, seq, seq == lengths.front(), repeats, gemm_tflops, ops);
+      } catch (const std::exception& e) {  // the next shape may still run (a smaller one first)
+        fmt::print(stderr, "{} T={}: {}\n", s.name, seq, e.what());
+        ops.push_back(
+            {{"op", "layer"}, {"shape", fmt::format("{} T={}", s.name, seq)}, {"error", e.what()}});
+        ++failed;
+      }
+      write(false);
+    }
   }
-  return 0;
+  write(true);
+  return failed == 0 ? 0 : 1;
 } catch (const std::exception& e) {
   fmt::print(stderr, "error: {}\n", e.what());
   return 1;

@@ -80,7 +80,8 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "keep the whole AdamW state on every rank instead of 1/N per rank (ZeRO-1)")(
       "shard-gradients", po::bool_switch(),
       "ZeRO-2: hold no whole gradient buffer, only the layers being computed and 1/N of the "
-      "reduced gradients per rank (each micro-batch is then reduced across ranks)")(
+      "reduced gradients per rank (each micro-batch is then reduced across ranks, and several "
+      "micro-batches per step add up in fp32)")(
       "bucket-mb", po::value<double>()->default_value(d.bucket_mb)->value_name("MIB"),
       "gradient reduction bucket size")(
       "no-overlap-reduction", po::bool_switch(),

@@ -67,6 +67,7 @@ check(tests.get("failed") == 0 and tests.get("exit_code") == 0 and tests.get("tr
 check(tests.get("passed", 0) >= 20, "the tests were counted from the JUnit report and the training log",
       f"passed {tests.get('passed')}")
 check(doc.get("gemm_tflops", 0) > 0 and doc.get("copy_gbps", 0) > 0, "the GEMM and copy baselines were measured")
+check(doc.get("ops_complete") is True and "cudnn_error" not in doc, "the op benchmark ran every shape")
 ops = doc.get("ops", [])
 names = {o["op"] for o in ops}
 expected = {"matmul q_proj", "matmul up_proj", "matmul down_proj", "matmul_backward up", "rmsnorm",

@@ -1,8 +1,8 @@
 // main() for MPI tests that play the host application: the test initialises MPI itself (as an
 // embedding code would) before the library is used, and finalises it after. Ranks other than 0
 // report only failures, so a passing run prints one summary. Built with L3_NEEDS_CUDA_DEVICE
-// (MPI tests of the CUDA backend): without a CUDA device it exits 77 with a SKIP line first, as
-// gpu_catch_main.cpp does.
+// (MPI tests of the CUDA backend): without a CUDA device it exits 77 with a SKIP line first
+// (cuda_device_check.hpp).
 #if L3_CATCH2_MAJOR < 3
 #define CATCH_CONFIG_RUNNER
 #endif
@@ -14,24 +14,12 @@
 #include "catch.hpp"
 
 #if defined(L3_NEEDS_CUDA_DEVICE)
-#include <cuda_runtime_api.h>
-
-#include <cstdio>
-
-#include "listing.hpp"
+#include "cuda_device_check.hpp"
 #endif
 
 int main(int argc, char** argv) {
 #if defined(L3_NEEDS_CUDA_DEVICE)
-  if (!l3::test::listing_tests(argc, argv)) {
-    int count = 0;
-    const cudaError_t status = cudaGetDeviceCount(&count);
-    if (status != cudaSuccess || count == 0) {
-      std::printf("SKIP: no CUDA device (%s)\n",
-                  status != cudaSuccess ? cudaGetErrorString(status) : "0 devices visible");
-      return 77;
-    }
-  }
+  if (const int skip = l3::test::skip_without_cuda_device(argc, argv); skip != 0) return skip;
 #endif
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
