@@ -190,8 +190,8 @@ class Ops {
   // ---- optimizer -------------------------------------------------------------------------
   // PyTorch's AdamW on n elements: p *= 1 - lr*wd; m, v updated with g*grad_scale;
   // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). params (the master weights), m, v
-  // f32; grads in the compute dtype or f32. params_copy (the weights the matmuls read, when they are
-  // not the master weights themselves) receives the updated params rounded to its dtype, or is
+  // f32; grads in the compute dtype or f32. params_copy (the weights the matmuls read, when they
+  // are not the master weights themselves) receives the updated params rounded to its dtype, or is
   // empty.
   virtual void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
                      TensorView v, std::int64_t n, const AdamWParams& hyper) = 0;

@@ -23,7 +23,7 @@ packages=(
   libssl-dev                    # SHA-256 (OpenSSL libcrypto): tokenizer and checkpoint hashes
   zlib1g-dev                    # .jsonl.gz input
   libxxhash-dev                 # xxHash64 checksums of checkpoint slices
-  python3                       # tests/spack/check_package.py
+  python3                       # tests/spack/check_package.py, JSON checks of tests/cli
 )
 test_tools=(
   slurmctld slurmd slurm-client munge   # tests/slurm: the job scripts under a real Slurm

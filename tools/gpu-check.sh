@@ -9,7 +9,8 @@
 #   4. the op benchmark (l3-bench-gpu: bf16 GEMM rate, copy bandwidth, per-op times);
 #   5. training throughput and MFU (l3-bench-train-throughput) for the 1B shape, then the
 #      Hugging Face baseline of the same shapes (bench/baselines/hf_train.py) where the node's
-#      python3 has torch, then the 8B shape (fallback and cuDNN attention);
+#      python3 has torch, then numerical parity with transformers on identical weights
+#      (bench/baselines/hf_parity.py), then the 8B shape (fallback and cuDNN attention);
 #   6. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
 # Writes under OUTDIR: logs, tests.xml (JUnit) and gpu-<date>-<gpu>.json, the results file
 # committed to bench/results/ (schema in docs/GPU.md).
@@ -17,7 +18,8 @@
 # L3_GPU_CHECK_REHEARSAL=1: the same stages at toy sizes, to rehearse this script on the CPU
 # emulation of the CUDA backend (tests/gpu/gpu_check_rehearsal.sh, in CI): the op benchmark's
 # --rehearsal shapes, the tiny training cases at one row for two steps, the training checks on
-# the CPU backend (their self-check mode), no Hugging Face baseline.
+# the CPU backend (their self-check mode), no Hugging Face baseline, the parity stage's
+# llama3-hpc side only (briefly trained models; no transformers there).
 set -uo pipefail
 out=${1:?usage: gpu-check.sh OUTDIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -117,13 +119,33 @@ print(base, layers, r["phase"], r["seq"], r["micro_batch"])' "$out/train-$c.json
     done
   done
 }
+# parity: llama3-hpc's log-probabilities and rewards against transformers' on the same exported
+# weights (CPU work, about a minute).
+parity_rc=-1
+parity() {
+  if [[ $rehearsal != 1 ]] && ! python3 -c 'import torch, transformers' 2>/dev/null; then
+    echo "== HF parity: no torch/transformers here"
+    return
+  fi
+  stage "HF parity" 150 || return
+  local steps=()
+  [[ $rehearsal == 1 ]] && steps=(--sft-steps 20 --reward-steps 10)
+  local work="${TMPDIR:-/tmp}/l3-hf-parity-$$"
+  timeout "$(limit 150)" python3 "$root/bench/baselines/hf_parity.py" --llama3-hpc llama3-hpc \
+    --workdir "$work" --json "$out/parity.json" "${steps[@]}" 2>&1 | tee "$out/parity.log"
+  parity_rc=${PIPESTATUS[0]}
+  cp "$work/llama3-hpc.log" "$out/parity-llama3-hpc.log" 2>/dev/null
+  rm -rf "$work"
+}
 if [[ $rehearsal == 1 ]]; then
   train fallback tiny-sft tiny-reward
   train cudnn tiny-sft
+  parity
 else
   train fallback 1b-sft 1b-reward
   train cudnn 1b-sft
   baseline 1b-sft 1b-reward
+  parity
   train fallback 8b-sft
   train cudnn 8b-sft
   baseline 8b-sft
@@ -141,13 +163,14 @@ if command -v compute-sanitizer >/dev/null && stage "memcheck cuDNN attention" 1
 fi
 
 python3 - "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
-  "$(($(date +%s) - start))" "$rehearsal" "$(
+  "$(($(date +%s) - start))" "$rehearsal" "$parity_rc" "$(
     IFS=';'
     echo "${skipped[*]:-}"
   )" <<'PY'
 import json, sys, os, re, glob, datetime, xml.etree.ElementTree as ET
-out, smoke, tests_rc, training_rc, bench_rc, memcheck_rc, seconds, rehearsal = sys.argv[1], *map(int, sys.argv[2:9])
-skipped = [s for s in sys.argv[9].split(";") if s] if len(sys.argv) > 9 else []
+out, smoke, tests_rc, training_rc, bench_rc, memcheck_rc, seconds, rehearsal, parity_rc = \
+    sys.argv[1], *map(int, sys.argv[2:10])
+skipped = [s for s in sys.argv[10].split(";") if s] if len(sys.argv) > 10 else []
 tests = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
 try:
     root = ET.parse(os.path.join(out, "tests.xml")).getroot()
@@ -173,12 +196,31 @@ try:
             tests["failures"].append({"test": "gpu/training: " + line[6:].strip().rstrip("]"), "message": ""})
 except OSError:
     pass
+# Parity with transformers: a test per model variant (not where transformers was missing).
+parity = None
+try:
+    parity = json.load(open(os.path.join(out, "parity.json")))
+    for row in parity.get("rows", []):
+        if "passed" not in row:
+            continue
+        if row["passed"]:
+            tests["passed"] += 1
+        else:
+            tests["failed"] += 1
+            tests["failures"].append({"test": "hf parity: " + row["variant"],
+                                      "message": row.get("error", json.dumps(
+                                          {k: row.get(k) for k in ("logprob_max_abs_diff", "greedy_agrees",
+                                                                   "reward", "reward_hf")}))})
+except (OSError, ValueError):
+    pass
 tests.update(exit_code=tests_rc, training_exit_code=training_rc, smoke_exit_code=smoke,
-             memcheck_exit_code=memcheck_rc)
+             memcheck_exit_code=memcheck_rc, parity_exit_code=parity_rc)
 doc = {"impl": "llama3-hpc", "tests": tests, "bench_exit_code": bench_rc, "seconds": seconds,
        "skipped_stages": skipped}
 if rehearsal:
     doc["rehearsal"] = True  # toy sizes: never a result to commit
+if parity is not None:
+    doc["hf_parity"] = parity
 try:
     doc.update(json.load(open(os.path.join(out, "bench.json"))))
 except Exception as e:

@@ -32,7 +32,11 @@ void declare_generate_options(po::options_description& options,
       "seed", po::value<std::uint64_t>()->default_value(0)->value_name("S"),
       "seed of the sampling: the same seed gives the same text")(
       "json", po::bool_switch(),
-      "print one JSON line: prompt_tokens, new_tokens, text, stopped, tokens_per_s, seconds");
+      "print one JSON line: prompt_tokens, new_tokens, text, stopped, tokens_per_s, seconds")(
+      "logprobs", po::bool_switch(),
+      "with --json: also prompt_ids, new_ids, logprobs (log p of each new token under the "
+      "model, before temperature and top-p) and prompt_logprobs (log p of each prompt token "
+      "after the first, given the ones before it)");
 }
 
 int run_generate(const CommandContext& context) {
@@ -53,6 +57,9 @@ int run_generate(const CommandContext& context) {
   options.top_p = o["top-p"].as<double>();
   options.seed = o["seed"].as<std::uint64_t>();
   if (options.max_new < 0) throw core::usage_error("--max-new must be >= 0");
+  const bool logprobs = o["logprobs"].as<bool>();
+  if (logprobs && !o["json"].as<bool>()) throw core::usage_error("--logprobs needs --json");
+  options.prompt_logprobs = logprobs;
   model::validate(model::SamplingParams{options.temperature, options.top_p});
   if (!context.world.is_root()) return core::kExitOk;  // an interactive tool: one rank works
 
@@ -79,9 +86,15 @@ int run_generate(const CommandContext& context) {
                    count, result.stopped ? " (stop token)" : "", seconds, rate);
 
   if (o["json"].as<bool>()) {
-    const nlohmann::ordered_json line = {
+    nlohmann::ordered_json line = {
         {"prompt_tokens", prompt.size()}, {"new_tokens", count},  {"text", text},
         {"stopped", result.stopped},      {"tokens_per_s", rate}, {"seconds", seconds}};
+    if (logprobs) {
+      line["prompt_ids"] = prompt;
+      line["new_ids"] = result.tokens;
+      line["logprobs"] = result.logprobs;
+      line["prompt_logprobs"] = result.prompt_logprobs;
+    }
     // The decoded bytes may cut a UTF-8 character: invalid sequences become U+FFFD.
     std::cout << line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
               << '\n';

@@ -26,7 +26,8 @@ void declare_score_options(po::options_description& options,
       "input", po::value<std::string>()->value_name("FILE.jsonl"),
       R"(score the records of a JSONL file (plain or .gz): {"prompt", "chosen", "rejected"} )"
       R"(pairs or {"prompt", "response"})")(
-      "json", po::bool_switch(), R"(with --prompt/--response: print {"reward", "tokens"})");
+      "json", po::bool_switch(),
+      R"(with --prompt/--response: print {"reward", "tokens", "ids"} (ids: the scored sequence))");
 }
 
 namespace {
@@ -92,7 +93,8 @@ int run_score(const CommandContext& context) {
     const float reward = model::sequence_reward(*loaded.model, tokens, pad_id);
     if (o["json"].as<bool>()) {
       std::cout << nlohmann::ordered_json{{"reward", json_number(reward)},
-                                          {"tokens", tokens.size()}}
+                                          {"tokens", tokens.size()},
+                                          {"ids", tokens}}
                        .dump()
                 << '\n';
     } else {

@@ -249,6 +249,17 @@ std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool 
   return logits;
 }
 
+double log_probability(std::span<const float> logits, std::int32_t token) {
+  if (token < 0 || static_cast<std::size_t>(token) >= logits.size()) {
+    throw core::internal_error(
+        fmt::format("log_probability: token {} outside {} logits", token, logits.size()));
+  }
+  const float top = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (const float l : logits) sum += std::exp(static_cast<double>(l) - top);
+  return static_cast<double>(logits[static_cast<std::size_t>(token)]) - top - std::log(sum);
+}
+
 GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
                                      const GenerationOptions& options) {
   if (prompt.empty()) throw core::usage_error("generation needs a prompt of at least one token");
@@ -258,14 +269,25 @@ GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
   const SamplingParams sampling{options.temperature, options.top_p};
   validate(sampling);
   GenerationResult result;
-  if (options.max_new == 0) return result;
+  if (options.max_new == 0 && !options.prompt_logprobs) return result;
   reset(static_cast<std::int64_t>(prompt.size()) + options.max_new);
 
   const std::int64_t vocab = model_.config().vocab_size;
   const auto limit = static_cast<std::size_t>(
       options.vocab_limit > 0 ? std::min(options.vocab_limit, vocab) : vocab);
   const core::CounterRng rng(options.seed, core::RngPurpose::sampling);
-  std::vector<float> logits = extend(prompt);  // (V) of the last prompt token
+  std::vector<float> logits;  // (V) of the last prompt token
+  if (options.prompt_logprobs) {
+    const std::vector<float> all = extend(prompt, true);  // (prompt, V)
+    const auto v = static_cast<std::size_t>(vocab);
+    for (std::size_t i = 1; i < prompt.size(); ++i) {
+      result.prompt_logprobs.push_back(
+          log_probability(std::span<const float>(all).subspan((i - 1) * v, v), prompt[i]));
+    }
+    logits.assign(all.end() - static_cast<std::ptrdiff_t>(v), all.end());
+  } else {
+    logits = extend(prompt);
+  }
   for (std::int64_t t = 0; t < options.max_new; ++t) {
     const std::int32_t token = sample_token(std::span<const float>(logits).first(limit), sampling,
                                             rng.uniform(static_cast<std::uint64_t>(t)));
@@ -275,6 +297,7 @@ GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
       break;
     }
     result.tokens.push_back(token);
+    result.logprobs.push_back(log_probability(logits, token));
     if (t + 1 == options.max_new) break;  // its logits are never needed
     const std::array<std::int32_t, 1> next = {token};
     logits = extend(next);

@@ -29,12 +29,23 @@ struct GenerationOptions {
   std::vector<std::int32_t> stop_tokens{};
   // Draw only ids below this (a tokenizer smaller than the model's vocabulary); 0: all.
   std::int64_t vocab_limit = 0;
+  // Also the log-probability of each prompt token after the first, given the ones before it
+  // (the prefill then keeps the logits of every prompt position).
+  bool prompt_logprobs = false;
 };
 
 struct GenerationResult {
   std::vector<std::int32_t> tokens;  // the new tokens, without the stop token
-  bool stopped = false;              // ended on a stop token (not on max_new)
+  // log p(token) of each new token under the model: log-softmax of its logits over the whole
+  // vocabulary, before temperature and top-p (what transformers' log_softmax(logits) gives)
+  std::vector<double> logprobs;
+  // With GenerationOptions::prompt_logprobs: log p(prompt[i] | prompt[0..i)) for i >= 1.
+  std::vector<double> prompt_logprobs;
+  bool stopped = false;  // ended on a stop token (not on max_new)
 };
+
+// log-softmax of `logits` at `token`, in double.
+[[nodiscard]] double log_probability(std::span<const float> logits, std::int32_t token);
 
 class Generator {
  public:

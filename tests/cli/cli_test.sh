@@ -134,6 +134,11 @@ expect "printed once" [ "$(printf '%s\n' "$out" | grep -c '^world:')" = 1 ]
 run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" --sft-steps 20 --reward-steps 10
 expect "reports both phases" contains "$out" "reward  10 steps: validation accuracy"
 expect "says what to run next" contains "$out" "llama3-hpc prep sft --input my-sft.jsonl"
+run "score --json of the demo's reward model" 0 "$bin" score --init "$work/demo/ckpt/reward" --prompt "Reverse abc." --response "cba" --json
+expect "the reward, the token count and the ids scored" python3 -c '
+import json, sys
+r = json.loads(sys.argv[1])
+assert isinstance(r["reward"], float) and r["tokens"] == len(r["ids"]) > 4, r' "$out"
 run "bad option on 2 ranks" 2 "$mpiexec" -n 2 "$bin" info --bogus
 expect "exactly one line on stderr" [ "$(lines "$err")" = 1 ]
 run "help under mpiexec prints once" 0 "$mpiexec" -n 2 "$bin" --help
@@ -254,6 +259,20 @@ expect "an index" [ -f "$work/hf16/model.safetensors.index.json" ]
 expect "several shards" [ -f "$work/hf16/model-00002-of-00004.safetensors" ]
 run "sft from the sharded export" 0 "$bin" sft --init "$work/hf16" --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --no-progress
 run "generate from the export" 0 "$bin" generate --init "$work/hf32" --tokenizer bytes --prompt "Reverse word1." --max-new 4
+# Log-probabilities of the new tokens, for comparing with another implementation (the GPU
+# check's Hugging Face parity stage): the fp32 export gives the checkpoint's, bit for bit.
+run "generate --logprobs from the checkpoint" 0 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --max-new 6 --json --logprobs
+ck_generated=$out
+run "generate --logprobs from the export" 0 "$bin" generate --init "$work/hf32" --tokenizer bytes --prompt "Reverse word1." --max-new 6 --json --logprobs
+expect "ids and log-probabilities, the same from both" python3 -c '
+import json, sys
+a, b = (json.loads(t) for t in sys.argv[1:3])
+assert a["new_tokens"] == len(a["new_ids"]) == len(a["logprobs"]) > 0, a
+assert a["prompt_tokens"] == len(a["prompt_ids"]), a
+assert all(-1e9 < p <= 0 for p in a["logprobs"]), a
+for k in ("prompt_ids", "new_ids", "logprobs"):
+    assert a[k] == b[k], (k, a[k], b[k])' "$ck_generated" "$out"
+run "--logprobs needs --json" 2 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --logprobs
 run "export --dtype fp16 is refused" 2 "$bin" export --ckpt "$work/ck" --output "$work/hf-x" --dtype fp16
 run "export --shard-size nonsense" 2 "$bin" export --ckpt "$work/ck" --output "$work/hf-x" --shard-size 5XB
 cp -r "$work/hf32" "$work/hf-cut" && truncate -s 5000 "$work/hf-cut/model.safetensors"

@@ -3,7 +3,8 @@
 # backend, so that the script a GPU session gets one chance to run has run end to end before:
 # every stage starts, finds its executable, writes what the summary reads, and the summary
 # assembles a complete gpu-<date>-<gpu>.json (tests counted from the JUnit report and the
-# training log, op rows including cuDNN's attention, the training rows of both attentions).
+# training log, op rows including cuDNN's attention, the training rows of both attentions, the
+# parity stage's llama3-hpc side).
 # Toy sizes (L3_GPU_CHECK_REHEARSAL=1): the figures mean nothing, the plumbing does.
 #   gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC]
 set -uo pipefail
@@ -88,6 +89,17 @@ check(sorted(rows) == [("reward", "fallback"), ("sft", "cudnn"), ("sft", "fallba
       "training rows for SFT (both attentions) and reward", json.dumps(training)[:600])
 check(all(t.get("micro_batch") == 1 and t.get("model") == "tiny" for t in training),
       "the rehearsal's training ran the tiny model at one row")
+# The parity stage's llama3-hpc side (transformers' side needs the GPU node's python3).
+parity = doc.get("hf_parity", {})
+prows = parity.get("rows", [])
+check(len(prows) == 2 and all(len(r.get("prompt_logprobs", [])) == len(r.get("prompt_ids", [])) - 1 > 8
+                              and len(r.get("new_ids", [])) == len(r.get("logprobs", []))
+                              and r.get("score_ids") and isinstance(r.get("reward"), float)
+                              for r in prows),
+      "the parity stage trained, exported, generated with log-probabilities and scored both models",
+      json.dumps(prows)[:800])
+check(tests.get("parity_exit_code") == 77 and "skipped" in parity,
+      "and says that transformers' side did not run here", json.dumps(parity)[:300])
 sys.exit(1 if failed else 0)
 PY
 echo "the GPU check ran end to end on the emulation"

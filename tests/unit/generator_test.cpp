@@ -111,17 +111,64 @@ TEST_CASE("greedy generation is deterministic and follows the argmax of full log
   REQUIRE(result.tokens.size() == 12);
   CHECK(run(model, prompt, options).tokens == result.tokens);
 
+  REQUIRE(result.logprobs.size() == result.tokens.size());
   std::vector<std::int32_t> sequence = prompt;
-  for (const std::int32_t token : result.tokens) {
+  for (std::size_t i = 0; i < result.tokens.size(); ++i) {
+    const std::int32_t token = result.tokens[i];
     const auto logits = full_logits(model, sequence);
     const auto last = row(logits, static_cast<std::int64_t>(sequence.size()) - 1, c.vocab_size);
     const std::int32_t expected = l3::model::argmax(last);
     INFO("position " << sequence.size() << ": " << token << " vs " << expected);
+    // log-softmax of the full forward's logits, in fp64 from scratch
+    double sum = 0;
+    for (const float l : last) sum += std::exp(static_cast<double>(l));
+    const double logprob =
+        static_cast<double>(last[static_cast<std::size_t>(token)]) - std::log(sum);
+    CHECK(result.logprobs[i] == Approx(logprob).margin(1e-4));
+    CHECK(result.logprobs[i] <= 0.0);
     // the same token, or a tie within fp32 rounding of the two computations
     CHECK((token == expected || std::abs(last[static_cast<std::size_t>(token)] -
                                          last[static_cast<std::size_t>(expected)]) < 1e-5F));
     sequence.push_back(token);
   }
+}
+
+TEST_CASE("prompt log-probabilities follow the full forward pass", "[generate]") {
+  INFO("seed " << l3::test::test_seed());
+  const ModelConfig c = l3::model::preset("tiny");
+  l3::kernels::CpuOps ops;
+  LlamaModel model(c, HeadKind::language_model, ops);
+  randomize(model, 44);
+  l3::test::Random rnd(45);
+  const auto prompt = rnd.integers(11, 512);
+  GenerationOptions options;
+  options.max_new = 3;
+  options.prompt_logprobs = true;
+  const GenerationResult result = run(model, prompt, options);
+  REQUIRE(result.prompt_logprobs.size() == prompt.size() - 1);
+  const auto logits = full_logits(model, prompt);
+  for (std::size_t i = 1; i < prompt.size(); ++i) {
+    INFO("prompt position " << i);
+    const auto r = row(logits, static_cast<std::int64_t>(i) - 1, c.vocab_size);
+    double sum = 0;
+    for (const float l : r) sum += std::exp(static_cast<double>(l));
+    const double expected =
+        static_cast<double>(r[static_cast<std::size_t>(prompt[i])]) - std::log(sum);
+    CHECK(result.prompt_logprobs[i - 1] == Approx(expected).margin(1e-4));
+  }
+  // Asked for or not, the generation is the same (up to the last bits of the first token's
+  // logits: the prefill's lm_head then multiplies all the prompt's rows, not the last alone).
+  options.prompt_logprobs = false;
+  const GenerationResult plain = run(model, prompt, options);
+  CHECK(plain.tokens == result.tokens);
+  REQUIRE(plain.logprobs.size() == result.logprobs.size());
+  for (std::size_t i = 0; i < plain.logprobs.size(); ++i)
+    CHECK(plain.logprobs[i] == Approx(result.logprobs[i]).margin(1e-6));
+  CHECK(plain.prompt_logprobs.empty());
+  // With nothing to generate, the prompt is still scored.
+  options.prompt_logprobs = true;
+  options.max_new = 0;
+  CHECK(run(model, prompt, options).prompt_logprobs == result.prompt_logprobs);
 }
 
 TEST_CASE("sampling is reproducible with a seed and differs between seeds", "[generate]") {
