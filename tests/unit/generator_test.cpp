@@ -43,6 +43,21 @@ std::vector<float> row(const std::vector<float>& logits, std::int64_t r, std::in
   return {logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab};
 }
 
+// The tiny preset with randomized weights on the CPU backend.
+struct TinyModel {
+  explicit TinyModel(std::uint32_t stream) { randomize(model, stream); }
+  const ModelConfig c = l3::model::preset("tiny");
+  l3::kernels::CpuOps ops;
+  LlamaModel model{c, HeadKind::language_model, ops};
+};
+
+// log-softmax of `logits` at `token`, in fp64 from scratch (no max subtracted).
+double reference_logprob(const std::vector<float>& logits, std::int32_t token) {
+  double sum = 0;
+  for (const float l : logits) sum += std::exp(static_cast<double>(l));
+  return static_cast<double>(logits[static_cast<std::size_t>(token)]) - std::log(sum);
+}
+
 GenerationResult run(LlamaModel& model, const std::vector<std::int32_t>& prompt,
                      const GenerationOptions& options) {
   Generator generator(model);
@@ -98,10 +113,9 @@ TEST_CASE("generator logits equal the full forward pass at every position", "[ge
 TEST_CASE("greedy generation is deterministic and follows the argmax of full logits",
           "[generate]") {
   INFO("seed " << l3::test::test_seed());
-  const ModelConfig c = l3::model::preset("tiny");
-  l3::kernels::CpuOps ops;
-  LlamaModel model(c, HeadKind::language_model, ops);
-  randomize(model, 42);
+  TinyModel tiny(42);
+  const ModelConfig& c = tiny.c;
+  LlamaModel& model = tiny.model;
   l3::test::Random rnd(43);
   const auto prompt = rnd.integers(9, 512);
   GenerationOptions options;
@@ -119,12 +133,7 @@ TEST_CASE("greedy generation is deterministic and follows the argmax of full log
     const auto last = row(logits, static_cast<std::int64_t>(sequence.size()) - 1, c.vocab_size);
     const std::int32_t expected = l3::model::argmax(last);
     INFO("position " << sequence.size() << ": " << token << " vs " << expected);
-    // log-softmax of the full forward's logits, in fp64 from scratch
-    double sum = 0;
-    for (const float l : last) sum += std::exp(static_cast<double>(l));
-    const double logprob =
-        static_cast<double>(last[static_cast<std::size_t>(token)]) - std::log(sum);
-    CHECK(result.logprobs[i] == Approx(logprob).margin(1e-4));
+    CHECK(result.logprobs[i] == Approx(reference_logprob(last, token)).margin(1e-4));
     CHECK(result.logprobs[i] <= 0.0);
     // the same token, or a tie within fp32 rounding of the two computations
     CHECK((token == expected || std::abs(last[static_cast<std::size_t>(token)] -
@@ -135,11 +144,10 @@ TEST_CASE("greedy generation is deterministic and follows the argmax of full log
 
 TEST_CASE("prompt log-probabilities follow the full forward pass", "[generate]") {
   INFO("seed " << l3::test::test_seed());
-  const ModelConfig c = l3::model::preset("tiny");
-  l3::kernels::CpuOps ops;
-  LlamaModel model(c, HeadKind::language_model, ops);
-  randomize(model, 44);
-  l3::test::Random rnd(45);
+  TinyModel tiny(46);
+  const ModelConfig& c = tiny.c;
+  LlamaModel& model = tiny.model;
+  l3::test::Random rnd(47);
   const auto prompt = rnd.integers(11, 512);
   GenerationOptions options;
   options.max_new = 3;
@@ -150,11 +158,7 @@ TEST_CASE("prompt log-probabilities follow the full forward pass", "[generate]")
   for (std::size_t i = 1; i < prompt.size(); ++i) {
     INFO("prompt position " << i);
     const auto r = row(logits, static_cast<std::int64_t>(i) - 1, c.vocab_size);
-    double sum = 0;
-    for (const float l : r) sum += std::exp(static_cast<double>(l));
-    const double expected =
-        static_cast<double>(r[static_cast<std::size_t>(prompt[i])]) - std::log(sum);
-    CHECK(result.prompt_logprobs[i - 1] == Approx(expected).margin(1e-4));
+    CHECK(result.prompt_logprobs[i - 1] == Approx(reference_logprob(r, prompt[i])).margin(1e-4));
   }
   // Asked for or not, the generation is the same (up to the last bits of the first token's
   // logits: the prefill's lm_head then multiplies all the prompt's rows, not the last alone).
@@ -173,10 +177,8 @@ TEST_CASE("prompt log-probabilities follow the full forward pass", "[generate]")
 
 TEST_CASE("sampling is reproducible with a seed and differs between seeds", "[generate]") {
   INFO("seed " << l3::test::test_seed());
-  const ModelConfig c = l3::model::preset("tiny");
-  l3::kernels::CpuOps ops;
-  LlamaModel model(c, HeadKind::language_model, ops);
-  randomize(model, 44);
+  TinyModel tiny(44);
+  LlamaModel& model = tiny.model;
   l3::test::Random rnd(45);
   const auto prompt = rnd.integers(5, 512);
   GenerationOptions options;
