@@ -120,7 +120,7 @@ print(base, layers, r["phase"], r["seq"], r["micro_batch"])' "$out/train-$c.json
   done
 }
 # parity: llama3-hpc's log-probabilities and rewards against transformers' on the same exported
-# weights (CPU work, about a minute).
+# weights (CPU work; the stage gives it up to 150 s).
 parity_rc=-1
 parity() {
   if [[ $rehearsal != 1 ]] && ! python3 -c 'import torch, transformers' 2>/dev/null; then

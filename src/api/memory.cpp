@@ -2,8 +2,6 @@
 // `--dry-run-memory` mode of the CLI and for hosts sizing a job before they start it.
 #include <fmt/format.h>
 
-#include <algorithm>
-
 #include "api/public_errors.hpp"
 #include "api/run_config_parsed.hpp"
 #include "core/error.hpp"
@@ -37,9 +35,7 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
     in.ranks = ranks;
     in.shard_optimizer = t.shard_optimizer;
     in.shard_gradients = t.shard_gradients;
-    in.accumulation = std::max<std::int64_t>(
-        1, t.global_batch /
-               (static_cast<std::int64_t>(ranks) * std::max<std::int64_t>(1, t.micro_batch)));
+    in.accumulation = t.accumulation(ranks);
     in.cudnn_attention = t.attention == "cudnn";
     const model::MemoryPlan plan = model::plan_training_memory(in);
     out.backend = cuda ? "cuda (bf16)" : "cpu (fp32)";

@@ -3,6 +3,7 @@
 // can be checked without the data or the model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -82,6 +83,12 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
 
   // usage Error for what cannot be right whatever the data and model.
   void validate() const;
+  // Micro-batches per step on each of `ranks` ranks (at least 1; the data plan checks that the
+  // global batch divides).
+  [[nodiscard]] std::int64_t accumulation(int ranks) const noexcept {
+    return std::max<std::int64_t>(1, global_batch / (static_cast<std::int64_t>(ranks) *
+                                                     std::max<std::int64_t>(1, micro_batch)));
+  }
   [[nodiscard]] nlohmann::json to_json() const;
 };
 

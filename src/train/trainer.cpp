@@ -135,8 +135,7 @@ struct Trainer::Impl {
     dp.shard_optimizer = config.shard_optimizer;
     dp.shard_gradients = config.shard_gradients;
     // Several micro-batches per step (gradient accumulation): add them up in fp32.
-    dp.fp32_reduced_gradients =
-        config.global_batch / (static_cast<std::int64_t>(world.size()) * config.micro_batch) > 1;
+    dp.fp32_reduced_gradients = config.accumulation(world.size()) > 1;
     dp.overlap = config.overlap_reduction;
     dp.shard_master = shard_master;
     dp.exchange =
