@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -125,7 +127,20 @@ std::string CudaOps::report() const {
   return text;
 }
 
-void CudaOps::synchronize() { check(cudaStreamSynchronize(stream_), "synchronize"); }
+void CudaOps::synchronize() {
+  if (!wait_check_) {
+    check(cudaStreamSynchronize(stream_), "synchronize");
+    return;
+  }
+  for (;;) {
+    const cudaError_t status = cudaStreamQuery(stream_);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) check(status, "synchronize");
+    wait_check_();
+    // A short nap: a step waits here a few times, and each wait costs at most this much more.
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
 
 void CudaOps::copy(TensorView dst, TensorView src) {
   if (dst.numel() != src.numel()) {

@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,7 +77,11 @@ class CudaOps final : public kernels::Ops {
   [[nodiscard]] kernels::Buffer allocate(kernels::DType dtype, std::int64_t numel) override;
   void zero(kernels::TensorView x) override;
   void copy(kernels::TensorView dst, kernels::TensorView src) override;
+  // Waits for the stream. With a wait check set, it polls instead of blocking and runs the check
+  // between polls, which may throw (the NCCL exchange: a collective whose peer is gone spins
+  // forever, and only ncclCommGetAsyncError says so).
   void synchronize() override;
+  void set_wait_check(std::function<void()> check) { wait_check_ = std::move(check); }
   // On a copy stream of its own (InputStager), overlapping the queued compute.
   void upload_inputs(int set, std::span<const kernels::HostUpload> uploads) override;
   [[nodiscard]] double take_input_wait_ms() override;
@@ -146,6 +151,7 @@ class CudaOps final : public kernels::Ops {
   std::unique_ptr<InputStager> inputs_;  // micro-batch inputs on the copy stream (first use)
   std::unique_ptr<CudnnAttention> cudnn_;  // null: the fallback attention only
   AttentionCounts attention_;
+  std::function<void()> wait_check_;  // empty: synchronize() blocks in cudaStreamSynchronize
 };
 
 }  // namespace l3::cuda

@@ -638,8 +638,11 @@ std::string shape_refusal(const AttentionShape& shape) {
     return fmt::format("{} heads are not a multiple of {} kv heads", shape.n_heads,
                        shape.n_kv_heads);
   }
-  if (shape.head_dim <= 0 || shape.head_dim % 8 != 0 || shape.head_dim > kMaxHeadDim) {
-    return fmt::format("head_dim {} (cuDNN attention here: a multiple of 8, at most {})",
+  // A multiple of 16, not only of 8: the backward keeps its fp32 scratch (dQ accumulator, row
+  // sums, per-query-head dK/dV) packed like the inputs, which cudnn-frontend avoids for other
+  // head sizes ("d is not a multiple of 16 has a known functional issue").
+  if (shape.head_dim <= 0 || shape.head_dim % 16 != 0 || shape.head_dim > kMaxHeadDim) {
+    return fmt::format("head_dim {} (cuDNN attention here: a multiple of 16, at most {})",
                        shape.head_dim, kMaxHeadDim);
   }
   return {};
@@ -896,6 +899,8 @@ class CudnnAttention::Impl {
   CudnnAttentionOptions options_;
   std::string reason_;
   std::string unavailable_;  // set once when cuDNN cannot be used on this process/GPU at all
+  // Set once when this GPU's deterministic backward is not one this graph can promise.
+  std::string deterministic_backward_refusal_;
   bool checked_environment_ = false;
   Handle handle_;  // declared before the plans: destroyed after them
   cudaStream_t stream_ = nullptr;
@@ -975,6 +980,13 @@ std::string CudnnAttention::Impl::prepare(cudaStream_t stream) {
         unavailable_ = refusal(status, "cudnnCreate");
       } else {
         handle_.reset(raw);
+      }
+      // On Blackwell, cudnn-frontend gets a deterministic backward only from cuDNN 9.18 on and by
+      // pinning one engine and its knobs; this graph takes the heuristic's choice, which there may
+      // reduce in any order. The fallback attention's backward is deterministic.
+      if (major == 10) {
+        deterministic_backward_refusal_ = fmt::format(
+            "a deterministic backward on sm_{}{} (cuDNN attention here: sm_90)", major, minor);
       }
     }
     checked_environment_ = true;  // only once the questions above got answers
@@ -1107,6 +1119,9 @@ bool CudnnAttention::Impl::backward(TensorView dq, TensorView dk, TensorView dv,
   if (cu_seqlens.dtype() != DType::i32) return refuse("cu_seqlens must be i32");
   if (n == 0) return true;
   if (std::string why = prepare(stream); !why.empty()) return refuse(std::move(why));
+  if (options_.deterministic && !deterministic_backward_refusal_.empty()) {
+    return refuse(deterministic_backward_refusal_);
+  }
   const PlanKey key = key_for(call, true);
   const Plan* plan = find_plan(key);
   if (plan == nullptr) return false;

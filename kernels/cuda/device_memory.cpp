@@ -16,7 +16,11 @@ kernels::Buffer allocate_device(kernels::DType dtype, std::int64_t numel) {
   check(cudaMalloc(&data, bytes == 0 ? 256 : bytes),
         fmt::format("cudaMalloc of {} bytes ({} x {})", bytes, numel, kernels::dtype_name(dtype)));
   kernels::Buffer buffer(data, dtype, numel, free_device);  // owns it from here on
+  // cudaMemset of device memory returns before it is done and runs on the legacy default stream,
+  // which the backend's streams (cudaStreamNonBlocking) do not wait for: without the
+  // synchronisation, work queued next on those streams could run first and be zeroed after.
   check(cudaMemset(data, 0, bytes == 0 ? 256 : bytes), "cudaMemset of a new buffer");
+  check(cudaStreamSynchronize(nullptr), "zeroing a new buffer");
   return buffer;
 }
 

@@ -13,8 +13,10 @@ namespace {
 constexpr int kThreads = 256;
 
 // One block per token row.
+// vectorized: hidden % 8 == 0 and out, table 16-byte aligned (checked on the host), so that every
+// row of both starts on a 16-byte boundary.
 __global__ void embedding_forward_kernel(bf16* out, const std::int32_t* tokens, const bf16* table,
-                                         std::int64_t hidden, std::int64_t vocab) {
+                                         std::int64_t hidden, std::int64_t vocab, bool vectorized) {
   const std::int64_t t = blockIdx.x;
   const std::int32_t token = tokens[t];
   bf16* dst = out + t * hidden;
@@ -23,7 +25,7 @@ __global__ void embedding_forward_kernel(bf16* out, const std::int32_t* tokens, 
     return;
   }
   const bf16* src = table + static_cast<std::int64_t>(token) * hidden;
-  if (hidden % 8 == 0) {
+  if (vectorized) {
     const auto* src8 = reinterpret_cast<const Bf16x8*>(src);
     auto* dst8 = reinterpret_cast<Bf16x8*>(dst);
     for (std::int64_t i = threadIdx.x; i < hidden / 8; i += blockDim.x) dst8[i] = src8[i];
@@ -112,7 +114,8 @@ void embedding_forward(BFloat16* out, const std::int32_t* tokens, const BFloat16
                        cudaStream_t stream) {
   if (n == 0) return;
   embedding_forward_kernel<<<static_cast<unsigned int>(n), kThreads, 0, stream>>>(
-      device_cast(out), tokens, device_cast(table), hidden, vocab);
+      device_cast(out), tokens, device_cast(table), hidden, vocab,
+      hidden % 8 == 0 && aligned16(out, table));
   check_launch("embedding forward");
 }
 

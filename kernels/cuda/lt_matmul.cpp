@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -22,6 +25,16 @@ cudaDataType_t cuda_type(kernels::DType t) {
   }
 }
 
+// The largest power of two, up to 256 (cuBLASLt's default assumption), that divides both the
+// address and the leading dimension in bytes: what an algorithm may rely on for this matrix.
+std::uint32_t alignment_bytes(const void* pointer, std::int64_t ld, kernels::DType type) {
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  const auto row_bytes = static_cast<std::uintptr_t>(ld) * kernels::dtype_size(type);
+  std::uint32_t alignment = 256;
+  while (alignment > 1 && (address % alignment != 0 || row_bytes % alignment != 0)) alignment /= 2;
+  return alignment;
+}
+
 // RAII for the cuBLASLt descriptors of one shape.
 struct Layout {
   cublasLtMatrixLayout_t handle = nullptr;
@@ -37,13 +50,49 @@ struct Layout {
   Layout& operator=(Layout&&) = delete;
 };
 
+// RAII for the heuristic's preferences: the workspace it may use and the alignment of each matrix.
+struct Preference {
+  cublasLtMatmulPreference_t handle = nullptr;
+  Preference(std::uint64_t max_workspace, std::uint32_t align_a, std::uint32_t align_b,
+             std::uint32_t align_c, const std::string& shape) {
+    check(cublasLtMatmulPreferenceCreate(&handle), "cublasLtMatmulPreferenceCreate");
+    try {
+      check(cublasLtMatmulPreferenceSetAttribute(handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &max_workspace, sizeof(max_workspace)),
+            "set the workspace limit for GEMM " + shape);
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};  // D is C's buffer
+      for (const auto& [attribute, bytes] : alignments) {
+        check(cublasLtMatmulPreferenceSetAttribute(handle, attribute, &bytes, sizeof(bytes)),
+              "set the minimum alignment for GEMM " + shape);
+      }
+    } catch (...) {
+      cublasLtMatmulPreferenceDestroy(handle);
+      throw;
+    }
+  }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(handle); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+  Preference(Preference&&) = delete;
+  Preference& operator=(Preference&&) = delete;
+};
+
 }  // namespace
 
 struct LtMatmul::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   std::unique_ptr<Layout> a, b, c;
   cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
   ~Plan() { cublasLtMatmulDescDestroy(desc); }
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  Plan(Plan&&) = delete;
+  Plan& operator=(Plan&&) = delete;
 };
 
 LtMatmul::LtMatmul(std::size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
@@ -66,6 +115,9 @@ void LtMatmul::run(const RowMajorGemm& g, cudaStream_t stream) {
   const std::int64_t m = g.cols;
   const std::int64_t n = g.rows;
   const std::int64_t k = g.inner;
+  const std::uint32_t align_a = alignment_bytes(g.b, g.ldb, g.b_type);  // cuBLASLt's A is our B
+  const std::uint32_t align_b = alignment_bytes(g.a, g.lda, g.a_type);
+  const std::uint32_t align_c = alignment_bytes(g.c, g.ldc, g.c_type);  // C and D: one buffer
   const Key key{trans_a_cm,
                 trans_b_cm,
                 m,
@@ -76,12 +128,21 @@ void LtMatmul::run(const RowMajorGemm& g, cudaStream_t stream) {
                 g.ldc,
                 static_cast<int>(g.a_type) * 100 + static_cast<int>(g.b_type) * 10 +
                     static_cast<int>(g.c_type),
-                g.beta != 0.0F};
-  const std::string shape =
-      fmt::format("({} x {}) = ({} x {}){} ({} x {}){}", g.rows, g.cols, g.rows, g.inner,
-                  g.transpose_a ? "^T" : "", g.inner, g.cols, g.transpose_b ? "^T" : "");
+                g.beta != 0.0F,
+                align_a,
+                align_b,
+                align_c};
+  // Formatted only when a plan is made or a call fails: run() is on every step's hot path.
+  const auto describe = [&g] {
+    return fmt::format("({} x {}) = ({} x {}){} ({} x {}){}, alignments {}/{}/{} bytes", g.rows,
+                       g.cols, g.rows, g.inner, g.transpose_a ? "^T" : "", g.inner, g.cols,
+                       g.transpose_b ? "^T" : "", alignment_bytes(g.a, g.lda, g.a_type),
+                       alignment_bytes(g.b, g.ldb, g.b_type),
+                       alignment_bytes(g.c, g.ldc, g.c_type));
+  };
   auto it = plans_.find(key);
   if (it == plans_.end()) {
+    const std::string shape = describe();
     auto plan = std::make_unique<Plan>();
     check(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
           "cublasLtMatmulDescCreate " + shape);
@@ -100,27 +161,22 @@ void LtMatmul::run(const RowMajorGemm& g, cudaStream_t stream) {
                                        g.lda);
     plan->c = std::make_unique<Layout>(cuda_type(g.c_type), m, n, g.ldc);
 
-    cublasLtMatmulPreference_t preference = nullptr;
-    check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
-    const std::uint64_t max_workspace = workspace_bytes_;
-    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                         &max_workspace, sizeof(max_workspace));
+    const Preference preference(workspace_bytes_, align_a, align_b, align_c, shape);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         handle_, plan->desc, plan->a->handle, plan->b->handle, plan->c->handle, plan->c->handle,
-        preference, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(preference);
+        preference.handle, 1, &result, &found);
     check(status, "cublasLtMatmulAlgoGetHeuristic " + shape);
     if (found == 0) throw core::internal_error("cuBLASLt has no algorithm for GEMM " + shape);
     plan->algo = result.algo;
     it = plans_.emplace(key, std::move(plan)).first;
   }
   const Plan& plan = *it->second;
-  check(cublasLtMatmul(handle_, plan.desc, &g.alpha, g.b, plan.a->handle, g.a, plan.b->handle,
-                       &g.beta, g.c, plan.c->handle, g.c, plan.c->handle, &plan.algo, workspace_,
-                       workspace_bytes_, stream),
-        "cublasLtMatmul " + shape);
+  const cublasStatus_t status = cublasLtMatmul(
+      handle_, plan.desc, &g.alpha, g.b, plan.a->handle, g.a, plan.b->handle, &g.beta, g.c,
+      plan.c->handle, g.c, plan.c->handle, &plan.algo, workspace_, workspace_bytes_, stream);
+  if (status != CUBLAS_STATUS_SUCCESS) check(status, "cublasLtMatmul " + describe());
 }
 
 }  // namespace l3::cuda

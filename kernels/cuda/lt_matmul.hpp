@@ -1,6 +1,11 @@
 // GEMMs on cuBLASLt: bf16 (or f32) operands, fp32 accumulation, with the heuristic's choice of
 // algorithm cached per shape and one workspace for all calls.
 //
+// The heuristic is told how each matrix is aligned (its pointer and its leading dimension in
+// bytes, up to 256): by default it assumes 256 bytes and may return an algorithm that needs them,
+// which then fails on a view into a buffer (a slice of the flat weights, a chunk of rows). The
+// alignments are part of the plan's key.
+//
 // Shapes are written for row-major operands (the layout of every tensor here); the class maps
 // them to cuBLASLt's column-major view (a row-major (r x c) matrix is a column-major (c x r)).
 #pragma once
@@ -52,9 +57,11 @@ class LtMatmul {
   void run(const RowMajorGemm& gemm, cudaStream_t stream);
 
  private:
-  // (transa, transb, m, n, k, lda, ldb, ldc, types, beta != 0) in cuBLASLt's column-major terms
-  using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                         std::int64_t, std::int64_t, int, bool>;
+  // (transa, transb, m, n, k, lda, ldb, ldc, types, beta != 0, alignments of A, B and C in
+  // bytes) in cuBLASLt's column-major terms
+  using Key =
+      std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                 std::int64_t, int, bool, std::uint32_t, std::uint32_t, std::uint32_t>;
   struct Plan;
 
   cublasLtHandle_t handle_ = nullptr;

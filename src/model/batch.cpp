@@ -49,6 +49,12 @@ void Batch::validate(std::int64_t vocab_size) const {
           fmt::format("token id {} at position {} is not below the vocabulary size {}", tokens[t],
                       t, vocab_size));
     }
+    // A counted target indexes the logits (the GPU's loss kernel reads that column unchecked).
+    if (loss_mask[t] != 0 && (targets[t] < 0 || targets[t] >= vocab_size)) {
+      throw core::bad_input(
+          fmt::format("target id {} at position {} is not below the vocabulary size {}", targets[t],
+                      t, vocab_size));
+    }
   }
   if (rejected_last.size() != chosen_last.size() ||
       (!margins.empty() && margins.size() != chosen_last.size())) {

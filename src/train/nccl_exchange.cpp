@@ -53,7 +53,7 @@ char* element(kernels::TensorView values, std::int64_t index) {
 class NcclExchange final : public GradientExchange {
  public:
   NcclExchange(const dist::World& world, cuda::CudaOps& ops)
-      : compute_(ops.stream()), rank_(world.rank()), size_(world.size()) {
+      : ops_(ops), compute_(ops.stream()), rank_(world.rank()), size_(world.size()) {
     cuda::check(cudaSetDevice(ops.device()), "NCCL exchange: cudaSetDevice");
     ncclUniqueId id{};
     std::exception_ptr failure;
@@ -93,9 +93,12 @@ class NcclExchange final : public GradientExchange {
       release(true);
       throw;
     }
+    // The host's waits for the compute stream (the loss, the gradient norm) poll NCCL's
+    // asynchronous errors: a collective whose peer failed would otherwise hold them forever.
+    ops_.set_wait_check([this] { check_async_error(); });
   }
 
-  ~NcclExchange() override { release(std::uncaught_exceptions() > 0); }
+  ~NcclExchange() override { release(broken_ || std::uncaught_exceptions() > 0); }
   NcclExchange(const NcclExchange&) = delete;
   NcclExchange& operator=(const NcclExchange&) = delete;
   NcclExchange(NcclExchange&&) = delete;
@@ -114,10 +117,10 @@ class NcclExchange final : public GradientExchange {
     if (even(pieces)) {
       const auto count = static_cast<std::size_t>(pieces.front().size());
       // In place: rank r's result lands at bucket + r * count, its own piece.
-      check_nccl(ncclReduceScatter(element(values, bucket.begin),
-                                   element(values, pieces[static_cast<std::size_t>(rank_)].begin),
-                                   count, type, ncclSum, comm_, stream_),
-                 what);
+      checked(ncclReduceScatter(element(values, bucket.begin),
+                                element(values, pieces[static_cast<std::size_t>(rank_)].begin),
+                                count, type, ncclSum, comm_, stream_),
+              what);
       return;
     }
     // Uneven pieces: one reduce to each piece's owner, in place, as one group.
@@ -133,9 +136,9 @@ class NcclExchange final : public GradientExchange {
     const std::string what = fmt::format("all-gather of {} values", bucket.size());
     if (even(pieces)) {
       const auto count = static_cast<std::size_t>(pieces.front().size());
-      check_nccl(ncclAllGather(element(values, pieces[static_cast<std::size_t>(rank_)].begin),
-                               element(values, bucket.begin), count, type, comm_, stream_),
-                 what);
+      checked(ncclAllGather(element(values, pieces[static_cast<std::size_t>(rank_)].begin),
+                            element(values, bucket.begin), count, type, comm_, stream_),
+              what);
       return;
     }
     // Uneven pieces: each owner broadcasts its piece, in place, as one group.
@@ -173,19 +176,27 @@ class NcclExchange final : public GradientExchange {
   template <typename Call>
   void per_piece(kernels::TensorView values, std::span<const Range> pieces, const std::string& what,
                  Call call) {
-    check_nccl(ncclGroupStart(), what);
-    for (int r = 0; r < size_; ++r) {
-      const Range p = pieces[static_cast<std::size_t>(r)];
-      if (p.size() > 0)
-        check_nccl(call(element(values, p.begin), static_cast<std::size_t>(p.size()), r), what);
+    checked(ncclGroupStart(), what);
+    try {
+      for (int r = 0; r < size_; ++r) {
+        const Range p = pieces[static_cast<std::size_t>(r)];
+        if (p.size() > 0)
+          checked(call(element(values, p.begin), static_cast<std::size_t>(p.size()), r), what);
+      }
+    } catch (...) {
+      ncclGroupEnd();  // leave group mode, or this thread's later NCCL calls (abort) are deferred
+      throw;
     }
-    check_nccl(ncclGroupEnd(), what);
+    checked(ncclGroupEnd(), what);
   }
 
-  // failing: unwinding from an error, when peers may never join a last collective (abort).
+  // failing: unwinding from an error, when peers may never join a collective already queued.
+  // Abort first: it stops NCCL's kernels, which would otherwise spin forever waiting for those
+  // peers, and with them a synchronisation of the stream.
   void release(bool failing) noexcept {
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    ops_.set_wait_check({});
     if (comm_ != nullptr && failing) ncclCommAbort(comm_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (comm_ != nullptr && !failing) ncclCommDestroy(comm_);
     if (compute_ready_ != nullptr) cudaEventDestroy(compute_ready_);
     if (comm_done_ != nullptr) cudaEventDestroy(comm_done_);
@@ -201,8 +212,15 @@ class NcclExchange final : public GradientExchange {
 
   void check_async_error() {
     ncclResult_t async = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-    check_nccl(async, "asynchronous error");
+    checked(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    checked(async, "asynchronous error");
+  }
+
+  // check_nccl, remembering a failure: the communicator is then aborted, not destroyed (which
+  // waits for peers), even if the caller caught the error and destroys this exchange normally.
+  void checked(ncclResult_t status, std::string_view what) {
+    if (status != ncclSuccess) broken_ = true;
+    check_nccl(status, what);
   }
 
   void wait_for_compute() {
@@ -210,6 +228,7 @@ class NcclExchange final : public GradientExchange {
     cuda::check(cudaStreamWaitEvent(stream_, compute_ready_, 0), "NCCL exchange: stream waits");
   }
 
+  cuda::CudaOps& ops_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr;
@@ -217,6 +236,7 @@ class NcclExchange final : public GradientExchange {
   std::array<cudaEvent_t, kTickets> ticket_events_{};  // mark(): ticket t uses t % kTickets
   std::uint64_t tickets_made_ = 0;
   ncclComm_t comm_ = nullptr;
+  bool broken_ = false;  // an NCCL call or asynchronous error failed
   int rank_ = 0;
   int size_ = 1;
 };

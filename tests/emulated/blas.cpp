@@ -3,11 +3,18 @@
 // OpenBLAS's SGEMM on fp32 copies of the operands, the result rounded to D's type. Anything
 // else the backend might set (epilogues, other types or compute modes) is refused with
 // CUBLAS_STATUS_NOT_SUPPORTED, so that a new use fails loudly instead of computing wrong.
+//
+// Pointer alignment is modelled as strictly as cuBLASLt allows: its heuristic assumes every
+// matrix 256-byte aligned unless the preference says less (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*),
+// and may return an algorithm that needs all of it, which then fails or faults on a pointer
+// aligned less. So the emulated heuristic's algorithm needs exactly what the preference promised,
+// and cublasLtMatmul refuses (CUBLAS_STATUS_INVALID_VALUE) a pointer aligned less than that.
 #include <cblas.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -35,8 +42,21 @@ struct LayoutDesc {
   std::uint64_t cols;
   std::int64_t ld;
 };
+// Bytes each of A, B, C and D is promised (preference) or needs (algorithm) to be aligned to.
+struct Alignments {
+  std::uint64_t a = 256;  // cuBLASLt's documented default for every matrix
+  std::uint64_t b = 256;
+  std::uint64_t c = 256;
+  std::uint64_t d = 256;
+};
 static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t));
 static_assert(sizeof(LayoutDesc) <= sizeof(cublasLtMatrixLayoutOpaque_t));
+static_assert(sizeof(Alignments) <= sizeof(cublasLtMatmulPreferenceOpaque_t));
+static_assert(sizeof(Alignments) <= sizeof(cublasLtMatmulAlgo_t));
+
+bool aligned(const void* pointer, std::uint64_t bytes) {
+  return bytes == 0 || reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+}
 
 bool supported(cudaDataType_t t) { return t == CUDA_R_16BF || t == CUDA_R_32F; }
 
@@ -221,23 +241,50 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* preference) {
   *preference = new cublasLtMatmulPreferenceOpaque_t{};
+  const Alignments defaults{};
+  std::memcpy((*preference)->data, &defaults, sizeof(defaults));
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
   delete preference;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t /*preference*/,
-                                                    cublasLtMatmulPreferenceAttributes_t /*a*/,
-                                                    const void* /*buffer*/, std::size_t /*bytes*/) {
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t preference,
+                                                    cublasLtMatmulPreferenceAttributes_t attribute,
+                                                    const void* buffer, std::size_t bytes) {
+  Alignments promised{};
+  std::memcpy(&promised, preference->data, sizeof(promised));
+  std::uint64_t* target = nullptr;
+  switch (attribute) {
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+      target = &promised.a;
+      break;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+      target = &promised.b;
+      break;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+      target = &promised.c;
+      break;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      target = &promised.d;
+      break;
+    default:
+      return CUBLAS_STATUS_SUCCESS;  // workspace limit and the like: nothing to model
+  }
+  // cuBLASLt takes these as uint32_t.
+  if (bytes != sizeof(std::uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::uint32_t value = 0;
+  std::memcpy(&value, buffer, sizeof(value));
+  *target = value;
+  std::memcpy(preference->data, &promised, sizeof(promised));
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t /*handle*/, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t /*a*/,
     cublasLtMatrixLayout_t /*b*/, cublasLtMatrixLayout_t /*c*/, cublasLtMatrixLayout_t /*d*/,
-    cublasLtMatmulPreference_t /*preference*/, int requested,
-    cublasLtMatmulHeuristicResult_t results[], int* returned) {
+    cublasLtMatmulPreference_t preference, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned) {
   Desc d{};
   std::memcpy(&d, desc->data, sizeof(d));
   *returned = 0;
@@ -246,6 +293,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     results[0] = cublasLtMatmulHeuristicResult_t{};
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0F;
+    Alignments needed{};  // without a preference, the defaults
+    if (preference != nullptr) std::memcpy(&needed, preference->data, sizeof(needed));
+    std::memcpy(results[0].algo.data, &needed, sizeof(needed));
     *returned = 1;
   }
   return CUBLAS_STATUS_SUCCESS;
@@ -255,7 +305,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t /*handle*/, cublasLtMatmulDesc_t 
                               const void* alpha, const void* a, cublasLtMatrixLayout_t a_layout,
                               const void* b, cublasLtMatrixLayout_t b_layout, const void* beta,
                               const void* c, cublasLtMatrixLayout_t c_layout, void* d,
-                              cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t* /*algo*/,
+                              cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t* algo,
                               void* /*workspace*/, std::size_t /*workspace_bytes*/,
                               cudaStream_t stream) {
   Desc op{};
@@ -266,6 +316,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t /*handle*/, cublasLtMatmulDesc_t 
   std::memcpy(&lb, b_layout->data, sizeof(lb));
   std::memcpy(&lc, c_layout->data, sizeof(lc));
   std::memcpy(&ld, d_layout->data, sizeof(ld));
+  // An algorithm from the heuristic needs what its preference promised, of the pointer and of the
+  // leading dimension in bytes (CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_*); without one (nullptr),
+  // cuBLASLt runs its own query, which sees the pointers.
+  if (algo != nullptr) {
+    Alignments needed{};
+    std::memcpy(&needed, algo->data, sizeof(needed));
+    const auto fits = [](const void* pointer, const LayoutDesc& layout, std::uint64_t bytes) {
+      const auto element = static_cast<std::uint64_t>(layout.type == CUDA_R_32F ? 4 : 2);
+      return aligned(pointer, bytes) && (static_cast<std::uint64_t>(layout.ld) * element) %
+                                                std::max<std::uint64_t>(bytes, 1) ==
+                                            0;
+    };
+    if (!fits(a, la, needed.a) || !fits(b, lb, needed.b) || !fits(c, lc, needed.c) ||
+        !fits(d, ld, needed.d)) {
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  }
   const bool ta = op.trans_a == CUBLAS_OP_T;
   const bool tb = op.trans_b == CUBLAS_OP_T;
   const auto m = static_cast<std::int64_t>(ta ? la.cols : la.rows);

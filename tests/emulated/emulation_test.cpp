@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -150,6 +152,76 @@ TEST_CASE("emulated cuBLASLt GEMM: bf16 in, fp32 accumulation, beta, transposes"
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatmulDescDestroy(desc);
   cublasLtDestroy(handle);
+}
+
+TEST_CASE("emulated cuBLASLt: an algorithm needs the alignment its preference promised",
+          "[emulation]") {
+  // D (8 x 8) = A (8 x 8) B (8 x 8) in fp32, each matrix 16 bytes into a 256-byte aligned buffer.
+  void* base = nullptr;
+  REQUIRE(cudaMalloc(&base, 3 * 512) == cudaSuccess);
+  auto* bytes = static_cast<unsigned char*>(base);
+  auto* a = reinterpret_cast<float*>(bytes + 16);
+  auto* b = reinterpret_cast<float*>(bytes + 512 + 16);
+  auto* d = reinterpret_cast<float*>(bytes + 1024 + 16);
+  std::fill(a, a + 64, 1.0F);
+  std::fill(b, b + 64, 0.5F);
+  cublasLtHandle_t handle = nullptr;
+  REQUIRE(cublasLtCreate(&handle) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t desc = nullptr;
+  REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayout_t layout = nullptr;
+  REQUIRE(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, 8, 8, 8) == CUBLAS_STATUS_SUCCESS);
+  const auto run_with = [&](cublasLtMatmulPreference_t preference) {
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    REQUIRE(cublasLtMatmulAlgoGetHeuristic(handle, desc, layout, layout, layout, layout, preference,
+                                           1, &result, &found) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(found == 1);
+    const float alpha = 1.0F, beta = 0.0F;
+    return cublasLtMatmul(handle, desc, &alpha, a, layout, b, layout, &beta, d, layout, d, layout,
+                          &result.algo, nullptr, 0, nullptr);
+  };
+  cublasLtMatmulPreference_t preference = nullptr;
+  REQUIRE(cublasLtMatmulPreferenceCreate(&preference) == CUBLAS_STATUS_SUCCESS);
+  // The default promise is 256 bytes: refused, as a real algorithm may fault.
+  CHECK(run_with(preference) == CUBLAS_STATUS_INVALID_VALUE);
+  const std::uint32_t sixteen = 16;
+  for (const auto attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES}) {
+    REQUIRE(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &sixteen,
+                                                 sizeof(sixteen)) == CUBLAS_STATUS_SUCCESS);
+  }
+  CHECK(run_with(preference) == CUBLAS_STATUS_INVALID_VALUE);  // D is still promised 256
+  REQUIRE(cublasLtMatmulPreferenceSetAttribute(preference,
+                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &sixteen,
+                                               sizeof(sixteen)) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(run_with(preference) == CUBLAS_STATUS_SUCCESS);
+  finish();
+  CHECK(std::all_of(d, d + 64, [](float v) { return v == 4.0F; }));
+  // A leading dimension whose rows are not 32 bytes apart fails a 32-byte promise too.
+  const std::uint32_t thirty_two = 32;
+  for (const auto attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    REQUIRE(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &thirty_two,
+                                                 sizeof(thirty_two)) == CUBLAS_STATUS_SUCCESS);
+  }
+  a = reinterpret_cast<float*>(bytes);  // 256-byte aligned pointers, 8 * 4 = 32-byte rows
+  b = reinterpret_cast<float*>(bytes + 512);
+  d = reinterpret_cast<float*>(bytes + 1024);
+  CHECK(run_with(preference) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayout_t narrow = nullptr;  // rows 9 floats (36 bytes) apart
+  REQUIRE(cublasLtMatrixLayoutCreate(&narrow, CUDA_R_32F, 8, 8, 9) == CUBLAS_STATUS_SUCCESS);
+  std::swap(layout, narrow);
+  CHECK(run_with(preference) == CUBLAS_STATUS_INVALID_VALUE);
+  finish();
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatrixLayoutDestroy(layout);
+  cublasLtMatrixLayoutDestroy(narrow);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(handle);
+  REQUIRE(cudaFree(base) == cudaSuccess);
 }
 
 TEST_CASE("emulated device memory: NaN-filled, told apart from host memory", "[emulation]") {

@@ -244,6 +244,17 @@ bool pageable(const void* p) {
   return c >= it->first + std::max<std::size_t>(it->second.bytes, 1);
 }
 
+bool is_pinned_host(const void* p) {
+  Runtime& r = runtime();
+  const std::lock_guard lock(r.mutex);
+  const auto* c = static_cast<const char*>(p);
+  auto it = r.allocations.upper_bound(c);
+  if (it == r.allocations.begin()) return false;
+  --it;
+  return c < it->first + std::max<std::size_t>(it->second.bytes, 1) &&
+         it->second.type == cudaMemoryTypeHost;
+}
+
 }  // namespace
 
 namespace l3emu {
@@ -435,8 +446,10 @@ cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, std::size_t bytes) {
+  // CUDA: "asynchronous with respect to the host except when the target is pinned host memory",
+  // on the legacy default stream, which streams created with cudaStreamNonBlocking do not wait for.
   const cudaError_t e = cudaMemsetAsync(dst, value, bytes, nullptr);
-  drain_all(legacy_stream());
+  if (pageable(dst) || is_pinned_host(dst)) drain_all(legacy_stream());
   return e;
 }
 
@@ -466,6 +479,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   drain_all(*stream_of(stream));
   return cudaSuccess;
+}
+// Not done yet while work is queued; each query lets the stream's oldest operation run (with what
+// it waits for), as a GPU makes progress between a host's polls.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  Stream& s = *stream_of(stream);
+  if (s.executed == s.enqueued) return cudaSuccess;
+  drain(s, s.executed + 1);
+  return cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);

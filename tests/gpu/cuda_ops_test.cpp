@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <stdexcept>
 
 #include "catch.hpp"
 #include "gpu_test_support.hpp"
@@ -61,6 +62,31 @@ TEST_CASE("f32 <-> bf16 copies round to nearest even", "[gpu]") {
   }
 }
 
+TEST_CASE("synchronize polls its wait check while work is queued and passes on what it throws",
+          "[gpu]") {
+  // The NCCL exchange's check of asynchronous errors rides on this: a wait for the compute stream
+  // must not block where a failed collective would hold it forever.
+  l3::cuda::CudaOps gpu;
+  const std::int64_t n = std::int64_t{16}
+                         << 20;  // 32 MiB per copy: queued well past the first poll
+  const auto a = gpu.allocate(DType::bf16, n);
+  const auto b = gpu.allocate(DType::bf16, n);
+  const auto queue_copies = [&] {
+    for (int i = 0; i < 16; ++i)
+      gpu.copy(i % 2 == 0 ? b.view() : a.view(), i % 2 == 0 ? a.view() : b.view());
+  };
+  int polls = 0;
+  gpu.set_wait_check([&polls] { ++polls; });
+  queue_copies();
+  gpu.synchronize();
+  CHECK(polls > 0);
+  gpu.set_wait_check([] { throw std::runtime_error("NCCL asynchronous error: remote peer lost"); });
+  queue_copies();
+  CHECK_THROWS_WITH(gpu.synchronize(), Catch::Contains("remote peer lost"));
+  gpu.set_wait_check({});
+  gpu.synchronize();  // the queued work itself still completes
+}
+
 TEST_CASE("converting copies of more than one staging chunk", "[gpu]") {
   // 16M elements per chunk: 2 chunks and a tail, each way.
   l3::cuda::CudaOps gpu;
@@ -103,6 +129,23 @@ TEST_CASE("matmul forward and backward", "[gpu]") {
   auto twice = y;
   for (float& v : twice) v *= 2;
   expect_close("y accumulated", download(gpu, gy32.view()), twice, 1e-4);
+
+  // Views 16 bytes into their buffers (a slice of the flat weights, a chunk of rows): cuBLASLt
+  // must be told, or its heuristic may pick an algorithm that needs 256-byte alignment.
+  const std::int64_t skew = 8;
+  const auto sx = upload(gpu, std::vector<float>(m * k + skew, 0.0F));
+  const auto sw = upload(gpu, std::vector<float>(n * k + skew, 0.0F));
+  gpu.copy(sx.slice(skew, m * k), gx.view());
+  gpu.copy(sw.slice(skew, n * k), gw.view());
+  const auto sy = poisoned(gpu, m * n + skew);
+  gpu.matmul(sy.slice(skew, m * n), sx.slice(skew, m * k), sw.slice(skew, n * k), m, n, k, false);
+  expect_close("y (skewed views)", download(gpu, sy.slice(skew, m * n)), y, 1e-2);
+  const auto sdw = upload(gpu, std::vector<float>(n * k + skew, 0.0F));
+  const auto sdx = poisoned(gpu, m * k + skew);
+  gpu.matmul_backward(sdx.slice(skew, m * k), sdw.slice(skew, n * k), gdy.view(),
+                      sx.slice(skew, m * k), sw.slice(skew, n * k), m, n, k, false);
+  expect_close("dx (skewed views)", download(gpu, sdx.slice(skew, m * k)), dx, 1e-2);
+  expect_close("dw (skewed views)", download(gpu, sdw.slice(skew, n * k)), dw, 1e-2);
 }
 
 TEST_CASE("embedding forward and deterministic backward", "[gpu]") {
@@ -122,6 +165,11 @@ TEST_CASE("embedding forward and deterministic backward", "[gpu]") {
   const auto gout = poisoned(gpu, n * hidden);
   gpu.embedding(gout.view(), gtokens.view(), gtable.view(), n, hidden);
   CHECK(download(gpu, gout.view()) == out);
+  // An output view 2 bytes into its buffer: the one-wide path (the eight-wide one would load
+  // misaligned, a fault on a GPU and a finding for UBSan here).
+  const auto skewed = poisoned(gpu, n * hidden + 1);
+  gpu.embedding(skewed.slice(1, n * hidden), gtokens.view(), gtable.view(), n, hidden);
+  CHECK(download(gpu, skewed.slice(1, n * hidden)) == out);
   const auto gd1 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
   const auto gd2 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
   gpu.embedding_backward(gd1.view(), gtokens.view(), gdout.view(), n, hidden);

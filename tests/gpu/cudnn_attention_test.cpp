@@ -252,6 +252,7 @@ TEST_CASE("cuDNN attention refuses what it cannot run, without throwing or writi
   };
 
   SECTION("head_dim not a multiple of 8") { refuses({12, 4, 2, 20, 2, 7}, DType::bf16, 0); }
+  SECTION("head_dim a multiple of 8, not of 16") { refuses({12, 4, 2, 24, 2, 7}, DType::bf16, 0); }
   SECTION("head_dim above 128") { refuses({12, 4, 2, 256, 2, 7}, DType::bf16, 0); }
   SECTION("heads not a multiple of kv heads") { refuses({12, 6, 4, 64, 2, 7}, DType::bf16, 0); }
   SECTION("f32 inputs") { refuses({12, 4, 2, 64, 2, 7}, DType::f32, 0); }
