@@ -69,6 +69,9 @@ class Ops {
   [[nodiscard]] virtual std::string report() const { return {}; }
   // The element type of activations and of the weights the matmuls read.
   [[nodiscard]] virtual DType compute_dtype() const noexcept = 0;
+  // Makes the calling thread work on this backend's device (CUDA keeps the current device per
+  // host thread), so that a host may drive a run from another thread than the one that made it.
+  virtual void bind_thread() {}
 
   // ---- memory ----------------------------------------------------------------------------
   // Zero-initialised.

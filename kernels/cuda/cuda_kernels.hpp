@@ -26,7 +26,11 @@ void embedding_forward(BFloat16* out, const std::int32_t* tokens, const BFloat16
 // dtable (V, H) += dout rows grouped by token, each group summed in position order (stable
 // sort of the tokens first): deterministic. `workspace` is from embedding_backward_workspace.
 std::size_t embedding_backward_workspace(std::int64_t n);
+// dtable bf16, or fp32 (--grad-accum-dtype fp32); likewise the other weight gradients below.
 void embedding_backward(BFloat16* dtable, const std::int32_t* tokens, const BFloat16* dout,
+                        std::int64_t n, std::int64_t hidden, void* workspace,
+                        std::size_t workspace_bytes, cudaStream_t stream);
+void embedding_backward(float* dtable, const std::int32_t* tokens, const BFloat16* dout,
                         std::int64_t n, std::int64_t hidden, void* workspace,
                         std::size_t workspace_bytes, cudaStream_t stream);
 
@@ -37,6 +41,9 @@ void rmsnorm_forward(BFloat16* out, float* rstd, const BFloat16* x, const BFloat
 // combined in order (deterministic). partials: rmsnorm_partials(rows, hidden) floats.
 std::int64_t rmsnorm_partials(std::int64_t rows, std::int64_t hidden);
 void rmsnorm_backward(BFloat16* dx, BFloat16* dw, const BFloat16* dout, const BFloat16* x,
+                      const BFloat16* w, const float* rstd, std::int64_t rows, std::int64_t hidden,
+                      float* partials, cudaStream_t stream);
+void rmsnorm_backward(BFloat16* dx, float* dw, const BFloat16* dout, const BFloat16* x,
                       const BFloat16* w, const float* rstd, std::int64_t rows, std::int64_t hidden,
                       float* partials, cudaStream_t stream);
 
@@ -95,6 +102,9 @@ void attention_dscores(BFloat16* dscores, const BFloat16* probs, const float* dp
 void gather_dot(float* scores, const BFloat16* h, const BFloat16* w, const std::int32_t* rows,
                 std::int64_t count, std::int64_t hidden, cudaStream_t stream);
 void gather_dot_backward(BFloat16* dh, BFloat16* dw, const float* dscores, const BFloat16* h,
+                         const BFloat16* w, const std::int32_t* rows, std::int64_t count,
+                         std::int64_t hidden, cudaStream_t stream);
+void gather_dot_backward(BFloat16* dh, float* dw, const float* dscores, const BFloat16* h,
                          const BFloat16* w, const std::int32_t* rows, std::int64_t count,
                          std::int64_t hidden, cudaStream_t stream);
 // Bradley-Terry over P pairs (scores: chosen then rejected; margins may be null): sums[0..2] +=

@@ -39,6 +39,16 @@ T* out(TensorView x, std::int64_t count, std::string_view op, std::string_view n
   return const_cast<T*>(in<T>(x, count, op, name));  // NOLINT: views are untyped memory
 }
 
+// A weight gradient, bf16 or fp32 (--grad-accum-dtype fp32): `add` gets the typed pointer.
+template <typename Add>
+void add_to_gradient(TensorView dw, std::int64_t count, std::string_view op, Add add) {
+  if (dw.dtype() == DType::f32) {
+    add(out<float>(dw, count, op, "dw"));
+  } else {
+    add(out<BFloat16>(dw, count, op, "dw"));
+  }
+}
+
 // C (rows x cols) = alpha op(A) op(B) + beta C with bf16 operands (see RowMajorGemm).
 RowMajorGemm gemm(std::int64_t rows, std::int64_t cols, std::int64_t inner, const void* a,
                   std::int64_t lda, bool transpose_a, const void* b, std::int64_t ldb,
@@ -125,6 +135,10 @@ std::string CudaOps::report() const {
   if (!attention_.last_declined.empty())
     text += fmt::format(" (cuDNN declined: {})", attention_.last_declined);
   return text;
+}
+
+void CudaOps::bind_thread() {
+  check(cudaSetDevice(device_), fmt::format("cudaSetDevice({}) for the calling thread", device_));
 }
 
 void CudaOps::synchronize() {
@@ -229,10 +243,12 @@ void CudaOps::matmul_backward(TensorView dx, TensorView dw, TensorView dy, Tenso
              out<BFloat16>(dx, m * k, "matmul_backward", "dx"), k, accumulate_dx ? 1.0F : 0.0F),
         stream_);
   }
-  if (!dw.empty()) {  // dw (n, k) += dy^T (n, m) x (m, k)
-    lt_->run(gemm(n, k, m, dy_data, n, true, in<BFloat16>(x, m * k, "matmul_backward", "x"), k,
-                  false, out<BFloat16>(dw, n * k, "matmul_backward", "dw"), k, 1.0F),
-             stream_);
+  if (!dw.empty()) {  // dw (n, k) += dy^T (n, m) x (m, k), in dw's dtype
+    const auto* x_data = in<BFloat16>(x, m * k, "matmul_backward", "x");
+    add_to_gradient(dw, n * k, "matmul_backward", [&](auto* dw_data) {
+      lt_->run(gemm(n, k, m, dy_data, n, true, x_data, k, false, dw_data, k, 1.0F, dw.dtype()),
+               stream_);
+    });
   }
 }
 
@@ -247,10 +263,13 @@ void CudaOps::embedding_backward(TensorView dtable, TensorView tokens, TensorVie
                                  std::int64_t n, std::int64_t hidden) {
   const std::size_t bytes = embedding_backward_workspace(n);
   void* workspace = scratch_.get(bytes, stream_);
-  cuda::embedding_backward(dtable.as<BFloat16>().data(),
-                           in<std::int32_t>(tokens, n, "embedding_backward", "tokens"),
-                           in<BFloat16>(dout, n * hidden, "embedding_backward", "dout"), n, hidden,
-                           workspace, bytes, stream_);
+  const auto* token_data = in<std::int32_t>(tokens, n, "embedding_backward", "tokens");
+  const auto* dout_data = in<BFloat16>(dout, n * hidden, "embedding_backward", "dout");
+  // The table's rows are the token ids (validated on the host): all of dtable may be written.
+  add_to_gradient(dtable, dtable.numel(), "embedding_backward", [&](auto* dtable_data) {
+    cuda::embedding_backward(dtable_data, token_data, dout_data, n, hidden, workspace, bytes,
+                             stream_);
+  });
 }
 
 void CudaOps::rmsnorm(TensorView out_view, TensorView rstd, TensorView x, TensorView w,
@@ -266,13 +285,14 @@ void CudaOps::rmsnorm_backward(TensorView dx, TensorView dw, TensorView dout, Te
                                std::int64_t hidden) {
   auto* partials = static_cast<float*>(scratch_.get(
       static_cast<std::size_t>(rmsnorm_partials(rows, hidden)) * sizeof(float), stream_));
-  cuda::rmsnorm_backward(out<BFloat16>(dx, rows * hidden, "rmsnorm_backward", "dx"),
-                         out<BFloat16>(dw, hidden, "rmsnorm_backward", "dw"),
-                         in<BFloat16>(dout, rows * hidden, "rmsnorm_backward", "dout"),
-                         in<BFloat16>(x, rows * hidden, "rmsnorm_backward", "x"),
-                         in<BFloat16>(w, hidden, "rmsnorm_backward", "w"),
-                         in<float>(rstd, rows, "rmsnorm_backward", "rstd"), rows, hidden, partials,
-                         stream_);
+  add_to_gradient(dw, hidden, "rmsnorm_backward", [&](auto* dw_data) {
+    cuda::rmsnorm_backward(out<BFloat16>(dx, rows * hidden, "rmsnorm_backward", "dx"), dw_data,
+                           in<BFloat16>(dout, rows * hidden, "rmsnorm_backward", "dout"),
+                           in<BFloat16>(x, rows * hidden, "rmsnorm_backward", "x"),
+                           in<BFloat16>(w, hidden, "rmsnorm_backward", "w"),
+                           in<float>(rstd, rows, "rmsnorm_backward", "rstd"), rows, hidden,
+                           partials, stream_);
+  });
 }
 
 void CudaOps::rope(TensorView x, TensorView positions, TensorView cos, TensorView sin,
@@ -647,9 +667,11 @@ void CudaOps::lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorVi
     scatter_rows(out<BFloat16>(dh, n * hidden, "lm_head_cross_entropy", "dh"), dhb, rd + begin,
                  block, hidden, stream_);
     // dw (V, H) += dlogits^T (V, block) hb (block, H)
-    lt_->run(gemm(vocab, hidden, block, dlogits, vocab, true, hb, hidden, false, dw.data(), hidden,
-                  1.0F),
-             stream_);
+    add_to_gradient(dw, vocab * hidden, "lm_head_cross_entropy", [&](auto* dw_data) {
+      lt_->run(gemm(vocab, hidden, block, dlogits, vocab, true, hb, hidden, false, dw_data, hidden,
+                    1.0F, dw.dtype()),
+               stream_);
+    });
   }
   add_sum_f32(sum, losses, counted, stream_);  // stays on the device: no synchronisation
 }
@@ -675,11 +697,13 @@ void CudaOps::gather_dot(TensorView scores, TensorView h, TensorView w, TensorVi
 void CudaOps::gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
                                   TensorView w, TensorView rows, std::int64_t count,
                                   std::int64_t hidden) {
-  cuda::gather_dot_backward(
-      dh.as<BFloat16>().data(), out<BFloat16>(dw, hidden, "gather_dot_backward", "dw"),
-      in<float>(dscores, count, "gather_dot_backward", "dscores"), h.as<const BFloat16>().data(),
-      in<BFloat16>(w, hidden, "gather_dot_backward", "w"),
-      in<std::int32_t>(rows, count, "gather_dot_backward", "rows"), count, hidden, stream_);
+  add_to_gradient(dw, hidden, "gather_dot_backward", [&](auto* dw_data) {
+    cuda::gather_dot_backward(
+        dh.as<BFloat16>().data(), dw_data,
+        in<float>(dscores, count, "gather_dot_backward", "dscores"), h.as<const BFloat16>().data(),
+        in<BFloat16>(w, hidden, "gather_dot_backward", "w"),
+        in<std::int32_t>(rows, count, "gather_dot_backward", "rows"), count, hidden, stream_);
+  });
 }
 
 void CudaOps::adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,

@@ -73,6 +73,7 @@ class CudaOps final : public kernels::Ops {
   [[nodiscard]] const AttentionCounts& attention_counts() const noexcept { return attention_; }
   [[nodiscard]] std::string report() const override;
   [[nodiscard]] int device() const noexcept { return device_; }
+  void bind_thread() override;
 
   [[nodiscard]] kernels::Buffer allocate(kernels::DType dtype, std::int64_t numel) override;
   void zero(kernels::TensorView x) override;

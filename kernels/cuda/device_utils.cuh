@@ -18,6 +18,7 @@ inline bf16* device_cast(kernels::BFloat16* p) { return reinterpret_cast<bf16*>(
 inline const bf16* device_cast(const kernels::BFloat16* p) {
   return reinterpret_cast<const bf16*>(p);
 }
+inline float* device_cast(float* p) { return p; }
 
 constexpr int kWarp = 32;
 
@@ -26,6 +27,13 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ bf16 to_bf16(float x) {
   return __float2bfloat16(x);
 }  // round to nearest
+
+// Adds a sum into a weight gradient: a bf16 element is rounded once per addition, an fp32 one
+// (--grad-accum-dtype fp32) not at all.
+__device__ __forceinline__ void add_to(bf16& target, float v) {
+  target = to_bf16(to_float(target) + v);
+}
+__device__ __forceinline__ void add_to(float& target, float v) { target += v; }
 
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll

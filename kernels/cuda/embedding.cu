@@ -41,7 +41,8 @@ __global__ void iota_kernel(std::int32_t* out, std::int64_t n) {
 
 // One block per possible run; run r covers sorted positions [offsets[r], offsets[r+1]) (the last
 // run ends at n). Blocks past the number of runs (known only on the device) exit: no host sync.
-__global__ void embedding_backward_kernel(bf16* dtable, const std::int32_t* run_tokens,
+template <typename Grad>  // bf16 or float
+__global__ void embedding_backward_kernel(Grad* dtable, const std::int32_t* run_tokens,
                                           const std::int32_t* run_offsets,
                                           const std::int32_t* run_count, const std::int32_t* order,
                                           const bf16* dout, std::int64_t n, std::int64_t hidden) {
@@ -54,8 +55,7 @@ __global__ void embedding_backward_kernel(bf16* dtable, const std::int32_t* run_
   for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
     float sum = 0.0F;
     for (std::int32_t p = begin; p < end; ++p) sum += to_float(dout[order[p] * hidden + c]);
-    bf16& target = dtable[static_cast<std::int64_t>(token) * hidden + c];
-    target = to_bf16(to_float(target) + sum);
+    add_to(dtable[static_cast<std::int64_t>(token) * hidden + c], sum);
   }
 }
 
@@ -124,9 +124,12 @@ std::size_t embedding_backward_workspace(std::int64_t n) {
   return (ints + 255) / 256 * 256 + cub_bytes(n);
 }
 
-void embedding_backward(BFloat16* dtable, const std::int32_t* tokens, const BFloat16* dout,
-                        std::int64_t n, std::int64_t hidden, void* workspace,
-                        std::size_t workspace_bytes, cudaStream_t stream) {
+namespace {
+
+template <typename Grad>
+void embedding_backward_into(Grad* dtable, const std::int32_t* tokens, const BFloat16* dout,
+                             std::int64_t n, std::int64_t hidden, void* workspace,
+                             std::size_t workspace_bytes, cudaStream_t stream) {
   if (n == 0) return;
   const BackwardWorkspace w = carve(workspace, n, workspace_bytes);
   const int count = static_cast<int>(n);
@@ -149,6 +152,19 @@ void embedding_backward(BFloat16* dtable, const std::int32_t* tokens, const BFlo
       device_cast(dtable), w.run_tokens, w.run_offsets, w.run_count, w.order_out, device_cast(dout),
       n, hidden);
   check_launch("embedding backward");
+}
+
+}  // namespace
+
+void embedding_backward(BFloat16* dtable, const std::int32_t* tokens, const BFloat16* dout,
+                        std::int64_t n, std::int64_t hidden, void* workspace,
+                        std::size_t workspace_bytes, cudaStream_t stream) {
+  embedding_backward_into(dtable, tokens, dout, n, hidden, workspace, workspace_bytes, stream);
+}
+void embedding_backward(float* dtable, const std::int32_t* tokens, const BFloat16* dout,
+                        std::int64_t n, std::int64_t hidden, void* workspace,
+                        std::size_t workspace_bytes, cudaStream_t stream) {
+  embedding_backward_into(dtable, tokens, dout, n, hidden, workspace, workspace_bytes, stream);
 }
 
 }  // namespace l3::cuda

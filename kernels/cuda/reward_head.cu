@@ -22,7 +22,8 @@ __global__ void gather_dot_kernel(float* scores, const bf16* h, const bf16* w,
 }
 
 // One thread per column, the scores in order: deterministic, and repeated rows add up.
-__global__ void gather_dot_backward_kernel(bf16* dh, bf16* dw, const float* dscores, const bf16* h,
+template <typename Grad>  // bf16 or float
+__global__ void gather_dot_backward_kernel(bf16* dh, Grad* dw, const float* dscores, const bf16* h,
                                            const bf16* w, const std::int32_t* rows,
                                            std::int64_t count, std::int64_t hidden) {
   const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
@@ -34,7 +35,7 @@ __global__ void gather_dot_backward_kernel(bf16* dh, bf16* dw, const float* dsco
     dh[at] = to_bf16(to_float(dh[at]) + dscores[p] * wc);
     dwc += dscores[p] * to_float(h[at]);
   }
-  dw[c] = to_bf16(to_float(dw[c]) + dwc);
+  add_to(dw[c], dwc);
 }
 
 // log(1 + exp(x)) without overflow, and the logistic function, as the CPU reference computes them
@@ -95,14 +96,30 @@ void gather_dot(float* scores, const BFloat16* h, const BFloat16* w, const std::
   check_launch("score read-out");
 }
 
-void gather_dot_backward(BFloat16* dh, BFloat16* dw, const float* dscores, const BFloat16* h,
-                         const BFloat16* w, const std::int32_t* rows, std::int64_t count,
-                         std::int64_t hidden, cudaStream_t stream) {
+namespace {
+
+template <typename Grad>
+void gather_dot_backward_into(BFloat16* dh, Grad* dw, const float* dscores, const BFloat16* h,
+                              const BFloat16* w, const std::int32_t* rows, std::int64_t count,
+                              std::int64_t hidden, cudaStream_t stream) {
   if (count == 0) return;
   gather_dot_backward_kernel<<<blocks_for(hidden, kThreads), kThreads, 0, stream>>>(
       device_cast(dh), device_cast(dw), dscores, device_cast(h), device_cast(w), rows, count,
       hidden);
   check_launch("score read-out backward");
+}
+
+}  // namespace
+
+void gather_dot_backward(BFloat16* dh, BFloat16* dw, const float* dscores, const BFloat16* h,
+                         const BFloat16* w, const std::int32_t* rows, std::int64_t count,
+                         std::int64_t hidden, cudaStream_t stream) {
+  gather_dot_backward_into(dh, dw, dscores, h, w, rows, count, hidden, stream);
+}
+void gather_dot_backward(BFloat16* dh, float* dw, const float* dscores, const BFloat16* h,
+                         const BFloat16* w, const std::int32_t* rows, std::int64_t count,
+                         std::int64_t hidden, cudaStream_t stream) {
+  gather_dot_backward_into(dh, dw, dscores, h, w, rows, count, hidden, stream);
 }
 
 }  // namespace l3::cuda

@@ -138,13 +138,14 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* partials, const bf1
   }
 }
 
-__global__ void rmsnorm_dw_kernel(bf16* dw, const float* partials, std::int64_t chunks,
+template <typename Grad>  // bf16 or float
+__global__ void rmsnorm_dw_kernel(Grad* dw, const float* partials, std::int64_t chunks,
                                   std::int64_t hidden) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i >= hidden) return;
   float sum = 0.0F;
   for (std::int64_t c = 0; c < chunks; ++c) sum += partials[c * hidden + i];  // chunk order
-  dw[i] = to_bf16(to_float(dw[i]) + sum);
+  add_to(dw[i], sum);
 }
 
 std::int64_t chunks(std::int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
@@ -169,9 +170,12 @@ std::int64_t rmsnorm_partials(std::int64_t rows, std::int64_t hidden) {
   return chunks(rows) * hidden;
 }
 
-void rmsnorm_backward(BFloat16* dx, BFloat16* dw, const BFloat16* dout, const BFloat16* x,
-                      const BFloat16* w, const float* rstd, std::int64_t rows, std::int64_t hidden,
-                      float* partials, cudaStream_t stream) {
+namespace {
+
+template <typename Grad>
+void rmsnorm_backward_into(BFloat16* dx, Grad* dw, const BFloat16* dout, const BFloat16* x,
+                           const BFloat16* w, const float* rstd, std::int64_t rows,
+                           std::int64_t hidden, float* partials, cudaStream_t stream) {
   if (rows == 0) return;
   const std::size_t shared = static_cast<std::size_t>(hidden) * sizeof(float);
   if (hidden % 8 == 0 && aligned16(dx, dout, x, w)) {
@@ -188,6 +192,19 @@ void rmsnorm_backward(BFloat16* dx, BFloat16* dw, const BFloat16* dout, const BF
   rmsnorm_dw_kernel<<<blocks_for(hidden, kThreads), kThreads, 0, stream>>>(
       device_cast(dw), partials, chunks(rows), hidden);
   check_launch("rmsnorm backward (weights)");
+}
+
+}  // namespace
+
+void rmsnorm_backward(BFloat16* dx, BFloat16* dw, const BFloat16* dout, const BFloat16* x,
+                      const BFloat16* w, const float* rstd, std::int64_t rows, std::int64_t hidden,
+                      float* partials, cudaStream_t stream) {
+  rmsnorm_backward_into(dx, dw, dout, x, w, rstd, rows, hidden, partials, stream);
+}
+void rmsnorm_backward(BFloat16* dx, float* dw, const BFloat16* dout, const BFloat16* x,
+                      const BFloat16* w, const float* rstd, std::int64_t rows, std::int64_t hidden,
+                      float* partials, cudaStream_t stream) {
+  rmsnorm_backward_into(dx, dw, dout, x, w, rstd, rows, hidden, partials, stream);
 }
 
 }  // namespace l3::cuda

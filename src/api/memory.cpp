@@ -35,7 +35,7 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
     in.ranks = ranks;
     in.shard_optimizer = t.shard_optimizer;
     in.shard_gradients = t.shard_gradients;
-    in.accumulation = t.accumulation(ranks);
+    in.fp32_gradients = in.compute != kernels::DType::f32 && t.fp32_gradients(ranks);
     in.cudnn_attention = t.attention == "cudnn";
     const model::MemoryPlan plan = model::plan_training_memory(in);
     out.backend = cuda ? "cuda (bf16)" : "cpu (fp32)";

@@ -82,6 +82,12 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "ZeRO-2: hold no whole gradient buffer, only the layers being computed and 1/N of the "
       "reduced gradients per rank (each micro-batch is then reduced across ranks, and several "
       "micro-batches per step add up in fp32)")(
+      "grad-accum-dtype",
+      po::value<std::string>()->default_value(d.grad_accum_dtype)->value_name("auto|fp32|bf16"),
+      "CUDA backend: the dtype gradients add up in across a step's micro-batches and lm_head "
+      "blocks (ZeRO-0/1: the whole gradient buffer; ZeRO-2: the reduced 1/N). auto: fp32 when a "
+      "step has several micro-batches per rank, else bf16; fp32 costs 2 more bytes per parameter "
+      "(ZeRO-2: per parameter / N) and twice the gradient traffic")(
       "bucket-mb", po::value<double>()->default_value(d.bucket_mb)->value_name("MIB"),
       "gradient reduction bucket size")(
       "no-overlap-reduction", po::bool_switch(),
@@ -194,6 +200,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.peak_tflops = get<double>(o, "peak-tflops");
   c.shard_optimizer = !get<bool>(o, "no-shard-optimizer");
   c.shard_gradients = get<bool>(o, "shard-gradients");
+  c.grad_accum_dtype = get<std::string>(o, "grad-accum-dtype");
   c.bucket_mb = get<double>(o, "bucket-mb");
   c.overlap_reduction = !get<bool>(o, "no-overlap-reduction");
   c.grad_exchange = get<std::string>(o, "grad-exchange");

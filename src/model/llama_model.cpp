@@ -85,7 +85,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
       master_(ops.compute_dtype() == DType::f32 || !options.keep_master
                   ? Buffer{}
                   : ops.allocate(DType::f32, layout_.total())),
-      grads_(options.own_gradients ? ops.allocate(ops.compute_dtype(), layout_.total()) : Buffer{}),
+      grads_(options.own_gradients
+                 ? ops.allocate(options.fp32_gradients ? DType::f32 : ops.compute_dtype(),
+                                layout_.total())
+                 : Buffer{}),
       sums_(ops.allocate(DType::f64, kLossSumElements)),
       ws_(std::make_unique<Workspace>()) {}
 

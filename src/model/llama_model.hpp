@@ -36,6 +36,10 @@ struct ModelOptions {
   // Hold a flat gradient buffer for the whole model. false: the backward writes into a
   // GradientWindow (set_gradient_window) that holds a few layers at a time (ZeRO-2).
   bool own_gradients = true;
+  // Hold that buffer in fp32 even when the backend computes in bf16, so that what adds up in it
+  // (micro-batches, lm_head blocks, the tied embedding's two uses) is rounded once, by the
+  // optimizer's read, instead of once per addition.
+  bool fp32_gradients = false;
 };
 
 // What training micro-batches add up (the last two for reward models only).

@@ -145,14 +145,17 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
         {fmt::format("gradients being computed ({}, ZeRO-2: two layer groups{})", dtype,
                      layout.lm_head_tied() ? " and the tied embedding" : ""),
          bytes_of(in.compute, gradient_slot_elements(layout))});
-    // In fp32 when several micro-batches add up there (DataParallelConfig::fp32_reduced_gradients).
-    const DType reduced = in.accumulation > 1 ? DType::f32 : in.compute;
+    // In fp32 when micro-batches add up there (DataParallelConfig::fp32_reduced_gradients).
+    const DType reduced = in.fp32_gradients ? DType::f32 : in.compute;
     plan.lines.push_back(
         {fmt::format("reduced gradients ({}, ZeRO-2: 1/{} of them)",
                      reduced == in.compute ? dtype : std::string("fp32"), in.ranks),
          bytes_of(reduced, owned)});
   } else {
-    plan.lines.push_back({fmt::format("gradients ({})", dtype), bytes_of(in.compute, params)});
+    const DType gradients = in.fp32_gradients ? DType::f32 : in.compute;
+    plan.lines.push_back(
+        {fmt::format("gradients ({})", in.fp32_gradients ? std::string("fp32") : dtype),
+         bytes_of(gradients, params)});
   }
   plan.lines.push_back({in.shard_optimizer
                             ? fmt::format("AdamW moments (fp32, ZeRO-1: 1/{} of them)", in.ranks)

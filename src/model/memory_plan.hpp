@@ -23,10 +23,11 @@ struct MemoryPlanInput {
   std::int64_t micro_batch_rows = 1;
   std::int64_t seq_len = 2048;
   int ranks = 1;
-  bool shard_optimizer = true;    // ZeRO-1: AdamW moments of 1/ranks of the parameters
-  bool shard_gradients = false;   // ZeRO-2: gradients of two layer groups and 1/ranks reduced
-  std::int64_t accumulation = 1;  // micro-batches per step on a rank (ZeRO-2: > 1 keeps fp32)
-  bool cudnn_attention = false;   // CUDA: --attention cudnn (its own workspace is not planned)
+  bool shard_optimizer = true;   // ZeRO-1: AdamW moments of 1/ranks of the parameters
+  bool shard_gradients = false;  // ZeRO-2: gradients of two layer groups and 1/ranks reduced
+  // Gradients add up in fp32 (TrainConfig::fp32_gradients): the whole buffer, or ZeRO-2's 1/ranks.
+  bool fp32_gradients = false;
+  bool cudnn_attention = false;  // CUDA: --attention cudnn (its own workspace is not planned)
 };
 
 struct MemoryLine {

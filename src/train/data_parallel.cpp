@@ -129,7 +129,8 @@ std::string_view DataParallel::exchange_name() const noexcept {
 void DataParallel::begin_step(kernels::TensorView grads) {
   if (config_.shard_gradients
           ? !grads.empty()
-          : grads.numel() != layout_.total() || grads.dtype() != ops_.compute_dtype()) {
+          : grads.numel() != layout_.total() ||
+                (grads.dtype() != ops_.compute_dtype() && grads.dtype() != kernels::DType::f32)) {
     throw core::internal_error(config_.shard_gradients
                                    ? "DataParallel: with sharded gradients the model holds none"
                                    : "DataParallel: the gradients must be the model's flat buffer");

@@ -50,6 +50,8 @@ void TrainConfig::validate() const {
               grad_exchange == "mpi-staged",
           "--grad-exchange takes auto, mpi or nccl");
   require(attention == "fallback" || attention == "cudnn", "--attention takes fallback or cudnn");
+  require(grad_accum_dtype == "auto" || grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16",
+          "--grad-accum-dtype takes auto, fp32 or bf16");
   require(device >= -1, "--device must be a device number (or -1: by node-local rank)");
 }
 
@@ -80,6 +82,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"center_rewards", center_rewards},
           {"shard_optimizer", shard_optimizer},
           {"shard_gradients", shard_gradients},
+          {"grad_accum_dtype", grad_accum_dtype},
           {"bucket_mb", bucket_mb},
           {"overlap_reduction", overlap_reduction},
           {"grad_exchange", grad_exchange},

@@ -52,6 +52,7 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // ZeRO-2: no whole gradient buffer; each micro-batch's gradients reduced group by group into
   // 1/N per rank (data_parallel.hpp).
   bool shard_gradients = false;
+  std::string grad_accum_dtype = "auto";  // auto, fp32 or bf16 (fp32_gradients())
   double bucket_mb = 32.0;
   bool overlap_reduction = true;
   std::string grad_exchange = "auto";  // auto, mpi, nccl (see make_gradient_exchange)
@@ -88,6 +89,11 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   [[nodiscard]] std::int64_t accumulation(int ranks) const noexcept {
     return std::max<std::int64_t>(1, global_batch / (static_cast<std::int64_t>(ranks) *
                                                      std::max<std::int64_t>(1, micro_batch)));
+  }
+  // Whether gradients add up in fp32 where the backend computes in bf16 (--grad-accum-dtype):
+  // the model's whole buffer (ZeRO-0/1) or the optimizers' reduced pieces (ZeRO-2).
+  [[nodiscard]] bool fp32_gradients(int ranks) const noexcept {
+    return grad_accum_dtype == "fp32" || (grad_accum_dtype == "auto" && accumulation(ranks) > 1);
   }
   [[nodiscard]] nlohmann::json to_json() const;
 };

@@ -127,7 +127,8 @@ struct Trainer::Impl {
         mc, head, *ops,
         model::ModelOptions{.recompute = config.recompute,
                             .keep_master = !shard_master,
-                            .own_gradients = !config.shard_gradients});
+                            .own_gradients = !config.shard_gradients,
+                            .fp32_gradients = config.fp32_gradients(world.size())});
     DataParallelConfig dp;
     dp.bucket_elements = std::max<std::int64_t>(
         model::ParameterLayout::kAlignment,
@@ -135,7 +136,7 @@ struct Trainer::Impl {
     dp.shard_optimizer = config.shard_optimizer;
     dp.shard_gradients = config.shard_gradients;
     // Several micro-batches per step (gradient accumulation): add them up in fp32.
-    dp.fp32_reduced_gradients = config.accumulation(world.size()) > 1;
+    dp.fp32_reduced_gradients = config.fp32_gradients(world.size());
     dp.overlap = config.overlap_reduction;
     dp.shard_master = shard_master;
     dp.exchange =
@@ -226,12 +227,14 @@ struct Trainer::Impl {
              config.phase == Phase::sft ? "rows" : "pairs");
     log.info(
         "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-{}, "
-        "{} gradient bucket{}, reduction {} ({})",
+        "gradients added up in {}, {} gradient bucket{}, reduction {} ({})",
         config.data_from_host ? "from the host (DataSource)" : config.data,
         config.data_from_host ? std::string("?") : fmt::format("{}", index.samples()),
         config.data_from_host ? std::string("?") : fmt::format("{}", index.total_tokens()),
         lc.plan.accumulation(), lc.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
         config.shard_optimizer ? (config.shard_gradients ? "2" : "1") : "0 (off)",
+        ops->compute_dtype() == kernels::DType::f32 || config.fp32_gradients(world.size()) ? "fp32"
+                                                                                           : "bf16",
         parallel->buckets().size(), parallel->buckets().size() == 1 ? "" : "s",
         config.shard_gradients ? "of every micro-batch"
                                : (parallel->overlapping() ? "overlapped with the backward pass"
@@ -705,6 +708,7 @@ Trainer::~Trainer() = default;
 bool Trainer::step() {
   Impl& s = *impl_;
   if (s.done >= s.total || s.stopped) return false;
+  s.ops->bind_thread();
   // Requests made since the last step (a signal, the host, the deadline) are agreed before this
   // one, so that a host asking between two steps gets no further step.
   const int agreed = s.boundary_agreement();
@@ -745,6 +749,7 @@ bool Trainer::step() {
 
 TrainSummary Trainer::run() {
   Impl& s = *impl_;
+  s.ops->bind_thread();
   while (step()) {
   }
   s.progress->finish();
@@ -768,9 +773,13 @@ TrainSummary Trainer::run() {
   return summary;
 }
 
-std::optional<EvalMetrics> Trainer::evaluate() { return impl_->evaluate(); }
+std::optional<EvalMetrics> Trainer::evaluate() {
+  impl_->ops->bind_thread();
+  return impl_->evaluate();
+}
 CheckpointReport Trainer::checkpoint() {
   Impl& s = *impl_;
+  s.ops->bind_thread();
   s.finish_checkpoint();
   if (!s.last_checkpoint.empty() && s.last_checkpoint_step == s.done) {
     // Nothing changed since the last one (written at this step, or resumed from).

@@ -2,8 +2,9 @@
 // devices ("llama3-hpc CUDA emulation": one, or $L3_EMULATION_DEVICES of them, each with a PCI
 // bus id of its own, so that ranks of a node can each take one and use NCCL), device memory from
 // the host heap (tracked, so that cudaPointerGetAttributes can tell device from host, and
-// NaN-filled), streams and events. The devices share this process's memory: an emulated device
-// is a name and a number, not a separate address space.
+// NaN-filled), streams and events, and the current device (per host thread, as in CUDA). The
+// devices share this process's memory: an emulated device is a name and a number, not a separate
+// address space.
 //
 // Streams are deferred: kernels, GEMMs, collectives, memsets and copies between device and
 // pinned memory are queued on their stream and run when something needs them (a synchronisation
@@ -68,7 +69,6 @@ struct Runtime {
   std::mutex mutex;
   std::map<const char*, Allocation> allocations;  // base address -> extent
   cudaError_t last_error = cudaSuccess;
-  int device = 0;
   int device_count = device_count_from_environment();
 };
 
@@ -76,6 +76,9 @@ Runtime& runtime() {
   static Runtime r;
   return r;
 }
+
+// The current device, as in CUDA one per host thread (each starts on device 0).
+thread_local int current_device = 0;
 
 cudaError_t fail(cudaError_t error) {
   runtime().last_error = error;
@@ -94,7 +97,7 @@ cudaError_t allocate(void** pointer, std::size_t bytes, cudaMemoryType type) {
               rounded);  // NaN in bf16 and fp32: an unwritten element is not silently right
   Runtime& r = runtime();
   const std::lock_guard lock(r.mutex);
-  r.allocations[static_cast<const char*>(p)] = {bytes, type, r.device};
+  r.allocations[static_cast<const char*>(p)] = {bytes, type, current_device};
   *pointer = p;
   return cudaSuccess;
 }
@@ -307,12 +310,12 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
-  *device = runtime().device;
+  *device = current_device;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
   if (!valid_device(device)) return fail(cudaErrorInvalidDevice);
-  runtime().device = device;
+  current_device = device;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
@@ -373,7 +376,7 @@ cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
   const std::lock_guard lock(r.mutex);
   std::size_t held = 0;
   for (const auto& [base, a] : r.allocations)
-    if (a.type == cudaMemoryTypeDevice && a.device == r.device) held += a.bytes;
+    if (a.type == cudaMemoryTypeDevice && a.device == current_device) held += a.bytes;
   if (total != nullptr) *total = capacity;
   if (free != nullptr) *free = capacity - std::min(held, capacity);
   return cudaSuccess;

@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <stdexcept>
+#include <thread>
 
 #include "catch.hpp"
 #include "gpu_test_support.hpp"
@@ -85,6 +86,31 @@ TEST_CASE("synchronize polls its wait check while work is queued and passes on w
   CHECK_THROWS_WITH(gpu.synchronize(), Catch::Contains("remote peer lost"));
   gpu.set_wait_check({});
   gpu.synchronize();  // the queued work itself still completes
+}
+
+TEST_CASE("a thread bound to the backend works on its device", "[gpu]") {
+  // CUDA's current device is per host thread: a host driving a session from a thread of its own
+  // would otherwise allocate and launch on device 0. The trainer binds at every public call.
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 2) {
+    WARN("one device: no other device to tell apart (the emulated build's test runs with two)");
+    return;
+  }
+  l3::cuda::CudaOps gpu(1);
+  int before = -1;
+  int after = -1;
+  cudaPointerAttributes attributes{};
+  std::thread([&] {
+    cudaGetDevice(&before);
+    gpu.bind_thread();
+    cudaGetDevice(&after);
+    const auto buffer = gpu.allocate(DType::f32, 16);
+    cudaPointerGetAttributes(&attributes, buffer.view().data());
+  }).join();
+  CHECK(before == 0);
+  CHECK(after == 1);
+  CHECK(attributes.device == 1);
 }
 
 TEST_CASE("converting copies of more than one staging chunk", "[gpu]") {
@@ -397,6 +423,102 @@ TEST_CASE("fused lm_head + masked cross-entropy", "[gpu]") {
   CHECK(download_raw<double>(gpu, fsum.view()).at(0) == Approx(cpu.loss).epsilon(1e-4));
   const auto zeros = download(gpu, gdh.view());
   CHECK(std::all_of(zeros.begin(), zeros.end(), [](float x) { return x == 0.0F; }));
+}
+
+TEST_CASE("weight gradients add into fp32 buffers without a bf16 rounding", "[gpu]") {
+  // --grad-accum-dtype fp32: every op that adds into a weight gradient (GEMM dW, embedding,
+  // RMSNorm, score head, lm_head) takes an fp32 buffer too. Each buffer starts at values bf16
+  // cannot hold, and must end at them plus the op's gradient in fp32: a rounding to bf16 (about
+  // 2e-3) or bf16 bits written into it fail.
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  l3::test::Random rnd(111);
+  const auto start = [&](std::int64_t count) { return rnd.normal(count, 3.0F); };
+  const auto f32 = [&](const std::vector<float>& values) {
+    return upload(gpu, values, DType::f32);
+  };
+
+  SECTION("matmul dW") {
+    const std::int64_t m = 77, n = 96, k = 136;
+    const auto x = round_bf16(rnd.normal(m * k)), w = round_bf16(rnd.normal(n * k, 0.1F));
+    const auto dy = round_bf16(rnd.normal(m * n));
+    auto dw = start(n * k);
+    const auto gdw = f32(dw);
+    std::vector<float> dx(m * k);
+    l3::kernels::cpu::matmul_backward(dx, dw, dy, x, w, m, n, k, false);
+    gpu.matmul_backward({}, gdw.view(), upload(gpu, dy).view(), upload(gpu, x).view(),
+                        upload(gpu, w).view(), m, n, k, false);
+    expect_close("dw (fp32)", download(gpu, gdw.view()), dw, 1e-5);
+  }
+  SECTION("embedding") {
+    const std::int64_t vocab = 300, hidden = 64, n = 1000;
+    const auto tokens = rnd.integers(n, 50);
+    const auto dout = round_bf16(rnd.normal(n * hidden));
+    auto dtable = start(vocab * hidden);
+    const auto gdtable = f32(dtable);
+    l3::kernels::cpu::embedding_backward(dtable, tokens, dout, hidden);
+    gpu.embedding_backward(gdtable.view(), upload_raw(gpu, tokens).view(), upload(gpu, dout).view(),
+                           n, hidden);
+    expect_close("dtable (fp32)", download(gpu, gdtable.view()), dtable, 1e-5);
+  }
+  SECTION("rmsnorm") {
+    const std::int64_t rows = 100, hidden = GENERATE(320, 100);
+    INFO("hidden " << hidden);
+    const auto x = round_bf16(rnd.normal(rows * hidden, 2.0F));
+    const auto w = round_bf16(rnd.uniform(hidden, 0.5F, 1.5F));
+    const auto dout = round_bf16(rnd.normal(rows * hidden));
+    std::vector<float> y(rows * hidden), rstd(rows), dx(rows * hidden, 0.0F);
+    auto dw = start(hidden);
+    const auto gdw = f32(dw);
+    l3::kernels::cpu::rmsnorm(y, rstd, x, w, hidden, 1e-5F);
+    l3::kernels::cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, hidden);
+    const auto gx = upload(gpu, x), gw = upload(gpu, w);
+    const auto gy = poisoned(gpu, rows * hidden), grstd = poisoned(gpu, rows, DType::f32);
+    const auto gdx = upload(gpu, std::vector<float>(rows * hidden, 0.0F));
+    gpu.rmsnorm(gy.view(), grstd.view(), gx.view(), gw.view(), rows, hidden, 1e-5F);
+    gpu.rmsnorm_backward(gdx.view(), gdw.view(), upload(gpu, dout).view(), gx.view(), gw.view(),
+                         grstd.view(), rows, hidden);
+    expect_close("dw (fp32)", download(gpu, gdw.view()), dw, 1e-5);
+  }
+  SECTION("score head") {
+    const std::int64_t n = 50, hidden = 256;
+    const auto h = round_bf16(rnd.normal(n * hidden)), w = round_bf16(rnd.normal(hidden));
+    const std::vector<std::int32_t> rows = {3, 49, 0, 17};
+    const std::vector<float> ds = {0.5F, -1.0F, 0.25F, 2.0F};
+    std::vector<float> dh(n * hidden, 0.0F);
+    auto dw = start(hidden);
+    const auto gdw = f32(dw);
+    l3::kernels::cpu::gather_dot_backward(dh, dw, ds, h, w, rows, hidden);
+    const auto gdh = upload(gpu, std::vector<float>(n * hidden, 0.0F));
+    gpu.gather_dot_backward(gdh.view(), gdw.view(), upload(gpu, ds, DType::f32).view(),
+                            upload(gpu, h).view(), upload(gpu, w).view(),
+                            upload_raw(gpu, rows).view(), 4, hidden);
+    expect_close("dw (fp32)", download(gpu, gdw.view()), dw, 1e-5);
+  }
+  SECTION("lm_head") {
+    // dlogits pass through bf16 before the dW GEMM, so the gradient itself is within bf16
+    // tolerance of the CPU's; what is checked is that it lands on the fp32 start values.
+    const std::int64_t vocab = 5000, hidden = 128, n = 300;
+    const auto h = round_bf16(rnd.normal(n * hidden)),
+               w = round_bf16(rnd.normal(vocab * hidden, 0.1F));
+    const auto targets = rnd.integers(n, static_cast<std::int32_t>(vocab));
+    std::vector<std::int32_t> rows(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i)
+      rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    std::vector<float> dh(n * hidden), dw(vocab * hidden, 0.0F);
+    (void)l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, rows, targets, vocab, hidden,
+                                                  0.01F);
+    const auto dw0 = start(vocab * hidden);
+    const auto gdw = f32(dw0);
+    const auto gsum = upload_raw(gpu, std::vector<double>{0.0});
+    const auto gdh = poisoned(gpu, n * hidden);
+    gpu.lm_head_cross_entropy(gsum.view(), gdh.view(), gdw.view(), upload(gpu, h).view(),
+                              upload(gpu, w).view(), upload_raw(gpu, rows).view(),
+                              upload_raw(gpu, targets).view(), n, n, vocab, hidden, 0.01F);
+    auto added = download(gpu, gdw.view());
+    for (std::size_t i = 0; i < added.size(); ++i) added[i] -= dw0[i];
+    expect_close("dw (fp32) minus its start", added, dw, 2e-2);
+  }
 }
 
 TEST_CASE("Bradley-Terry loss on the device", "[gpu]") {

@@ -115,3 +115,46 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   WARN("relative error of " << kMicro << " accumulated micro-batches: ZeRO-1 (bf16 buffer) "
                             << zero1_error << ", ZeRO-2 (fp32 shard) " << zero2_error);
 }
+
+TEST_CASE("an fp32 gradient buffer on the GPU adds micro-batches up without rounding",
+          "[gpu][zero]") {
+  // --grad-accum-dtype fp32 (the default with several micro-batches per step) for ZeRO-0/1: the
+  // model's whole buffer is fp32 and every weight gradient (tied embedding and lm_head included)
+  // adds into it unrounded. Exact reference: each micro-batch's gradient computed alone into a
+  // zeroed fp32 buffer, summed in fp64.
+  l3::cuda::CudaOps ops;
+  l3::model::ModelConfig config = l3::model::preset("tiny");
+  config.n_layers = 2;
+  config.tie_word_embeddings = true;
+  constexpr int kMicro = 8;
+  constexpr float kScale = 1.0F / 256;
+  std::vector<Batch> batches;
+  for (int m = 0; m < kMicro; ++m) batches.push_back(micro_batch(m, config.vocab_size));
+  const l3::model::ModelOptions fp32{.fp32_gradients = true};
+
+  LlamaModel single(config, HeadKind::language_model, ops, fp32);
+  single.initialize(7);
+  REQUIRE(single.gradients().dtype() == l3::kernels::DType::f32);
+  std::vector<double> exact(static_cast<std::size_t>(single.layout().total()), 0.0);
+  for (const Batch& b : batches) {
+    single.zero_gradients();
+    single.sft_accumulate(b, kScale);
+    const std::vector<double> g = to_host(ops, single.gradients());
+    for (std::size_t i = 0; i < g.size(); ++i) exact[i] += g[i];
+  }
+  LlamaModel accumulated(config, HeadKind::language_model, ops, fp32);
+  accumulated.initialize(7);
+  accumulated.zero_gradients();
+  for (const Batch& b : batches) accumulated.sft_accumulate(b, kScale);
+  LlamaModel buffered(config, HeadKind::language_model, ops);  // bf16, as before
+  buffered.initialize(7);
+  buffered.zero_gradients();
+  for (const Batch& b : batches) buffered.sft_accumulate(b, kScale);
+
+  const double fp32_error = l3::test::relative_rms(exact, to_host(ops, accumulated.gradients()));
+  const double bf16_error = l3::test::relative_rms(exact, to_host(ops, buffered.gradients()));
+  CHECK(fp32_error < 1e-6);
+  CHECK(bf16_error > 1e-4);
+  WARN("relative error of " << kMicro << " accumulated micro-batches (tied embeddings): fp32 "
+                            << "buffer " << fp32_error << ", bf16 buffer " << bf16_error);
+}

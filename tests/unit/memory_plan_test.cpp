@@ -140,10 +140,12 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   }
   CHECK(gradient_bytes == 2 * 2 * (std::int64_t{128256} * 4096 + 4096) + 2 * ((p + 7) / 8));
   CHECK(zero1.total() - zero2.total() == 2 * p - gradient_bytes);
-  in.accumulation = 4;
+  in.fp32_gradients = true;
   CHECK(l3::model::plan_training_memory(in).total() - zero2.total() == 2 * ((p + 7) / 8));
-  in.accumulation = 1;
+  // ZeRO-1's whole buffer in fp32: 2 more bytes per parameter.
   in.shard_gradients = false;
+  CHECK(l3::model::plan_training_memory(in).total() - zero1.total() == 2 * p);
+  in.fp32_gradients = false;
   // The CPU backend has none of it.
   in.compute = DType::f32;
   CHECK(scratch_of(l3::model::plan_training_memory(in)).what.empty());
