@@ -236,27 +236,21 @@ void enqueue_on(Stream& s, std::function<void()> op) {
   make_progress();
 }
 
-// Pageable host memory: neither a device allocation nor pinned (cudaHostAlloc) memory.
-bool pageable(const void* p) {
+// The kind of memory p points into: device or pinned host (cudaHostAlloc) memory, or
+// cudaMemoryTypeUnregistered for pageable host memory (no allocation of the emulation's).
+cudaMemoryType memory_type(const void* p) {
   Runtime& r = runtime();
   const std::lock_guard lock(r.mutex);
   const auto* c = static_cast<const char*>(p);
   auto it = r.allocations.upper_bound(c);
-  if (it == r.allocations.begin()) return true;
+  if (it == r.allocations.begin()) return cudaMemoryTypeUnregistered;
   --it;
-  return c >= it->first + std::max<std::size_t>(it->second.bytes, 1);
+  if (c >= it->first + std::max<std::size_t>(it->second.bytes, 1))
+    return cudaMemoryTypeUnregistered;
+  return it->second.type;
 }
 
-bool is_pinned_host(const void* p) {
-  Runtime& r = runtime();
-  const std::lock_guard lock(r.mutex);
-  const auto* c = static_cast<const char*>(p);
-  auto it = r.allocations.upper_bound(c);
-  if (it == r.allocations.begin()) return false;
-  --it;
-  return c < it->first + std::max<std::size_t>(it->second.bytes, 1) &&
-         it->second.type == cudaMemoryTypeHost;
-}
+bool pageable(const void* p) { return memory_type(p) == cudaMemoryTypeUnregistered; }
 
 }  // namespace
 
@@ -452,7 +446,7 @@ cudaError_t cudaMemset(void* dst, int value, std::size_t bytes) {
   // CUDA: "asynchronous with respect to the host except when the target is pinned host memory",
   // on the legacy default stream, which streams created with cudaStreamNonBlocking do not wait for.
   const cudaError_t e = cudaMemsetAsync(dst, value, bytes, nullptr);
-  if (pageable(dst) || is_pinned_host(dst)) drain_all(legacy_stream());
+  if (memory_type(dst) != cudaMemoryTypeDevice) drain_all(legacy_stream());
   return e;
 }
 

@@ -44,6 +44,20 @@ std::vector<double> to_host(l3::kernels::Ops& ops, TensorView x) {
   return {host.begin(), host.end()};
 }
 
+// The exact sum of the micro-batches' gradients, each computed alone into the model's zeroed
+// buffer (whose values fp64 holds exactly), summed in fp64.
+std::vector<double> exact_sum(l3::kernels::Ops& ops, LlamaModel& model,
+                              const std::vector<Batch>& batches, float scale) {
+  std::vector<double> sum(static_cast<std::size_t>(model.layout().total()), 0.0);
+  for (const Batch& b : batches) {
+    model.zero_gradients();
+    model.sft_accumulate(b, scale);
+    const std::vector<double> g = to_host(ops, model.gradients());
+    for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+  }
+  return sum;
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zero]") {
@@ -60,13 +74,7 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   // The exact sum of the micro-batches' bf16 gradients, each computed into a zeroed buffer.
   LlamaModel single(config, HeadKind::language_model, ops);
   single.initialize(7);
-  std::vector<double> exact(static_cast<std::size_t>(single.layout().total()), 0.0);
-  for (const Batch& b : batches) {
-    single.zero_gradients();
-    single.sft_accumulate(b, kScale);
-    const std::vector<double> g = to_host(ops, single.gradients());
-    for (std::size_t i = 0; i < g.size(); ++i) exact[i] += g[i];
-  }
+  const std::vector<double> exact = exact_sum(ops, single, batches, kScale);
 
   // ZeRO-1's way: one bf16 buffer the micro-batches add into.
   LlamaModel buffered(config, HeadKind::language_model, ops);
@@ -135,13 +143,7 @@ TEST_CASE("an fp32 gradient buffer on the GPU adds micro-batches up without roun
   LlamaModel single(config, HeadKind::language_model, ops, fp32);
   single.initialize(7);
   REQUIRE(single.gradients().dtype() == l3::kernels::DType::f32);
-  std::vector<double> exact(static_cast<std::size_t>(single.layout().total()), 0.0);
-  for (const Batch& b : batches) {
-    single.zero_gradients();
-    single.sft_accumulate(b, kScale);
-    const std::vector<double> g = to_host(ops, single.gradients());
-    for (std::size_t i = 0; i < g.size(); ++i) exact[i] += g[i];
-  }
+  const std::vector<double> exact = exact_sum(ops, single, batches, kScale);
   LlamaModel accumulated(config, HeadKind::language_model, ops, fp32);
   accumulated.initialize(7);
   accumulated.zero_gradients();
