@@ -10,6 +10,12 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr std::int64_t kRowsPerChunk = 32;
+// The backward keeps a chunk's dw partial sums (hidden floats) in shared memory up to this size:
+// 48 KiB per block, static and dynamic together, is the limit without an opt-in, and the block
+// reduction's scratch takes a little of it. Wider rows (hidden > 12032, e.g. 16384 for a
+// 405B-sized model) add up in the chunk's row of `partials` in global memory instead; it is
+// mostly L2-resident, and each thread still owns its columns.
+constexpr std::size_t kMaxSharedPartialBytes = 47 * 1024;
 
 __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, const bf16* w,
                                        std::int64_t hidden, float eps) {
@@ -58,12 +64,15 @@ __global__ void rmsnorm_forward_vec_kernel(bf16* out, float* rstd, const bf16* x
   }
 }
 
-// One block per chunk of rows; dynamic shared memory: `hidden` floats of dw partial sums.
+// One block per chunk of rows; the chunk's `hidden` dw partial sums in dynamic shared memory, or in
+// its row of `partials` when they do not fit (kMaxSharedPartialBytes).
 __global__ void rmsnorm_backward_kernel(bf16* dx, float* partials, const bf16* dout, const bf16* x,
                                         const bf16* w, const float* rstd, std::int64_t rows,
-                                        std::int64_t hidden) {
-  extern __shared__ float dw_partial[];
+                                        std::int64_t hidden, bool partials_in_global) {
+  extern __shared__ float shared_partials[];
   __shared__ float scratch[kWarp];
+  float* chunk_partials = partials + blockIdx.x * hidden;
+  float* dw_partial = partials_in_global ? chunk_partials : shared_partials;
   for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) dw_partial[i] = 0.0F;
   const std::int64_t first = blockIdx.x * kRowsPerChunk;
   const std::int64_t last = min(first + kRowsPerChunk, rows);
@@ -84,18 +93,20 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* partials, const bf16* d
       dw_partial[i] += g * xhat;  // each thread owns its columns: no race
     }
   }
-  for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    partials[blockIdx.x * hidden + i] = dw_partial[i];
-  }
+  if (partials_in_global) return;
+  for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) chunk_partials[i] = dw_partial[i];
 }
 
 // The same with 16-byte accesses (hidden % 8 == 0, dx, dout, x, w 16-byte aligned); each thread
 // owns eight adjacent columns of dw_partial.
 __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* partials, const bf16* dout,
                                             const bf16* x, const bf16* w, const float* rstd,
-                                            std::int64_t rows, std::int64_t hidden) {
-  extern __shared__ float dw_partial[];
+                                            std::int64_t rows, std::int64_t hidden,
+                                            bool partials_in_global) {
+  extern __shared__ float shared_partials[];
   __shared__ float scratch[kWarp];
+  float* chunk_partials = partials + blockIdx.x * hidden;
+  float* dw_partial = partials_in_global ? chunk_partials : shared_partials;
   for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) dw_partial[i] = 0.0F;
   __syncthreads();  // a thread's eight columns were zeroed by other threads
   const std::int64_t chunks = hidden / 8;
@@ -133,9 +144,8 @@ __global__ void rmsnorm_backward_vec_kernel(bf16* dx, float* partials, const bf1
     }
   }
   __syncthreads();  // dw_partial written by other threads' columns is read below
-  for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    partials[blockIdx.x * hidden + i] = dw_partial[i];
-  }
+  if (partials_in_global) return;
+  for (std::int64_t i = threadIdx.x; i < hidden; i += blockDim.x) chunk_partials[i] = dw_partial[i];
 }
 
 template <typename Grad>  // bf16 or float
@@ -177,16 +187,19 @@ void rmsnorm_backward_into(BFloat16* dx, Grad* dw, const BFloat16* dout, const B
                            const BFloat16* w, const float* rstd, std::int64_t rows,
                            std::int64_t hidden, float* partials, cudaStream_t stream) {
   if (rows == 0) return;
-  const std::size_t shared = static_cast<std::size_t>(hidden) * sizeof(float);
+  const std::size_t partial_bytes = static_cast<std::size_t>(hidden) * sizeof(float);
+  const bool in_global = partial_bytes > kMaxSharedPartialBytes;
+  const std::size_t shared = in_global ? 0 : partial_bytes;
   if (hidden % 8 == 0 && aligned16(dx, dout, x, w)) {
     rmsnorm_backward_vec_kernel<<<static_cast<unsigned int>(chunks(rows)), kThreads, shared,
                                   stream>>>(device_cast(dx), partials, device_cast(dout),
-                                            device_cast(x), device_cast(w), rstd, rows, hidden);
+                                            device_cast(x), device_cast(w), rstd, rows, hidden,
+                                            in_global);
     check_launch("rmsnorm backward (vectorised)");
   } else {
     rmsnorm_backward_kernel<<<static_cast<unsigned int>(chunks(rows)), kThreads, shared, stream>>>(
         device_cast(dx), partials, device_cast(dout), device_cast(x), device_cast(w), rstd, rows,
-        hidden);
+        hidden, in_global);
     check_launch("rmsnorm backward");
   }
   rmsnorm_dw_kernel<<<blocks_for(hidden, kThreads), kThreads, 0, stream>>>(
