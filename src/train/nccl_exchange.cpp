@@ -13,20 +13,14 @@
 
 #include "core/error.hpp"
 #include "dist/agree.hpp"
-#include "dist/gather_strings.hpp"
 #include "dist/mpi_check.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "train/nccl_communicator.hpp"
 
 namespace l3::train {
 
 namespace {
-
-void check_nccl(ncclResult_t status, std::string_view what) {
-  if (status != ncclSuccess) {
-    throw core::internal_error(fmt::format("NCCL {}: {}", what, ncclGetErrorString(status)));
-  }
-}
 
 ncclDataType_t nccl_type(kernels::DType dtype) {
   switch (dtype) {
@@ -55,21 +49,9 @@ class NcclExchange final : public GradientExchange {
   NcclExchange(const dist::World& world, cuda::CudaOps& ops)
       : ops_(ops), compute_(ops.stream()), rank_(world.rank()), size_(world.size()) {
     cuda::check(cudaSetDevice(ops.device()), "NCCL exchange: cudaSetDevice");
-    ncclUniqueId id{};
+    comm_ = create_nccl_communicator(world, ops.device());
     std::exception_ptr failure;
-    if (world.is_root()) {
-      try {
-        check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-    dist::agree_on_failure(world, failure);
-    dist::broadcast_bytes(world.comm(), &id, sizeof(id), 0);
     try {
-      check_nccl(
-          ncclCommInitRank(&comm_, size_, id, rank_),
-          fmt::format("ncclCommInitRank (rank {} of {}, device {})", rank_, size_, ops.device()));
       // Lower number = higher priority: the reductions go ahead of queued compute kernels.
       int least = 0;
       int greatest = 0;
@@ -197,7 +179,14 @@ class NcclExchange final : public GradientExchange {
     ops_.set_wait_check({});
     if (comm_ != nullptr && failing) ncclCommAbort(comm_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    if (comm_ != nullptr && !failing) ncclCommDestroy(comm_);
+    if (comm_ != nullptr && !failing) {
+      // The nonblocking way to end: finalize (flushes, may be in progress), then destroy.
+      if (settle(comm_, ncclCommFinalize(comm_)) == ncclSuccess) {
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
+    }
     if (compute_ready_ != nullptr) cudaEventDestroy(compute_ready_);
     if (comm_done_ != nullptr) cudaEventDestroy(comm_done_);
     for (cudaEvent_t& e : ticket_events_) {
@@ -218,7 +207,9 @@ class NcclExchange final : public GradientExchange {
 
   // check_nccl, remembering a failure: the communicator is then aborted, not destroyed (which
   // waits for peers), even if the caller caught the error and destroys this exchange normally.
+  // A call that returned ncclInProgress (the communicator is nonblocking) is waited for first.
   void checked(ncclResult_t status, std::string_view what) {
+    status = settle(comm_, status);
     if (status != ncclSuccess) broken_ = true;
     check_nccl(status, what);
   }

@@ -7,8 +7,9 @@
 //
 // Pieces of equal size use ncclReduceScatter / ncclAllGather in place; a bucket with uneven
 // pieces (the first one of the layout) uses one grouped ncclReduce / ncclBroadcast per rank.
-// The communicator comes from a unique id broadcast over the run's MPI communicator; one rank
-// per GPU (NCCL refuses two ranks on one device: make_gradient_exchange then picks MPI).
+// The communicator comes from a unique id broadcast over the run's MPI communicator, created
+// nonblocking so that a rank whose init fails cannot strand the others (nccl_communicator.hpp);
+// one rank per GPU (NCCL refuses two ranks on one device: make_gradient_exchange then picks MPI).
 #pragma once
 
 #include <memory>

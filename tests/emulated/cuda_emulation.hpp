@@ -79,6 +79,9 @@ void enqueue(cudaStream_t stream, std::function<void()> work);
 // needed (the latest moment CUDA allows); returns the previous setting. For tests that need one
 // order.
 bool set_random_progress(bool on);
+// With random progress on: true or false at random (the emulation's other random choices, e.g.
+// whether a nonblocking NCCL call finishes later); with it off: false.
+bool random_choice();
 
 struct LaunchConfig {
   dim3 grid;

@@ -24,6 +24,14 @@
 // MPI_Comm_create_group, collective over the members only. So MPI must be initialised and the
 // id's creator must be a member, as in every use of the trainer. Communicators of one rank need no
 // MPI: their collectives are copies, queued on the stream.
+//
+// Nonblocking communicators (ncclCommInitRankConfig with config.blocking = 0): the init returns
+// ncclInProgress and the rendezvous advances only when ncclCommGetAsyncError is called, so a
+// member that never arrives leaves the others polling, not stuck (they can abort). A collective
+// called outside a group returns ncclInProgress at random and starts only at the next
+// ncclCommGetAsyncError, as NCCL's may; ncclGroupEnd likewise reports ncclInProgress at random.
+// Any other call on a communicator whose state is still ncclInProgress is refused
+// (ncclInvalidUsage), so a caller that does not poll fails here.
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -33,16 +41,39 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "cuda_emulation.hpp"
 
+namespace {
+
+// A rendezvous in progress (see the top). A member sends (NCCL rank, world rank) to the creator
+// and waits for the table; the creator receives the members' messages one by one.
+struct Rendezvous {
+  bool creator = false;
+  int tag = 0;
+  std::vector<int> world_of;  // world rank by NCCL rank, -1 until known
+  std::array<int, 2> member{};
+  MPI_Request send = MPI_REQUEST_NULL;     // a member's message
+  MPI_Request receive = MPI_REQUEST_NULL;  // a member: the table; the creator: the next member
+  int arrived = 1;                         // the creator: members known, itself included
+};
+
+}  // namespace
+
 struct ncclComm {
   int rank = 0;
   int ranks = 1;
   MPI_Comm mpi = MPI_COMM_NULL;  // ranks > 1
+  bool nonblocking = false;
+  // ncclInProgress while the rendezvous or a deferred call is pending (nonblocking only); an
+  // error once the rendezvous failed.
+  ncclResult_t state = ncclSuccess;
+  std::unique_ptr<Rendezvous> joining;
+  std::function<ncclResult_t()> deferred;  // a collective that starts at the next poll
 };
 
 namespace {
@@ -215,35 +246,97 @@ bool valid(ncclComm_t comm, std::size_t count) {
 
 void refuse(const char* why) { std::fprintf(stderr, "emulated NCCL: %s\n", why); }
 
-// The members' world ranks, by NCCL rank, gathered at the id's creator (see the top).
-ncclResult_t rendezvous(const EmulatedId& id, int ranks, int rank, std::vector<int>& world_of) {
+// Starts the rendezvous for NCCL rank `rank` (see the top).
+std::unique_ptr<Rendezvous> start_rendezvous(const EmulatedId& id, int ranks, int rank) {
+  auto r = std::make_unique<Rendezvous>();
   int me = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  const int tag = kRendezvousTagBase + id.serial % kRendezvousTags;
-  world_of.assign(static_cast<std::size_t>(ranks), -1);
-  if (me == id.creator) {
-    world_of[static_cast<std::size_t>(rank)] = me;
-    for (int i = 1; i < ranks; ++i) {
-      std::array<int, 2> member{};  // NCCL rank, world rank
-      MPI_Recv(member.data(), 2, MPI_INT, MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      if (member[0] < 0 || member[0] >= ranks ||
-          world_of[static_cast<std::size_t>(member[0])] >= 0) {
+  r->tag = kRendezvousTagBase + id.serial % kRendezvousTags;
+  r->world_of.assign(static_cast<std::size_t>(ranks), -1);
+  r->world_of[static_cast<std::size_t>(rank)] = me;
+  r->creator = me == id.creator;
+  if (!r->creator) {
+    r->member = {rank, me};
+    MPI_Isend(r->member.data(), 2, MPI_INT, id.creator, r->tag, MPI_COMM_WORLD, &r->send);
+    MPI_Irecv(r->world_of.data(), ranks, MPI_INT, id.creator, r->tag, MPI_COMM_WORLD, &r->receive);
+  }
+  return r;
+}
+
+// Cancels what a rendezvous left pending (an abort before every member arrived).
+void cancel(Rendezvous& r) {
+  if (r.receive != MPI_REQUEST_NULL) {
+    MPI_Cancel(&r.receive);
+    MPI_Wait(&r.receive, MPI_STATUS_IGNORE);
+  }
+  if (r.send != MPI_REQUEST_NULL) MPI_Request_free(&r.send);
+}
+
+// One step of the rendezvous: ncclInProgress until every member has arrived and the
+// communicator's MPI side exists.
+ncclResult_t advance(ncclComm& comm) {
+  Rendezvous& r = *comm.joining;
+  int done = 0;
+  if (r.creator) {
+    while (r.arrived < comm.ranks) {
+      if (r.receive == MPI_REQUEST_NULL) {
+        MPI_Irecv(r.member.data(), 2, MPI_INT, MPI_ANY_SOURCE, r.tag, MPI_COMM_WORLD, &r.receive);
+      }
+      MPI_Test(&r.receive, &done, MPI_STATUS_IGNORE);
+      if (done == 0) return ncclInProgress;
+      if (r.member[0] < 0 || r.member[0] >= comm.ranks ||
+          r.world_of[static_cast<std::size_t>(r.member[0])] >= 0) {
         refuse("ncclCommInitRank: two members claim one rank, or a rank is out of range");
         return ncclInvalidUsage;
       }
-      world_of[static_cast<std::size_t>(member[0])] = member[1];
+      r.world_of[static_cast<std::size_t>(r.member[0])] = r.member[1];
+      ++r.arrived;
     }
-    for (int r = 0; r < ranks; ++r) {
-      if (r == rank) continue;
-      MPI_Send(world_of.data(), ranks, MPI_INT, world_of[static_cast<std::size_t>(r)], tag,
-               MPI_COMM_WORLD);
+    for (int m = 0; m < comm.ranks; ++m) {
+      if (m == comm.rank) continue;
+      MPI_Send(r.world_of.data(), comm.ranks, MPI_INT, r.world_of[static_cast<std::size_t>(m)],
+               r.tag, MPI_COMM_WORLD);
     }
   } else {
-    const std::array<int, 2> member{rank, me};
-    MPI_Send(member.data(), 2, MPI_INT, id.creator, tag, MPI_COMM_WORLD);
-    MPI_Recv(world_of.data(), ranks, MPI_INT, id.creator, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Test(&r.receive, &done, MPI_STATUS_IGNORE);
+    if (done == 0) return ncclInProgress;
+    MPI_Wait(&r.send, MPI_STATUS_IGNORE);
   }
-  return ncclSuccess;
+  // Every member has the table now, so each reaches this collective over the members.
+  MPI_Group world_group = MPI_GROUP_NULL;
+  MPI_Group members = MPI_GROUP_NULL;
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  MPI_Group_incl(world_group, comm.ranks, r.world_of.data(), &members);
+  const int status = MPI_Comm_create_group(MPI_COMM_WORLD, members, r.tag, &comm.mpi);
+  MPI_Group_free(&members);
+  MPI_Group_free(&world_group);
+  comm.joining.reset();
+  return status == MPI_SUCCESS ? ncclSuccess : ncclSystemError;
+}
+
+// The collectives' common entry: `work` starts the collective now, or, on a nonblocking
+// communicator outside a group and at random, at the next ncclCommGetAsyncError.
+thread_local int g_group_depth = 0;
+thread_local std::vector<ncclComm_t> g_group_members;
+
+ncclResult_t issue(ncclComm_t comm, std::function<ncclResult_t()> work) {
+  if (comm->state == ncclInProgress) {
+    refuse(
+        "a call on a nonblocking communicator whose last call is still in progress (poll "
+        "ncclCommGetAsyncError until it is not)");
+    return ncclInvalidUsage;
+  }
+  if (comm->state != ncclSuccess) return comm->state;
+  if (g_group_depth > 0) {
+    g_group_members.push_back(comm);
+    return work();
+  }
+  if (comm->nonblocking && l3emu::random_choice()) {
+    comm->deferred = std::move(work);
+    comm->state = ncclInProgress;
+    return ncclInProgress;
+  }
+  return work();
 }
 
 }  // namespace
@@ -263,6 +356,8 @@ const char* ncclGetErrorString(ncclResult_t result) {
     case ncclInvalidUsage:
       return "invalid usage (llama3-hpc emulation: more than one rank needs MPI, and the id's "
              "creator as a member)";
+    case ncclInProgress:
+      return "operation in progress";
     case ncclSystemError:
       return "system error (an MPI call of the llama3-hpc emulation failed)";
     default:
@@ -278,88 +373,145 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   std::memcpy(id->internal, &made, sizeof made);
   return ncclSuccess;
 }
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int ranks, ncclUniqueId unique_id, int rank) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int ranks, ncclUniqueId unique_id, int rank,
+                                    ncclConfig_t* config) {
   if (comm == nullptr || ranks < 1 || rank < 0 || rank >= ranks) return ncclInvalidArgument;
-  if (ranks == 1) {
-    *comm = new ncclComm{};
-    return ncclSuccess;
+  if (config != nullptr && config->magic != 0xcafebeef) {
+    refuse("ncclCommInitRankConfig: a config not made with NCCL_CONFIG_INITIALIZER");
+    return ncclInvalidArgument;
   }
+  const bool nonblocking =
+      config != nullptr && config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking == 0;
   EmulatedId id;
   std::memcpy(&id, unique_id.internal, sizeof id);
-  if (id.magic != kIdMagic || id.creator < 0 || !mpi_running()) {
+  if (ranks > 1 && (id.magic != kIdMagic || id.creator < 0 || !mpi_running())) {
     refuse("ncclCommInitRank: more than one rank needs MPI, and an id from ncclGetUniqueId");
     return ncclInvalidUsage;
   }
-  std::vector<int> world_of;
-  if (const ncclResult_t r = rendezvous(id, ranks, rank, world_of); r != ncclSuccess) return r;
-  MPI_Group world_group = MPI_GROUP_NULL;
-  MPI_Group members = MPI_GROUP_NULL;
-  MPI_Comm mpi = MPI_COMM_NULL;
-  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-  MPI_Group_incl(world_group, ranks, world_of.data(), &members);
-  const int status = MPI_Comm_create_group(MPI_COMM_WORLD, members,
-                                           kRendezvousTagBase + id.serial % kRendezvousTags, &mpi);
-  MPI_Group_free(&members);
-  MPI_Group_free(&world_group);
-  if (status != MPI_SUCCESS) return ncclSystemError;
-  *comm = new ncclComm{rank, ranks, mpi};
+  auto made = std::make_unique<ncclComm>();
+  made->rank = rank;
+  made->ranks = ranks;
+  made->nonblocking = nonblocking;
+  if (ranks > 1) made->joining = start_rendezvous(id, ranks, rank);
+  if (nonblocking) {  // NCCL's init goes on in a thread of its own: always in progress here
+    made->state = ncclInProgress;
+    *comm = made.release();
+    return ncclInProgress;
+  }
+  while (made->joining) {
+    if (const ncclResult_t r = advance(*made); r != ncclSuccess && r != ncclInProgress) {
+      cancel(*made->joining);
+      return r;
+    }
+  }
+  *comm = made.release();
+  return ncclSuccess;
+}
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int ranks, ncclUniqueId unique_id, int rank) {
+  return ncclCommInitRankConfig(comm, ranks, unique_id, rank, nullptr);
+}
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  if (comm->state != ncclSuccess)
+    return comm->state == ncclInProgress ? ncclInvalidUsage : comm->state;
+  if (comm->nonblocking && l3emu::random_choice()) {
+    comm->state = ncclInProgress;
+    return ncclInProgress;
+  }
   return ncclSuccess;
 }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
+  if (comm->joining) cancel(*comm->joining);
   if (comm->mpi != MPI_COMM_NULL && mpi_running()) MPI_Comm_free(&comm->mpi);
   delete comm;
   return ncclSuccess;
 }
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  // The MPI communicator is left alone: collectives queued on it may still wait for peers that
-  // never join, and freeing it under them is not allowed.
+  if (comm == nullptr) return ncclInvalidArgument;
+  // A rendezvous still waiting for members is cancelled. The MPI communicator is left alone:
+  // collectives queued on it may still wait for peers that never join, and freeing it under them
+  // is not allowed.
+  if (comm->joining) cancel(*comm->joining);
   delete comm;
   return ncclSuccess;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
-  if (comm == nullptr) return ncclInvalidArgument;
-  *error = ncclSuccess;
+  if (comm == nullptr || error == nullptr) return ncclInvalidArgument;
+  if (comm->joining) {
+    comm->state = advance(*comm);
+    if (comm->state != ncclSuccess && comm->state != ncclInProgress) cancel(*comm->joining);
+  } else if (comm->deferred) {
+    const std::function<ncclResult_t()> work = std::move(comm->deferred);
+    comm->deferred = nullptr;
+    comm->state = work();
+  } else if (comm->state == ncclInProgress) {
+    comm->state = ncclSuccess;
+  }
+  *error = comm->state;
   return ncclSuccess;
 }
 // Collectives start at the call (see the top), so a group needs nothing more: the members of a
-// group are started in the order they were called, the same order on every rank.
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+// group are started in the order they were called, the same order on every rank. A group of
+// nonblocking communicators may end in progress.
+ncclResult_t ncclGroupStart() {
+  ++g_group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (g_group_depth == 0) return ncclInvalidUsage;
+  if (--g_group_depth > 0) return ncclSuccess;
+  std::vector<ncclComm_t> members = std::move(g_group_members);
+  g_group_members.clear();
+  bool in_progress = false;
+  for (ncclComm_t c : members) {
+    if (c->nonblocking && c->state == ncclSuccess && l3emu::random_choice()) {
+      c->state = ncclInProgress;
+      in_progress = true;
+    }
+  }
+  return in_progress ? ncclInProgress : ncclSuccess;
+}
 
 ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
   if (!valid(comm, count * static_cast<std::size_t>(comm == nullptr ? 1 : comm->ranks))) {
     return ncclInvalidArgument;
   }
-  if (comm->ranks == 1) return copy(send, recv, count, type, stream);
-  const std::size_t piece = count * nccl_size(type);  // one rank's share
-  const std::size_t bucket = piece * static_cast<std::size_t>(comm->ranks);
-  const int n = static_cast<int>(count);
-  return start(stream, send, piece, bucket, recv, bucket, [&](Transfer& t) {
-    return MPI_Iallgather(t.in.data(), n, carrier(type), t.out.data(), n, carrier(type), comm->mpi,
-                          &t.request);
+  return issue(comm, [=]() -> ncclResult_t {
+    if (comm->ranks == 1) return copy(send, recv, count, type, stream);
+    const std::size_t piece = count * nccl_size(type);  // one rank's share
+    const std::size_t bucket = piece * static_cast<std::size_t>(comm->ranks);
+    const int n = static_cast<int>(count);
+    return start(stream, send, piece, bucket, recv, bucket, [&](Transfer& t) {
+      return MPI_Iallgather(t.in.data(), n, carrier(type), t.out.data(), n, carrier(type),
+                            comm->mpi, &t.request);
+    });
   });
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (!valid(comm, count) || reduction(op, type) == MPI_OP_NULL) return ncclInvalidArgument;
-  if (comm->ranks == 1) return copy(send, recv, count, type, stream);
-  const std::size_t piece = count * nccl_size(type);  // one rank's share
-  const std::size_t bucket = piece * static_cast<std::size_t>(comm->ranks);
-  return start(stream, send, bucket, piece, recv, piece, [&](Transfer& t) {
-    return MPI_Ireduce_scatter_block(t.in.data(), t.out.data(), static_cast<int>(count),
-                                     carrier(type), reduction(op, type), comm->mpi, &t.request);
+  return issue(comm, [=]() -> ncclResult_t {
+    if (comm->ranks == 1) return copy(send, recv, count, type, stream);
+    const std::size_t piece = count * nccl_size(type);  // one rank's share
+    const std::size_t bucket = piece * static_cast<std::size_t>(comm->ranks);
+    return start(stream, send, bucket, piece, recv, piece, [&](Transfer& t) {
+      return MPI_Ireduce_scatter_block(t.in.data(), t.out.data(), static_cast<int>(count),
+                                       carrier(type), reduction(op, type), comm->mpi, &t.request);
+    });
   });
 }
 ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (!valid(comm, count) || reduction(op, type) == MPI_OP_NULL) return ncclInvalidArgument;
-  if (comm->ranks == 1) return copy(send, recv, count, type, stream);
-  const std::size_t bytes = count * nccl_size(type);
-  return start(stream, send, bytes, bytes, recv, bytes, [&](Transfer& t) {
-    return MPI_Iallreduce(t.in.data(), t.out.data(), static_cast<int>(count), carrier(type),
-                          reduction(op, type), comm->mpi, &t.request);
+  return issue(comm, [=]() -> ncclResult_t {
+    if (comm->ranks == 1) return copy(send, recv, count, type, stream);
+    const std::size_t bytes = count * nccl_size(type);
+    return start(stream, send, bytes, bytes, recv, bytes, [&](Transfer& t) {
+      return MPI_Iallreduce(t.in.data(), t.out.data(), static_cast<int>(count), carrier(type),
+                            reduction(op, type), comm->mpi, &t.request);
+    });
   });
 }
 ncclResult_t ncclReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
@@ -368,36 +520,41 @@ ncclResult_t ncclReduce(const void* send, void* recv, std::size_t count, ncclDat
       root >= comm->ranks) {
     return ncclInvalidArgument;
   }
-  if (comm->ranks == 1) return copy(send, recv, count, type, stream);
-  const std::size_t bytes = count * nccl_size(type);
-  const bool at_root = comm->rank == root;
-  // Only the root's output is written (NCCL ignores recv on the other ranks).
-  return start(
-      stream, send, bytes, at_root ? bytes : 0, at_root ? recv : nullptr, bytes, [&](Transfer& t) {
-        return MPI_Ireduce(t.in.data(), at_root ? t.out.data() : nullptr, static_cast<int>(count),
-                           carrier(type), reduction(op, type), root, comm->mpi, &t.request);
-      });
+  return issue(comm, [=]() -> ncclResult_t {
+    if (comm->ranks == 1) return copy(send, recv, count, type, stream);
+    const std::size_t bytes = count * nccl_size(type);
+    const bool at_root = comm->rank == root;
+    // Only the root's output is written (NCCL ignores recv on the other ranks).
+    return start(stream, send, bytes, at_root ? bytes : 0, at_root ? recv : nullptr, bytes,
+                 [&](Transfer& t) {
+                   return MPI_Ireduce(t.in.data(), at_root ? t.out.data() : nullptr,
+                                      static_cast<int>(count), carrier(type), reduction(op, type),
+                                      root, comm->mpi, &t.request);
+                 });
+  });
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                            int root, ncclComm_t comm, cudaStream_t stream) {
   if (!valid(comm, count) || root < 0 || root >= comm->ranks) return ncclInvalidArgument;
-  if (comm->ranks == 1) return copy(send, recv, count, type, stream);
-  const std::size_t bytes = count * nccl_size(type);
-  const bool at_root = comm->rank == root;
-  // The root sends its input; the others receive into `out`. MPI_Ibcast works in place, so the
-  // root's buffer is its snapshot.
-  auto t = snapshot(stream, at_root ? send : recv, at_root ? bytes : 0, at_root ? 0 : bytes);
-  void* buffer = at_root ? t->in.data() : t->out.data();
-  const int status =
-      MPI_Ibcast(buffer, static_cast<int>(count), carrier(type), root, comm->mpi, &t->request);
-  if (status != MPI_SUCCESS) return ncclSystemError;
-  if (at_root) {
-    // The root's recv gets its own input, unless it is the same buffer.
-    l3emu::enqueue(stream, [t] { MPI_Wait(&t->request, MPI_STATUS_IGNORE); });
-    return send == recv ? ncclSuccess : copy(send, recv, count, type, stream);
-  }
-  complete_in_order(stream, t, recv, bytes);
-  return ncclSuccess;
+  return issue(comm, [=]() -> ncclResult_t {
+    if (comm->ranks == 1) return copy(send, recv, count, type, stream);
+    const std::size_t bytes = count * nccl_size(type);
+    const bool at_root = comm->rank == root;
+    // The root sends its input; the others receive into `out`. MPI_Ibcast works in place, so the
+    // root's buffer is its snapshot.
+    auto t = snapshot(stream, at_root ? send : recv, at_root ? bytes : 0, at_root ? 0 : bytes);
+    void* buffer = at_root ? t->in.data() : t->out.data();
+    const int status =
+        MPI_Ibcast(buffer, static_cast<int>(count), carrier(type), root, comm->mpi, &t->request);
+    if (status != MPI_SUCCESS) return ncclSystemError;
+    if (at_root) {
+      // The root's recv gets its own input, unless it is the same buffer.
+      l3emu::enqueue(stream, [t] { MPI_Wait(&t->request, MPI_STATUS_IGNORE); });
+      return send == recv ? ncclSuccess : copy(send, recv, count, type, stream);
+    }
+    complete_in_order(stream, t, recv, bytes);
+    return ncclSuccess;
+  });
 }
 
 }  // extern "C"

@@ -1,6 +1,7 @@
 // The emulated NCCL (nccl.cpp) across MPI ranks (mpiexec -n 2 and -n 3): the collectives the
 // trainer's NCCL exchange uses, in place, in bf16 and fp32, even and uneven pieces; what travels
-// is the input as the stream left it at the call; refusals; and several devices
+// is the input as the stream left it at the call; refusals; nonblocking communicators (init
+// and calls in progress until polled, an init abandoned by a missing member); and several devices
 // ($L3_EMULATION_DEVICES) with PCI bus ids of their own.
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -287,6 +288,103 @@ TEST_CASE("emulated NCCL refuses what it does not model", "[nccl]") {
   CHECK(ncclCommInitRank(&comm, 2, ncclUniqueId{}, 0) == ncclInvalidUsage);  // not from GetUniqueId
   nccl.finish();
   CHECK((buffer.read() == std::vector<float>(8, 1.0F)));
+}
+
+namespace {
+
+ncclUniqueId shared_id(const World& world) {
+  ncclUniqueId id{};
+  if (world.rank == 0) check(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  return id;
+}
+
+// Polls a nonblocking communicator until its state is no longer ncclInProgress.
+ncclResult_t poll(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress) check(ncclCommGetAsyncError(comm, &state));
+  return state;
+}
+
+}  // namespace
+
+TEST_CASE("emulated NCCL nonblocking communicators finish their calls when polled", "[nccl]") {
+  const World world;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  CHECK(ncclCommInitRankConfig(&comm, world.size, shared_id(world), world.rank, &config) ==
+        ncclInProgress);
+  const DeviceBuffer<float> buffer(std::vector<float>(4, 1.0F));
+  // Nothing but a poll, an abort or a destroy while the init is in progress.
+  CHECK(ncclAllReduce(buffer.data(), buffer.data(), 4, ncclFloat32, ncclSum, comm, nullptr) ==
+        ncclInvalidUsage);
+  REQUIRE(poll(comm) == ncclSuccess);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Twenty all-reduces: some return ncclInProgress (random), and start only at the poll; a call
+  // before that poll is refused. Every rank makes the same calls, so they pair up.
+  int deferred = 0;
+  for (int i = 0; i < 20; ++i) {
+    const ncclResult_t r =
+        ncclAllReduce(buffer.data(), buffer.data(), 4, ncclFloat32, ncclSum, comm, stream);
+    if (r == ncclInProgress) {
+      ++deferred;
+      CHECK(ncclBroadcast(buffer.data(), buffer.data(), 4, ncclFloat32, 0, comm, stream) ==
+            ncclInvalidUsage);
+    }
+    REQUIRE(poll(comm) == ncclSuccess);
+  }
+  check(cudaStreamSynchronize(stream));
+  // Each all-reduce multiplied every element by the number of ranks.
+  float expected = 1.0F;
+  for (int i = 0; i < 20; ++i) expected *= static_cast<float>(world.size);
+  CHECK((buffer.read() == std::vector<float>(4, expected)));
+  INFO("deferred " << deferred << " of 20");
+  CHECK(deferred > 0);  // a fair coin: all 20 the same way happens once in a million runs
+  CHECK(deferred < 20);
+  // A grouped call may end in progress too; finalize, then destroy.
+  check(ncclGroupStart());
+  check(ncclBroadcast(buffer.data(), buffer.data(), 4, ncclFloat32, 0, comm, stream));
+  const ncclResult_t ended = ncclGroupEnd();
+  CHECK((ended == ncclSuccess || ended == ncclInProgress));
+  REQUIRE(poll(comm) == ncclSuccess);
+  const ncclResult_t finalized = ncclCommFinalize(comm);
+  CHECK((finalized == ncclSuccess || finalized == ncclInProgress));
+  REQUIRE(poll(comm) == ncclSuccess);
+  check(cudaStreamSynchronize(stream));
+  check(ncclCommDestroy(comm));
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("emulated NCCL nonblocking init waits for a missing member until aborted", "[nccl]") {
+  const World world;
+  if (world.size < 2) {
+    SUCCEED("one rank: no member to miss");
+    return;
+  }
+  const ncclUniqueId id = shared_id(world);
+  const bool absent = world.rank == world.size - 1;  // the last rank never joins
+  if (!absent) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    CHECK(ncclCommInitRankConfig(&comm, world.size, id, world.rank, &config) == ncclInProgress);
+    for (int i = 0; i < 200; ++i) {
+      ncclResult_t state = ncclSuccess;
+      check(ncclCommGetAsyncError(comm, &state));
+      REQUIRE(state == ncclInProgress);
+    }
+    check(ncclCommAbort(comm));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The abandoned rendezvous leaves nothing that a new one could match: a full init works.
+  const Nccl nccl;
+  const DeviceBuffer<float> buffer(std::vector<float>(2, 1.0F));
+  check(ncclAllReduce(buffer.data(), buffer.data(), 2, ncclFloat32, ncclSum, nccl.comm(),
+                      nccl.stream()));
+  nccl.finish();
+  CHECK((buffer.read() == std::vector<float>(2, static_cast<float>(world.size))));
 }
 
 TEST_CASE("emulated devices have PCI bus ids of their own", "[nccl]") {

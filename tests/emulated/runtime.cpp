@@ -259,6 +259,7 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
   enqueue_on(*stream_of(stream), std::move(work));
 }
 bool set_random_progress(bool on) { return std::exchange(g_random_progress, on); }
+bool random_choice() { return g_random_progress && next_random() >> 63U != 0U; }
 }  // namespace l3emu
 
 extern "C" {

@@ -9,6 +9,8 @@
 #     tolerance on GPUs (NCCL's reduction order is its own). Without clipping: the global norm
 #     adds its per-piece sums in an order that depends on the bucket layout, which NCCL's
 #     preference for even pieces changes.
+#   - a rank whose NCCL init fails (rank 1, then rank 0) does not leave the other waiting in its
+#     init: both exit at once, the failed rank's error shown;
 #   - a run whose rank 1 is killed at step 3 resumes from its step-2 checkpoint and ends
 #     bit-identical to the uninterrupted one;
 #   - ZeRO-2 (--shard-gradients) over NCCL against ZeRO-2 through host buffers, likewise; close
@@ -118,6 +120,23 @@ elif close staged nccl 2e-2; then
 else
   fail "NCCL follows the host-buffer exchange's loss trajectory"
 fi
+
+# A rank whose NCCL init fails (a fault injected where it begins; on a GPU: no memory left, a
+# broken network setting) never joins NCCL's bootstrap. The others must not wait for it in their
+# init until the job's time limit: both ranks exit within a minute, the failed one with its own
+# error. Rank 1 fails (rank 0 made the unique id), then rank 0.
+for failing in 1 0; do
+  started=$SECONDS
+  L3_FAULT="nccl.init@$failing=throw-internal" run_timeout=60 train "initfail$failing" sft
+  rc=$?
+  if [[ $rc -ne 0 && $rc -ne 124 && $rc -ne 137 ]] &&
+    grep -q "injected fault at nccl.init on rank $failing" "$work/initfail$failing.log"; then
+    pass "rank $failing's NCCL init fails: both ranks exit ($rc) in $((SECONDS - started)) s, the error named"
+  else
+    fail "rank $failing's NCCL init fails: both ranks exit (exit $rc after $((SECONDS - started)) s)"
+    tail -3 "$work/initfail$failing.log" | sed 's/^/    /'
+  fi
+done
 
 L3_FAULT="train.update@1#3=kill" train killed sft
 train killed sft --resume auto
