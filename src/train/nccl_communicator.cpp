@@ -34,9 +34,9 @@ void wait_for_init(ncclComm_t comm, ncclResult_t state, MPI_Request& notice,
     dist::check_mpi(MPI_Test(&notice, &arrived, MPI_STATUS_IGNORE), "MPI_Test (NCCL init notice)");
     if (arrived != 0) return;
     std::this_thread::sleep_for(kInitPoll);
-    check_nccl(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError (init)");
+    check_nccl(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError (init)", comm);
   }
-  check_nccl(state, what);
+  check_nccl(state, what, comm);
 }
 
 // Receives every notice sent to this rank (one per failed peer other than itself; the first one
@@ -63,10 +63,16 @@ void drain_notices(MPI_Comm notices, MPI_Request& notice, int expected,
 
 }  // namespace
 
-void check_nccl(ncclResult_t status, std::string_view what) {
-  if (status != ncclSuccess) {
-    throw core::internal_error(fmt::format("NCCL {}: {}", what, ncclGetErrorString(status)));
-  }
+void check_nccl(ncclResult_t status, std::string_view what, ncclComm_t comm) {
+  if (status == ncclSuccess) return;
+  // The result code's text is generic ("unhandled system error"); NCCL's last error says what
+  // failed (a socket, a CUDA call, a peer).
+  const char* last = ncclGetLastError(comm);
+  const std::string_view detail = last != nullptr ? std::string_view(last) : std::string_view();
+  throw core::internal_error(
+      detail.empty() ? fmt::format("NCCL {}: {} (NCCL_DEBUG=WARN prints NCCL's own account)", what,
+                                   ncclGetErrorString(status))
+                     : fmt::format("NCCL {}: {}: {}", what, ncclGetErrorString(status), detail));
 }
 
 ncclComm_t create_nccl_communicator(const dist::World& world, int device) {

@@ -23,8 +23,9 @@
 
 namespace l3::train {
 
-// Throws core::internal_error "NCCL <what>: <NCCL's text>" unless status is ncclSuccess.
-void check_nccl(ncclResult_t status, std::string_view what);
+// Throws core::internal_error "NCCL <what>: <the result's text>: <NCCL's last error>" unless
+// status is ncclSuccess (`comm`: the communicator the call was made on, if any).
+void check_nccl(ncclResult_t status, std::string_view what, ncclComm_t comm = nullptr);
 
 // Collective over `world`; the calling thread's current CUDA device is this rank's GPU
 // (`device`, for messages). Returns a nonblocking communicator the caller owns: it ends with

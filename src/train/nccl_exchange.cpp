@@ -211,7 +211,7 @@ class NcclExchange final : public GradientExchange {
   void checked(ncclResult_t status, std::string_view what) {
     status = settle(comm_, status);
     if (status != ncclSuccess) broken_ = true;
-    check_nccl(status, what);
+    check_nccl(status, what, comm_);
   }
 
   void wait_for_compute() {

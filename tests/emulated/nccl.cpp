@@ -43,6 +43,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -244,7 +245,16 @@ bool valid(ncclComm_t comm, std::size_t count) {
   return comm != nullptr && count <= static_cast<std::size_t>(INT_MAX);
 }
 
-void refuse(const char* why) { std::fprintf(stderr, "emulated NCCL: %s\n", why); }
+// What ncclGetLastError returns: the last refusal's reason (NCCL keeps one per process too).
+std::string& last_error() {
+  static std::string text;
+  return text;
+}
+
+void refuse(const char* why) {
+  std::fprintf(stderr, "emulated NCCL: %s\n", why);
+  last_error() = std::string("emulated NCCL: ") + why;
+}
 
 // Starts the rendezvous for NCCL rank `rank` (see the top).
 std::unique_ptr<Rendezvous> start_rendezvous(const EmulatedId& id, int ranks, int rank) {
@@ -364,6 +374,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
       return "error (llama3-hpc emulation)";
   }
 }
+const char* ncclGetLastError(ncclComm_t /*comm*/) { return last_error().c_str(); }
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   static int serial = 0;
   EmulatedId made;
@@ -375,7 +386,12 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int ranks, ncclUniqueId unique_id, int rank,
                                     ncclConfig_t* config) {
-  if (comm == nullptr || ranks < 1 || rank < 0 || rank >= ranks) return ncclInvalidArgument;
+  if (comm == nullptr || ranks < 1 || rank < 0 || rank >= ranks) {
+    refuse(
+        ("ncclCommInitRank: invalid rank " + std::to_string(rank) + " of " + std::to_string(ranks))
+            .c_str());
+    return ncclInvalidArgument;
+  }
   if (config != nullptr && config->magic != 0xcafebeef) {
     refuse("ncclCommInitRankConfig: a config not made with NCCL_CONFIG_INITIALIZER");
     return ncclInvalidArgument;

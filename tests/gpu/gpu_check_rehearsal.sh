@@ -102,4 +102,15 @@ check(tests.get("parity_exit_code") == 77 and "skipped" in parity,
       "and says that transformers' side did not run here", json.dumps(parity)[:300])
 sys.exit(1 if failed else 0)
 PY
+# The memcheck stage (no compute-sanitizer here) names a cuDNN test the emulated build lacks:
+# the name, its commas unescaped, must be one of tests/gpu/cudnn_attention_test.cpp's.
+memcheck_test=$(grep -A1 -- "--tool memcheck" "$root/tools/gpu-check.sh" | grep -o "'[^']*'" |
+  head -1 | tr -d "'" | sed 's/\\,/,/g')
+if [[ -n $memcheck_test ]] &&
+  grep -qF "TEST_CASE(\"$memcheck_test\"" "$root/tests/gpu/cudnn_attention_test.cpp"; then
+  echo "ok   [the memcheck stage names a test of cudnn_attention_test.cpp: $memcheck_test]"
+else
+  echo "FAIL [the memcheck stage names a test of cudnn_attention_test.cpp: '${memcheck_test}' is not one]"
+  exit 1
+fi
 echo "the GPU check ran end to end on the emulation"
