@@ -118,6 +118,12 @@ def theirs(row):
                          and math.isfinite(diff) and math.isfinite(reward_diff))
 
 
+def write_json(path, doc):
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama3-hpc", default="llama3-hpc")
@@ -151,10 +157,11 @@ def main():
         doc["rows"].append(row)
         brief = {k: row.get(k) for k in ("variant", "passed", "logprob_max_abs_diff",
                                            "greedy_agrees", "reward", "reward_hf", "error")}
-        print(json.dumps({k: v for k, v in brief.items() if v is not None}))
+        print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
+        if a.json:  # after every variant: a time limit that stops the next keeps this one's
+            write_json(a.json, doc)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        write_json(a.json, doc)
     if failed:
         return 1
     return 0 if have_hf else 77

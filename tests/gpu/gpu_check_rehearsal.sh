@@ -6,10 +6,11 @@
 # training log, op rows including cuDNN's attention, the training rows of both attentions, the
 # parity stage's llama3-hpc side).
 # Toy sizes (L3_GPU_CHECK_REHEARSAL=1): the figures mean nothing, the plumbing does.
-#   gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC]
+#   gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC
+#                          [L3_GPU_ZERO2_TEST]]
 set -uo pipefail
 if (($# < 4)); then
-  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC]" >&2
+  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC [L3_GPU_ZERO2_TEST]]" >&2
   exit 2
 fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,6 +31,7 @@ ln -s "$(realpath "$2")" "$work/bin/l3_gpu_tests"
 ln -s "$(realpath "$3")" "$work/bin/l3-bench-gpu"
 ln -s "$(realpath "$4")" "$work/bin/l3-bench-train-throughput"
 if [[ -n ${5:-} ]]; then ln -s "$(realpath "$5")" "$work/bin/mpiexec"; fi
+if [[ -n ${6:-} ]]; then ln -s "$(realpath "$6")" "$work/bin/l3_gpu_zero2_test"; fi
 
 PATH="$work/bin:$PATH" L3_GPU_CHECK_REHEARSAL=1 bash "$root/tools/gpu-check.sh" "$work/out" \
   >"$work/check.log" 2>&1
@@ -64,6 +66,9 @@ tests = doc.get("tests", {})
 check(tests.get("failed") == 0 and tests.get("exit_code") == 0 and tests.get("training_exit_code") == 0,
       "the GPU tests and the training checks passed",
       json.dumps({k: tests.get(k) for k in ("failed", "exit_code", "training_exit_code", "failures")}))
+check(tests.get("zero2_exit_code") == 0 and "zero2_error" not in tests,
+      "the ZeRO-2 accumulation test ran and passed, its report read",
+      json.dumps({k: tests.get(k) for k in ("zero2_exit_code", "zero2_error")}))
 # 16 test cases on the emulation, and the training checks' "ok" lines.
 check(tests.get("passed", 0) >= 20, "the tests were counted from the JUnit report and the training log",
       f"passed {tests.get('passed')}")
