@@ -32,6 +32,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -241,7 +242,7 @@ json run_case(const Case& c, const std::string& backend, int steps, int warmup,
     wait_ms.push_back(s.data_wait_ms);
     tokens_per_s.push_back(s.tokens_per_s);
   });
-  session.run();
+  const l3::RunSummary summary = session.run();
   l3::model::ModelConfig shaped = m;
   shaped.n_layers = choice.layers;
   // Attention spans a document: seq tokens, or seq / 2 for a pair's sequences.
@@ -272,6 +273,15 @@ json run_case(const Case& c, const std::string& backend, int steps, int warmup,
   if (datasheet > 0) {
     row["mfu_datasheet"] = achieved / datasheet;
     row["datasheet_tflops"] = datasheet;
+  }
+  // Which attention really ran: cuDNN may decline a shape, and then the fallback's figures
+  // stand under the "cudnn" row.
+  static const std::regex counts(
+      R"(attention: (\d+) calls on cuDNN, (\d+) on the fallback(?: \(cuDNN declined: (.*)\))?)");
+  if (std::smatch found; std::regex_search(summary.backend_report, found, counts)) {
+    row["cudnn_calls"] = std::stoll(found[1].str());
+    row["fallback_calls"] = std::stoll(found[2].str());
+    if (found[3].matched) row["cudnn_declined"] = found[3].str();
   }
   return row;
 }

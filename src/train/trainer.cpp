@@ -758,8 +758,9 @@ TrainSummary Trainer::run() {
     if (s.writer && s.last_checkpoint_step != s.done && s.pending_step != s.done) s.checkpoint();
   }
   s.finish_checkpoint();
-  if (const std::string report = s.ops->report(); !report.empty()) s.log.info("{}", report);
   TrainSummary summary;
+  summary.backend_report = s.ops->report();
+  if (!summary.backend_report.empty()) s.log.info("{}", summary.backend_report);
   summary.steps = s.done - s.first_step;
   summary.first_step = s.first_step;
   summary.stopped = s.stopped;

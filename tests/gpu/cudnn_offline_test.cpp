@@ -48,6 +48,8 @@ TEST_CASE("cuDNN compiles the fused attention graphs for sm_90 without a GPU", "
       {"Llama-3-8B layout, one 2048-token document", {2048, 32, 8, 128, 1, 2048}, false},
       {"Llama-3.2-1B layout, 4 documents", {4096, 32, 8, 64, 4, 2048}, false},
       {"deterministic backward", {555, 8, 2, 128, 3, 300}, true},
+      // The tiny model of gpu/training's cuDNN check (4/2 heads, head_dim 16), 2 rows of 128.
+      {"tiny model, head_dim 16", {256, 4, 2, 16, 2, 128}, false},
   };
   for (const Case& c : cases) {
     INFO(c.what);

@@ -94,6 +94,13 @@ check(sorted(rows) == [("reward", "fallback"), ("sft", "cudnn"), ("sft", "fallba
       "training rows for SFT (both attentions) and reward", json.dumps(training)[:600])
 check(all(t.get("micro_batch") == 1 and t.get("model") == "tiny" for t in training),
       "the rehearsal's training ran the tiny model at one row")
+# Which attention ran is counted: on the emulation cuDNN declines, so the cuDNN row's calls all
+# went to the fallback, and the row says why.
+cudnn_rows = [t for t in training if t.get("attention") == "cudnn"]
+check(bool(cudnn_rows) and all(t.get("cudnn_calls") == 0 and t.get("fallback_calls", 0) > 0
+                               and t.get("cudnn_declined") for t in cudnn_rows),
+      "the cuDNN training row counts the calls cuDNN and the fallback ran, and cuDNN's refusal",
+      json.dumps(cudnn_rows)[:600])
 # The parity stage's llama3-hpc side (transformers' side needs the GPU node's python3).
 parity = doc.get("hf_parity", {})
 prows = parity.get("rows", [])

@@ -96,6 +96,17 @@ TEST_CASE("filling a tensor in pieces equals filling it whole", "[rng]") {
   CHECK(std::all_of(whole.begin(), whole.end(), [](float x) { return std::abs(x) < 0.2F; }));
 }
 
+TEST_CASE("a large tensor filled by several threads holds each index's own value", "[rng]") {
+  const CounterRng rng(7, RngPurpose::parameter_init, 3);
+  std::vector<float> values(300000);  // past the size where the threads share the work
+  l3::core::fill_normal(values, 0.5F, 0.02F, rng, 1000);
+  bool all_equal = true;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    all_equal = all_equal && values[i] == static_cast<float>(0.5 + 0.02F * rng.normal(1000 + i));
+  }
+  CHECK(all_equal);
+}
+
 TEST_CASE("splitmix64 is a fixed, well-mixed function", "[rng]") {
   static_assert(l3::core::splitmix64(0) == 0xe220a8397b1dcdafULL);
   CHECK(l3::core::splitmix64(1) != l3::core::splitmix64(2));
