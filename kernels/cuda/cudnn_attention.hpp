@@ -24,8 +24,8 @@
 //     either path pairs with a backward by either path, recomputation included.
 //   * Returns false, having queued nothing and written nothing, when cuDNN cannot run the case;
 //     last_unsupported_reason() then says why. That happens for: dtypes other than bf16 (f32
-//     lse, i32 cu_seqlens), head_dim not a multiple of 8 or above 128, n_heads not a multiple of
-//     n_kv_heads, pointers not 16-byte aligned, a GPU other than sm_90/sm_100, a cuDNN runtime
+//     lse, i32 cu_seqlens), head_dim not a multiple of 16 or above 128, n_heads not a multiple
+//     of n_kv_heads, pointers not 16-byte aligned, a GPU other than sm_90/sm_100, a cuDNN runtime
 //     older than 9.10.2, a graph no cuDNN engine accepts, or a plan needing more workspace than
 //     CudnnAttentionOptions::max_plan_workspace_bytes. A refused shape bucket is remembered, so
 //     asking again is cheap. It throws (core internal error) for inconsistent inputs (views
