@@ -139,7 +139,7 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
     }
     if (bytes > 0) o["gbps"] = bytes / ms / 1e6;
     if (err >= 0) o["rel_err"] = err;
-    fmt::print("  {:<22} {:<14} {:9.3f} ms", op, shape, ms);
+    fmt::print("  {:<28} {:<14} {:9.3f} ms", op, shape, ms);
     if (flops > 0) fmt::print("  {:7.1f} TFLOP/s", flops / ms / 1e9);
     if (bytes > 0) fmt::print("  {:7.1f} GB/s", bytes / ms / 1e6);
     if (err >= 0) fmt::print("  rel_err {:.2e}", err);
@@ -180,6 +180,42 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
              },
              repeats),
          4.0 * n * i * h, 0, -1);
+
+  // Embedding lookup and its deterministic gradient. The backward sums each token's rows in one
+  // block: with distinct tokens that is a copy's work spread over the GPU; with one token
+  // repeated at every position (the worst case: a row padded with one id) one block reads all of
+  // dout, which these two rows measure against the copy bandwidth. Values do not matter here.
+  {
+    Buffer table = gpu.allocate(DType::bf16, s.vocab * h);
+    Buffer dtable = gpu.allocate(DType::bf16, s.vocab * h);
+    gpu.zero(table.view());
+    gpu.zero(dtable.view());
+    Buffer embedded = gpu.allocate(DType::bf16, n * h);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+    for (std::int64_t t = 0; t < n; ++t)  // distinct while n <= vocab: 7919 is a prime
+      ids[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919) % s.vocab);
+    Buffer distinct = gpu.allocate(DType::i32, n);
+    gpu.copy(distinct.view(), TensorView(std::span<const std::int32_t>(ids)));
+    std::fill(ids.begin(), ids.end(), 0);
+    Buffer repeated = gpu.allocate(DType::i32, n);
+    gpu.copy(repeated.view(), TensorView(std::span<const std::int32_t>(ids)));
+    const double rows_bytes = 2.0 * static_cast<double>(n * h) * 2;  // read + write, bf16
+    record("embedding",
+           time_ms(
+               gpu, [&] { gpu.embedding(embedded.view(), distinct.view(), table.view(), n, h); },
+               repeats),
+           0, rows_bytes, -1);
+    record("embedding_backward distinct",
+           time_ms(
+               gpu, [&] { gpu.embedding_backward(dtable.view(), distinct.view(), x.view(), n, h); },
+               repeats),
+           0, rows_bytes + static_cast<double>(n * h) * 2, -1);  // dout read, rows read+written
+    record("embedding_backward repeated",
+           time_ms(
+               gpu, [&] { gpu.embedding_backward(dtable.view(), repeated.view(), x.view(), n, h); },
+               repeats),
+           0, static_cast<double>(n * h) * 2, -1);  // dout read (one row written)
+  }
 
   Buffer w_norm = device_random(gpu, h, 0.1F, 5);
   Buffer rstd = gpu.allocate(DType::f32, n);
@@ -342,7 +378,7 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
     try {
       time_cudnn(*cudnn_ops);
     } catch (const std::exception& e) {
-      fmt::print("  attention (cuDNN)      {:<14} failed: {}\n", shape, e.what());
+      fmt::print("  attention (cuDNN)            {:<14} failed: {}\n", shape, e.what());
       ops.push_back({{"op", "attention (cuDNN)"}, {"shape", shape}, {"error", e.what()}});
     }
   }

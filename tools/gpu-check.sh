@@ -13,8 +13,9 @@
 #      python3 has torch, then numerical parity with transformers on identical weights
 #      (bench/baselines/hf_parity.py), then the 8B shape (fallback and cuDNN attention);
 #   6. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
-# Writes under OUTDIR: logs, tests.xml (JUnit) and gpu-<date>-<gpu>.json, the results file
-# committed to bench/results/ (schema in docs/GPU.md).
+# Writes under OUTDIR: logs, tests.xml (JUnit), tests-progress.log (each test's start, failures
+# and end as they happen) and gpu-<date>-<gpu>.json (tools/gpu_check_summary.py), the results
+# file committed to bench/results/ (schema in docs/GPU.md).
 #   bash .gpubundle/run.sh bash tools/gpu-check.sh OUTDIR
 # L3_GPU_CHECK_REHEARSAL=1: the same stages at toy sizes, to rehearse this script on the CPU
 # emulation of the CUDA backend (tests/gpu/gpu_check_rehearsal.sh, in CI): the op benchmark's
@@ -71,13 +72,15 @@ fi
 tests_rc=-1
 zero2_rc=-1
 if stage "GPU tests" 240; then
-  timeout "$(limit 240)" l3_gpu_tests --reporter junit --out "$out/tests.xml" >"$out/tests.log" 2>&1
+  # The JUnit report comes only at the end; the progress log, line by line, survives a kill.
+  L3_TEST_PROGRESS_FILE="$out/tests-progress.log" timeout "$(limit 240)" l3_gpu_tests \
+    --reporter junit --out "$out/tests.xml" >"$out/tests.log" 2>&1
   tests_rc=$?
 fi
 # ZeRO-2's and fp32 accumulation on the GPU (an MPI test of one rank, started as a singleton).
 if command -v l3_gpu_zero2_test >/dev/null && stage "ZeRO-2 accumulation test" 60; then
-  timeout "$(limit 120)" l3_gpu_zero2_test --reporter junit --out "$out/tests-zero2.xml" \
-    >"$out/tests-zero2.log" 2>&1
+  L3_TEST_PROGRESS_FILE="$out/tests-zero2-progress.log" timeout "$(limit 120)" l3_gpu_zero2_test \
+    --reporter junit --out "$out/tests-zero2.xml" >"$out/tests-zero2.log" 2>&1
   zero2_rc=$?
 fi
 
@@ -214,98 +217,8 @@ elif stage "memcheck cuDNN attention" 150; then
   tail -3 "$out/memcheck.log"
 fi
 
-python3 - "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
+python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
   "$(($(date +%s) - start))" "$rehearsal" "$parity_rc" "$zero2_rc" "$(
     IFS=';'
     echo "${skipped[*]:-}"
-  )" <<'PY'
-import json, sys, os, re, glob, datetime, xml.etree.ElementTree as ET
-out, smoke, tests_rc, training_rc, bench_rc, memcheck_rc, seconds, rehearsal, parity_rc, zero2_rc = \
-    sys.argv[1], *map(int, sys.argv[2:11])
-skipped = [s for s in sys.argv[11].split(";") if s] if len(sys.argv) > 11 else []
-tests = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
-# JUnit reports: l3_gpu_tests' (required) and the ZeRO-2 test's (where it ran).
-for report, rc, key in (("tests.xml", tests_rc, "error"), ("tests-zero2.xml", zero2_rc, "zero2_error")):
-    if report != "tests.xml" and rc == -1:
-        continue
-    try:
-        root = ET.parse(os.path.join(out, report)).getroot()
-        for case in root.iter("testcase"):
-            node = case.find("failure") if case.find("failure") is not None else case.find("error")
-            if node is not None:
-                tests["failed"] += 1
-                tests["failures"].append({"test": case.get("name"), "message": (node.get("message") or "")[:500],
-                                          "detail": (node.text or "")[:2000]})
-            elif case.find("skipped") is not None:
-                tests["skipped"] += 1
-            else:
-                tests["passed"] += 1
-    except Exception as e:  # no XML: the suite crashed, skipped as a whole, or did not run
-        tests[key] = f"no test report {report} ({e}); exit code {rc}"
-# The training checks count as tests too: "ok   [...]" / "FAIL [...]" lines.
-try:
-    for line in open(os.path.join(out, "training-tests.log")):
-        if line.startswith("ok   ["):
-            tests["passed"] += 1
-        elif line.startswith("FAIL ["):
-            tests["failed"] += 1
-            tests["failures"].append({"test": "gpu/training: " + line[6:].strip().rstrip("]"), "message": ""})
-except OSError:
-    pass
-# Parity with transformers: a test per model variant (not where transformers was missing).
-parity = None
-try:
-    parity = json.load(open(os.path.join(out, "parity.json")))
-    for row in parity.get("rows", []):
-        if "passed" not in row:
-            continue
-        if row["passed"]:
-            tests["passed"] += 1
-        else:
-            tests["failed"] += 1
-            tests["failures"].append({"test": "hf parity: " + row["variant"],
-                                      "message": row.get("error", json.dumps(
-                                          {k: row.get(k) for k in ("logprob_max_abs_diff", "greedy_agrees",
-                                                                   "reward", "reward_hf")}))})
-except (OSError, ValueError):
-    pass
-tests.update(exit_code=tests_rc, zero2_exit_code=zero2_rc, training_exit_code=training_rc, smoke_exit_code=smoke,
-             memcheck_exit_code=memcheck_rc, parity_exit_code=parity_rc)
-doc = {"impl": "llama3-hpc", "tests": tests, "bench_exit_code": bench_rc, "seconds": seconds,
-       "skipped_stages": skipped}
-if rehearsal:
-    doc["rehearsal"] = True  # toy sizes: never a result to commit
-if parity is not None:
-    doc["hf_parity"] = parity
-try:
-    doc.update(json.load(open(os.path.join(out, "bench.json"))))
-except Exception as e:
-    doc["bench_error"] = str(e)
-training = []
-for path in sorted(glob.glob(os.path.join(out, "train-*.json"))):
-    try:
-        d = json.load(open(path))
-        doc.setdefault("gpu", d.get("gpu"))
-        doc.setdefault("commit", d.get("commit"))
-        training += d.get("training", [])
-    except Exception as e:
-        training.append({"impl": "llama3-hpc", "error": f"{os.path.basename(path)}: {e}"})
-for path in sorted(glob.glob(os.path.join(out, "hf-*.json"))):
-    try:
-        row = json.load(open(path))
-        ours = [t for t in training if t.get("impl") == "llama3-hpc" and t.get("model") == row.get("model")
-                and t.get("phase") == row.get("phase")]
-        ours = [t for t in ours if "tokens_per_s" in t]
-        if ours and "tokens_per_s" in row:  # the faster of llama3-hpc's attentions
-            row["llama3_hpc_speedup"] = max(t["tokens_per_s"] for t in ours) / row["tokens_per_s"]
-        training.append(row)
-    except Exception as e:
-        training.append({"impl": "transformers", "error": f"{os.path.basename(path)}: {e}"})
-doc["training"] = training
-doc.setdefault("date", datetime.date.today().isoformat())
-gpu = re.sub(r"[^A-Za-z0-9]+", "-", doc.get("gpu") or "unknown-gpu").strip("-").lower()
-name = f"gpu-{doc['date']}-{gpu}.json"
-json.dump(doc, open(os.path.join(out, name), "w"), indent=2)
-print(f"wrote {name}: tests passed {tests['passed']}, failed {tests['failed']}, skipped "
-      f"{tests['skipped']}; {len(training)} training rows; {seconds} s")
-PY
+  )"

@@ -2,7 +2,8 @@
 // embedding code would) before the library is used, and finalises it after. Ranks other than 0
 // report only failures, so a passing run prints one summary. Built with L3_NEEDS_CUDA_DEVICE
 // (MPI tests of the CUDA backend): without a CUDA device it exits 77 with a SKIP line first
-// (cuda_device_check.hpp).
+// (cuda_device_check.hpp), and rank 0 logs its progress to L3_TEST_PROGRESS_FILE where that is
+// set (progress_listener.hpp).
 #if L3_CATCH2_MAJOR < 3
 #define CATCH_CONFIG_RUNNER
 #endif
@@ -14,7 +15,10 @@
 #include "catch.hpp"
 
 #if defined(L3_NEEDS_CUDA_DEVICE)
+#include <cstdlib>
+
 #include "cuda_device_check.hpp"
+#include "progress_listener.hpp"
 #endif
 
 int main(int argc, char** argv) {
@@ -29,6 +33,9 @@ int main(int argc, char** argv) {
   Catch::Session session;
   std::vector<std::string> words(argv, argv + argc);
   if (rank != 0) words.emplace_back("--reporter=compact");
+#if defined(L3_NEEDS_CUDA_DEVICE)
+  if (rank != 0) unsetenv("L3_TEST_PROGRESS_FILE");  // one writer; the listener opens it later
+#endif
   std::vector<char*> args;
   args.reserve(words.size());
   for (std::string& word : words) args.push_back(word.data());
