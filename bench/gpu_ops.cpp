@@ -181,10 +181,9 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
              repeats),
          4.0 * n * i * h, 0, -1);
 
-  // Embedding lookup and its deterministic gradient. The backward sums each token's rows in one
-  // block: with distinct tokens that is a copy's work spread over the GPU; with one token
-  // repeated at every position (the worst case: a row padded with one id) one block reads all of
-  // dout, which these two rows measure against the copy bandwidth. Values do not matter here.
+  // Embedding lookup and its deterministic gradient, with distinct tokens and with one token
+  // repeated at every position (a row padded with one id: every segment's sum crosses into the
+  // next, the partial sums added up at the end), against the copy bandwidth. Values do not matter.
   {
     Buffer table = gpu.allocate(DType::bf16, s.vocab * h);
     Buffer dtable = gpu.allocate(DType::bf16, s.vocab * h);

@@ -23,9 +23,11 @@ void fill_bf16(BFloat16* out, float value, std::int64_t n, cudaStream_t stream);
 void embedding_forward(BFloat16* out, const std::int32_t* tokens, const BFloat16* table,
                        std::int64_t n, std::int64_t hidden, std::int64_t vocab,
                        cudaStream_t stream);
-// dtable (V, H) += dout rows grouped by token, each group summed in position order (stable
-// sort of the tokens first): deterministic. `workspace` is from embedding_backward_workspace.
-std::size_t embedding_backward_workspace(std::int64_t n);
+// dtable (V, H) += dout rows grouped by token (a stable sort of the tokens first), each group
+// summed in a fixed order, segment by segment of 64 sorted positions: deterministic, and a token
+// repeated at many positions is summed in parallel. `workspace` is from
+// embedding_backward_workspace.
+std::size_t embedding_backward_workspace(std::int64_t n, std::int64_t hidden);
 // dtable bf16, or fp32 (--grad-accum-dtype fp32); likewise the other weight gradients below.
 void embedding_backward(BFloat16* dtable, const std::int32_t* tokens, const BFloat16* dout,
                         std::int64_t n, std::int64_t hidden, void* workspace,

@@ -261,7 +261,7 @@ void CudaOps::embedding(TensorView out_view, TensorView tokens, TensorView table
 
 void CudaOps::embedding_backward(TensorView dtable, TensorView tokens, TensorView dout,
                                  std::int64_t n, std::int64_t hidden) {
-  const std::size_t bytes = embedding_backward_workspace(n);
+  const std::size_t bytes = embedding_backward_workspace(n, hidden);
   void* workspace = scratch_.get(bytes, stream_);
   const auto* token_data = in<std::int32_t>(tokens, n, "embedding_backward", "tokens");
   const auto* dout_data = in<BFloat16>(dout, n * hidden, "embedding_backward", "dout");

@@ -17,6 +17,19 @@ constexpr std::int64_t kCopyChunkElements = std::int64_t{16} << 20U;
 // The cuBLASLt workspace shared by every matmul.
 constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20U;
 
+// The embedding's gradient sums its sorted positions this many at a time (embedding.cu).
+constexpr std::int64_t kEmbeddingSegment = 64;
+
+// The embedding gradient's scratch without CUB's sort storage: sorted keys and two position
+// orders (n int32 each), and the partial sums of runs crossing segments (two fp32 rows of
+// `hidden` per segment), each 256-byte aligned.
+constexpr std::size_t embedding_backward_own_bytes(std::int64_t n, std::int64_t hidden) {
+  const auto align = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const auto segments = static_cast<std::size_t>((n + kEmbeddingSegment - 1) / kEmbeddingSegment);
+  return align(3 * static_cast<std::size_t>(n) * 4) +
+         2 * align(segments * static_cast<std::size_t>(hidden) * 4);
+}
+
 // Tokens per logit block for n tokens and a vocabulary of `vocab`.
 constexpr std::int64_t logit_block_rows(std::int64_t n, std::int64_t vocab) {
   return std::max<std::int64_t>(

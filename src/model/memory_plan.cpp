@@ -89,7 +89,12 @@ Scratch cuda_scratch(const ModelConfig& c, std::int64_t n, std::int64_t seq_len,
   conversion.reserve<std::uint16_t>(cuda::kCopyChunkElements);
 
   auto bytes = [](const cuda::Carver& carve) { return static_cast<std::int64_t>(carve.total()); };
+  // The embedding's gradient: its own arrays, and CUB's radix sort of n key/position pairs
+  // (alternate buffers of 8n bytes and small histograms: 1 MiB allowed for those).
+  const auto embedding = static_cast<std::int64_t>(cuda::embedding_backward_own_bytes(n, h)) +
+                         8 * n + (std::int64_t{1} << 20U);
   Scratch s{bytes(lm), "lm_head + loss"};
+  if (embedding > s.bytes) s = {embedding, "embedding gradient"};
   if (!cudnn_attention && bytes(attention) > s.bytes) s = {bytes(attention), "fallback attention"};
   if (bytes(conversion) > s.bytes) s = {bytes(conversion), "converting copies"};
   return s;

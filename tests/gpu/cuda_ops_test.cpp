@@ -205,6 +205,62 @@ TEST_CASE("embedding forward and deterministic backward", "[gpu]") {
   CHECK(d1 == download(gpu, gd2.view()));  // bitwise repeatable
 }
 
+// The gradient's segments of 64 sorted positions: runs of one token inside a segment, across a
+// boundary, over many segments (the sums that cross segments), at the ends, shorter than a
+// segment, in both column paths, into bf16 and fp32 gradients. The fp32 gradient is held to
+// 1e-5 of an fp64 sum: a piece of a run lost or counted twice is far outside that.
+TEST_CASE("embedding backward sums runs of repeated tokens across segments", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  struct Case {
+    const char* what;
+    std::int64_t n, hidden;
+    std::int32_t distinct;  // tokens drawn from [0, distinct)
+    std::int32_t repeated;  // this token at `share` of the positions (-1: none)
+    double share;
+    std::int64_t dout_skew;  // dout 2 bytes into its buffer: the one-wide column path
+  };
+  const Case c =
+      GENERATE(Case{"runs of about 20", 1000, 64, 50, -1, 0.0, 0},
+               Case{"one token at 90% of the positions", 1000, 64, 40, 7, 0.9, 0},
+               Case{"a few long runs, width not a multiple of 8", 1000, 100, 5, -1, 0.0, 0},
+               Case{"one token everywhere, whole segments", 192, 72, 1, 0, 1.0, 0},
+               Case{"fewer positions than a segment", 37, 72, 6, -1, 0.0, 0},
+               Case{"long runs, dout unaligned", 700, 64, 3, 2, 0.5, 1});
+  INFO(c.what);
+  const std::int64_t vocab = 64;
+  l3::test::Random rnd(103);
+  auto tokens = rnd.integers(static_cast<std::size_t>(c.n), c.distinct);
+  const auto coin = rnd.uniform(static_cast<std::size_t>(c.n), 0.0F, 1.0F);
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    if (c.repeated >= 0 && coin[t] < c.share) tokens[t] = c.repeated;
+  }
+  const auto dout = round_bf16(rnd.normal(c.n * c.hidden));
+  std::vector<double> exact(static_cast<std::size_t>(vocab * c.hidden), 0.0);
+  for (std::int64_t t = 0; t < c.n; ++t) {
+    for (std::int64_t j = 0; j < c.hidden; ++j) {
+      exact[static_cast<std::size_t>(tokens[static_cast<std::size_t>(t)] * c.hidden + j)] +=
+          dout[static_cast<std::size_t>(t * c.hidden + j)];
+    }
+  }
+  const std::vector<float> want(exact.begin(), exact.end());
+  std::vector<float> padded(static_cast<std::size_t>(c.dout_skew), 0.0F);
+  padded.insert(padded.end(), dout.begin(), dout.end());
+  const auto gdout = upload(gpu, padded);
+  const auto gtokens = upload_raw(gpu, tokens);
+  const auto dout_view = gdout.slice(c.dout_skew, c.n * c.hidden);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    INFO((dtype == DType::f32 ? "fp32 gradient" : "bf16 gradient"));
+    const auto g1 = upload(gpu, std::vector<float>(vocab * c.hidden, 0.0F), dtype);
+    const auto g2 = upload(gpu, std::vector<float>(vocab * c.hidden, 0.0F), dtype);
+    gpu.embedding_backward(g1.view(), gtokens.view(), dout_view, c.n, c.hidden);
+    gpu.embedding_backward(g2.view(), gtokens.view(), dout_view, c.n, c.hidden);
+    const auto got = download(gpu, g1.view());
+    expect_close("dtable", got, want, dtype == DType::f32 ? 1e-5 : 1e-2);
+    CHECK((got == download(gpu, g2.view())));  // bitwise repeatable
+  }
+}
+
 TEST_CASE("micro-batch inputs on the copy stream reach each micro-batch intact", "[gpu]") {
   INFO("seed " << l3::test::test_seed());
   l3::cuda::CudaOps gpu;

@@ -127,6 +127,15 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   CHECK(with_cudnn.what == "CUDA scratch (lm_head + loss; cuDNN workspace extra)");
   CHECK(with_cudnn.bytes > (std::int64_t{256} << 20));
   CHECK(with_cudnn.bytes < (std::int64_t{512} << 20));
+  // 128 rows of 8192 tokens: the embedding gradient's partial sums (two fp32 rows of 4096 per
+  // 64 tokens: 512 MiB), its sorted keys and positions (12 bytes a token) and CUB's sort
+  // (8 bytes a token and 1 MiB) outgrow the lm_head's logit block.
+  in.micro_batch_rows = 128;
+  const l3::model::MemoryLine big_batch = scratch_of(l3::model::plan_training_memory(in));
+  const std::int64_t tokens = 128 * 8192;
+  CHECK(big_batch.what == "CUDA scratch (embedding gradient; cuDNN workspace extra)");
+  CHECK(big_batch.bytes == 2 * (tokens / 64) * 4096 * 4 + 12 * tokens + 8 * tokens + (1 << 20));
+  in.micro_batch_rows = 1;
   // ZeRO-2: the bf16 gradients of two groups (the largest is the 8B model's head: the final
   // norm and the 128256 x 4096 lm_head) and 1/8 of all of them, instead of all of them; that
   // 1/8 in bf16 with one micro-batch per step, in fp32 when micro-batches add up there.
