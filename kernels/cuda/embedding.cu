@@ -153,10 +153,9 @@ __global__ void embedding_backward_crossing_kernel(Grad* dtable, const float* he
   add_to(dtable[static_cast<std::int64_t>(token) * hidden + c], sum);
 }
 
-std::int64_t segments_for(std::int64_t n) { return (n + kSegment - 1) / kSegment; }
-
 // Workspace layout: keys_out, order_in, order_out (n int32 each), head and tail ((segments,
-// hidden) fp32 each, 256-byte aligned), then cub's temporary storage.
+// hidden) fp32 each), as scratch_sizes.hpp counts them for the memory plan, then cub's temporary
+// storage.
 struct BackwardWorkspace {
   std::int32_t* keys_out;
   std::int32_t* order_in;
@@ -166,16 +165,6 @@ struct BackwardWorkspace {
   void* cub;
   std::size_t cub_bytes;
 };
-
-std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
-std::size_t ints_bytes(std::int64_t n) {
-  return align256(3 * static_cast<std::size_t>(n) * sizeof(std::int32_t));
-}
-std::size_t partial_bytes(std::int64_t n, std::int64_t hidden) {
-  return align256(static_cast<std::size_t>(segments_for(n) * hidden) * sizeof(float));
-}
-// The layout carved here is the one scratch_sizes.hpp (and the memory plan) counts.
-static_assert(embedding_backward_own_bytes(1000, 100) == 12032 + 2 * 6400);
 
 std::size_t cub_bytes(std::int64_t n) {
   std::size_t sort = 0;
@@ -192,9 +181,9 @@ BackwardWorkspace carve(void* base, std::int64_t n, std::int64_t hidden, std::si
   w.keys_out = p;
   w.order_in = p + n;
   w.order_out = p + 2 * n;
-  char* next = static_cast<char*>(base) + ints_bytes(n);
+  char* next = static_cast<char*>(base) + embedding_backward_ints_bytes(n);
   w.head = reinterpret_cast<float*>(next);
-  w.tail = reinterpret_cast<float*>(next + partial_bytes(n, hidden));
+  w.tail = reinterpret_cast<float*>(next + embedding_backward_partial_bytes(n, hidden));
   const std::size_t used = embedding_backward_own_bytes(n, hidden);
   w.cub = static_cast<char*>(base) + used;
   w.cub_bytes = bytes - used;
@@ -232,7 +221,7 @@ void embedding_backward_into(Grad* dtable, const std::int32_t* tokens, const BFl
   check(cub::DeviceRadixSort::SortPairs(w.cub, bytes, tokens, w.keys_out, w.order_in, w.order_out,
                                         static_cast<int>(n), 0, 32, stream),
         "embedding backward: sort tokens");
-  const auto segments = static_cast<unsigned int>(segments_for(n));
+  const auto segments = static_cast<unsigned int>(embedding_segments(n));
   const bf16* d = device_cast(dout);
   if (hidden % 8 == 0 && aligned16(dout)) {
     const dim3 grid(segments, blocks_for(hidden / 8, kSegmentThreads));

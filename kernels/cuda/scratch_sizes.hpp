@@ -20,14 +20,21 @@ constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20U;
 // The embedding's gradient sums its sorted positions this many at a time (embedding.cu).
 constexpr std::int64_t kEmbeddingSegment = 64;
 
-// The embedding gradient's scratch without CUB's sort storage: sorted keys and two position
-// orders (n int32 each), and the partial sums of runs crossing segments (two fp32 rows of
-// `hidden` per segment), each 256-byte aligned.
+// The embedding gradient's scratch without CUB's sort storage, carved in this order, each part
+// 256-byte aligned: sorted keys and two position orders (n int32 each), then the partial sums of
+// runs crossing segments (head, then tail: an fp32 row of `hidden` per segment each).
+constexpr std::size_t align256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+constexpr std::int64_t embedding_segments(std::int64_t n) {
+  return (n + kEmbeddingSegment - 1) / kEmbeddingSegment;
+}
+constexpr std::size_t embedding_backward_ints_bytes(std::int64_t n) {
+  return align256(3 * static_cast<std::size_t>(n) * 4);
+}
+constexpr std::size_t embedding_backward_partial_bytes(std::int64_t n, std::int64_t hidden) {
+  return align256(static_cast<std::size_t>(embedding_segments(n) * hidden) * 4);
+}
 constexpr std::size_t embedding_backward_own_bytes(std::int64_t n, std::int64_t hidden) {
-  const auto align = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
-  const auto segments = static_cast<std::size_t>((n + kEmbeddingSegment - 1) / kEmbeddingSegment);
-  return align(3 * static_cast<std::size_t>(n) * 4) +
-         2 * align(segments * static_cast<std::size_t>(hidden) * 4);
+  return embedding_backward_ints_bytes(n) + 2 * embedding_backward_partial_bytes(n, hidden);
 }
 
 // Tokens per logit block for n tokens and a vocabulary of `vocab`.
