@@ -59,7 +59,8 @@ __global__ void softmax_cross_entropy_kernel(float* loss, bf16* dlogits, const f
   const bool wide = vocab % 4 == 0 && reinterpret_cast<std::uintptr_t>(z) % 16U == 0U &&
                     reinterpret_cast<std::uintptr_t>(d) % 8U == 0U;
   const std::int64_t quads = wide ? vocab / 4 : 0;
-  const auto* z4 = reinterpret_cast<const float4*>(z);
+  // A float4 view only where it is one (a misaligned vector pointer faults on its first access).
+  const auto* z4 = wide ? reinterpret_cast<const float4*>(z) : nullptr;
 
   SoftmaxStats stats;
   for (std::int64_t q = threadIdx.x; q < quads; q += blockDim.x) {

@@ -8,6 +8,7 @@
 #endif
 
 #include <array>
+#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -330,6 +331,16 @@ ThreadState& current() {
 }
 
 void syncthreads() { yield(Wait::block_barrier); }
+
+void misaligned_cast(const char* file, int line, std::uintptr_t address, std::size_t size,
+                     std::size_t alignment) {
+  std::array<char, 2 * sizeof(address)> digits{};
+  auto* const end = std::to_chars(digits.data(), digits.data() + digits.size(), address, 16).ptr;
+  throw std::runtime_error(std::string("emulated CUDA: misaligned address: ") + file + ":" +
+                           std::to_string(line) + " casts 0x" + std::string(digits.data(), end) +
+                           " to a pointer to " + std::to_string(size) + "-byte values aligned to " +
+                           std::to_string(alignment) + " (a GPU would fault on the access)");
+}
 
 void warp_exchange(const void* value, void* result, std::size_t bytes, unsigned int mask,
                    int source_lane) {

@@ -10,7 +10,8 @@
 // between barriers and blocks in a shuffled order, so a missing barrier or a dependence between
 // blocks shows up as a wrong result. It is strict where CUDA leaves behaviour undefined: a
 // __syncthreads that some threads of the block never reach (they exited or wait elsewhere), or a
-// full-mask shuffle with exited lanes, is an error. Device memory is host memory: run under
+// full-mask shuffle with exited lanes, is an error, and so is a pointer cast to a type whose
+// alignment the address lacks (checked_cast below; a GPU faults on such an access). Device memory is host memory: run under
 // AddressSanitizer, an out-of-bounds access is reported with the kernel on the stack.
 //
 // What it cannot model: the GPU's memory model and timing, bf16 hardware rounding in
@@ -25,10 +26,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 // The qualifiers of device code mean nothing on the host, except __shared__: one array per
 // block, which `static` gives as long as blocks of one kernel run one after the other.
@@ -109,6 +112,30 @@ auto launch(LaunchConfig cfg, Call call) {
 template <typename T>
 T* dynamic_shared() {
   return static_cast<T*>(dynamic_shared_memory());
+}
+
+// Throws "misaligned address" naming the cast's place, the pointee's size and alignment.
+[[noreturn]] void misaligned_cast(const char* file, int line, std::uintptr_t address,
+                                  std::size_t size, std::size_t alignment);
+
+// `reinterpret_cast` in a kernel file, as translated: a GPU loads and stores a type in one
+// access of its alignment (16 bytes for Bf16x8 and float4) and faults on a misaligned address,
+// which ends the CUDA context and every test after it; the host's loads do not care. So a pointer
+// cast to a type whose alignment the address does not have is an error here, at the cast: a
+// vector pointer is made only where the vector path's alignment test has passed. Casts to
+// integers and references, and to void or byte pointers, pass through.
+template <typename To, typename From>
+To checked_cast(From&& from, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  if constexpr (std::is_pointer_v<To> && std::is_pointer_v<std::remove_cvref_t<From>>) {
+    using Pointee = std::remove_cv_t<std::remove_pointer_t<To>>;
+    if constexpr (!std::is_void_v<Pointee>) {
+      const auto address = reinterpret_cast<std::uintptr_t>(from);
+      if (address % alignof(Pointee) != 0) {
+        misaligned_cast(file, line, address, sizeof(Pointee), alignof(Pointee));
+      }
+    }
+  }
+  return reinterpret_cast<To>(std::forward<From>(from));
 }
 
 }  // namespace l3emu

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -63,6 +64,20 @@ TEST_CASE("barriers and shuffles that some threads never reach are errors", "[em
   probe::block_sums(sums.data(), in.data(), 1, 256);
   finish();
   CHECK(sums[0] == 512.0F);
+}
+
+TEST_CASE("a vector pointer cast from a misaligned address is an error", "[emulation]") {
+  // A GPU faults on a 16-byte load from an address that is not a multiple of 16 (and the fault
+  // ends its context); the host's loads do not care, so the emulation checks the cast.
+  alignas(16) std::array<std::uint16_t, 16> in{};
+  std::iota(in.begin(), in.end(), std::uint16_t{1});
+  alignas(16) std::array<std::uint16_t, 8> out{};
+  probe::vector_copy(out.data(), in.data());
+  finish();
+  CHECK(out[7] == 8);
+  CHECK_THROWS_WITH((probe::vector_copy(out.data(), in.data() + 1), finish()),
+                    Catch::Contains("misaligned address") && Catch::Contains("probe_kernels.cu") &&
+                        Catch::Contains("aligned to 16"));
 }
 
 TEST_CASE("__shfl_xor_sync returns the partner lane's value", "[emulation]") {

@@ -43,6 +43,10 @@ __global__ void shuffle_with_exited_lane_kernel(float* out) {
   out[threadIdx.x] = cuda::warp_sum(1.0F);
 }
 
+__global__ void vector_copy_kernel(cuda::Bf16x8* out, const cuda::bf16* in) {
+  *out = *reinterpret_cast<const cuda::Bf16x8*>(in);  // a 16-byte load on a GPU
+}
+
 __global__ void shuffle_partner_kernel(int* out) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffU, lane * 10, 3);
@@ -75,6 +79,9 @@ void racy_sums(float* out, const float* in, int blocks, int threads) {
 void divergent_barrier(float* out) { divergent_barrier_kernel<<<1, 64>>>(out); }
 void barrier_after_exit(float* out) { barrier_after_exit_kernel<<<1, 64>>>(out); }
 void shuffle_with_exited_lane(float* out) { shuffle_with_exited_lane_kernel<<<1, 32>>>(out); }
+void vector_copy(void* out, const void* in) {
+  vector_copy_kernel<<<1, 1>>>(static_cast<cuda::Bf16x8*>(out), static_cast<const cuda::bf16*>(in));
+}
 void shuffle_partner(int* out, int threads) { shuffle_partner_kernel<<<1, threads>>>(out); }
 void dynamic_shared(float* out, int blocks, int threads) {
   dynamic_shared_kernel<<<blocks, threads, threads * sizeof(float)>>>(out);

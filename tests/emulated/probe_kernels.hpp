@@ -15,6 +15,8 @@ void barrier_after_exit(float* out);
 void shuffle_with_exited_lane(float* out);
 // out[t] = (lane ^ 3) * 10 by __shfl_xor_sync
 void shuffle_partner(int* out, int threads);
+// out[i] = in[i] for i < 8 bf16 values, read as one Bf16x8 from `in` (16-byte aligned or not)
+void vector_copy(void* out, const void* in);
 // out = the block's dynamic shared memory, never written
 void dynamic_shared(float* out, int blocks, int threads);
 // order[b] = the rank of block b in execution order

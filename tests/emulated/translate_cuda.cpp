@@ -5,6 +5,8 @@
 //                        [](const auto&... a) { kernel(a...); })(args)
 //   extern __shared__ float name[];  ->  float* const name = ::l3emu::dynamic_shared<float>();
 //   #include <cub/cub.cuh>  ->  #include "emulated_cub.cuh" (host models of the CUB calls)
+//   reinterpret_cast<T>(x)  ->  ::l3emu::checked_cast<T>(x) (a misaligned vector pointer is an
+//                               error, as its access would be on a GPU)
 // Usage: translate_cuda IN.cu OUT.cpp (OUT is rewritten only when its text changes).
 #include <filesystem>
 #include <fstream>
@@ -35,6 +37,8 @@ std::string translate(const std::string& source) {
   out = std::regex_replace(out, dynamic_shared, "$1* const $2 = ::l3emu::dynamic_shared<$1>();");
   static const std::regex cub_include(R"(#include\s*<cub/cub\.cuh>)");
   out = std::regex_replace(out, cub_include, "#include \"emulated_cub.cuh\"");
+  static const std::regex pointer_cast(R"(\breinterpret_cast\s*<)");
+  out = std::regex_replace(out, pointer_cast, "::l3emu::checked_cast<");
   if (out.find("<<<") != std::string::npos) throw std::runtime_error("a launch left untranslated");
   return out;
 }
