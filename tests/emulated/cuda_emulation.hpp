@@ -11,8 +11,9 @@
 // blocks shows up as a wrong result. It is strict where CUDA leaves behaviour undefined: a
 // __syncthreads that some threads of the block never reach (they exited or wait elsewhere), or a
 // full-mask shuffle with exited lanes, is an error, and so is a pointer cast to a type whose
-// alignment the address lacks (checked_cast below; a GPU faults on such an access). Device memory is host memory: run under
-// AddressSanitizer, an out-of-bounds access is reported with the kernel on the stack.
+// alignment the address lacks (checked_cast below; a GPU faults on such an access). Device memory
+// is host memory: run under AddressSanitizer, an out-of-bounds access is reported with the kernel
+// on the stack.
 //
 // What it cannot model: the GPU's memory model and timing, bf16 hardware rounding in
 // intrinsics (fp32 math here is the host's; __expf is expf), and anything in cuBLASLt, cuDNN or
