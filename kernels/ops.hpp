@@ -72,6 +72,9 @@ class Ops {
   // Makes the calling thread work on this backend's device (CUDA keeps the current device per
   // host thread), so that a host may drive a run from another thread than the one that made it.
   virtual void bind_thread() {}
+  // Bytes of the memory the backend computes in (a GPU's), for the check that a run fits before
+  // it allocates; 0 when that memory is the host's (core::host_memory_bytes() applies).
+  [[nodiscard]] virtual std::int64_t memory_capacity() const { return 0; }
 
   // ---- memory ----------------------------------------------------------------------------
   // Zero-initialised.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "core/error.hpp"
@@ -114,6 +115,25 @@ struct DataLoader::Impl {
       shards.assign(all.begin(), all.end());
     }
     reader.read(std::move(requests), shards);
+    if (index.kind == SampleKind::sft) {
+      // A token is a target or not: a mask byte other than 0 or 1 is a damaged or foreign
+      // shard, not a weight to train with.
+      for (const auto& rows : micro) {
+        for (const auto& row : rows) {
+          for (const Sample& s : row) {
+            const auto bad =
+                std::find_if(s.mask.begin(), s.mask.end(), [](std::uint8_t m) { return m > 1; });
+            if (bad == s.mask.end()) continue;
+            const auto i = static_cast<std::size_t>(s.id);
+            throw core::bad_input(
+                fmt::format("value {} at token {}: a loss mask is 0 or 1", *bad,
+                            index.offset[i] + (bad - s.mask.begin())),
+                {.file = index.shards[static_cast<std::size_t>(index.shard[i])].path,
+                 .tensor = "/loss_mask"});
+          }
+        }
+      }
+    }
 
     out.micro.clear();
     for (auto& rows : micro) {
@@ -157,7 +177,16 @@ struct DataLoader::Impl {
     out.assemble_seconds = watch.seconds();
   }
 
-  std::int64_t steps_in_epoch(std::int64_t epoch) { return main_plan_of(epoch).steps(); }
+  std::int64_t steps_in_epoch(std::int64_t epoch) {
+    // Pairs are never packed: which ones are left out (too long) does not depend on the
+    // order, so every epoch has the same steps; counted once, not once per epoch.
+    if (index.kind == SampleKind::preference) {
+      const std::scoped_lock lock(main_plan_mutex);
+      if (!preference_steps) preference_steps = EpochPlan::build(index, config.plan, epoch).steps();
+      return *preference_steps;
+    }
+    return main_plan_of(epoch).steps();
+  }
 
   const EpochPlan& main_plan_of(std::int64_t epoch) {
     const std::scoped_lock lock(main_plan_mutex);
@@ -175,6 +204,7 @@ struct DataLoader::Impl {
   Position cursor;  // the producer's next position
   std::mutex main_plan_mutex;
   std::unique_ptr<EpochPlan> main_plan;
+  std::optional<std::int64_t> preference_steps;
   dist::UniqueComm producers;  // collective transfers: the producers' own agreement channel
   std::unique_ptr<Prefetcher<StepData>> prefetcher;
 };

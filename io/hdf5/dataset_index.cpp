@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "dist/agree.hpp"
 #include "dist/gather_strings.hpp"
@@ -58,20 +59,17 @@ std::vector<std::int64_t> offsets_of(const h5::Handle& group, const std::string&
 }
 
 // Rank 0's work: read and check everything.
-DatasetIndex read_index(const std::string& directory, const DatasetExpectations& expect) {
+// A function-try-block: a field of the wrong JSON type in index.json is reported with its name.
+DatasetIndex read_index(const std::string& directory, const DatasetExpectations& expect) try {
+  if (directory.empty()) throw core::bad_input("the dataset directory is an empty path");
   const fs::path dir = fs::absolute(directory);
   const std::string index_path = (dir / "index.json").string();
-  std::ifstream in(index_path);
-  if (!in) {
+  std::error_code exists_error;
+  if (!fs::exists(index_path, exists_error)) {
     throw core::bad_input("no index.json: not a dataset directory (make one with llama3-hpc prep)",
                           {.file = dir.string()});
   }
-  json index;
-  try {
-    index = json::parse(in);
-  } catch (const json::exception& e) {
-    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()), {.file = index_path});
-  }
+  const json index = core::read_json_object(index_path, "a dataset index");
   DatasetIndex d;
   d.directory = dir.string();
   const std::string format = index.value("format", "");
@@ -92,6 +90,11 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
   d.tokenizer_sha256 = tokenizer.value("sha256", "");
   d.tokenizer_name = tokenizer.value("name", "");
   d.vocab_size = tokenizer.value("vocab_size", std::int64_t{0});
+  if (d.vocab_size <= 0 || d.vocab_size > (std::int64_t{1} << 31)) {
+    throw core::bad_input(
+        fmt::format("tokenizer.vocab_size {} is not a vocabulary size (1 .. 2^31)", d.vocab_size),
+        {.file = index_path});
+  }
   if (expect.model_vocab > 0 && d.vocab_size > expect.model_vocab) {
     throw core::bad_input(fmt::format("the data's vocabulary ({}) is larger than the model's ({})",
                                       d.vocab_size, expect.model_vocab),
@@ -119,6 +122,11 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
     if (a.format != expected || a.version != kShardVersion) {
       throw core::bad_input(
           fmt::format("format \"{}\" version {} does not match the dataset", a.format, a.version),
+          {.file = shard.path});
+    }
+    if (a.vocab_size != d.vocab_size) {
+      throw core::bad_input(
+          fmt::format("vocab_size {} where index.json says {}", a.vocab_size, d.vocab_size),
           {.file = shard.path});
     }
     if (a.tokenizer_sha256 != d.tokenizer_sha256) {
@@ -178,6 +186,9 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
   }
   if (d.samples() == 0) throw core::bad_input("the dataset has no samples", {.file = index_path});
   return d;
+} catch (const json::exception& e) {
+  throw core::bad_input(fmt::format("not a dataset index this program reads: {}", e.what()),
+                        {.file = (fs::path(directory) / "index.json").string()});
 }
 
 }  // namespace

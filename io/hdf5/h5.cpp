@@ -92,12 +92,20 @@ void Handle::reset() noexcept {
   id_ = H5I_INVALID_HID;
 }
 
-Handle create_file(const std::string& path) {
+namespace {
+Handle create(const std::string& path, unsigned flags) {
   quiet_errors();
   const std::scoped_lock guard(library_lock());
-  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hid_t id = H5Fcreate(path.c_str(), flags, H5P_DEFAULT, H5P_DEFAULT);
   if (id < 0) throw core::internal_error("cannot create HDF5 file", {.file = path});
   return {id, H5Fclose};
+}
+}  // namespace
+
+Handle create_file(const std::string& path) { return create(path, H5F_ACC_TRUNC); }
+Handle create_new_file(const std::string& path) {
+  // H5F_ACC_EXCL opens with O_CREAT | O_EXCL: an existing entry, a link included, is an error.
+  return create(path, H5F_ACC_EXCL);
 }
 
 Handle open_file_read(const std::string& path) {

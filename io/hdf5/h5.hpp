@@ -51,8 +51,11 @@ class Handle {
   Closer closer_ = nullptr;
 };
 
-// Files. create(): a new file (truncating), written serially by this process.
+// Files, written serially by this process. create_file(): truncates a file of ours that exists
+// (a checkpoint file whose room was reserved); create_new_file(): fails when anything is at `path`
+// (a file, a directory, a link: nothing is followed), for temporary names.
 [[nodiscard]] Handle create_file(const std::string& path);
+[[nodiscard]] Handle create_new_file(const std::string& path);
 [[nodiscard]] Handle open_file_read(const std::string& path);
 void flush_file(const Handle& file, const std::string& path);
 

@@ -54,7 +54,8 @@ struct PreferencePairs {
   void clear();
 };
 
-// Write a complete shard to path (through path.tmp, fsynced, renamed: atomic).
+// Write a complete shard to path (under a fresh temporary name created exclusively, fsynced,
+// renamed: atomic; core/durable_file.hpp).
 void write_sft_shard(const std::string& path, const Documents& documents,
                      const ShardAttributes& attributes);
 void write_preference_shard(const std::string& path, const PreferencePairs& pairs,

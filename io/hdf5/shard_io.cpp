@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
 
 #include "core/durable_file.hpp"
@@ -52,14 +53,22 @@ void write_group(const h5::Handle& parent, const Documents& d, bool with_mask,
 // Shards are written under a temporary name and renamed once complete and on disk.
 template <typename Write>
 void write_atomically(const std::string& path, Write&& write) {
-  const std::string temporary = path + ".tmp";
-  {
-    const h5::Handle file = h5::create_file(temporary);
-    write(file, temporary);
-    h5::flush_file(file, temporary);
+  const std::string temporary = core::temporary_name_for(path);
+  bool created = false;
+  try {
+    {
+      const h5::Handle file = h5::create_new_file(temporary);
+      created = true;
+      write(file, temporary);
+      h5::flush_file(file, temporary);
+    }
+    core::fsync_path(temporary);
+    core::rename_path(temporary, path);
+  } catch (...) {
+    std::error_code ec;
+    if (created) std::filesystem::remove(temporary, ec);  // ours; whatever was there is not
+    throw;
   }
-  core::fsync_path(temporary);
-  core::rename_path(temporary, path);
 }
 
 // Offsets start at 0, never decrease, end at the token count.

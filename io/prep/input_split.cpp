@@ -2,13 +2,16 @@
 
 #include <fmt/format.h>
 #include <glob.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 
 namespace l3::prep {
@@ -20,10 +23,24 @@ std::vector<InputFile> list_inputs(const std::vector<std::string>& patterns) {
   for (const std::string& pattern : patterns) {
     glob_t matches{};
     // glob(3) is safe here: the process does not change the working directory concurrently
+    errno = 0;
     const int rc = glob(pattern.c_str(), GLOB_ERR | GLOB_NOSORT, nullptr,
                         &matches);  // NOLINT(concurrency-mt-unsafe)
+    const int error = errno;
+    if (rc == GLOB_ABORTED) {  // a directory on the way could not be read: say so, not "no match"
+      globfree(&matches);
+      throw core::bad_input(
+          fmt::format("cannot read the directory it is in: {}", core::errno_text(error)),
+          {.file = pattern});
+    }
     if (rc == GLOB_NOMATCH || matches.gl_pathc == 0) {
       globfree(&matches);
+      // A plain path (no wildcard): why it cannot be used, e.g. a directory it cannot enter.
+      if (pattern.find_first_of("*?[") == std::string::npos &&
+          ::access(pattern.c_str(), F_OK) != 0 && errno != ENOENT) {
+        throw core::bad_input(fmt::format("cannot access: {}", core::errno_text(errno)),
+                              {.file = pattern});
+      }
       throw core::bad_input("no input file matches", {.file = pattern});
     }
     if (rc != 0) {
@@ -92,59 +109,56 @@ void emit(const std::string& text, std::int64_t offset,
 
 void for_each_line(const InputFile& input, const FileRange& range,
                    const std::function<void(std::string_view, std::int64_t)>& line) {
+  std::string text;
   if (input.gzip) {
     const std::unique_ptr<gzFile_s, GzCloser> gz(gzopen(input.path.c_str(), "rb"));
     if (!gz) throw core::bad_input("cannot open gzip file", {.file = input.path});
     gzbuffer(gz.get(), 1 << 20);
-    std::string current;
+    core::LineReader lines(
+        [&](char* buffer, std::size_t n) {
+          const int got = gzread(gz.get(), buffer, static_cast<unsigned int>(n));
+          int code = Z_OK;
+          const char* message = gzerror(gz.get(), &code);
+          if (got < 0 || (got == 0 && code != Z_OK)) {
+            // zlib ends a cut stream with 0 bytes and Z_BUF_ERROR ("unexpected end of file"),
+            // not with an error return: taken as the end, the records after the cut would
+            // silently be lost.
+            std::string_view why(message != nullptr ? message : "");
+            if (why.starts_with(input.path + ": ")) why.remove_prefix(input.path.size() + 2);
+            throw core::bad_input(
+                fmt::format("{} gzip data: {}", code == Z_BUF_ERROR ? "truncated" : "corrupt", why),
+                {.file = input.path});
+          }
+          return static_cast<std::size_t>(got);
+        },
+        input.path);
     std::int64_t offset = 0;
-    std::int64_t start = 0;
-    std::vector<char> buffer(1 << 16);
-    while (true) {
-      const int n = gzread(gz.get(), buffer.data(), static_cast<unsigned int>(buffer.size()));
-      if (n < 0) {
-        int code = 0;
-        throw core::bad_input(fmt::format("corrupt gzip data: {}", gzerror(gz.get(), &code)),
-                              {.file = input.path});
-      }
-      if (n == 0) break;
-      for (int i = 0; i < n; ++i) {
-        const char c = buffer[static_cast<std::size_t>(i)];
-        ++offset;
-        if (c == '\n') {
-          emit(current, start, line);
-          current.clear();
-          start = offset;
-        } else {
-          current += c;
-        }
-      }
+    while (lines.next(text)) {
+      const std::int64_t start = offset;
+      offset += static_cast<std::int64_t>(text.size()) + 1;
+      emit(text, start, line);
     }
-    if (!current.empty()) emit(current, start, line);
     return;
   }
   std::ifstream in(input.path, std::ios::binary);
   if (!in) throw core::bad_input("cannot open for reading", {.file = input.path});
   std::int64_t position = range.begin;
-  if (position > 0) {
-    // Start at the first line that begins at or after `begin`: the previous byte tells whether
-    // `begin` itself is a line start.
-    in.seekg(position - 1);
-    char previous = 0;
-    in.get(previous);
-    if (previous != '\n') {
-      std::string skipped;
-      std::getline(in, skipped);
-      position += static_cast<std::int64_t>(skipped.size()) + 1;
+  if (position > 0) in.seekg(position - 1);
+  core::LineReader lines(in, input.path, /*numbered=*/position == 0);
+  // Start at the first line that begins at or after `begin`: skip from the byte before it
+  // through the next newline (just that byte when `begin` starts a line).
+  if (position > 0) position += lines.skip_line() - 1;
+  while (position < range.end) {
+    try {
+      if (!lines.next(text)) break;
+    } catch (core::Error& e) {
+      e.add_context({.line = line_number_at(input, position)});
+      throw;
     }
-  }
-  std::string text;
-  while (position < range.end && std::getline(in, text)) {
     const std::int64_t start = position;
     position += static_cast<std::int64_t>(text.size()) + 1;
     emit(text, start, line);
   }
-  if (in.bad()) throw core::bad_input("read error", {.file = input.path});
 }
 
 std::int64_t line_number_at(const InputFile& input, std::int64_t offset) {

@@ -1,15 +1,15 @@
 #include "io/prep/prep_job.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/build_info.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/path_safety.hpp"
 #include "core/rng.hpp"
 #include "core/timer.hpp"
 #include "dist/agree.hpp"
@@ -85,33 +85,30 @@ class ShardSink {
   json shards_ = json::array();
 };
 
-// The plan rank 0 makes and broadcasts: the inputs and the staging directory.
-json make_plan(const PrepOptions& options) {
-  const std::vector<InputFile> inputs = list_inputs(options.inputs);
-  std::error_code ec;
-  if (fs::exists(options.output, ec) && !options.overwrite) {
-    throw core::usage_error(
-        fmt::format("{} exists; choose another --output or add --overwrite (the old "
-                    "dataset is replaced only once the new one is complete)",
-                    options.output));
+// The plan rank 0 makes and broadcasts: the inputs and the staging directory (created here,
+// next to the output, after the output was checked: new, or a dataset of ours to replace).
+json make_plan(const PrepOptions& options, std::optional<core::StagingDirectory>& staging) {
+  const fs::path output = core::output_directory("--output", options.output);
+  if (core::entry_exists(output)) {
+    if (!options.overwrite) {
+      throw core::usage_error(
+          fmt::format("{} exists; choose another --output or add --overwrite (the old "
+                      "dataset is replaced only once the new one is complete)",
+                      options.output));
+    }
+    core::require_ours(output, core::OwnedKind::dataset, "--output");
   }
-  const fs::path output = fs::absolute(options.output);
-  fs::create_directories(output.parent_path(), ec);
-  const std::string staging =
-      fmt::format("{}.partial-{}-{}", output.string(), ::getpid(),
-                  std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
-  fs::create_directories(staging, ec);
-  if (ec)
-    throw core::bad_input(fmt::format("cannot create the output directory: {}", ec.message()),
-                          {.file = staging});
+  const std::vector<InputFile> inputs = list_inputs(options.inputs);
+  (void)core::remove_abandoned_staging(output);
+  staging.emplace(output, core::OwnedKind::dataset, "--output");
   if (options.val_fraction > 0) {
-    fs::create_directories(fs::path(staging) / "train");
-    fs::create_directories(fs::path(staging) / "val");
+    fs::create_directory(staging->path() / "train");
+    fs::create_directory(staging->path() / "val");
   }
   json files = json::array();
   for (const InputFile& f : inputs)
     files.push_back({{"path", f.path}, {"size", f.size}, {"gzip", f.gzip}});
-  return {{"inputs", files}, {"staging", staging}};
+  return {{"inputs", files}, {"staging", staging->path().string()}};
 }
 
 std::string dataset_format(DatasetKind kind) {
@@ -167,9 +164,10 @@ PrepSummary run_prep(const dist::World& world, const core::Logger& log,
   // 1. Rank 0 lists the inputs and prepares the staging directory; everybody learns the plan.
   std::exception_ptr failure;
   json plan;
+  std::optional<core::StagingDirectory> staging_dir;  // rank 0's; removed unless installed
   if (world.is_root()) {
     try {
-      plan = make_plan(options);
+      plan = make_plan(options, staging_dir);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -262,16 +260,9 @@ PrepSummary run_prep(const dist::World& world, const core::Logger& log,
     failure = std::current_exception();
   }
 
-  // 3. All ranks done: on any failure the staging directory goes, the output stays as it was.
-  try {
-    dist::agree_on_failure(world, failure);
-  } catch (...) {
-    if (world.is_root()) {
-      std::error_code ec;
-      fs::remove_all(staging, ec);
-    }
-    throw;
-  }
+  // 3. All ranks done: on any failure the staging directory goes (staging_dir's destructor),
+  // the output stays as it was.
+  dist::agree_on_failure(world, failure);
 
   // 4. Totals and shard lists to rank 0, which writes index.json and moves the dataset in.
   const json report = {{"shards", my_shards},
@@ -316,20 +307,9 @@ PrepSummary run_prep(const dist::World& world, const core::Logger& log,
             make_index(options, *tokenizer, per_rank, split, stats).dump(2) + "\n");
       }
       // Swap the complete dataset in; an old one (with --overwrite) is removed only after.
-      const fs::path output = fs::absolute(options.output);
-      std::error_code ec;
-      std::string old;
-      if (fs::exists(output, ec)) {
-        old = staging + ".old";
-        core::rename_path(output.string(), old);
-      }
-      core::rename_path(staging, output.string());
-      core::fsync_path(output.parent_path().string());
-      if (!old.empty()) fs::remove_all(old, ec);
+      staging_dir->install(options.overwrite);
     } catch (...) {
       failure = std::current_exception();
-      std::error_code ec;
-      fs::remove_all(staging, ec);
     }
   }
   dist::agree_on_failure(world, failure);

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "io/safetensors/float_formats.hpp"
 
@@ -114,15 +115,8 @@ SafetensorsModel::SafetensorsModel(const std::string& directory) : directory_(di
       owner_[t.name] = files_.back().get();
     return;
   }
-  json index;
-  try {
-    std::ifstream in(index_path);
-    index = json::parse(in);
-  } catch (const json::exception& e) {
-    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()),
-                          {.file = index_path.string()});
-  }
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+  json index = core::read_json_object(index_path.string(), "a safetensors index");
+  if (!index.contains("weight_map") || !index["weight_map"].is_object())
     throw core::bad_input("no \"weight_map\" object", {.file = index_path.string()});
   std::map<std::string, const SafetensorsFile*> by_file;
   for (const auto& [name, file] : index["weight_map"].items()) {
@@ -137,6 +131,11 @@ SafetensorsModel::SafetensorsModel(const std::string& directory) : directory_(di
           {.file = index_path.string(), .tensor = name});
     }
     if (!by_file.contains(shard)) {
+      std::error_code ec;
+      if (!fs::exists(dir / shard, ec)) {
+        throw core::bad_input(fmt::format("the index names {}, which is missing", shard),
+                              {.file = index_path.string(), .tensor = name});
+      }
       files_.push_back(std::make_unique<SafetensorsFile>((dir / shard).string()));
       by_file[shard] = files_.back().get();
     }

@@ -56,36 +56,30 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw core::internal_error("cannot create file", {.file = temporary});
-    std::array<char, 8> length{};
-    const std::uint64_t n = text.size();
-    std::memcpy(length.data(), &n, sizeof(n));
-    out.write(length.data(), length.size());
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    std::vector<std::uint16_t> half;
-    for (const TensorToWrite& t : tensors) {
-      if (dtype == SafetensorsDType::f32) {
-        out.write(reinterpret_cast<const char*>(t.values.data()),  // NOLINT: raw bytes
-                  static_cast<std::streamsize>(t.values.size_bytes()));
-        continue;
-      }
-      constexpr std::size_t kChunk = std::size_t{1} << 20U;  // elements per conversion
-      for (std::size_t i = 0; i < t.values.size(); i += kChunk) {
-        const std::size_t n_chunk = std::min(kChunk, t.values.size() - i);
-        half.resize(n_chunk);
-        for (std::size_t j = 0; j < n_chunk; ++j) half[j] = float_to_bf16(t.values[i + j]);
-        out.write(reinterpret_cast<const char*>(half.data()),  // NOLINT: raw bytes
-                  static_cast<std::streamsize>(n_chunk * sizeof(std::uint16_t)));
-      }
+  core::AtomicFile out(path);
+  std::array<char, 8> length{};
+  const std::uint64_t n = text.size();
+  std::memcpy(length.data(), &n, sizeof(n));
+  out.write_bytes(length);
+  out.write(text);
+  std::vector<std::uint16_t> half;
+  for (const TensorToWrite& t : tensors) {
+    if (dtype == SafetensorsDType::f32) {
+      out.write_bytes(
+          std::span<const char>(reinterpret_cast<const char*>(t.values.data()),  // NOLINT
+                                t.values.size_bytes()));
+      continue;
     }
-    out.flush();
-    if (!out) throw core::internal_error("cannot write file (disk full?)", {.file = temporary});
+    constexpr std::size_t kChunk = std::size_t{1} << 20U;  // elements per conversion
+    for (std::size_t i = 0; i < t.values.size(); i += kChunk) {
+      const std::size_t n_chunk = std::min(kChunk, t.values.size() - i);
+      half.resize(n_chunk);
+      for (std::size_t j = 0; j < n_chunk; ++j) half[j] = float_to_bf16(t.values[i + j]);
+      out.write_bytes(std::span<const char>(reinterpret_cast<const char*>(half.data()),  // NOLINT
+                                            n_chunk * sizeof(std::uint16_t)));
+    }
   }
-  core::fsync_path(temporary);
-  core::rename_path(temporary, path);
+  out.commit();
 }
 
 std::vector<std::string> write_safetensors_model(

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "io/tokenizer/bpe.hpp"
 #include "io/tokenizer/pretokenizer.hpp"
@@ -59,11 +60,10 @@ class Sha256 {
 };
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw core::bad_input("cannot read tokenizer file", {.file = path});
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text = core::read_text_file(path, "a tokenizer file");
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw core::bad_input("empty: not a tokenizer file", {.file = path});
+  return text;
 }
 
 // Standard base64 (with padding) -> bytes; nullopt-like empty+false on malformed input.
@@ -128,7 +128,9 @@ Tokenizer Tokenizer::bytes() {
   return t;
 }
 
-Tokenizer Tokenizer::load(const std::string& spec) {
+// A function-try-block: a field of the wrong JSON type anywhere in tokenizer.json is reported
+// with the file's name, not as the JSON library's bare message.
+Tokenizer Tokenizer::load(const std::string& spec) try {
   if (spec == "bytes") return bytes();
   std::error_code ec;
   if (fs::is_directory(spec, ec)) {
@@ -232,9 +234,13 @@ Tokenizer Tokenizer::load(const std::string& spec) {
   };
   std::int32_t max_id = -1;
   for (const auto& [token, id] : model["vocab"].items()) {
-    const auto value = id.get<std::int32_t>();
-    ids.emplace(decode_token(token), value);
-    max_id = std::max(max_id, value);
+    const auto value = id.get<std::int64_t>();
+    if (value < 0 || value >= (1LL << 30)) {
+      throw core::bad_input(fmt::format("token id {} is outside 0..2^30", value),
+                            {.file = spec, .record = token});
+    }
+    ids.emplace(decode_token(token), static_cast<std::int32_t>(value));
+    max_id = std::max(max_id, static_cast<std::int32_t>(value));
   }
   std::vector<std::pair<std::string, std::string>> merges;
   for (const json& m : model["merges"]) {
@@ -268,6 +274,9 @@ Tokenizer Tokenizer::load(const std::string& spec) {
   }
   t.bpe_ = std::make_unique<BytePairEncoder>(BytePairEncoder::from_merges(std::move(ids), merges));
   return t;
+} catch (const json::exception& e) {
+  throw core::bad_input(fmt::format("not a tokenizer this program reads: {}", e.what()),
+                        {.file = spec});
 }
 
 void Tokenizer::encode_append(std::string_view text, std::vector<std::int32_t>& out) const {

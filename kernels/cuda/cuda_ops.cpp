@@ -137,6 +137,17 @@ std::string CudaOps::report() const {
   return text;
 }
 
+std::int64_t CudaOps::memory_capacity() const {
+  int current = 0;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device_) check(cudaSetDevice(device_), fmt::format("cudaSetDevice({})", device_));
+  std::size_t free = 0;
+  std::size_t total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  if (current != device_) check(cudaSetDevice(current), fmt::format("cudaSetDevice({})", current));
+  return static_cast<std::int64_t>(total);
+}
+
 void CudaOps::bind_thread() {
   check(cudaSetDevice(device_), fmt::format("cudaSetDevice({}) for the calling thread", device_));
 }

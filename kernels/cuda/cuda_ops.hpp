@@ -74,6 +74,7 @@ class CudaOps final : public kernels::Ops {
   [[nodiscard]] std::string report() const override;
   [[nodiscard]] int device() const noexcept { return device_; }
   void bind_thread() override;
+  [[nodiscard]] std::int64_t memory_capacity() const override;
 
   [[nodiscard]] kernels::Buffer allocate(kernels::DType dtype, std::int64_t numel) override;
   void zero(kernels::TensorView x) override;

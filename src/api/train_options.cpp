@@ -4,10 +4,18 @@
 
 #include "core/deadline.hpp"
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
 
 namespace l3::api {
 
 namespace {
+
+// The bounds of the size options: far beyond any run, so that a mistyped number is named at once
+// (the memory plan then bounds what a real run allocates).
+constexpr double kMaxSeqLen = 1 << 24;  // model::kMaxPositions
+constexpr double kMaxBatch = 1 << 24;
+constexpr double kMaxSteps = 1e15;
+const core::Domain kUnitInterval{.lowest = 0, .highest = 1, .highest_excluded = true};
 
 void declare_common(po::options_description& o, train::Phase phase) {
   const train::TrainConfig d;
@@ -24,57 +32,86 @@ void declare_common(po::options_description& o, train::Phase phase) {
       sft ? "SFT dataset (made by 'prep sft')" : "preference dataset (made by 'prep preference')")(
       "val-data", po::value<std::string>()->value_name("DIR"),
       "validation dataset, evaluated every --eval-every steps and at the end")(
-      "seq-len", po::value<std::int64_t>()->default_value(d.seq_len)->value_name("N"),
+      "seq-len",
+      core::number<std::int64_t>(core::between(1, kMaxSeqLen))
+          ->default_value(d.seq_len)
+          ->value_name("N"),
       "tokens per packed row")(
-      "global-batch", po::value<std::int64_t>()->value_name("N"),
+      "global-batch", core::number<std::int64_t>(core::between(1, kMaxBatch))->value_name("N"),
       sft ? "rows of --seq-len tokens per optimizer step, over all ranks (required)"
           : "preference pairs per optimizer step, over all ranks (required)")(
-      "micro-batch", po::value<std::int64_t>()->default_value(d.micro_batch)->value_name("N"),
+      "micro-batch",
+      core::number<std::int64_t>(core::between(1, kMaxBatch))
+          ->default_value(d.micro_batch)
+          ->value_name("N"),
       sft ? "rows per rank and forward/backward pass; gradient accumulation = global / (ranks x "
             "micro)"
           : "pairs per rank and forward/backward pass; gradient accumulation = global / (ranks "
-            "x micro)")("steps", po::value<std::int64_t>()->default_value(0)->value_name("N"),
-                        "optimizer steps (0: --epochs)")(
-      "epochs", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+            "x micro)")(
+      "steps",
+      core::number<std::int64_t>(core::between(0, kMaxSteps))->default_value(0)->value_name("N"),
+      "optimizer steps (0: --epochs)")(
+      "epochs",
+      core::number<std::int64_t>(core::between(0, train::kMaxEpochs))
+          ->default_value(0)
+          ->value_name("N"),
       "passes over the data when --steps is 0 (default 1)")(
       "drop-long", po::bool_switch(),
       "SFT: leave out documents longer than --seq-len instead of truncating them")(
-      "lr", po::value<double>()->default_value(sft ? 2e-5 : 1e-5)->value_name("LR"),
-      "peak learning rate")("min-lr", po::value<double>()->value_name("LR"),
+      "lr",
+      core::number<double>(core::at_least(0))->default_value(sft ? 2e-5 : 1e-5)->value_name("LR"),
+      "peak learning rate")("min-lr", core::number<double>(core::at_least(0))->value_name("LR"),
                             "learning rate at the end of the cosine decay (default 0.1 x --lr)")(
-      "warmup", po::value<std::int64_t>()->default_value(0)->value_name("STEPS"),
+      "warmup",
+      core::number<std::int64_t>(core::between(0, kMaxSteps))
+          ->default_value(0)
+          ->value_name("STEPS"),
       "linear warmup steps")(
-      "weight-decay", po::value<float>()->default_value(d.adamw.weight_decay)->value_name("WD"),
+      "weight-decay",
+      core::number<float>(core::at_least(0))->default_value(d.adamw.weight_decay)->value_name("WD"),
       "AdamW weight decay (2-D weights only)")(
-      "beta1", po::value<float>()->default_value(d.adamw.beta1)->value_name("B1"), "AdamW beta1")(
-      "beta2", po::value<float>()->default_value(d.adamw.beta2)->value_name("B2"), "AdamW beta2")(
-      "adam-eps", po::value<float>()->default_value(d.adamw.eps)->value_name("EPS"),
-      "AdamW epsilon")("grad-clip",
-                       po::value<double>()->default_value(d.grad_clip)->value_name("NORM"),
-                       "clip the global gradient norm to this (0: no clipping)")(
-      "seed", po::value<std::uint64_t>()->default_value(d.seed),
+      "beta1", core::number<float>(kUnitInterval)->default_value(d.adamw.beta1)->value_name("B1"),
+      "AdamW beta1")(
+      "beta2", core::number<float>(kUnitInterval)->default_value(d.adamw.beta2)->value_name("B2"),
+      "AdamW beta2")(
+      "adam-eps",
+      core::number<float>(core::above(0))->default_value(d.adamw.eps)->value_name("EPS"),
+      "AdamW epsilon")(
+      "grad-clip",
+      core::number<double>(core::at_least(0))->default_value(d.grad_clip)->value_name("NORM"),
+      "clip the global gradient norm to this (0: no clipping)")(
+      "seed", core::number<std::uint64_t>(core::Domain{})->default_value(d.seed),
       "seed of the initial weights and the data order")(
       "recompute", po::bool_switch(),
       "recompute each block's activations in the backward pass (less memory, ~1/3 more compute)")(
       "backend", po::value<std::string>()->default_value(d.backend)->value_name("auto|cpu|cuda"),
-      "compute backend")("eval-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
-                         "evaluate on --val-data every N steps (and always at the end)")(
-      "log-every", po::value<std::int64_t>()->default_value(d.log_every)->value_name("N"),
+      "compute backend")(
+      "eval-every",
+      core::number<std::int64_t>(core::between(0, kMaxSteps))->default_value(0)->value_name("N"),
+      "evaluate on --val-data every N steps (and always at the end)")(
+      "log-every",
+      core::number<std::int64_t>(core::between(0, kMaxSteps))
+          ->default_value(d.log_every)
+          ->value_name("N"),
       "print a metrics line every N steps (0: first and last only)")(
       "metrics", po::value<std::string>()->value_name("FILE"),
       "append one JSON object per step and evaluation to FILE (metrics.jsonl)")(
       "ckpt-dir", po::value<std::string>()->value_name("DIR"),
       "write checkpoints here: DIR/step-NNNNNNNN/ and DIR/latest (always at the end)")(
-      "checkpoint-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "checkpoint-every",
+      core::number<std::int64_t>(core::between(0, kMaxSteps))->default_value(0)->value_name("N"),
       "also checkpoint every N steps (0: only at the end)")(
-      "max-bad-steps", po::value<int>()->default_value(d.max_bad_steps)->value_name("N"),
+      "max-bad-steps",
+      core::number<int>(core::between(1, 1e6))->default_value(d.max_bad_steps)->value_name("N"),
       "stop after N steps in a row with a non-finite loss or gradient norm (they are skipped)")(
       "dry-run-memory", po::bool_switch(),
       "print what the run takes in the backend's memory per rank (weights, master copy, "
       "gradients, AdamW moments, activations) and exit, allocating nothing")(
-      "dry-run-ranks", po::value<int>()->default_value(0)->value_name("N"),
+      "dry-run-ranks",
+      core::number<int>(core::between(0, 1 << 24))->default_value(0)->value_name("N"),
       "--dry-run-memory: plan for N ranks (0: the ranks of this run)")(
-      "peak-tflops", po::value<double>()->default_value(0)->value_name("TFLOPS"),
+      "peak-tflops",
+      core::number<double>(core::at_least(0))->default_value(0)->value_name("TFLOPS"),
       "per-rank peak for MFU (0: known GPUs by name; none on the CPU)")(
       "no-shard-optimizer", po::bool_switch(),
       "keep the whole AdamW state on every rank instead of 1/N per rank (ZeRO-1)")(
@@ -88,7 +125,10 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "blocks (ZeRO-0/1: the whole gradient buffer; ZeRO-2: the reduced 1/N). auto: fp32 when a "
       "step has several micro-batches per rank, else bf16; fp32 costs 2 more bytes per parameter "
       "(ZeRO-2: per parameter / N) and twice the gradient traffic")(
-      "bucket-mb", po::value<double>()->default_value(d.bucket_mb)->value_name("MIB"),
+      "bucket-mb",
+      core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true, .highest = 1 << 20})
+          ->default_value(d.bucket_mb)
+          ->value_name("MIB"),
       "gradient reduction bucket size")(
       "no-overlap-reduction", po::bool_switch(),
       "reduce gradients after the backward pass instead of during it")(
@@ -105,9 +145,10 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "CUDA attention: fallback (cuBLAS GEMMs and softmax kernels, exact) or cudnn (cuDNN's fused "
       "flash attention where it supports the shape, the fallback elsewhere; with "
       "--deterministic its deterministic backward)")(
-      "device", po::value<int>()->default_value(-1)->value_name("N"),
+      "device", core::number<int>(core::between(-1, 1 << 16))->default_value(-1)->value_name("N"),
       "CUDA device of this rank (-1: the node-local rank modulo the visible devices)")(
-      "prefetch-depth", po::value<int>()->default_value(d.prefetch_depth)->value_name("N"),
+      "prefetch-depth",
+      core::number<int>(core::between(1, 64))->default_value(d.prefetch_depth)->value_name("N"),
       "steps of data prepared ahead")(
       "ignore-tokenizer-mismatch", po::bool_switch(),
       "train even if the data was tokenized with another tokenizer than the --init model's")(
@@ -117,7 +158,8 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "aside); none: start over; or a checkpoint to continue from")(
       "resume-verify", po::value<std::string>()->default_value("full")->value_name("full|quick"),
       "full: check every checksum before resuming; quick: manifest, sizes and structure only")(
-      "keep-last", po::value<int>()->default_value(d.keep_last)->value_name("K"),
+      "keep-last",
+      core::number<int>(core::between(2, 1e6))->default_value(d.keep_last)->value_name("K"),
       "keep the newest K complete checkpoints (at least 2)")(
       "checkpoint-sync", po::bool_switch(),
       "write checkpoints on the training thread instead of in the background")(
@@ -126,7 +168,8 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "deadline", po::value<std::string>()->value_name("SECONDS|TIME"),
       "checkpoint and exit 75 before this: seconds from now or an ISO-8601 time (default: "
       "SLURM_JOB_END_TIME when set)")(
-      "deadline-margin", po::value<double>()->default_value(d.deadline_margin)->value_name("S"),
+      "deadline-margin",
+      core::number<double>(core::at_least(0))->default_value(d.deadline_margin)->value_name("S"),
       "seconds kept in reserve before the deadline, on top of a step and a checkpoint");
 }
 
@@ -146,7 +189,8 @@ void declare_train_options(po::options_description& options, train::Phase phase)
   if (phase == train::Phase::reward) {
     options.add_options()("margin-from-data", po::bool_switch(),
                           "use the records' margins: -log sigmoid(r_chosen - r_rejected - margin)")(
-        "center-rewards", po::value<double>()->default_value(0)->value_name("COEF"),
+        "center-rewards",
+        core::number<double>(core::at_least(0))->default_value(0)->value_name("COEF"),
         "add COEF x (r_chosen + r_rejected)^2 to keep rewards centred at 0 (TRL uses 0.01)");
   }
 }

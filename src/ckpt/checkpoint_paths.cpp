@@ -5,9 +5,8 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 
 namespace l3::ckpt {
@@ -61,6 +60,18 @@ std::vector<std::string> damaged_directories(const std::string& root) {
                       [](std::string_view suffix) { return suffix.starts_with(kDamagedSuffix); });
 }
 
+std::string read_latest(const std::string& root) {
+  const fs::path latest = fs::path(root) / kLatestFile;
+  std::error_code ec;
+  if (!fs::exists(latest, ec)) return {};
+  constexpr std::size_t kLargestLatest = 4096;  // "step-00001200\n"
+  std::string name =
+      core::read_text_file(latest.string(), "a checkpoint's latest file", kLargestLatest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r'))
+    name.pop_back();
+  return name;
+}
+
 bool is_checkpoint(const std::string& path) {
   return fs::is_regular_file(fs::path(path) / kManifestFile) ||
          fs::is_regular_file(fs::path(path) / kLatestFile);
@@ -77,11 +88,7 @@ std::string resolve_checkpoint(const std::string& path) {
                     kManifestFile, kLatestFile),
         {.file = path});
   }
-  std::ifstream in(latest);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string name = text.str();
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const std::string name = read_latest(path);
   if (!parse_step_dir_name(name)) {
     throw core::bad_input(fmt::format("does not name a step directory ('{}')", name),
                           {.file = latest.string()});

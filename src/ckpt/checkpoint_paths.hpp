@@ -26,9 +26,14 @@ inline constexpr std::string_view kLatestFile = "latest";
 
 // The names of the step directories under `root` ("step-N", committed or not: no suffix),
 // newest first; and those set aside as damaged ("step-N.damaged..."). Empty when `root` does
-// not exist.
+// not exist. A symbolic link to a directory under such a name is listed too: the callers that
+// write or remove check core::is_real_directory().
 [[nodiscard]] std::vector<std::string> step_directories(const std::string& root);
 [[nodiscard]] std::vector<std::string> damaged_directories(const std::string& root);
+
+// What `<root>/latest` says, trimmed ("" when it is missing). It is read with a bound (a few KiB):
+// bad_input Error naming it when it is longer, a directory or unreadable.
+[[nodiscard]] std::string read_latest(const std::string& root);
 
 // A step directory (holds manifest.json), or a checkpoint root whose `latest` names one.
 // bad_input Error naming the path when it is neither, or when `latest` is empty, malformed or

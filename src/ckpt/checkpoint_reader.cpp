@@ -1,6 +1,7 @@
 #include "ckpt/checkpoint_reader.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "ckpt/tensor_file.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/path_safety.hpp"
 
 namespace l3::ckpt {
 
@@ -119,12 +121,26 @@ void check(const std::string& step_dir, bool checksums, Verification& v) {
   if (checksums) v.digests = std::move(digests);
 }
 
-// step-N.damaged, or step-N.damaged-2, ... when that exists already.
+// step-N.damaged, or step-N.damaged-2, ... when that exists already (a link included).
 fs::path damaged_name(const fs::path& dir) {
   fs::path target = dir.string() + std::string(kDamagedSuffix);
-  for (int i = 2; fs::exists(target); ++i)
+  for (int i = 2; core::entry_exists(target); ++i)
     target = fmt::format("{}{}-{}", dir.string(), kDamagedSuffix, i);
   return target;
+}
+
+// The reason a directory was set aside, in a file created in it (never through a link: a step
+// directory that is a link is renamed, and nothing written into what it points to).
+void record_why_damaged(const fs::path& aside, const std::string& problem) {
+  if (!core::is_real_directory(aside)) return;
+  try {
+    const int fd = core::create_exclusive((aside / "why-damaged.txt").string());
+    const std::string text = problem + "\n";
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    ::close(fd);
+    (void)n;                      // the reason is a courtesy: the rename is what counts
+  } catch (const core::Error&) {  // e.g. one from an earlier fallback is there already
+  }
 }
 
 }  // namespace
@@ -144,22 +160,30 @@ ResumePick pick_resume_checkpoint(const std::string& root, bool checksums) {
   ResumePick pick;
   for (const std::string& name : step_directories(root)) {
     const fs::path dir = fs::path(root) / name;
-    const Verification v = verify_checkpoint(dir.string(), checksums);
+    // A run resumes only from step directories it wrote: a link under a step's name is not one.
+    Verification v;
+    if (core::is_real_directory(dir)) {
+      v = verify_checkpoint(dir.string(), checksums);
+    } else {
+      v.problem = "a symbolic link, not a step directory llama3-hpc wrote";
+    }
     if (v.ok) {
       pick.step_dir = dir.string();
       break;
     }
     pick.rejected.push_back(fmt::format("{}: {}", name, v.problem));
     const fs::path aside = damaged_name(dir);
-    core::rename_path(dir.string(), aside.string());
-    std::ofstream(aside / "why-damaged.txt") << v.problem << '\n';
+    core::rename_path(dir.string(), aside.string());  // a link is renamed itself
+    record_why_damaged(aside, v.problem);
   }
   // `latest` names the pick (it may have named a damaged, missing or partial directory).
   if (!pick.step_dir.empty()) {
     const std::string name = fs::path(pick.step_dir).filename().string();
-    std::ifstream in(fs::path(root) / kLatestFile);
     std::string latest;
-    std::getline(in, latest);
+    try {
+      latest = read_latest(root);
+    } catch (const core::Error&) {  // unreadable: replaced below
+    }
     if (latest != name)
       core::write_file_atomically((fs::path(root) / kLatestFile).string(), name + "\n");
   }

@@ -16,6 +16,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
+#include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "dist/gather_strings.hpp"
 #include "dist/quiet_barrier.hpp"
@@ -45,45 +46,55 @@ std::vector<DatasetSpec> optim_datasets(const model::ParameterLayout& layout) {
 
 std::uint64_t hash_of(std::span<const float> values) { return xxh64(std::as_bytes(values)); }
 
-// The complete checkpoints under root (with a manifest), newest first.
+// The complete checkpoints under root (real directories with a manifest), newest first.
 std::vector<std::string> complete_checkpoints(const std::string& root) {
   std::vector<std::string> found = step_directories(root);
   std::erase_if(found, [&](const std::string& name) {
-    return !fs::exists(fs::path(root) / name / kManifestFile);
+    return !core::is_real_directory(fs::path(root) / name) ||
+           !fs::exists(fs::path(root) / name / kManifestFile);
   });
   return found;
 }
 
-std::string read_latest(const std::string& root) {
-  std::ifstream in(fs::path(root) / kLatestFile);
-  std::string name;
-  std::getline(in, name);
-  return name;
-}
-
 }  // namespace
 
-std::vector<std::string> prune_checkpoints(const std::string& root, int keep_last,
-                                           PartialDirectories partial) {
+PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDirectories partial) {
   keep_last = std::max(keep_last, 2);
-  std::vector<std::string> removed;
-  const std::string latest = read_latest(root);
-  const auto complete = complete_checkpoints(root);
-  std::error_code ec;
-  for (auto i = static_cast<std::size_t>(keep_last); i < complete.size(); ++i) {
-    if (complete[i] == latest) continue;
-    fs::remove_all(fs::path(root) / complete[i], ec);
-    if (!ec) removed.push_back(complete[i]);
+  PruneReport report;
+  const auto remove = [&](const std::string& name) {
+    try {
+      core::remove_tree(fs::path(root) / name);
+      report.removed.push_back(name);
+    } catch (const core::Error& e) {
+      report.failed.push_back(fmt::format("{}: {}", name, e.message()));
+    }
+  };
+  std::string latest;
+  try {
+    latest = read_latest(root);
+  } catch (const core::Error& e) {  // unreadable: no checkpoint is protected by it, none pruned
+    report.failed.push_back(e.what());
+    return report;
   }
-  if (partial == PartialDirectories::keep) return removed;
+  const auto complete = complete_checkpoints(root);
+  for (auto i = static_cast<std::size_t>(keep_last); i < complete.size(); ++i) {
+    if (complete[i] != latest) remove(complete[i]);
+  }
+  if (partial == PartialDirectories::keep) return report;
+  std::vector<std::string> stale;
+  std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.ends_with(kPartialSuffix) || name.ends_with(".replaced")) {
-      fs::remove_all(e.path(), ec);
-      if (!ec) removed.push_back(name);
-    }
+    const fs::file_type type = e.symlink_status(ec).type();
+    const bool step = parse_step_dir_name(name.substr(0, name.find('.'))).has_value();
+    if ((type == fs::file_type::directory && step &&
+         (name.ends_with(kPartialSuffix) || name.ends_with(".replaced"))) ||
+        (type == fs::file_type::regular && name.starts_with(kLatestFile) &&
+         core::is_temporary_name(name)))
+      stale.push_back(name);
   }
-  return removed;
+  for (const std::string& name : stale) remove(name);
+  return report;
 }
 
 struct CheckpointWriter::Impl {
@@ -110,8 +121,9 @@ struct CheckpointWriter::Impl {
     if (rank == 0) {
       try {
         fs::create_directories(root);
-        fs::remove_all(partial);
-        fs::create_directory(partial);
+        core::remove_tree(partial);  // a stale one of ours (a link: removed, not followed)
+        if (!fs::create_directory(partial))
+          throw core::internal_error("exists already", {.file = partial.string()});
         offsets = create_tensor_file(
             model_path, model_sets,
             {{{"format", "llama3-hpc/model"}, {"head", std::string(head_name(layout.head()))}},
@@ -194,9 +206,9 @@ struct CheckpointWriter::Impl {
         core::fsync_path(partial.string());
         const fs::path final_dir = fs::path(root) / name;
         const fs::path replaced = fs::path(root) / (name + ".replaced");
-        const bool replacing = fs::exists(final_dir);
+        const bool replacing = core::entry_exists(final_dir);
         if (replacing) {
-          fs::remove_all(replaced);
+          core::remove_tree(replaced);
           core::rename_path(final_dir.string(), replaced.string());
         }
         core::rename_path(partial.string(), final_dir.string());
@@ -204,7 +216,7 @@ struct CheckpointWriter::Impl {
         core::fault_point("ckpt.before_latest", rank);
         core::write_file_atomically((fs::path(root) / kLatestFile).string(), name + "\n",
                                     [rank] { core::fault_point("ckpt.latest", rank); });
-        if (replacing) fs::remove_all(replaced);
+        if (replacing) core::remove_tree(replaced);
         (void)prune_checkpoints(root, policy.keep_last, PartialDirectories::remove);
       } catch (...) {
         failure = fmt::format("checkpoint {} not written: {}", name,

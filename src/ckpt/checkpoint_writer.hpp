@@ -76,10 +76,14 @@ class CheckpointWriter {
 enum class PartialDirectories { remove, keep };
 
 // Rank 0's part of pruning (also used by `ckpt prune`): removes complete checkpoints beyond the
-// newest `keep_last` (never the one `latest` names) and, with `remove`, .partial directories
-// (stale ones: the writer calls this with no write of its own in flight). Returns what it
-// removed.
-std::vector<std::string> prune_checkpoints(const std::string& root, int keep_last,
-                                           PartialDirectories partial);
+// newest `keep_last` (never the one `latest` names) and, with `remove`, .partial and .replaced
+// directories and the temporary files of `latest` (stale ones: the writer calls this with no
+// write of its own in flight). Only real directories are removed: a link under a step's name is
+// left alone. Returns what it removed and what it could not remove, with the reason.
+struct PruneReport {
+  std::vector<std::string> removed;
+  std::vector<std::string> failed;  // "step-00000004: cannot remove: Permission denied"
+};
+PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDirectories partial);
 
 }  // namespace l3::ckpt

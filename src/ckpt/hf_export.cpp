@@ -12,6 +12,7 @@
 #include "ckpt/model_file.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/path_safety.hpp"
 #include "io/safetensors/safetensors_writer.hpp"
 #include "io/tokenizer/special_tokens.hpp"
 #include "model/parameter_layout.hpp"
@@ -99,11 +100,19 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
                                    const HfExportOptions& options) {
   const std::string step_dir = resolve_checkpoint(checkpoint);
   const Manifest manifest = read_manifest(step_dir);
-  const fs::path out = fs::absolute(output).lexically_normal();
-  if (fs::exists(out) && !options.overwrite) {
-    throw core::usage_error(
-        fmt::format("{} exists: choose another --output, or pass --overwrite", out.string()));
+  // The output is checked, and the directory it is built in created, before the weights are
+  // read: an output that cannot be written or must not be replaced costs no time.
+  const fs::path out = core::output_directory("--output", output);
+  if (core::entry_exists(out)) {
+    if (!options.overwrite) {
+      throw core::usage_error(
+          fmt::format("{} exists: choose another --output, or pass --overwrite", out.string()));
+    }
+    core::require_ours(out, core::OwnedKind::hf_export, "--output");
   }
+  (void)core::remove_abandoned_staging(out);
+  core::StagingDirectory staging(out, core::OwnedKind::hf_export, "--output");
+  const fs::path& partial = staging.path();
 
   // The weights, checked against the checkpoint's checksums.
   const model::ParameterLayout layout(manifest.model, manifest.head);
@@ -120,9 +129,6 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
   const bool reward = manifest.head == model::HeadKind::reward;
   HfExportReport report;
   report.architecture = reward ? "LlamaForSequenceClassification" : "LlamaForCausalLM";
-  const fs::path partial = out.string() + ".partial";
-  fs::remove_all(partial);
-  fs::create_directories(partial);
   report.files = io::write_safetensors_model(
       partial.string(), tensors,
       options.bf16 ? io::SafetensorsDType::bf16 : io::SafetensorsDType::f32, options.shard_bytes,
@@ -157,10 +163,8 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
   }
   report.tokenizer_copied = copy_tokenizer(manifest.tokenizer, partial);
 
-  if (fs::exists(out)) fs::remove_all(out);  // --overwrite
   core::fsync_path(partial.string());
-  core::rename_path(partial.string(), out.string());
-  core::fsync_path(out.parent_path().string());
+  staging.install(options.overwrite);
   report.directory = out.string();
   return report;
 }

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "ckpt/checkpoint_paths.hpp"
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 
 namespace l3::ckpt {
@@ -98,15 +99,20 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
 
 Manifest read_manifest(const std::string& step_dir) {
   const std::string path = (std::filesystem::path(step_dir) / kManifestFile).string();
-  std::ifstream in(path);
-  if (!in) throw core::bad_input("cannot open", {.file = path});
-  json j;
-  try {
-    in >> j;
-  } catch (const json::exception& e) {
-    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()), {.file = path});
+  Manifest manifest =
+      Manifest::from_json(core::read_json_object(path, "a checkpoint manifest"), path);
+  // A step directory's name is its step: a copy or a rename under another step's name would be
+  // taken for that step (resuming picks the highest, then overwrites the real later ones).
+  std::filesystem::path dir = std::filesystem::path(step_dir).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();
+  if (const auto named = parse_step_dir_name(dir.filename().string());
+      named && *named != manifest.step) {
+    throw core::bad_input(fmt::format("the directory is named for step {}, its manifest is of "
+                                      "step {} (a copy or a renamed directory)",
+                                      *named, manifest.step),
+                          {.file = path});
   }
-  return Manifest::from_json(j, path);
+  return manifest;
 }
 
 }  // namespace l3::ckpt

@@ -12,6 +12,7 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/checkpoint_writer.hpp"
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
 
 namespace l3::cli {
 
@@ -77,15 +78,8 @@ std::vector<Entry> entries_of(const std::string& dir) {
   return entries;
 }
 
-std::string latest_of(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / ckpt::kLatestFile);
-  std::string name;
-  std::getline(in, name);
-  return name;
-}
-
 int list(const std::string& dir, bool as_json) {
-  const std::string latest = latest_of(dir);
+  const std::string latest = ckpt::read_latest(dir);
   json out = json::array();
   std::string text = fmt::format("{:<26} {:>10} {:<7} {:>6} {:>10}  {}\n", "checkpoint", "step",
                                  "phase", "ranks", "size", "state");
@@ -161,14 +155,24 @@ int prune(const std::string& dir, int keep_last) {
     throw core::usage_error("prune takes a checkpoint root (the run's --ckpt-dir), not a step");
   if (keep_last < 2)
     throw core::usage_error("--keep-last must be at least 2 (the newest may be the one in use)");
+  if (!fs::is_directory(dir)) throw core::bad_input("no such directory", {.file = dir});
+  if (ckpt::step_directories(dir).empty()) {
+    throw core::bad_input("no checkpoints here (no step-NNNNNNNN directories)", {.file = dir});
+  }
   // A .partial directory may belong to a run writing it right now: left alone here (the run's
   // own next checkpoint removes stale ones).
-  const std::vector<std::string> removed =
+  const ckpt::PruneReport report =
       ckpt::prune_checkpoints(dir, keep_last, ckpt::PartialDirectories::keep);
-  for (const std::string& name : removed) std::cout << "removed " << name << '\n';
+  for (const std::string& name : report.removed) std::cout << "removed " << name << '\n';
   std::cout << fmt::format("kept the newest {} complete checkpoints; {} removed\n", keep_last,
-                           removed.size())
+                           report.removed.size())
             << std::flush;
+  if (!report.failed.empty()) {
+    std::string failed;
+    for (const std::string& f : report.failed) failed += (failed.empty() ? "" : "; ") + f;
+    throw core::bad_input(fmt::format("{} not removed: {}", report.failed.size(), failed),
+                          {.file = dir});
+  }
   return core::kExitOk;
 }
 
@@ -181,7 +185,7 @@ void declare_ckpt_options(po::options_description& options,
       "dir", po::value<std::string>()->value_name("DIR"),
       "a checkpoint root (a run's --ckpt-dir) or one step directory (positional)")(
       "quick", po::bool_switch(), "verify: manifest, files, sizes and structure, no checksums")(
-      "keep-last", po::value<int>()->default_value(3)->value_name("K"),
+      "keep-last", core::number<int>(core::between(2, 1e6))->default_value(3)->value_name("K"),
       "prune: keep the newest K complete checkpoints (at least 2)")(
       "json", po::bool_switch(), "list/verify: one JSON document (verify: with digests)");
   positional.add("action", 1).add("dir", 1);

@@ -9,7 +9,10 @@
 #include "cli/demo_data.hpp"
 #include "cli/inference_model.hpp"
 #include "cli/prompt_format.hpp"
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
+#include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "dist/agree.hpp"
 #include "io/prep/prep_job.hpp"
@@ -112,24 +115,32 @@ void declare_demo_options(po::options_description& options,
                         "where the demo writes its data, checkpoints and metrics (replaced)")(
       "model", po::value<std::string>()->default_value("tiny")->value_name("PRESET|config.json"),
       "the model to train from random weights")(
-      "sft-steps", po::value<std::int64_t>()->default_value(300)->value_name("N"),
-      "SFT optimizer steps")("reward-steps",
-                             po::value<std::int64_t>()->default_value(400)->value_name("N"),
-                             "reward-model optimizer steps");
+      "sft-steps",
+      core::number<std::int64_t>(core::between(1, 1e9))->default_value(300)->value_name("N"),
+      "SFT optimizer steps")(
+      "reward-steps",
+      core::number<std::int64_t>(core::between(1, 1e9))->default_value(400)->value_name("N"),
+      "reward-model optimizer steps");
 }
 
 int run_demo(const CommandContext& context) {
   const core::Stopwatch watch;
   const dist::World& world = context.world;
-  const std::string root = fs::absolute(context.options["workdir"].as<std::string>()).string();
+  const std::string root =
+      core::output_directory("--workdir", context.options["workdir"].as<std::string>()).string();
   context.log.info("demo: {} rank{}, working in {}", world.size(), world.size() == 1 ? "" : "s",
                    root);
   std::exception_ptr failure;
   if (world.is_root()) {
     try {
+      // The demo replaces what an earlier demo wrote there, and nothing else: a directory that
+      // holds anything the demo does not write is left alone (exit 2).
+      if (core::entry_exists(root)) core::require_ours(root, core::OwnedKind::demo, "--workdir");
       fs::create_directories(root + "/input");
+      core::write_file_atomically((fs::path(root) / ".llama3-hpc-demo").string(),
+                                  "a llama3-hpc demo directory: the demo replaces what is here\n");
       for (const char* old : {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl"})
-        fs::remove_all(fs::path(root) / old);
+        core::remove_tree(fs::path(root) / old);
       write_demo_sft(root + "/input/instructions.jsonl", kRecords);
       write_demo_preferences(root + "/input/preferences.jsonl", kRecords);
     } catch (...) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 
@@ -73,23 +74,20 @@ std::vector<DemoTask> demo_tasks(int count, int stream) {
 }
 
 void write_demo_sft(const std::string& path, int count) {
-  std::ofstream out(path);
-  for (const DemoTask& t : demo_tasks(count, 0)) {
-    out << nlohmann::json{{"prompt", t.prompt}, {"completion", t.answer}}.dump() << '\n';
-  }
-  out.flush();
-  if (!out) throw core::internal_error("cannot write the demo dataset", {.file = path});
+  std::string text;
+  for (const DemoTask& t : demo_tasks(count, 0))
+    text += nlohmann::json{{"prompt", t.prompt}, {"completion", t.answer}}.dump() + '\n';
+  core::write_file_atomically(path, text);
 }
 
 void write_demo_preferences(const std::string& path, int count) {
-  std::ofstream out(path);
+  std::string text;
   for (const DemoTask& t : demo_tasks(count, 1)) {
-    out << nlohmann::json{{"prompt", t.prompt}, {"chosen", t.answer}, {"rejected", t.mistake}}
-               .dump()
-        << '\n';
+    text +=
+        nlohmann::json{{"prompt", t.prompt}, {"chosen", t.answer}, {"rejected", t.mistake}}.dump() +
+        '\n';
   }
-  out.flush();
-  if (!out) throw core::internal_error("cannot write the demo dataset", {.file = path});
+  core::write_file_atomically(path, text);
 }
 
 }  // namespace l3::cli

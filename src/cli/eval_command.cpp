@@ -7,10 +7,12 @@
 
 #include "cli/inference_model.hpp"
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
 #include "io/hdf5/dataset_index.hpp"
 #include "kernels/backends.hpp"
 #include "model/llama_model.hpp"
 #include "train/evaluator.hpp"
+#include "train/memory_check.hpp"
 #include "train/model_source.hpp"
 
 namespace l3::cli {
@@ -23,9 +25,10 @@ void declare_eval_options(po::options_description& options,
       "directory")("ckpt", po::value<std::string>()->value_name("CKPT"), "the same as --init")(
       "data", po::value<std::string>()->value_name("DIR"),
       "dataset: SFT data for a language model, preference data for a reward model")(
-      "seq-len", po::value<std::int64_t>()->value_name("N"),
+      "seq-len", core::number<std::int64_t>(core::between(1, 1 << 24))->value_name("N"),
       "tokens per row (default: the checkpoint's training --seq-len)")(
-      "micro-batch", po::value<std::int64_t>()->default_value(4)->value_name("N"),
+      "micro-batch",
+      core::number<std::int64_t>(core::between(1, 1 << 24))->default_value(4)->value_name("N"),
       "rows or pairs per rank and forward pass")("drop-long", po::bool_switch(),
                                                  "leave out documents longer than --seq-len (SFT)")(
       "margin-from-data", po::bool_switch(), "use the records' margins (preference data)")(
@@ -56,6 +59,15 @@ int run_eval(const CommandContext& context) {
   if (micro <= 0) throw core::usage_error("--micro-batch must be positive");
 
   const auto ops = kernels::make_ops(o["backend"].as<std::string>(), context.world.local_rank());
+  // Pairs take two rows each (worst case: neither fits beside the other).
+  const std::int64_t rows = head == model::HeadKind::reward ? 2 * micro : micro;
+  train::require_memory(
+      context.world, *ops,
+      {.backend = {{"the model and one micro-batch's activations",
+                    model::model_bytes(source.config, head, ops->compute_dtype(), false,
+                                       rows * seq_len, seq_len, /*own_gradients=*/false)}},
+       .host = train::prefetch_host_bytes(rows, seq_len, 2),
+       .remedy = "--micro-batch or --seq-len"});
   // Forward passes only: neither gradients nor (in bf16) an fp32 master copy, which would take
   // 2 + 4 bytes per parameter for nothing (48 GB for an 8B model).
   model::LlamaModel model(source.config, head, *ops,

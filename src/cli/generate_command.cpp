@@ -10,6 +10,7 @@
 #include "cli/inference_model.hpp"
 #include "cli/prompt_format.hpp"
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
 #include "core/timer.hpp"
 #include "model/generator.hpp"
 
@@ -24,12 +25,17 @@ void declare_generate_options(po::options_description& options,
       "format the prompt as a user turn of the Llama 3 chat template and generate the "
       "assistant's answer")("system", po::value<std::string>()->value_name("TEXT"),
                             "with --chat: a system turn before the user's")(
-      "max-new", po::value<std::int64_t>()->default_value(128)->value_name("N"),
-      "new tokens at most")("temperature", po::value<double>()->default_value(0.0)->value_name("T"),
-                            "0: greedy; otherwise sample from softmax(logits / T)")(
-      "top-p", po::value<double>()->default_value(1.0)->value_name("P"),
+      "max-new",
+      core::number<std::int64_t>(core::between(0, 1 << 24))->default_value(128)->value_name("N"),
+      "new tokens at most")(
+      "temperature", core::number<double>(core::at_least(0))->default_value(0.0)->value_name("T"),
+      "0: greedy; otherwise sample from softmax(logits / T)")(
+      "top-p",
+      core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true, .highest = 1})
+          ->default_value(1.0)
+          ->value_name("P"),
       "sample only from the most likely tokens whose probabilities add up to P")(
-      "seed", po::value<std::uint64_t>()->default_value(0)->value_name("S"),
+      "seed", core::number<std::uint64_t>(core::Domain{})->default_value(0)->value_name("S"),
       "seed of the sampling: the same seed gives the same text")(
       "json", po::bool_switch(),
       "print one JSON line: prompt_tokens, new_tokens, text, stopped, tokens_per_s, seconds")(

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
 #include "io/prep/prep_job.hpp"
 
 namespace l3::cli {
@@ -18,7 +19,8 @@ void declare_prep_options(po::options_description& options,
       "tokenizer", po::value<std::string>()->value_name("FILE|bytes"),
       "tokenizer.model, tokenizer.json, a model directory, or the built-in 'bytes'")(
       "output", po::value<std::string>()->value_name("DIR"), "the dataset directory to create")(
-      "max-len", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "max-len",
+      core::number<std::int64_t>(core::between(0, 1 << 24))->default_value(0)->value_name("N"),
       "longest sequence in tokens (0: no limit)")(
       "truncate", po::value<std::string>()->default_value("drop")->value_name("drop|left"),
       "over --max-len: drop the record, or cut the prompt from the left")(
@@ -26,12 +28,19 @@ void declare_prep_options(po::options_description& options,
       "prompt/completion records: Llama 3 chat turns, or BOS + prompt + completion + "
       "<|end_of_text|>")("last-turn-only", po::bool_switch(),
                          "messages records: loss on the last assistant turn only")(
-      "shard-tokens", po::value<std::int64_t>()->default_value(256'000'000)->value_name("N"),
+      "shard-tokens",
+      core::number<std::int64_t>(core::between(1, 1e12))
+          ->default_value(256'000'000)
+          ->value_name("N"),
       "tokens per shard (about 5 bytes each in memory while a shard is built)")(
-      "val-fraction", po::value<double>()->default_value(0.0)->value_name("F"),
+      "val-fraction",
+      core::number<double>(core::Domain{.lowest = 0, .highest = 1, .highest_excluded = true})
+          ->default_value(0.0)
+          ->value_name("F"),
       "put this fraction of the records in DIR/val, the rest in DIR/train")(
-      "seed", po::value<std::uint64_t>()->default_value(1234), "seed of the validation split")(
-      "skip-bad", po::bool_switch(), "skip and count malformed records instead of stopping")(
+      "seed", core::number<std::uint64_t>(core::Domain{})->default_value(1234),
+      "seed of the validation split")("skip-bad", po::bool_switch(),
+                                      "skip and count malformed records instead of stopping")(
       "overwrite", po::bool_switch(),
       "replace an existing DIR (only once the new dataset is complete)");
   positional.add("kind", 1);

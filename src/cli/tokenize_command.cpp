@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "io/tokenizer/tokenizer.hpp"
 
@@ -27,8 +28,9 @@ int run_tokenize(const CommandContext& context) {
   const bool eos = context.options["eos"].as<bool>();
   std::string line;
   std::vector<std::int32_t> ids;
-  for (std::int64_t number = 1; std::getline(std::cin, line); ++number) {
-    const core::ErrorContext where{.file = "stdin", .line = number};
+  core::LineReader lines(std::cin, "stdin");
+  while (lines.next(line)) {
+    const core::ErrorContext where{.file = "stdin", .line = lines.line_number()};
     if (line.empty() || line == "\r") continue;
     nlohmann::json record;
     try {

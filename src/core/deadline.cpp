@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <string>
@@ -20,7 +21,9 @@ double parse_deadline(std::string_view text, double now_unix) {
   double seconds = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
   if (ec == std::errc() && end == text.data() + text.size()) {
-    if (seconds <= 0) throw usage_error("--deadline in seconds must be positive");
+    if (!(seconds > 0) || !std::isfinite(seconds))
+      throw usage_error(
+          fmt::format("--deadline {}: seconds from now must be a positive number", text));
     return now_unix + seconds;
   }
   const std::string s(text);
@@ -60,7 +63,14 @@ double parse_deadline(std::string_view text, double now_unix) {
       tm.tm_min > 59 || second > 60) {
     throw usage_error(fmt::format("--deadline '{}': not a valid time", text));
   }
-  return static_cast<double>(timegm(&tm)) - offset_minutes * 60.0;
+  const double deadline = static_cast<double>(timegm(&tm)) - offset_minutes * 60.0;
+  if (deadline <= now_unix) {
+    // Accepted, the run would checkpoint and stop before its first step, every time it is
+    // requeued: a typo in the date, not a plan.
+    throw usage_error(
+        fmt::format("--deadline {} is in the past ({:.0f} s ago)", text, now_unix - deadline));
+  }
+  return deadline;
 }
 
 std::optional<double> slurm_end_time(const char* value) {

@@ -4,17 +4,31 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
-#include <cstring>
+#include <charconv>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <utility>
 
 #include "core/error.hpp"
 
 namespace l3::core {
 
 namespace {
+
 std::string errno_text() { return core::errno_text(errno); }
+
+constexpr std::string_view kTemporaryMark = ".tmp-";
+
+// Whether `text` is one or more decimal digits.
+bool all_digits(std::string_view text) {
+  if (text.empty()) return false;
+  std::uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return error == std::errc() && end == text.data() + text.size();
+}
+
 }  // namespace
 
 void fsync_path(const std::string& path) {
@@ -37,21 +51,79 @@ void rename_path(const std::string& from, const std::string& to) {
   }
 }
 
+std::string temporary_name_for(const std::string& path) {
+  static std::atomic<std::uint64_t> counter{0};
+  return fmt::format("{}{}{}-{}", path, kTemporaryMark, ::getpid(), counter++);
+}
+
+bool is_temporary_name(std::string_view name) {
+  const std::size_t mark = name.rfind(kTemporaryMark);
+  if (mark == std::string_view::npos || mark == 0) return false;
+  const std::string_view tail = name.substr(mark + kTemporaryMark.size());
+  const std::size_t dash = tail.find('-');
+  return dash != std::string_view::npos && all_digits(tail.substr(0, dash)) &&
+         all_digits(tail.substr(dash + 1));
+}
+
+int create_exclusive(const std::string& path) {
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-vararg)
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd >= 0) return fd;
+  if (errno == EEXIST) {
+    throw bad_input(
+        "exists already (a file, directory or symbolic link llama3-hpc did not create here): "
+        "not overwritten",
+        {.file = path});
+  }
+  if (errno == EACCES || errno == EROFS || errno == ENOENT || errno == ENOTDIR) {
+    throw bad_input(fmt::format("cannot create: {}", errno_text()), {.file = path});
+  }
+  throw internal_error(fmt::format("cannot create: {}", errno_text()), {.file = path});
+}
+
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), temporary_(temporary_name_for(path_)) {
+  fd_ = create_exclusive(temporary_);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!temporary_.empty()) ::unlink(temporary_.c_str());  // not committed: leave nothing behind
+}
+
+void AtomicFile::write_bytes(std::span<const char> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw internal_error(fmt::format("cannot write (disk full?): {}",
+                                       n < 0 ? errno_text() : std::string("no progress")),
+                           {.file = temporary_});
+    }
+    bytes = bytes.subspan(static_cast<std::size_t>(n));
+  }
+}
+
+void AtomicFile::commit(const std::function<void()>& before_rename) {
+  if (::fsync(fd_) != 0 && errno != EINVAL) {
+    throw internal_error(fmt::format("fsync failed: {}", errno_text()), {.file = temporary_});
+  }
+  if (::close(std::exchange(fd_, -1)) != 0) {
+    throw internal_error(fmt::format("cannot close (disk full?): {}", errno_text()),
+                         {.file = temporary_});
+  }
+  if (before_rename) before_rename();
+  rename_path(temporary_, path_);
+  temporary_.clear();
+  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
+  fsync_path(parent.empty() ? std::string(".") : parent.string());
+}
+
 void write_file_atomically(const std::string& path, std::string_view text,
                            const std::function<void()>& before_rename) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw internal_error("cannot create file", {.file = temporary});
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) throw internal_error("cannot write file (disk full?)", {.file = temporary});
-  }
-  fsync_path(temporary);
-  if (before_rename) before_rename();
-  rename_path(temporary, path);
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  fsync_path(parent.empty() ? std::string(".") : parent.string());
+  AtomicFile file(path);
+  file.write(text);
+  file.commit(before_rename);
 }
 
 }  // namespace l3::core

@@ -2,10 +2,15 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
+#include <cmath>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <typeinfo>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
 
 namespace l3::core {
 
@@ -32,14 +37,10 @@ void reject_sections(const std::string& path, const std::string& text) {
 
 po::parsed_options parse_config_file(const std::string& path,
                                      const po::options_description& options) {
-  std::ifstream in(path);
-  if (!in) throw bad_input("cannot read config file", {.file = path});
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw bad_input("error reading config file", {.file = path});
-  reject_sections(path, text.str());
+  const std::string text = read_text_file(path, "a config file", kMaxConfigFileBytes);
+  reject_sections(path, text);
   try {
-    std::istringstream stream(text.str());
+    std::istringstream stream(text);
     po::parsed_options parsed = po::parse_config_file(stream, options, false);
     for (const po::option& option : parsed.options) {
       if (option.string_key == "config") {
@@ -56,34 +57,91 @@ po::parsed_options parse_config_file(const std::string& path,
   }
 }
 
+// The value as the user wrote it, near enough for a message.
+std::string shown(const boost::any& value, double number) {
+  if (const auto* v = boost::any_cast<std::int64_t>(&value)) return std::to_string(*v);
+  if (const auto* v = boost::any_cast<std::uint64_t>(&value)) return std::to_string(*v);
+  if (const auto* v = boost::any_cast<int>(&value)) return std::to_string(*v);
+  return fmt::format("{}", number);
+}
+
+// Boost reads "-1" as an unsigned number by wrapping it to 2^64 - 1: a negative value given to an
+// unsigned option is refused from its text, before that happens silently.
+void reject_negative_unsigned(const po::options_description& options,
+                              const po::parsed_options& parsed, const std::string& config) {
+  for (const po::option& given : parsed.options) {
+    const po::option_description* option = options.find_nothrow(given.string_key, false);
+    const auto* typed = option != nullptr
+                            ? dynamic_cast<const po::typed_value_base*>(option->semantic().get())
+                            : nullptr;
+    if (typed == nullptr || typed->value_type() != typeid(std::uint64_t)) continue;
+    for (const std::string& value : given.value) {
+      const auto first = value.find_first_not_of(" \t");
+      if (first == std::string::npos || value[first] != '-') continue;
+      const std::string text =
+          fmt::format("--{} {}: must be a number >= 0", given.string_key, value);
+      if (config.empty()) throw usage_error(text);
+      throw bad_input(text, {.file = config});
+    }
+  }
+}
+
+// Every number given (not defaulted) within its declared domain, every floating-point one finite.
+void check_domains(const po::options_description& options, const po::variables_map& values,
+                   const std::set<std::string>& from_command_line, const std::string& config) {
+  for (const auto& [name, variable] : values) {
+    if (variable.defaulted()) continue;
+    const std::optional<double> number = stored_number(variable.value());
+    if (!number) continue;
+    const po::option_description* option = options.find_nothrow(name, false);
+    const Domain* domain = option != nullptr ? declared_domain(*option) : nullptr;
+    const bool finite_needed = is_floating(variable.value());
+    if ((!finite_needed || std::isfinite(*number)) &&
+        (domain == nullptr || domain->contains(*number)))
+      continue;
+    std::string expected = domain != nullptr ? domain->describe() : std::string("a number");
+    if (finite_needed) expected.insert(expected.find("number"), "finite ");
+    const std::string text =
+        fmt::format("--{} {}: must be {}", name, shown(variable.value(), *number), expected);
+    if (from_command_line.contains(name) || config.empty()) throw usage_error(text);
+    throw bad_input(text, {.file = config});
+  }
+}
+
 }  // namespace
 
 po::variables_map parse_options(const po::options_description& options,
                                 const po::positional_options_description& positional,
                                 std::span<const std::string> args) {
   po::variables_map values;
+  std::set<std::string> from_command_line;
   try {
     const std::vector<std::string> words(args.begin(), args.end());
-    po::store(po::command_line_parser(words)
-                  .options(options)
-                  .positional(positional)
-                  .style(kCommandLineStyle)
-                  .run(),
-              values);
+    const po::parsed_options parsed = po::command_line_parser(words)
+                                          .options(options)
+                                          .positional(positional)
+                                          .style(kCommandLineStyle)
+                                          .run();
+    for (const po::option& option : parsed.options) from_command_line.insert(option.string_key);
+    reject_negative_unsigned(options, parsed, "");
+    po::store(parsed, values);
   } catch (const po::error& e) {
     throw usage_error(e.what());
   }
 
   // store() keeps values already present, so the command line (stored first) wins.
+  std::string config;
   if (values.count("config") != 0U && options.find_nothrow("config", false) != nullptr) {
-    const auto path = values["config"].as<std::string>();
-    const po::parsed_options from_file = parse_config_file(path, options);
+    config = values["config"].as<std::string>();
+    const po::parsed_options from_file = parse_config_file(config, options);
+    reject_negative_unsigned(options, from_file, config);
     try {
       po::store(from_file, values);  // converts the values: a bad number is reported here
     } catch (const po::error& e) {
-      throw bad_input(e.what(), {.file = path});
+      throw bad_input(e.what(), {.file = config});
     }
   }
+  check_domains(options, values, from_command_line, config);
 
   try {
     po::notify(values);

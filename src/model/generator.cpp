@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "core/host_memory.hpp"
 #include "core/rng.hpp"
 #include "model/rope_table.hpp"
 
@@ -46,6 +47,15 @@ void Generator::reset(std::int64_t capacity) {
         capacity, c.max_position_embeddings));
   }
   const auto cache = static_cast<std::size_t>(c.n_layers * capacity * c.kv_size());
+  const std::int64_t host = core::host_memory_bytes();
+  if (const auto bytes = static_cast<std::int64_t>(2 * cache * sizeof(float));
+      host > 0 && bytes > host) {
+    throw core::usage_error(fmt::format(
+        "the KV cache of {} positions (prompt + new tokens) needs {:.1f} GiB, more than this "
+        "node's {:.1f} GiB: lower --max-new",
+        capacity, static_cast<double>(bytes) / (1U << 30U),
+        static_cast<double>(host) / (1U << 30U)));
+  }
   k_cache_.assign(cache, 0.0F);
   v_cache_.assign(cache, 0.0F);
   capacity_ = capacity;

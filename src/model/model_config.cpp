@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 
 namespace l3::model {
@@ -108,7 +112,26 @@ T number(const json& config, const char* key, const std::string& origin) {
     throw core::bad_input(fmt::format("\"{}\" must be a number, not {}", key, it->dump()),
                           {.file = origin});
   }
-  return it->get<T>();
+  if constexpr (std::is_integral_v<T>) {
+    // A whole number that fits: 64.5 is no layer width, 1e30 no layer count (nlohmann's get
+    // would truncate or wrap them silently).
+    const double value = it->get<double>();
+    const bool whole = it->is_number_integer() || std::trunc(value) == value;
+    const bool fits = value >= static_cast<double>(std::numeric_limits<T>::min()) &&
+                      value <= static_cast<double>(std::numeric_limits<T>::max());
+    if (!whole || !fits) {
+      throw core::bad_input(
+          fmt::format("\"{}\" must be a whole number in range, not {}", key, it->dump()),
+          {.file = origin});
+    }
+    return it->is_number_integer() ? it->get<T>() : static_cast<T>(value);
+  } else {
+    const T value = it->get<T>();
+    if (!std::isfinite(value)) {
+      throw core::bad_input(fmt::format("\"{}\" must be a finite number", key), {.file = origin});
+    }
+    return value;
+  }
 }
 
 template <typename T>
@@ -122,8 +145,22 @@ T number_or(const json& config, const char* key, T fallback, const std::string& 
 
 void ModelConfig::validate() const {
   const auto fail = [&](const std::string& what) { throw core::bad_input(what, {.file = name}); };
+  // Upper bounds far beyond any Llama (405B: hidden 16384, 126 layers, 131072 positions), so that
+  // a mistyped number is named here instead of running the machine out of memory.
+  const auto at_most = [&](std::int64_t value, std::int64_t limit, const char* key) {
+    if (value > limit) {
+      fail(fmt::format("{} {} is beyond any model this program trains (at most {})", key, value,
+                       limit));
+    }
+  };
   if (vocab_size <= 0) fail(fmt::format("vocab_size must be positive (got {})", vocab_size));
   if (vocab_size > (1LL << 31)) fail(fmt::format("vocab_size {} exceeds 2^31", vocab_size));
+  at_most(hidden_size, kMaxHiddenSize, "hidden_size");
+  at_most(intermediate_size, kMaxIntermediateSize, "intermediate_size");
+  at_most(n_layers, kMaxLayers, "num_hidden_layers");
+  at_most(n_heads, kMaxHeads, "num_attention_heads");
+  at_most(head_dim, kMaxHeadDim, "head_dim");
+  at_most(max_position_embeddings, kMaxPositions, "max_position_embeddings");
   if (hidden_size <= 0) fail(fmt::format("hidden_size must be positive (got {})", hidden_size));
   if (intermediate_size <= 0) {
     fail(fmt::format("intermediate_size must be positive (got {})", intermediate_size));
@@ -146,12 +183,24 @@ void ModelConfig::validate() const {
   if (max_position_embeddings <= 0) {
     fail(fmt::format("max_position_embeddings must be positive (got {})", max_position_embeddings));
   }
-  if (!(rope_theta > 0)) fail(fmt::format("rope_theta must be positive (got {})", rope_theta));
-  if (!(rms_norm_eps > 0))
-    fail(fmt::format("rms_norm_eps must be positive (got {})", rms_norm_eps));
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta))
+    fail(fmt::format("rope_theta must be positive and finite (got {})", rope_theta));
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
+    fail(fmt::format("rms_norm_eps must be positive and finite (got {})", rms_norm_eps));
+  // Counted in floating point: the bounds above keep every product in range, this the total.
+  const double blocks =
+      static_cast<double>(n_layers) *
+      (4.0 * static_cast<double>(hidden_size) * static_cast<double>(hidden_size) +
+       3.0 * static_cast<double>(hidden_size) * static_cast<double>(intermediate_size));
+  const double parameters =
+      blocks + 2.0 * static_cast<double>(vocab_size) * static_cast<double>(hidden_size);
+  if (parameters > kMaxParameters) {
+    fail(fmt::format("{:.3g} parameters is beyond any model this program trains (at most {:.0e})",
+                     parameters, kMaxParameters));
+  }
   if (rope_scaling.enabled) {
     const RopeScaling& s = rope_scaling;
-    if (!(s.factor >= 1.0))
+    if (!(s.factor >= 1.0) || !std::isfinite(s.factor) || !std::isfinite(s.high_freq_factor))
       fail(fmt::format("rope_scaling.factor must be >= 1 (got {})", s.factor));
     if (!(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor)) {
       fail(fmt::format("rope_scaling needs 0 < low_freq_factor < high_freq_factor (got {} and {})",
@@ -305,15 +354,7 @@ ModelConfig from_hf_config(const json& config, const std::string& origin) {
 }
 
 ModelConfig load_hf_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw core::bad_input("cannot read model config", {.file = path});
-  json config;
-  try {
-    config = json::parse(in);
-  } catch (const json::exception& e) {
-    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()), {.file = path});
-  }
-  return from_hf_config(config, path);
+  return from_hf_config(core::read_json_object(path, "a model config (config.json)"), path);
 }
 
 ModelConfig resolve_model(const std::string& preset_or_path) {

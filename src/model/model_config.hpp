@@ -18,6 +18,16 @@ struct RopeScaling {
   std::int64_t original_max_position_embeddings = 8192;
 };
 
+// The largest shapes validate() accepts: far beyond Llama 3.1 405B (hidden 16384, FFN 53248,
+// 126 layers, 128 heads of 128), so that only a mistyped number is refused.
+inline constexpr std::int64_t kMaxHiddenSize = std::int64_t{1} << 17U;
+inline constexpr std::int64_t kMaxIntermediateSize = std::int64_t{1} << 19U;
+inline constexpr std::int64_t kMaxLayers = 2048;
+inline constexpr std::int64_t kMaxHeads = 4096;
+inline constexpr std::int64_t kMaxHeadDim = 4096;
+inline constexpr std::int64_t kMaxPositions = std::int64_t{1} << 24U;
+inline constexpr double kMaxParameters = 1e13;
+
 struct ModelConfig {
   std::string name;  // preset name or the config file it came from
   std::int64_t vocab_size = 0;

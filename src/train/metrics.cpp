@@ -110,6 +110,13 @@ MetricsFile::MetricsFile(const std::string& path, std::optional<std::int64_t> re
     std::error_code ec;
     std::filesystem::create_directories(p.parent_path(), ec);
   }
+  std::error_code ec;
+  if (std::filesystem::is_symlink(std::filesystem::symlink_status(p, ec))) {
+    throw core::bad_input(
+        "is a symbolic link: name the file itself (llama3-hpc never writes through a link it "
+        "did not create)",
+        {.file = path});
+  }
   if (resumed_at && std::filesystem::is_regular_file(p)) {
     std::ifstream in(path);
     std::string kept;

@@ -13,6 +13,7 @@
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/model_file.hpp"
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "dist/agree.hpp"
 #include "dist/gather_strings.hpp"
@@ -29,20 +30,17 @@ bool is_hugging_face_dir(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec) || !fs::is_regular_file(dir / "config.json", ec)) return false;
   const fs::directory_iterator entries(dir, ec);
-  return std::any_of(fs::begin(entries), fs::end(entries), [](const fs::directory_entry& entry) {
-    return entry.path().extension() == ".safetensors";
-  });
+  // An index alone counts: its shards, missing or not, are then checked by name.
+  return fs::exists(dir / "model.safetensors.index.json", ec) ||
+         std::any_of(fs::begin(entries), fs::end(entries), [](const fs::directory_entry& entry) {
+           return entry.path().extension() == ".safetensors";
+         });
 }
 
 ModelSource hugging_face_source(const std::string& dir) {
   const std::string config_path = (fs::path(dir) / "config.json").string();
-  nlohmann::json config;
-  try {
-    std::ifstream in(config_path);
-    config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()), {.file = config_path});
-  }
+  const nlohmann::json config =
+      core::read_json_object(config_path, "a Hugging Face model config (config.json)");
   ModelSource source;
   source.hf_dir = dir;
   const nlohmann::json architectures = config.value("architectures", nlohmann::json::array());

@@ -11,6 +11,8 @@ std::string_view phase_name(Phase phase) noexcept {
 }
 
 void TrainConfig::validate() const {
+  // Each option's own domain (positive sizes, finite rates, ...) is checked where options are
+  // parsed (core/option_domain.hpp); what is left are the rules between options.
   auto require = [](bool ok, std::string_view message) {
     if (!ok) throw core::usage_error(std::string(message));
   };
@@ -21,38 +23,20 @@ void TrainConfig::validate() const {
           "embedding the library may give a DataSource instead, with --steps");
   require(!model.empty() || !init.empty(),
           "say which model: --model PRESET|config.json, or --init CHECKPOINT");
-  require(seq_len > 0, "--seq-len must be positive");
   require(global_batch > 0, "--global-batch is required and must be positive");
-  require(micro_batch > 0, "--micro-batch must be positive");
-  require(steps >= 0 && epochs >= 0, "--steps and --epochs must not be negative");
   require(!(steps > 0 && epochs > 0), "give --steps or --epochs, not both");
-  require(lr >= 0, "--lr must not be negative");
-  require(warmup >= 0, "--warmup must not be negative");
-  require(adamw.beta1 >= 0 && adamw.beta1 < 1 && adamw.beta2 >= 0 && adamw.beta2 < 1,
-          "--beta1 and --beta2 must be in [0, 1)");
-  require(adamw.weight_decay >= 0, "--weight-decay must not be negative");
-  require(log_every >= 0 && eval_every >= 0 && checkpoint_every >= 0,
-          "--log-every, --eval-every and --checkpoint-every must not be negative");
   require(checkpoint_every == 0 || !ckpt_dir.empty(), "--checkpoint-every needs --ckpt-dir");
-  require(max_bad_steps >= 1, "--max-bad-steps must be at least 1");
-  require(keep_last >= 2, "--keep-last must be at least 2 (the newest may be damaged)");
   require(!resume.empty(), "--resume takes auto, none or a checkpoint path");
   require(resume == "auto" || resume == "none" || !ckpt_dir.empty(),
           "--resume CKPT needs --ckpt-dir (where the resumed run writes its checkpoints)");
-  require(deadline_margin >= 0, "--deadline-margin must not be negative");
-  require(bucket_mb > 0, "--bucket-mb must be positive");
   require(shard_optimizer || !shard_gradients,
           "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
-  require(prefetch_depth >= 1, "--prefetch-depth must be at least 1");
-  require(center_rewards >= 0, "--center-rewards must not be negative");
-  require(peak_tflops >= 0, "--peak-tflops must not be negative");
   require(grad_exchange == "auto" || grad_exchange == "mpi" || grad_exchange == "nccl" ||
               grad_exchange == "mpi-staged",
           "--grad-exchange takes auto, mpi or nccl");
   require(attention == "fallback" || attention == "cudnn", "--attention takes fallback or cudnn");
   require(grad_accum_dtype == "auto" || grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16",
           "--grad-accum-dtype takes auto, fp32 or bf16");
-  require(device >= -1, "--device must be a device number (or -1: by node-local rank)");
 }
 
 nlohmann::json TrainConfig::to_json() const {

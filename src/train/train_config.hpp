@@ -14,6 +14,10 @@
 namespace l3::train {
 
 using Phase = l3::Phase;  // the public enum (include/l3/l3.hpp)
+
+// The most passes over the data one run plans (--epochs): its steps are counted epoch by epoch
+// before the first step, for the learning-rate schedule; longer runs give --steps.
+inline constexpr std::int64_t kMaxEpochs = 10000;
 [[nodiscard]] std::string_view phase_name(Phase phase) noexcept;
 
 // Fields are grouped by meaning, not by size: one instance per run.

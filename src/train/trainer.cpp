@@ -18,6 +18,7 @@
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
+#include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "core/trace_range.hpp"
 #include "dist/agree.hpp"
@@ -30,6 +31,7 @@
 #include "train/data_parallel.hpp"
 #include "train/evaluator.hpp"
 #include "train/lr_schedule.hpp"
+#include "train/memory_check.hpp"
 #include "train/model_source.hpp"
 #include "train/progress_bar.hpp"
 
@@ -97,6 +99,7 @@ struct Trainer::Impl {
                             {.device = config.device,
                              .attention = config.attention,
                              .deterministic = config.deterministic});
+    check_outputs_writable();
     const std::string resume_dir = choose_resume();
     source = resolve_model_source(config.model, resume_dir.empty() ? config.init : resume_dir);
     const model::ModelConfig& mc = source.config;
@@ -119,6 +122,19 @@ struct Trainer::Impl {
       val_index = open_data(world, config.val_data, config.phase, mc, source,
                             config.ignore_tokenizer_mismatch);
     }
+
+    // Nothing large is allocated before the run is known to fit.
+    const bool cuda = ops->compute_dtype() != kernels::DType::f32;
+    const std::int64_t step_rows =
+        config.global_batch / world.size() * (config.phase == Phase::sft ? 1 : 2);
+    require_memory(
+        world, *ops,
+        {.backend =
+             model::plan_training_memory(memory_plan_input(config, mc, cuda, world.size())).lines,
+         .host = prefetch_host_bytes(step_rows, config.seq_len, config.prefetch_depth),
+         .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute or "
+                   "--shard-gradients, run on more ranks, or check the model's config "
+                   "(--dry-run-memory prints the whole plan)"});
 
     // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only.
     const bool shard_master =
@@ -408,6 +424,26 @@ struct Trainer::Impl {
   // every rank learns the decision. Empty: start fresh. Never silently starts over where
   // an earlier run left checkpoints: --resume none into a directory with checkpoints, and
   // --resume auto where every checkpoint is damaged, are refused (exit 2) with what to do.
+  // Every output location is checked before any work is spent: a --ckpt-dir found unwritable
+  // only at the first checkpoint would lose every step before it. Every rank writes its part of
+  // a checkpoint's files; rank 0 the metrics.
+  void check_outputs_writable() const {
+    std::exception_ptr failure;
+    try {
+      if (!config.ckpt_dir.empty()) core::check_writable_directory(config.ckpt_dir, "--ckpt-dir");
+      if (world.is_root() && !config.metrics.empty()) {
+        const std::filesystem::path metrics_file = std::filesystem::absolute(config.metrics);
+        core::check_writable_directory(metrics_file.parent_path(), "--metrics");
+        if (core::is_real_directory(metrics_file))
+          throw core::bad_input("--metrics names a directory, not a file",
+                                {.file = config.metrics});
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    dist::agree_on_failure(world, failure);
+  }
+
   std::string choose_resume() {
     if (config.ckpt_dir.empty()) return {};
     std::string chosen;
@@ -733,6 +769,16 @@ bool Trainer::step() {
   const StepMetrics m = s.run_step();
   s.last_step = m;
   s.report(m);
+  const bool sft = s.config.phase == Phase::sft;
+  if (s.bad_in_a_row >= s.config.max_bad_steps && (sft ? m.loss_tokens : m.pairs) == 0) {
+    // Not a divergence: nothing to learn from (every answer cut off by --seq-len, or no pair
+    // fits), which no --lr fixes. The data and options are what must change: exit 2.
+    throw core::bad_input(fmt::format(
+        "{} steps in a row had no {} (last: step {}): the samples are cut to --seq-len {} before "
+        "their {}; raise --seq-len, or leave long samples out with --drop-long",
+        s.bad_in_a_row, sft ? "target tokens" : "preference pairs", m.step, s.config.seq_len,
+        sft ? "answers" : "ends"));
+  }
   if (s.bad_in_a_row >= s.config.max_bad_steps) {
     throw core::internal_error(fmt::format(
         "training diverged: {} steps in a row had a non-finite loss or gradient norm (last: "

@@ -8,39 +8,8 @@ mpiexec=${2:?usage: cli_test.sh LLAMA3_HPC MPIEXEC}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export L3_ERROR_GRACE_SECONDS=${L3_ERROR_GRACE_SECONDS:-3}
-failures=0
-
-# run NAME EXPECTED_CODE CMD...: runs CMD, captures stdout/stderr in $out/$err, checks the code.
-run() {
-  local name=$1 expected=$2
-  shift 2
-  "$@" >"$work/out" 2>"$work/err"
-  code=$?
-  out=$(cat "$work/out")
-  err=$(cat "$work/err")
-  if [[ "$code" != "$expected" ]]; then
-    echo "FAIL [$name]: exit code $code, expected $expected"
-    echo "  stdout: ${out:0:2000}"
-    echo "  stderr: ${err:0:2000}"
-    failures=$((failures + 1))
-    return 1
-  fi
-  echo "ok   [$name] (exit $code)"
-}
-# expect NAME CONDITION-DESCRIPTION TEST-COMMAND...
-expect() {
-  local name=$1
-  shift
-  if ! "$@"; then
-    echo "FAIL [$name]: $*"
-    echo "  stdout: ${out:0:2000}"
-    echo "  stderr: ${err:0:2000}"
-    failures=$((failures + 1))
-  fi
-}
-contains() { [[ "$1" == *"$2"* ]]; }
-lines() { if [[ -z "$1" ]]; then echo 0; else printf '%s\n' "$1" | wc -l; fi; }
-error_lines() { printf '%s\n' "$1" | grep -c '^error: ' || true; }
+# shellcheck source=tests/support/cli_checks.sh
+source "$(dirname "$0")/../support/cli_checks.sh"
 
 # --- help and version: no MPI needed ---
 run "top-level help" 0 "$bin" --help
@@ -125,7 +94,7 @@ run "unknown key in a config file" 2 "$bin" info --config "$work/bad.ini"
 expect "names the file" contains "$err" "error: $work/bad.ini: "
 expect "names the key" contains "$err" "not-an-option"
 run "missing config file" 2 "$bin" info --config "$work/missing.ini"
-expect "names the missing file" contains "$err" "$work/missing.ini: cannot read config file"
+expect "names the missing file" contains "$err" "$work/missing.ini: cannot read: No such file or directory"
 
 # --- under mpiexec: printed once by rank 0, same exit code from the launcher ---
 run "info on 2 ranks" 0 "$mpiexec" -n 2 "$bin" info
@@ -330,15 +299,11 @@ expect "says which are supported" contains "$err" "only LlamaForCausalLM and Lla
 run "score needs a prompt and response or an input" 2 "$bin" score --init "$work/not-a-ckpt" --prompt q
 expect "says what to give" contains "$err" "give --prompt TEXT --response TEXT, or --input FILE.jsonl"
 run "a bad temperature is refused before loading" 2 "$bin" generate --init "$work/nonexistent" --prompt hi --temperature -1
-expect "names the option" contains "$err" "temperature must be >= 0"
+expect "names the option" contains "$err" "--temperature -1: must be a finite number >= 0"
 run "generate on 2 ranks: rank 0 reports the missing checkpoint" 2 "$mpiexec" -n 2 "$bin" generate --init "$work/nonexistent" --prompt hi
 expect "one error line" [ "$(error_lines "$err")" = 1 ]
 expect "names the path" contains "$err" "$work/nonexistent: no such checkpoint"
 run "generate help" 0 "$bin" generate --help
 expect "shows sampling options" contains "$out" "--top-p"
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all CLI checks passed"
+finish_cli_checks "CLI checks"

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +16,7 @@
 #include "core/error.hpp"
 #include "dist/gather_strings.hpp"
 #include "dist/world.hpp"
+#include "io/hdf5/shard_format.hpp"
 #include "io/prep/prep_job.hpp"
 #include "shared_directory.hpp"
 
@@ -242,6 +244,44 @@ TEST_CASE("broken datasets: the same clear error on every rank, no hang", "[load
   CHECK(message_of([&] {
           (void)l3::data::open_dataset(world, data, {l3::data::SampleKind::sft, 512, "ab12", true});
         }) == "no error");
+
+  // a loss mask that is not 0 or 1, then a shard whose vocabulary differs from the index's:
+  // the first shard rewritten by rank 0
+  world.barrier();
+  std::string shard_path;
+  if (world.is_root()) {
+    const json index = json::parse(std::ifstream(data + "/index.json"));
+    shard_path = data + "/" + index["shards"][0]["file"].get<std::string>();
+  }
+  shard_path = l3::dist::broadcast_string(world.comm(), shard_path);
+  const l3::data::SftShard original = l3::data::read_sft_shard(shard_path);
+  const auto rewrite = [&](const l3::data::Documents& documents, std::int64_t vocab) {
+    world.barrier();
+    if (world.is_root()) {
+      l3::data::ShardAttributes attributes = original.attributes;
+      attributes.vocab_size = vocab;
+      l3::data::write_sft_shard(shard_path, documents, attributes);
+    }
+    world.barrier();
+  };
+  {
+    l3::data::Documents odd = original.documents;
+    std::fill(odd.loss_mask.begin(), odd.loss_mask.end(), std::uint8_t{7});
+    rewrite(odd, original.attributes.vocab_size);
+    const auto index = l3::data::open_dataset(world, data, sft);
+    // The whole epoch in one step: every rank reads a sample of the rewritten shard.
+    LoaderConfig c = config(24 / world.size());
+    DataLoader loader(world, index, c, {0, 0});
+    std::string m = "no error";
+    for (int step = 0; step < 20 && m == "no error"; ++step)
+      m = message_of([&] { (void)loader.next(); });
+    CHECK(m.find("a loss mask is 0 or 1") != std::string::npos);
+    CHECK(m.find(shard_path) != std::string::npos);
+  }
+  rewrite(original.documents, std::int64_t{1} << 40);
+  CHECK(message_of([&] { (void)l3::data::open_dataset(world, data, sft); }) ==
+        shard_path + ": vocab_size 1099511627776 where index.json says 512");
+  rewrite(original.documents, original.attributes.vocab_size);
 
   // a truncated shard, then a deleted shard, then no index.json
   world.barrier();

@@ -1,5 +1,7 @@
 #include "core/deadline.hpp"
 
+#include <string>
+
 #include "catch.hpp"
 #include "core/error.hpp"
 
@@ -18,6 +20,21 @@ TEST_CASE("deadlines: seconds from now or ISO-8601 times", "[deadline]") {
        {"", "soon", "-5", "2026-13-01T00:00Z", "2026-11-30T12:00:00CET", "2026-11-30"}) {
     INFO(bad);
     CHECK_THROWS_AS(parse_deadline(bad, 0), l3::core::Error);
+  }
+}
+
+TEST_CASE("a deadline in the past or not a finite time is refused", "[deadline]") {
+  // 2026-11-30T12:00:00Z = 1796040000: one second later it is in the past.
+  try {
+    (void)parse_deadline("2026-11-30T12:00:00Z", 1796040001.0);
+    FAIL("accepted a deadline one second ago");
+  } catch (const l3::core::Error& e) {
+    CHECK(std::string(e.what()).find("in the past") != std::string::npos);
+  }
+  CHECK_THROWS_AS(parse_deadline("2026-11-30T12:00:00Z", 1796040000.0), l3::core::Error);
+  for (const char* bad : {"inf", "nan", "0", "-inf", "1e400"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_deadline(bad, 1000.0), l3::core::Error);
   }
 }
 

@@ -101,6 +101,59 @@ TEST_CASE("inconsistent configs are rejected with the reason", "[model]") {
   CHECK_THROWS_AS(l3::model::load_hf_config("/nonexistent/config.json"), l3::core::Error);
 }
 
+TEST_CASE("config numbers are whole where they count and bounded far beyond any model", "[model]") {
+  auto message = [](const json& config) -> std::string {
+    try {
+      (void)l3::model::from_hf_config(config, "odd/config.json");
+    } catch (const l3::core::Error& e) {
+      CHECK(e.kind() == l3::core::ErrorKind::bad_input);
+      return e.what();
+    }
+    return "no error";
+  };
+  const json good = l3::model::preset("tiny").to_hf_json();
+  const auto with = [&](const char* key, const json& value) {
+    json c = good;
+    c[key] = value;
+    return message(c);
+  };
+  CHECK(with("hidden_size", 64.5).find("whole number") != std::string::npos);
+  CHECK(with("hidden_size", 64.0) == "no error");  // a whole number written as a float
+  CHECK(with("num_hidden_layers", 1e9).find("num_hidden_layers") != std::string::npos);
+  CHECK(with("num_hidden_layers", 1e30).find("whole number in range") != std::string::npos);
+  CHECK(with("num_hidden_layers", -3).find("positive") != std::string::npos);
+  CHECK(with("max_position_embeddings", 1LL << 40).find("max_position_embeddings") !=
+        std::string::npos);
+  CHECK(with("intermediate_size", 1LL << 40).find("intermediate_size") != std::string::npos);
+  CHECK(with("vocab_size", 1LL << 40).find("vocab_size") != std::string::npos);
+  CHECK(with("rms_norm_eps", -1.0).find("rms_norm_eps") != std::string::npos);
+  // Each field within its bound, the whole beyond any model: named as parameters.
+  json big = good;
+  big["hidden_size"] = 131072;
+  big["num_attention_heads"] = 1024;
+  big["num_key_value_heads"] = 1024;
+  big["head_dim"] = 128;
+  big["intermediate_size"] = 524288;
+  big["num_hidden_layers"] = 2048;
+  CHECK(message(big).find("parameters") != std::string::npos);
+  // Every preset stays within the bounds.
+  for (const std::string_view name : l3::model::preset_names()) {
+    INFO(name);
+    CHECK_NOTHROW(l3::model::preset(name).validate());
+  }
+  // A config.json that is not an object names its file.
+  const l3::test::TempDir dir;
+  const std::string array = dir.write("config.json", "[]");
+  try {
+    (void)l3::model::load_hf_config(array);
+    FAIL("accepted []");
+  } catch (const l3::core::Error& e) {
+    CHECK(std::string(e.what()).find(array) != std::string::npos);
+    CHECK(e.kind() == l3::core::ErrorKind::bad_input);
+  }
+  CHECK_THROWS_AS(l3::model::load_hf_config(dir.path().string()), l3::core::Error);  // a directory
+}
+
 TEST_CASE("parameter layout: Hugging Face names, order, shapes, alignment", "[model]") {
   const ModelConfig c = l3::model::preset("tiny");
   const l3::model::ParameterLayout lm(c, l3::model::HeadKind::language_model);

@@ -5,6 +5,7 @@
 
 #include "catch.hpp"
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
 #include "temp_dir.hpp"
 
 namespace po = boost::program_options;
@@ -100,7 +101,7 @@ TEST_CASE("config file errors name the file", "[options]") {
   const std::string missing = (dir.path() / "missing.ini").string();
   std::tie(kind, text) = failure(f, {"--config", missing});
   CHECK(kind == l3::core::ErrorKind::bad_input);
-  CHECK(text == missing + ": cannot read config file");
+  CHECK(text == missing + ": cannot read: No such file or directory");
 }
 
 TEST_CASE("command line errors are usage errors", "[options]") {
@@ -117,4 +118,52 @@ TEST_CASE("command line errors are usage errors", "[options]") {
   CHECK(kind == l3::core::ErrorKind::usage);
   std::tie(kind, text) = failure(f, {"list", "extra"});
   CHECK(kind == l3::core::ErrorKind::usage);
+}
+
+TEST_CASE("numbers are checked against their declared domains wherever they come from",
+          "[options]") {
+  po::options_description options;
+  options.add_options()("config", po::value<std::string>(), "config file")(
+      "lr", l3::core::number<double>(l3::core::at_least(0))->default_value(1e-5), "rate")(
+      "eps", l3::core::number<float>(l3::core::above(0))->default_value(1e-8F), "epsilon")(
+      "batch", l3::core::number<std::int64_t>(l3::core::between(1, 64))->default_value(4), "b")(
+      "scale", po::value<double>()->default_value(1.0), "no declared domain: finite only");
+  const po::positional_options_description positional;
+  const auto parse = [&](std::vector<std::string> args) {
+    return l3::core::parse_options(options, positional, args);
+  };
+  const auto failure =
+      [&](std::vector<std::string> args) -> std::pair<l3::core::ErrorKind, std::string> {
+    try {
+      (void)parse(std::move(args));
+    } catch (const l3::core::Error& e) {
+      return {e.kind(), e.what()};
+    }
+    return {l3::core::ErrorKind::internal, "accepted"};
+  };
+  CHECK(parse({"--lr", "0", "--eps", "1e-6", "--batch", "64"})["batch"].as<std::int64_t>() == 64);
+  CHECK(
+      failure({"--lr", "inf"}) ==
+      std::pair{l3::core::ErrorKind::usage, std::string("--lr inf: must be a finite number >= 0")});
+  CHECK(failure({"--lr", "nan"}).second == "--lr nan: must be a finite number >= 0");
+  CHECK(failure({"--lr", "-1"}).second == "--lr -1: must be a finite number >= 0");
+  CHECK(failure({"--eps", "-1"}).second == "--eps -1: must be a finite number > 0");
+  CHECK(failure({"--eps", "0"}).first == l3::core::ErrorKind::usage);
+  CHECK(failure({"--batch", "0"}).second == "--batch 0: must be a number in [1, 64]");
+  CHECK(failure({"--batch", "1000000000"}).first == l3::core::ErrorKind::usage);
+  CHECK(failure({"--scale", "inf"}).second == "--scale inf: must be a finite number");
+  CHECK(failure({"--scale", "-inf"}).first == l3::core::ErrorKind::usage);
+
+  // From a config file: the file is named (exit 2 either way).
+  const l3::test::TempDir dir;
+  const std::string path = dir.write("run.ini", "lr = inf\n");
+  const auto [kind, text] = failure({"--config", path});
+  CHECK(kind == l3::core::ErrorKind::bad_input);
+  CHECK(text == path + ": --lr inf: must be a finite number >= 0");
+  // The command line wins, and is what is checked.
+  CHECK(parse({"--config", path, "--lr", "0.5"})["lr"].as<double>() == 0.5);
+  // A directory or an endless file is not a config file.
+  CHECK(failure({"--config", dir.path().string()}).second.find("is a directory") !=
+        std::string::npos);
+  CHECK(failure({"--config", "/dev/zero"}).second.find("longer than 16 MiB") != std::string::npos);
 }

@@ -1,0 +1,132 @@
+#include "core/bounded_read.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.hpp"
+
+namespace l3::core {
+
+namespace {
+constexpr std::size_t kChunk = std::size_t{1} << 16U;
+}  // namespace
+
+std::string byte_size_text(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 30U) && bytes % (std::size_t{1} << 30U) == 0)
+    return fmt::format("{} GiB", bytes >> 30U);
+  if (bytes >= (std::size_t{1} << 20U) && bytes % (std::size_t{1} << 20U) == 0)
+    return fmt::format("{} MiB", bytes >> 20U);
+  return fmt::format("{} bytes", bytes);
+}
+
+LineReader::LineReader(Source source, std::string name, bool numbered, std::size_t limit)
+    : source_(std::move(source)),
+      name_(std::move(name)),
+      numbered_(numbered),
+      limit_(limit),
+      buffer_(kChunk) {}
+
+LineReader::LineReader(std::istream& in, std::string name, bool numbered, std::size_t limit)
+    : LineReader(
+          [&in, name](char* buffer, std::size_t n) {
+            in.read(buffer, static_cast<std::streamsize>(n));
+            if (in.bad()) throw bad_input("read error", {.file = name});
+            return static_cast<std::size_t>(in.gcount());
+          },
+          name, numbered, limit) {}
+
+bool LineReader::fill() {
+  if (finished_) return false;
+  begin_ = 0;
+  end_ = source_(buffer_.data(), buffer_.size());
+  if (end_ == 0) finished_ = true;
+  return end_ > 0;
+}
+
+bool LineReader::next(std::string& line) {
+  line.clear();
+  bool any = false;  // bytes seen for this line (a last line without "\n" counts)
+  while (true) {
+    if (begin_ == end_ && !fill()) {
+      if (any) ++number_;
+      return any;
+    }
+    any = true;
+    const char* start = buffer_.data() + begin_;
+    const char* stop = buffer_.data() + end_;
+    const char* newline = std::find(start, stop, '\n');
+    const auto take = static_cast<std::size_t>(newline - start);
+    if (line.size() + take > limit_) {
+      throw bad_input(fmt::format("a line longer than {} (the limit on one input line; "
+                                  "docs/CLI.md): not line-oriented text",
+                                  byte_size_text(limit_)),
+                      {.file = name_, .line = numbered_ ? number_ + 1 : 0});
+    }
+    line.append(start, take);
+    begin_ += take;
+    if (newline != stop) {
+      ++begin_;  // the "\n"
+      ++number_;
+      return true;
+    }
+  }
+}
+
+std::int64_t LineReader::skip_line() {
+  std::int64_t skipped = 0;
+  while (begin_ < end_ || fill()) {
+    const char* start = buffer_.data() + begin_;
+    const char* stop = buffer_.data() + end_;
+    const char* newline = std::find(start, stop, '\n');
+    const auto take = static_cast<std::size_t>(newline - start) + (newline != stop ? 1 : 0);
+    begin_ += take;
+    skipped += static_cast<std::int64_t>(take);
+    if (newline != stop) return skipped;
+  }
+  return skipped;
+}
+
+std::string read_text_file(const std::string& path, std::string_view what, std::size_t limit) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw bad_input(fmt::format("is a directory, not {}", what), {.file = path});
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw bad_input(fmt::format("cannot read: {}", errno_text(errno)), {.file = path});
+  std::string text;
+  std::vector<char> chunk(kChunk);
+  while (true) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    const auto n = static_cast<std::size_t>(in.gcount());
+    if (in.bad()) throw bad_input("read error", {.file = path});
+    if (text.size() + n > limit) {
+      throw bad_input(fmt::format("longer than {}: not {}", byte_size_text(limit), what),
+                      {.file = path});
+    }
+    text.append(chunk.data(), n);
+    if (n < chunk.size()) break;
+  }
+  return text;
+}
+
+nlohmann::json read_json_object(const std::string& path, std::string_view what, std::size_t limit) {
+  const std::string text = read_text_file(path, what, limit);
+  nlohmann::json value;
+  try {
+    value = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw bad_input(fmt::format("not valid JSON ({}): {}", what, e.what()), {.file = path});
+  }
+  if (!value.is_object()) {
+    throw bad_input(fmt::format("holds a JSON {}, not an object: not {}", value.type_name(), what),
+                    {.file = path});
+  }
+  return value;
+}
+
+}  // namespace l3::core

@@ -1,0 +1,405 @@
+#include "core/path_safety.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <csignal>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <system_error>
+
+#include "core/durable_file.hpp"
+#include "core/error.hpp"
+
+namespace l3::core {
+
+namespace {
+
+constexpr std::string_view kDemoMarker = ".llama3-hpc-demo";
+constexpr std::uintmax_t kLargestMarkerFile = 64U << 20U;  // index.json, config.json
+
+// An Error for a failed file-system call on `path`: exit 2 when the system refused it for
+// permissions or a read-only file system (the user's path), else an internal error.
+Error filesystem_failure(const std::error_code& ec, const std::string& what, const fs::path& path) {
+  const std::string text = fmt::format("{}: {}", what, ec.message());
+  const bool refused = ec == std::errc::permission_denied ||
+                       ec == std::errc::operation_not_permitted ||
+                       ec == std::errc::read_only_file_system || ec == std::errc::not_a_directory ||
+                       ec == std::errc::no_such_file_or_directory;
+  return refused ? bad_input(text, {.file = path.string()})
+                 : internal_error(text, {.file = path.string()});
+}
+
+// Whether `a` is `b` or a directory above it (both absolute and normal).
+bool same_or_above(const fs::path& a, const fs::path& b) {
+  auto ai = a.begin();
+  auto bi = b.begin();
+  for (; ai != a.end(); ++ai, ++bi) {
+    if (ai->empty()) continue;  // the empty last element of "a/b/"
+    if (bi == b.end() || *ai != *bi) return false;
+  }
+  return true;
+}
+
+// A JSON object read from a regular file (not a link), or a discarded value.
+nlohmann::json read_marker(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(file, ec)) || ec)
+    return nlohmann::json::value_t::discarded;
+  const std::uintmax_t size = fs::file_size(file, ec);
+  if (ec || size > kLargestMarkerFile) return nlohmann::json::value_t::discarded;
+  std::ifstream in(file, std::ios::binary);
+  const nlohmann::json value = nlohmann::json::parse(in, nullptr, false);
+  return value.is_object() ? value : nlohmann::json(nlohmann::json::value_t::discarded);
+}
+
+bool is_dataset_index(const fs::path& file) {
+  const nlohmann::json index = read_marker(file);
+  if (index.is_discarded()) return false;
+  const auto format = index.find("format");
+  return format != index.end() && format->is_string() &&
+         format->get_ref<const std::string&>().starts_with("llama3-hpc/");
+}
+
+bool is_export_config(const fs::path& file) {
+  const nlohmann::json config = read_marker(file);
+  return !config.is_discarded() && config.contains("llama3_hpc") &&
+         config.at("llama3_hpc").is_object();
+}
+
+// The entries of `dir` with their types (links not followed); an unreadable directory: Error.
+struct Entry {
+  std::string name;
+  fs::file_type type = fs::file_type::none;
+};
+std::vector<Entry> list_entries(const fs::path& dir) {
+  std::vector<Entry> entries;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) throw filesystem_failure(ec, "cannot read the directory", dir);
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    entries.push_back({it->path().filename().string(), it->symlink_status(ec).type()});
+  }
+  if (ec) throw filesystem_failure(ec, "cannot read the directory", dir);
+  return entries;
+}
+
+std::string entry_kind(fs::file_type type) {
+  switch (type) {
+    case fs::file_type::symlink:
+      return "a symbolic link";
+    case fs::file_type::directory:
+      return "a directory";
+    case fs::file_type::regular:
+      return "a file";
+    default:
+      return "a special file";
+  }
+}
+
+// Why the flat dataset directory `dir` (index.json + shards) is not ours, or "".
+std::string flat_dataset_problem(const fs::path& dir, const std::string& shown) {
+  static const std::regex shard(R"(part-[0-9]+-[0-9]+\.h5)");
+  bool index = false;
+  for (const Entry& e : list_entries(dir)) {
+    if (e.type == fs::file_type::regular && e.name == "index.json") {
+      index = true;
+    } else if (!(e.type == fs::file_type::regular && std::regex_match(e.name, shard))) {
+      return fmt::format("it holds {}{}, {} that llama3-hpc does not write into a dataset", shown,
+                         e.name, entry_kind(e.type));
+    }
+  }
+  if (!index || !is_dataset_index(dir / "index.json")) {
+    return fmt::format("{}index.json is missing or is not a llama3-hpc dataset index", shown);
+  }
+  return {};
+}
+
+std::string dataset_problem(const fs::path& dir, const std::vector<Entry>& entries) {
+  bool splits = false;
+  for (const Entry& e : entries) splits = splits || e.name == "train" || e.name == "val";
+  if (!splits) return flat_dataset_problem(dir, "");
+  for (const Entry& e : entries) {
+    if ((e.name != "train" && e.name != "val") || e.type != fs::file_type::directory) {
+      return fmt::format("it holds {}, {} that llama3-hpc does not write next to train/ and val/",
+                         e.name, entry_kind(e.type));
+    }
+    if (std::string why = flat_dataset_problem(dir / e.name, e.name + "/"); !why.empty())
+      return why;
+  }
+  return {};
+}
+
+std::string export_problem(const fs::path& dir, const std::vector<Entry>& entries) {
+  static const std::regex allowed(
+      R"(config\.json|generation_config\.json|model\.safetensors|model\.safetensors\.index\.json|)"
+      R"(model-[0-9]{5}-of-[0-9]{5}\.safetensors|tokenizer\.json|tokenizer_config\.json|)"
+      R"(special_tokens_map\.json)");
+  for (const Entry& e : entries) {
+    if (e.name == "original" && e.type == fs::file_type::directory) {
+      for (const Entry& inner : list_entries(dir / e.name)) {
+        if (inner.name != "tokenizer.model" || inner.type != fs::file_type::regular) {
+          return fmt::format("it holds original/{}, {} that llama3-hpc does not export", inner.name,
+                             entry_kind(inner.type));
+        }
+      }
+      continue;
+    }
+    if (e.type != fs::file_type::regular || !std::regex_match(e.name, allowed)) {
+      return fmt::format("it holds {}, {} that llama3-hpc does not export", e.name,
+                         entry_kind(e.type));
+    }
+  }
+  if (!is_export_config(dir / "config.json"))
+    return "its config.json is missing or was not written by llama3-hpc export";
+  return {};
+}
+
+std::string demo_problem(const fs::path& dir, const std::vector<Entry>& entries) {
+  bool marker = false;
+  for (const Entry& e : entries) {
+    const bool file = e.type == fs::file_type::regular;
+    const bool directory = e.type == fs::file_type::directory;
+    if (e.name == kDemoMarker && file) {
+      marker = true;
+    } else if (!((directory && (e.name == "input" || e.name == "sft" || e.name == "preferences" ||
+                                e.name == "ckpt")) ||
+                 (file && (e.name == "metrics-sft.jsonl" || e.name == "metrics-reward.jsonl")))) {
+      return fmt::format("it holds {}, {} that the demo does not write", e.name,
+                         entry_kind(e.type));
+    }
+  }
+  // A demo directory of an earlier version has no marker but the demo's input.
+  std::error_code ec;
+  if (!marker && !fs::is_regular_file(fs::symlink_status(dir / "input/instructions.jsonl", ec)))
+    return fmt::format("it has no {} marker: not a demo directory", kDemoMarker);
+  return {};
+}
+
+std::string_view kind_name(OwnedKind kind) {
+  switch (kind) {
+    case OwnedKind::dataset:
+      return "a dataset written by llama3-hpc prep";
+    case OwnedKind::hf_export:
+      return "a model written by llama3-hpc export";
+    case OwnedKind::demo:
+      return "a llama3-hpc demo directory";
+  }
+  return "";
+}
+
+// "<name>.<what>-<host>-<pid>-<n>" next to `target`.
+fs::path sibling_name(const fs::path& target, std::string_view what) {
+  static std::atomic<std::uint64_t> counter{0};
+  return target.parent_path() / fmt::format("{}.{}-{}-{}-{}", target.filename().string(), what,
+                                            host_name(), ::getpid(), counter++);
+}
+
+// The pid in a staging name's tail "<host>-<pid>-<n>" (or the older "<pid>-<n>"), when the host
+// is this one (or not recorded).
+std::optional<pid_t> local_pid(std::string_view tail) {
+  const std::size_t last = tail.rfind('-');
+  if (last == std::string_view::npos) return std::nullopt;
+  const std::string_view head = tail.substr(0, last);
+  const std::size_t before = head.rfind('-');
+  const std::string_view pid_text =
+      before == std::string_view::npos ? head : head.substr(before + 1);
+  const std::string_view host = before == std::string_view::npos ? "" : head.substr(0, before);
+  if (!host.empty() && host != host_name()) return std::nullopt;
+  pid_t pid = 0;
+  const auto [end, error] =
+      std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+  if (error != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0)
+    return std::nullopt;
+  return pid;
+}
+
+}  // namespace
+
+fs::path output_directory(std::string_view option, const std::string& value) {
+  if (value.empty()) throw usage_error(fmt::format("{} is empty: name a directory", option));
+  std::error_code ec;
+  fs::path path = fs::absolute(value, ec).lexically_normal();
+  if (ec) throw usage_error(fmt::format("{} {}: {}", option, value, ec.message()));
+  while (!path.has_filename() && path != path.root_path()) path = path.parent_path();
+  if (path == path.root_path())
+    throw usage_error(fmt::format("{} {}: the root directory cannot be an output", option, value));
+  const fs::path here = fs::weakly_canonical(fs::current_path(ec), ec);
+  const fs::path resolved = fs::weakly_canonical(path, ec);
+  if (!ec && (same_or_above(resolved, here) || same_or_above(path, here))) {
+    throw usage_error(fmt::format(
+        "{} {}: that is the current directory or holds it; name a new directory of its own", option,
+        value));
+  }
+  return path;
+}
+
+bool entry_exists(const fs::path& path) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(path, ec));
+}
+
+bool is_real_directory(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_directory(fs::symlink_status(path, ec));
+}
+
+std::string why_not_ours(const fs::path& dir, OwnedKind kind) {
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(dir, ec);
+  if (fs::is_symlink(status)) return "it is a symbolic link (name the directory itself)";
+  if (!fs::is_directory(status)) return "it is not a directory";
+  const std::vector<Entry> entries = list_entries(dir);
+  if (entries.empty()) return {};
+  switch (kind) {
+    case OwnedKind::dataset:
+      return dataset_problem(dir, entries);
+    case OwnedKind::hf_export:
+      return export_problem(dir, entries);
+    case OwnedKind::demo:
+      return demo_problem(dir, entries);
+  }
+  return "unknown kind";
+}
+
+void require_ours(const fs::path& dir, OwnedKind kind, std::string_view option) {
+  const std::string why = why_not_ours(dir, kind);
+  if (!why.empty()) {
+    throw bad_input(fmt::format("{} names a directory that is not {}, so it is left as it is: {}",
+                                option, kind_name(kind), why),
+                    {.file = dir.string()});
+  }
+}
+
+void remove_tree(const fs::path& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);  // never follows links: a link is removed itself
+  if (ec) throw filesystem_failure(ec, "cannot remove", path);
+}
+
+void check_writable_directory(const fs::path& dir, std::string_view option) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    throw bad_input(fmt::format("{}: cannot create the directory: {}", option, ec.message()),
+                    {.file = dir.string()});
+  }
+  if (!fs::is_directory(dir, ec)) {
+    throw bad_input(fmt::format("{}: not a directory", option), {.file = dir.string()});
+  }
+  static std::atomic<std::uint64_t> counter{0};
+  const fs::path probe =
+      dir / fmt::format(".llama3-hpc-probe-{}-{}-{}", host_name(), ::getpid(), counter++);
+  int fd = -1;
+  try {
+    fd = create_exclusive(probe.string());
+  } catch (const Error& e) {
+    throw bad_input(fmt::format("{}: cannot write in this directory ({})", option, e.message()),
+                    {.file = dir.string()});
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+std::string host_name() {
+  std::array<char, 256> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0) return {};
+  std::string text(name.data());
+  for (char& c : text) {
+    if (c == '/' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = '_';
+  }
+  return text;
+}
+
+StagingDirectory::StagingDirectory(fs::path target, OwnedKind kind, std::string option)
+    : target_(std::move(target)), kind_(kind), option_(std::move(option)) {
+  const fs::path parent = target_.parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) {
+    throw bad_input(
+        fmt::format("{}: cannot create the parent directory: {}", option_, ec.message()),
+        {.file = parent.string()});
+  }
+  for (int attempt = 0;; ++attempt) {
+    const fs::path candidate = sibling_name(target_, "partial");
+    if (fs::create_directory(candidate, ec) && !ec) {  // false: it existed (not ours): next name
+      path_ = candidate;
+      return;
+    }
+    if (ec || attempt > 100) {
+      throw bad_input(fmt::format("{}: cannot create a directory next to {}: {}", option_,
+                                  target_.filename().string(),
+                                  ec ? ec.message() : std::string("every name is taken")),
+                      {.file = parent.string()});
+    }
+  }
+}
+
+StagingDirectory::~StagingDirectory() {
+  if (installed_ || path_.empty()) return;
+  std::error_code ec;
+  fs::remove_all(path_,
+                 ec);  // best effort: a later run removes what is left (remove_abandoned_staging)
+}
+
+void StagingDirectory::install(bool replace) {
+  fs::path old;
+  if (entry_exists(target_)) {
+    if (!replace) {
+      throw usage_error(fmt::format("{} {} exists; choose another one or add --overwrite", option_,
+                                    target_.string()));
+    }
+    require_ours(target_, kind_, option_);
+    old = sibling_name(target_, "old");
+    rename_path(target_.string(), old.string());
+  }
+  try {
+    rename_path(path_.string(), target_.string());
+  } catch (...) {
+    if (!old.empty()) (void)std::rename(old.c_str(), target_.c_str());  // put it back
+    throw;
+  }
+  installed_ = true;
+  fsync_path(target_.parent_path().string());
+  if (!old.empty()) {
+    std::error_code ec;
+    fs::remove_all(old, ec);  // left behind on failure: remove_abandoned_staging takes it later
+  }
+}
+
+std::vector<std::string> remove_abandoned_staging(const fs::path& target) {
+  const std::string name = target.filename().string();
+  std::vector<fs::path> abandoned;  // collected first: not removed while the directory is read
+  std::error_code ec;
+  fs::directory_iterator it(target.parent_path(), ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string entry = it->path().filename().string();
+    std::string_view tail;
+    for (const std::string_view what : {".partial-", ".old-"}) {
+      if (entry.size() > name.size() + what.size() && entry.starts_with(name) &&
+          std::string_view(entry).substr(name.size()).starts_with(what))
+        tail = std::string_view(entry).substr(name.size() + what.size());
+    }
+    if (tail.empty() || !is_real_directory(it->path())) continue;
+    if (tail.ends_with(".old")) tail.remove_suffix(4);  // an earlier version's set-aside name
+    const std::optional<pid_t> pid = local_pid(tail);
+    if (!pid || *pid == ::getpid() || ::kill(*pid, 0) == 0 || errno != ESRCH) continue;
+    abandoned.push_back(it->path());
+  }
+  std::vector<std::string> removed;
+  for (const fs::path& path : abandoned) {
+    std::error_code removal;
+    fs::remove_all(path, removal);
+    if (!removal) removed.push_back(path.filename().string());
+  }
+  return removed;
+}
+
+}  // namespace l3::core

@@ -1,0 +1,94 @@
+#include "train/memory_check.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "core/error.hpp"
+#include "core/host_memory.hpp"
+#include "dist/agree.hpp"
+
+namespace l3::train {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Per token of a prefetched step: the batch's tokens, targets and positions (int32), mask (u8)
+// and segment bounds (at most one int32 per token), and the token and mask read from a shard.
+constexpr std::int64_t kHostBytesPerToken = 4 + 4 + 4 + 1 + 4 + 4 + 1;
+
+std::string gib(std::int64_t bytes) {
+  return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / kGiB);
+}
+
+}  // namespace
+
+model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model::ModelConfig& model,
+                                         bool cuda, int ranks) {
+  model::MemoryPlanInput in;
+  in.model = model;
+  in.head = config.phase == Phase::sft ? model::HeadKind::language_model : model::HeadKind::reward;
+  in.compute = cuda ? kernels::DType::bf16 : kernels::DType::f32;
+  in.recompute = config.recompute;
+  in.seq_len = config.seq_len;
+  // Reward: a pair's two sequences share a row when they fit in one; planned for the worst
+  // case, each a row of its own.
+  in.micro_batch_rows = config.phase == Phase::sft ? config.micro_batch : 2 * config.micro_batch;
+  in.ranks = ranks;
+  in.shard_optimizer = config.shard_optimizer;
+  in.shard_gradients = config.shard_gradients;
+  in.fp32_gradients = in.compute != kernels::DType::f32 && config.fp32_gradients(ranks);
+  in.cudnn_attention = config.attention == "cudnn";
+  return in;
+}
+
+std::int64_t prefetch_host_bytes(std::int64_t rows, std::int64_t seq_len, int depth) {
+  return (static_cast<std::int64_t>(depth) + 1) * rows * seq_len * kHostBytesPerToken;
+}
+
+void require_memory(const dist::World& world, const kernels::Ops& ops, const MemoryNeed& need) {
+  std::exception_ptr failure;
+  try {
+    std::int64_t backend = 0;
+    const model::MemoryLine* largest = nullptr;
+    for (const model::MemoryLine& line : need.backend) {
+      backend += line.bytes;
+      if (largest == nullptr || line.bytes > largest->bytes) largest = &line;
+    }
+    const int sharing = std::max(1, world.local_size());
+    const std::int64_t host_share = core::host_memory_bytes() / sharing;
+    const std::int64_t device = ops.memory_capacity();
+    const auto refuse = [&](std::int64_t needed, std::int64_t has, std::string_view where,
+                            const std::string& part) {
+      throw core::bad_input(fmt::format(
+          "this run needs {} of {} memory per rank, more than the {} it has here{}; the largest "
+          "part: {}. Lower {}",
+          gib(needed), where, gib(has),
+          device > 0 && where == "GPU"
+              ? ""
+              : fmt::format(" ({} rank{} on this node)", sharing, sharing == 1 ? "" : "s"),
+          part, need.remedy));
+    };
+    const std::string largest_part = largest != nullptr
+                                         ? fmt::format("{} {}", largest->what, gib(largest->bytes))
+                                         : std::string("none");
+    if (device > 0) {
+      if (backend > device) refuse(backend, device, "GPU", largest_part);
+      if (host_share > 0 && need.host > host_share) {
+        refuse(need.host, host_share, "host", fmt::format("prefetched data {}", gib(need.host)));
+      }
+    } else if (host_share > 0 && backend + need.host > host_share) {
+      const std::string part = need.host > (largest != nullptr ? largest->bytes : 0)
+                                   ? fmt::format("prefetched data {}", gib(need.host))
+                                   : largest_part;
+      refuse(backend + need.host, host_share, "host", part);
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+}
+
+}  // namespace l3::train
