@@ -9,6 +9,7 @@
 #include "core/build_info.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/fault_injection.hpp"
 #include "core/path_safety.hpp"
 #include "core/rng.hpp"
 #include "core/timer.hpp"
@@ -70,6 +71,7 @@ class ShardSink {
       pairs_.clear();
     }
     shards_.push_back(std::move(entry));
+    core::fault_point("prep.shard", rank_);
   }
   [[nodiscard]] const json& shards() const { return shards_; }
 

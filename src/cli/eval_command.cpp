@@ -59,8 +59,8 @@ int run_eval(const CommandContext& context) {
   if (micro <= 0) throw core::usage_error("--micro-batch must be positive");
 
   const auto ops = kernels::make_ops(o["backend"].as<std::string>(), context.world.local_rank());
-  // Pairs take two rows each (worst case: neither fits beside the other).
-  const std::int64_t rows = head == model::HeadKind::reward ? 2 * micro : micro;
+  // Refused only when it cannot fit in any case: a pair planned as one row (as in training).
+  const std::int64_t rows = micro;
   train::require_memory(
       context.world, *ops,
       {.backend = {{"the model and one micro-batch's activations",

@@ -123,18 +123,19 @@ struct Trainer::Impl {
                             config.ignore_tokenizer_mismatch);
     }
 
-    // Nothing large is allocated before the run is known to fit.
+    // Nothing large is allocated before the run is known to fit. The check refuses what cannot
+    // fit in any case: a pair is planned as one row (what pairs of up to half a row take), not
+    // the plan's worst case of a row per sequence, and the prefetched data likewise.
     const bool cuda = ops->compute_dtype() != kernels::DType::f32;
-    const std::int64_t step_rows =
-        config.global_batch / world.size() * (config.phase == Phase::sft ? 1 : 2);
-    require_memory(
-        world, *ops,
-        {.backend =
-             model::plan_training_memory(memory_plan_input(config, mc, cuda, world.size())).lines,
-         .host = prefetch_host_bytes(step_rows, config.seq_len, config.prefetch_depth),
-         .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute or "
-                   "--shard-gradients, run on more ranks, or check the model's config "
-                   "(--dry-run-memory prints the whole plan)"});
+    model::MemoryPlanInput planned = memory_plan_input(config, mc, cuda, world.size());
+    planned.micro_batch_rows = config.micro_batch;
+    require_memory(world, *ops,
+                   {.backend = model::plan_training_memory(planned).lines,
+                    .host = prefetch_host_bytes(config.global_batch / world.size(), config.seq_len,
+                                                config.prefetch_depth),
+                    .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute or "
+                              "--shard-gradients, run on more ranks, or check the model's config "
+                              "(--dry-run-memory prints the whole plan)"});
 
     // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only.
     const bool shard_master =

@@ -110,6 +110,13 @@ expect "so is an earlier version's" [ ! -e "$work/ds2.partial-99999999-7" ]
 expect "a live process's is kept" [ -d "$work/ds2.partial-$host-$$-0" ]
 expect "another host's is kept" [ -d "$work/ds2.partial-elsewhere.example-99999999-0" ]
 expect "a link is kept, its target intact" [ "$(cat "$work/OUT/notes.txt")" = keep ]
+# A prep stopped by SIGTERM (no handler: the process ends) leaves its staging directory; the next
+# run removes it.
+L3_FAULT="prep.shard@0=raise:TERM" run "prep stopped by SIGTERM" 143 \
+  "$bin" prep sft --input "$work/train.jsonl" --tokenizer bytes --output "$work/ds3"
+expect "left its staging directory" [ -n "$(compgen -G "$work/ds3.partial-*")" ]
+run "the next prep" 0 "$bin" prep sft --input "$work/train.jsonl" --tokenizer bytes --output "$work/ds3"
+expect "removed it" [ -z "$(compgen -G "$work/ds3.partial-*")" ]
 mkdir -p "$work/readonly" && chmod 555 "$work/readonly"
 run "export into a directory that cannot be written" 2 \
   unprivileged "$bin" export --ckpt "$work/ck" --output "$work/readonly/model"
