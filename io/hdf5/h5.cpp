@@ -161,6 +161,17 @@ std::int64_t dataset_length(const Handle& parent, const std::string& name,
     throw failure("dataset is not one-dimensional", file, name);
   hsize_t dims[1] = {0};
   H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+  // A dataspace can declare any length while the file stores nothing (HDF5 fills unwritten
+  // elements): the length is believed only as far as the bytes stored, so that a damaged or
+  // crafted shard cannot make a reader allocate terabytes.
+  const Handle type(H5Dget_type(set.get()), H5Tclose);
+  const auto element = static_cast<hsize_t>(H5Tget_size(type.get()));
+  const hsize_t stored = H5Dget_storage_size(set.get());
+  if (element == 0 || dims[0] > stored / element) {
+    throw failure(
+        fmt::format("declares {} elements but stores {} bytes (a damaged file)", dims[0], stored),
+        file, name);
+  }
   return static_cast<std::int64_t>(dims[0]);
 }
 

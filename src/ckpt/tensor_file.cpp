@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "io/hdf5/h5.hpp"
 
@@ -47,11 +48,7 @@ void create_parents(hid_t file, const std::string& name, const std::string& path
 // library with a half-closed file that crashes it at exit. The probe reserves the blocks
 // (fallocate) where the file system supports that, else checks the size limit (ftruncate).
 void probe_space(const std::string& path, std::int64_t bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw core::internal_error(fmt::format("cannot create: {}", core::errno_text(errno)),
-                               {.file = path});
-  }
+  const int fd = core::create_exclusive(path);
   int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(bytes));
   if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
     rc = ::ftruncate(fd, static_cast<off_t>(bytes));

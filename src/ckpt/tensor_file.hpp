@@ -29,8 +29,10 @@ struct FileAttributes {
   std::vector<std::pair<std::string, std::int64_t>> integers;
 };
 
-// Creates `path` (truncating) with the datasets and root attributes; returns each dataset's
-// byte offset in the file, in the order given. Internal Error naming the file on failure.
+// Creates `path`, which must not exist (it is created exclusively, never through a link: the
+// checkpoint writer makes it in the step's fresh .partial directory), with the datasets and root
+// attributes; returns each dataset's byte offset in the file, in the order given. Error naming
+// the file on failure.
 [[nodiscard]] std::vector<std::int64_t> create_tensor_file(const std::string& path,
                                                            const std::vector<DatasetSpec>& sets,
                                                            const FileAttributes& attributes);

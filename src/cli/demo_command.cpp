@@ -111,8 +111,10 @@ std::string generation_samples(const std::string& checkpoint, const core::Logger
 
 void declare_demo_options(po::options_description& options,
                           po::positional_options_description& /*positional*/) {
-  options.add_options()("workdir", po::value<std::string>()->default_value("llama3-hpc-demo"),
-                        "where the demo writes its data, checkpoints and metrics (replaced)")(
+  options.add_options()(
+      "workdir", po::value<std::string>()->default_value("llama3-hpc-demo"),
+      "where the demo writes its data, checkpoints and metrics (a new directory, or an earlier "
+      "demo's: replaced; any other is refused)")(
       "model", po::value<std::string>()->default_value("tiny")->value_name("PRESET|config.json"),
       "the model to train from random weights")(
       "sft-steps",

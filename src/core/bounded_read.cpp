@@ -31,12 +31,22 @@ LineReader::LineReader(Source source, std::string name, bool numbered, std::size
       limit_(limit),
       buffer_(kChunk) {}
 
+// istream::getline returns at each newline (so a pipe is read line by line as it arrives, as
+// `tail -f | llama3-hpc tokenize` needs) or when the buffer is full, without reading ahead.
 LineReader::LineReader(std::istream& in, std::string name, bool numbered, std::size_t limit)
     : LineReader(
-          [&in, name](char* buffer, std::size_t n) {
-            in.read(buffer, static_cast<std::streamsize>(n));
+          [&in, name](char* buffer, std::size_t n) -> std::size_t {
+            if (in.eof() || n < 2) return 0;
+            in.getline(buffer, static_cast<std::streamsize>(n));
+            const auto got = static_cast<std::size_t>(in.gcount());
             if (in.bad()) throw bad_input("read error", {.file = name});
-            return static_cast<std::size_t>(in.gcount());
+            if (in.eof()) return got;  // the end, after a last line without a newline (or none)
+            if (in.fail()) {           // the buffer is full, the line goes on
+              in.clear();
+              return got;
+            }
+            buffer[got - 1] = '\n';  // the newline was taken out and counted, not stored
+            return got;
           },
           name, numbered, limit) {}
 

@@ -63,16 +63,22 @@ TEST_CASE("a Hugging Face config.json round-trips and is read like transformers"
   CHECK(l3::model::resolve_model("tiny").n_layers == 2);
 }
 
+namespace {
+
+// What reading `config` as "bad/config.json" throws (always a bad_input Error), or "no error".
+std::string message(const json& config) {
+  try {
+    (void)l3::model::from_hf_config(config, "bad/config.json");
+  } catch (const l3::core::Error& e) {
+    CHECK(e.kind() == l3::core::ErrorKind::bad_input);
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
 TEST_CASE("inconsistent configs are rejected with the reason", "[model]") {
-  auto message = [](const json& config) -> std::string {
-    try {
-      (void)l3::model::from_hf_config(config, "bad/config.json");
-    } catch (const l3::core::Error& e) {
-      CHECK(e.kind() == l3::core::ErrorKind::bad_input);
-      return e.what();
-    }
-    return "no error";
-  };
   json good = l3::model::preset("tiny").to_hf_json();
   json c = good;
   c["num_key_value_heads"] = 3;
@@ -102,15 +108,6 @@ TEST_CASE("inconsistent configs are rejected with the reason", "[model]") {
 }
 
 TEST_CASE("config numbers are whole where they count and bounded far beyond any model", "[model]") {
-  auto message = [](const json& config) -> std::string {
-    try {
-      (void)l3::model::from_hf_config(config, "odd/config.json");
-    } catch (const l3::core::Error& e) {
-      CHECK(e.kind() == l3::core::ErrorKind::bad_input);
-      return e.what();
-    }
-    return "no error";
-  };
   const json good = l3::model::preset("tiny").to_hf_json();
   const auto with = [&](const char* key, const json& value) {
     json c = good;

@@ -1,3 +1,5 @@
+#include <hdf5.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -100,6 +102,26 @@ TEST_CASE("corrupt shards are clear errors naming the file and dataset", "[shard
   CHECK(failure_of([&] {
           (void)l3::data::read_sft_shard(dtype);
         }).find("tensor 'tokens': wrong element type") != std::string::npos);
+  // A dataset that declares 2^40 tokens and stores none (HDF5 would fill them in): refused by
+  // its stored size before anything is allocated.
+  const std::string hollow = (dir.path() / "hollow.h5").string();
+  {
+    const auto file = l3::h5::create_file(hollow);
+    l3::h5::write_attribute(file, "format", "llama3-hpc/sft", hollow);
+    l3::h5::write_attribute(file, "version", std::int64_t{1}, hollow);
+    l3::h5::write_attribute(file, "tokenizer_sha256", "x", hollow);
+    l3::h5::write_attribute(file, "vocab_size", std::int64_t{512}, hollow);
+    const hsize_t huge[1] = {hsize_t{1} << 40U};
+    const l3::h5::Handle space(H5Screate_simple(1, huge, nullptr), H5Sclose);
+    const l3::h5::Handle set(H5Dcreate2(file.get(), "tokens", H5T_NATIVE_UINT32, space.get(),
+                                        H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                             H5Dclose);
+    REQUIRE(set.valid());
+  }
+  CHECK(failure_of([&] { (void)l3::data::read_sft_shard(hollow); }) ==
+        hollow +
+            ": tensor 'tokens': declares 1099511627776 elements but stores 0 bytes (a "
+            "damaged file)");
   const std::string future = (dir.path() / "future.h5").string();
   l3::data::write_sft_shard(future, d, {"llama3-hpc/sft", 99, "x", 512});
   CHECK(failure_of([&] {
