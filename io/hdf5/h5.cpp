@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "core/hdf5_lock.hpp"
 
 namespace l3::h5 {
 
@@ -74,10 +75,7 @@ core::Error failure(const std::string& what, const std::string& file,
 
 }  // namespace
 
-std::recursive_mutex& library_lock() {
-  static std::recursive_mutex lock;  // HDF5 itself is process-global state
-  return lock;
-}
+std::recursive_mutex& library_lock() { return core::hdf5_library_lock(); }
 
 void quiet_errors() {
   const std::scoped_lock guard(library_lock());

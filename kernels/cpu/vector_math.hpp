@@ -37,8 +37,10 @@ inline float exp_approx(float x) {
 
 // Hot row loops are compiled for AVX-512 and AVX2 as well as the baseline, and the best one the
 // CPU supports is picked at load time (GCC/Clang function multiversioning), so that a portable
-// build still runs them with wide vectors.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// build still runs them with wide vectors. Not under ThreadSanitizer: the clones' resolvers
+// run while the program is being loaded, before the sanitizer's runtime, and crash it.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__SANITIZE_THREAD__)
 #define L3_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define L3_VECTOR_CLONES

@@ -91,6 +91,16 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
     m.tensors = j.value("tensors", json::array());
     if (!m.tensors.is_array())
       throw core::bad_input("malformed manifest: \"tensors\" is not a list", {.file = origin});
+    // Counts that no run could have written are a damaged or foreign manifest, not a position
+    // to resume from.
+    if (m.step < 0 || m.world_size < 1 || m.data_epoch < 0 || m.data_step < 0 || m.adamw_step < 0 ||
+        m.adamw_step > m.step || m.skipped_steps < 0) {
+      throw core::bad_input(
+          fmt::format("malformed manifest: step {}, world_size {}, data_position {}/{}, "
+                      "adamw_step {} cannot describe a run",
+                      m.step, m.world_size, m.data_epoch, m.data_step, m.adamw_step),
+          {.file = origin});
+    }
     return m;
   } catch (const json::exception& e) {
     throw core::bad_input(fmt::format("malformed manifest: {}", e.what()), {.file = origin});

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/hdf5_lock.hpp"
 #include "l3_build_config.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -54,7 +55,11 @@ std::vector<LibraryVersion> library_versions() {
   unsigned h5_major = 0;
   unsigned h5_minor = 0;
   unsigned h5_release = 0;
-  H5get_libversion(&h5_major, &h5_minor, &h5_release);
+  {
+    // Asked while other threads read shards or write checkpoints (each manifest records it).
+    const std::scoped_lock guard(hdf5_library_lock());
+    H5get_libversion(&h5_major, &h5_minor, &h5_release);
+  }
 #ifdef H5_HAVE_PARALLEL
   constexpr const char* kH5Kind = "parallel";
 #else

@@ -28,7 +28,10 @@ echo precious >"$work/victim"
 victim_intact() { [[ "$(cat "$work/victim")" == precious ]]; }
 
 # An unprivileged run, for permission checks: as root (CI), the same command as user nobody
-# (root ignores permissions); otherwise the command itself.
+# (root ignores permissions); otherwise the command itself. Nobody runs a copy of the program
+# in the scratch directory: the build may be where only root may read (/root/...).
+ubin="$work/llama3-hpc"
+cp "$bin" "$ubin" && chmod 755 "$ubin"
 unprivileged() {
   if [[ $(id -u) -eq 0 ]]; then
     setpriv --reuid=65534 --regid=65534 --clear-groups "$@"
@@ -99,7 +102,7 @@ expect "names the file" contains "$err" "thesis.tex"
 expect "the file is intact" [ "$(cat "$work/demo-home/thesis.tex")" = keep ]
 # Staging directories left by killed runs (SIGTERM, SIGKILL) of this host are removed by the next
 # run; those of a live process, another host, or a link are not.
-host=$(hostname)
+host=$(uname -n)
 mkdir -p "$work/ds2.partial-$host-99999999-0/train" "$work/ds2.partial-99999999-7" \
   "$work/ds2.partial-$host-$$-0" "$work/ds2.partial-elsewhere.example-99999999-0"
 ln -s "$work/OUT" "$work/ds2.partial-$host-99999998-0"
@@ -119,10 +122,10 @@ run "the next prep" 0 "$bin" prep sft --input "$work/train.jsonl" --tokenizer by
 expect "removed it" [ -z "$(compgen -G "$work/ds3.partial-*")" ]
 mkdir -p "$work/readonly" && chmod 555 "$work/readonly"
 run "export into a directory that cannot be written" 2 \
-  unprivileged "$bin" export --ckpt "$work/ck" --output "$work/readonly/model"
+  unprivileged "$ubin" export --ckpt "$work/ck" --output "$work/readonly/model"
 expect "names the directory" contains "$err" "$work/readonly"
 run "prep into a directory that cannot be written" 2 \
-  unprivileged "$bin" prep sft --input "$work/train.jsonl" --tokenizer bytes --output "$work/readonly/ds"
+  unprivileged "$ubin" prep sft --input "$work/train.jsonl" --tokenizer bytes --output "$work/readonly/ds"
 
 # --- links: never written through ------------------------------------------------------------
 mkdir -p "$work/ck-links"
@@ -155,6 +158,13 @@ expect "the run's checkpoints go on" [ "$(cat "$work/ck-links/latest")" = step-0
 mkdir -p "$work/ck-copy" && cp -r "$work/ck/step-00000002" "$work/ck-copy/step-00000007"
 run "ckpt verify of a copy under another step's name" 2 "$bin" ckpt verify "$work/ck-copy"
 expect "names the mismatch" contains "$out" "named for step 7, its manifest is of step 2"
+mkdir -p "$work/ck-negative" && cp -r "$work/ck/step-00000002" "$work/ck-negative/copy"
+python3 - "$work/ck-negative/copy/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); m["step"] = -5; json.dump(m, open(sys.argv[1], "w"))
+PY
+run "a manifest with a negative step" 2 "$bin" ckpt verify "$work/ck-negative/copy"
+expect "is damaged" contains "$out" "cannot describe a run"
 cp -r "$work/ck/step-00000002" "$work/ck-renamed" && mv "$work/ck-renamed" "$work/step-00000005"
 run "--init from a step directory under another step's name" 2 "$bin" "${sft[@]}" --steps 1 --init "$work/step-00000005"
 expect "names the mismatch" contains "$err" "named for step 5, its manifest is of step 2"
@@ -179,10 +189,10 @@ for ckpt_dir in "$work/victim/ck" "$work/victim"; do
   expect "no step ran" [ ! -e "$work/never.jsonl" ]
 done
 run "an unwritable --ckpt-dir on 2 ranks" 2 unprivileged timeout 60 "$mpiexec" -n 2 \
-  "$bin" "${sft[@]}" --steps 1000000 --ckpt-dir "$work/readonly/ck"
+  "$ubin" "${sft[@]}" --steps 1000000 --ckpt-dir "$work/readonly/ck"
 expect "one error line" [ "$(error_lines "$err")" = 1 ]
 expect "names it" contains "$err" "$work/readonly/ck: --ckpt-dir: cannot create the directory"
-run "an unwritable --metrics" 2 unprivileged timeout 30 "$bin" "${sft[@]}" --steps 1000000 \
+run "an unwritable --metrics" 2 unprivileged timeout 30 "$ubin" "${sft[@]}" --steps 1000000 \
   --metrics "$work/readonly/m.jsonl"
 
 # --- sizes: nothing hangs or fills the memory ----------------------------------------------------
@@ -264,7 +274,7 @@ expect "names the file and field" contains "$err" "$work/half.json: \"hidden_siz
 
 # --- messages: malformed files named, exit 2 ------------------------------------------------------
 cp -r "$work/ck-links" "$work/ck-prune2" && chmod 555 "$work/ck-prune2"
-run "ckpt prune of a read-only directory" 2 unprivileged "$bin" ckpt prune "$work/ck-prune2" --keep-last 2
+run "ckpt prune of a read-only directory" 2 unprivileged "$ubin" ckpt prune "$work/ck-prune2" --keep-last 2
 expect "names what was not removed" contains "$err" "not removed: step-0000000"
 run "ckpt prune of a missing directory" 2 "$bin" ckpt prune "$work/none"
 mkdir -p "$work/hf-array" && cp "$work/hf/model.safetensors" "$work/hf-array/" && echo '[]' >"$work/hf-array/config.json"
@@ -281,7 +291,7 @@ rm "$work/hf-sharded/model-00002-of-00004.safetensors"
 run "a safetensors index whose shard is missing" 2 "$bin" eval --init "$work/hf-sharded" --data "$work/ds"
 expect "names the missing shard" contains "$err" "names model-00002-of-00004.safetensors, which is missing"
 mkdir -p "$work/secret" && cp "$work/train.jsonl" "$work/secret/" && chmod 700 "$work/secret"
-run "an input in an unreadable directory" 2 unprivileged "$bin" prep sft --input "$work/secret/*.jsonl" --tokenizer bytes --output "$work/never"
+run "an input in an unreadable directory" 2 unprivileged "$ubin" prep sft --input "$work/secret/*.jsonl" --tokenizer bytes --output "$work/never"
 expect "says it cannot be read" contains "$err" "cannot read the directory it is in"
 
 expect "no planted link was ever followed" victim_intact
