@@ -167,7 +167,7 @@ l3::train::TrainConfig train_config(const std::string& dir, const l3::dist::Worl
   l3::train::TrainConfig c;
   c.model = dir + "/config.json";
   c.data = dir + "/data";
-  c.backend = "cpu";
+  c.backend = l3::kernels::Backend::cpu;
   c.seq_len = 128;
   c.global_batch = std::int64_t{2} * world.size();
   c.micro_batch = 2;
@@ -195,7 +195,7 @@ RunFigures timed_run(const l3::dist::World& world, const l3::core::Logger& log,
     c.ckpt_dir = root;
     c.checkpoint_every = every;
     c.checkpoint_sync = mode == Checkpoints::sync;
-    c.resume = "none";
+    c.resume = {.mode = l3::ckpt::ResumeMode::none, .path = {}};
   }
   std::vector<double> step_seconds;
   std::optional<l3::train::Trainer> trainer(std::in_place, world, log, c);
@@ -232,7 +232,7 @@ RestartFigures measure_restart(const l3::dist::World& world, const l3::core::Log
   l3::train::TrainConfig c = train_config(dir, world, steps + 4);
   f.fresh_seconds = timed_together(world, [&] { l3::train::Trainer trainer(world, log, c); });
   c.ckpt_dir = fmt::format("{}/run-{}", dir, static_cast<int>(Checkpoints::sync));
-  c.resume = "auto";
+  c.resume = {.mode = l3::ckpt::ResumeMode::automatic, .path = {}};
   c.verify_resume = true;
   f.resume_seconds = timed_together(world, [&] {
     const l3::train::Trainer trainer(world, log, c);

@@ -21,8 +21,8 @@
 #include "core/timer.hpp"
 #include "dist/mpi_runtime.hpp"
 #include "dist/world.hpp"
-#include "io/hdf5/data_loader.hpp"
-#include "io/hdf5/shard_format.hpp"
+#include "io/data/data_loader.hpp"
+#include "io/data/shard_format.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

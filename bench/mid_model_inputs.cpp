@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/rng.hpp"
-#include "io/hdf5/shard_format.hpp"
+#include "io/data/shard_format.hpp"
 
 namespace l3::bench {
 

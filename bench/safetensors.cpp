@@ -90,7 +90,7 @@ int main(int argc, char** argv) try {
                                           l3::model::HeadKind::language_model);
   std::vector<float> flat(static_cast<std::size_t>(layout.total()));
   for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = std::sin(static_cast<float>(i)) * 0.02F;
-  std::vector<l3::io::TensorToWrite> tensors;
+  std::vector<l3::safetensors::TensorToWrite> tensors;
   for (const l3::model::TensorInfo& t : layout.tensors()) {
     tensors.push_back({t.name, t.shape,
                        std::span<const float>(flat).subspan(static_cast<std::size_t>(t.offset),
@@ -98,7 +98,8 @@ int main(int argc, char** argv) try {
   }
   nlohmann::json results = nlohmann::json::array();
   std::vector<float> back(flat.size());
-  for (const auto dtype : {l3::io::SafetensorsDType::f32, l3::io::SafetensorsDType::bf16}) {
+  for (const auto dtype :
+       {l3::safetensors::SafetensorsDType::f32, l3::safetensors::SafetensorsDType::bf16}) {
     const std::string path = dir + "/model.safetensors";
     const std::string raw_path = dir + "/raw.bin";
     std::vector<double> write_s;
@@ -111,12 +112,12 @@ int main(int argc, char** argv) try {
     for (int r = 0; r < repeats; ++r) {
       // The very bytes of the file (storage may compress or deduplicate simple patterns), and
       // alternated order: neither write always follows the other's dirty pages.
-      if (r == 0) l3::io::write_safetensors(path, tensors, dtype, {});
+      if (r == 0) l3::safetensors::write_safetensors(path, tensors, dtype, {});
       std::vector<char> same(fs::file_size(path));
       (void)raw_read(path, same);
       if (r % 2 == 1) raw_write_s.push_back(raw_write(raw_path, same));
       Stopwatch start;
-      l3::io::write_safetensors(path, tensors, dtype, {});
+      l3::safetensors::write_safetensors(path, tensors, dtype, {});
       write_s.push_back(start.seconds());
       bytes = static_cast<double>(fs::file_size(path));
       if (r % 2 == 0) raw_write_s.push_back(raw_write(raw_path, same));
@@ -127,7 +128,7 @@ int main(int argc, char** argv) try {
         }
         start.reset();
         {
-          const l3::io::SafetensorsFile file(path);
+          const l3::safetensors::SafetensorsFile file(path);
           for (const l3::model::TensorInfo& t : layout.tensors()) {
             file.read(t.name, std::span<float>(back).subspan(static_cast<std::size_t>(t.offset),
                                                              static_cast<std::size_t>(t.numel)));
@@ -137,7 +138,7 @@ int main(int argc, char** argv) try {
         (cold ? raw_read_cold : raw_read_warm).push_back(raw_read(raw_path, same));
       }
     }
-    const char* name = l3::io::dtype_name(dtype);
+    const char* name = l3::safetensors::dtype_name(dtype);
     const double w = median(write_s);
     const double rw = median(raw_write_s);
     const double rdw = median(read_warm);

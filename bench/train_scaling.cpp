@@ -23,7 +23,7 @@
 #include <thread>
 
 #include "core/build_info.hpp"
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 #include "dist/mpi_runtime.hpp"
 #include "dist/world.hpp"
 #include "mid_model_inputs.hpp"
@@ -55,7 +55,7 @@ Figures run(const l3::dist::World& world, const std::string& dir, std::int64_t s
   l3::train::TrainConfig c;
   c.model = dir + "/config.json";
   c.data = dir + "/data";
-  c.backend = "cpu";
+  c.backend = l3::kernels::Backend::cpu;
   c.seq_len = kSeqLen;
   c.global_batch = kGlobalBatch;
   c.micro_batch = kGlobalBatch / world.size() / 2;  // two micro-batches per rank and step

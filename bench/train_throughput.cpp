@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/build_info.hpp"
+#include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
 #include "model/model_config.hpp"
 
@@ -329,7 +330,8 @@ int main(int argc, char** argv) {
       }
     }
     if (fixed_rows < 0) throw std::invalid_argument("--micro-batch: expected a positive number");
-    if (datasheet < 0) datasheet = l3::kernels::default_peak_tflops(backend, 0);
+    if (datasheet < 0)
+      datasheet = l3::kernels::default_peak_tflops(l3::kernels::parse_backend(backend), 0);
     const std::vector<Case> all = {
         {"1b-sft", "llama3.2-1b", 0, "sft", 2048}, {"1b-reward", "llama3.2-1b", 0, "reward", 2048},
         {"8b-sft", "llama3-8b", -1, "sft", 2048},  {"8b-reward", "llama3-8b", -1, "reward", 2048},

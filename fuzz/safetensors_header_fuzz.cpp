@@ -16,8 +16,9 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::byte> file(reinterpret_cast<const std::byte*>(data), size);
   try {
-    const l3::io::SafetensorsHeader header = l3::io::parse_safetensors_header(file, size, "fuzz");
-    for (const l3::io::SafetensorsTensor& t : header.tensors) {
+    const l3::safetensors::SafetensorsHeader header =
+        l3::safetensors::parse_safetensors_header(file, size, "fuzz");
+    for (const l3::safetensors::SafetensorsTensor& t : header.tensors) {
       // What a reader relies on: every byte range inside the file.
       if (t.begin > t.end || header.data_start + t.end > size) std::abort();
     }

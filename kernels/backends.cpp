@@ -20,7 +20,7 @@ namespace {
 BackendReport cpu_backend() {
   const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
   const char* threading = parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential";
-  return {"cpu", true, true,
+  return {Backend::cpu, "cpu", true, true,
           fmt::format("fp32, {} OpenMP threads, OpenBLAS {} {} threads ({})", omp_get_max_threads(),
                       openblas_get_num_threads(), threading, openblas_get_corename())};
 }
@@ -35,7 +35,7 @@ BackendReport cuda_backend() {
                            static_cast<double>(d.memory_bytes) / (1ULL << 30U), d.sm_count);
   }
   if (devices.empty()) devices = "none (" + info.no_device_reason + ")";
-  return {"cuda", true, !info.devices.empty(),
+  return {Backend::cuda, "cuda", true, !info.devices.empty(),
           fmt::format("bf16, compiled for sm {}; CUDA runtime {}, driver {}; cuBLASLt {}, "
                       "cuDNN {}, NCCL {}; devices: {}",
                       core::build_info().cuda_archs, cuda::version_string(info.runtime_version),
@@ -45,7 +45,8 @@ BackendReport cuda_backend() {
                       cuda::library_version_string(info.cudnn_version),
                       cuda::library_version_string(info.nccl_version), devices)};
 #else
-  return {"cuda", false, false, "not compiled in (configure with -DL3_CUDA=ON and a CUDA toolkit)"};
+  return {Backend::cuda, "cuda", false, false,
+          "not compiled in (configure with -DL3_CUDA=ON and a CUDA toolkit)"};
 #endif
 }
 
@@ -61,9 +62,9 @@ int visible_cuda_devices() noexcept {
 #endif
 }
 
-double default_peak_tflops(std::string_view backend_name, int local_rank) {
+double default_peak_tflops(Backend backend, int local_rank) {
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
-  if (backend_name != "cuda") return 0.0;
+  if (backend != Backend::cuda) return 0.0;
   const cuda::RuntimeInfo info = cuda::query_runtime();
   if (info.devices.empty()) return 0.0;
   const std::string& name =
@@ -77,28 +78,20 @@ double default_peak_tflops(std::string_view backend_name, int local_rank) {
   if (name.find("L40S") != std::string::npos) return 362.0;
   return 0.0;
 #else
-  (void)backend_name;
+  (void)backend;
   (void)local_rank;
   return 0.0;
 #endif
 }
 
-std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank,
-                              const BackendOptions& options) {
-  if (options.attention != "fallback" && options.attention != "cudnn") {
-    throw core::usage_error(
-        fmt::format("unknown --attention '{}' (use fallback or cudnn)", options.attention));
-  }
+std::unique_ptr<Ops> make_ops(Backend backend, int local_rank, const BackendOptions& options) {
   const int device = options.device;
   const int devices = visible_cuda_devices();
-  if (backend == "cpu" || (backend == "auto" && devices == 0)) {
-    if (options.attention == "cudnn") {
+  if (backend == Backend::cpu || (backend == Backend::automatic && devices == 0)) {
+    if (options.attention == Attention::cudnn) {
       throw core::usage_error("--attention cudnn needs the CUDA backend (--backend cuda)");
     }
     return std::make_unique<CpuOps>();
-  }
-  if (backend != "cuda" && backend != "auto") {
-    throw core::usage_error(fmt::format("unknown backend '{}' (use auto, cpu or cuda)", backend));
   }
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
   if (devices == 0) {
@@ -111,7 +104,7 @@ std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank,
   }
   return std::make_unique<cuda::CudaOps>(
       cuda::CudaOptions{.device = device >= 0 ? device : local_rank % devices,
-                        .cudnn_attention = options.attention == "cudnn",
+                        .cudnn_attention = options.attention == Attention::cudnn,
                         .deterministic = options.deterministic});
 #else
   (void)local_rank;

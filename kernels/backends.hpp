@@ -11,6 +11,7 @@
 namespace l3::kernels {
 
 struct BackendReport {
+  Backend backend = Backend::cpu;
   std::string name;  // "cpu", "cuda"
   bool compiled = false;
   bool usable = false;  // compiled and (for cuda) at least one device visible
@@ -24,22 +25,24 @@ struct BackendReport {
 // driver/device is present.
 [[nodiscard]] int visible_cuda_devices() noexcept;
 
-// The backend a run computes on: "cpu", "cuda", or "auto" (cuda when compiled in and a device
-// is visible, else cpu). CUDA ranks of a node take devices round-robin by `local_rank`.
-// usage Error for an unknown name or a backend that is not usable here.
 // Dense bf16 tensor-core peak (TFLOP/s) of the CUDA device `local_rank` would use, for MFU:
 // known data-centre GPUs by name; 0 when unknown or on the CPU backend.
-[[nodiscard]] double default_peak_tflops(std::string_view backend_name, int local_rank);
+[[nodiscard]] double default_peak_tflops(Backend backend, int local_rank);
+
+// CUDA attention: the fallback (cuBLAS GEMMs + softmax kernels) or cuDNN's fused flash
+// attention where it supports the shape (the fallback elsewhere).
+enum class Attention : std::uint8_t { fallback, cudnn };
 
 struct BackendOptions {
   int device = -1;  // CUDA device; -1: local_rank modulo the visible devices
-  // CUDA attention: "fallback" (cuBLAS GEMMs + softmax kernels) or "cudnn" (cuDNN's fused
-  // flash attention where it supports the shape, the fallback elsewhere).
-  std::string attention = "fallback";
+  Attention attention = Attention::fallback;
   bool deterministic = false;  // kernels that give the same bits run after run
 };
-// usage Error for a device that is not visible or an unknown attention.
-[[nodiscard]] std::unique_ptr<Ops> make_ops(std::string_view backend, int local_rank,
+// The backend a run computes on (Backend::automatic: cuda when compiled in and a device is
+// visible, else cpu). CUDA ranks of a node take devices round-robin by `local_rank`.
+// usage Error for a backend that is not usable here, a device that is not visible, or cuDNN
+// attention on the CPU.
+[[nodiscard]] std::unique_ptr<Ops> make_ops(Backend backend, int local_rank,
                                             const BackendOptions& options = {});
 
 }  // namespace l3::kernels

@@ -54,6 +54,10 @@ struct AdamWParams {
   std::int64_t step = 1;      // 1-based, for bias correction
 };
 
+// Where a run computes: the CPU reference (fp32, host memory) or CUDA (bf16, device memory);
+// `automatic` (a choice, never an Ops' own) is CUDA when compiled in and a device is visible.
+enum class Backend : std::uint8_t { automatic, cpu, cuda };
+
 class Ops {
  public:
   Ops() = default;
@@ -64,6 +68,7 @@ class Ops {
   Ops& operator=(Ops&&) = delete;
 
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  [[nodiscard]] virtual Backend backend() const noexcept = 0;
   // What the backend did that a run's log should say (e.g. which attention ran how often);
   // empty when nothing.
   [[nodiscard]] virtual std::string report() const { return {}; }

@@ -47,6 +47,7 @@ class ProfilingOps final : public Ops {
   void clear() { times_.clear(); }
 
   [[nodiscard]] std::string_view name() const noexcept override { return inner_.name(); }
+  [[nodiscard]] Backend backend() const noexcept override { return inner_.backend(); }
   [[nodiscard]] DType compute_dtype() const noexcept override { return inner_.compute_dtype(); }
   [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override {
     return timed("allocate", [&] { return inner_.allocate(dtype, numel); });

@@ -223,6 +223,9 @@ struct MemoryPlan {
   };
   std::string backend;  // "cuda (bf16)" or "cpu (fp32)": what the plan assumes
   int ranks = 1;
+  // What else it assumes, in words: the phase, ranks, backend, micro-batch, sequence length,
+  // recompute and ZeRO stage ("sft on 8 ranks, cuda (bf16), micro-batch 1 x 8192 tokens, ...").
+  std::string summary;
   std::vector<Line> lines;
   std::int64_t total_bytes = 0;
 };

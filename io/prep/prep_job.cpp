@@ -13,9 +13,8 @@
 #include "core/path_safety.hpp"
 #include "core/rng.hpp"
 #include "core/timer.hpp"
-#include "dist/agree.hpp"
-#include "dist/gather_strings.hpp"
-#include "io/hdf5/shard_format.hpp"
+#include "dist/collectives.hpp"
+#include "io/data/shard_format.hpp"
 #include "io/prep/input_split.hpp"
 #include "io/tokenizer/tokenizer.hpp"
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace l3::io {
+namespace l3::safetensors {
 
 [[nodiscard]] inline float bf16_to_float(std::uint16_t bits) noexcept {
   return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16U);
@@ -33,4 +33,4 @@ namespace l3::io {
   return std::bit_cast<float>(sign | ((exponent + 112U) << 23U) | (mantissa << 13U));
 }
 
-}  // namespace l3::io
+}  // namespace l3::safetensors

@@ -16,7 +16,7 @@
 #include "core/error.hpp"
 #include "io/safetensors/float_formats.hpp"
 
-namespace l3::io {
+namespace l3::safetensors {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -176,4 +176,4 @@ std::vector<std::string> SafetensorsModel::names() const {
   return names;
 }
 
-}  // namespace l3::io
+}  // namespace l3::safetensors

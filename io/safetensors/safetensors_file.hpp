@@ -12,7 +12,7 @@
 
 #include "io/safetensors/safetensors_header.hpp"
 
-namespace l3::io {
+namespace l3::safetensors {
 
 class SafetensorsFile {
  public:
@@ -62,4 +62,4 @@ class SafetensorsModel {
 // Whether `directory` holds a model.safetensors or a model.safetensors.index.json.
 [[nodiscard]] bool has_safetensors_model(const std::string& directory);
 
-}  // namespace l3::io
+}  // namespace l3::safetensors

@@ -9,7 +9,7 @@
 
 #include "core/error.hpp"
 
-namespace l3::io {
+namespace l3::safetensors {
 
 using nlohmann::json;
 
@@ -221,4 +221,4 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> prefix,
   return result;
 }
 
-}  // namespace l3::io
+}  // namespace l3::safetensors

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace l3::io {
+namespace l3::safetensors {
 
 enum class SafetensorsDType { bf16, f16, f32 };
 
@@ -46,4 +46,4 @@ inline constexpr std::uint64_t kMaxSafetensorsHeader = 100'000'000;
                                                          std::uint64_t file_size,
                                                          const std::string& origin);
 
-}  // namespace l3::io
+}  // namespace l3::safetensors

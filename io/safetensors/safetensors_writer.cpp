@@ -14,7 +14,7 @@
 #include "core/error.hpp"
 #include "io/safetensors/float_formats.hpp"
 
-namespace l3::io {
+namespace l3::safetensors {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -122,4 +122,4 @@ std::vector<std::string> write_safetensors_model(
   return written;
 }
 
-}  // namespace l3::io
+}  // namespace l3::safetensors

@@ -12,7 +12,7 @@
 
 #include "io/safetensors/safetensors_header.hpp"
 
-namespace l3::io {
+namespace l3::safetensors {
 
 struct TensorToWrite {
   std::string name;
@@ -32,4 +32,4 @@ std::vector<std::string> write_safetensors_model(
     const std::string& directory, const std::vector<TensorToWrite>& tensors, SafetensorsDType dtype,
     std::uint64_t shard_bytes, const std::map<std::string, std::string>& metadata);
 
-}  // namespace l3::io
+}  // namespace l3::safetensors

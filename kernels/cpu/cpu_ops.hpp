@@ -11,6 +11,7 @@ namespace l3::kernels {
 class CpuOps final : public Ops {
  public:
   [[nodiscard]] std::string_view name() const noexcept override { return "cpu"; }
+  [[nodiscard]] Backend backend() const noexcept override { return Backend::cpu; }
   [[nodiscard]] DType compute_dtype() const noexcept override { return DType::f32; }
 
   [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override;

@@ -60,6 +60,9 @@ class CudaOps final : public kernels::Ops {
   CudaOps& operator=(CudaOps&&) = delete;
 
   [[nodiscard]] std::string_view name() const noexcept override { return "cuda"; }
+  [[nodiscard]] kernels::Backend backend() const noexcept override {
+    return kernels::Backend::cuda;
+  }
   [[nodiscard]] kernels::DType compute_dtype() const noexcept override {
     return kernels::DType::bf16;
   }

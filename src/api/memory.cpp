@@ -19,15 +19,23 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
     if (ranks < 1) throw core::usage_error(fmt::format("cannot plan for {} ranks", ranks));
     const train::TrainConfig& t = config.parsed_->train;
     const train::ModelSource source = train::resolve_model_source(t.model, t.init);
-    bool cuda = t.backend == "cuda";
-    if (t.backend == "auto") {
+    bool cuda = t.backend == kernels::Backend::cuda;
+    if (t.backend == kernels::Backend::automatic) {
       for (const kernels::BackendReport& b : kernels::describe_backends())
-        if (b.name == "cuda") cuda = b.compiled;
+        if (b.backend == kernels::Backend::cuda) cuda = b.compiled;
     }
     const model::MemoryPlanInput in = train::memory_plan_input(t, source.config, cuda, ranks);
     const model::MemoryPlan plan = model::plan_training_memory(in);
     out.backend = cuda ? "cuda (bf16)" : "cpu (fp32)";
     out.ranks = ranks;
+    out.summary = fmt::format(
+        "{} on {} rank{}, {}, micro-batch {} x {} tokens, recompute {}, ZeRO-{}",
+        train::phase_name(t.phase), ranks, ranks == 1 ? "" : "s", out.backend,
+        t.phase == Phase::sft
+            ? fmt::format("{}", t.micro_batch)
+            : fmt::format("{} pairs = at most {} rows", t.micro_batch, 2 * t.micro_batch),
+        t.seq_len, t.recompute ? "on" : "off",
+        !t.shard_optimizer ? "0 (no sharding)" : (t.shard_gradients ? "2" : "1"));
     for (const model::MemoryLine& line : plan.lines) out.lines.push_back({line.what, line.bytes});
     out.total_bytes = plan.total();
   });

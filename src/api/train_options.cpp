@@ -5,6 +5,7 @@
 #include "core/deadline.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
+#include "kernels/backend_options.hpp"
 
 namespace l3::api {
 
@@ -84,7 +85,10 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "seed of the initial weights and the data order")(
       "recompute", po::bool_switch(),
       "recompute each block's activations in the backward pass (less memory, ~1/3 more compute)")(
-      "backend", po::value<std::string>()->default_value(d.backend)->value_name("auto|cpu|cuda"),
+      "backend",
+      po::value<std::string>()
+          ->default_value(std::string(kernels::backend_name(d.backend)))
+          ->value_name("auto|cpu|cuda"),
       "compute backend")(
       "eval-every",
       core::number<std::int64_t>(core::between(0, kMaxSteps))->default_value(0)->value_name("N"),
@@ -120,7 +124,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "reduced gradients per rank (each micro-batch is then reduced across ranks, and several "
       "micro-batches per step add up in fp32)")(
       "grad-accum-dtype",
-      po::value<std::string>()->default_value(d.grad_accum_dtype)->value_name("auto|fp32|bf16"),
+      po::value<std::string>()
+          ->default_value(std::string(train::grad_accum_dtype_name(d.grad_accum_dtype)))
+          ->value_name("auto|fp32|bf16"),
       "CUDA backend: the dtype gradients add up in across a step's micro-batches and lm_head "
       "blocks (ZeRO-0/1: the whole gradient buffer; ZeRO-2: the reduced 1/N). auto: fp32 when a "
       "step has several micro-batches per rank, else bf16; fp32 costs 2 more bytes per parameter "
@@ -133,7 +139,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "no-overlap-reduction", po::bool_switch(),
       "reduce gradients after the backward pass instead of during it")(
       "grad-exchange",
-      po::value<std::string>()->default_value(d.grad_exchange)->value_name("auto|mpi|nccl"),
+      po::value<std::string>()
+          ->default_value(std::string(train::exchange_choice_name(d.grad_exchange)))
+          ->value_name("auto|mpi|nccl"),
       "how ranks exchange gradients and weights: nccl (GPU buffers, one rank per GPU), mpi "
       "(host memory; from GPUs through host buffers), auto (nccl on the CUDA backend when "
       "every rank has a GPU of its own)")(
@@ -141,7 +149,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "bit-identical results run after run and across restarts: on the GPU, gradients are "
       "summed on the host in rank order (MPI) unless --grad-exchange nccl is given")(
       "attention",
-      po::value<std::string>()->default_value(d.attention)->value_name("fallback|cudnn"),
+      po::value<std::string>()
+          ->default_value(std::string(kernels::attention_name(d.attention)))
+          ->value_name("fallback|cudnn"),
       "CUDA attention: fallback (cuBLAS GEMMs and softmax kernels, exact) or cudnn (cuDNN's fused "
       "flash attention where it supports the shape, the fallback elsewhere; with "
       "--deterministic its deterministic backward)")(
@@ -218,7 +228,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.init = optional_string(o, "init");
   c.data = optional_string(o, "data");
   c.val_data = optional_string(o, "val-data");
-  c.backend = get<std::string>(o, "backend");
+  c.backend = kernels::parse_backend(get<std::string>(o, "backend"));
   c.seq_len = get<std::int64_t>(o, "seq-len");
   c.global_batch = o.count("global-batch") != 0 ? get<std::int64_t>(o, "global-batch") : 0;
   c.micro_batch = get<std::int64_t>(o, "micro-batch");
@@ -244,17 +254,17 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.peak_tflops = get<double>(o, "peak-tflops");
   c.shard_optimizer = !get<bool>(o, "no-shard-optimizer");
   c.shard_gradients = get<bool>(o, "shard-gradients");
-  c.grad_accum_dtype = get<std::string>(o, "grad-accum-dtype");
+  c.grad_accum_dtype = train::parse_grad_accum_dtype(get<std::string>(o, "grad-accum-dtype"));
   c.bucket_mb = get<double>(o, "bucket-mb");
   c.overlap_reduction = !get<bool>(o, "no-overlap-reduction");
-  c.grad_exchange = get<std::string>(o, "grad-exchange");
+  c.grad_exchange = train::parse_exchange_choice(get<std::string>(o, "grad-exchange"));
   c.device = get<int>(o, "device");
-  c.attention = get<std::string>(o, "attention");
+  c.attention = kernels::parse_attention(get<std::string>(o, "attention"));
   c.deterministic = get<bool>(o, "deterministic");
   c.prefetch_depth = get<int>(o, "prefetch-depth");
   c.ignore_tokenizer_mismatch = get<bool>(o, "ignore-tokenizer-mismatch");
   c.progress = !get<bool>(o, "no-progress");
-  c.resume = get<std::string>(o, "resume");
+  c.resume = train::parse_resume_choice(get<std::string>(o, "resume"));
   const auto verify = get<std::string>(o, "resume-verify");
   if (verify != "full" && verify != "quick")
     throw core::usage_error("--resume-verify must be full or quick");

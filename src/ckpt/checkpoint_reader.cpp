@@ -219,7 +219,7 @@ void check_loaded_model(const Manifest& manifest, const std::string& step_dir,
 }
 
 RankState read_rank_state(const std::string& step_dir, const model::ParameterLayout& layout,
-                          std::vector<FlatRange> ranges) {
+                          std::vector<model::FlatRange> ranges) {
   RankState state;
   state.allocate(std::move(ranges));
   TensorFileReader model_file((fs::path(step_dir) / kModelFile).string());

@@ -53,6 +53,6 @@ void check_loaded_model(const Manifest& manifest, const std::string& step_dir,
 // and tensor.
 [[nodiscard]] RankState read_rank_state(const std::string& step_dir,
                                         const model::ParameterLayout& layout,
-                                        std::vector<FlatRange> ranges);
+                                        std::vector<model::FlatRange> ranges);
 
 }  // namespace l3::ckpt

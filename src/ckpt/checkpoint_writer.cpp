@@ -18,9 +18,8 @@
 #include "core/fault_injection.hpp"
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
-#include "dist/gather_strings.hpp"
-#include "dist/quiet_barrier.hpp"
-#include "dist/unique_comm.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
 
 namespace l3::ckpt {
 

@@ -119,7 +119,7 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
   std::vector<float> flat(static_cast<std::size_t>(layout.total()), 0.0F);
   read_model_file((fs::path(step_dir) / kModelFile).string(), layout, flat);
   check_loaded_model(manifest, step_dir, layout, flat, {});
-  std::vector<io::TensorToWrite> tensors;
+  std::vector<safetensors::TensorToWrite> tensors;
   for (const model::TensorInfo& t : layout.tensors()) {
     tensors.push_back({t.name, t.shape,
                        std::span<const float>(flat).subspan(static_cast<std::size_t>(t.offset),
@@ -129,11 +129,11 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
   const bool reward = manifest.head == model::HeadKind::reward;
   HfExportReport report;
   report.architecture = reward ? "LlamaForSequenceClassification" : "LlamaForCausalLM";
-  report.files = io::write_safetensors_model(
+  report.files = safetensors::write_safetensors_model(
       partial.string(), tensors,
-      options.bf16 ? io::SafetensorsDType::bf16 : io::SafetensorsDType::f32, options.shard_bytes,
-      {{"format", "pt"}});
-  for (const io::TensorToWrite& t : tensors)
+      options.bf16 ? safetensors::SafetensorsDType::bf16 : safetensors::SafetensorsDType::f32,
+      options.shard_bytes, {{"format", "pt"}});
+  for (const safetensors::TensorToWrite& t : tensors)
     report.tensor_bytes += t.values.size() * (options.bf16 ? 2 : 4);
 
   json config = manifest.model.to_hf_json();

@@ -2,16 +2,68 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
 #include "ckpt/checkpoint_paths.hpp"
 #include "core/bounded_read.hpp"
+#include "core/build_info.hpp"
 #include "core/error.hpp"
 
 namespace l3::ckpt {
 
 using nlohmann::json;
+
+namespace {
+
+std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+}  // namespace
+
+Manifest describe_checkpoint(const RunFacts& run) {
+  Manifest m;
+  m.step = run.step;
+  m.phase = run.phase;
+  m.head = run.head;
+  m.model = run.model;
+  m.world_size = run.world_size;
+  m.data_epoch = run.data_epoch;
+  m.data_step = run.data_step;
+  m.finished = run.finished;
+  m.tokenizer_sha256 = run.tokenizer_sha256;
+  m.tokenizer = run.tokenizer;
+  m.config = run.config;
+  const core::BuildInfo build = core::build_info();
+  m.program_version = build.version;
+  m.git_commit = build.git_commit;
+  for (const core::LibraryVersion& library : core::library_versions())
+    m.libraries[library.name] = library.version;
+  m.created_utc = utc_now();
+  m.adamw_step = run.adamw_step;
+  m.skipped_steps = run.skipped_steps;
+  m.trained_tokens = run.trained_tokens;
+  m.trained_seconds = run.trained_seconds;
+  // What the schedule and the random streams need is the step and the data position above;
+  // these say so explicitly, for readers and for checks on resume.
+  m.schedule = {{"kind", "linear warmup, cosine decay"},   {"lr", run.schedule.lr},
+                {"min_lr", run.schedule.min_lr},           {"warmup", run.schedule.warmup},
+                {"total_steps", run.schedule.total_steps}, {"next_lr", run.schedule.next_lr}};
+  m.rng = {{"generator", "philox4x32-10"},
+           {"seed", run.seed},
+           {"state",
+            "counter-based: every draw is keyed by (seed, purpose, stream, index) and the data "
+            "order by (seed, epoch); nothing else to save"}};
+  m.metrics = run.metrics;
+  return m;
+}
 
 std::string_view head_name(model::HeadKind head) noexcept {
   return head == model::HeadKind::reward ? "reward" : "language_model";

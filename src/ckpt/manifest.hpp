@@ -54,6 +54,41 @@ struct Manifest {
   [[nodiscard]] static Manifest from_json(const nlohmann::json& json, const std::string& origin);
 };
 
+// What a training run knows of itself at a checkpoint, as plain data.
+struct RunFacts {
+  std::int64_t step = 0;
+  std::string phase;
+  model::HeadKind head = model::HeadKind::language_model;
+  model::ModelConfig model;
+  int world_size = 1;
+  std::int64_t data_epoch = 0;
+  std::int64_t data_step = 0;
+  bool finished = false;
+  std::string tokenizer_sha256;
+  std::string tokenizer;
+  nlohmann::json config = nlohmann::json::object();
+  std::int64_t adamw_step = 0;
+  std::int64_t skipped_steps = 0;
+  std::int64_t trained_tokens = 0;
+  double trained_seconds = 0;
+  // Linear warmup and cosine decay from lr to min_lr over total_steps; next_lr is the rate of
+  // the step after this checkpoint.
+  struct Schedule {
+    double lr = 0;
+    double min_lr = 0;
+    std::int64_t warmup = 0;
+    std::int64_t total_steps = 0;
+    double next_lr = 0;
+  } schedule;
+  std::uint64_t seed = 0;
+  nlohmann::json metrics = nlohmann::json::object();  // {"last_step": ..., "last_eval": ...}
+};
+
+// The manifest of a checkpoint of that run: the facts, plus what the program knows (its
+// version, commit and libraries, the time) and the schedule and random streams in the
+// manifest's words. The tensor and file tables are the writer's.
+[[nodiscard]] Manifest describe_checkpoint(const RunFacts& run);
+
 // Reads STEP_DIR/manifest.json.
 [[nodiscard]] Manifest read_manifest(const std::string& step_dir);
 

@@ -4,7 +4,7 @@
 
 #include "ckpt/manifest.hpp"
 #include "core/error.hpp"
-#include "io/hdf5/h5.hpp"
+#include "io/h5/h5.hpp"
 
 namespace l3::ckpt {
 

@@ -6,11 +6,11 @@ namespace l3::ckpt {
 
 std::int64_t RankState::values() const noexcept {
   std::int64_t n = 0;
-  for (const FlatRange& r : ranges) n += r.size();
+  for (const model::FlatRange& r : ranges) n += r.size();
   return n;
 }
 
-void RankState::allocate(std::vector<FlatRange> owned) {
+void RankState::allocate(std::vector<model::FlatRange> owned) {
   ranges = std::move(owned);
   const auto n = static_cast<std::size_t>(values());
   // resize, not assign: a recycled snapshot of the same size is neither refilled nor
@@ -21,10 +21,10 @@ void RankState::allocate(std::vector<FlatRange> owned) {
 }
 
 std::vector<TensorSlice> tensor_slices(const model::ParameterLayout& layout,
-                                       const std::vector<FlatRange>& ranges) {
+                                       const std::vector<model::FlatRange>& ranges) {
   std::vector<TensorSlice> slices;
   std::int64_t position = 0;
-  for (const FlatRange& r : ranges) {
+  for (const model::FlatRange& r : ranges) {
     for (std::size_t t = 0; t < layout.tensors().size(); ++t) {
       const model::TensorInfo& info = layout.tensors()[t];
       const std::int64_t lo = std::max(r.begin, info.offset);

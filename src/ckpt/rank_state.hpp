@@ -11,21 +11,15 @@
 
 namespace l3::ckpt {
 
-struct FlatRange {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
-  [[nodiscard]] std::int64_t size() const noexcept { return end - begin; }
-};
-
 struct RankState {
-  std::vector<FlatRange> ranges;  // disjoint, ascending
-  std::vector<float> master;      // the ranges' values back to back
-  std::vector<float> exp_avg;     // AdamW first moment, same positions
-  std::vector<float> exp_avg_sq;  // second moment
+  std::vector<model::FlatRange> ranges;  // disjoint, ascending
+  std::vector<float> master;             // the ranges' values back to back
+  std::vector<float> exp_avg;            // AdamW first moment, same positions
+  std::vector<float> exp_avg_sq;         // second moment
 
   [[nodiscard]] std::int64_t values() const noexcept;
   // Sizes the three arrays for `ranges` (contents unspecified when reused).
-  void allocate(std::vector<FlatRange> owned);
+  void allocate(std::vector<model::FlatRange> owned);
 };
 
 // A contiguous run of one tensor's elements inside a rank's ranges.
@@ -39,6 +33,6 @@ struct TensorSlice {
 // The slices of every tensor that the ranges cover (alignment padding is skipped), in
 // ascending flat order.
 [[nodiscard]] std::vector<TensorSlice> tensor_slices(const model::ParameterLayout& layout,
-                                                     const std::vector<FlatRange>& ranges);
+                                                     const std::vector<model::FlatRange>& ranges);
 
 }  // namespace l3::ckpt

@@ -15,7 +15,7 @@
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
-#include "io/hdf5/h5.hpp"
+#include "io/h5/h5.hpp"
 
 namespace l3::ckpt {
 

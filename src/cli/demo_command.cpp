@@ -14,7 +14,7 @@
 #include "core/option_domain.hpp"
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
-#include "dist/agree.hpp"
+#include "dist/collectives.hpp"
 #include "io/prep/prep_job.hpp"
 #include "io/tokenizer/special_tokens.hpp"
 #include "l3/l3.hpp"

@@ -8,7 +8,8 @@
 #include "cli/inference_model.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
-#include "io/hdf5/dataset_index.hpp"
+#include "io/data/dataset_index.hpp"
+#include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
 #include "model/llama_model.hpp"
 #include "train/evaluator.hpp"
@@ -58,7 +59,8 @@ int run_eval(const CommandContext& context) {
   const std::int64_t micro = o["micro-batch"].as<std::int64_t>();
   if (micro <= 0) throw core::usage_error("--micro-batch must be positive");
 
-  const auto ops = kernels::make_ops(o["backend"].as<std::string>(), context.world.local_rank());
+  const auto ops = kernels::make_ops(kernels::parse_backend(o["backend"].as<std::string>()),
+                                     context.world.local_rank());
   // Refused only when it cannot fit in any case: a pair planned as one row (as in training).
   const std::int64_t rows = micro;
   train::require_memory(

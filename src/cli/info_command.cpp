@@ -13,8 +13,8 @@
 #include "cli/run_outcome.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
-#include "dist/gather_strings.hpp"
-#include "dist/mpi_check.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
 #include "dist/mpi_runtime.hpp"
 #include "kernels/backends.hpp"
 

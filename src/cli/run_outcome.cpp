@@ -10,8 +10,8 @@
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
-#include "dist/gather_strings.hpp"
-#include "dist/mpi_check.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
 
 namespace l3::cli {
 

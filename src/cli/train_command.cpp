@@ -70,17 +70,7 @@ int print_memory_plan(const CommandContext& context, const l3::RunConfig& config
   const l3::MemoryPlan plan = l3::plan_memory(config, planned > 0 ? planned : context.world.size());
   if (!context.world.is_root()) return core::kExitOk;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  std::string text = fmt::format(
-      "memory per rank: {} on {} rank{}, {}, micro-batch {} x {} tokens, recompute {}, ZeRO-{}\n",
-      train::phase_name(config.phase()), plan.ranks, plan.ranks == 1 ? "" : "s", plan.backend,
-      config.phase() == l3::Phase::sft
-          ? config.get("micro-batch")
-          : fmt::format("{} pairs = at most {} rows", config.get("micro-batch"),
-                        2 * std::stoll(config.get("micro-batch"))),
-      config.get("seq-len"), config.get("recompute") == "true" ? "on" : "off",
-      config.get("no-shard-optimizer") == "true"
-          ? "0 (no sharding)"
-          : (config.get("shard-gradients") == "true" ? "2" : "1"));
+  std::string text = fmt::format("memory per rank: {}\n", plan.summary);
   for (const l3::MemoryPlan::Line& line : plan.lines) {
     text +=
         fmt::format("  {:<62} {:>9.2f} GiB\n", line.what, static_cast<double>(line.bytes) / kGiB);

@@ -1,7 +1,7 @@
 // The one process-wide lock around every HDF5 call. Debian's (and most sites') parallel HDF5 is
 // not thread-safe: even a query such as H5get_libversion pushes an API context allocated from
 // the library's free lists, and two threads in the library at once corrupt them (a double free
-// or a crash at a random later point). io/hdf5/h5.hpp's library_lock() is this lock; code
+// or a crash at a random later point). io/h5/h5.hpp's library_lock() is this lock; code
 // outside io/ that calls HDF5 (the version report) takes it here.
 #pragma once
 

@@ -3,7 +3,7 @@
 #include <array>
 
 #include "core/error.hpp"
-#include "dist/mpi_check.hpp"
+#include "dist/communicator.hpp"
 
 namespace l3::dist {
 

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "dist/unique_comm.hpp"
+#include "dist/communicator.hpp"
 
 namespace l3::dist {
 

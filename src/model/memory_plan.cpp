@@ -117,7 +117,7 @@ std::int64_t model_bytes(const ModelConfig& model, HeadKind head, DType compute,
 }
 
 std::int64_t gradient_slot_elements(const ParameterLayout& layout) {
-  const std::vector<LayoutSpan> groups = layout.gradient_groups();
+  const std::vector<FlatRange> groups = layout.gradient_groups();
   const bool tied = layout.lm_head_tied();
   std::int64_t largest = 0;
   for (std::size_t g = tied ? 1 : 0; g < groups.size(); ++g)

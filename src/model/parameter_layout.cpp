@@ -47,11 +47,11 @@ std::int64_t ParameterLayout::add(std::string name, std::vector<std::int64_t> sh
   return offset;
 }
 
-std::vector<LayoutSpan> ParameterLayout::gradient_groups() const {
+std::vector<FlatRange> ParameterLayout::gradient_groups() const {
   std::vector<std::int64_t> starts{embedding_};
   for (const BlockOffsets& b : blocks_) starts.push_back(b.q_proj);  // a block's first tensor
   starts.push_back(final_norm_);
-  std::vector<LayoutSpan> groups;
+  std::vector<FlatRange> groups;
   for (std::size_t g = 0; g < starts.size(); ++g)
     groups.push_back({starts[g], g + 1 < starts.size() ? starts[g + 1] : total_});
   return groups;

@@ -25,7 +25,7 @@ struct TensorInfo {
 };
 
 // A range [begin, end) of the flat buffer.
-struct LayoutSpan {
+struct FlatRange {
   std::int64_t begin = 0;
   std::int64_t end = 0;
   [[nodiscard]] std::int64_t size() const noexcept { return end - begin; }
@@ -69,7 +69,7 @@ class ParameterLayout {
   // (final norm, then lm_head or score), each block from the last, the embedding. In layout
   // order, tiling [0, total()); a group begins where LlamaModel's gradient-ready hook reports
   // it. The tied lm_head is the embedding's group: written first, complete last.
-  [[nodiscard]] std::vector<LayoutSpan> gradient_groups() const;
+  [[nodiscard]] std::vector<FlatRange> gradient_groups() const;
 
  private:
   std::int64_t add(std::string name, std::vector<std::int64_t> shape, bool decay);

@@ -31,21 +31,16 @@
 // several micro-batches, each is reduced across ranks before they are added up (ZeRO-1 adds
 // them up first), which rounds differently.
 //
-// Pieces and buckets start at multiples of ParameterLayout::kAlignment elements, so every
-// element is updated by the same vector code path whatever the number of ranks.
+// The parts: the ShardPlan (buckets, pieces, groups: arithmetic, tested without MPI), the
+// ReductionScheduler (the communication thread or stream, and the waits), the ShardedOptimizer
+// (the AdamW state and master weights of this rank, and their checkpoint copies). DataParallel
+// ties them to a step and holds the ZeRO-2 gradient slots (data_parallel_zero2.cpp).
 #pragma once
 
 #include <array>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
-#include <memory>
-#include <mutex>
 #include <span>
-#include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -54,7 +49,10 @@
 #include "model/gradient_window.hpp"
 #include "model/parameter_layout.hpp"
 #include "train/adamw_optimizer.hpp"
-#include "train/gradient_exchange.hpp"
+#include "train/reduction_scheduler.hpp"
+#include "train/run_choices.hpp"
+#include "train/shard_plan.hpp"
+#include "train/sharded_optimizer.hpp"
 
 namespace l3::train {
 
@@ -71,14 +69,7 @@ struct DataParallelConfig {
   // rather than whole in the model. Required when the model computes in bf16 (its weights are
   // then a copy refreshed by the update); possible in f32, where it costs memory (tests).
   bool shard_master = false;
-  std::string exchange = "auto";  // make_gradient_exchange's choice
-};
-
-// The model's weights as the optimizer sees them.
-struct ModelWeights {
-  kernels::TensorView master;   // whole fp32 master weights; empty with shard_master
-  kernels::TensorView compute;  // the weights the model computes with when they are not
-                                // `master` (bf16, or shard_master); else empty
+  ExchangeChoice exchange = ExchangeChoice::automatic;  // make_gradient_exchange's choice
 };
 
 struct ReductionTimes {
@@ -128,56 +119,36 @@ class DataParallel final : public model::GradientWindow {
   void gather_parameters();
 
   // Checkpoints: the ranges this rank writes (its pieces, ascending; sharded or not, so that
-  // every value is written once), and the ranges whose state it must hold (its pieces when
-  // sharded, the whole buffer otherwise).
-  [[nodiscard]] std::vector<Range> write_ranges() const;
-  [[nodiscard]] std::vector<Range> state_ranges() const;
-  // The fp32 master weights of `ranges` (within state_ranges()) to / from host arrays holding
-  // the ranges back to back. Loading also sets the compute weights of those ranges; call
-  // gather_parameters() afterwards for the others.
-  void save_master(const std::vector<Range>& ranges, std::span<float> values);
-  void load_master(const std::vector<Range>& ranges, std::span<const float> values);
-  // The master weights of state_ranges() from the whole flat array (a fresh start).
-  void load_master_from_whole(std::span<const float> all);
-  // The AdamW moments, likewise; and the update count of every optimizer.
-  void save_moments(const std::vector<Range>& ranges, std::span<float> m, std::span<float> v);
-  void load_moments(const std::vector<Range>& ranges, std::span<const float> m,
-                    std::span<const float> v);
-  [[nodiscard]] std::int64_t adamw_steps() const noexcept;
-  void set_adamw_steps(std::int64_t steps) noexcept;
+  // every value is written once). What it holds, and the copies in and out: optimizer().
+  [[nodiscard]] std::vector<model::FlatRange> write_ranges() const { return plan_.owned(rank_); }
+  [[nodiscard]] ShardedOptimizer& optimizer() noexcept { return optimizer_; }
+  [[nodiscard]] const ShardedOptimizer& optimizer() const noexcept { return optimizer_; }
 
-  [[nodiscard]] const std::vector<Range>& buckets() const noexcept { return buckets_; }
+  [[nodiscard]] const ShardPlan& plan() const noexcept { return plan_; }
+  [[nodiscard]] const std::vector<model::FlatRange>& buckets() const noexcept {
+    return plan_.buckets();
+  }
   // Piece r of bucket b: what rank r owns of it.
-  [[nodiscard]] Range piece(std::size_t bucket, int rank) const;
-  // The optimizers of this rank: one per owned piece (ZeRO-1) or one for the whole buffer.
-  [[nodiscard]] std::vector<AdamW>& optimizers() noexcept { return optimizers_; }
+  [[nodiscard]] model::FlatRange piece(std::size_t bucket, int rank) const {
+    return plan_.piece(bucket, rank);
+  }
   [[nodiscard]] bool sharded() const noexcept { return config_.shard_optimizer; }
-  [[nodiscard]] bool overlapping() const noexcept { return overlap_; }
+  [[nodiscard]] bool overlapping() const noexcept { return scheduler_.overlapping(); }
   // The exchange's name ("mpi", "nccl", ...); "none" on one rank.
-  [[nodiscard]] std::string_view exchange_name() const noexcept;
+  [[nodiscard]] std::string_view exchange_name() const noexcept { return scheduler_.name(); }
   // Times of the last step.
   [[nodiscard]] const ReductionTimes& times() const noexcept { return times_; }
 
  private:
   void reduce_bucket(std::size_t bucket);
-  [[nodiscard]] std::vector<Range> pieces_of(std::size_t bucket) const;
-  // The optimizer holding flat position `begin` and the offset of `begin` in its state.
-  [[nodiscard]] std::pair<AdamW*, std::int64_t> optimizer_at(std::int64_t begin);
-  // The master weights of [r.begin, r.end) (within state_ranges()).
-  [[nodiscard]] kernels::TensorView master_of(Range r);
-  void launch_until(std::int64_t offset);  // reduce every bucket starting at or after offset
-  void worker_loop();
+  // Launches every bucket (last first) starting at or after offset and not launched yet.
+  void launch_until(std::int64_t offset);
   // The reduced gradients of piece r of bucket b (this rank's, with shard_gradients).
-  [[nodiscard]] kernels::TensorView reduced_piece(std::size_t bucket, int rank) const;
+  [[nodiscard]] kernels::TensorView reduced_piece(std::size_t bucket, int rank);
   // Where bucket b's gradients are: the buffer and the layout position of its element 0.
   [[nodiscard]] std::pair<kernels::TensorView, std::int64_t> bucket_storage(std::size_t b) const;
 
-  // [span.begin, span.end) cut into buckets of `bucket` elements from its end (where the
-  // backward pass starts), aligned, in layout order. span.begin aligned.
-  [[nodiscard]] static std::vector<Range> cut_buckets(Range span, std::int64_t bucket);
-
   // ZeRO-2 (data_parallel_zero2.cpp).
-  void make_group_buckets(std::int64_t bucket);
   void setup_gradient_slots();
   void acquire(std::size_t group);  // a slot for the group, zeroed
   void release(std::size_t group);  // its reductions launched
@@ -189,27 +160,15 @@ class DataParallel final : public model::GradientWindow {
   kernels::Ops& ops_;
   const model::ParameterLayout& layout_;
   DataParallelConfig config_;
-  ModelWeights weights_;
   int size_;
   int rank_;
-  std::vector<Range> buckets_;  // in layout order
-  std::vector<AdamW> optimizers_;
+  ReductionScheduler scheduler_;  // before the plan: the exchange decides the piece sizes
+  ShardPlan plan_;
+  ShardedOptimizer optimizer_;
   kernels::TensorView grads_;
   ReductionTimes times_;
-  std::unique_ptr<GradientExchange> exchange_;  // null on one rank
-
-  // Buckets are launched from the last to the first: next_launch_ counts those launched. With
-  // a host exchange and overlap, a communication thread reduces them from a queue.
+  // Buckets are launched from the last to the first: next_launch_ counts those launched.
   std::size_t next_launch_ = 0;
-  bool overlap_ = false;
-  bool worker_thread_ = false;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<std::size_t> queue_;
-  std::size_t done_ = 0;
-  bool stopping_ = false;
-  std::exception_ptr failure_;
-  std::thread worker_;
 
   // ZeRO-2 state. A group is resident (in a slot, being written), released (its reductions
   // launched: ticket) and retired (added into the optimizers, slot free) in each micro-batch.
@@ -221,15 +180,11 @@ class DataParallel final : public model::GradientWindow {
   };
   static constexpr int kPinnedSlot = 2;
   static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
-  std::vector<model::LayoutSpan> groups_;
-  std::vector<std::pair<std::size_t, std::size_t>> group_buckets_;  // [first, last) per group
-  std::vector<std::size_t> bucket_group_;
   std::vector<GroupState> group_state_;
   std::array<kernels::Buffer, 3> slots_;  // two alternating, one for the pinned group
   std::array<std::size_t, 3> slot_owner_{kNoGroup, kNoGroup, kNoGroup};
   std::size_t pinned_group_ = kNoGroup;  // the tied embedding's group
   int next_slot_ = 0;
-  std::uint64_t launched_ = 0;  // buckets queued to the worker thread this step
 };
 
 }  // namespace l3::train

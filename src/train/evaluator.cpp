@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "core/timer.hpp"
-#include "dist/mpi_check.hpp"
-#include "io/hdf5/data_loader.hpp"
+#include "dist/communicator.hpp"
+#include "io/data/data_loader.hpp"
 #include "io/tokenizer/special_tokens.hpp"
 
 namespace l3::train {

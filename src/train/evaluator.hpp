@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "dist/world.hpp"
-#include "io/hdf5/dataset_index.hpp"
+#include "io/data/dataset_index.hpp"
 #include "model/llama_model.hpp"
 #include "train/metrics.hpp"
 

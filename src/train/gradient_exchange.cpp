@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "dist/mpi_check.hpp"
+#include "dist/communicator.hpp"
 
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
 #include "train/nccl_exchange.hpp"
@@ -21,11 +21,11 @@ struct PieceCounts {
   std::vector<int> displacements;
 };
 
-PieceCounts piece_counts(Range bucket, std::span<const Range> pieces) {
+PieceCounts piece_counts(FlatRange bucket, std::span<const FlatRange> pieces) {
   PieceCounts c;
   c.counts.reserve(pieces.size());
   c.displacements.reserve(pieces.size());
-  for (const Range& p : pieces) {
+  for (const FlatRange& p : pieces) {
     c.counts.push_back(static_cast<int>(p.size()));
     c.displacements.push_back(static_cast<int>(p.begin - bucket.begin));
   }
@@ -50,10 +50,10 @@ MPI_Datatype transport_type(kernels::DType dtype) {
 MpiExchange::MpiExchange(const dist::World& world, kernels::Ops& ops, bool staged)
     : ops_(ops), comm_(world.duplicate_comm()), rank_(world.rank()), staged_(staged) {}
 
-void MpiExchange::reduce_scatter(kernels::TensorView values, Range bucket,
-                                 std::span<const Range> pieces) {
+void MpiExchange::reduce_scatter(kernels::TensorView values, FlatRange bucket,
+                                 std::span<const FlatRange> pieces) {
   const PieceCounts c = piece_counts(bucket, pieces);
-  const Range mine = pieces[static_cast<std::size_t>(rank_)];
+  const FlatRange mine = pieces[static_cast<std::size_t>(rank_)];
   piece_f32_.resize(static_cast<std::size_t>(mine.size()));
   const float* send = nullptr;
   if (staged_) {
@@ -78,8 +78,8 @@ void MpiExchange::reduce_scatter(kernels::TensorView values, Range bucket,
   }
 }
 
-void MpiExchange::all_gather(kernels::TensorView values, Range bucket,
-                             std::span<const Range> pieces) {
+void MpiExchange::all_gather(kernels::TensorView values, FlatRange bucket,
+                             std::span<const FlatRange> pieces) {
   const PieceCounts c = piece_counts(bucket, pieces);
   const MPI_Datatype type = transport_type(values.dtype());
   const kernels::TensorView whole = values.slice(bucket.begin, bucket.size());
@@ -88,7 +88,7 @@ void MpiExchange::all_gather(kernels::TensorView values, Range bucket,
   if (staged_) {
     gather_raw_.resize(whole.bytes());
     staging = kernels::TensorView(gather_raw_.data(), values.dtype(), bucket.size());
-    const Range mine = pieces[static_cast<std::size_t>(rank_)];
+    const FlatRange mine = pieces[static_cast<std::size_t>(rank_)];
     if (mine.size() > 0) {
       ops_.copy(staging.slice(mine.begin - bucket.begin, mine.size()),
                 values.slice(mine.begin, mine.size()));
@@ -102,30 +102,25 @@ void MpiExchange::all_gather(kernels::TensorView values, Range bucket,
 }
 
 std::unique_ptr<GradientExchange> make_gradient_exchange(const dist::World& world,
-                                                         kernels::Ops& ops,
-                                                         std::string_view choice) {
-  const bool host_memory = ops.name() == "cpu";
-  if (choice != "auto" && choice != "mpi" && choice != "nccl" && choice != "mpi-staged") {
-    throw core::usage_error(
-        fmt::format("unknown --grad-exchange '{}' (use auto, mpi or nccl)", choice));
-  }
+                                                         kernels::Ops& ops, ExchangeChoice choice) {
+  const bool host_memory = ops.backend() == kernels::Backend::cpu;
   // Through host staging buffers even where the buffers are host memory: the GPU fallback's
   // code path, exercised by the CPU tests.
-  if (choice == "mpi-staged") return std::make_unique<MpiExchange>(world, ops, true);
-  if (choice == "nccl" && host_memory) {
+  if (choice == ExchangeChoice::mpi_staged) return std::make_unique<MpiExchange>(world, ops, true);
+  if (choice == ExchangeChoice::nccl && host_memory) {
     throw core::usage_error("--grad-exchange nccl needs the CUDA backend (--backend cuda)");
   }
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
-  if (!host_memory && choice != "mpi") {
+  if (!host_memory && choice != ExchangeChoice::mpi) {
     if (each_rank_has_its_own_gpu(world, ops)) return make_nccl_exchange(world, ops);
-    if (choice == "nccl") {
+    if (choice == ExchangeChoice::nccl) {
       throw core::usage_error(
           "--grad-exchange nccl: ranks of a node share a GPU, which NCCL does not allow (one "
           "rank per GPU, or --grad-exchange mpi)");
     }
   }
 #else
-  if (choice == "nccl") {
+  if (choice == ExchangeChoice::nccl) {
     throw core::usage_error("--grad-exchange nccl: this build has no CUDA/NCCL (L3_CUDA=ON)");
   }
 #endif

@@ -6,7 +6,7 @@
 //   NcclExchange - NCCL on the GPU's own buffers, queued on a communication stream that waits
 //                  for the compute stream with events (cuda/nccl_exchange.hpp).
 //
-// A bucket is a contiguous Range of the flat buffer; pieces[r] is the part of it rank r owns,
+// A bucket is a contiguous FlatRange of the flat buffer; pieces[r] is the part of it rank r owns,
 // ascending and tiling the bucket (DataParallel::piece).
 #pragma once
 
@@ -17,18 +17,15 @@
 #include <string_view>
 #include <vector>
 
-#include "dist/unique_comm.hpp"
+#include "dist/communicator.hpp"
 #include "dist/world.hpp"
 #include "kernels/ops.hpp"
+#include "model/parameter_layout.hpp"
+#include "train/run_choices.hpp"
 
 namespace l3::train {
 
-// A range [begin, end) of the flat buffers.
-struct Range {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
-  [[nodiscard]] std::int64_t size() const noexcept { return end - begin; }
-};
+using model::FlatRange;  // [begin, end) of the flat buffers (model/parameter_layout.hpp)
 
 class GradientExchange {
  public:
@@ -53,11 +50,11 @@ class GradientExchange {
 
   // On rank r: values[pieces[r]] = sum over ranks of their values[pieces[r]]. The rest of
   // the bucket is left as it was. values: the flat buffer (f32, or the compute dtype).
-  virtual void reduce_scatter(kernels::TensorView values, Range bucket,
-                              std::span<const Range> pieces) = 0;
+  virtual void reduce_scatter(kernels::TensorView values, FlatRange bucket,
+                              std::span<const FlatRange> pieces) = 0;
   // Every rank's values[pieces[r]] to every rank, in place.
-  virtual void all_gather(kernels::TensorView values, Range bucket,
-                          std::span<const Range> pieces) = 0;
+  virtual void all_gather(kernels::TensorView values, FlatRange bucket,
+                          std::span<const FlatRange> pieces) = 0;
   // Orders the backend's later work after every exchange call so far (queued exchanges).
   virtual void join() = 0;
   // Queued exchanges: a ticket for the calls made so far, and later backend work ordered after
@@ -78,9 +75,10 @@ class MpiExchange final : public GradientExchange {
   }
   [[nodiscard]] bool queued() const noexcept override { return false; }
   [[nodiscard]] bool host_thread_safe() const noexcept override { return !staged_; }
-  void reduce_scatter(kernels::TensorView values, Range bucket,
-                      std::span<const Range> pieces) override;
-  void all_gather(kernels::TensorView values, Range bucket, std::span<const Range> pieces) override;
+  void reduce_scatter(kernels::TensorView values, FlatRange bucket,
+                      std::span<const FlatRange> pieces) override;
+  void all_gather(kernels::TensorView values, FlatRange bucket,
+                  std::span<const FlatRange> pieces) override;
   void join() override {}
 
  private:
@@ -93,11 +91,10 @@ class MpiExchange final : public GradientExchange {
   std::vector<std::uint8_t> gather_raw_;  // staged gather: the bucket in its own dtype
 };
 
-// The exchange for a run: "auto" (NCCL when the backend is CUDA and NCCL is compiled in,
-// else MPI), "mpi" or "nccl". usage Error for an unknown name or NCCL on a CPU backend.
-// Collective over `world`.
+// The exchange for a run (run_choices.hpp). usage Error for NCCL on a CPU backend, in a build
+// without it, or where ranks of a node share a GPU. Collective over `world`.
 [[nodiscard]] std::unique_ptr<GradientExchange> make_gradient_exchange(const dist::World& world,
                                                                        kernels::Ops& ops,
-                                                                       std::string_view choice);
+                                                                       ExchangeChoice choice);
 
 }  // namespace l3::train

@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
-#include "dist/agree.hpp"
+#include "dist/collectives.hpp"
 
 namespace l3::train {
 
@@ -40,7 +40,7 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
   in.shard_optimizer = config.shard_optimizer;
   in.shard_gradients = config.shard_gradients;
   in.fp32_gradients = in.compute != kernels::DType::f32 && config.fp32_gradients(ranks);
-  in.cudnn_attention = config.attention == "cudnn";
+  in.cudnn_attention = config.attention == kernels::Attention::cudnn;
   return in;
 }
 

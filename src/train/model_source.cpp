@@ -15,8 +15,7 @@
 #include "ckpt/model_file.hpp"
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
-#include "dist/agree.hpp"
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 #include "io/safetensors/safetensors_file.hpp"
 #include "model/parameter_init.hpp"
 
@@ -67,7 +66,7 @@ ModelSource hugging_face_source(const std::string& dir) {
   source.config = model::from_hf_config(config, config_path);
   source.config.name = dir;
   // Checks every shard's header now, on every rank, before any work.
-  const io::SafetensorsModel weights(dir);
+  const safetensors::SafetensorsModel weights(dir);
   if (source.hf_head == model::HeadKind::language_model && !source.config.tie_word_embeddings &&
       weights.find("lm_head.weight") == nullptr) {
     source.config.tie_word_embeddings = true;  // no lm_head.weight: tied, as transformers loads it
@@ -79,11 +78,11 @@ ModelSource hugging_face_source(const std::string& dir) {
 // the same kind of head.
 void read_hugging_face_weights(const ModelSource& source, const model::ParameterLayout& layout,
                                std::span<float> flat) {
-  const io::SafetensorsModel weights(source.hf_dir);
+  const safetensors::SafetensorsModel weights(source.hf_dir);
   for (const model::TensorInfo& t : layout.tensors()) {
     const bool head = t.name == "lm_head.weight" || t.name == "score.weight";
     if (head && source.hf_head != layout.head()) continue;  // a new score head
-    const io::SafetensorsTensor* found = weights.find(t.name);
+    const safetensors::SafetensorsTensor* found = weights.find(t.name);
     if (found == nullptr) {
       throw core::bad_input("the model has no such tensor (not a Llama 3 model of this shape?)",
                             {.file = source.hf_dir, .tensor = t.name});

@@ -10,10 +10,8 @@
 
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
-#include "dist/agree.hpp"
-#include "dist/gather_strings.hpp"
-#include "dist/mpi_check.hpp"
-#include "dist/unique_comm.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
 
 namespace l3::train {
 

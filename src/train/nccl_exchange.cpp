@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "dist/agree.hpp"
-#include "dist/mpi_check.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "train/nccl_communicator.hpp"
@@ -34,9 +34,9 @@ ncclDataType_t nccl_type(kernels::DType dtype) {
   }
 }
 
-bool even(std::span<const Range> pieces) {
+bool even(std::span<const FlatRange> pieces) {
   return std::ranges::all_of(pieces,
-                             [&](const Range& p) { return p.size() == pieces.front().size(); });
+                             [&](const FlatRange& p) { return p.size() == pieces.front().size(); });
 }
 
 char* element(kernels::TensorView values, std::int64_t index) {
@@ -91,8 +91,8 @@ class NcclExchange final : public GradientExchange {
   [[nodiscard]] bool host_thread_safe() const noexcept override { return false; }
   [[nodiscard]] bool prefers_even_pieces() const noexcept override { return true; }
 
-  void reduce_scatter(kernels::TensorView values, Range bucket,
-                      std::span<const Range> pieces) override {
+  void reduce_scatter(kernels::TensorView values, FlatRange bucket,
+                      std::span<const FlatRange> pieces) override {
     wait_for_compute();
     const ncclDataType_t type = nccl_type(values.dtype());
     const std::string what = fmt::format("reduce-scatter of {} values", bucket.size());
@@ -111,8 +111,8 @@ class NcclExchange final : public GradientExchange {
     });
   }
 
-  void all_gather(kernels::TensorView values, Range bucket,
-                  std::span<const Range> pieces) override {
+  void all_gather(kernels::TensorView values, FlatRange bucket,
+                  std::span<const FlatRange> pieces) override {
     wait_for_compute();
     const ncclDataType_t type = nccl_type(values.dtype());
     const std::string what = fmt::format("all-gather of {} values", bucket.size());
@@ -156,12 +156,12 @@ class NcclExchange final : public GradientExchange {
  private:
   // call(piece pointer, count, owning rank) for every non-empty piece, inside one NCCL group.
   template <typename Call>
-  void per_piece(kernels::TensorView values, std::span<const Range> pieces, const std::string& what,
-                 Call call) {
+  void per_piece(kernels::TensorView values, std::span<const FlatRange> pieces,
+                 const std::string& what, Call call) {
     checked(ncclGroupStart(), what);
     try {
       for (int r = 0; r < size_; ++r) {
-        const Range p = pieces[static_cast<std::size_t>(r)];
+        const FlatRange p = pieces[static_cast<std::size_t>(r)];
         if (p.size() > 0)
           checked(call(element(values, p.begin), static_cast<std::size_t>(p.size()), r), what);
       }

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "io/hdf5/data_loader.hpp"
+#include "io/data/data_loader.hpp"
 #include "train/train_config.hpp"
 
 namespace l3::train {

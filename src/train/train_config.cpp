@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "kernels/backend_options.hpp"
 
 namespace l3::train {
 
@@ -26,17 +27,60 @@ void TrainConfig::validate() const {
   require(global_batch > 0, "--global-batch is required and must be positive");
   require(!(steps > 0 && epochs > 0), "give --steps or --epochs, not both");
   require(checkpoint_every == 0 || !ckpt_dir.empty(), "--checkpoint-every needs --ckpt-dir");
-  require(!resume.empty(), "--resume takes auto, none or a checkpoint path");
-  require(resume == "auto" || resume == "none" || !ckpt_dir.empty(),
+  require(resume.mode != ckpt::ResumeMode::path || !resume.path.empty(),
+          "--resume takes auto, none or a checkpoint path");
+  require(resume.mode != ckpt::ResumeMode::path || !ckpt_dir.empty(),
           "--resume CKPT needs --ckpt-dir (where the resumed run writes its checkpoints)");
   require(shard_optimizer || !shard_gradients,
           "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
-  require(grad_exchange == "auto" || grad_exchange == "mpi" || grad_exchange == "nccl" ||
-              grad_exchange == "mpi-staged",
-          "--grad-exchange takes auto, mpi or nccl");
-  require(attention == "fallback" || attention == "cudnn", "--attention takes fallback or cudnn");
-  require(grad_accum_dtype == "auto" || grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16",
-          "--grad-accum-dtype takes auto, fp32 or bf16");
+}
+
+ExchangeChoice parse_exchange_choice(std::string_view name) {
+  if (name == "auto") return ExchangeChoice::automatic;
+  if (name == "mpi") return ExchangeChoice::mpi;
+  if (name == "nccl") return ExchangeChoice::nccl;
+  if (name == "mpi-staged") return ExchangeChoice::mpi_staged;  // for tests; not advertised
+  throw core::usage_error("--grad-exchange takes auto, mpi or nccl");
+}
+
+std::string_view exchange_choice_name(ExchangeChoice choice) noexcept {
+  switch (choice) {
+    case ExchangeChoice::mpi:
+      return "mpi";
+    case ExchangeChoice::nccl:
+      return "nccl";
+    case ExchangeChoice::mpi_staged:
+      return "mpi-staged";
+    case ExchangeChoice::automatic:
+      break;
+  }
+  return "auto";
+}
+
+GradAccumDtype parse_grad_accum_dtype(std::string_view name) {
+  if (name == "auto") return GradAccumDtype::automatic;
+  if (name == "fp32") return GradAccumDtype::fp32;
+  if (name == "bf16") return GradAccumDtype::bf16;
+  throw core::usage_error("--grad-accum-dtype takes auto, fp32 or bf16");
+}
+
+std::string_view grad_accum_dtype_name(GradAccumDtype dtype) noexcept {
+  switch (dtype) {
+    case GradAccumDtype::fp32:
+      return "fp32";
+    case GradAccumDtype::bf16:
+      return "bf16";
+    case GradAccumDtype::automatic:
+      break;
+  }
+  return "auto";
+}
+
+ckpt::ResumeChoice parse_resume_choice(std::string_view value) {
+  if (value.empty()) throw core::usage_error("--resume takes auto, none or a checkpoint path");
+  if (value == "auto") return {.mode = ckpt::ResumeMode::automatic, .path = {}};
+  if (value == "none") return {.mode = ckpt::ResumeMode::none, .path = {}};
+  return {.mode = ckpt::ResumeMode::path, .path = std::string(value)};
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -45,7 +89,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"init", init},
           {"data", data_from_host ? std::string("(host DataSource)") : data},
           {"val_data", val_data},
-          {"backend", backend},
+          {"backend", kernels::backend_name(backend)},
           {"seq_len", seq_len},
           {"global_batch", global_batch},
           {"micro_batch", micro_batch},
@@ -66,13 +110,13 @@ nlohmann::json TrainConfig::to_json() const {
           {"center_rewards", center_rewards},
           {"shard_optimizer", shard_optimizer},
           {"shard_gradients", shard_gradients},
-          {"grad_accum_dtype", grad_accum_dtype},
+          {"grad_accum_dtype", grad_accum_dtype_name(grad_accum_dtype)},
           {"bucket_mb", bucket_mb},
           {"overlap_reduction", overlap_reduction},
-          {"grad_exchange", grad_exchange},
+          {"grad_exchange", exchange_choice_name(grad_exchange)},
           {"deterministic", deterministic},
           {"device", device},
-          {"attention", attention},
+          {"attention", kernels::attention_name(attention)},
           {"prefetch_depth", prefetch_depth},
           {"eval_every", eval_every},
           {"log_every", log_every},

@@ -8,8 +8,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "ckpt/resume.hpp"
+#include "kernels/backends.hpp"
 #include "l3/l3.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/run_choices.hpp"
 
 namespace l3::train {
 
@@ -28,9 +31,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string data;   // dataset directory (index.json)
   bool data_from_host = false;  // the training data comes from a StepSource instead (embedding)
   std::string val_data;         // validation dataset; empty: none
-  std::string backend = "auto";
+  kernels::Backend backend = kernels::Backend::automatic;
   int device = -1;  // CUDA device; -1: node-local rank modulo the visible devices
-  std::string attention = "fallback";  // CUDA attention: fallback or cudnn
+  kernels::Attention attention = kernels::Attention::fallback;
 
   std::int64_t seq_len = 2048;
   std::int64_t global_batch = 0;  // rows (SFT) or pairs (reward) per optimizer step
@@ -56,12 +59,12 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // ZeRO-2: no whole gradient buffer; each micro-batch's gradients reduced group by group into
   // 1/N per rank (data_parallel.hpp).
   bool shard_gradients = false;
-  std::string grad_accum_dtype = "auto";  // auto, fp32 or bf16 (fp32_gradients())
+  GradAccumDtype grad_accum_dtype = GradAccumDtype::automatic;  // see fp32_gradients()
   double bucket_mb = 32.0;
   bool overlap_reduction = true;
-  std::string grad_exchange = "auto";  // auto, mpi, nccl (see make_gradient_exchange)
-  // Bit-identical runs and restarts: reductions in a fixed order (on the GPU, "auto" exchanges
-  // through MPI, whose sums do not depend on NCCL's topology-dependent algorithm choice).
+  ExchangeChoice grad_exchange = ExchangeChoice::automatic;
+  // Bit-identical runs and restarts: reductions in a fixed order (on the GPU, the automatic
+  // exchange is MPI, whose sums do not depend on NCCL's topology-dependent algorithm choice).
   bool deterministic = false;
   // Keep the fp32 master weights in the optimizer's ZeRO-1 shards even when the model
   // computes in f32 (always so in bf16): the GPU's arrangement, for tests on the CPU.
@@ -74,7 +77,7 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string metrics;   // JSONL file, appended to; empty: none
   std::string ckpt_dir;  // empty: no checkpoints
   std::int64_t checkpoint_every = 0;
-  std::string resume = "auto";       // auto (newest good one in ckpt_dir), none, or a path
+  ckpt::ResumeChoice resume;         // the newest good one in ckpt_dir, none, or a path
   bool verify_resume = true;         // check every checksum before resuming (else structure)
   int keep_last = 3;                 // complete checkpoints kept (at least 2)
   bool checkpoint_sync = false;      // write checkpoints on the training thread
@@ -97,9 +100,19 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // Whether gradients add up in fp32 where the backend computes in bf16 (--grad-accum-dtype):
   // the model's whole buffer (ZeRO-0/1) or the optimizers' reduced pieces (ZeRO-2).
   [[nodiscard]] bool fp32_gradients(int ranks) const noexcept {
-    return grad_accum_dtype == "fp32" || (grad_accum_dtype == "auto" && accumulation(ranks) > 1);
+    return grad_accum_dtype == GradAccumDtype::fp32 ||
+           (grad_accum_dtype == GradAccumDtype::automatic && accumulation(ranks) > 1);
   }
+  // The options' values as the options spell them (the manifest's "config").
   [[nodiscard]] nlohmann::json to_json() const;
 };
+
+// The options' names of the enumerated choices, and back (usage Errors naming the option).
+[[nodiscard]] ExchangeChoice parse_exchange_choice(std::string_view name);
+[[nodiscard]] std::string_view exchange_choice_name(ExchangeChoice choice) noexcept;
+[[nodiscard]] GradAccumDtype parse_grad_accum_dtype(std::string_view name);
+[[nodiscard]] std::string_view grad_accum_dtype_name(GradAccumDtype dtype) noexcept;
+// --resume: "auto", "none", or a checkpoint path.
+[[nodiscard]] ckpt::ResumeChoice parse_resume_choice(std::string_view value);
 
 }  // namespace l3::train

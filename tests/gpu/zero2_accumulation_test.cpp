@@ -90,7 +90,7 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   l3::train::DataParallelConfig dp;
   dp.bucket_elements = 3000;
   dp.shard_gradients = true;
-  dp.exchange = "mpi-staged";
+  dp.exchange = l3::train::ExchangeChoice::mpi_staged;
   l3::train::DataParallel parallel(
       world, ops, windowed.layout(), dp, {},
       {.master = windowed.master_weights(), .compute = windowed.weight_copy()});
@@ -105,7 +105,7 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   parallel.finish_reduction();
   std::vector<double> zero2(exact.size(), 0.0);
   for (std::size_t b = 0; b < parallel.buckets().size(); ++b) {
-    const TensorView piece = parallel.optimizers()[b].own_gradients();
+    const TensorView piece = parallel.optimizer().of_bucket(b).own_gradients();
     REQUIRE(piece.dtype() == l3::kernels::DType::f32);
     const std::vector<double> values = to_host(ops, piece);
     std::copy(values.begin(), values.end(), zero2.begin() + parallel.piece(b, world.rank()).begin);

@@ -1,7 +1,7 @@
 // The data pipeline across ranks: every document exactly once per epoch, the same global rows
 // whatever the number of ranks, resuming at (epoch, step), any prefetch depth, and clear errors
 // on every rank for broken datasets.
-#include "io/hdf5/data_loader.hpp"
+#include "io/data/data_loader.hpp"
 
 #include <unistd.h>
 
@@ -14,9 +14,9 @@
 
 #include "catch.hpp"
 #include "core/error.hpp"
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 #include "dist/world.hpp"
-#include "io/hdf5/shard_format.hpp"
+#include "io/data/shard_format.hpp"
 #include "io/prep/prep_job.hpp"
 #include "shared_directory.hpp"
 

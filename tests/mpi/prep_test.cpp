@@ -9,9 +9,9 @@
 
 #include "catch.hpp"
 #include "core/error.hpp"
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 #include "dist/world.hpp"
-#include "io/hdf5/shard_format.hpp"
+#include "io/data/shard_format.hpp"
 #include "io/prep/prep_job.hpp"
 #include "shared_directory.hpp"
 

@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "dist/mpi_check.hpp"
+#include "dist/communicator.hpp"
 #include "dist/mpi_runtime.hpp"
 #include "dist/world.hpp"
 

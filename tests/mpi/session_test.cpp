@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 #include "dist/world.hpp"
 #include "io/prep/prep_job.hpp"
 #include "l3/l3.hpp"

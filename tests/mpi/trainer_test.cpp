@@ -18,7 +18,7 @@
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/manifest.hpp"
 #include "core/error.hpp"
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 #include "dist/thread_budget.hpp"
 #include "dist/world.hpp"
 #include "io/prep/prep_job.hpp"
@@ -82,7 +82,7 @@ TrainConfig base_config(Phase phase, const std::string& data) {
   c.phase = phase;
   c.model = "tiny";
   c.data = data;
-  c.backend = "cpu";
+  c.backend = l3::kernels::Backend::cpu;
   c.seq_len = 128;
   c.global_batch = 12;  // divides among 1, 2, 3, 4 and 6 ranks
   c.micro_batch = 1;
@@ -237,7 +237,7 @@ TEST_CASE("master weights in optimizer shards and staged exchange are bit-identi
   const RunResult plain = train(world, c);
   c.master_in_optimizer = true;
   const RunResult master_shards = train(world, c);
-  c.grad_exchange = "mpi-staged";
+  c.grad_exchange = l3::train::ExchangeChoice::mpi_staged;
   const RunResult staged = train(world, c);
   INFO("ranks " << world.size());
   CHECK(master_shards.losses == plain.losses);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 #include "dist/mpi_runtime.hpp"
 
 namespace {

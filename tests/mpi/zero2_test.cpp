@@ -20,6 +20,7 @@
 #include "model/memory_plan.hpp"
 #include "relative_rms.hpp"
 #include "train/data_parallel.hpp"
+#include "train/train_config.hpp"
 
 using l3::model::Batch;
 using l3::model::HeadKind;
@@ -70,10 +71,10 @@ std::vector<double> reduced_gradients(const l3::dist::World& world, DataParallel
                                       const LlamaModel& model) {
   std::vector<double> whole(static_cast<std::size_t>(model.layout().total()), 0.0);
   for (std::size_t b = 0; b < parallel.buckets().size(); ++b) {
-    const l3::train::Range p = parallel.piece(b, world.rank());
+    const l3::train::FlatRange p = parallel.piece(b, world.rank());
     const std::span<const float> values =
         parallel.shards_gradients()
-            ? parallel.optimizers()[b].own_gradients().as<float>()
+            ? parallel.optimizer().of_bucket(b).own_gradients().as<float>()
             : model.gradients().as<float>().subspan(static_cast<std::size_t>(p.begin),
                                                     static_cast<std::size_t>(p.size()));
     REQUIRE(static_cast<std::int64_t>(values.size()) == p.size());
@@ -94,7 +95,7 @@ Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head,
   l3::train::DataParallelConfig dp;
   dp.bucket_elements = 3000;  // several buckets per group, uneven pieces
   dp.shard_gradients = zero2;
-  dp.exchange = exchange;
+  dp.exchange = l3::train::parse_exchange_choice(exchange);
   dp.overlap = overlap;
   DataParallel parallel(world, ops, model.layout(), dp, {},
                         {.master = model.master_weights(), .compute = model.weight_copy()});

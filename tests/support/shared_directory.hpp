@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 #include "dist/world.hpp"
 
 namespace l3::test {

@@ -1,4 +1,4 @@
-#include "io/hdf5/epoch_plan.hpp"
+#include "io/data/epoch_plan.hpp"
 
 #include <algorithm>
 #include <map>

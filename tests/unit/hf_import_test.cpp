@@ -34,7 +34,7 @@ std::vector<float> write_hf_model(const std::filesystem::path& dir, const std::s
   std::vector<float> flat(static_cast<std::size_t>(layout.total()), 0.0F);
   for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = 0.001F * static_cast<float>(i % 997);
   std::vector<std::vector<float>> reshaped;
-  std::vector<l3::io::TensorToWrite> tensors;
+  std::vector<l3::safetensors::TensorToWrite> tensors;
   for (const l3::model::TensorInfo& t : layout.tensors()) {
     if (t.name == skip) continue;
     std::span<const float> values(flat.data() + t.offset, static_cast<std::size_t>(t.numel));
@@ -47,8 +47,8 @@ std::vector<float> write_hf_model(const std::filesystem::path& dir, const std::s
     tensors.push_back({t.name, shape, values});
   }
   std::filesystem::create_directories(dir);
-  l3::io::write_safetensors((dir / "model.safetensors").string(), tensors,
-                            l3::io::SafetensorsDType::f32, {});
+  l3::safetensors::write_safetensors((dir / "model.safetensors").string(), tensors,
+                                     l3::safetensors::SafetensorsDType::f32, {});
   std::ofstream(dir / "config.json") << config.to_hf_json().dump();
   return flat;
 }

@@ -1,4 +1,4 @@
-#include "io/hdf5/prefetcher.hpp"
+#include "io/data/prefetcher.hpp"
 
 #include <atomic>
 #include <chrono>

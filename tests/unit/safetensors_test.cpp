@@ -21,9 +21,9 @@
 
 namespace {
 
-using l3::io::SafetensorsDType;
-using l3::io::SafetensorsFile;
-using l3::io::SafetensorsModel;
+using l3::safetensors::SafetensorsDType;
+using l3::safetensors::SafetensorsFile;
+using l3::safetensors::SafetensorsModel;
 
 std::string le64(std::uint64_t v) {
   std::string s(8, '\0');
@@ -102,9 +102,9 @@ TEST_CASE("a hand-built safetensors file reads back its known values", "[safeten
 }
 
 TEST_CASE("bf16 rounds to nearest even, f16 decodes every class", "[safetensors]") {
-  using l3::io::bf16_to_float;
-  using l3::io::f16_to_float;
-  using l3::io::float_to_bf16;
+  using l3::safetensors::bf16_to_float;
+  using l3::safetensors::f16_to_float;
+  using l3::safetensors::float_to_bf16;
   CHECK(float_to_bf16(1.0F) == 0x3F80);
   CHECK(float_to_bf16(1.0F + std::ldexp(1.0F, -8)) == 0x3F80);      // tie -> even
   CHECK(float_to_bf16(1.0F + 3 * std::ldexp(1.0F, -8)) == 0x3F82);  // tie -> even
@@ -127,11 +127,11 @@ TEST_CASE("safetensors writer round trips: F32 bit for bit, BF16 rounded", "[saf
   std::vector<float> w(std::size_t{6} * 7);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::sin(static_cast<float>(i)) * 3.0F;
   const std::vector<float> bias = {0.25F, -1e-30F, 7.0F};
-  const std::vector<l3::io::TensorToWrite> tensors = {{"z.weight", {6, 7}, w},
-                                                      {"a.bias", {3}, bias}};
+  const std::vector<l3::safetensors::TensorToWrite> tensors = {{"z.weight", {6, 7}, w},
+                                                               {"a.bias", {3}, bias}};
   for (const SafetensorsDType dtype : {SafetensorsDType::f32, SafetensorsDType::bf16}) {
     const std::string path = (dir.path() / "rt.safetensors").string();
-    l3::io::write_safetensors(path, tensors, dtype, {{"format", "pt"}});
+    l3::safetensors::write_safetensors(path, tensors, dtype, {{"format", "pt"}});
     CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
     const SafetensorsFile file(path);
     CHECK(file.header().data_start % 8 == 0);
@@ -139,9 +139,10 @@ TEST_CASE("safetensors writer round trips: F32 bit for bit, BF16 rounded", "[saf
     std::vector<float> back(w.size());
     file.read("z.weight", back);
     for (std::size_t i = 0; i < w.size(); ++i) {
-      const float expected = dtype == SafetensorsDType::f32
-                                 ? w[i]
-                                 : l3::io::bf16_to_float(l3::io::float_to_bf16(w[i]));
+      const float expected =
+          dtype == SafetensorsDType::f32
+              ? w[i]
+              : l3::safetensors::bf16_to_float(l3::safetensors::float_to_bf16(w[i]));
       CHECK(back[i] == expected);
     }
     std::vector<float> b(3);
@@ -155,14 +156,14 @@ TEST_CASE("a sharded safetensors model reads through its index", "[safetensors]"
   const std::vector<float> x(1000, 1.0F);
   const std::vector<float> y(1000, 2.0F);
   const std::vector<float> z(10, 3.0F);
-  const std::vector<l3::io::TensorToWrite> tensors = {
+  const std::vector<l3::safetensors::TensorToWrite> tensors = {
       {"x", {10, 100}, x}, {"y", {1000}, y}, {"z", {10}, z}};
   const std::string model = (dir.path() / "model").string();
   const auto written =
-      l3::io::write_safetensors_model(model, tensors, SafetensorsDType::f32, 4500, {});
+      l3::safetensors::write_safetensors_model(model, tensors, SafetensorsDType::f32, 4500, {});
   REQUIRE(written.size() == 3);  // x | y z, and the index
   CHECK(written[0] == "model-00001-of-00002.safetensors");
-  CHECK(l3::io::has_safetensors_model(model));
+  CHECK(l3::safetensors::has_safetensors_model(model));
   const SafetensorsModel loaded(model);
   CHECK(loaded.names() == std::vector<std::string>{"x", "y", "z"});
   std::vector<float> back(10);
@@ -181,8 +182,9 @@ TEST_CASE("a sharded safetensors model reads through its index", "[safetensors]"
     std::ofstream(model + "/model.safetensors.index.json")
         << R"({"weight_map":{"x":"model-00001-of-00002.safetensors",)"
         << R"("y":"model-00002-of-00002.safetensors"}})";
-    l3::io::write_safetensors(model + "/model-00002-of-00002.safetensors",
-                              {{"x", {10, 100}, x}, {"y", {1000}, y}}, SafetensorsDType::f32, {});
+    l3::safetensors::write_safetensors(model + "/model-00002-of-00002.safetensors",
+                                       {{"x", {10, 100}, x}, {"y", {1000}, y}},
+                                       SafetensorsDType::f32, {});
     CHECK_THROWS_WITH(SafetensorsModel(model), Catch::Contains("a tensor in two shards"));
   }
   SECTION("a missing shard") {

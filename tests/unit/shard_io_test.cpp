@@ -5,8 +5,8 @@
 
 #include "catch.hpp"
 #include "core/error.hpp"
-#include "io/hdf5/h5.hpp"
-#include "io/hdf5/shard_format.hpp"
+#include "io/data/shard_format.hpp"
+#include "io/h5/h5.hpp"
 #include "temp_dir.hpp"
 
 using l3::data::Documents;

@@ -1,4 +1,4 @@
-#include "io/hdf5/dataset_index.hpp"
+#include "io/data/dataset_index.hpp"
 
 #include <fmt/format.h>
 
@@ -9,11 +9,10 @@
 
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
-#include "dist/agree.hpp"
-#include "dist/gather_strings.hpp"
-#include "dist/mpi_check.hpp"
-#include "io/hdf5/h5.hpp"
-#include "io/hdf5/shard_format.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
+#include "io/data/shard_format.hpp"
+#include "io/h5/h5.hpp"
 
 namespace l3::data {
 

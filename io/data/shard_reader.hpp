@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dist/world.hpp"
-#include "io/hdf5/dataset_index.hpp"
+#include "io/data/dataset_index.hpp"
 
 namespace l3::data {
 

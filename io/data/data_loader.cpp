@@ -1,4 +1,4 @@
-#include "io/hdf5/data_loader.hpp"
+#include "io/data/data_loader.hpp"
 
 #include <fmt/format.h>
 
@@ -9,8 +9,8 @@
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
-#include "dist/mpi_check.hpp"
-#include "io/hdf5/prefetcher.hpp"
+#include "dist/communicator.hpp"
+#include "io/data/prefetcher.hpp"
 
 namespace l3::data {
 

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "io/hdf5/dataset_index.hpp"
+#include "io/data/dataset_index.hpp"
 
 namespace l3::data {
 

@@ -1,12 +1,23 @@
-#include "dist/gather_strings.hpp"
+#include "dist/collectives.hpp"
 
 #include <algorithm>
 #include <limits>
+#include <thread>
 
 #include "core/error.hpp"
-#include "dist/mpi_check.hpp"
+#include "dist/communicator.hpp"
 
 namespace l3::dist {
+
+void agree_on_failure(const World& world, const std::exception_ptr& local) {
+  const int mine = local ? core::summarize(local).exit_code : 0;
+  int worst = 0;
+  check_mpi(MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, world.comm()),
+            "MPI_Allreduce(failure)");
+  if (worst == 0) return;
+  if (local) std::rethrow_exception(local);
+  throw core::PeerFailure(worst);
+}
 
 std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root) {
   int rank = 0;
@@ -65,6 +76,17 @@ std::string broadcast_string(MPI_Comm comm, const std::string& text, int root) {
   std::string out = rank == root ? text : std::string(static_cast<std::size_t>(length), '\0');
   check_mpi(MPI_Bcast(out.data(), length, MPI_CHAR, root, comm), "MPI_Bcast(string)");
   return out;
+}
+
+void quiet_barrier(MPI_Comm comm, std::chrono::microseconds poll) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibarrier(comm, &request), "MPI_Ibarrier");
+  int done = 0;
+  for (;;) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done != 0) return;
+    std::this_thread::sleep_for(poll);
+  }
 }
 
 }  // namespace l3::dist

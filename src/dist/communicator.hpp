@@ -1,13 +1,24 @@
-// Owning handle for an MPI communicator: freed on destruction (unless MPI is already finalized,
-// when freeing is no longer allowed and the OS reclaims everything anyway).
+// MPI communicators as owned handles, and MPI return codes turned into exceptions that say
+// which call failed and why.
 #pragma once
 
 #include <mpi.h>
 
+#include <string_view>
 #include <utility>
 
 namespace l3::dist {
 
+// Turning MPI return codes into exceptions that say which call failed and why.
+// Throws an internal Error "MPI_Xxx failed: <MPI's error string>" when rc != MPI_SUCCESS.
+// Only meaningful on communicators whose error handler is MPI_ERRORS_RETURN (World sets it).
+void check_mpi(int rc, std::string_view call);
+
+[[nodiscard]] bool mpi_is_initialized() noexcept;
+[[nodiscard]] bool mpi_is_finalized() noexcept;
+
+// Owning handle for an MPI communicator: freed on destruction (unless MPI is already finalized,
+// when freeing is no longer allowed and the OS reclaims everything anyway).
 class UniqueComm {
  public:
   UniqueComm() noexcept = default;

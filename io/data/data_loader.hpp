@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "dist/world.hpp"
-#include "io/hdf5/dataset_index.hpp"
-#include "io/hdf5/epoch_plan.hpp"
-#include "io/hdf5/shard_reader.hpp"
+#include "io/data/dataset_index.hpp"
+#include "io/data/epoch_plan.hpp"
+#include "io/data/shard_reader.hpp"
 #include "model/batch.hpp"
 
 namespace l3::data {

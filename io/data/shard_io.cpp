@@ -6,8 +6,8 @@
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
-#include "io/hdf5/h5.hpp"
-#include "io/hdf5/shard_format.hpp"
+#include "io/data/shard_format.hpp"
+#include "io/h5/h5.hpp"
 
 namespace l3::data {
 

@@ -1,4 +1,4 @@
-#include "io/hdf5/h5.hpp"
+#include "io/h5/h5.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,4 +1,4 @@
-#include "io/hdf5/shard_reader.hpp"
+#include "io/data/shard_reader.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <exception>
 
 #include "core/error.hpp"
-#include "io/hdf5/h5.hpp"
+#include "io/h5/h5.hpp"
 
 namespace l3::data {
 

@@ -1,0 +1,103 @@
+// A training run's checkpoints: the writer (in the background unless --checkpoint-sync) fed
+// with host snapshots of this rank's share of the master weights and AdamW moments, what was
+// committed last (for the summary, the host's callbacks and the stop logic), and the restore
+// of that share from a checkpoint written by any number of ranks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint_writer.hpp"
+#include "ckpt/manifest.hpp"
+#include "io/data/data_loader.hpp"
+#include "l3/l3.hpp"
+
+namespace l3::core {
+class Logger;
+}
+
+namespace l3::train {
+
+class DataParallel;
+class ProgressBar;
+using CheckpointReport = l3::CheckpointInfo;
+
+class RunCheckpoints {
+ public:
+  // Without a directory (`ckpt_dir` empty) nothing is written: enabled() is false. Collective.
+  // The snapshot buffer (this rank's share of the weights and both moments: 12 bytes per
+  // parameter / ranks) is allocated and touched now instead of in the first checkpoint's
+  // pause, and reused by every checkpoint.
+  RunCheckpoints(const dist::World& world, const core::Logger& log, ProgressBar& progress,
+                 const std::string& ckpt_dir, ckpt::WriterPolicy policy,
+                 const DataParallel& parallel);
+  ~RunCheckpoints();
+  RunCheckpoints(const RunCheckpoints&) = delete;
+  RunCheckpoints& operator=(const RunCheckpoints&) = delete;
+  RunCheckpoints(RunCheckpoints&&) = delete;
+  RunCheckpoints& operator=(RunCheckpoints&&) = delete;
+
+  [[nodiscard]] bool enabled() const noexcept { return writer_ != nullptr; }
+
+  // Starts a checkpoint of the state now, described by `run` (the previous one is finished
+  // first). usage Error when not enabled.
+  void start(const ckpt::RunFacts& run, DataParallel& parallel,
+             const model::ParameterLayout& layout);
+  // Waits for the checkpoint in flight, if any, and reports it (log, callbacks).
+  void finish();
+  // finish() when the checkpoint in flight is done, without waiting.
+  void finish_if_ready();
+  // Whether a checkpoint of `step` is committed or being written.
+  [[nodiscard]] bool has(std::int64_t step) const noexcept {
+    return last_step_ == step || pending_step_ == step;
+  }
+
+  // The run resumed from `step_dir` at `step`: it counts as the last checkpoint.
+  void resumed_from(const std::string& step_dir, std::int64_t step);
+  [[nodiscard]] const std::string& last_directory() const noexcept { return last_directory_; }
+  [[nodiscard]] std::int64_t last_step() const noexcept { return last_step_; }
+  // The last report given to the callbacks (empty before the first commit).
+  [[nodiscard]] const CheckpointReport& last_report() const noexcept { return last_report_; }
+  // The longest write so far, from snapshot to commit (for the deadline).
+  [[nodiscard]] double longest_seconds() const noexcept { return longest_seconds_; }
+
+  void on_commit(std::function<void(const CheckpointReport&)> callback) {
+    callbacks_.push_back(std::move(callback));
+  }
+
+ private:
+  const core::Logger& log_;
+  ProgressBar& progress_;
+  std::unique_ptr<ckpt::CheckpointWriter> writer_;
+  std::int64_t pending_step_ = -1;
+  double snapshot_seconds_ = 0;
+  double longest_seconds_ = 0;
+  std::string last_directory_;
+  std::int64_t last_step_ = -1;
+  CheckpointReport last_report_;
+  std::vector<std::function<void(const CheckpointReport&)>> callbacks_;
+};
+
+// What a resumed run continues from.
+struct ResumedState {
+  std::int64_t step = 0;
+  data::Position position{0, 0};
+  std::int64_t skipped_steps = 0;
+  std::int64_t trained_tokens = 0;
+  double trained_seconds = 0;
+};
+
+// Loads this rank's share of the optimizer state of `step_dir` into `parallel` (the pieces it
+// owns now, whatever the ranks that wrote it), the AdamW count, and the weights the model
+// computes with. Collective: a rank failing to read fails every rank.
+[[nodiscard]] ResumedState restore_checkpoint(const dist::World& world, const core::Logger& log,
+                                              const std::string& step_dir,
+                                              const ckpt::Manifest& manifest,
+                                              DataParallel& parallel,
+                                              const model::ParameterLayout& layout);
+
+}  // namespace l3::train

@@ -1,0 +1,67 @@
+#include "train/stop_policy.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <chrono>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "dist/communicator.hpp"
+#include "dist/world.hpp"
+
+namespace l3::train {
+
+namespace {
+constexpr int kStopNow = 1;
+constexpr int kCheckpointNow = 2;
+}  // namespace
+
+StopPolicy::StopPolicy(const dist::World& world, const core::Logger& log, StopRules rules)
+    : world_(world), log_(log), rules_(rules) {}
+
+BoundaryDecision StopPolicy::agree(const BoundaryTiming& timing) {
+  int local = stop_requested_.load() ? kStopNow : 0;
+  if (checkpoint_requested_.exchange(false)) local |= kCheckpointNow;
+  if (stop_check_ && stop_check_()) local |= kStopNow;
+  if (rules_.deadline_unix > 0 && timing.can_checkpoint && timing.steps_this_run > 0) {
+    const double step_seconds = timing.run_seconds / static_cast<double>(timing.steps_this_run);
+    const double needed =
+        2.0 * step_seconds + 1.5 * timing.checkpoint_seconds + rules_.deadline_margin;
+    const double now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (now + needed >= rules_.deadline_unix) {
+      if (!deadline_hit_) {
+        log_.warn(
+            "the deadline is {:.0f} s away, less than the {:.0f} s a step, a checkpoint and "
+            "the margin need: checkpointing and stopping",
+            rules_.deadline_unix - now, needed);
+      }
+      deadline_hit_ = true;
+      local |= kStopNow;
+    }
+  }
+  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_BOR, world_.comm()),
+                  "MPI_Allreduce (step boundary agreement)");
+  return {.stop = (local & kStopNow) != 0, .checkpoint = (local & kCheckpointNow) != 0};
+}
+
+void StopPolicy::check(const StepMetrics& step, Phase phase) const {
+  if (bad_in_a_row_ < rules_.max_bad_steps) return;
+  const bool sft = phase == Phase::sft;
+  if ((sft ? step.loss_tokens : step.pairs) == 0) {
+    // Not a divergence: nothing to learn from (every answer cut off by --seq-len, or no pair
+    // fits), which no --lr fixes. The data and options are what must change: exit 2.
+    throw core::bad_input(fmt::format(
+        "{} steps in a row had no {} (last: step {}): the samples are cut to --seq-len {} before "
+        "their {}; raise --seq-len, or leave long samples out with --drop-long",
+        bad_in_a_row_, sft ? "target tokens" : "preference pairs", step.step, rules_.seq_len,
+        sft ? "answers" : "ends"));
+  }
+  throw core::internal_error(fmt::format(
+      "training diverged: {} steps in a row had a non-finite loss or gradient norm (last: "
+      "step {}, loss {}, grad norm {}); lower --lr, raise --warmup or check the data",
+      bad_in_a_row_, step.step, step.loss, step.grad_norm));
+}
+
+}  // namespace l3::train

@@ -1,0 +1,280 @@
+#include "train/trainer_parts.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ckpt/resume.hpp"
+#include "core/error.hpp"
+#include "core/path_safety.hpp"
+#include "dist/collectives.hpp"
+#include "io/data/data_loader.hpp"
+#include "io/tokenizer/special_tokens.hpp"
+#include "kernels/backends.hpp"
+#include "train/memory_check.hpp"
+
+namespace l3::train {
+
+namespace {
+
+std::int32_t pad_token(std::int64_t vocab_size) {
+  return static_cast<std::int32_t>(vocab_size - tokenizer::kSpecialTokenCount) +
+         static_cast<std::int32_t>(tokenizer::Special::finetune_right_pad);
+}
+
+data::DatasetIndex open_data(const dist::World& world, const std::string& directory, Phase phase,
+                             const model::ModelConfig& model, const ModelSource& source,
+                             bool ignore_tokenizer_mismatch) {
+  data::DatasetExpectations expect;
+  expect.kind = phase == Phase::sft ? data::SampleKind::sft : data::SampleKind::preference;
+  expect.model_vocab = model.vocab_size;
+  if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;
+  expect.ignore_tokenizer_mismatch = ignore_tokenizer_mismatch;
+  return data::open_dataset(world, directory, expect);
+}
+
+// The shards of config.data through the prefetching loader (created once the start position
+// is known: the loader starts producing at once).
+class ShardStepSource final : public StepSource {
+ public:
+  ShardStepSource(const dist::World& world, const data::DatasetIndex& index,
+                  data::LoaderConfig config)
+      : world_(world), index_(index), config_(config) {}
+  void start(const StepShape& /*shape*/, data::Position from) override {
+    loader_ = std::make_unique<data::DataLoader>(world_, index_, config_, from);
+  }
+  const data::StepData& next() override { return loader_->next(); }
+  [[nodiscard]] double last_wait_ms() const override { return loader_->last_wait_ms(); }
+  [[nodiscard]] std::optional<std::int64_t> steps_in_epoch(std::int64_t epoch) const override {
+    return loader_->steps_in_epoch(epoch);
+  }
+
+ private:
+  const dist::World& world_;
+  const data::DatasetIndex& index_;
+  data::LoaderConfig config_;
+  std::unique_ptr<data::DataLoader> loader_;
+};
+
+// Every output location is checked before any work is spent: a --ckpt-dir found unwritable
+// only at the first checkpoint would lose every step before it. Every rank writes its part of
+// a checkpoint's files; rank 0 the metrics.
+void check_outputs_writable(const dist::World& world, const TrainConfig& config) {
+  std::exception_ptr failure;
+  try {
+    if (!config.ckpt_dir.empty()) core::check_writable_directory(config.ckpt_dir, "--ckpt-dir");
+    if (world.is_root() && !config.metrics.empty()) {
+      const std::filesystem::path metrics_file = std::filesystem::absolute(config.metrics);
+      core::check_writable_directory(metrics_file.parent_path(), "--metrics");
+      if (core::is_real_directory(metrics_file))
+        throw core::bad_input("--metrics names a directory, not a file", {.file = config.metrics});
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+}
+
+// Nothing large is allocated before the run is known to fit. The check refuses what cannot
+// fit in any case: a pair is planned as one row (what pairs of up to half a row take), not the
+// plan's worst case of a row per sequence, and the prefetched data likewise.
+void require_training_memory(const dist::World& world, const kernels::Ops& ops,
+                             const TrainConfig& config, const model::ModelConfig& model) {
+  const bool cuda = ops.compute_dtype() != kernels::DType::f32;
+  model::MemoryPlanInput planned = memory_plan_input(config, model, cuda, world.size());
+  planned.micro_batch_rows = config.micro_batch;
+  require_memory(world, ops,
+                 {.backend = model::plan_training_memory(planned).lines,
+                  .host = prefetch_host_bytes(config.global_batch / world.size(), config.seq_len,
+                                              config.prefetch_depth),
+                  .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute or "
+                            "--shard-gradients, run on more ranks, or check the model's config "
+                            "(--dry-run-memory prints the whole plan)"});
+}
+
+DataParallelConfig data_parallel_config(const TrainConfig& config, int ranks, bool shard_master) {
+  return {
+      .bucket_elements = std::max<std::int64_t>(
+          model::ParameterLayout::kAlignment,
+          static_cast<std::int64_t>(config.bucket_mb * 1024.0 * 1024.0 / sizeof(float))),
+      .shard_optimizer = config.shard_optimizer,
+      .shard_gradients = config.shard_gradients,
+      // Several micro-batches per step (gradient accumulation): add them up in fp32.
+      .fp32_reduced_gradients = config.fp32_gradients(ranks),
+      .overlap = config.overlap_reduction,
+      .shard_master = shard_master,
+      .exchange = config.deterministic && config.grad_exchange == ExchangeChoice::automatic
+                      ? ExchangeChoice::mpi
+                      : config.grad_exchange,
+  };
+}
+
+std::int64_t count_steps(const TrainConfig& config, const StepSource& data) {
+  if (config.steps > 0) return config.steps;
+  std::int64_t total = 0;
+  const std::int64_t epochs = config.epochs > 0 ? config.epochs : 1;
+  for (std::int64_t e = 0; e < epochs; ++e) {
+    const std::optional<std::int64_t> steps = data.steps_in_epoch(e);
+    if (!steps) throw core::usage_error("give --steps: this data source has no epochs");
+    total += *steps;
+  }
+  return total;
+}
+
+void log_plan(const dist::World& world, const core::Logger& log, const TrainerParts& p,
+              const data::LoaderConfig& loader) {
+  const TrainConfig& config = p.config;
+  const std::int64_t params = p.model->layout().parameter_count();
+  log.info(
+      "{} on {} rank{} ({} backend): model {} ({:.2f}M parameters), {} steps of {} {}",
+      phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s", p.ops->name(),
+      p.source.initial_head() ? fmt::format("from {}", p.source.origin()) : p.source.config.name,
+      static_cast<double>(params) / 1e6, p.total_steps, config.global_batch,
+      config.phase == Phase::sft ? "rows" : "pairs");
+  const std::size_t buckets = p.parallel->buckets().size();
+  log.info(
+      "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-{}, "
+      "gradients added up in {}, {} gradient bucket{}, reduction {} ({})",
+      config.data_from_host ? "from the host (DataSource)" : config.data,
+      config.data_from_host ? std::string("?") : fmt::format("{}", p.index.samples()),
+      config.data_from_host ? std::string("?") : fmt::format("{}", p.index.total_tokens()),
+      loader.plan.accumulation(), loader.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
+      config.shard_optimizer ? (config.shard_gradients ? "2" : "1") : "0 (off)",
+      p.ops->compute_dtype() == kernels::DType::f32 || config.fp32_gradients(world.size()) ? "fp32"
+                                                                                           : "bf16",
+      buckets, buckets == 1 ? "" : "s",
+      config.shard_gradients ? "of every micro-batch"
+                             : (p.parallel->overlapping() ? "overlapped with the backward pass"
+                                                          : "after the backward"),
+      p.parallel->exchange_name());
+}
+
+}  // namespace
+
+std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const core::Logger& log,
+                                               TrainConfig config,
+                                               std::unique_ptr<StepSource> data) {
+  // In place, never moved: the data source holds a reference to `index`.
+  auto parts = std::make_unique<TrainerParts>();
+  TrainerParts& p = *parts;
+  p.config = std::move(config);
+  const TrainConfig& c = p.config;
+  c.validate();
+  if (c.data_from_host != (data != nullptr))
+    throw core::internal_error("Trainer: data_from_host and the data source disagree");
+  p.ops = kernels::make_ops(
+      c.backend, world.local_rank(),
+      {.device = c.device, .attention = c.attention, .deterministic = c.deterministic});
+  check_outputs_writable(world, c);
+
+  // The model: resumed, from --init, or a preset/config.json with fresh weights.
+  const std::string resume_dir = ckpt::choose_resume(
+      world, log,
+      {.ckpt_dir = c.ckpt_dir, .choice = c.resume, .verify_checksums = c.verify_resume});
+  p.source = resolve_model_source(c.model, resume_dir.empty() ? c.init : resume_dir);
+  const model::ModelConfig& mc = p.source.config;
+  if (c.seq_len > mc.max_position_embeddings) {
+    throw core::usage_error(fmt::format("--seq-len {} is longer than the model's {} positions",
+                                        c.seq_len, mc.max_position_embeddings));
+  }
+  if (c.phase == Phase::sft && p.source.initial_head() == model::HeadKind::reward) {
+    throw core::usage_error(
+        fmt::format("--init {} is a reward model; SFT needs a language model", p.source.origin()));
+  }
+  if (!resume_dir.empty()) {
+    ckpt::check_resume_compatible(*p.source.checkpoint,
+                                  {.phase = phase_name(c.phase),
+                                   .config = c.to_json(),
+                                   .allow_config_change = c.allow_config_change},
+                                  p.source.step_dir);
+  }
+  if (!c.data_from_host)
+    p.index = open_data(world, c.data, c.phase, mc, p.source, c.ignore_tokenizer_mismatch);
+  if (!c.val_data.empty())
+    p.val_index = open_data(world, c.val_data, c.phase, mc, p.source, c.ignore_tokenizer_mismatch);
+  require_training_memory(world, *p.ops, c, mc);
+
+  // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only.
+  const bool shard_master = p.ops->compute_dtype() != kernels::DType::f32 || c.master_in_optimizer;
+  p.model = std::make_unique<model::LlamaModel>(
+      mc, c.phase == Phase::sft ? model::HeadKind::language_model : model::HeadKind::reward, *p.ops,
+      model::ModelOptions{.recompute = c.recompute,
+                          .keep_master = !shard_master,
+                          .own_gradients = !c.shard_gradients,
+                          .fp32_gradients = c.fp32_gradients(world.size())});
+  const ModelWeights weights =
+      shard_master
+          ? ModelWeights{.master = {}, .compute = p.model->parameters()}
+          : ModelWeights{.master = p.model->master_weights(), .compute = p.model->weight_copy()};
+  p.parallel = std::make_unique<DataParallel>(world, *p.ops, p.model->layout(),
+                                              data_parallel_config(c, world.size(), shard_master),
+                                              c.adamw, weights);
+  if (c.shard_gradients) p.model->set_gradient_window(p.parallel.get());
+  data::Position position{0, 0};
+  if (resume_dir.empty()) {
+    const std::vector<float> initial = initialize_model(world, *p.model, p.source, c.seed);
+    if (shard_master) p.parallel->optimizer().load_master_from_whole(initial);
+  } else {
+    p.resumed = restore_checkpoint(world, log, resume_dir, *p.source.checkpoint, *p.parallel,
+                                   p.model->layout());
+    p.ops->synchronize();
+    position = p.resumed->position;
+  }
+  p.progress = std::make_unique<ProgressBar>(c.progress && world.is_root());
+  p.checkpoints = std::make_unique<RunCheckpoints>(
+      world, log, *p.progress, c.ckpt_dir,
+      ckpt::WriterPolicy{.keep_last = c.keep_last, .async = !c.checkpoint_sync}, *p.parallel);
+  if (p.resumed) p.checkpoints->resumed_from(resume_dir, p.resumed->step);
+
+  // The data, from where the run continues.
+  data::LoaderConfig lc;
+  lc.plan.seq_len = c.seq_len;
+  lc.plan.global_batch = c.global_batch;
+  lc.plan.micro_batch = c.micro_batch;
+  lc.plan.world_size = world.size();
+  lc.plan.seed = c.seed;
+  lc.plan.long_samples = c.drop_long ? data::LongSamples::drop : data::LongSamples::truncate;
+  lc.depth = c.prefetch_depth;
+  lc.pad_id = pad_token(c.data_from_host ? mc.vocab_size : p.index.vocab_size);
+  lc.model_vocab = mc.vocab_size;
+  lc.margins_from_data = c.margin_from_data;
+  if (c.margin_from_data && !c.data_from_host && !p.index.has_margin()) {
+    throw core::usage_error(fmt::format(
+        "--margin-from-data: the dataset {} has no margins (its records had no \"margin\")",
+        c.data));
+  }
+  if (data) {
+    p.data = std::move(data);
+  } else {
+    p.data = std::make_unique<ShardStepSource>(world, p.index, lc);
+  }
+  lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
+  p.data->start(StepShape{.phase = c.phase,
+                          .seq_len = c.seq_len,
+                          .per_rank = c.global_batch / world.size(),
+                          .micro_batch = c.micro_batch,
+                          .pad_id = lc.pad_id,
+                          .vocab_size = mc.vocab_size,
+                          .margins_from_data = c.margin_from_data,
+                          .rank = world.rank(),
+                          .ranks = world.size()},
+                position);
+
+  p.total_steps = count_steps(c, *p.data);
+  p.schedule = {c.lr, c.min_lr < 0 ? 0.1 * c.lr : c.min_lr, c.warmup, p.total_steps};
+  p.peak_tflops = c.peak_tflops > 0
+                      ? c.peak_tflops
+                      : kernels::default_peak_tflops(p.ops->backend(), world.local_rank());
+  if (world.is_root() && !c.metrics.empty()) {
+    p.metrics = std::make_unique<MetricsFile>(
+        c.metrics, p.resumed ? std::optional<std::int64_t>(p.resumed->step) : std::nullopt);
+  }
+  log_plan(world, log, p, lc);
+  return parts;
+}
+
+}  // namespace l3::train

@@ -1,0 +1,59 @@
+// The parts of a training run and the one function that assembles them from a TrainConfig:
+// the backend, the model (fresh, from --init, or resumed), the data, the data-parallel
+// optimizer, the checkpoints, the schedule and the outputs. The Trainer (trainer.cpp) is the
+// step loop over these parts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "core/log.hpp"
+#include "dist/world.hpp"
+#include "io/data/dataset_index.hpp"
+#include "kernels/ops.hpp"
+#include "model/llama_model.hpp"
+#include "train/data_parallel.hpp"
+#include "train/lr_schedule.hpp"
+#include "train/metrics.hpp"
+#include "train/model_source.hpp"
+#include "train/progress_bar.hpp"
+#include "train/run_checkpoints.hpp"
+#include "train/step_source.hpp"
+#include "train/train_config.hpp"
+
+namespace l3::train {
+
+// Declared in the order they depend on each other (and are destroyed in reverse): the data
+// source reads `index`, the model and the optimizer compute on `ops`, the checkpoints report
+// through `progress`.
+struct TrainerParts {
+  TrainConfig config;
+  std::unique_ptr<kernels::Ops> ops;
+  ModelSource source;
+  data::DatasetIndex index;      // the training shards (empty when the host gives the data)
+  data::DatasetIndex val_index;  // empty without --val-data
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<StepSource> data;
+  std::unique_ptr<DataParallel> parallel;
+  std::unique_ptr<ProgressBar> progress;
+  std::unique_ptr<RunCheckpoints> checkpoints;
+  std::unique_ptr<MetricsFile> metrics;  // rank 0 with --metrics only
+  LrSchedule schedule;
+  double peak_tflops = 0;  // per rank, for MFU; 0: unknown
+  std::int64_t total_steps = 0;
+  std::optional<ResumedState> resumed;  // where a resumed run continues
+};
+
+// Collective over `world`: checks the options and the outputs, chooses the checkpoint to
+// resume from, resolves the model, opens the data, refuses a run that cannot fit in memory,
+// builds the model and the optimizer, initialises or restores the weights, starts the data
+// source at its position, and counts the steps. `data`: the training data when it does not
+// come from config.data's shards (config.data_from_host must then be set). Errors are
+// core::Error (usage, bad_input) with context.
+[[nodiscard]] std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world,
+                                                             const core::Logger& log,
+                                                             TrainConfig config,
+                                                             std::unique_ptr<StepSource> data);
+
+}  // namespace l3::train
