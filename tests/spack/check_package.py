@@ -214,6 +214,25 @@ for name in sorted(set(recorded) & set(package_deps)):
 catch2 = [d for d in own if d[0] == "depends_on" and d[1][0].startswith("catch2")]
 check("catch2 is a test dependency", bool(catch2) and "test" in catch2[0][2].get("type", ()), str(catch2))
 
+# ---- language dependencies only where Spack knows them ---------------------------------------
+# c and cxx are virtuals from Spack 0.23 on (no-op back-ports in 0.21.3 and 0.22.2) and required
+# from 1.0; an older Spack fails to concretize a package that names them.
+for version_info, knows in [((0, 20, 0), False), ((0, 21, 2), False), ((0, 21, 3), True),
+                            ((0, 22, 0), False), ((0, 22, 1), False), ((0, 22, 2), True),
+                            ((0, 23, 0, "dev0"), True), ((0, 23, 1), True), ((1, 0, 0), True),
+                            ((1, 1, "0"), True), (None, True)]:
+    if version_info is None:
+        spack_module.__dict__.pop("spack_version_info", None)
+    else:
+        spack_module.spack_version_info = version_info
+    start = len(directives)
+    exec(compile(source, package_path, "exec"), {"__name__": "llama3_hpc_package"})
+    languages = sorted(d[1][0] for d in directives[start:]
+                       if d[0] == "depends_on" and d[3] == "Llama3Hpc" and d[1][0] in ("c", "cxx"))
+    check(f"Spack {version_info or '(no version)'}: c and cxx {'declared' if knows else 'not declared'}",
+          languages == (["c", "cxx"] if knows else []), str(languages))
+spack_module.__dict__.pop("spack_version_info", None)
+
 # ---- with a real Spack, where there is one ---------------------------------------------------
 if shutil.which("spack"):
     with tempfile.TemporaryDirectory() as config:

@@ -17,6 +17,20 @@ try:  # Spack >= 1.0: the build systems live in the builtin package repository
 except ImportError:  # Spack 0.x: they come with spack.package
     pass
 
+import spack
+
+
+def _spack_knows_languages():
+    """Whether this Spack knows the language virtuals `c` and `cxx`: Spack >= 1.0 needs them
+    declared (it gives a package only the compilers it depends on), 0.23 introduced them and
+    0.22.2 and 0.21.3 took them in as no-ops; an older Spack stops at concretization with
+    "Package 'c' not found", however the directive is written."""
+    try:
+        version = tuple(int(str(part)) for part in spack.spack_version_info[:3])
+    except (AttributeError, TypeError, ValueError):
+        return True  # no version to read: assume a current Spack
+    return version >= (0, 22, 2) or (0, 21, 3) <= version < (0, 22, 0)
+
 
 class Llama3Hpc(CMakePackage, CudaPackage):
     """Fine-tune Llama 3 models on supercomputers: supervised fine-tuning and Bradley-Terry
@@ -32,9 +46,11 @@ class Llama3Hpc(CMakePackage, CudaPackage):
 
     variant("tests", default=False, description="Build the test suite (ctest; needs Catch2)")
 
-    # The compilers (Spack >= 1.0 treats languages as dependencies): C++20.
-    depends_on("c", type="build")
-    depends_on("cxx", type="build")
+    # The compilers (Spack >= 1.0 treats languages as dependencies): C++20, and C for CMake's
+    # project(LANGUAGES C CXX). Declared only where Spack knows them (see above).
+    if _spack_knows_languages():
+        depends_on("c", type="build")
+        depends_on("cxx", type="build")
     depends_on("cmake@3.24:", type="build")
     depends_on("pkgconfig", type="build")
 
