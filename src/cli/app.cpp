@@ -69,6 +69,7 @@ std::string version_text() {
                   build.sanitizers.empty() ? "" : ", sanitizers " + build.sanitizers);
   for (const kernels::BackendReport& backend : kernels::describe_backends()) {
     text += fmt::format("backend {}: {}\n", backend.name, backend.summary);
+    if (!backend.warning.empty()) text += fmt::format("warning: {}\n", backend.warning);
   }
   for (const core::LibraryVersion& library : core::library_versions()) {
     text += fmt::format("{}: {}\n", library.name, library.version);
