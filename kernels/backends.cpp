@@ -6,6 +6,7 @@
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
+#include "kernels/cpu/blas_core.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
@@ -20,9 +21,14 @@ namespace {
 BackendReport cpu_backend() {
   const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
   const char* threading = parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential";
-  return {Backend::cpu, "cpu", true, true,
-          fmt::format("fp32, {} OpenMP threads, OpenBLAS {} {} threads ({})", omp_get_max_threads(),
-                      openblas_get_num_threads(), threading, openblas_get_corename())};
+  const cpu::BlasCore core = cpu::openblas_core();
+  return {Backend::cpu,
+          "cpu",
+          true,
+          true,
+          fmt::format("fp32, {} OpenMP threads, OpenBLAS {} {} threads, OpenBLAS core {}",
+                      omp_get_max_threads(), openblas_get_num_threads(), threading, core.name),
+          core.warning};
 }
 
 BackendReport cuda_backend() {
@@ -35,7 +41,10 @@ BackendReport cuda_backend() {
                            static_cast<double>(d.memory_bytes) / (1ULL << 30U), d.sm_count);
   }
   if (devices.empty()) devices = "none (" + info.no_device_reason + ")";
-  return {Backend::cuda, "cuda", true, !info.devices.empty(),
+  return {Backend::cuda,
+          "cuda",
+          true,
+          !info.devices.empty(),
           fmt::format("bf16, compiled for sm {}; CUDA runtime {}, driver {}; cuBLASLt {}, "
                       "cuDNN {}, NCCL {}; devices: {}",
                       core::build_info().cuda_archs, cuda::version_string(info.runtime_version),
@@ -43,10 +52,15 @@ BackendReport cuda_backend() {
                                                : cuda::version_string(info.driver_version),
                       cuda::library_version_string(info.cublaslt_version),
                       cuda::library_version_string(info.cudnn_version),
-                      cuda::library_version_string(info.nccl_version), devices)};
+                      cuda::library_version_string(info.nccl_version), devices),
+          {}};
 #else
-  return {Backend::cuda, "cuda", false, false,
-          "not compiled in (configure with -DL3_CUDA=ON and a CUDA toolkit)"};
+  return {Backend::cuda,
+          "cuda",
+          false,
+          false,
+          "not compiled in (configure with -DL3_CUDA=ON and a CUDA toolkit)",
+          {}};
 #endif
 }
 

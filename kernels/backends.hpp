@@ -16,6 +16,7 @@ struct BackendReport {
   bool compiled = false;
   bool usable = false;  // compiled and (for cuda) at least one device visible
   std::string summary;  // one line for humans: versions, devices, or why it is unusable
+  std::string warning;  // empty, or one line: it runs, but far below what it could (cpu/blas_core)
 };
 
 // Every backend known to the program, compiled or not.

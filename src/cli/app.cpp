@@ -28,7 +28,7 @@ namespace {
 constexpr std::string_view kProgram = "llama3-hpc";
 
 // The rank the launcher gave this process, read from its environment before MPI is up, so that
-// help and "not built" messages print once under `mpiexec -n 64` without initialising MPI
+// help, version and usage messages print once under `mpiexec -n 64` without initialising MPI
 // (which some login nodes do not allow).
 int launcher_rank() {
   for (const char* name : {"PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
@@ -51,8 +51,7 @@ std::string top_level_help() {
       "       {0} --version\n\nCommands:\n",
       kProgram, core::build_info().version);
   for (const Command& command : command_table()) {
-    text += fmt::format("  {:<10} {}{}\n", command.name, command.summary,
-                        command.run == nullptr ? "  [not built yet]" : "");
+    text += fmt::format("  {:<10} {}\n", command.name, command.summary);
   }
   text +=
       "\nEvery option can also be set in a config file: --config FILE, with 'key = value' lines\n"
@@ -70,6 +69,7 @@ std::string version_text() {
                   build.sanitizers.empty() ? "" : ", sanitizers " + build.sanitizers);
   for (const kernels::BackendReport& backend : kernels::describe_backends()) {
     text += fmt::format("backend {}: {}\n", backend.name, backend.summary);
+    if (!backend.warning.empty()) text += fmt::format("warning: {}\n", backend.warning);
   }
   for (const core::LibraryVersion& library : core::library_versions()) {
     text += fmt::format("{}: {}\n", library.name, library.version);
@@ -102,10 +102,6 @@ std::string command_help(const Command& command) {
   text << "Usage: " << kProgram << ' ' << command.usage << "\n\n"
        << command.summary << ".\n"
        << command.description << "\n";
-  if (command.run == nullptr) {
-    text << "\nStatus: not built yet in " << kProgram << ' ' << core::build_info().version
-         << " (it comes with " << command.planned << ").\n";
-  }
   text << '\n';
   if (!options.own.options().empty()) text << options.own << '\n';
   text << options.common;
@@ -196,12 +192,6 @@ int run_cli(int argc, char** argv) {
     if (wants_help(args)) {
       print_once(std::cout, command_help(*command));
       return core::kExitOk;
-    }
-    if (command->run == nullptr) {
-      print_once(std::cerr, fmt::format("error: '{} {}' is not built yet in this version (it "
-                                        "comes with {}); see '{} --help'\n",
-                                        kProgram, command->name, command->planned, kProgram));
-      return core::kExitBadInput;
     }
     return run_under_mpi(*command, args, argc, argv);
   } catch (...) {

@@ -32,8 +32,7 @@ struct Command {
   std::string_view usage;        // e.g. "ckpt list|verify|prune --ckpt-dir DIR [options]"
   std::string_view description;  // a paragraph for `llama3-hpc NAME --help`
   DeclareFunction declare = nullptr;
-  RunFunction run = nullptr;  // nullptr: not built yet in this version
-  std::string_view planned;   // when not built: which part of the roadmap brings it
+  RunFunction run = nullptr;  // every registered command has one
 };
 
 [[nodiscard]] std::span<const Command> command_table() noexcept;

@@ -9,6 +9,7 @@
 #include "cli/demo_data.hpp"
 #include "cli/inference_model.hpp"
 #include "cli/prompt_format.hpp"
+#include "cli/train_command.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
@@ -155,6 +156,7 @@ int run_demo(const CommandContext& context) {
   prepare(context, prep::DatasetKind::preference, root + "/input/preferences.jsonl",
           root + "/preferences");
 
+  log_blas_core(context, "cpu");  // the demo's runs are --backend cpu
   context.log.info("demo: supervised fine-tuning");
   l3::RunSummary sft;
   {

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "cli/run_outcome.hpp"
 #include "core/build_info.hpp"
@@ -133,6 +134,7 @@ void print_human(const dist::World& world, const std::vector<json>& ranks,
   }
   for (const kernels::BackendReport& b : kernels::describe_backends()) {
     text += fmt::format("backend:   {:<5} {}\n", b.name, b.summary);
+    if (!b.warning.empty()) text += fmt::format("warning:   {}\n", b.warning);
   }
   for (const core::LibraryVersion& lib : core::library_versions()) {
     text += fmt::format("library:   {:<14} {}\n", lib.name, lib.version);
@@ -145,8 +147,10 @@ json to_json(const dist::World& world, const std::vector<json>& ranks, const Wor
   const core::BuildInfo build = core::build_info();
   json backends = json::array();
   for (const kernels::BackendReport& b : kernels::describe_backends()) {
-    backends.push_back(
-        {{"name", b.name}, {"compiled", b.compiled}, {"usable", b.usable}, {"summary", b.summary}});
+    json backend = {
+        {"name", b.name}, {"compiled", b.compiled}, {"usable", b.usable}, {"summary", b.summary}};
+    if (!b.warning.empty()) backend["warning"] = b.warning;
+    backends.push_back(std::move(backend));
   }
   json libraries = json::object();
   for (const core::LibraryVersion& lib : core::library_versions())

@@ -10,6 +10,8 @@
 
 #include "api/train_options.hpp"
 #include "core/error.hpp"
+#include "kernels/backends.hpp"
+#include "kernels/cpu/blas_core.hpp"
 #include "l3/l3.hpp"
 #include "train/metrics.hpp"
 
@@ -84,6 +86,17 @@ int print_memory_plan(const CommandContext& context, const l3::RunConfig& config
   return core::kExitOk;
 }
 
+}  // namespace
+
+void log_blas_core(const CommandContext& context, std::string_view backend) {
+  if (backend != "cpu" && (backend != "auto" || kernels::visible_cuda_devices() > 0)) return;
+  const kernels::cpu::BlasCore core = kernels::cpu::openblas_core();
+  context.log.info("cpu backend: OpenBLAS core {} ({})", core.name, core.config);
+  if (!core.warning.empty()) context.log.warn("{}", core.warning);
+}
+
+namespace {
+
 // `llama3-hpc sft|reward` through the public API (include/l3/l3.hpp), as an embedding host would:
 // the CLI has no shortcut into the trainer.
 int run_phase(const CommandContext& context, l3::Phase phase) {
@@ -94,6 +107,7 @@ int run_phase(const CommandContext& context, l3::Phase phase) {
   const bool has_checkpoints = !config.get("ckpt-dir").empty();
   l3::Session session(context.world.comm(), config);
   const StopSignals signals(session);
+  log_blas_core(context, config.get("backend"));
   session.on_step([&](const l3::StepMetrics& /*metrics*/) {
     if (const int signal = g_stop_signal.exchange(0); signal != 0) {
       context.log.local(core::LogLevel::warn, "received {}: checkpointing and stopping",

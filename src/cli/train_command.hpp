@@ -2,6 +2,8 @@
 // train::TrainConfig (the same fields an embedding application sets in code).
 #pragma once
 
+#include <string_view>
+
 #include "cli/command.hpp"
 #include "train/train_config.hpp"
 
@@ -13,5 +15,10 @@ void declare_reward_options(po::options_description& options,
                             po::positional_options_description& positional);
 int run_sft(const CommandContext& context);
 int run_reward(const CommandContext& context);
+
+// At the start of a training run on the CPU backend (`backend`: cpu, or auto without a visible
+// CUDA device): one line naming the OpenBLAS core, and a warning when it is a generic fallback
+// on a CPU that can do much better (kernels/cpu/blas_core.hpp). Nothing on the CUDA backend.
+void log_blas_core(const CommandContext& context, std::string_view backend);
 
 }  // namespace l3::cli

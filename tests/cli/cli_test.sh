@@ -23,6 +23,7 @@ expect "version names the program" contains "$out" "llama3-hpc 0."
 expect "version lists MPI" contains "$out" "MPI: "
 expect "version lists HDF5" contains "$out" "HDF5: "
 expect "version lists the cpu backend" contains "$out" "backend cpu:"
+expect "version names the OpenBLAS core" contains "$out" "OpenBLAS core "
 run "subcommand help" 0 "$bin" info --help
 expect "subcommand help shows its options" contains "$out" "--json"
 expect "subcommand help shows common options" contains "$out" "--config"
@@ -78,6 +79,7 @@ expect "names the pattern" contains "$err" "none-*.jsonl: no input file matches"
 run "info runs" 0 "$bin" info
 expect "info reports the world" contains "$out" "world:     1 rank on 1 node"
 expect "info self-check passes" contains "$out" "allreduce over 1 ranks: ok"
+expect "info names the OpenBLAS core" contains "$out" "OpenBLAS core "
 run "info --json" 0 "$bin" info --json
 expect "json has world_size" contains "$out" '"world_size":1'
 run "bad option" 2 "$bin" info --bogus
@@ -166,6 +168,7 @@ run "--deterministic on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --dat
 expect "reports the exchange" contains "$err$out" "(mpi"
 run "sft on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --val-data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 6 --lr 1e-3 --metrics "$work/m.jsonl" --ckpt-dir "$work/ck" --checkpoint-every 4 --no-progress
 expect "a summary line" contains "$out" "sft done: 6 steps"
+expect "the log names the OpenBLAS core" contains "$err" "cpu backend: OpenBLAS core "
 expect "a metrics line per step" [ "$(grep -c '"kind":"train"' "$work/m.jsonl")" = 6 ]
 expect "an eval object" [ "$(grep -c '"kind":"eval"' "$work/m.jsonl")" = 1 ]
 expect "latest names the last step" [ "$(cat "$work/ck/latest")" = "step-00000006" ]

@@ -9,7 +9,8 @@ outputs, and itself offered as an output to replace) must be unchanged after eve
 
     option_fuzz.py LLAMA3_HPC MPIEXEC [--runs N] [--seed S] [--keep]
 
-The seed is printed (CI uses the fixed default); a failure prints the command line to rerun.
+The seed is printed: --seed S, else $L3_TEST_SEED (a number, or "random" for a fresh one), else
+the fixed default that CI uses; a failure prints the command line to rerun.
 """
 import argparse
 import os
@@ -19,6 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from test_seed import test_seed  # noqa: E402
 
 DOCUMENTED = {0, 2, 75}
 
@@ -266,11 +270,13 @@ def main():
     parser.add_argument("binary")
     parser.add_argument("mpiexec")
     parser.add_argument("--runs", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=20261202)
+    parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("--report", action="store_true",
                         help="list the most frequent refusals (to tune the generator)")
     a = parser.parse_args()
+    if a.seed is None:
+        a.seed = test_seed(20261202)
     binary = os.path.abspath(a.binary)
     print("option fuzz: %d runs, seed %d" % (a.runs, a.seed), flush=True)
     rng = random.Random(a.seed)

@@ -214,6 +214,37 @@ for name in sorted(set(recorded) & set(package_deps)):
 catch2 = [d for d in own if d[0] == "depends_on" and d[1][0].startswith("catch2")]
 check("catch2 is a test dependency", bool(catch2) and "test" in catch2[0][2].get("type", ()), str(catch2))
 
+# ---- language dependencies only where Spack knows them ---------------------------------------
+# Spack 1.x requires c and cxx; 0.22 and 0.23 take those in spack.directives.SUPPORTED_LANGUAGES
+# (0.23.0.dev0: cxx and fortran, not c: "Package 'c' not found"); older ones know neither.
+directives_module = types.ModuleType("spack.directives")
+spack_module.directives = directives_module
+sys.modules["spack.directives"] = directives_module
+for version_info, supported, expected in [
+        ((0, 20, 0), None, []),
+        ((0, 21, 2), None, []),
+        ((0, 23, 0, "dev0"), ("fortran", "cxx"), ["cxx"]),
+        ((0, 23, 1), ("fortran", "cxx", "c"), ["c", "cxx"]),
+        ((1, 0, 0), None, ["c", "cxx"]),
+        ((1, 1, "0"), None, ["c", "cxx"]),
+        (None, None, ["c", "cxx"])]:
+    if version_info is None:
+        spack_module.__dict__.pop("spack_version_info", None)
+    else:
+        spack_module.spack_version_info = version_info
+    if supported is None:
+        directives_module.__dict__.pop("SUPPORTED_LANGUAGES", None)
+    else:
+        directives_module.SUPPORTED_LANGUAGES = supported
+    start = len(directives)
+    exec(compile(source, package_path, "exec"), {"__name__": "llama3_hpc_package"})
+    languages = sorted(d[1][0] for d in directives[start:]
+                       if d[0] == "depends_on" and d[3] == "Llama3Hpc" and d[1][0] in ("c", "cxx"))
+    check(f"Spack {version_info or '(no version)'}: languages {expected}", languages == expected,
+          str(languages))
+spack_module.__dict__.pop("spack_version_info", None)
+del sys.modules["spack.directives"]
+
 # ---- with a real Spack, where there is one ---------------------------------------------------
 if shutil.which("spack"):
     with tempfile.TemporaryDirectory() as config:

@@ -1,6 +1,7 @@
 // main() for tests that need external data named by environment variables (L3_REQUIRED_ENV,
 // a comma-separated list given at compile time): when one is unset every test exits 77
 // (ctest's SKIP_RETURN_CODE) with a SKIP line saying which. Listing the tests needs nothing.
+// A failed test case that drew random inputs prints the test seed (seed_listener.hpp).
 #if L3_CATCH2_MAJOR < 3
 #define CATCH_CONFIG_RUNNER
 #endif
@@ -11,6 +12,7 @@
 
 #include "catch.hpp"
 #include "listing.hpp"
+#include "seed_listener.hpp"
 
 int main(int argc, char** argv) {
   if (!l3::test::listing_tests(argc, argv)) {

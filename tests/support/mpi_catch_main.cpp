@@ -3,7 +3,8 @@
 // report only failures, so a passing run prints one summary. Built with L3_NEEDS_CUDA_DEVICE
 // (MPI tests of the CUDA backend): without a CUDA device it exits 77 with a SKIP line first
 // (cuda_device_check.hpp), and rank 0 logs its progress to L3_TEST_PROGRESS_FILE where that is
-// set (progress_listener.hpp).
+// set (progress_listener.hpp). A failed test case that drew random inputs prints the test seed
+// (seed_listener.hpp).
 #if L3_CATCH2_MAJOR < 3
 #define CATCH_CONFIG_RUNNER
 #endif
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "seed_listener.hpp"
 
 #if defined(L3_NEEDS_CUDA_DEVICE)
 #include <cstdlib>

@@ -1,29 +1,19 @@
-// Test support for numerical kernels: fresh random inputs per run (seed printed on failure and
-// settable with L3_TEST_SEED), relative errors, and central finite differences in double.
+// Test support for numerical kernels: random inputs from the test seed (fixed unless
+// L3_TEST_SEED says otherwise, printed on failure: test_seed.hpp), relative errors, and central
+// finite differences in double.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/rng.hpp"
+#include "test_seed.hpp"
 
 namespace l3::test {
-
-// The seed of this test run: $L3_TEST_SEED, or a fresh one.
-inline std::uint64_t test_seed() {
-  static const std::uint64_t seed = [] {
-    if (const char* text = std::getenv("L3_TEST_SEED"); text != nullptr && *text != '\0') {
-      return static_cast<std::uint64_t>(std::strtoull(text, nullptr, 10));
-    }
-    return (static_cast<std::uint64_t>(std::random_device{}()) << 32U) ^ std::random_device{}();
-  }();
-  return seed;
-}
 
 // Deterministic random vectors from (test seed, stream).
 class Random {

@@ -17,6 +17,27 @@ try:  # Spack >= 1.0: the build systems live in the builtin package repository
 except ImportError:  # Spack 0.x: they come with spack.package
     pass
 
+import spack
+
+
+def _spack_knows_language(name):
+    """Whether this Spack takes `depends_on(name)` for the language `name` (c, cxx). Spack 1.x
+    requires it (a package gets only the compilers it depends on); 0.22 and 0.23 know a fixed
+    list (spack.directives.SUPPORTED_LANGUAGES: 0.23.0.dev0 has cxx and fortran but not c); an
+    older Spack stops at concretization with "Package 'c' not found"."""
+    try:
+        from spack import directives
+
+        known = getattr(directives, "SUPPORTED_LANGUAGES", None)
+    except ImportError:
+        known = None
+    if known is not None:
+        return name in known
+    try:
+        return tuple(int(str(part)) for part in spack.spack_version_info[:2]) >= (1, 0)
+    except (AttributeError, TypeError, ValueError):
+        return True  # no version to read: assume a current Spack
+
 
 class Llama3Hpc(CMakePackage, CudaPackage):
     """Fine-tune Llama 3 models on supercomputers: supervised fine-tuning and Bradley-Terry
@@ -32,9 +53,12 @@ class Llama3Hpc(CMakePackage, CudaPackage):
 
     variant("tests", default=False, description="Build the test suite (ctest; needs Catch2)")
 
-    # The compilers (Spack >= 1.0 treats languages as dependencies): C++20.
-    depends_on("c", type="build")
-    depends_on("cxx", type="build")
+    # The compilers (Spack >= 1.0 treats languages as dependencies): C++20, and C for CMake's
+    # project(LANGUAGES C CXX). Each declared only where Spack knows it (see above).
+    if _spack_knows_language("c"):
+        depends_on("c", type="build")
+    if _spack_knows_language("cxx"):
+        depends_on("cxx", type="build")
     depends_on("cmake@3.24:", type="build")
     depends_on("pkgconfig", type="build")
 
