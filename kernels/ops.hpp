@@ -58,6 +58,8 @@ struct AdamWParams {
 // `automatic` (a choice, never an Ops' own) is CUDA when compiled in and a device is visible.
 enum class Backend : std::uint8_t { automatic, cpu, cuda };
 
+// Every member is pure: a backend, and a decorator such as ProfilingOps, states each one, so
+// that one it forgets is a compile error rather than a silent default.
 class Ops {
  public:
   Ops() = default;
@@ -71,15 +73,15 @@ class Ops {
   [[nodiscard]] virtual Backend backend() const noexcept = 0;
   // What the backend did that a run's log should say (e.g. which attention ran how often);
   // empty when nothing.
-  [[nodiscard]] virtual std::string report() const { return {}; }
+  [[nodiscard]] virtual std::string report() const = 0;
   // The element type of activations and of the weights the matmuls read.
   [[nodiscard]] virtual DType compute_dtype() const noexcept = 0;
   // Makes the calling thread work on this backend's device (CUDA keeps the current device per
   // host thread), so that a host may drive a run from another thread than the one that made it.
-  virtual void bind_thread() {}
+  virtual void bind_thread() = 0;
   // Bytes of the memory the backend computes in (a GPU's), for the check that a run fits before
   // it allocates; 0 when that memory is the host's (core::host_memory_bytes() applies).
-  [[nodiscard]] virtual std::int64_t memory_capacity() const { return 0; }
+  [[nodiscard]] virtual std::int64_t memory_capacity() const = 0;
 
   // ---- memory ----------------------------------------------------------------------------
   // Zero-initialised.
@@ -93,15 +95,12 @@ class Ops {
   // two sets (`set` 0 or 1) and passes every upload of one micro-batch in one call. A backend
   // with queues copies on its own copy queue, overlapping the work already queued: copies into
   // a set wait only for the work queued before the previous call (which used the other set),
-  // and the work queued after this call waits for the copies. Here: plain copies.
-  virtual void upload_inputs(int set, std::span<const HostUpload> uploads) {
-    (void)set;
-    for (const HostUpload& u : uploads) copy(u.dst, u.src);
-  }
+  // and the work queued after this call waits for the copies. Without queues: plain copies.
+  virtual void upload_inputs(int set, std::span<const HostUpload> uploads) = 0;
   // Milliseconds the backend's compute queue stood waiting for input uploads since the last
-  // call (call it once the queued work is done, e.g. after synchronize()). 0 here: plain copies
-  // happen before the work is queued.
-  [[nodiscard]] virtual double take_input_wait_ms() { return 0.0; }
+  // call (call it once the queued work is done, e.g. after synchronize()). 0 without queues:
+  // plain copies happen before the work is queued.
+  [[nodiscard]] virtual double take_input_wait_ms() = 0;
 
   // ---- linear layers: y = x W^T, W stored [out, in] as in Hugging Face --------------------
   // y (M, N) = x (M, K) W^T, W (N, K); y += ... when accumulate
@@ -162,9 +161,7 @@ class Ops {
   [[nodiscard]] virtual double sum_squares(TensorView x, std::int64_t n) = 0;
   // out[i] = sum_squares(xs[i], xs[i].numel()), the same values; a backend with a queue
   // returns them all with one synchronisation instead of one each.
-  virtual void sum_squares_each(std::span<const TensorView> xs, std::span<double> out) {
-    for (std::size_t i = 0; i < xs.size(); ++i) out[i] = sum_squares(xs[i], xs[i].numel());
-  }
+  virtual void sum_squares_each(std::span<const TensorView> xs, std::span<double> out) = 0;
 
   // ---- lm_head + cross-entropy, fused and chunked over tokens -------------------------------
   // h (N, H), w (V, H). rows (C) i32: the positions whose loss counts (ascending), targets (C)

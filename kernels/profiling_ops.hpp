@@ -49,6 +49,9 @@ class ProfilingOps final : public Ops {
   [[nodiscard]] std::string_view name() const noexcept override { return inner_.name(); }
   [[nodiscard]] Backend backend() const noexcept override { return inner_.backend(); }
   [[nodiscard]] DType compute_dtype() const noexcept override { return inner_.compute_dtype(); }
+  [[nodiscard]] std::string report() const override { return inner_.report(); }
+  void bind_thread() override { inner_.bind_thread(); }
+  [[nodiscard]] std::int64_t memory_capacity() const override { return inner_.memory_capacity(); }
   [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override {
     return timed("allocate", [&] { return inner_.allocate(dtype, numel); });
   }
@@ -124,6 +127,9 @@ class ProfilingOps final : public Ops {
   }
   [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override {
     return timed("sum_squares", [&] { return inner_.sum_squares(x, n); });
+  }
+  void sum_squares_each(std::span<const TensorView> xs, std::span<double> out) override {
+    timed("sum_squares_each", [&] { inner_.sum_squares_each(xs, out); });
   }
   void lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
                              TensorView w, TensorView rows, TensorView targets, std::int64_t n,

@@ -150,6 +150,14 @@ void CpuOps::add_into(TensorView dst, TensorView src, std::int64_t n) {
 
 double CpuOps::sum_squares(TensorView x, std::int64_t n) { return cpu::sum_squares(cf32(x, n)); }
 
+void CpuOps::sum_squares_each(std::span<const TensorView> xs, std::span<double> out) {
+  for (std::size_t i = 0; i < xs.size(); ++i) out[i] = sum_squares(xs[i], xs[i].numel());
+}
+
+void CpuOps::upload_inputs(int /*set*/, std::span<const HostUpload> uploads) {
+  for (const HostUpload& u : uploads) copy(u.dst, u.src);
+}
+
 void CpuOps::lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
                                    TensorView w, TensorView rows, TensorView targets,
                                    std::int64_t n, std::int64_t counted, std::int64_t vocab,

@@ -13,6 +13,12 @@ class CpuOps final : public Ops {
   [[nodiscard]] std::string_view name() const noexcept override { return "cpu"; }
   [[nodiscard]] Backend backend() const noexcept override { return Backend::cpu; }
   [[nodiscard]] DType compute_dtype() const noexcept override { return DType::f32; }
+  [[nodiscard]] std::string report() const override { return {}; }
+  void bind_thread() override {}  // host memory: any thread
+  [[nodiscard]] std::int64_t memory_capacity() const override { return 0; }  // the host's
+  void upload_inputs(int set, std::span<const HostUpload> uploads) override;
+  [[nodiscard]] double take_input_wait_ms() override { return 0.0; }
+  void sum_squares_each(std::span<const TensorView> xs, std::span<double> out) override;
 
   [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override;
   // Bytes handed out by allocate() since construction (numel x element size, not counting

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "core/rng.hpp"
+#include "model/decoder_block.hpp"
 #include "model/rope_table.hpp"
 
 namespace l3::model {
@@ -60,14 +61,7 @@ void Generator::reset(std::int64_t capacity) {
   v_cache_.assign(cache, 0.0F);
   capacity_ = capacity;
   length_ = 0;
-  if (capacity > rope_positions_) {
-    const RopeTable table = make_rope_table(c, capacity);
-    rope_cos_ = ops_.allocate(DType::f32, static_cast<std::int64_t>(table.cos.size()));
-    rope_sin_ = ops_.allocate(DType::f32, static_cast<std::int64_t>(table.sin.size()));
-    ops_.copy(rope_cos_.view(), host_view(table.cos));
-    ops_.copy(rope_sin_.view(), host_view(table.sin));
-    rope_positions_ = capacity;
-  }
+  rope_.ensure(ops_, c, capacity);
 }
 
 void Generator::ensure_workspace(std::int64_t n) {
@@ -186,62 +180,52 @@ std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool 
     ops_.copy(cu_seqlens_.view(), host_view(segments));
   }
 
-  const TensorView x = x_.slice(0, n * h);    // (n, H) the residual stream
-  const TensorView hs = h_.slice(0, n * h);   // (n, H) after the attention half
-  const TensorView ln = ln_.slice(0, n * h);  // (n, H) normalised input of a half
-  const TensorView rstd = rstd_.slice(0, n);
-  const TensorView qs = q_.slice(0, n * q);   // (n, n_heads, head_dim)
-  const TensorView ks = k_.slice(0, n * kv);  // (n, n_kv_heads, head_dim)
-  const TensorView vs = v_.slice(0, n * kv);
-  const TensorView att = att_.slice(0, n * q);
-  const TensorView gate = gate_.slice(0, n * i);
-  const TensorView up = up_.slice(0, n * i);
-  const TensorView act = act_buf_.slice(0, n * i);
+  const TensorView x = x_.slice(0, n * h);  // (n, H) the residual stream, in and out
+  // One row buffer for both norms of a block (nothing reads them after the block).
+  const BlockViews a{.ln1 = ln_.slice(0, n * h),
+                     .rstd1 = rstd_.slice(0, n),
+                     .q = q_.slice(0, n * q),   // (n, n_heads, head_dim)
+                     .k = k_.slice(0, n * kv),  // (n, n_kv_heads, head_dim)
+                     .v = v_.slice(0, n * kv),
+                     .att = att_.slice(0, n * q),
+                     .lse = lse_.slice(0, n * c.n_heads),
+                     .h = h_.slice(0, n * h),  // (n, H) after the attention half
+                     .ln2 = ln_.slice(0, n * h),
+                     .rstd2 = rstd_.slice(0, n),
+                     .gate = gate_.slice(0, n * i),
+                     .up = up_.slice(0, n * i),
+                     .act = act_buf_.slice(0, n * i)};
+  const RopeViews rope{.positions = positions_.slice(0, n), .cos = rope_.cos(), .sin = rope_.sin()};
   const auto host = [](std::vector<float>& values, std::int64_t count) {
     return TensorView(std::span<float>(values).first(static_cast<std::size_t>(count)));
   };
 
-  ops_.embedding(x, tokens_.slice(0, n), model_.parameter("model.embed_tokens.weight"), n, h);
+  const TensorView params = model_.parameters();
+  const ParameterLayout& layout = model_.layout();
+  ops_.embedding(x, tokens_.slice(0, n), params.slice(layout.embedding(), v * h), n, h);
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
-    const auto w = [&](std::string_view name) {
-      return model_.parameter(fmt::format("{}{}.weight", p, name));
+    // The attention: the new rows' K and V into the cache, then the new queries against every
+    // cached position (a prefill: against each other, with the backend's kernel).
+    const auto attend_cached = [&] {
+      ops_.copy(host(k_host_, n * kv), a.k);
+      ops_.copy(host(v_host_, n * kv), a.v);
+      if (prefill) {
+        ops_.attention(a.att, a.lse, a.q, a.k, a.v, cu_seqlens_.view(), shape);
+      } else {
+        ops_.copy(host(q_host_, n * q), a.q);
+      }
+      ops_.synchronize();
+      // the new rows of the cache: positions length_ .. length_ + n - 1 of this layer
+      const auto row = static_cast<std::ptrdiff_t>((l * capacity_ + length_) * kv);
+      std::copy_n(k_host_.begin(), n * kv, k_cache_.begin() + row);
+      std::copy_n(v_host_.begin(), n * kv, v_cache_.begin() + row);
+      if (!prefill) {
+        attend(l, n);
+        ops_.copy(a.att, host(att_host_, n * q));
+      }
     };
-    // attention half: h = x + o_proj(attn(rope(q), rope(k), v)), q/k/v from rmsnorm(x)
-    ops_.rmsnorm(ln, rstd, x, w("input_layernorm"), n, h, eps);
-    ops_.matmul(qs, ln, w("self_attn.q_proj"), n, q, h, false);
-    ops_.matmul(ks, ln, w("self_attn.k_proj"), n, kv, h, false);
-    ops_.matmul(vs, ln, w("self_attn.v_proj"), n, kv, h, false);
-    ops_.rope(qs, positions_.slice(0, n), rope_cos_.view(), rope_sin_.view(), n, c.n_heads,
-              c.head_dim);
-    ops_.rope(ks, positions_.slice(0, n), rope_cos_.view(), rope_sin_.view(), n, c.n_kv_heads,
-              c.head_dim);
-    ops_.copy(host(k_host_, n * kv), ks);
-    ops_.copy(host(v_host_, n * kv), vs);
-    if (prefill) {
-      ops_.attention(att, lse_.slice(0, n * c.n_heads), qs, ks, vs, cu_seqlens_.view(), shape);
-    } else {
-      ops_.copy(host(q_host_, n * q), qs);
-    }
-    ops_.synchronize();
-    // the new rows of the cache: positions length_ .. length_ + n - 1 of this layer
-    const auto row = static_cast<std::ptrdiff_t>((l * capacity_ + length_) * kv);
-    std::copy_n(k_host_.begin(), n * kv, k_cache_.begin() + row);
-    std::copy_n(v_host_.begin(), n * kv, v_cache_.begin() + row);
-    if (!prefill) {
-      attend(l, n);
-      ops_.copy(att, host(att_host_, n * q));
-    }
-    ops_.copy(hs, x);  // the residual, then += o_proj(att)
-    ops_.matmul(hs, att, w("self_attn.o_proj"), n, h, q, true);
-
-    // MLP half: x' = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h)
-    ops_.rmsnorm(ln, rstd, hs, w("post_attention_layernorm"), n, h, eps);
-    ops_.matmul(gate, ln, w("mlp.gate_proj"), n, i, h, false);
-    ops_.matmul(up, ln, w("mlp.up_proj"), n, i, h, false);
-    ops_.swiglu(act, gate, up, n * i);
-    ops_.copy(x, hs);
-    ops_.matmul(x, act, w("mlp.down_proj"), n, h, i, true);
+    decoder_block_forward(ops_, c, block_weights(layout, params, l), rope, n, x, x, a,
+                          attend_cached);
   }
   length_ += n;
 
@@ -249,9 +233,8 @@ std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool 
   const std::int64_t rows = all_rows ? n : 1;
   const std::int64_t first_row = n - rows;
   ops_.rmsnorm(ln_.slice(0, rows * h), rstd_.slice(0, rows), x_.slice(first_row * h, rows * h),
-               model_.parameter("model.norm.weight"), rows, h, eps);
-  const TensorView lm_head =
-      model_.parameter(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+               params.slice(layout.final_norm(), h), rows, h, eps);
+  const TensorView lm_head = params.slice(layout.lm_head(), v * h);  // the embedding when tied
   ops_.matmul(logits_.slice(0, rows * v), ln_.slice(0, rows * h), lm_head, rows, v, h, false);
   std::vector<float> logits(static_cast<std::size_t>(rows * v));
   ops_.copy(host(logits, rows * v), logits_.slice(0, rows * v));

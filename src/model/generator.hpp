@@ -17,6 +17,7 @@
 
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
+#include "model/rope_table.hpp"
 #include "model/token_sampler.hpp"
 
 namespace l3::model {
@@ -79,8 +80,7 @@ class Generator {
   // (layers, capacity, n_kv_heads, head_dim), on the host
   std::vector<float> k_cache_;
   std::vector<float> v_cache_;
-  kernels::Buffer rope_cos_, rope_sin_;  // (rope_positions_, head_dim / 2) f32
-  std::int64_t rope_positions_ = 0;
+  RopeBuffers rope_;
   // Per-step activations on the backend, for up to workspace_ tokens.
   std::int64_t workspace_ = 0;
   kernels::Buffer tokens_, positions_;   // (n) i32

@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "core/trace_range.hpp"
+#include "model/decoder_block.hpp"
 #include "model/parameter_init.hpp"
 #include "model/rope_table.hpp"
 
@@ -62,8 +63,7 @@ struct LlamaModel::Workspace {
   }
   std::int64_t counted = 0;                   // C
   std::vector<std::int32_t> host_cu_seqlens;  // the same segment table, for AttentionShape
-  Buffer rope_cos, rope_sin;
-  std::int64_t rope_positions = 0;
+  RopeBuffers rope;
   // forward
   std::vector<Buffer> layer_inputs;  // n_layers + 1 of (N, H): the residual stream
   std::vector<BlockActivations> blocks;
@@ -75,6 +75,31 @@ struct LlamaModel::Workspace {
   std::int64_t n = 0;
   kernels::AttentionShape shape;
 };
+
+namespace {
+
+// The first n rows of a block's activation buffers.
+BlockViews block_views(const BlockActivations& b, std::int64_t n, const ModelConfig& c) {
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+  return {.ln1 = b.ln1.slice(0, n * h),
+          .rstd1 = b.rstd1.slice(0, n),
+          .q = b.q.slice(0, n * q),
+          .k = b.k.slice(0, n * kv),
+          .v = b.v.slice(0, n * kv),
+          .att = b.att.slice(0, n * q),
+          .lse = b.lse.slice(0, n * c.n_heads),
+          .h = b.h.slice(0, n * h),
+          .ln2 = b.ln2.slice(0, n * h),
+          .rstd2 = b.rstd2.slice(0, n),
+          .gate = b.gate.slice(0, n * i),
+          .up = b.up.slice(0, n * i),
+          .act = b.act.slice(0, n * i)};
+}
+
+}  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& ops,
                        ModelOptions options)
@@ -192,25 +217,15 @@ void LlamaModel::prepare(const Batch& batch) {
     fresh.d_gate = alloc(act, n * i);
     fresh.d_up = alloc(act, n * i);
     fresh.scratch_out = alloc(act, n * h);
-    fresh.rope_cos = std::move(ws.rope_cos);
-    fresh.rope_sin = std::move(ws.rope_sin);
-    fresh.rope_positions = ws.rope_positions;
+    fresh.rope = std::move(ws.rope);
     ws = std::move(fresh);
   }
-  if (batch.seq_len > ws.rope_positions) {
-    if (batch.seq_len > c.max_position_embeddings) {
-      throw core::usage_error(
-          fmt::format("sequence length {} exceeds the model's "
-                      "max_position_embeddings {}",
-                      batch.seq_len, c.max_position_embeddings));
-    }
-    const RopeTable table = make_rope_table(c, batch.seq_len);
-    ws.rope_cos = ops_.allocate(DType::f32, static_cast<std::int64_t>(table.cos.size()));
-    ws.rope_sin = ops_.allocate(DType::f32, static_cast<std::int64_t>(table.sin.size()));
-    ops_.copy(ws.rope_cos.view(), host_view(table.cos));
-    ops_.copy(ws.rope_sin.view(), host_view(table.sin));
-    ws.rope_positions = batch.seq_len;
+  if (batch.seq_len > c.max_position_embeddings) {
+    throw core::usage_error(
+        fmt::format("sequence length {} exceeds the model's max_position_embeddings {}",
+                    batch.seq_len, c.max_position_embeddings));
   }
+  ws.rope.ensure(ops_, c, batch.seq_len);
 
   ws.n = n;
   // The counted rows are listed here, on the host, where the mask is: the backend then knows
@@ -274,42 +289,12 @@ void LlamaModel::block_forward(int layer, TensorView x_in, TensorView x_out, int
   const core::TraceRange range("block {} forward", layer);
   const ModelConfig& c = config();
   Workspace& ws = *ws_;
-  BlockActivations& a = ws.blocks[static_cast<std::size_t>(slot)];
-  const BlockOffsets& w = layout_.block(layer);
-  const std::int64_t n = ws.n;
-  const std::int64_t h = c.hidden_size;
-  const std::int64_t i = c.intermediate_size;
-  const std::int64_t q = c.q_size();
-  const std::int64_t kv = c.kv_size();
-  const auto eps = static_cast<float>(c.rms_norm_eps);
-
-  // attention half: h = x + o_proj(attn(rope(q), rope(k), v)), q/k/v from rmsnorm(x)
-  ops_.rmsnorm(a.ln1.slice(0, n * h), a.rstd1.slice(0, n), x_in, weight(w.input_norm, h), n, h,
-               eps);
-  ops_.matmul(a.q.slice(0, n * q), a.ln1.slice(0, n * h), weight(w.q_proj, q * h), n, q, h, false);
-  ops_.matmul(a.k.slice(0, n * kv), a.ln1.slice(0, n * h), weight(w.k_proj, kv * h), n, kv, h,
-              false);
-  ops_.matmul(a.v.slice(0, n * kv), a.ln1.slice(0, n * h), weight(w.v_proj, kv * h), n, kv, h,
-              false);
-  ops_.rope(a.q.slice(0, n * q), ws.in().positions.slice(0, n), ws.rope_cos.view(),
-            ws.rope_sin.view(), n, c.n_heads, c.head_dim);
-  ops_.rope(a.k.slice(0, n * kv), ws.in().positions.slice(0, n), ws.rope_cos.view(),
-            ws.rope_sin.view(), n, c.n_kv_heads, c.head_dim);
-  ops_.attention(a.att.slice(0, n * q), a.lse.slice(0, n * c.n_heads), a.q.slice(0, n * q),
-                 a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.in().cu_seqlens.view(), ws.shape);
-  ops_.copy(a.h.slice(0, n * h), x_in);  // the residual, then += o_proj(att)
-  ops_.matmul(a.h.slice(0, n * h), a.att.slice(0, n * q), weight(w.o_proj, h * q), n, h, q, true);
-
-  // MLP half: x' = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h)
-  ops_.rmsnorm(a.ln2.slice(0, n * h), a.rstd2.slice(0, n), a.h.slice(0, n * h),
-               weight(w.post_attention_norm, h), n, h, eps);
-  ops_.matmul(a.gate.slice(0, n * i), a.ln2.slice(0, n * h), weight(w.gate_proj, i * h), n, i, h,
-              false);
-  ops_.matmul(a.up.slice(0, n * i), a.ln2.slice(0, n * h), weight(w.up_proj, i * h), n, i, h,
-              false);
-  ops_.swiglu(a.act.slice(0, n * i), a.gate.slice(0, n * i), a.up.slice(0, n * i), n * i);
-  ops_.copy(x_out, a.h.slice(0, n * h));
-  ops_.matmul(x_out, a.act.slice(0, n * i), weight(w.down_proj, h * i), n, h, i, true);
+  const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], ws.n, c);
+  decoder_block_forward(
+      ops_, c, block_weights(layout_, params_.view(), layer),
+      {.positions = ws.in().positions.slice(0, ws.n), .cos = ws.rope.cos(), .sin = ws.rope.sin()},
+      ws.n, x_in, x_out, a,
+      [&] { ops_.attention(a.att, a.lse, a.q, a.k, a.v, ws.in().cu_seqlens.view(), ws.shape); });
 }
 
 void LlamaModel::backward_backbone() {
@@ -361,10 +346,10 @@ void LlamaModel::backward_backbone() {
                             a.lse.slice(0, n * c.n_heads), a.q.slice(0, n * q),
                             a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.in().cu_seqlens.view(),
                             ws.shape);
-    ops_.rope_backward(d_q, ws.in().positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(),
-                       n, c.n_heads, c.head_dim);
-    ops_.rope_backward(d_k, ws.in().positions.slice(0, n), ws.rope_cos.view(), ws.rope_sin.view(),
-                       n, c.n_kv_heads, c.head_dim);
+    ops_.rope_backward(d_q, ws.in().positions.slice(0, n), ws.rope.cos(), ws.rope.sin(), n,
+                       c.n_heads, c.head_dim);
+    ops_.rope_backward(d_k, ws.in().positions.slice(0, n), ws.rope.cos(), ws.rope.sin(), n,
+                       c.n_kv_heads, c.head_dim);
     ops_.matmul_backward(d_ln, weight_grad(w.q_proj, q * h), d_q, a.ln1.slice(0, n * h),
                          weight(w.q_proj, q * h), n, q, h, false);
     ops_.matmul_backward(d_ln, weight_grad(w.k_proj, kv * h), d_k, a.ln1.slice(0, n * h),

@@ -59,4 +59,14 @@ RopeTable make_rope_table(const ModelConfig& config, std::int64_t positions) {
   return table;
 }
 
+void RopeBuffers::ensure(kernels::Ops& ops, const ModelConfig& config, std::int64_t positions) {
+  if (positions <= positions_) return;
+  const RopeTable table = make_rope_table(config, positions);
+  cos_ = ops.allocate(kernels::DType::f32, static_cast<std::int64_t>(table.cos.size()));
+  sin_ = ops.allocate(kernels::DType::f32, static_cast<std::int64_t>(table.sin.size()));
+  ops.copy(cos_.view(), kernels::TensorView(std::span<const float>(table.cos)));
+  ops.copy(sin_.view(), kernels::TensorView(std::span<const float>(table.sin)));
+  positions_ = positions;
+}
+
 }  // namespace l3::model

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/ops.hpp"
 #include "model/model_config.hpp"
 
 namespace l3::model {
@@ -23,5 +24,21 @@ struct RopeTable {
 };
 
 [[nodiscard]] RopeTable make_rope_table(const ModelConfig& config, std::int64_t positions);
+
+// The tables in a backend's memory, grown to the longest sequence asked for (training batches,
+// generation's KV cache).
+class RopeBuffers {
+ public:
+  // Makes the tables cover positions 0 .. positions-1 (rebuilt only when they grow).
+  void ensure(kernels::Ops& ops, const ModelConfig& config, std::int64_t positions);
+  [[nodiscard]] kernels::TensorView cos() const noexcept { return cos_.view(); }
+  [[nodiscard]] kernels::TensorView sin() const noexcept { return sin_.view(); }
+  [[nodiscard]] std::int64_t positions() const noexcept { return positions_; }
+
+ private:
+  kernels::Buffer cos_;  // (positions, head_dim / 2) f32
+  kernels::Buffer sin_;
+  std::int64_t positions_ = 0;
+};
 
 }  // namespace l3::model
