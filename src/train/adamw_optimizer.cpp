@@ -7,21 +7,29 @@
 
 namespace l3::train {
 
-AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
-             std::int64_t begin, std::int64_t end, bool own_master, bool own_gradients,
-             kernels::DType gradient_dtype)
-    : ops_(ops),
-      layout_(layout),
-      config_(config),
-      begin_(begin),
-      end_(end),
-      m_(ops.allocate(kernels::DType::f32, end - begin)),
-      v_(ops.allocate(kernels::DType::f32, end - begin)),
-      master_(own_master ? ops.allocate(kernels::DType::f32, end - begin) : kernels::Buffer{}),
-      grads_(own_gradients ? ops.allocate(gradient_dtype, end - begin) : kernels::Buffer{}) {
-  if (begin < 0 || end < begin || end > layout.total()) {
+namespace {
+
+AdamWShard resolved(AdamWShard shard, const model::ParameterLayout& layout) {
+  if (shard.end < 0) shard.end = layout.total();
+  if (shard.begin < 0 || shard.end < shard.begin || shard.end > layout.total()) {
     throw core::internal_error("AdamW: range outside the parameter buffer");
   }
+  return shard;
+}
+
+}  // namespace
+
+AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
+             AdamWShard requested)
+    : ops_(ops), layout_(layout), config_(config) {
+  const AdamWShard shard = resolved(requested, layout);
+  begin_ = shard.begin;
+  end_ = shard.end;
+  const std::int64_t n = end_ - begin_;
+  m_ = ops.allocate(kernels::DType::f32, n);
+  v_ = ops.allocate(kernels::DType::f32, n);
+  if (shard.own_master) master_ = ops.allocate(kernels::DType::f32, n);
+  if (shard.own_gradients) grads_ = ops.allocate(shard.gradient_dtype, n);
 }
 
 void AdamW::step(kernels::TensorView master, kernels::TensorView weight_copy,

@@ -17,18 +17,24 @@ struct AdamWConfig {
   float weight_decay = 0.1F;
 };
 
+// The part of the flat buffer an AdamW updates, and what it keeps of its own there.
+struct AdamWShard {
+  std::int64_t begin = 0;
+  std::int64_t end = -1;  // -1: the end of the layout
+  // The fp32 master weights of [begin, end) (ZeRO-1 with the master weights sharded too: the
+  // model holds only its compute-dtype weights).
+  bool own_master = false;
+  // The reduced gradients of [begin, end), in gradient_dtype (ZeRO-2: the whole gradient buffer
+  // never exists; f32 so that the micro-batches of a step add up without a bf16 rounding each,
+  // the compute dtype when there is one micro-batch to add).
+  bool own_gradients = false;
+  kernels::DType gradient_dtype = kernels::DType::f32;
+};
+
 class AdamW {
  public:
-  // own_master: this optimizer keeps the fp32 master weights of [begin, end) itself (ZeRO-1
-  // with the master weights sharded too: the model holds only its compute-dtype weights).
-  // own_gradients: it keeps the reduced gradients of [begin, end) too, in gradient_dtype (ZeRO-2:
-  // the whole gradient buffer never exists; f32 so that the micro-batches of a step add up
-  // without a bf16 rounding each, the compute dtype when there is one micro-batch to add).
   AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config,
-        std::int64_t begin, std::int64_t end, bool own_master = false, bool own_gradients = false,
-        kernels::DType gradient_dtype = kernels::DType::f32);
-  AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig config)
-      : AdamW(ops, layout, config, 0, layout.total()) {}
+        AdamWShard shard = {});
 
   // One update of master[begin, end) from grads[begin, end) (full flat buffers: the fp32 master
   // weights, the gradients in the compute dtype), the gradients multiplied by grad_scale first
@@ -55,8 +61,8 @@ class AdamW {
   kernels::Ops& ops_;
   const model::ParameterLayout& layout_;
   AdamWConfig config_;
-  std::int64_t begin_;
-  std::int64_t end_;
+  std::int64_t begin_ = 0;
+  std::int64_t end_ = 0;
   kernels::Buffer m_;  // (end - begin)
   kernels::Buffer v_;
   kernels::Buffer master_;  // (end - begin) when own_master

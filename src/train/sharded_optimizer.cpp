@@ -15,15 +15,19 @@ ShardedOptimizer::ShardedOptimizer(kernels::Ops& ops, const model::ParameterLayo
     throw core::internal_error("ShardedOptimizer: master weights and compute weights disagree");
   }
   if (!sharding_.sharded) {
-    optimizers_.emplace_back(ops, layout, adamw, 0, layout.total(), sharding_.shard_master);
+    optimizers_.emplace_back(ops, layout, adamw, AdamWShard{.own_master = sharding_.shard_master});
     return;
   }
   // One per bucket, empty pieces included: the bucket's index is its optimizer's.
   optimizers_.reserve(plan.buckets().size());
   for (std::size_t b = 0; b < plan.buckets().size(); ++b) {
     const model::FlatRange p = plan.piece(b, rank);
-    optimizers_.emplace_back(ops, layout, adamw, p.begin, p.end, sharding_.shard_master,
-                             sharding_.own_gradients, sharding_.gradient_dtype);
+    optimizers_.emplace_back(ops, layout, adamw,
+                             AdamWShard{.begin = p.begin,
+                                        .end = p.end,
+                                        .own_master = sharding_.shard_master,
+                                        .own_gradients = sharding_.own_gradients,
+                                        .gradient_dtype = sharding_.gradient_dtype});
   }
 }
 

@@ -17,6 +17,7 @@
 #include "dist/communicator.hpp"
 #include "model/llama_model.hpp"
 #include "train/evaluator.hpp"
+#include "train/run_report.hpp"
 #include "train/stop_policy.hpp"
 #include "train/trainer_parts.hpp"
 
@@ -38,7 +39,8 @@ struct Trainer::Impl {
               .deadline_margin = config.deadline_margin,
               .max_bad_steps = config.max_bad_steps,
               .seq_len = config.seq_len}),
-        total(parts->total_steps) {
+        total(parts->total_steps),
+        reporter(l, progress, parts->metrics.get(), config.log_every, total) {
     if (const std::optional<ResumedState>& r = parts->resumed) {
       done = first_step = r->step;
       position = r->position;
@@ -172,24 +174,6 @@ struct Trainer::Impl {
     return m;
   }
 
-  void report(const StepMetrics& m) {
-    if (parts->metrics) parts->metrics->write(to_json(m));
-    const bool log_now = m.skipped || m.step == 1 || m.step == total ||
-                         (config.log_every > 0 && m.step % config.log_every == 0);
-    if (log_now) {
-      progress.clear();
-      if (m.skipped) {
-        log.warn("{} ({} in a row, at most {})", format_step_line(m), stop.bad_in_a_row(),
-                 stop.max_bad_steps());
-      } else {
-        log.info("{}", format_step_line(m));
-      }
-    }
-    progress.update(m.step, total,
-                    fmt::format("loss {:.4f} | eta {}", m.loss, format_duration(m.eta_seconds)));
-    for (const auto& callback : step_callbacks) callback(m);
-  }
-
   std::optional<EvalMetrics> evaluate() {
     if (config.val_data.empty()) return std::nullopt;
     EvalMetrics m = train::evaluate(world, model, parts->val_index,
@@ -199,10 +183,7 @@ struct Trainer::Impl {
                                      .drop_long = config.drop_long,
                                      .prefetch_depth = config.prefetch_depth});
     m.step = done;
-    if (parts->metrics) parts->metrics->write(to_json(m));
-    progress.clear();
-    log.info("{}", format_eval_line(m));
-    for (const auto& callback : eval_callbacks) callback(m);
+    reporter.eval(m);
     last_eval = m;
     return m;
   }
@@ -277,6 +258,7 @@ struct Trainer::Impl {
   ProgressBar& progress;
   StopPolicy stop;
   const std::int64_t total;
+  RunReport reporter;
 
   // Where the run is.
   std::int64_t done = 0;
@@ -290,9 +272,6 @@ struct Trainer::Impl {
   std::optional<StepMetrics> last_step;
   std::optional<EvalMetrics> last_eval;
   bool stopped = false;
-
-  std::vector<std::function<void(const StepMetrics&)>> step_callbacks;
-  std::vector<std::function<void(const EvalMetrics&)>> eval_callbacks;
 };
 
 Trainer::Trainer(const dist::World& world, const core::Logger& log, TrainConfig config,
@@ -311,7 +290,7 @@ bool Trainer::step() {
   core::fault_point("train.step", s.world.rank());
   const StepMetrics m = s.run_step();
   s.last_step = m;
-  s.report(m);
+  s.reporter.step(m, s.stop.bad_in_a_row(), s.stop.max_bad_steps());
   s.stop.check(m, s.config.phase);
   s.checkpoints.finish_if_ready();
   if (s.config.checkpoint_every > 0 && s.done % s.config.checkpoint_every == 0 && s.done < s.total)
@@ -376,10 +355,10 @@ void Trainer::set_stop_check(std::function<bool()> check) {
   impl_->stop.set_stop_check(std::move(check));
 }
 void Trainer::on_step(std::function<void(const StepMetrics&)> callback) {
-  impl_->step_callbacks.push_back(std::move(callback));
+  impl_->reporter.on_step(std::move(callback));
 }
 void Trainer::on_eval(std::function<void(const EvalMetrics&)> callback) {
-  impl_->eval_callbacks.push_back(std::move(callback));
+  impl_->reporter.on_eval(std::move(callback));
 }
 void Trainer::on_checkpoint(std::function<void(const CheckpointReport&)> callback) {
   impl_->checkpoints.on_commit(std::move(callback));

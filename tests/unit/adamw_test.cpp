@@ -79,8 +79,8 @@ TEST_CASE("a ZeRO shard updates exactly its range, like the whole", "[adamw]") {
   l3::train::AdamW all(ops, layout, {});
   all.step(whole.view(), {}, grads.view(), 1e-3F, 0.7F);
   const std::int64_t cut = layout.total() / 3 + 17;  // through the middle of a tensor
-  l3::train::AdamW first(ops, layout, {}, 0, cut);
-  l3::train::AdamW second(ops, layout, {}, cut, layout.total());
+  l3::train::AdamW first(ops, layout, {}, {.begin = 0, .end = cut});
+  l3::train::AdamW second(ops, layout, {}, {.begin = cut, .end = layout.total()});
   first.step(sharded.view(), {}, grads.view(), 1e-3F, 0.7F);
   second.step(sharded.view(), {}, grads.view(), 1e-3F, 0.7F);
   CHECK(
@@ -104,8 +104,8 @@ TEST_CASE("a shard that keeps its own gradients (ZeRO-2) updates like one readin
   std::copy(init.begin(), init.end(), reading.as<float>().begin());
   std::copy(init.begin(), init.end(), owning.as<float>().begin());
   std::copy(grad.begin(), grad.end(), grads.as<float>().begin());
-  l3::train::AdamW plain(ops, layout, {}, begin, end);
-  l3::train::AdamW own(ops, layout, {}, begin, end, false, true);
+  l3::train::AdamW plain(ops, layout, {}, {.begin = begin, .end = end});
+  l3::train::AdamW own(ops, layout, {}, {.begin = begin, .end = end, .own_gradients = true});
   REQUIRE(own.own_gradients().numel() == end - begin);
   REQUIRE(own.own_gradients().dtype() == l3::kernels::DType::f32);  // whatever the compute dtype
   REQUIRE(plain.own_gradients().empty());
