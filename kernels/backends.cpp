@@ -22,10 +22,7 @@ BackendReport cpu_backend() {
   const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
   const char* threading = parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential";
   const cpu::BlasCore core = cpu::openblas_core();
-  return {Backend::cpu,
-          "cpu",
-          true,
-          true,
+  return {Backend::cpu, true, true,
           fmt::format("fp32, {} OpenMP threads, OpenBLAS {} {} threads, OpenBLAS core {}",
                       omp_get_max_threads(), openblas_get_num_threads(), threading, core.name),
           core.warning};
@@ -42,7 +39,6 @@ BackendReport cuda_backend() {
   }
   if (devices.empty()) devices = "none (" + info.no_device_reason + ")";
   return {Backend::cuda,
-          "cuda",
           true,
           !info.devices.empty(),
           fmt::format("bf16, compiled for sm {}; CUDA runtime {}, driver {}; cuBLASLt {}, "
@@ -56,7 +52,6 @@ BackendReport cuda_backend() {
           {}};
 #else
   return {Backend::cuda,
-          "cuda",
           false,
           false,
           "not compiled in (configure with -DL3_CUDA=ON and a CUDA toolkit)",

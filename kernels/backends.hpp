@@ -11,8 +11,7 @@
 namespace l3::kernels {
 
 struct BackendReport {
-  Backend backend = Backend::cpu;
-  std::string name;  // "cpu", "cuda"
+  Backend backend = Backend::cpu;  // its name: backend_name() (backend_options.hpp)
   bool compiled = false;
   bool usable = false;  // compiled and (for cuda) at least one device visible
   std::string summary;  // one line for humans: versions, devices, or why it is unusable

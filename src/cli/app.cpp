@@ -19,6 +19,7 @@
 #include "dist/mpi_runtime.hpp"
 #include "dist/thread_budget.hpp"
 #include "dist/world.hpp"
+#include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
 
 namespace l3::cli {
@@ -68,7 +69,8 @@ std::string version_text() {
                   build.build_type, build.compiler,
                   build.sanitizers.empty() ? "" : ", sanitizers " + build.sanitizers);
   for (const kernels::BackendReport& backend : kernels::describe_backends()) {
-    text += fmt::format("backend {}: {}\n", backend.name, backend.summary);
+    text +=
+        fmt::format("backend {}: {}\n", kernels::backend_name(backend.backend), backend.summary);
     if (!backend.warning.empty()) text += fmt::format("warning: {}\n", backend.warning);
   }
   for (const core::LibraryVersion& library : core::library_versions()) {

@@ -17,6 +17,7 @@
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
 #include "dist/mpi_runtime.hpp"
+#include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
 
 namespace l3::cli {
@@ -133,7 +134,7 @@ void print_human(const dist::World& world, const std::vector<json>& ranks,
     }
   }
   for (const kernels::BackendReport& b : kernels::describe_backends()) {
-    text += fmt::format("backend:   {:<5} {}\n", b.name, b.summary);
+    text += fmt::format("backend:   {:<5} {}\n", kernels::backend_name(b.backend), b.summary);
     if (!b.warning.empty()) text += fmt::format("warning:   {}\n", b.warning);
   }
   for (const core::LibraryVersion& lib : core::library_versions()) {
@@ -147,8 +148,10 @@ json to_json(const dist::World& world, const std::vector<json>& ranks, const Wor
   const core::BuildInfo build = core::build_info();
   json backends = json::array();
   for (const kernels::BackendReport& b : kernels::describe_backends()) {
-    json backend = {
-        {"name", b.name}, {"compiled", b.compiled}, {"usable", b.usable}, {"summary", b.summary}};
+    json backend = {{"name", kernels::backend_name(b.backend)},
+                    {"compiled", b.compiled},
+                    {"usable", b.usable},
+                    {"summary", b.summary}};
     if (!b.warning.empty()) backend["warning"] = b.warning;
     backends.push_back(std::move(backend));
   }
