@@ -34,7 +34,9 @@
 namespace {
 
 using l3::kernels::Buffer;
+using l3::kernels::ConstTensorView;
 using l3::kernels::DType;
+using l3::kernels::Shape;
 using l3::kernels::TensorView;
 using nlohmann::json;
 
@@ -68,15 +70,22 @@ std::vector<float> random_values(std::size_t n, float std, std::uint32_t stream)
   return v;
 }
 
-Buffer device_random(l3::cuda::CudaOps& gpu, std::int64_t n, float std, std::uint32_t stream,
-                     DType dtype = DType::bf16) {
-  const auto host = random_values(static_cast<std::size_t>(n), std, stream);
-  Buffer b = gpu.allocate(dtype, n);
-  gpu.copy(b.view(), TensorView(std::span<const float>(host)));
+// A zeroed device array of `shape`.
+Buffer allocate(l3::cuda::CudaOps& gpu, DType dtype, const Shape& shape) {
+  Buffer b = gpu.allocate(dtype, shape.numel());
+  b.reshape(shape);
   return b;
 }
 
-std::vector<float> download(l3::cuda::CudaOps& gpu, TensorView x) {
+Buffer device_random(l3::cuda::CudaOps& gpu, const Shape& shape, float std, std::uint32_t stream,
+                     DType dtype = DType::bf16) {
+  const auto host = random_values(static_cast<std::size_t>(shape.numel()), std, stream);
+  Buffer b = allocate(gpu, dtype, shape);
+  gpu.copy(b.view(), ConstTensorView(std::span<const float>(host)));
+  return b;
+}
+
+std::vector<float> download(l3::cuda::CudaOps& gpu, ConstTensorView x) {
   std::vector<float> host(static_cast<std::size_t>(x.numel()));
   gpu.copy(TensorView(std::span<float>(host)), x);
   return host;
@@ -98,18 +107,19 @@ double matmul_rel_error(l3::cuda::CudaOps& gpu, std::int64_t n, std::int64_t k) 
   const std::int64_t m = 128;
   const auto x = random_values(static_cast<std::size_t>(m * k), 1.0F, 90);
   const auto w = random_values(static_cast<std::size_t>(n * k), 0.02F, 91);
-  Buffer gx = gpu.allocate(DType::bf16, m * k);
-  Buffer gw = gpu.allocate(DType::bf16, n * k);
-  Buffer gy = gpu.allocate(DType::f32, m * n);
-  gpu.copy(gx.view(), TensorView(std::span<const float>(x)));
-  gpu.copy(gw.view(), TensorView(std::span<const float>(w)));
-  gpu.matmul(gy.view(), gx.view(), gw.view(), m, n, k, false);
+  Buffer gx = allocate(gpu, DType::bf16, {m, k});
+  Buffer gw = allocate(gpu, DType::bf16, {n, k});
+  Buffer gy = allocate(gpu, DType::f32, {m, n});
+  gpu.copy(gx.view(), ConstTensorView(std::span<const float>(x)));
+  gpu.copy(gw.view(), ConstTensorView(std::span<const float>(w)));
+  gpu.matmul({.y = gy.view(), .x = gx.view(), .w = gw.view()});
   const auto xr = download(gpu, gx.view());  // the bf16-rounded inputs
   const auto wr = download(gpu, gw.view());
   l3::kernels::CpuOps cpu;
   std::vector<float> y(static_cast<std::size_t>(m * n));
-  cpu.matmul(TensorView(std::span<float>(y)), TensorView(std::span<const float>(xr)),
-             TensorView(std::span<const float>(wr)), m, n, k, false);
+  cpu.matmul({.y = TensorView(std::span<float>(y)).reshape({m, n}),
+              .x = ConstTensorView(std::span<const float>(xr)).reshape({m, k}),
+              .w = ConstTensorView(std::span<const float>(wr)).reshape({n, k})});
   return rel_error(download(gpu, gy.view()), y);
 }
 
@@ -127,7 +137,6 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
   const std::int64_t n = seq;  // one sequence of `seq` tokens
   const std::int64_t h = s.hidden, i = s.intermediate;
   const std::int64_t q = static_cast<std::int64_t>(s.heads) * s.head_dim;
-  const std::int64_t kv = static_cast<std::int64_t>(s.kv_heads) * s.head_dim;
   const std::string shape = fmt::format("{} T={}", s.name, seq);
   auto record = [&](const std::string& op, double ms, double flops, double bytes, double err,
                     json extra = json::object()) {
@@ -148,35 +157,39 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
     ops.push_back(o);
   };
 
-  Buffer x = device_random(gpu, n * h, 1.0F, 1);
-  Buffer w_q = device_random(gpu, q * h, 0.02F, 2);
-  Buffer y_q = gpu.allocate(DType::bf16, n * q);
-  Buffer w_up = device_random(gpu, i * h, 0.02F, 3);
-  Buffer y_up = gpu.allocate(DType::bf16, n * i);
-  Buffer w_down = device_random(gpu, h * i, 0.02F, 4);
-  Buffer y_down = gpu.allocate(DType::bf16, n * h);
-  Buffer dw_up = gpu.allocate(DType::bf16, i * h);
-  Buffer dx = gpu.allocate(DType::bf16, n * h);
+  Buffer x = device_random(gpu, {n, h}, 1.0F, 1);
+  Buffer w_q = device_random(gpu, {q, h}, 0.02F, 2);
+  Buffer y_q = allocate(gpu, DType::bf16, {n, s.heads, s.head_dim});  // (n, q) to the matmul
+  Buffer w_up = device_random(gpu, {i, h}, 0.02F, 3);
+  Buffer y_up = allocate(gpu, DType::bf16, {n, i});
+  Buffer w_down = device_random(gpu, {h, i}, 0.02F, 4);
+  Buffer y_down = allocate(gpu, DType::bf16, {n, h});
+  Buffer dw_up = allocate(gpu, DType::bf16, {i, h});
+  Buffer dx = allocate(gpu, DType::bf16, {n, h});
 
   record("matmul q_proj",
          time_ms(
-             gpu, [&] { gpu.matmul(y_q.view(), x.view(), w_q.view(), n, q, h, false); }, repeats),
+             gpu, [&] { gpu.matmul({.y = y_q.view(), .x = x.view(), .w = w_q.view()}); }, repeats),
          2.0 * n * q * h, 0, matmul_rel_error(gpu, q, h));
-  record("matmul up_proj",
-         time_ms(
-             gpu, [&] { gpu.matmul(y_up.view(), x.view(), w_up.view(), n, i, h, false); }, repeats),
-         2.0 * n * i * h, 0, matmul_rel_error(gpu, i, h));
+  record(
+      "matmul up_proj",
+      time_ms(
+          gpu, [&] { gpu.matmul({.y = y_up.view(), .x = x.view(), .w = w_up.view()}); }, repeats),
+      2.0 * n * i * h, 0, matmul_rel_error(gpu, i, h));
   record("matmul down_proj",
          time_ms(
-             gpu, [&] { gpu.matmul(y_down.view(), y_up.view(), w_down.view(), n, h, i, false); },
+             gpu, [&] { gpu.matmul({.y = y_down.view(), .x = y_up.view(), .w = w_down.view()}); },
              repeats),
          2.0 * n * i * h, 0, matmul_rel_error(gpu, h, i));
   record("matmul_backward up",
          time_ms(
              gpu,
              [&] {
-               gpu.matmul_backward(dx.view(), dw_up.view(), y_up.view(), x.view(), w_up.view(), n,
-                                   i, h, false);
+               gpu.matmul_backward({.dx = dx.view(),
+                                    .dw = dw_up.view(),
+                                    .dy = y_up.view(),
+                                    .x = x.view(),
+                                    .w = w_up.view()});
              },
              repeats),
          4.0 * n * i * h, 0, -1);
@@ -185,72 +198,95 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
   // repeated at every position (a row padded with one id: every segment's sum crosses into the
   // next, the partial sums added up at the end), against the copy bandwidth. Values do not matter.
   {
-    Buffer table = gpu.allocate(DType::bf16, s.vocab * h);
-    Buffer dtable = gpu.allocate(DType::bf16, s.vocab * h);
+    Buffer table = allocate(gpu, DType::bf16, {s.vocab, h});
+    Buffer dtable = allocate(gpu, DType::bf16, {s.vocab, h});
     gpu.zero(table.view());
     gpu.zero(dtable.view());
-    Buffer embedded = gpu.allocate(DType::bf16, n * h);
+    Buffer embedded = allocate(gpu, DType::bf16, {n, h});
     std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
     for (std::int64_t t = 0; t < n; ++t)  // distinct while n <= vocab: 7919 is a prime
       ids[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919) % s.vocab);
     Buffer distinct = gpu.allocate(DType::i32, n);
-    gpu.copy(distinct.view(), TensorView(std::span<const std::int32_t>(ids)));
+    gpu.copy(distinct.view(), ConstTensorView(std::span<const std::int32_t>(ids)));
     std::fill(ids.begin(), ids.end(), 0);
     Buffer repeated = gpu.allocate(DType::i32, n);
-    gpu.copy(repeated.view(), TensorView(std::span<const std::int32_t>(ids)));
+    gpu.copy(repeated.view(), ConstTensorView(std::span<const std::int32_t>(ids)));
     const double rows_bytes = 2.0 * static_cast<double>(n * h) * 2;  // read + write, bf16
     record("embedding",
            time_ms(
-               gpu, [&] { gpu.embedding(embedded.view(), distinct.view(), table.view(), n, h); },
+               gpu,
+               [&] {
+                 gpu.embedding(
+                     {.out = embedded.view(), .tokens = distinct.view(), .table = table.view()});
+               },
                repeats),
            0, rows_bytes, -1);
     record("embedding_backward distinct",
            time_ms(
-               gpu, [&] { gpu.embedding_backward(dtable.view(), distinct.view(), x.view(), n, h); },
+               gpu,
+               [&] {
+                 gpu.embedding_backward(
+                     {.dtable = dtable.view(), .tokens = distinct.view(), .dout = x.view()});
+               },
                repeats),
            0, rows_bytes + static_cast<double>(n * h) * 2, -1);  // dout read, rows read+written
     record("embedding_backward repeated",
            time_ms(
-               gpu, [&] { gpu.embedding_backward(dtable.view(), repeated.view(), x.view(), n, h); },
+               gpu,
+               [&] {
+                 gpu.embedding_backward(
+                     {.dtable = dtable.view(), .tokens = repeated.view(), .dout = x.view()});
+               },
                repeats),
            0, static_cast<double>(n * h) * 2, -1);  // dout read (one row written)
   }
 
   Buffer w_norm = device_random(gpu, h, 0.1F, 5);
   Buffer rstd = gpu.allocate(DType::f32, n);
-  Buffer norm_out = gpu.allocate(DType::bf16, n * h);
+  Buffer norm_out = allocate(gpu, DType::bf16, {n, h});
   Buffer dw_norm = gpu.allocate(DType::bf16, h);
   record(
       "rmsnorm",
       time_ms(
           gpu,
-          [&] { gpu.rmsnorm(norm_out.view(), rstd.view(), x.view(), w_norm.view(), n, h, 1e-5F); },
+          [&] {
+            gpu.rmsnorm(
+                {.out = norm_out.view(), .rstd = rstd.view(), .x = x.view(), .w = w_norm.view()});
+          },
           repeats),
       0, 2.0 * n * h * 2, -1);
   record("rmsnorm_backward",
          time_ms(
              gpu,
              [&] {
-               gpu.rmsnorm_backward(dx.view(), dw_norm.view(), norm_out.view(), x.view(),
-                                    w_norm.view(), rstd.view(), n, h);
+               gpu.rmsnorm_backward({.dx = dx.view(),
+                                     .dw = dw_norm.view(),
+                                     .dout = norm_out.view(),
+                                     .x = x.view(),
+                                     .w = w_norm.view(),
+                                     .rstd = rstd.view()});
              },
              repeats),
          0, 4.0 * n * h * 2, -1);
 
-  Buffer gate = device_random(gpu, n * i, 1.0F, 6);
-  Buffer act = gpu.allocate(DType::bf16, n * i);
-  Buffer dgate = gpu.allocate(DType::bf16, n * i);
-  Buffer dup = gpu.allocate(DType::bf16, n * i);
+  Buffer gate = device_random(gpu, {n, i}, 1.0F, 6);
+  Buffer act = allocate(gpu, DType::bf16, {n, i});
+  Buffer dgate = allocate(gpu, DType::bf16, {n, i});
+  Buffer dup = allocate(gpu, DType::bf16, {n, i});
   record("swiglu",
          time_ms(
-             gpu, [&] { gpu.swiglu(act.view(), gate.view(), y_up.view(), n * i); }, repeats),
+             gpu, [&] { gpu.swiglu({.out = act.view(), .gate = gate.view(), .up = y_up.view()}); },
+             repeats),
          0, 3.0 * n * i * 2, -1);
   record("swiglu_backward",
          time_ms(
              gpu,
              [&] {
-               gpu.swiglu_backward(dgate.view(), dup.view(), act.view(), gate.view(), y_up.view(),
-                                   n * i);
+               gpu.swiglu_backward({.dgate = dgate.view(),
+                                    .dup = dup.view(),
+                                    .dout = act.view(),
+                                    .gate = gate.view(),
+                                    .up = y_up.view()});
              },
              repeats),
          0, 5.0 * n * i * 2, -1);
@@ -267,8 +303,12 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
            time_ms(
                gpu,
                [&] {
-                 gpu.adamw(master.view(), w_up.view(), dw_up.view(), m1.view(), m2.view(), count,
-                           hyper);
+                 gpu.adamw({.params = master.view(),
+                            .params_copy = w_up.view(),
+                            .m = m1.view(),
+                            .v = m2.view(),
+                            .grads = dw_up.view(),
+                            .hyper = hyper});
                },
                repeats),
            0, 28.0 * static_cast<double>(count), -1);
@@ -277,43 +317,52 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
   l3::model::ModelConfig config = l3::model::preset("llama3.2-1b");
   config.head_dim = s.head_dim;
   const auto table = l3::model::make_rope_table(config, seq);
-  Buffer cos = gpu.allocate(DType::f32, static_cast<std::int64_t>(table.cos.size()));
-  Buffer sin = gpu.allocate(DType::f32, static_cast<std::int64_t>(table.sin.size()));
-  gpu.copy(cos.view(), TensorView(std::span<const float>(table.cos)));
-  gpu.copy(sin.view(), TensorView(std::span<const float>(table.sin)));
+  Buffer cos = allocate(gpu, DType::f32, {table.positions, table.half});
+  Buffer sin = allocate(gpu, DType::f32, {table.positions, table.half});
+  gpu.copy(cos.view(), ConstTensorView(std::span<const float>(table.cos)));
+  gpu.copy(sin.view(), ConstTensorView(std::span<const float>(table.sin)));
   std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
   for (std::int64_t t = 0; t < n; ++t)
     positions[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
   Buffer pos = gpu.allocate(DType::i32, n);
-  gpu.copy(pos.view(), TensorView(std::span<const std::int32_t>(positions)));
+  gpu.copy(pos.view(), ConstTensorView(std::span<const std::int32_t>(positions)));
   record(
       "rope (q)",
       time_ms(
           gpu,
-          [&] { gpu.rope(y_q.view(), pos.view(), cos.view(), sin.view(), n, s.heads, s.head_dim); },
+          [&] {
+            gpu.rope(
+                {.x = y_q.view(), .positions = pos.view(), .cos = cos.view(), .sin = sin.view()});
+          },
           repeats),
       0, 2.0 * n * q * 2, -1);
 
-  Buffer kb = device_random(gpu, n * kv, 1.0F, 7);
-  Buffer vb = device_random(gpu, n * kv, 1.0F, 8);
-  Buffer att = gpu.allocate(DType::bf16, n * q);
-  Buffer lse = gpu.allocate(DType::f32, n * s.heads);
-  Buffer dq = gpu.allocate(DType::bf16, n * q);
-  Buffer dk = gpu.allocate(DType::bf16, n * kv);
-  Buffer dv = gpu.allocate(DType::bf16, n * kv);
-  Buffer dout = device_random(gpu, n * q, 1.0F, 10);
+  const Shape q_heads{n, s.heads, s.head_dim};
+  const Shape kv_heads{n, s.kv_heads, s.head_dim};
+  Buffer kb = device_random(gpu, kv_heads, 1.0F, 7);
+  Buffer vb = device_random(gpu, kv_heads, 1.0F, 8);
+  Buffer att = allocate(gpu, DType::bf16, q_heads);
+  Buffer lse = allocate(gpu, DType::f32, {s.heads, n});
+  Buffer dq = allocate(gpu, DType::bf16, q_heads);
+  Buffer dk = allocate(gpu, DType::bf16, kv_heads);
+  Buffer dv = allocate(gpu, DType::bf16, kv_heads);
+  Buffer dout = device_random(gpu, q_heads, 1.0F, 10);
   const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(n)};
   Buffer cub = gpu.allocate(DType::i32, 2);
-  gpu.copy(cub.view(), TensorView(std::span<const std::int32_t>(cu)));
-  const l3::kernels::AttentionShape ashape{n,          s.heads, s.kv_heads,
-                                           s.head_dim, 1,       static_cast<int>(n)};
+  gpu.copy(cub.view(), ConstTensorView(std::span<const std::int32_t>(cu)));
+  const l3::kernels::PackedSegments segments{.cu_seqlens = cub.view(),
+                                             .max_segment = static_cast<int>(n)};
   const double causal_flops = 2.0 * 2.0 * n * n / 2.0 * q;  // QK^T and PV over the lower triangle
   record("attention (fallback)",
          time_ms(
              gpu,
              [&] {
-               gpu.attention(att.view(), lse.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
-                             ashape);
+               gpu.attention({.out = att.view(),
+                              .lse = lse.view(),
+                              .q = y_q.view(),
+                              .k = kb.view(),
+                              .v = vb.view(),
+                              .segments = segments});
              },
              repeats),
          causal_flops, 0, -1);
@@ -321,9 +370,16 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
          time_ms(
              gpu,
              [&] {
-               gpu.attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), att.view(),
-                                      lse.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
-                                      ashape);
+               gpu.attention_backward({.dq = dq.view(),
+                                       .dk = dk.view(),
+                                       .dv = dv.view(),
+                                       .dout = dout.view(),
+                                       .out = att.view(),
+                                       .lse = lse.view(),
+                                       .q = y_q.view(),
+                                       .k = kb.view(),
+                                       .v = vb.view(),
+                                       .segments = segments});
              },
              repeats),
          2.5 * causal_flops, 0, -1);
@@ -334,11 +390,11 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
   // the layer is still timed.
   gpu.synchronize();
   auto time_cudnn = [&](l3::cuda::CudaOps& cudnn) {
-    Buffer att_c = cudnn.allocate(DType::bf16, n * q);
-    Buffer lse_c = cudnn.allocate(DType::f32, n * s.heads);
-    Buffer dq_c = cudnn.allocate(DType::bf16, n * q);
-    Buffer dk_c = cudnn.allocate(DType::bf16, n * kv);
-    Buffer dv_c = cudnn.allocate(DType::bf16, n * kv);
+    Buffer att_c = allocate(cudnn, DType::bf16, q_heads);
+    Buffer lse_c = allocate(cudnn, DType::f32, {s.heads, n});
+    Buffer dq_c = allocate(cudnn, DType::bf16, q_heads);
+    Buffer dk_c = allocate(cudnn, DType::bf16, kv_heads);
+    Buffer dv_c = allocate(cudnn, DType::bf16, kv_heads);
     // What ran: cuDNN, or (declined) the fallback, with cuDNN's reason.
     auto ran_since = [&](std::int64_t declined_before) {
       json ran = {{"reference", "fallback attention"}};
@@ -350,8 +406,12 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
     const double fwd_ms = time_ms(
         cudnn,
         [&] {
-          cudnn.attention(att_c.view(), lse_c.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
-                          ashape);
+          cudnn.attention({.out = att_c.view(),
+                           .lse = lse_c.view(),
+                           .q = y_q.view(),
+                           .k = kb.view(),
+                           .v = vb.view(),
+                           .segments = segments});
         },
         repeats);
     const json fwd_ran = ran_since(declined_before);
@@ -359,9 +419,16 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
     const double bwd_ms = time_ms(
         cudnn,
         [&] {
-          cudnn.attention_backward(dq_c.view(), dk_c.view(), dv_c.view(), dout.view(), att_c.view(),
-                                   lse_c.view(), y_q.view(), kb.view(), vb.view(), cub.view(),
-                                   ashape);
+          cudnn.attention_backward({.dq = dq_c.view(),
+                                    .dk = dk_c.view(),
+                                    .dv = dv_c.view(),
+                                    .dout = dout.view(),
+                                    .out = att_c.view(),
+                                    .lse = lse_c.view(),
+                                    .q = y_q.view(),
+                                    .k = kb.view(),
+                                    .v = vb.view(),
+                                    .segments = segments});
         },
         repeats);
     const json bwd_ran = ran_since(declined_before);
@@ -383,9 +450,9 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
   }
 
   if (first_seq) {  // (the same at every length)
-    Buffer w_lm = device_random(gpu, s.vocab * h, 0.02F, 9);
-    Buffer dw_lm = gpu.allocate(DType::bf16, s.vocab * h);
-    Buffer dh = gpu.allocate(DType::bf16, n * h);
+    Buffer w_lm = device_random(gpu, {s.vocab, h}, 0.02F, 9);
+    Buffer dw_lm = allocate(gpu, DType::bf16, {s.vocab, h});
+    Buffer dh = allocate(gpu, DType::bf16, {n, h});
     std::vector<std::int32_t> targets(static_cast<std::size_t>(n));
     for (std::int64_t t = 0; t < n; ++t)
       targets[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919) % s.vocab);
@@ -395,15 +462,20 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
     Buffer tb = gpu.allocate(DType::i32, n);
     Buffer rb = gpu.allocate(DType::i32, n);
     Buffer loss = gpu.allocate(DType::f64, 1);
-    gpu.copy(tb.view(), TensorView(std::span<const std::int32_t>(targets)));
-    gpu.copy(rb.view(), TensorView(std::span<const std::int32_t>(rows)));
+    gpu.copy(tb.view(), ConstTensorView(std::span<const std::int32_t>(targets)));
+    gpu.copy(rb.view(), ConstTensorView(std::span<const std::int32_t>(rows)));
     record("lm_head + CE fwd+bwd",
            time_ms(
                gpu,
                [&] {
-                 gpu.lm_head_cross_entropy(loss.view(), dh.view(), dw_lm.view(), x.view(),
-                                           w_lm.view(), rb.view(), tb.view(), n, n, s.vocab, h,
-                                           1.0F / static_cast<float>(n));
+                 gpu.lm_head_cross_entropy({.loss_sum = loss.view(),
+                                            .dh = dh.view(),
+                                            .dw = dw_lm.view(),
+                                            .h = x.view(),
+                                            .w = w_lm.view(),
+                                            .rows = rb.view(),
+                                            .targets = tb.view(),
+                                            .grad_scale = 1.0F / static_cast<float>(n)});
                },
                repeats),
            6.0 * n * s.vocab * h, 0, -1);
@@ -449,11 +521,11 @@ int main(int argc, char** argv) try {
 
   // Baselines of this run: bf16 GEMM 8192^3 (cuBLASLt) and device-to-device copy.
   const std::int64_t g = rehearsal ? 512 : 8192;
-  Buffer a = device_random(gpu, g * g, 1.0F, 20);
-  Buffer b = device_random(gpu, g * g, 1.0F, 21);
-  Buffer c = gpu.allocate(DType::bf16, g * g);
+  Buffer a = device_random(gpu, {g, g}, 1.0F, 20);
+  Buffer b = device_random(gpu, {g, g}, 1.0F, 21);
+  Buffer c = allocate(gpu, DType::bf16, {g, g});
   const double gemm_ms = time_ms(
-      gpu, [&] { gpu.matmul(c.view(), a.view(), b.view(), g, g, g, false); }, repeats);
+      gpu, [&] { gpu.matmul({.y = c.view(), .x = a.view(), .w = b.view()}); }, repeats);
   const double gemm_tflops = 2.0 * g * g * g / gemm_ms / 1e9;
   const std::size_t copy_bytes = rehearsal ? 1ULL << 24U : 1ULL << 31U;
   void* src = nullptr;

@@ -1,7 +1,7 @@
 // The backend interface the Llama model is written against (once): the CPU reference backend
 // (fp32, OpenMP, OpenBLAS) and the CUDA backend (bf16 activations, fp32 accumulation)
-// implement it. Every tensor is a flat row-major array; shapes are given in the comments as
-// (rows, cols) with N = tokens of the micro-batch, H = hidden, V = vocabulary.
+// implement it. Every tensor is a flat row-major array whose view carries its shape (tensor.hpp);
+// the shapes in the comments use N = tokens of the micro-batch, H = hidden, V = vocabulary.
 //
 // Gradient conventions: parameter gradients (dw) are always accumulated (+=), so that
 // micro-batches add up; activation gradients are overwritten unless the op says "+=".
@@ -19,16 +19,24 @@ namespace l3::kernels {
 // Packed rows: the N tokens of a micro-batch are cut into segments (documents, or padding) by
 // cu_seqlens (i32, n_segments + 1, cu_seqlens[0] = 0, cu_seqlens[n_segments] = N). A token
 // attends to the tokens of its own segment up to itself, and to nothing else.
+struct PackedSegments {
+  ConstTensorView cu_seqlens;  // (n_segments + 1) i32, backend memory
+  int max_segment = 0;         // longest segment, for workspace sizing
+  // The same cu_seqlens in host memory, when the caller has them: a backend that plans its work
+  // per segment on the host (the CUDA fallback) then needs no download and no stream
+  // synchronisation per call. Empty: read the device copy.
+  std::span<const std::int32_t> host{};
+};
+
+// An attention call's sizes, derived from its views by attention_shape (op_shapes.hpp) for the
+// backends' own planning.
 struct AttentionShape {
   std::int64_t tokens = 0;  // N
   int n_heads = 0;
   int n_kv_heads = 0;  // n_heads % n_kv_heads == 0 (GQA); K/V are never replicated in memory
   int head_dim = 0;
   int n_segments = 0;
-  int max_segment = 0;  // longest segment, for workspace sizing
-  // The same cu_seqlens in host memory, when the caller has them: a backend that plans its work
-  // per segment on the host (the CUDA fallback) then needs no download and no stream
-  // synchronisation per call. Empty: read the device copy.
+  int max_segment = 0;
   std::span<const std::int32_t> host_cu_seqlens{};
 };
 
@@ -40,8 +48,8 @@ struct LossSum {
 
 // One host array to copy into backend memory (same dtype and length).
 struct HostUpload {
-  TensorView dst;  // backend memory
-  TensorView src;  // host memory, free for reuse once upload_inputs returns
+  TensorView dst;       // backend memory
+  ConstTensorView src;  // host memory, free for reuse once upload_inputs returns
 };
 
 struct AdamWParams {
@@ -52,6 +60,132 @@ struct AdamWParams {
   float weight_decay = 0.0F;  // 0 for tensors that are not decayed (norms)
   float grad_scale = 1.0F;    // gradients are multiplied by this first (clipping)
   std::int64_t step = 1;      // 1-based, for bias correction
+};
+
+// ---- each op's arguments: outputs first (TensorView), then inputs (ConstTensorView), then
+// scalars. Shapes in the comments are the views' shapes, checked by the backend (op_shapes.hpp).
+
+// ---- linear layers: y = x W^T, W stored [out, in] as in Hugging Face -----------------------
+// y (M, N) = x (M, K) W^T, W (N, K); y += ... when accumulate. x and y are read as matrices of
+// their rows: (M, heads, head_dim) is (M, heads * head_dim).
+struct MatmulArgs {
+  TensorView y;
+  ConstTensorView x, w;
+  bool accumulate = false;
+};
+// dx (M, K) = dy (M, N) W (+= when accumulate_dx; skipped when dx is empty);
+// dw (N, K) += dy^T x (skipped when dw is empty)
+struct MatmulBackwardArgs {
+  TensorView dx, dw;
+  ConstTensorView dy, x, w;
+  bool accumulate_dx = false;
+};
+
+// ---- embedding: out (N, H) = table[tokens (N) i32], table (V, H) ----------------------------
+struct EmbeddingArgs {
+  TensorView out;
+  ConstTensorView tokens, table;
+};
+// dtable (V, H) += scatter of dout (N, H) by tokens (deterministic order)
+struct EmbeddingBackwardArgs {
+  TensorView dtable;
+  ConstTensorView tokens, dout;
+};
+
+// ---- RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w, statistics in fp32 ---------------------
+// x, out (rows, H); w (H); rstd (rows) f32, saved for the backward
+struct RmsNormArgs {
+  TensorView out, rstd;
+  ConstTensorView x, w;
+  float eps = 1e-5F;
+};
+// dx (rows, H) += d/dx; dw (H) += d/dw
+struct RmsNormBackwardArgs {
+  TensorView dx, dw;
+  ConstTensorView dout, x, w, rstd;
+};
+
+// ---- RoPE, Hugging Face rotate-half convention (pair i with i + head_dim/2), in place ------
+// x (N, heads, head_dim); positions (N) i32; cos, sin (max_position, head_dim/2) f32
+struct RopeArgs {
+  TensorView x;
+  ConstTensorView positions, cos, sin;
+};
+
+// ---- causal GQA attention over packed segments, softmax scale 1/sqrt(head_dim) -------------
+// q, out (N, n_heads, head_dim); k, v (N, n_kv_heads, head_dim);
+// lse (n_heads, N) f32: log-sum-exp of each query's scaled scores, saved for the backward
+struct AttentionArgs {
+  TensorView out, lse;
+  ConstTensorView q, k, v;
+  PackedSegments segments;
+};
+// dq (N, n_heads, head_dim), dk, dv (N, n_kv_heads, head_dim): overwritten
+struct AttentionBackwardArgs {
+  TensorView dq, dk, dv;
+  ConstTensorView dout, out, lse, q, k, v;
+  PackedSegments segments;
+};
+
+// ---- SwiGLU: out = silu(gate) * up, elementwise (all of one shape) --------------------------
+struct SwigluArgs {
+  TensorView out;
+  ConstTensorView gate, up;
+};
+struct SwigluBackwardArgs {
+  TensorView dgate, dup;
+  ConstTensorView dout, gate, up;
+};
+
+// ---- lm_head + cross-entropy, fused and chunked over tokens ---------------------------------
+// h (N, H), w (V, H). rows (C) i32: the positions whose loss counts (ascending), targets (C)
+// i32: the token each of them predicts; C is known to the caller (it built the mask), so that
+// the backend sizes its work without reading anything back. Adds the summed CE of the C rows
+// to loss_sum (1) f64 in backend memory: the caller reads it when it needs the value, and a
+// backend with a queue does not wait here. Logits are built a block of tokens at a time, never
+// for the whole batch. With dh (N, H) non-empty, also dh = grad_scale * d(sum CE)/dh
+// (overwritten; uncounted rows 0) and dw (V, H) += grad_scale * d/dw.
+struct LmHeadCrossEntropyArgs {
+  TensorView loss_sum, dh, dw;
+  ConstTensorView h, w, rows, targets;
+  float grad_scale = 1.0F;
+};
+
+// ---- reward head: scores (P) f32 = h[rows[p]] . w; h (N, H), w (H), rows (P) i32 ------------
+struct GatherDotArgs {
+  TensorView scores;
+  ConstTensorView h, w, rows;
+};
+// dh[rows[p]] += dscores[p] * w (dh (N, H) is overwritten elsewhere with zeros first);
+// dw += sum_p dscores[p] * h[rows[p]]
+struct GatherDotBackwardArgs {
+  TensorView dh, dw;
+  ConstTensorView dscores, h, w, rows;
+};
+
+// ---- Bradley-Terry loss on P preference pairs (the reward model's) -------------------------
+// scores (2P) f32: the chosen rows' scores, then the rejected rows'; margins (P) f32, or empty
+// for none. loss_p = softplus(-(c - r - margin_p)) + center * (c + r)^2, in fp64. Adds {sum of
+// loss_p, pairs with c > r, sum of c - r} to sums (3) f64 in backend memory (read when needed,
+// as lm_head_cross_entropy's loss_sum); with d_scores (2P) f32 non-empty, d_scores =
+// grad_scale * d loss / d scores.
+struct BradleyTerryArgs {
+  TensorView sums, d_scores;
+  ConstTensorView scores, margins;
+  double center = 0.0;
+  float grad_scale = 1.0F;
+};
+
+// ---- optimizer ---------------------------------------------------------------------------
+// PyTorch's AdamW, elementwise over params, m, v, grads (the same number of elements):
+// p *= 1 - lr*wd; m, v updated with g*grad_scale; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t)
+// + eps). params (the master weights), m, v f32; grads in the compute dtype or f32.
+// params_copy (the weights the matmuls read, when they are not the master weights themselves)
+// receives the updated params rounded to its dtype, or is empty.
+struct AdamWArgs {
+  TensorView params, params_copy, m, v;
+  ConstTensorView grads;
+  AdamWParams hyper;
 };
 
 // Where a run computes: the CPU reference (fp32, host memory) or CUDA (bf16, device memory);
@@ -89,7 +223,7 @@ class Ops {
   virtual void zero(TensorView x) = 0;
   // dst = src (same numel; converts between f32 and bf16). Host <-> backend memory included:
   // on the CPU backend both sides are host memory.
-  virtual void copy(TensorView dst, TensorView src) = 0;
+  virtual void copy(TensorView dst, ConstTensorView src) = 0;
   virtual void synchronize() = 0;
   // A micro-batch's inputs, host -> backend. The caller alternates its input buffers between
   // two sets (`set` 0 or 1) and passes every upload of one micro-batch in one call. A backend
@@ -102,107 +236,45 @@ class Ops {
   // plain copies happen before the work is queued.
   [[nodiscard]] virtual double take_input_wait_ms() = 0;
 
-  // ---- linear layers: y = x W^T, W stored [out, in] as in Hugging Face --------------------
-  // y (M, N) = x (M, K) W^T, W (N, K); y += ... when accumulate
-  virtual void matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
-                      std::int64_t k, bool accumulate) = 0;
-  // dx (M, K) = dy (M, N) W (+= when accumulate_dx; skipped when dx is empty);
-  // dw (N, K) += dy^T x (skipped when dw is empty)
-  virtual void matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x,
-                               TensorView w, std::int64_t m, std::int64_t n, std::int64_t k,
-                               bool accumulate_dx) = 0;
-
-  // ---- embedding: out (N, H) = table[tokens] ----------------------------------------------
-  virtual void embedding(TensorView out, TensorView tokens, TensorView table, std::int64_t n,
-                         std::int64_t hidden) = 0;
-  // dtable (V, H) += scatter of dout (N, H) by tokens (deterministic order)
-  virtual void embedding_backward(TensorView dtable, TensorView tokens, TensorView dout,
-                                  std::int64_t n, std::int64_t hidden) = 0;
-
-  // ---- RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w, statistics in fp32 -------------------
-  // x, out (rows, H); w (H); rstd (rows) f32, saved for the backward
-  virtual void rmsnorm(TensorView out, TensorView rstd, TensorView x, TensorView w,
-                       std::int64_t rows, std::int64_t hidden, float eps) = 0;
-  // dx (rows, H) += d/dx; dw (H) += d/dw
-  virtual void rmsnorm_backward(TensorView dx, TensorView dw, TensorView dout, TensorView x,
-                                TensorView w, TensorView rstd, std::int64_t rows,
-                                std::int64_t hidden) = 0;
-
-  // ---- RoPE, Hugging Face rotate-half convention (pair i with i + head_dim/2), in place ----
-  // x (N, heads, head_dim); positions (N) i32; cos, sin (max_position, head_dim/2) f32
-  virtual void rope(TensorView x, TensorView positions, TensorView cos, TensorView sin,
-                    std::int64_t n, int heads, int head_dim) = 0;
-  // The inverse rotation applied to the gradient, in place.
-  virtual void rope_backward(TensorView dx, TensorView positions, TensorView cos, TensorView sin,
-                             std::int64_t n, int heads, int head_dim) = 0;
-
-  // ---- causal GQA attention over packed segments, softmax scale 1/sqrt(head_dim) -----------
-  // q, out (N, n_heads, head_dim); k, v (N, n_kv_heads, head_dim);
-  // lse (n_heads, N) f32: log-sum-exp of each query's scaled scores, saved for the backward
-  virtual void attention(TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
-                         TensorView cu_seqlens, const AttentionShape& shape) = 0;
-  // dq (N, n_heads, head_dim), dk, dv (N, n_kv_heads, head_dim): overwritten
-  virtual void attention_backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
-                                  TensorView out, TensorView lse, TensorView q, TensorView k,
-                                  TensorView v, TensorView cu_seqlens,
-                                  const AttentionShape& shape) = 0;
-
-  // ---- SwiGLU: out = silu(gate) * up, elementwise over n values ---------------------------
-  virtual void swiglu(TensorView out, TensorView gate, TensorView up, std::int64_t n) = 0;
-  virtual void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
-                               TensorView up, std::int64_t n) = 0;
+  // ---- the ops: each takes its own argument struct (above the class), outputs TensorView,
+  // inputs ConstTensorView, every size read from the views' shapes and checked
+  // (op_shapes.hpp); called with designated initializers: ops.matmul({.y = q, .x = x, .w = wq})
+  virtual void matmul(const MatmulArgs& a) = 0;
+  virtual void matmul_backward(const MatmulBackwardArgs& a) = 0;
+  virtual void embedding(const EmbeddingArgs& a) = 0;
+  virtual void embedding_backward(const EmbeddingBackwardArgs& a) = 0;
+  virtual void rmsnorm(const RmsNormArgs& a) = 0;
+  virtual void rmsnorm_backward(const RmsNormBackwardArgs& a) = 0;
+  virtual void rope(const RopeArgs& a) = 0;
+  // The inverse rotation, applied in place to a gradient (a.x).
+  virtual void rope_backward(const RopeArgs& a) = 0;
+  virtual void attention(const AttentionArgs& a) = 0;
+  virtual void attention_backward(const AttentionBackwardArgs& a) = 0;
+  virtual void swiglu(const SwigluArgs& a) = 0;
+  virtual void swiglu_backward(const SwigluBackwardArgs& a) = 0;
+  virtual void lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) = 0;
+  virtual void gather_dot(const GatherDotArgs& a) = 0;
+  virtual void gather_dot_backward(const GatherDotBackwardArgs& a) = 0;
+  virtual void bradley_terry(const BradleyTerryArgs& a) = 0;
+  virtual void adamw(const AdamWArgs& a) = 0;
 
   // ---- reductions ------------------------------------------------------------------------
-  // dst += src over n values, src in the compute dtype, dst in it or in f32; each sum taken in
-  // fp32 and rounded once to dst's dtype (ZeRO-2: a micro-batch's reduced gradients added into
-  // the optimizer's f32 piece).
-  virtual void add_into(TensorView dst, TensorView src, std::int64_t n) = 0;
+  // dst += src (the same number of elements), src in the compute dtype, dst in it or in f32;
+  // each sum taken in fp32 and rounded once to dst's dtype (ZeRO-2: a micro-batch's reduced
+  // gradients added into the optimizer's f32 piece).
+  virtual void add_into(TensorView dst, ConstTensorView src) = 0;
   // sum of x^2 in double precision (gradient norms)
-  [[nodiscard]] virtual double sum_squares(TensorView x, std::int64_t n) = 0;
-  // out[i] = sum_squares(xs[i], xs[i].numel()), the same values; a backend with a queue
-  // returns them all with one synchronisation instead of one each.
-  virtual void sum_squares_each(std::span<const TensorView> xs, std::span<double> out) = 0;
-
-  // ---- lm_head + cross-entropy, fused and chunked over tokens -------------------------------
-  // h (N, H), w (V, H). rows (C) i32: the positions whose loss counts (ascending), targets (C)
-  // i32: the token each of them predicts; C = counted, known to the caller (it built the mask),
-  // so that the backend sizes its work without reading anything back. Adds the summed CE of
-  // the C rows to loss_sum (1) f64 in backend memory: the caller reads it when it needs the
-  // value, and a backend with a queue does not wait here. Logits are built a block of tokens
-  // at a time, never for the whole batch. With dh non-empty, also dh (N, H) =
-  // grad_scale * d(sum CE)/dh (overwritten; uncounted rows 0) and dw (V, H) += grad_scale * d/dw.
-  virtual void lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw,
-                                     TensorView h, TensorView w, TensorView rows,
-                                     TensorView targets, std::int64_t n, std::int64_t counted,
-                                     std::int64_t vocab, std::int64_t hidden, float grad_scale) = 0;
-
-  // ---- reward head: scores (P) f32 = h[rows[p]] . w, w (H) --------------------------------
-  virtual void gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
-                          std::int64_t count, std::int64_t hidden) = 0;
-  // dh[rows[p]] += dscores[p] * w (dh (N, H) is overwritten elsewhere with zeros first);
-  // dw += sum_p dscores[p] * h[rows[p]]
-  virtual void gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
-                                   TensorView w, TensorView rows, std::int64_t count,
-                                   std::int64_t hidden) = 0;
-
-  // ---- Bradley-Terry loss on P preference pairs (the reward model's) -----------------------
-  // scores (2P) f32: the chosen rows' scores, then the rejected rows'; margins (P) f32, or
-  // empty for none. loss_p = softplus(-(c - r - margin_p)) + center * (c + r)^2, in fp64.
-  // Adds {sum of loss_p, pairs with c > r, sum of c - r} to sums (3) f64 in backend memory
-  // (read when needed, as lm_head_cross_entropy's loss_sum); with d_scores (2P) f32 non-empty,
-  // d_scores = grad_scale * d loss / d scores.
-  virtual void bradley_terry(TensorView sums, TensorView d_scores, TensorView scores,
-                             TensorView margins, std::int64_t pairs, double center,
-                             float grad_scale) = 0;
-
-  // ---- optimizer -------------------------------------------------------------------------
-  // PyTorch's AdamW on n elements: p *= 1 - lr*wd; m, v updated with g*grad_scale;
-  // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). params (the master weights), m, v
-  // f32; grads in the compute dtype or f32. params_copy (the weights the matmuls read, when they
-  // are not the master weights themselves) receives the updated params rounded to its dtype, or is
-  // empty.
-  virtual void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
-                     TensorView v, std::int64_t n, const AdamWParams& hyper) = 0;
+  [[nodiscard]] virtual double sum_squares(ConstTensorView x) = 0;
+  // out[i] = sum_squares(xs[i]), the same values; a backend with a queue returns them all with
+  // one synchronisation instead of one each.
+  virtual void sum_squares_each(std::span<const ConstTensorView> xs, std::span<double> out) = 0;
 };
+
+// A zero-initialised buffer of `shape` on `ops`'s memory.
+[[nodiscard]] inline Buffer allocate(Ops& ops, DType dtype, const Shape& shape) {
+  Buffer buffer = ops.allocate(dtype, shape.numel());
+  buffer.reshape(shape);
+  return buffer;
+}
 
 }  // namespace l3::kernels

@@ -58,7 +58,7 @@ class ProfilingOps final : public Ops {
   void zero(TensorView x) override {
     timed("zero", [&] { inner_.zero(x); });
   }
-  void copy(TensorView dst, TensorView src) override {
+  void copy(TensorView dst, ConstTensorView src) override {
     timed("copy", [&] { inner_.copy(dst, src); });
   }
   void synchronize() override { inner_.synchronize(); }
@@ -66,99 +66,65 @@ class ProfilingOps final : public Ops {
     timed("upload_inputs", [&] { inner_.upload_inputs(set, uploads); });
   }
   [[nodiscard]] double take_input_wait_ms() override { return inner_.take_input_wait_ms(); }
-  void matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
-              std::int64_t k, bool accumulate) override {
-    timed("matmul", [&] { inner_.matmul(y, x, w, m, n, k, accumulate); });
+  void matmul(const MatmulArgs& a) override {
+    timed("matmul", [&] { inner_.matmul(a); });
   }
-
-  void matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x, TensorView w,
-                       std::int64_t m, std::int64_t n, std::int64_t k,
-                       bool accumulate_dx) override {
-    timed("matmul_backward",
-          [&] { inner_.matmul_backward(dx, dw, dy, x, w, m, n, k, accumulate_dx); });
+  void matmul_backward(const MatmulBackwardArgs& a) override {
+    timed("matmul_backward", [&] { inner_.matmul_backward(a); });
   }
-  void embedding(TensorView out, TensorView tokens, TensorView table, std::int64_t n,
-                 std::int64_t hidden) override {
-    timed("embedding", [&] { inner_.embedding(out, tokens, table, n, hidden); });
+  void embedding(const EmbeddingArgs& a) override {
+    timed("embedding", [&] { inner_.embedding(a); });
   }
-  void embedding_backward(TensorView dtable, TensorView tokens, TensorView dout, std::int64_t n,
-                          std::int64_t hidden) override {
-    timed("embedding_backward",
-          [&] { inner_.embedding_backward(dtable, tokens, dout, n, hidden); });
+  void embedding_backward(const EmbeddingBackwardArgs& a) override {
+    timed("embedding_backward", [&] { inner_.embedding_backward(a); });
   }
-  void rmsnorm(TensorView out, TensorView rstd, TensorView x, TensorView w, std::int64_t rows,
-               std::int64_t hidden, float eps) override {
-    timed("rmsnorm", [&] { inner_.rmsnorm(out, rstd, x, w, rows, hidden, eps); });
+  void rmsnorm(const RmsNormArgs& a) override {
+    timed("rmsnorm", [&] { inner_.rmsnorm(a); });
   }
-  void rmsnorm_backward(TensorView dx, TensorView dw, TensorView dout, TensorView x, TensorView w,
-                        TensorView rstd, std::int64_t rows, std::int64_t hidden) override {
-    timed("rmsnorm_backward",
-          [&] { inner_.rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, hidden); });
+  void rmsnorm_backward(const RmsNormBackwardArgs& a) override {
+    timed("rmsnorm_backward", [&] { inner_.rmsnorm_backward(a); });
   }
-  void rope(TensorView x, TensorView positions, TensorView cos, TensorView sin, std::int64_t n,
-            int heads, int head_dim) override {
-    timed("rope", [&] { inner_.rope(x, positions, cos, sin, n, heads, head_dim); });
+  void rope(const RopeArgs& a) override {
+    timed("rope", [&] { inner_.rope(a); });
   }
-  void rope_backward(TensorView dx, TensorView positions, TensorView cos, TensorView sin,
-                     std::int64_t n, int heads, int head_dim) override {
-    timed("rope_backward",
-          [&] { inner_.rope_backward(dx, positions, cos, sin, n, heads, head_dim); });
+  void rope_backward(const RopeArgs& a) override {
+    timed("rope_backward", [&] { inner_.rope_backward(a); });
   }
-  void attention(TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
-                 TensorView cu_seqlens, const AttentionShape& shape) override {
-    timed("attention", [&] { inner_.attention(out, lse, q, k, v, cu_seqlens, shape); });
+  void attention(const AttentionArgs& a) override {
+    timed("attention", [&] { inner_.attention(a); });
   }
-  void attention_backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
-                          TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
-                          TensorView cu_seqlens, const AttentionShape& shape) override {
-    timed("attention_backward", [&] {
-      inner_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, shape);
-    });
+  void attention_backward(const AttentionBackwardArgs& a) override {
+    timed("attention_backward", [&] { inner_.attention_backward(a); });
   }
-  void swiglu(TensorView out, TensorView gate, TensorView up, std::int64_t n) override {
-    timed("swiglu", [&] { inner_.swiglu(out, gate, up, n); });
+  void swiglu(const SwigluArgs& a) override {
+    timed("swiglu", [&] { inner_.swiglu(a); });
   }
-  void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
-                       TensorView up, std::int64_t n) override {
-    timed("swiglu_backward", [&] { inner_.swiglu_backward(dgate, dup, dout, gate, up, n); });
+  void swiglu_backward(const SwigluBackwardArgs& a) override {
+    timed("swiglu_backward", [&] { inner_.swiglu_backward(a); });
   }
-  void add_into(TensorView dst, TensorView src, std::int64_t n) override {
-    timed("add_into", [&] { inner_.add_into(dst, src, n); });
+  void lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) override {
+    timed("lm_head_cross_entropy", [&] { inner_.lm_head_cross_entropy(a); });
   }
-  [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override {
-    return timed("sum_squares", [&] { return inner_.sum_squares(x, n); });
+  void gather_dot(const GatherDotArgs& a) override {
+    timed("gather_dot", [&] { inner_.gather_dot(a); });
   }
-  void sum_squares_each(std::span<const TensorView> xs, std::span<double> out) override {
+  void gather_dot_backward(const GatherDotBackwardArgs& a) override {
+    timed("gather_dot_backward", [&] { inner_.gather_dot_backward(a); });
+  }
+  void bradley_terry(const BradleyTerryArgs& a) override {
+    timed("bradley_terry", [&] { inner_.bradley_terry(a); });
+  }
+  void adamw(const AdamWArgs& a) override {
+    timed("adamw", [&] { inner_.adamw(a); });
+  }
+  void add_into(TensorView dst, ConstTensorView src) override {
+    timed("add_into", [&] { inner_.add_into(dst, src); });
+  }
+  [[nodiscard]] double sum_squares(ConstTensorView x) override {
+    return timed("sum_squares", [&] { return inner_.sum_squares(x); });
+  }
+  void sum_squares_each(std::span<const ConstTensorView> xs, std::span<double> out) override {
     timed("sum_squares_each", [&] { inner_.sum_squares_each(xs, out); });
-  }
-  void lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
-                             TensorView w, TensorView rows, TensorView targets, std::int64_t n,
-                             std::int64_t counted, std::int64_t vocab, std::int64_t hidden,
-                             float grad_scale) override {
-    timed("lm_head_cross_entropy", [&] {
-      inner_.lm_head_cross_entropy(loss_sum, dh, dw, h, w, rows, targets, n, counted, vocab, hidden,
-                                   grad_scale);
-    });
-  }
-  void bradley_terry(TensorView sums, TensorView d_scores, TensorView scores, TensorView margins,
-                     std::int64_t pairs, double center, float grad_scale) override {
-    timed("bradley_terry", [&] {
-      inner_.bradley_terry(sums, d_scores, scores, margins, pairs, center, grad_scale);
-    });
-  }
-  void gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
-                  std::int64_t count, std::int64_t hidden) override {
-    timed("gather_dot", [&] { inner_.gather_dot(scores, h, w, rows, count, hidden); });
-  }
-  void gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
-                           TensorView w, TensorView rows, std::int64_t count,
-                           std::int64_t hidden) override {
-    timed("gather_dot_backward",
-          [&] { inner_.gather_dot_backward(dh, dw, dscores, h, w, rows, count, hidden); });
-  }
-  void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
-             TensorView v, std::int64_t n, const AdamWParams& hyper) override {
-    timed("adamw", [&] { inner_.adamw(params, params_copy, grads, m, v, n, hyper); });
   }
 
   Ops& inner_;

@@ -16,57 +16,37 @@ class CpuOps final : public Ops {
   [[nodiscard]] std::string report() const override { return {}; }
   void bind_thread() override {}  // host memory: any thread
   [[nodiscard]] std::int64_t memory_capacity() const override { return 0; }  // the host's
-  void upload_inputs(int set, std::span<const HostUpload> uploads) override;
-  [[nodiscard]] double take_input_wait_ms() override { return 0.0; }
-  void sum_squares_each(std::span<const TensorView> xs, std::span<double> out) override;
 
   [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override;
   // Bytes handed out by allocate() since construction (numel x element size, not counting
   // alignment padding or frees): what model::plan_training_memory is checked against.
   [[nodiscard]] std::int64_t allocated_bytes() const noexcept { return allocated_.load(); }
   void zero(TensorView x) override;
-  void copy(TensorView dst, TensorView src) override;
+  void copy(TensorView dst, ConstTensorView src) override;
   void synchronize() override {}
+  void upload_inputs(int set, std::span<const HostUpload> uploads) override;
+  [[nodiscard]] double take_input_wait_ms() override { return 0.0; }
 
-  void matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
-              std::int64_t k, bool accumulate) override;
-  void matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x, TensorView w,
-                       std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate_dx) override;
-  void embedding(TensorView out, TensorView tokens, TensorView table, std::int64_t n,
-                 std::int64_t hidden) override;
-  void embedding_backward(TensorView dtable, TensorView tokens, TensorView dout, std::int64_t n,
-                          std::int64_t hidden) override;
-  void rmsnorm(TensorView out, TensorView rstd, TensorView x, TensorView w, std::int64_t rows,
-               std::int64_t hidden, float eps) override;
-  void rmsnorm_backward(TensorView dx, TensorView dw, TensorView dout, TensorView x, TensorView w,
-                        TensorView rstd, std::int64_t rows, std::int64_t hidden) override;
-  void rope(TensorView x, TensorView positions, TensorView cos, TensorView sin, std::int64_t n,
-            int heads, int head_dim) override;
-  void rope_backward(TensorView dx, TensorView positions, TensorView cos, TensorView sin,
-                     std::int64_t n, int heads, int head_dim) override;
-  void attention(TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
-                 TensorView cu_seqlens, const AttentionShape& shape) override;
-  void attention_backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
-                          TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
-                          TensorView cu_seqlens, const AttentionShape& shape) override;
-  void swiglu(TensorView out, TensorView gate, TensorView up, std::int64_t n) override;
-  void swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
-                       TensorView up, std::int64_t n) override;
-  void add_into(TensorView dst, TensorView src, std::int64_t n) override;
-  [[nodiscard]] double sum_squares(TensorView x, std::int64_t n) override;
-  void lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
-                             TensorView w, TensorView rows, TensorView targets, std::int64_t n,
-                             std::int64_t counted, std::int64_t vocab, std::int64_t hidden,
-                             float grad_scale) override;
-  void bradley_terry(TensorView sums, TensorView d_scores, TensorView scores, TensorView margins,
-                     std::int64_t pairs, double center, float grad_scale) override;
-  void gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
-                  std::int64_t count, std::int64_t hidden) override;
-  void gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
-                           TensorView w, TensorView rows, std::int64_t count,
-                           std::int64_t hidden) override;
-  void adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
-             TensorView v, std::int64_t n, const AdamWParams& hyper) override;
+  void matmul(const MatmulArgs& a) override;
+  void matmul_backward(const MatmulBackwardArgs& a) override;
+  void embedding(const EmbeddingArgs& a) override;
+  void embedding_backward(const EmbeddingBackwardArgs& a) override;
+  void rmsnorm(const RmsNormArgs& a) override;
+  void rmsnorm_backward(const RmsNormBackwardArgs& a) override;
+  void rope(const RopeArgs& a) override;
+  void rope_backward(const RopeArgs& a) override;
+  void attention(const AttentionArgs& a) override;
+  void attention_backward(const AttentionBackwardArgs& a) override;
+  void swiglu(const SwigluArgs& a) override;
+  void swiglu_backward(const SwigluBackwardArgs& a) override;
+  void lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) override;
+  void gather_dot(const GatherDotArgs& a) override;
+  void gather_dot_backward(const GatherDotBackwardArgs& a) override;
+  void bradley_terry(const BradleyTerryArgs& a) override;
+  void adamw(const AdamWArgs& a) override;
+  void add_into(TensorView dst, ConstTensorView src) override;
+  [[nodiscard]] double sum_squares(ConstTensorView x) override;
+  void sum_squares_each(std::span<const ConstTensorView> xs, std::span<double> out) override;
 
  private:
   std::atomic<std::int64_t> allocated_{0};

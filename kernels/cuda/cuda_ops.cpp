@@ -17,35 +17,35 @@
 #include "kernels/cuda/input_stager.hpp"
 #include "kernels/cuda/lt_matmul.hpp"
 #include "kernels/cuda/scratch_sizes.hpp"
+#include "kernels/op_shapes.hpp"
 
 namespace l3::cuda {
 
 using kernels::BFloat16;
+using kernels::ConstTensorView;
 using kernels::DType;
 using kernels::TensorView;
 
 namespace {
 
+// The typed device pointers of a view: the element type checked by as<T>(), the sizes by the
+// op's shape check (kernels/op_shapes.hpp) before.
 template <typename T>
-const T* in(TensorView x, std::int64_t count, std::string_view op, std::string_view name) {
-  if (x.numel() < count) {
-    throw core::internal_error(
-        fmt::format("cuda {}: '{}' has {} elements, needs {}", op, name, x.numel(), count));
-  }
-  return x.as<const T>().data();
+const T* in(ConstTensorView x) {
+  return x.as<T>().data();
 }
 template <typename T>
-T* out(TensorView x, std::int64_t count, std::string_view op, std::string_view name) {
-  return const_cast<T*>(in<T>(x, count, op, name));  // NOLINT: views are untyped memory
+T* out(TensorView x) {
+  return x.as<T>().data();
 }
 
 // A weight gradient, bf16 or fp32 (--grad-accum-dtype fp32): `add` gets the typed pointer.
 template <typename Add>
-void add_to_gradient(TensorView dw, std::int64_t count, std::string_view op, Add add) {
+void add_to_gradient(TensorView dw, Add add) {
   if (dw.dtype() == DType::f32) {
-    add(out<float>(dw, count, op, "dw"));
+    add(out<float>(dw));
   } else {
-    add(out<BFloat16>(dw, count, op, "dw"));
+    add(out<BFloat16>(dw));
   }
 }
 
@@ -167,7 +167,7 @@ void CudaOps::synchronize() {
   }
 }
 
-void CudaOps::copy(TensorView dst, TensorView src) {
+void CudaOps::copy(TensorView dst, ConstTensorView src) {
   if (dst.numel() != src.numel()) {
     throw core::internal_error(
         fmt::format("cuda copy: {} elements into {}", src.numel(), dst.numel()));
@@ -234,107 +234,87 @@ void CudaOps::copy(TensorView dst, TensorView src) {
   synchronize();  // host memory is the caller's once we return
 }
 
-void CudaOps::matmul(TensorView y, TensorView x, TensorView w, std::int64_t m, std::int64_t n,
-                     std::int64_t k, bool accumulate) {
-  if (y.numel() < m * n) throw core::internal_error("cuda matmul: y too small");
+void CudaOps::matmul(const kernels::MatmulArgs& a) {
+  const kernels::MatmulDims d = kernels::matmul_dims(a);
   // y (m, n) = x (m, k) W^T, W (n, k)
-  lt_->run(gemm(m, n, k, in<BFloat16>(x, m * k, "matmul", "x"), k, false,
-                in<BFloat16>(w, n * k, "matmul", "w"), k, true, y.data(), n,
-                accumulate ? 1.0F : 0.0F, y.dtype()),
+  lt_->run(gemm(d.m, d.n, d.k, in<BFloat16>(a.x), d.k, false, in<BFloat16>(a.w), d.k, true,
+                a.y.data(), d.n, a.accumulate ? 1.0F : 0.0F, a.y.dtype()),
            stream_);
 }
 
-void CudaOps::matmul_backward(TensorView dx, TensorView dw, TensorView dy, TensorView x,
-                              TensorView w, std::int64_t m, std::int64_t n, std::int64_t k,
-                              bool accumulate_dx) {
-  const auto* dy_data = in<BFloat16>(dy, m * n, "matmul_backward", "dy");
-  if (!dx.empty()) {  // dx (m, k) = dy (m, n) W (n, k)
-    lt_->run(
-        gemm(m, k, n, dy_data, n, false, in<BFloat16>(w, n * k, "matmul_backward", "w"), k, false,
-             out<BFloat16>(dx, m * k, "matmul_backward", "dx"), k, accumulate_dx ? 1.0F : 0.0F),
-        stream_);
+void CudaOps::matmul_backward(const kernels::MatmulBackwardArgs& a) {
+  const kernels::MatmulDims d = kernels::matmul_dims(a);
+  const auto* dy_data = in<BFloat16>(a.dy);
+  if (!a.dx.empty()) {  // dx (m, k) = dy (m, n) W (n, k)
+    lt_->run(gemm(d.m, d.k, d.n, dy_data, d.n, false, in<BFloat16>(a.w), d.k, false,
+                  out<BFloat16>(a.dx), d.k, a.accumulate_dx ? 1.0F : 0.0F),
+             stream_);
   }
-  if (!dw.empty()) {  // dw (n, k) += dy^T (n, m) x (m, k), in dw's dtype
-    const auto* x_data = in<BFloat16>(x, m * k, "matmul_backward", "x");
-    add_to_gradient(dw, n * k, "matmul_backward", [&](auto* dw_data) {
-      lt_->run(gemm(n, k, m, dy_data, n, true, x_data, k, false, dw_data, k, 1.0F, dw.dtype()),
+  if (!a.dw.empty()) {  // dw (n, k) += dy^T (n, m) x (m, k), in dw's dtype
+    const auto* x_data = in<BFloat16>(a.x);
+    add_to_gradient(a.dw, [&](auto* dw_data) {
+      lt_->run(gemm(d.n, d.k, d.m, dy_data, d.n, true, x_data, d.k, false, dw_data, d.k, 1.0F,
+                    a.dw.dtype()),
                stream_);
     });
   }
 }
 
-void CudaOps::embedding(TensorView out_view, TensorView tokens, TensorView table, std::int64_t n,
-                        std::int64_t hidden) {
-  embedding_forward(out<BFloat16>(out_view, n * hidden, "embedding", "out"),
-                    in<std::int32_t>(tokens, n, "embedding", "tokens"),
-                    table.as<const BFloat16>().data(), n, hidden, table.numel() / hidden, stream_);
+void CudaOps::embedding(const kernels::EmbeddingArgs& a) {
+  const kernels::RowDims d = kernels::embedding_dims(a);
+  embedding_forward(out<BFloat16>(a.out), in<std::int32_t>(a.tokens), in<BFloat16>(a.table), d.rows,
+                    d.hidden, d.vocab, stream_);
 }
 
-void CudaOps::embedding_backward(TensorView dtable, TensorView tokens, TensorView dout,
-                                 std::int64_t n, std::int64_t hidden) {
-  const std::size_t bytes = embedding_backward_workspace(n, hidden);
+void CudaOps::embedding_backward(const kernels::EmbeddingBackwardArgs& a) {
+  const kernels::RowDims d = kernels::embedding_dims(a);
+  const std::size_t bytes = embedding_backward_workspace(d.rows, d.hidden);
   void* workspace = scratch_.get(bytes, stream_);
-  const auto* token_data = in<std::int32_t>(tokens, n, "embedding_backward", "tokens");
-  const auto* dout_data = in<BFloat16>(dout, n * hidden, "embedding_backward", "dout");
+  const auto* token_data = in<std::int32_t>(a.tokens);
+  const auto* dout_data = in<BFloat16>(a.dout);
   // The table's rows are the token ids (validated on the host): all of dtable may be written.
-  add_to_gradient(dtable, dtable.numel(), "embedding_backward", [&](auto* dtable_data) {
-    cuda::embedding_backward(dtable_data, token_data, dout_data, n, hidden, workspace, bytes,
+  add_to_gradient(a.dtable, [&](auto* dtable_data) {
+    cuda::embedding_backward(dtable_data, token_data, dout_data, d.rows, d.hidden, workspace, bytes,
                              stream_);
   });
 }
 
-void CudaOps::rmsnorm(TensorView out_view, TensorView rstd, TensorView x, TensorView w,
-                      std::int64_t rows, std::int64_t hidden, float eps) {
-  rmsnorm_forward(out<BFloat16>(out_view, rows * hidden, "rmsnorm", "out"),
-                  out<float>(rstd, rows, "rmsnorm", "rstd"),
-                  in<BFloat16>(x, rows * hidden, "rmsnorm", "x"),
-                  in<BFloat16>(w, hidden, "rmsnorm", "w"), rows, hidden, eps, stream_);
+void CudaOps::rmsnorm(const kernels::RmsNormArgs& a) {
+  const kernels::RowDims d = kernels::rmsnorm_dims(a);
+  rmsnorm_forward(out<BFloat16>(a.out), out<float>(a.rstd), in<BFloat16>(a.x), in<BFloat16>(a.w),
+                  d.rows, d.hidden, a.eps, stream_);
 }
 
-void CudaOps::rmsnorm_backward(TensorView dx, TensorView dw, TensorView dout, TensorView x,
-                               TensorView w, TensorView rstd, std::int64_t rows,
-                               std::int64_t hidden) {
+void CudaOps::rmsnorm_backward(const kernels::RmsNormBackwardArgs& a) {
+  const kernels::RowDims d = kernels::rmsnorm_dims(a);
   auto* partials = static_cast<float*>(scratch_.get(
-      static_cast<std::size_t>(rmsnorm_partials(rows, hidden)) * sizeof(float), stream_));
-  add_to_gradient(dw, hidden, "rmsnorm_backward", [&](auto* dw_data) {
-    cuda::rmsnorm_backward(out<BFloat16>(dx, rows * hidden, "rmsnorm_backward", "dx"), dw_data,
-                           in<BFloat16>(dout, rows * hidden, "rmsnorm_backward", "dout"),
-                           in<BFloat16>(x, rows * hidden, "rmsnorm_backward", "x"),
-                           in<BFloat16>(w, hidden, "rmsnorm_backward", "w"),
-                           in<float>(rstd, rows, "rmsnorm_backward", "rstd"), rows, hidden,
-                           partials, stream_);
+      static_cast<std::size_t>(rmsnorm_partials(d.rows, d.hidden)) * sizeof(float), stream_));
+  add_to_gradient(a.dw, [&](auto* dw_data) {
+    cuda::rmsnorm_backward(out<BFloat16>(a.dx), dw_data, in<BFloat16>(a.dout), in<BFloat16>(a.x),
+                           in<BFloat16>(a.w), in<float>(a.rstd), d.rows, d.hidden, partials,
+                           stream_);
   });
 }
 
-void CudaOps::rope(TensorView x, TensorView positions, TensorView cos, TensorView sin,
-                   std::int64_t n, int heads, int head_dim) {
-  cuda::rope(out<BFloat16>(x, n * heads * head_dim, "rope", "x"),
-             in<std::int32_t>(positions, n, "rope", "positions"), cos.as<const float>().data(),
-             sin.as<const float>().data(), n, heads, head_dim, 1.0F, stream_);
+void CudaOps::rope(const kernels::RopeArgs& a) {
+  const kernels::RopeDims d = kernels::rope_dims(a);
+  cuda::rope(out<BFloat16>(a.x), in<std::int32_t>(a.positions), in<float>(a.cos), in<float>(a.sin),
+             d.tokens, d.heads, d.head_dim, 1.0F, stream_);
 }
 
-void CudaOps::rope_backward(TensorView dx, TensorView positions, TensorView cos, TensorView sin,
-                            std::int64_t n, int heads, int head_dim) {
-  cuda::rope(out<BFloat16>(dx, n * heads * head_dim, "rope_backward", "dx"),
-             in<std::int32_t>(positions, n, "rope_backward", "positions"),
-             cos.as<const float>().data(), sin.as<const float>().data(), n, heads, head_dim, -1.0F,
-             stream_);
+void CudaOps::rope_backward(const kernels::RopeArgs& a) {
+  const kernels::RopeDims d = kernels::rope_dims(a);
+  cuda::rope(out<BFloat16>(a.x), in<std::int32_t>(a.positions), in<float>(a.cos), in<float>(a.sin),
+             d.tokens, d.heads, d.head_dim, -1.0F, stream_);
 }
 
-std::vector<std::int32_t> CudaOps::download_segments(TensorView cu_seqlens,
-                                                     const kernels::AttentionShape& shape) {
-  const int segments = shape.n_segments;
-  if (!shape.host_cu_seqlens.empty()) {
-    if (shape.host_cu_seqlens.size() != static_cast<std::size_t>(segments) + 1) {
-      throw core::internal_error(fmt::format("attention: {} host cu_seqlens for {} segments",
-                                             shape.host_cu_seqlens.size(), segments));
-    }
-    return {shape.host_cu_seqlens.begin(), shape.host_cu_seqlens.end()};
-  }
-  std::vector<std::int32_t> host(static_cast<std::size_t>(segments) + 1);
-  check(cudaMemcpyAsync(host.data(),
-                        in<std::int32_t>(cu_seqlens, segments + 1, "attention", "cu_seqlens"),
-                        host.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_),
+std::vector<std::int32_t> CudaOps::download_segments(const kernels::PackedSegments& segments) {
+  // attention_shape checked that a host copy has as many entries as the device one.
+  if (!segments.host.empty()) return {segments.host.begin(), segments.host.end()};
+  const std::span<const std::int32_t> device = segments.cu_seqlens.as<std::int32_t>();
+  std::vector<std::int32_t> host(device.size());
+  check(cudaMemcpyAsync(host.data(), device.data(), host.size() * sizeof(std::int32_t),
+                        cudaMemcpyDeviceToHost, stream_),
         "attention: download cu_seqlens");
   synchronize();
   return host;
@@ -376,11 +356,10 @@ void run(cublasHandle_t handle, const BatchedGemm& g, std::string_view what) {
 
 // Scores of a segment [a, a + L), for the heads h = g * group + j (g over KV heads): the
 // column-major (L keys x L queries) matrix of key . query, i.e. row-major scores[query][key].
-void CudaOps::attention(TensorView out_view, TensorView lse, TensorView q, TensorView k,
-                        TensorView v, TensorView cu_seqlens, const kernels::AttentionShape& shape) {
+void CudaOps::attention(const kernels::AttentionArgs& args) {
+  const kernels::AttentionShape shape = kernels::attention_shape(args);
   if (cudnn_) {
-    if (cudnn_->forward(out_view, lse, q, k, v, cu_seqlens, shape, shape.host_cu_seqlens,
-                        stream_)) {
+    if (cudnn_->forward(args, shape, stream_)) {
       ++attention_.cudnn;
       return;
     }
@@ -392,12 +371,12 @@ void CudaOps::attention(TensorView out_view, TensorView lse, TensorView q, Tenso
   const int group = shape.n_heads / shape.n_kv_heads;
   const int qs = shape.n_heads * hd;      // row stride of q and out
   const int kvs = shape.n_kv_heads * hd;  // row stride of k and v
-  const auto* qd = in<BFloat16>(q, n * qs, "attention", "q");
-  const auto* kd = in<BFloat16>(k, n * kvs, "attention", "k");
-  const auto* vd = in<BFloat16>(v, n * kvs, "attention", "v");
-  auto* od = out<BFloat16>(out_view, n * qs, "attention", "out");
-  auto* lsed = out<float>(lse, n * shape.n_heads, "attention", "lse");
-  const std::vector<std::int32_t> cu = download_segments(cu_seqlens, shape);
+  const auto* qd = in<BFloat16>(args.q);
+  const auto* kd = in<BFloat16>(args.k);
+  const auto* vd = in<BFloat16>(args.v);
+  auto* od = out<BFloat16>(args.out);
+  auto* lsed = out<float>(args.lse);
+  const std::vector<std::int32_t> cu = download_segments(args.segments);
   const std::int64_t longest = shape.max_segment;
   Carver carve;
   const std::size_t scores_at = carve.reserve<float>(shape.n_kv_heads * longest * longest);
@@ -461,13 +440,10 @@ void CudaOps::attention(TensorView out_view, TensorView lse, TensorView q, Tenso
   }
 }
 
-void CudaOps::attention_backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
-                                 TensorView out_view, TensorView lse, TensorView q, TensorView k,
-                                 TensorView v, TensorView cu_seqlens,
-                                 const kernels::AttentionShape& shape) {
+void CudaOps::attention_backward(const kernels::AttentionBackwardArgs& args) {
+  const kernels::AttentionShape shape = kernels::attention_shape(args);
   if (cudnn_) {
-    if (cudnn_->backward(dq, dk, dv, dout, out_view, lse, q, k, v, cu_seqlens, shape,
-                         shape.host_cu_seqlens, stream_)) {
+    if (cudnn_->backward(args, shape, stream_)) {
       ++attention_.cudnn;
       return;
     }
@@ -479,16 +455,16 @@ void CudaOps::attention_backward(TensorView dq, TensorView dk, TensorView dv, Te
   const int group = shape.n_heads / shape.n_kv_heads;
   const int qs = shape.n_heads * hd;
   const int kvs = shape.n_kv_heads * hd;
-  const auto* qd = in<BFloat16>(q, n * qs, "attention_backward", "q");
-  const auto* kd = in<BFloat16>(k, n * kvs, "attention_backward", "k");
-  const auto* vd = in<BFloat16>(v, n * kvs, "attention_backward", "v");
-  const auto* od = in<BFloat16>(out_view, n * qs, "attention_backward", "out");
-  const auto* dod = in<BFloat16>(dout, n * qs, "attention_backward", "dout");
-  const auto* lsed = in<float>(lse, n * shape.n_heads, "attention_backward", "lse");
-  auto* dqd = out<BFloat16>(dq, n * qs, "attention_backward", "dq");
-  auto* dkd = out<BFloat16>(dk, n * kvs, "attention_backward", "dk");
-  auto* dvd = out<BFloat16>(dv, n * kvs, "attention_backward", "dv");
-  const std::vector<std::int32_t> cu = download_segments(cu_seqlens, shape);
+  const auto* qd = in<BFloat16>(args.q);
+  const auto* kd = in<BFloat16>(args.k);
+  const auto* vd = in<BFloat16>(args.v);
+  const auto* od = in<BFloat16>(args.out);
+  const auto* dod = in<BFloat16>(args.dout);
+  const auto* lsed = in<float>(args.lse);
+  auto* dqd = out<BFloat16>(args.dq);
+  auto* dkd = out<BFloat16>(args.dk);
+  auto* dvd = out<BFloat16>(args.dv);
+  const std::vector<std::int32_t> cu = download_segments(args.segments);
   const std::int64_t longest = shape.max_segment;
   const std::int64_t squares = shape.n_kv_heads * longest * longest;
   Carver carve;
@@ -569,40 +545,38 @@ void CudaOps::attention_backward(TensorView dq, TensorView dk, TensorView dv, Te
   }
 }
 
-void CudaOps::swiglu(TensorView out_view, TensorView gate, TensorView up, std::int64_t n) {
-  swiglu_forward(out<BFloat16>(out_view, n, "swiglu", "out"),
-                 in<BFloat16>(gate, n, "swiglu", "gate"), in<BFloat16>(up, n, "swiglu", "up"), n,
-                 stream_);
+void CudaOps::swiglu(const kernels::SwigluArgs& a) {
+  const std::int64_t n = kernels::swiglu_size(a);
+  swiglu_forward(out<BFloat16>(a.out), in<BFloat16>(a.gate), in<BFloat16>(a.up), n, stream_);
 }
 
-void CudaOps::swiglu_backward(TensorView dgate, TensorView dup, TensorView dout, TensorView gate,
-                              TensorView up, std::int64_t n) {
-  cuda::swiglu_backward(out<BFloat16>(dgate, n, "swiglu_backward", "dgate"),
-                        out<BFloat16>(dup, n, "swiglu_backward", "dup"),
-                        in<BFloat16>(dout, n, "swiglu_backward", "dout"),
-                        in<BFloat16>(gate, n, "swiglu_backward", "gate"),
-                        in<BFloat16>(up, n, "swiglu_backward", "up"), n, stream_);
+void CudaOps::swiglu_backward(const kernels::SwigluBackwardArgs& a) {
+  const std::int64_t n = kernels::swiglu_size(a);
+  cuda::swiglu_backward(out<BFloat16>(a.dgate), out<BFloat16>(a.dup), in<BFloat16>(a.dout),
+                        in<BFloat16>(a.gate), in<BFloat16>(a.up), n, stream_);
 }
 
-void CudaOps::add_into(TensorView dst, TensorView src, std::int64_t n) {
-  const auto* from = in<BFloat16>(src, n, "add_into", "src");
+void CudaOps::add_into(TensorView dst, ConstTensorView src) {
+  const std::int64_t n = kernels::add_into_size(dst, src);
+  const auto* from = in<BFloat16>(src);
   if (dst.dtype() == DType::f32) {
-    cuda::add_into(out<float>(dst, n, "add_into", "dst"), from, n, stream_);
+    cuda::add_into(out<float>(dst), from, n, stream_);
   } else {
-    cuda::add_into(out<BFloat16>(dst, n, "add_into", "dst"), from, n, stream_);
+    cuda::add_into(out<BFloat16>(dst), from, n, stream_);
   }
 }
 
-double CudaOps::sum_squares(TensorView x, std::int64_t n) {
+double CudaOps::sum_squares(ConstTensorView x) {
+  const std::int64_t n = x.numel();
   Carver carve;
   const std::size_t partials_at = carve.reserve<double>(kSumSquaresBlocks);
   const std::size_t result_at = carve.reserve<double>(1);
   void* base = scratch_.get(carve.total(), stream_);
   if (x.dtype() == DType::f32) {
-    sum_squares_f32(at<double>(base, result_at), in<float>(x, n, "sum_squares", "x"), n,
-                    at<double>(base, partials_at), stream_);
+    sum_squares_f32(at<double>(base, result_at), in<float>(x), n, at<double>(base, partials_at),
+                    stream_);
   } else {
-    cuda::sum_squares(at<double>(base, result_at), in<BFloat16>(x, n, "sum_squares", "x"), n,
+    cuda::sum_squares(at<double>(base, result_at), in<BFloat16>(x), n,
                       at<double>(base, partials_at), stream_);
   }
   double result = 0.0;
@@ -613,7 +587,7 @@ double CudaOps::sum_squares(TensorView x, std::int64_t n) {
   return result;
 }
 
-void CudaOps::sum_squares_each(std::span<const TensorView> xs, std::span<double> out) {
+void CudaOps::sum_squares_each(std::span<const ConstTensorView> xs, std::span<double> out) {
   if (xs.empty()) return;
   Carver carve;
   const std::size_t partials_at = carve.reserve<double>(kSumSquaresBlocks);
@@ -621,14 +595,12 @@ void CudaOps::sum_squares_each(std::span<const TensorView> xs, std::span<double>
   void* base = scratch_.get(carve.total(), stream_);
   // The partials are reused piece after piece: the kernels run in stream order.
   for (std::size_t i = 0; i < xs.size(); ++i) {
-    const TensorView x = xs[i];
+    const ConstTensorView x = xs[i];
     double* result = at<double>(base, results_at) + i;
     if (x.dtype() == DType::f32) {
-      sum_squares_f32(result, in<float>(x, x.numel(), "sum_squares_each", "x"), x.numel(),
-                      at<double>(base, partials_at), stream_);
+      sum_squares_f32(result, in<float>(x), x.numel(), at<double>(base, partials_at), stream_);
     } else {
-      cuda::sum_squares(result, in<BFloat16>(x, x.numel(), "sum_squares_each", "x"), x.numel(),
-                        at<double>(base, partials_at), stream_);
+      cuda::sum_squares(result, in<BFloat16>(x), x.numel(), at<double>(base, partials_at), stream_);
     }
   }
   check(cudaMemcpyAsync(out.data(), at<double>(base, results_at), xs.size() * sizeof(double),
@@ -637,20 +609,18 @@ void CudaOps::sum_squares_each(std::span<const TensorView> xs, std::span<double>
   synchronize();
 }
 
-void CudaOps::lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorView dw, TensorView h,
-                                    TensorView w, TensorView rows, TensorView targets,
-                                    std::int64_t n, std::int64_t counted, std::int64_t vocab,
-                                    std::int64_t hidden, float grad_scale) {
-  const bool backward = !dh.empty();
-  auto* sum = out<double>(loss_sum, 1, "lm_head_cross_entropy", "loss_sum");
-  const auto* hd = in<BFloat16>(h, n * hidden, "lm_head_cross_entropy", "h");
-  const auto* wd = in<BFloat16>(w, vocab * hidden, "lm_head_cross_entropy", "w");
-  const auto* rd = in<std::int32_t>(rows, counted, "lm_head_cross_entropy", "rows");
-  const auto* td = in<std::int32_t>(targets, counted, "lm_head_cross_entropy", "targets");
-  if (backward) {
-    if (dw.numel() < vocab * hidden) throw core::internal_error("cuda lm_head: dw too small");
-    zero(dh.slice(0, n * hidden));
-  }
+void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
+  const kernels::LmHeadDims d = kernels::lm_head_dims(a);
+  const std::int64_t counted = d.counted;
+  const std::int64_t vocab = d.vocab;
+  const std::int64_t hidden = d.hidden;
+  const bool backward = !a.dh.empty();
+  auto* sum = out<double>(a.loss_sum);
+  const auto* hd = in<BFloat16>(a.h);
+  const auto* wd = in<BFloat16>(a.w);
+  const auto* rd = in<std::int32_t>(a.rows);
+  const auto* td = in<std::int32_t>(a.targets);
+  if (backward) zero(a.dh);
   if (counted == 0) return;
 
   Carver carve;
@@ -668,66 +638,56 @@ void CudaOps::lm_head_cross_entropy(TensorView loss_sum, TensorView dh, TensorVi
     lt_->run(gemm(block, vocab, hidden, hb, hidden, false, wd, hidden, true, logits, vocab, 0.0F,
                   DType::f32),
              stream_);
-    softmax_cross_entropy(losses + begin, dlogits, logits, td + begin, block, vocab, grad_scale,
+    softmax_cross_entropy(losses + begin, dlogits, logits, td + begin, block, vocab, a.grad_scale,
                           stream_);
     if (!backward) continue;
     // dhb (block, H) = dlogits (block, V) w (V, H), then into dh's counted rows
     lt_->run(
         gemm(block, hidden, vocab, dlogits, vocab, false, wd, hidden, false, dhb, hidden, 0.0F),
         stream_);
-    scatter_rows(out<BFloat16>(dh, n * hidden, "lm_head_cross_entropy", "dh"), dhb, rd + begin,
-                 block, hidden, stream_);
+    scatter_rows(out<BFloat16>(a.dh), dhb, rd + begin, block, hidden, stream_);
     // dw (V, H) += dlogits^T (V, block) hb (block, H)
-    add_to_gradient(dw, vocab * hidden, "lm_head_cross_entropy", [&](auto* dw_data) {
+    add_to_gradient(a.dw, [&](auto* dw_data) {
       lt_->run(gemm(vocab, hidden, block, dlogits, vocab, true, hb, hidden, false, dw_data, hidden,
-                    1.0F, dw.dtype()),
+                    1.0F, a.dw.dtype()),
                stream_);
     });
   }
   add_sum_f32(sum, losses, counted, stream_);  // stays on the device: no synchronisation
 }
 
-void CudaOps::bradley_terry(TensorView sums, TensorView d_scores, TensorView scores,
-                            TensorView margins, std::int64_t pairs, double center,
-                            float grad_scale) {
-  cuda::bradley_terry(
-      out<double>(sums, 3, "bradley_terry", "sums"),
-      d_scores.empty() ? nullptr : out<float>(d_scores, 2 * pairs, "bradley_terry", "d_scores"),
-      in<float>(scores, 2 * pairs, "bradley_terry", "scores"),
-      margins.empty() ? nullptr : in<float>(margins, pairs, "bradley_terry", "margins"), pairs,
-      center, grad_scale, stream_);
+void CudaOps::bradley_terry(const kernels::BradleyTerryArgs& a) {
+  const std::int64_t pairs = kernels::bradley_terry_pairs(a);
+  cuda::bradley_terry(out<double>(a.sums), a.d_scores.empty() ? nullptr : out<float>(a.d_scores),
+                      in<float>(a.scores), a.margins.empty() ? nullptr : in<float>(a.margins),
+                      pairs, a.center, a.grad_scale, stream_);
 }
 
-void CudaOps::gather_dot(TensorView scores, TensorView h, TensorView w, TensorView rows,
-                         std::int64_t count, std::int64_t hidden) {
-  cuda::gather_dot(out<float>(scores, count, "gather_dot", "scores"), h.as<const BFloat16>().data(),
-                   in<BFloat16>(w, hidden, "gather_dot", "w"),
-                   in<std::int32_t>(rows, count, "gather_dot", "rows"), count, hidden, stream_);
+void CudaOps::gather_dot(const kernels::GatherDotArgs& a) {
+  const kernels::GatherDims d = kernels::gather_dot_dims(a);
+  cuda::gather_dot(out<float>(a.scores), in<BFloat16>(a.h), in<BFloat16>(a.w),
+                   in<std::int32_t>(a.rows), d.count, d.hidden, stream_);
 }
 
-void CudaOps::gather_dot_backward(TensorView dh, TensorView dw, TensorView dscores, TensorView h,
-                                  TensorView w, TensorView rows, std::int64_t count,
-                                  std::int64_t hidden) {
-  add_to_gradient(dw, hidden, "gather_dot_backward", [&](auto* dw_data) {
-    cuda::gather_dot_backward(
-        dh.as<BFloat16>().data(), dw_data,
-        in<float>(dscores, count, "gather_dot_backward", "dscores"), h.as<const BFloat16>().data(),
-        in<BFloat16>(w, hidden, "gather_dot_backward", "w"),
-        in<std::int32_t>(rows, count, "gather_dot_backward", "rows"), count, hidden, stream_);
+void CudaOps::gather_dot_backward(const kernels::GatherDotBackwardArgs& a) {
+  const kernels::GatherDims d = kernels::gather_dot_dims(a);
+  add_to_gradient(a.dw, [&](auto* dw_data) {
+    cuda::gather_dot_backward(out<BFloat16>(a.dh), dw_data, in<float>(a.dscores), in<BFloat16>(a.h),
+                              in<BFloat16>(a.w), in<std::int32_t>(a.rows), d.count, d.hidden,
+                              stream_);
   });
 }
 
-void CudaOps::adamw(TensorView params, TensorView params_copy, TensorView grads, TensorView m,
-                    TensorView v, std::int64_t n, const kernels::AdamWParams& hyper) {
-  auto* master = out<float>(params, n, "adamw", "params");
-  auto* copy =
-      params_copy.empty() ? nullptr : out<BFloat16>(params_copy, n, "adamw", "params_copy");
-  auto* m1 = out<float>(m, n, "adamw", "m");
-  auto* m2 = out<float>(v, n, "adamw", "v");
-  if (grads.dtype() == DType::f32) {  // ZeRO-2's accumulated shard
-    cuda::adamw(master, copy, in<float>(grads, n, "adamw", "grads"), m1, m2, n, hyper, stream_);
+void CudaOps::adamw(const kernels::AdamWArgs& a) {
+  const std::int64_t n = kernels::adamw_size(a);
+  auto* master = out<float>(a.params);
+  auto* copy = a.params_copy.empty() ? nullptr : out<BFloat16>(a.params_copy);
+  auto* m1 = out<float>(a.m);
+  auto* m2 = out<float>(a.v);
+  if (a.grads.dtype() == DType::f32) {  // ZeRO-2's accumulated shard
+    cuda::adamw(master, copy, in<float>(a.grads), m1, m2, n, a.hyper, stream_);
   } else {
-    cuda::adamw(master, copy, in<BFloat16>(grads, n, "adamw", "grads"), m1, m2, n, hyper, stream_);
+    cuda::adamw(master, copy, in<BFloat16>(a.grads), m1, m2, n, a.hyper, stream_);
   }
 }
 

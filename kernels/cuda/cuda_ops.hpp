@@ -81,7 +81,7 @@ class CudaOps final : public kernels::Ops {
 
   [[nodiscard]] kernels::Buffer allocate(kernels::DType dtype, std::int64_t numel) override;
   void zero(kernels::TensorView x) override;
-  void copy(kernels::TensorView dst, kernels::TensorView src) override;
+  void copy(kernels::TensorView dst, kernels::ConstTensorView src) override;
   // Waits for the stream. With a wait check set, it polls instead of blocking and runs the check
   // between polls, which may throw (the NCCL exchange: a collective whose peer is gone spins
   // forever, and only ncclCommGetAsyncError says so).
@@ -91,61 +91,31 @@ class CudaOps final : public kernels::Ops {
   void upload_inputs(int set, std::span<const kernels::HostUpload> uploads) override;
   [[nodiscard]] double take_input_wait_ms() override;
 
-  void matmul(kernels::TensorView y, kernels::TensorView x, kernels::TensorView w, std::int64_t m,
-              std::int64_t n, std::int64_t k, bool accumulate) override;
-  void matmul_backward(kernels::TensorView dx, kernels::TensorView dw, kernels::TensorView dy,
-                       kernels::TensorView x, kernels::TensorView w, std::int64_t m, std::int64_t n,
-                       std::int64_t k, bool accumulate_dx) override;
-  void embedding(kernels::TensorView out, kernels::TensorView tokens, kernels::TensorView table,
-                 std::int64_t n, std::int64_t hidden) override;
-  void embedding_backward(kernels::TensorView dtable, kernels::TensorView tokens,
-                          kernels::TensorView dout, std::int64_t n, std::int64_t hidden) override;
-  void rmsnorm(kernels::TensorView out, kernels::TensorView rstd, kernels::TensorView x,
-               kernels::TensorView w, std::int64_t rows, std::int64_t hidden, float eps) override;
-  void rmsnorm_backward(kernels::TensorView dx, kernels::TensorView dw, kernels::TensorView dout,
-                        kernels::TensorView x, kernels::TensorView w, kernels::TensorView rstd,
-                        std::int64_t rows, std::int64_t hidden) override;
-  void rope(kernels::TensorView x, kernels::TensorView positions, kernels::TensorView cos,
-            kernels::TensorView sin, std::int64_t n, int heads, int head_dim) override;
-  void rope_backward(kernels::TensorView dx, kernels::TensorView positions, kernels::TensorView cos,
-                     kernels::TensorView sin, std::int64_t n, int heads, int head_dim) override;
-  void attention(kernels::TensorView out, kernels::TensorView lse, kernels::TensorView q,
-                 kernels::TensorView k, kernels::TensorView v, kernels::TensorView cu_seqlens,
-                 const kernels::AttentionShape& shape) override;
-  void attention_backward(kernels::TensorView dq, kernels::TensorView dk, kernels::TensorView dv,
-                          kernels::TensorView dout, kernels::TensorView out,
-                          kernels::TensorView lse, kernels::TensorView q, kernels::TensorView k,
-                          kernels::TensorView v, kernels::TensorView cu_seqlens,
-                          const kernels::AttentionShape& shape) override;
-  void swiglu(kernels::TensorView out, kernels::TensorView gate, kernels::TensorView up,
-              std::int64_t n) override;
-  void swiglu_backward(kernels::TensorView dgate, kernels::TensorView dup, kernels::TensorView dout,
-                       kernels::TensorView gate, kernels::TensorView up, std::int64_t n) override;
-  void add_into(kernels::TensorView dst, kernels::TensorView src, std::int64_t n) override;
-  [[nodiscard]] double sum_squares(kernels::TensorView x, std::int64_t n) override;
-  void sum_squares_each(std::span<const kernels::TensorView> xs, std::span<double> out) override;
-  void lm_head_cross_entropy(kernels::TensorView loss_sum, kernels::TensorView dh,
-                             kernels::TensorView dw, kernels::TensorView h, kernels::TensorView w,
-                             kernels::TensorView rows, kernels::TensorView targets, std::int64_t n,
-                             std::int64_t counted, std::int64_t vocab, std::int64_t hidden,
-                             float grad_scale) override;
-  void bradley_terry(kernels::TensorView sums, kernels::TensorView d_scores,
-                     kernels::TensorView scores, kernels::TensorView margins, std::int64_t pairs,
-                     double center, float grad_scale) override;
-  void gather_dot(kernels::TensorView scores, kernels::TensorView h, kernels::TensorView w,
-                  kernels::TensorView rows, std::int64_t count, std::int64_t hidden) override;
-  void gather_dot_backward(kernels::TensorView dh, kernels::TensorView dw,
-                           kernels::TensorView dscores, kernels::TensorView h,
-                           kernels::TensorView w, kernels::TensorView rows, std::int64_t count,
-                           std::int64_t hidden) override;
-  void adamw(kernels::TensorView params, kernels::TensorView params_copy, kernels::TensorView grads,
-             kernels::TensorView m, kernels::TensorView v, std::int64_t n,
-             const kernels::AdamWParams& hyper) override;
+  void matmul(const kernels::MatmulArgs& a) override;
+  void matmul_backward(const kernels::MatmulBackwardArgs& a) override;
+  void embedding(const kernels::EmbeddingArgs& a) override;
+  void embedding_backward(const kernels::EmbeddingBackwardArgs& a) override;
+  void rmsnorm(const kernels::RmsNormArgs& a) override;
+  void rmsnorm_backward(const kernels::RmsNormBackwardArgs& a) override;
+  void rope(const kernels::RopeArgs& a) override;
+  void rope_backward(const kernels::RopeArgs& a) override;
+  void attention(const kernels::AttentionArgs& a) override;
+  void attention_backward(const kernels::AttentionBackwardArgs& a) override;
+  void swiglu(const kernels::SwigluArgs& a) override;
+  void swiglu_backward(const kernels::SwigluBackwardArgs& a) override;
+  void lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) override;
+  void gather_dot(const kernels::GatherDotArgs& a) override;
+  void gather_dot_backward(const kernels::GatherDotBackwardArgs& a) override;
+  void bradley_terry(const kernels::BradleyTerryArgs& a) override;
+  void adamw(const kernels::AdamWArgs& a) override;
+  void add_into(kernels::TensorView dst, kernels::ConstTensorView src) override;
+  [[nodiscard]] double sum_squares(kernels::ConstTensorView x) override;
+  void sum_squares_each(std::span<const kernels::ConstTensorView> xs,
+                        std::span<double> out) override;
 
  private:
-  // The segment table on the host: shape.host_cu_seqlens when given, else downloaded (a sync).
-  std::vector<std::int32_t> download_segments(kernels::TensorView cu_seqlens,
-                                              const kernels::AttentionShape& shape);
+  // The segment table on the host: segments.host when given, else downloaded (a sync).
+  std::vector<std::int32_t> download_segments(const kernels::PackedSegments& segments);
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;

@@ -50,8 +50,8 @@
 namespace l3::cuda {
 
 using kernels::AttentionShape;
+using kernels::ConstTensorView;
 using kernels::DType;
-using kernels::TensorView;
 
 namespace {
 
@@ -661,7 +661,7 @@ PlanKey bucket_of(std::int64_t segments, std::int64_t longest, std::int64_t head
 
 // Empty when usable; the reason when cuDNN attention does not take it. Throws when too small.
 // cuDNN's tensors must be 16-byte aligned; lse is only touched by our own transpose kernel.
-std::string check_view(TensorView x, DType dtype, std::int64_t count, std::string_view op,
+std::string check_view(ConstTensorView x, DType dtype, std::int64_t count, std::string_view op,
                        std::string_view name, bool cudnn_reads = true) {
   if (x.dtype() != dtype) {
     return fmt::format("'{}' is {}, cuDNN attention takes {}", name, kernels::dtype_name(x.dtype()),
@@ -676,6 +676,12 @@ std::string check_view(TensorView x, DType dtype, std::int64_t count, std::strin
     return fmt::format("'{}' is not {}-byte aligned", name, kAlignment);
   }
   return {};
+}
+
+// An input's pointer for a variant pack, which takes void* for every tensor, those cuDNN only
+// reads included.
+void* input(ConstTensorView x) {
+  return const_cast<void*>(x.data());  // NOLINT(cppcoreguidelines-pro-type-const-cast)
 }
 
 // Device pointers of the per-call segment tables (see detail::sdpa_tables) in the scratch.
@@ -849,12 +855,8 @@ class CudnnAttention::Impl {
   Impl(Impl&&) = delete;
   Impl& operator=(Impl&&) = delete;
 
-  bool forward(TensorView out, TensorView lse, TensorView q, TensorView k, TensorView v,
-               TensorView cu_seqlens, const AttentionShape& shape,
-               std::span<const std::int32_t> host_cu, cudaStream_t stream);
-  bool backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout, TensorView out,
-                TensorView lse, TensorView q, TensorView k, TensorView v, TensorView cu_seqlens,
-                const AttentionShape& shape, std::span<const std::int32_t> host_cu,
+  bool forward(const kernels::AttentionArgs& a, const AttentionShape& shape, cudaStream_t stream);
+  bool backward(const kernels::AttentionBackwardArgs& a, const AttentionShape& shape,
                 cudaStream_t stream);
 
   [[nodiscard]] const std::string& reason() const { return reason_; }
@@ -883,7 +885,7 @@ class CudnnAttention::Impl {
     return false;
   }
   [[nodiscard]] std::string check_shape(const AttentionShape& shape) const;
-  [[nodiscard]] Call check_segments(const AttentionShape& shape, TensorView cu_seqlens,
+  [[nodiscard]] Call check_segments(const AttentionShape& shape, ConstTensorView cu_seqlens,
                                     std::span<const std::int32_t> host_cu,
                                     std::string_view op) const;
   std::string prepare(cudaStream_t stream);
@@ -892,7 +894,8 @@ class CudnnAttention::Impl {
     return bucket_of(call.segments, call.longest, call.heads, call.kv_heads, call.head_dim,
                      backward, options_.deterministic);
   }
-  void fill_tables(const Tables& t, TensorView cu_seqlens, const Call& call, std::int64_t batch);
+  void fill_tables(const Tables& t, ConstTensorView cu_seqlens, const Call& call,
+                   std::int64_t batch);
   void execute(const Plan& plan, std::span<const std::int64_t> uids,
                std::span<void* const> pointers, void* workspace);
 
@@ -915,7 +918,7 @@ std::string CudnnAttention::Impl::check_shape(const AttentionShape& shape) const
 }
 
 CudnnAttention::Impl::Call CudnnAttention::Impl::check_segments(
-    const AttentionShape& shape, TensorView cu_seqlens, std::span<const std::int32_t> host_cu,
+    const AttentionShape& shape, ConstTensorView cu_seqlens, std::span<const std::int32_t> host_cu,
     std::string_view op) const {
   Call call{shape.tokens,   shape.n_heads,    shape.n_kv_heads,
             shape.head_dim, shape.n_segments, shape.max_segment};
@@ -1019,8 +1022,8 @@ const Plan* CudnnAttention::Impl::find_plan(const PlanKey& key) {
   return plans_.emplace(key, std::move(plan)).first->second.get();
 }
 
-void CudnnAttention::Impl::fill_tables(const Tables& t, TensorView cu_seqlens, const Call& call,
-                                       std::int64_t batch) {
+void CudnnAttention::Impl::fill_tables(const Tables& t, ConstTensorView cu_seqlens,
+                                       const Call& call, std::int64_t batch) {
   detail::sdpa_tables(static_cast<const std::int32_t*>(cu_seqlens.data()), call.segments,
                       static_cast<int>(batch), call.heads * call.head_dim,
                       call.kv_heads * call.head_dim, call.heads, t.seq_len, t.offset_q, t.offset_kv,
@@ -1042,12 +1045,17 @@ void CudnnAttention::Impl::execute(const Plan& plan, std::span<const std::int64_
   checked(cudnnBackendExecute(handle_.get(), plan.plan.get(), pack.get()), context, "execute");
 }
 
-bool CudnnAttention::Impl::forward(TensorView out, TensorView lse, TensorView q, TensorView k,
-                                   TensorView v, TensorView cu_seqlens, const AttentionShape& shape,
-                                   std::span<const std::int32_t> host_cu, cudaStream_t stream) {
+bool CudnnAttention::Impl::forward(const kernels::AttentionArgs& a, const AttentionShape& shape,
+                                   cudaStream_t stream) {
   reason_.clear();
   if (std::string why = check_shape(shape); !why.empty()) return refuse(std::move(why));
-  const Call call = check_segments(shape, cu_seqlens, host_cu, "forward");
+  const ConstTensorView cu_seqlens = a.segments.cu_seqlens;
+  const ConstTensorView q = a.q;
+  const ConstTensorView k = a.k;
+  const ConstTensorView v = a.v;
+  const kernels::TensorView out = a.out;
+  const kernels::TensorView lse = a.lse;
+  const Call call = check_segments(shape, cu_seqlens, a.segments.host, "forward");
   const std::int64_t n = call.tokens;
   const std::int64_t qs = call.heads * call.head_dim;
   const std::int64_t kvs = call.kv_heads * call.head_dim;
@@ -1083,7 +1091,7 @@ bool CudnnAttention::Impl::forward(TensorView out, TensorView lse, TensorView q,
   const std::array<std::int64_t, 15> uids = {
       kQ,       kK,       kV,       kO,           kStats, kSeqLenQ,     kSeqLenKv,  kOffsetQ,
       kOffsetK, kOffsetV, kOffsetO, kOffsetStats, kScale, kPaddingFill, kCausalFill};
-  const std::array<void*, 15> pointers = {q.data(),    k.data(),      v.data(),    out.data(),
+  const std::array<void*, 15> pointers = {input(q),    input(k),      input(v),    out.data(),
                                           stats,       t.seq_len,     t.seq_len,   t.offset_q,
                                           t.offset_kv, t.offset_kv,   t.offset_q,  t.offset_stats,
                                           &scale,      &padding_fill, &causal_fill};
@@ -1093,14 +1101,21 @@ bool CudnnAttention::Impl::forward(TensorView out, TensorView lse, TensorView q,
   return true;
 }
 
-bool CudnnAttention::Impl::backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
-                                    TensorView out, TensorView lse, TensorView q, TensorView k,
-                                    TensorView v, TensorView cu_seqlens,
-                                    const AttentionShape& shape,
-                                    std::span<const std::int32_t> host_cu, cudaStream_t stream) {
+bool CudnnAttention::Impl::backward(const kernels::AttentionBackwardArgs& a,
+                                    const AttentionShape& shape, cudaStream_t stream) {
   reason_.clear();
   if (std::string why = check_shape(shape); !why.empty()) return refuse(std::move(why));
-  const Call call = check_segments(shape, cu_seqlens, host_cu, "backward");
+  const ConstTensorView cu_seqlens = a.segments.cu_seqlens;
+  const ConstTensorView q = a.q;
+  const ConstTensorView k = a.k;
+  const ConstTensorView v = a.v;
+  const ConstTensorView out = a.out;
+  const ConstTensorView dout = a.dout;
+  const ConstTensorView lse = a.lse;
+  const kernels::TensorView dq = a.dq;
+  const kernels::TensorView dk = a.dk;
+  const kernels::TensorView dv = a.dv;
+  const Call call = check_segments(shape, cu_seqlens, a.segments.host, "backward");
   const std::int64_t n = call.tokens;
   const std::int64_t qs = call.heads * call.head_dim;
   const std::int64_t kvs = call.kv_heads * call.head_dim;
@@ -1168,7 +1183,7 @@ bool CudnnAttention::Impl::backward(TensorView dq, TensorView dk, TensorView dv,
       kSeqLenKv,    kOffsetQ,    kOffsetK, kOffsetV, kOffsetO, kOffsetStats, kScale,
       kPaddingFill, kCausalFill, kOne,     kRowDot,  kDq,      kDk,          kDv};
   std::vector<void*> pointers = {
-      q.data(),       k.data(),  v.data(),      out.data(),   dout.data(), stats,
+      input(q),       input(k),  input(v),      input(out),   input(dout), stats,
       t.seq_len,      t.seq_len, t.offset_q,    t.offset_kv,  t.offset_kv, t.offset_q,
       t.offset_stats, &scale,    &padding_fill, &causal_fill, &one,        at<float>(base, dot_at),
       dq.data(),      dk.data(), dv.data()};
@@ -1192,18 +1207,14 @@ CudnnAttention::CudnnAttention(CudnnAttentionOptions options)
     : impl_(std::make_unique<Impl>(options)) {}
 CudnnAttention::~CudnnAttention() = default;
 
-bool CudnnAttention::forward(TensorView out, TensorView lse, TensorView q, TensorView k,
-                             TensorView v, TensorView cu_seqlens, const AttentionShape& shape,
-                             std::span<const std::int32_t> cu_seqlens_host, cudaStream_t stream) {
-  return impl_->forward(out, lse, q, k, v, cu_seqlens, shape, cu_seqlens_host, stream);
+bool CudnnAttention::forward(const kernels::AttentionArgs& a, const AttentionShape& shape,
+                             cudaStream_t stream) {
+  return impl_->forward(a, shape, stream);
 }
 
-bool CudnnAttention::backward(TensorView dq, TensorView dk, TensorView dv, TensorView dout,
-                              TensorView out, TensorView lse, TensorView q, TensorView k,
-                              TensorView v, TensorView cu_seqlens, const AttentionShape& shape,
-                              std::span<const std::int32_t> cu_seqlens_host, cudaStream_t stream) {
-  return impl_->backward(dq, dk, dv, dout, out, lse, q, k, v, cu_seqlens, shape, cu_seqlens_host,
-                         stream);
+bool CudnnAttention::backward(const kernels::AttentionBackwardArgs& a, const AttentionShape& shape,
+                              cudaStream_t stream) {
+  return impl_->backward(a, shape, stream);
 }
 
 std::string CudnnAttention::compile_offline(std::string_view device_properties_json,

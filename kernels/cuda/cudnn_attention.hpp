@@ -7,14 +7,15 @@
 //   * Keep one CudnnAttention per CudaOps (it owns a cuDNN handle, the cached execution plans and
 //     one grow-only device buffer); construction touches no device state, the handle is created
 //     by the first call.
-//   * attention(out, lse, q, k, v, cu_seqlens, shape):
-//       if (!cudnn_.forward(out, lse, q, k, v, cu_seqlens, shape, host_cu, stream_)) fallback...
-//     attention_backward(...) likewise with cudnn_.backward(...). `host_cu` is an optional host
-//     copy of cu_seqlens (empty span: none); when given it is validated (starts at 0, never
-//     decreases, ends at N, longest segment <= shape.max_segment) and no host-device copy is
-//     needed either way: the per-segment tables are computed on the device from `cu_seqlens`.
-//     Without it, shape.n_segments must be exact and shape.max_segment at least the longest
-//     segment (as the fallback already requires).
+//   * attention(args): shape = kernels::attention_shape(args) (the checked sizes of the views),
+//       if (!cudnn_.forward(args, shape, stream_)) fallback...
+//     attention_backward(args) likewise with cudnn_.backward(args, shape, stream_).
+//     args.segments.host is an optional host copy of cu_seqlens (empty span: none); when given
+//     it is validated (starts at 0, never decreases, ends at N, longest segment <=
+//     shape.max_segment) and no host-device copy is needed either way: the per-segment tables
+//     are computed on the device from args.segments.cu_seqlens. Without it, shape.n_segments
+//     must be exact and shape.max_segment at least the longest segment (as the fallback already
+//     requires).
 //   * Buffers: exactly the ones of kernels/ops.hpp. q, out, dq, dout (N, n_heads, head_dim) bf16;
 //     k, v, dk, dv (N, n_kv_heads, head_dim) bf16 (never replicated); lse (n_heads, N) f32;
 //     cu_seqlens (n_segments + 1) i32 on the device. dq, dk, dv are overwritten.
@@ -81,18 +82,14 @@ class CudnnAttention {
   CudnnAttention(CudnnAttention&&) = delete;
   CudnnAttention& operator=(CudnnAttention&&) = delete;
 
-  // out, lse from q, k, v (see the top of this file); queued on `stream`.
-  [[nodiscard]] bool forward(kernels::TensorView out, kernels::TensorView lse,
-                             kernels::TensorView q, kernels::TensorView k, kernels::TensorView v,
-                             kernels::TensorView cu_seqlens, const kernels::AttentionShape& shape,
-                             std::span<const std::int32_t> cu_seqlens_host, cudaStream_t stream);
-  // dq, dk, dv (overwritten) from dout and the forward's out and lse; queued on `stream`.
-  [[nodiscard]] bool backward(kernels::TensorView dq, kernels::TensorView dk,
-                              kernels::TensorView dv, kernels::TensorView dout,
-                              kernels::TensorView out, kernels::TensorView lse,
-                              kernels::TensorView q, kernels::TensorView k, kernels::TensorView v,
-                              kernels::TensorView cu_seqlens, const kernels::AttentionShape& shape,
-                              std::span<const std::int32_t> cu_seqlens_host, cudaStream_t stream);
+  // a.out, a.lse from a.q, a.k, a.v (see the top of this file), with `shape` the sizes
+  // kernels::attention_shape derived from `a`; queued on `stream`.
+  [[nodiscard]] bool forward(const kernels::AttentionArgs& a, const kernels::AttentionShape& shape,
+                             cudaStream_t stream);
+  // a.dq, a.dk, a.dv (overwritten) from a.dout and the forward's a.out and a.lse; queued on
+  // `stream`.
+  [[nodiscard]] bool backward(const kernels::AttentionBackwardArgs& a,
+                              const kernels::AttentionShape& shape, cudaStream_t stream);
 
   // Device-less check, for CI on machines without a GPU: builds, then discards, the forward and
   // backward plans of `shape`'s bucket for the GPU that `device_properties_json` describes (the

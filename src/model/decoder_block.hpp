@@ -15,16 +15,17 @@
 
 namespace l3::model {
 
-// A block's weights as views into the flat parameter buffer (no lookups by name).
+// A block's weights as views into the flat parameter buffer (no lookups by name), shaped:
+// the norms (H), the projections (out, in) as stored by Hugging Face.
 struct BlockWeights {
-  kernels::TensorView input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm, gate_proj,
-      up_proj, down_proj;
+  kernels::ConstTensorView input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm,
+      gate_proj, up_proj, down_proj;
 };
 [[nodiscard]] BlockWeights block_weights(const ParameterLayout& layout,
-                                         kernels::TensorView parameters, int layer);
+                                         kernels::ConstTensorView parameters, int layer);
 
-// The n rows of a block's activations (views; ln1/ln2 and rstd1/rstd2 may share storage where
-// nothing reads them later).
+// The n rows of a block's activations (views of these shapes; ln1/ln2 and rstd1/rstd2 may share
+// storage where nothing reads them later).
 struct BlockViews {
   kernels::TensorView ln1;    // (n, H)  rmsnorm(x)
   kernels::TensorView rstd1;  // (n)
@@ -43,12 +44,12 @@ struct BlockViews {
 
 // RoPE's inputs: each row's position (n) i32 and the backend's tables (rope_table.hpp).
 struct RopeViews {
-  kernels::TensorView positions, cos, sin;
+  kernels::ConstTensorView positions, cos, sin;
 };
 
 // x_in and x_out (n, H) may be the same buffer.
 void decoder_block_forward(kernels::Ops& ops, const ModelConfig& config, const BlockWeights& w,
-                           const RopeViews& rope, std::int64_t n, kernels::TensorView x_in,
+                           const RopeViews& rope, kernels::ConstTensorView x_in,
                            kernels::TensorView x_out, const BlockViews& a,
                            const std::function<void()>& attend);
 

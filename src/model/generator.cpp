@@ -14,18 +14,16 @@
 
 namespace l3::model {
 
+using kernels::ConstTensorView;
 using kernels::DType;
+using kernels::Shape;
 using kernels::TensorView;
 
 namespace {
 
 template <typename T>
-TensorView host_view(std::vector<T>& values) {
-  return TensorView(std::span<T>(values));
-}
-template <typename T>
-TensorView host_view(const std::vector<T>& values) {
-  return TensorView(std::span<const T>(values));  // the backend only reads it
+ConstTensorView host_view(const std::vector<T>& values) {
+  return ConstTensorView(std::span<const T>(values));
 }
 
 }  // namespace
@@ -67,26 +65,31 @@ void Generator::reset(std::int64_t capacity) {
 void Generator::ensure_workspace(std::int64_t n) {
   if (n <= workspace_) return;
   const ModelConfig& c = model_.config();
-  const std::int64_t h = c.hidden_size;
-  const std::int64_t i = c.intermediate_size;
   const std::int64_t q = c.q_size();
   const std::int64_t kv = c.kv_size();
-  tokens_ = ops_.allocate(DType::i32, n);
-  positions_ = ops_.allocate(DType::i32, n);
-  cu_seqlens_ = ops_.allocate(DType::i32, 2);
-  lse_ = ops_.allocate(DType::f32, n * c.n_heads);
-  x_ = ops_.allocate(act_, n * h);
-  h_ = ops_.allocate(act_, n * h);
-  ln_ = ops_.allocate(act_, n * h);
-  rstd_ = ops_.allocate(DType::f32, n);
-  q_ = ops_.allocate(act_, n * q);
-  k_ = ops_.allocate(act_, n * kv);
-  v_ = ops_.allocate(act_, n * kv);
-  att_ = ops_.allocate(act_, n * q);
-  gate_ = ops_.allocate(act_, n * i);
-  up_ = ops_.allocate(act_, n * i);
-  act_buf_ = ops_.allocate(act_, n * i);
-  logits_ = ops_.allocate(DType::f32, n * c.vocab_size);
+  const auto alloc = [&](DType dtype, const Shape& shape) {
+    return kernels::allocate(ops_, dtype, shape);
+  };
+  const Shape hidden{n, c.hidden_size};
+  const Shape heads{n, c.n_heads, c.head_dim};
+  const Shape kv_heads{n, c.n_kv_heads, c.head_dim};
+  const Shape intermediate{n, c.intermediate_size};
+  tokens_ = alloc(DType::i32, n);
+  positions_ = alloc(DType::i32, n);
+  cu_seqlens_ = alloc(DType::i32, 2);
+  lse_ = alloc(DType::f32, {c.n_heads, n});
+  x_ = alloc(act_, hidden);
+  h_ = alloc(act_, hidden);
+  ln_ = alloc(act_, hidden);
+  rstd_ = alloc(DType::f32, n);
+  q_ = alloc(act_, heads);
+  k_ = alloc(act_, kv_heads);
+  v_ = alloc(act_, kv_heads);
+  att_ = alloc(act_, heads);
+  gate_ = alloc(act_, intermediate);
+  up_ = alloc(act_, intermediate);
+  act_buf_ = alloc(act_, intermediate);
+  logits_ = alloc(DType::f32, {n, c.vocab_size});
   q_host_.resize(static_cast<std::size_t>(n * q));
   k_host_.resize(static_cast<std::size_t>(n * kv));
   v_host_.resize(static_cast<std::size_t>(n * kv));
@@ -157,7 +160,6 @@ std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool 
   }
   ensure_workspace(n);
   const std::int64_t h = c.hidden_size;
-  const std::int64_t i = c.intermediate_size;
   const std::int64_t q = c.q_size();
   const std::int64_t kv = c.kv_size();
   const std::int64_t v = c.vocab_size;
@@ -168,41 +170,45 @@ std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool 
   for (std::size_t t = 0; t < positions.size(); ++t) {
     positions[t] = static_cast<std::int32_t>(length_ + static_cast<std::int64_t>(t));
   }
-  ops_.copy(tokens_.slice(0, n), host_view(ids));
-  ops_.copy(positions_.slice(0, n), host_view(positions));
+  ops_.copy(tokens_.first_rows(n), host_view(ids));
+  ops_.copy(positions_.first_rows(n), host_view(positions));
   // Into an empty cache the new tokens attend only to each other: one causal segment, the
   // backend's own attention kernel (a long prompt costs what a training forward does).
   const bool prefill = length_ == 0;
-  const kernels::AttentionShape shape{n,          c.n_heads, c.n_kv_heads,
-                                      c.head_dim, 1,         static_cast<int>(n)};
-  if (prefill) {
-    std::vector<std::int32_t> segments = {0, static_cast<std::int32_t>(n)};
-    ops_.copy(cu_seqlens_.view(), host_view(segments));
-  }
+  const std::vector<std::int32_t> segments = {0, static_cast<std::int32_t>(n)};
+  if (prefill) ops_.copy(cu_seqlens_.view(), host_view(segments));
 
-  const TensorView x = x_.slice(0, n * h);  // (n, H) the residual stream, in and out
+  const TensorView x = x_.first_rows(n);  // (n, H) the residual stream, in and out
   // One row buffer for both norms of a block (nothing reads them after the block).
-  const BlockViews a{.ln1 = ln_.slice(0, n * h),
-                     .rstd1 = rstd_.slice(0, n),
-                     .q = q_.slice(0, n * q),   // (n, n_heads, head_dim)
-                     .k = k_.slice(0, n * kv),  // (n, n_kv_heads, head_dim)
-                     .v = v_.slice(0, n * kv),
-                     .att = att_.slice(0, n * q),
-                     .lse = lse_.slice(0, n * c.n_heads),
-                     .h = h_.slice(0, n * h),  // (n, H) after the attention half
-                     .ln2 = ln_.slice(0, n * h),
-                     .rstd2 = rstd_.slice(0, n),
-                     .gate = gate_.slice(0, n * i),
-                     .up = up_.slice(0, n * i),
-                     .act = act_buf_.slice(0, n * i)};
-  const RopeViews rope{.positions = positions_.slice(0, n), .cos = rope_.cos(), .sin = rope_.sin()};
+  const BlockViews a{.ln1 = ln_.first_rows(n),
+                     .rstd1 = rstd_.first_rows(n),
+                     .q = q_.first_rows(n),
+                     .k = k_.first_rows(n),
+                     .v = v_.first_rows(n),
+                     .att = att_.first_rows(n),
+                     .lse = lse_.first({c.n_heads, n}),
+                     .h = h_.first_rows(n),  // after the attention half
+                     .ln2 = ln_.first_rows(n),
+                     .rstd2 = rstd_.first_rows(n),
+                     .gate = gate_.first_rows(n),
+                     .up = up_.first_rows(n),
+                     .act = act_buf_.first_rows(n)};
+  const RopeViews rope{
+      .positions = positions_.first_rows(n), .cos = rope_.cos(), .sin = rope_.sin()};
   const auto host = [](std::vector<float>& values, std::int64_t count) {
     return TensorView(std::span<float>(values).first(static_cast<std::size_t>(count)));
   };
+  const auto host_const = [](const std::vector<float>& values, std::int64_t count) {
+    return ConstTensorView(std::span<const float>(values).first(static_cast<std::size_t>(count)));
+  };
 
-  const TensorView params = model_.parameters();
+  const ConstTensorView params = model_.parameters();
   const ParameterLayout& layout = model_.layout();
-  ops_.embedding(x, tokens_.slice(0, n), params.slice(layout.embedding(), v * h), n, h);
+  const auto weight = [&](std::int64_t offset, const Shape& shape) {
+    return params.slice(offset, shape.numel()).reshape(shape);
+  };
+  ops_.embedding(
+      {.out = x, .tokens = tokens_.first_rows(n), .table = weight(layout.embedding(), {v, h})});
   for (int l = 0; l < c.n_layers; ++l) {
     // The attention: the new rows' K and V into the cache, then the new queries against every
     // cached position (a prefill: against each other, with the backend's kernel).
@@ -210,7 +216,14 @@ std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool 
       ops_.copy(host(k_host_, n * kv), a.k);
       ops_.copy(host(v_host_, n * kv), a.v);
       if (prefill) {
-        ops_.attention(a.att, a.lse, a.q, a.k, a.v, cu_seqlens_.view(), shape);
+        ops_.attention({.out = a.att,
+                        .lse = a.lse,
+                        .q = a.q,
+                        .k = a.k,
+                        .v = a.v,
+                        .segments = {.cu_seqlens = cu_seqlens_.view(),
+                                     .max_segment = static_cast<int>(n),
+                                     .host = segments}});
       } else {
         ops_.copy(host(q_host_, n * q), a.q);
       }
@@ -221,21 +234,25 @@ std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool 
       std::copy_n(v_host_.begin(), n * kv, v_cache_.begin() + row);
       if (!prefill) {
         attend(l, n);
-        ops_.copy(a.att, host(att_host_, n * q));
+        ops_.copy(a.att, host_const(att_host_, n * q));
       }
     };
-    decoder_block_forward(ops_, c, block_weights(layout, params, l), rope, n, x, x, a,
-                          attend_cached);
+    decoder_block_forward(ops_, c, block_weights(layout, params, l), rope, x, x, a, attend_cached);
   }
   length_ += n;
 
   // final norm and lm_head, of every new row or of the last one only
   const std::int64_t rows = all_rows ? n : 1;
   const std::int64_t first_row = n - rows;
-  ops_.rmsnorm(ln_.slice(0, rows * h), rstd_.slice(0, rows), x_.slice(first_row * h, rows * h),
-               params.slice(layout.final_norm(), h), rows, h, eps);
-  const TensorView lm_head = params.slice(layout.lm_head(), v * h);  // the embedding when tied
-  ops_.matmul(logits_.slice(0, rows * v), ln_.slice(0, rows * h), lm_head, rows, v, h, false);
+  ops_.rmsnorm({.out = ln_.first_rows(rows),
+                .rstd = rstd_.first_rows(rows),
+                .x = x_.slice(first_row * h, rows * h).reshape({rows, h}),
+                .w = weight(layout.final_norm(), h),
+                .eps = eps});
+  // the embedding when tied
+  ops_.matmul({.y = logits_.first_rows(rows),
+               .x = ln_.first_rows(rows),
+               .w = weight(layout.lm_head(), {v, h})});
   std::vector<float> logits(static_cast<std::size_t>(rows * v));
   ops_.copy(host(logits, rows * v), logits_.slice(0, rows * v));
   ops_.synchronize();

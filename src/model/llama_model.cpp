@@ -13,15 +13,17 @@
 namespace l3::model {
 
 using kernels::Buffer;
+using kernels::ConstTensorView;
 using kernels::DType;
+using kernels::Shape;
 using kernels::TensorView;
 
 namespace {
 
-// A host array as a view the backend can copy from (the backend never writes through it).
+// A host array as a view the backend can copy from.
 template <typename T>
-TensorView host_view(const std::vector<T>& values) {
-  return TensorView(std::span<const T>(values));
+ConstTensorView host_view(const std::vector<T>& values) {
+  return ConstTensorView(std::span<const T>(values));
 }
 
 }  // namespace
@@ -62,7 +64,7 @@ struct LlamaModel::Workspace {
     return input_sets[static_cast<std::size_t>(current)];
   }
   std::int64_t counted = 0;                   // C
-  std::vector<std::int32_t> host_cu_seqlens;  // the same segment table, for AttentionShape
+  std::vector<std::int32_t> host_cu_seqlens;  // the same segment table, for the attention
   RopeBuffers rope;
   // forward
   std::vector<Buffer> layer_inputs;  // n_layers + 1 of (N, H): the residual stream
@@ -73,30 +75,26 @@ struct LlamaModel::Workspace {
   Buffer scores, d_scores;
   // the current micro-batch
   std::int64_t n = 0;
-  kernels::AttentionShape shape;
+  kernels::PackedSegments segments;  // its cu_seqlens (this micro-batch's input set)
 };
 
 namespace {
 
 // The first n rows of a block's activation buffers.
 BlockViews block_views(const BlockActivations& b, std::int64_t n, const ModelConfig& c) {
-  const std::int64_t h = c.hidden_size;
-  const std::int64_t i = c.intermediate_size;
-  const std::int64_t q = c.q_size();
-  const std::int64_t kv = c.kv_size();
-  return {.ln1 = b.ln1.slice(0, n * h),
-          .rstd1 = b.rstd1.slice(0, n),
-          .q = b.q.slice(0, n * q),
-          .k = b.k.slice(0, n * kv),
-          .v = b.v.slice(0, n * kv),
-          .att = b.att.slice(0, n * q),
-          .lse = b.lse.slice(0, n * c.n_heads),
-          .h = b.h.slice(0, n * h),
-          .ln2 = b.ln2.slice(0, n * h),
-          .rstd2 = b.rstd2.slice(0, n),
-          .gate = b.gate.slice(0, n * i),
-          .up = b.up.slice(0, n * i),
-          .act = b.act.slice(0, n * i)};
+  return {.ln1 = b.ln1.first_rows(n),
+          .rstd1 = b.rstd1.first_rows(n),
+          .q = b.q.first_rows(n),
+          .k = b.k.first_rows(n),
+          .v = b.v.first_rows(n),
+          .att = b.att.first_rows(n),
+          .lse = b.lse.first({c.n_heads, n}),
+          .h = b.h.first_rows(n),
+          .ln2 = b.ln2.first_rows(n),
+          .rstd2 = b.rstd2.first_rows(n),
+          .gate = b.gate.first_rows(n),
+          .up = b.up.first_rows(n),
+          .act = b.act.first_rows(n)};
 }
 
 }  // namespace
@@ -119,15 +117,15 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
 
 LlamaModel::~LlamaModel() = default;
 
-TensorView LlamaModel::weight(std::int64_t offset, std::int64_t numel) const {
-  return params_.slice(offset, numel);
+ConstTensorView LlamaModel::weight(std::int64_t offset, Shape shape) const {
+  return params_.slice(offset, shape.numel()).reshape(shape);
 }
-TensorView LlamaModel::weight_grad(std::int64_t offset, std::int64_t numel) const {
-  if (options_.own_gradients) return grads_.slice(offset, numel);
+TensorView LlamaModel::weight_grad(std::int64_t offset, Shape shape) const {
+  if (options_.own_gradients) return grads_.slice(offset, shape.numel()).reshape(shape);
   if (window_ == nullptr) {
     throw core::internal_error("a backward pass of a model without gradients or gradient window");
   }
-  return window_->gradients(offset, numel);
+  return window_->gradients(offset, shape.numel()).reshape(shape);
 }
 
 void LlamaModel::gradients_ready(std::int64_t offset) {
@@ -136,11 +134,11 @@ void LlamaModel::gradients_ready(std::int64_t offset) {
 }
 TensorView LlamaModel::parameter(std::string_view name) const {
   const TensorInfo& t = layout_.find(name);
-  return weight(t.offset, t.numel);
+  return params_.slice(t.offset, t.numel);
 }
 TensorView LlamaModel::gradient(std::string_view name) const {
   const TensorInfo& t = layout_.find(name);
-  return weight_grad(t.offset, t.numel);
+  return weight_grad(t.offset, Shape(t.numel));
 }
 
 void LlamaModel::initialize(std::uint64_t seed) {
@@ -155,8 +153,8 @@ void LlamaModel::load_parameters(std::span<const float> host) {
     throw core::internal_error(
         fmt::format("load_parameters: {} values for a layout of {}", host.size(), layout_.total()));
   }
-  ops_.copy(params_.view(), TensorView(host));
-  if (master_.numel() > 0) ops_.copy(master_.view(), TensorView(host));
+  ops_.copy(params_.view(), ConstTensorView(host));
+  if (master_.numel() > 0) ops_.copy(master_.view(), ConstTensorView(host));
 }
 
 std::vector<float> LlamaModel::master_to_host() const {
@@ -178,15 +176,16 @@ void LlamaModel::prepare(const Batch& batch) {
   Workspace& ws = *ws_;
   const std::int64_t n = batch.tokens_count();
   const DType act = ops_.compute_dtype();
-  const std::int64_t h = c.hidden_size;
-  const std::int64_t i = c.intermediate_size;
-  const std::int64_t q = c.q_size();
-  const std::int64_t kv = c.kv_size();
-
   if (n > ws.capacity) {
     Workspace fresh;
     fresh.capacity = n;
-    auto alloc = [&](DType dtype, std::int64_t count) { return ops_.allocate(dtype, count); };
+    auto alloc = [&](DType dtype, const Shape& shape) {
+      return kernels::allocate(ops_, dtype, shape);
+    };
+    const Shape hidden{n, c.hidden_size};               // (N, H)
+    const Shape heads{n, c.n_heads, c.head_dim};        // (N, n_heads, head_dim)
+    const Shape kv_heads{n, c.n_kv_heads, c.head_dim};  // (N, n_kv_heads, head_dim)
+    const Shape intermediate{n, c.intermediate_size};   // (N, I)
     for (InputBuffers& set : fresh.input_sets) {
       set = {alloc(DType::i32, n),    alloc(DType::i32, n), alloc(DType::i32, n + 1),
              alloc(DType::i32, n),    alloc(DType::i32, n), alloc(DType::i32, n),
@@ -195,28 +194,28 @@ void LlamaModel::prepare(const Batch& batch) {
     fresh.current = ws.current;
     fresh.scores = alloc(DType::f32, n);
     fresh.d_scores = alloc(DType::f32, n);
-    for (int l = 0; l <= c.n_layers; ++l) fresh.layer_inputs.push_back(alloc(act, n * h));
+    for (int l = 0; l <= c.n_layers; ++l) fresh.layer_inputs.push_back(alloc(act, hidden));
     const int slots = options_.recompute ? 1 : c.n_layers;
     for (int s = 0; s < slots; ++s) {
-      fresh.blocks.push_back({alloc(act, n * h), alloc(DType::f32, n), alloc(act, n * q),
-                              alloc(act, n * kv), alloc(act, n * kv), alloc(act, n * q),
-                              alloc(DType::f32, n * c.n_heads), alloc(act, n * h),
-                              alloc(act, n * h), alloc(DType::f32, n), alloc(act, n * i),
-                              alloc(act, n * i), alloc(act, n * i)});
+      fresh.blocks.push_back({alloc(act, hidden), alloc(DType::f32, n), alloc(act, heads),
+                              alloc(act, kv_heads), alloc(act, kv_heads), alloc(act, heads),
+                              alloc(DType::f32, {c.n_heads, n}), alloc(act, hidden),
+                              alloc(act, hidden), alloc(DType::f32, n), alloc(act, intermediate),
+                              alloc(act, intermediate), alloc(act, intermediate)});
     }
-    fresh.final_out = alloc(act, n * h);
+    fresh.final_out = alloc(act, hidden);
     fresh.final_rstd = alloc(DType::f32, n);
-    fresh.d_resid = alloc(act, n * h);
-    fresh.d_final = alloc(act, n * h);
-    fresh.d_ln = alloc(act, n * h);
-    fresh.d_att = alloc(act, n * q);
-    fresh.d_q = alloc(act, n * q);
-    fresh.d_k = alloc(act, n * kv);
-    fresh.d_v = alloc(act, n * kv);
-    fresh.d_act = alloc(act, n * i);
-    fresh.d_gate = alloc(act, n * i);
-    fresh.d_up = alloc(act, n * i);
-    fresh.scratch_out = alloc(act, n * h);
+    fresh.d_resid = alloc(act, hidden);
+    fresh.d_final = alloc(act, hidden);
+    fresh.d_ln = alloc(act, hidden);
+    fresh.d_att = alloc(act, heads);
+    fresh.d_q = alloc(act, heads);
+    fresh.d_k = alloc(act, kv_heads);
+    fresh.d_v = alloc(act, kv_heads);
+    fresh.d_act = alloc(act, intermediate);
+    fresh.d_gate = alloc(act, intermediate);
+    fresh.d_up = alloc(act, intermediate);
+    fresh.scratch_out = alloc(act, hidden);
     fresh.rope = std::move(ws.rope);
     ws = std::move(fresh);
   }
@@ -256,13 +255,9 @@ void LlamaModel::prepare(const Batch& batch) {
       upload(in.margins, batch.margins)};
   ops_.upload_inputs(ws.current, uploads);
   ws.host_cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
-  ws.shape = {n,
-              c.n_heads,
-              c.n_kv_heads,
-              c.head_dim,
-              static_cast<int>(batch.segments()),
-              static_cast<int>(batch.longest_segment()),
-              ws.host_cu_seqlens};
+  ws.segments = {.cu_seqlens = in.cu_seqlens.first_rows(batch.segments() + 1),
+                 .max_segment = static_cast<int>(batch.longest_segment()),
+                 .host = ws.host_cu_seqlens};
 }
 
 void LlamaModel::forward_backbone() {
@@ -272,29 +267,34 @@ void LlamaModel::forward_backbone() {
   const std::int64_t h = c.hidden_size;
   {
     const core::TraceRange range("embedding");
-    ops_.embedding(ws.layer_inputs[0].slice(0, n * h), ws.in().tokens.slice(0, n),
-                   weight(layout_.embedding(), c.vocab_size * h), n, h);
+    ops_.embedding({.out = ws.layer_inputs[0].first_rows(n),
+                    .tokens = ws.in().tokens.first_rows(n),
+                    .table = weight(layout_.embedding(), {c.vocab_size, h})});
   }
   for (int l = 0; l < c.n_layers; ++l) {
-    block_forward(l, ws.layer_inputs[static_cast<std::size_t>(l)].slice(0, n * h),
-                  ws.layer_inputs[static_cast<std::size_t>(l) + 1].slice(0, n * h),
+    block_forward(l, ws.layer_inputs[static_cast<std::size_t>(l)].first_rows(n),
+                  ws.layer_inputs[static_cast<std::size_t>(l) + 1].first_rows(n),
                   options_.recompute ? 0 : l);
   }
-  ops_.rmsnorm(ws.final_out.slice(0, n * h), ws.final_rstd.slice(0, n),
-               ws.layer_inputs.back().slice(0, n * h), weight(layout_.final_norm(), h), n, h,
-               static_cast<float>(c.rms_norm_eps));
+  ops_.rmsnorm({.out = ws.final_out.first_rows(n),
+                .rstd = ws.final_rstd.first_rows(n),
+                .x = ws.layer_inputs.back().first_rows(n),
+                .w = weight(layout_.final_norm(), h),
+                .eps = static_cast<float>(c.rms_norm_eps)});
 }
 
-void LlamaModel::block_forward(int layer, TensorView x_in, TensorView x_out, int slot) {
+void LlamaModel::block_forward(int layer, ConstTensorView x_in, TensorView x_out, int slot) {
   const core::TraceRange range("block {} forward", layer);
   const ModelConfig& c = config();
   Workspace& ws = *ws_;
   const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], ws.n, c);
   decoder_block_forward(
       ops_, c, block_weights(layout_, params_.view(), layer),
-      {.positions = ws.in().positions.slice(0, ws.n), .cos = ws.rope.cos(), .sin = ws.rope.sin()},
-      ws.n, x_in, x_out, a,
-      [&] { ops_.attention(a.att, a.lse, a.q, a.k, a.v, ws.in().cu_seqlens.view(), ws.shape); });
+      {.positions = ws.in().positions.first_rows(ws.n), .cos = ws.rope.cos(), .sin = ws.rope.sin()},
+      x_in, x_out, a, [&] {
+        ops_.attention(
+            {.out = a.att, .lse = a.lse, .q = a.q, .k = a.k, .v = a.v, .segments = ws.segments});
+      });
 }
 
 void LlamaModel::backward_backbone() {
@@ -305,64 +305,108 @@ void LlamaModel::backward_backbone() {
   const std::int64_t i = c.intermediate_size;
   const std::int64_t q = c.q_size();
   const std::int64_t kv = c.kv_size();
-  const TensorView d_resid = ws.d_resid.slice(0, n * h);  // d(loss)/d(residual stream)
+  const TensorView d_resid = ws.d_resid.first_rows(n);  // d(loss)/d(residual stream)
+  const ConstTensorView positions = ws.in().positions.first_rows(n);
 
   ops_.zero(d_resid);
-  ops_.rmsnorm_backward(d_resid, weight_grad(layout_.final_norm(), h), ws.d_final.slice(0, n * h),
-                        ws.layer_inputs.back().slice(0, n * h), weight(layout_.final_norm(), h),
-                        ws.final_rstd.slice(0, n), n, h);
+  ops_.rmsnorm_backward({.dx = d_resid,
+                         .dw = weight_grad(layout_.final_norm(), h),
+                         .dout = ws.d_final.first_rows(n),
+                         .x = ws.layer_inputs.back().first_rows(n),
+                         .w = weight(layout_.final_norm(), h),
+                         .rstd = ws.final_rstd.first_rows(n)});
   gradients_ready(layout_.final_norm());  // and the head after it
 
   for (int l = c.n_layers - 1; l >= 0; --l) {
     const core::TraceRange range("block {} backward", l);
-    const TensorView x_in = ws.layer_inputs[static_cast<std::size_t>(l)].slice(0, n * h);
+    const TensorView x_in = ws.layer_inputs[static_cast<std::size_t>(l)].first_rows(n);
     const int slot = options_.recompute ? 0 : l;
-    if (options_.recompute) block_forward(l, x_in, ws.scratch_out.slice(0, n * h), slot);
-    const BlockActivations& a = ws.blocks[static_cast<std::size_t>(slot)];
+    if (options_.recompute) block_forward(l, x_in, ws.scratch_out.first_rows(n), slot);
+    const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], n, c);
     const BlockOffsets& w = layout_.block(l);
-    const TensorView d_ln = ws.d_ln.slice(0, n * h);
+    const TensorView d_ln = ws.d_ln.first_rows(n);
 
     // MLP half. d_resid holds d(x'); the residual passes it on to d(h) unchanged.
-    const TensorView d_act = ws.d_act.slice(0, n * i);
-    ops_.matmul_backward(d_act, weight_grad(w.down_proj, h * i), d_resid, a.act.slice(0, n * i),
-                         weight(w.down_proj, h * i), n, h, i, false);
-    ops_.swiglu_backward(ws.d_gate.slice(0, n * i), ws.d_up.slice(0, n * i), d_act,
-                         a.gate.slice(0, n * i), a.up.slice(0, n * i), n * i);
-    ops_.matmul_backward(d_ln, weight_grad(w.gate_proj, i * h), ws.d_gate.slice(0, n * i),
-                         a.ln2.slice(0, n * h), weight(w.gate_proj, i * h), n, i, h, false);
-    ops_.matmul_backward(d_ln, weight_grad(w.up_proj, i * h), ws.d_up.slice(0, n * i),
-                         a.ln2.slice(0, n * h), weight(w.up_proj, i * h), n, i, h, true);
-    ops_.rmsnorm_backward(d_resid, weight_grad(w.post_attention_norm, h), d_ln, a.h.slice(0, n * h),
-                          weight(w.post_attention_norm, h), a.rstd2.slice(0, n), n, h);
+    const TensorView d_act = ws.d_act.first_rows(n);
+    const TensorView d_gate = ws.d_gate.first_rows(n);
+    const TensorView d_up = ws.d_up.first_rows(n);
+    ops_.matmul_backward({.dx = d_act,
+                          .dw = weight_grad(w.down_proj, {h, i}),
+                          .dy = d_resid,
+                          .x = a.act,
+                          .w = weight(w.down_proj, {h, i})});
+    ops_.swiglu_backward({.dgate = d_gate, .dup = d_up, .dout = d_act, .gate = a.gate, .up = a.up});
+    ops_.matmul_backward({.dx = d_ln,
+                          .dw = weight_grad(w.gate_proj, {i, h}),
+                          .dy = d_gate,
+                          .x = a.ln2,
+                          .w = weight(w.gate_proj, {i, h})});
+    ops_.matmul_backward({.dx = d_ln,
+                          .dw = weight_grad(w.up_proj, {i, h}),
+                          .dy = d_up,
+                          .x = a.ln2,
+                          .w = weight(w.up_proj, {i, h}),
+                          .accumulate_dx = true});
+    ops_.rmsnorm_backward({.dx = d_resid,
+                           .dw = weight_grad(w.post_attention_norm, h),
+                           .dout = d_ln,
+                           .x = a.h,
+                           .w = weight(w.post_attention_norm, h),
+                           .rstd = a.rstd2});
 
     // Attention half. d_resid holds d(h); the residual passes it on to d(x).
-    const TensorView d_att = ws.d_att.slice(0, n * q);
-    const TensorView d_q = ws.d_q.slice(0, n * q);
-    const TensorView d_k = ws.d_k.slice(0, n * kv);
-    const TensorView d_v = ws.d_v.slice(0, n * kv);
-    ops_.matmul_backward(d_att, weight_grad(w.o_proj, h * q), d_resid, a.att.slice(0, n * q),
-                         weight(w.o_proj, h * q), n, h, q, false);
-    ops_.attention_backward(d_q, d_k, d_v, d_att, a.att.slice(0, n * q),
-                            a.lse.slice(0, n * c.n_heads), a.q.slice(0, n * q),
-                            a.k.slice(0, n * kv), a.v.slice(0, n * kv), ws.in().cu_seqlens.view(),
-                            ws.shape);
-    ops_.rope_backward(d_q, ws.in().positions.slice(0, n), ws.rope.cos(), ws.rope.sin(), n,
-                       c.n_heads, c.head_dim);
-    ops_.rope_backward(d_k, ws.in().positions.slice(0, n), ws.rope.cos(), ws.rope.sin(), n,
-                       c.n_kv_heads, c.head_dim);
-    ops_.matmul_backward(d_ln, weight_grad(w.q_proj, q * h), d_q, a.ln1.slice(0, n * h),
-                         weight(w.q_proj, q * h), n, q, h, false);
-    ops_.matmul_backward(d_ln, weight_grad(w.k_proj, kv * h), d_k, a.ln1.slice(0, n * h),
-                         weight(w.k_proj, kv * h), n, kv, h, true);
-    ops_.matmul_backward(d_ln, weight_grad(w.v_proj, kv * h), d_v, a.ln1.slice(0, n * h),
-                         weight(w.v_proj, kv * h), n, kv, h, true);
-    ops_.rmsnorm_backward(d_resid, weight_grad(w.input_norm, h), d_ln, x_in,
-                          weight(w.input_norm, h), a.rstd1.slice(0, n), n, h);
+    const TensorView d_att = ws.d_att.first_rows(n);
+    const TensorView d_q = ws.d_q.first_rows(n);
+    const TensorView d_k = ws.d_k.first_rows(n);
+    const TensorView d_v = ws.d_v.first_rows(n);
+    ops_.matmul_backward({.dx = d_att,
+                          .dw = weight_grad(w.o_proj, {h, q}),
+                          .dy = d_resid,
+                          .x = a.att,
+                          .w = weight(w.o_proj, {h, q})});
+    ops_.attention_backward({.dq = d_q,
+                             .dk = d_k,
+                             .dv = d_v,
+                             .dout = d_att,
+                             .out = a.att,
+                             .lse = a.lse,
+                             .q = a.q,
+                             .k = a.k,
+                             .v = a.v,
+                             .segments = ws.segments});
+    for (const TensorView d : {d_q, d_k}) {
+      ops_.rope_backward(
+          {.x = d, .positions = positions, .cos = ws.rope.cos(), .sin = ws.rope.sin()});
+    }
+    ops_.matmul_backward({.dx = d_ln,
+                          .dw = weight_grad(w.q_proj, {q, h}),
+                          .dy = d_q,
+                          .x = a.ln1,
+                          .w = weight(w.q_proj, {q, h})});
+    ops_.matmul_backward({.dx = d_ln,
+                          .dw = weight_grad(w.k_proj, {kv, h}),
+                          .dy = d_k,
+                          .x = a.ln1,
+                          .w = weight(w.k_proj, {kv, h}),
+                          .accumulate_dx = true});
+    ops_.matmul_backward({.dx = d_ln,
+                          .dw = weight_grad(w.v_proj, {kv, h}),
+                          .dy = d_v,
+                          .x = a.ln1,
+                          .w = weight(w.v_proj, {kv, h}),
+                          .accumulate_dx = true});
+    ops_.rmsnorm_backward({.dx = d_resid,
+                           .dw = weight_grad(w.input_norm, h),
+                           .dout = d_ln,
+                           .x = x_in,
+                           .w = weight(w.input_norm, h),
+                           .rstd = a.rstd1});
     gradients_ready(w.q_proj);  // the block's first tensor
   }
   const core::TraceRange range("embedding backward");
-  ops_.embedding_backward(weight_grad(layout_.embedding(), c.vocab_size * h),
-                          ws.in().tokens.slice(0, n), d_resid, n, h);
+  ops_.embedding_backward({.dtable = weight_grad(layout_.embedding(), {c.vocab_size, h}),
+                           .tokens = ws.in().tokens.first_rows(n),
+                           .dout = d_resid});
   gradients_ready(0);
 }
 
@@ -402,11 +446,14 @@ void LlamaModel::sft(const Batch& batch, float grad_scale, bool backward, Tensor
   {
     const core::TraceRange range("lm_head + cross-entropy");
     ops_.lm_head_cross_entropy(
-        sums.slice(0, 1), backward ? ws.d_final.slice(0, n * h) : TensorView{},
-        backward ? weight_grad(layout_.lm_head(), v * h) : TensorView{},
-        ws.final_out.slice(0, n * h), weight(layout_.lm_head(), v * h),
-        ws.in().loss_rows.slice(0, ws.counted), ws.in().loss_targets.slice(0, ws.counted), n,
-        ws.counted, v, h, grad_scale);
+        {.loss_sum = sums.slice(0, 1),
+         .dh = backward ? ws.d_final.first_rows(n) : TensorView{},
+         .dw = backward ? weight_grad(layout_.lm_head(), {v, h}) : TensorView{},
+         .h = ws.final_out.first_rows(n),
+         .w = weight(layout_.lm_head(), {v, h}),
+         .rows = ws.in().loss_rows.first_rows(ws.counted),
+         .targets = ws.in().loss_targets.first_rows(ws.counted),
+         .grad_scale = grad_scale});
   }
   if (backward) backward_backbone();
 }
@@ -441,19 +488,27 @@ void LlamaModel::reward(const Batch& batch, float grad_scale, double center, boo
   const std::int64_t pairs = batch.pairs();
   const std::int64_t count = 2 * pairs;
 
-  ops_.gather_dot(ws.scores.slice(0, count), ws.final_out.slice(0, n * h),
-                  weight(layout_.score(), h), ws.in().score_rows.slice(0, count), count, h);
-  ops_.bradley_terry(sums, backward ? ws.d_scores.slice(0, count) : TensorView{},
-                     ws.scores.slice(0, count),
-                     batch.margins.empty() ? TensorView{} : ws.in().margins.slice(0, pairs), pairs,
-                     center, grad_scale);
+  const ConstTensorView rows = ws.in().score_rows.first_rows(count);
+  ops_.gather_dot({.scores = ws.scores.first_rows(count),
+                   .h = ws.final_out.first_rows(n),
+                   .w = weight(layout_.score(), h),
+                   .rows = rows});
+  ops_.bradley_terry(
+      {.sums = sums,
+       .d_scores = backward ? ws.d_scores.first_rows(count) : TensorView{},
+       .scores = ws.scores.first_rows(count),
+       .margins = batch.margins.empty() ? TensorView{} : ws.in().margins.first_rows(pairs),
+       .center = center,
+       .grad_scale = grad_scale});
   if (!backward) return;
 
-  ops_.zero(ws.d_final.slice(0, n * h));
-  ops_.gather_dot_backward(ws.d_final.slice(0, n * h), weight_grad(layout_.score(), h),
-                           ws.d_scores.slice(0, count), ws.final_out.slice(0, n * h),
-                           weight(layout_.score(), h), ws.in().score_rows.slice(0, count), count,
-                           h);
+  ops_.zero(ws.d_final.first_rows(n));
+  ops_.gather_dot_backward({.dh = ws.d_final.first_rows(n),
+                            .dw = weight_grad(layout_.score(), h),
+                            .dscores = ws.d_scores.first_rows(count),
+                            .h = ws.final_out.first_rows(n),
+                            .w = weight(layout_.score(), h),
+                            .rows = rows});
   backward_backbone();
 }
 
@@ -497,10 +552,10 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
   forward_backbone();
   const ModelConfig& c = config();
   const std::int64_t n = ws_->n;
-  const Buffer out = ops_.allocate(DType::f32, n * c.vocab_size);
-  ops_.matmul(out.view(), ws_->final_out.slice(0, n * c.hidden_size),
-              weight(layout_.lm_head(), c.vocab_size * c.hidden_size), n, c.vocab_size,
-              c.hidden_size, false);
+  const Buffer out = kernels::allocate(ops_, DType::f32, {n, c.vocab_size});
+  ops_.matmul({.y = out.view(),
+               .x = ws_->final_out.first_rows(n),
+               .w = weight(layout_.lm_head(), {c.vocab_size, c.hidden_size})});
   std::vector<float> host(static_cast<std::size_t>(n * c.vocab_size));
   ops_.copy(TensorView(std::span<float>(host)), out.view());
   return host;

@@ -148,7 +148,7 @@ class LlamaModel {
 
   void prepare(const Batch& batch);
   void forward_backbone();
-  void block_forward(int layer, kernels::TensorView x_in, kernels::TensorView x_out, int slot);
+  void block_forward(int layer, kernels::ConstTensorView x_in, kernels::TensorView x_out, int slot);
   void backward_backbone();  // from d(final norm output) in d_final_ to the embedding
   void gradients_ready(std::int64_t offset);  // the hook and the window
   // Loss sums in backend memory: one slot for the training step, one for single calls.
@@ -161,8 +161,9 @@ class LlamaModel {
   void reward(const Batch& batch, float grad_scale, double center, bool backward,
               kernels::TensorView sums);
   RewardOutput reward_call(const Batch& batch, float grad_scale, double center, bool backward);
-  [[nodiscard]] kernels::TensorView weight(std::int64_t offset, std::int64_t numel) const;
-  [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, std::int64_t numel) const;
+  // The parameter (or its gradient) at `offset`, viewed as `shape`.
+  [[nodiscard]] kernels::ConstTensorView weight(std::int64_t offset, kernels::Shape shape) const;
+  [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, kernels::Shape shape) const;
 
   ParameterLayout layout_;
   kernels::Ops& ops_;

@@ -62,10 +62,11 @@ RopeTable make_rope_table(const ModelConfig& config, std::int64_t positions) {
 void RopeBuffers::ensure(kernels::Ops& ops, const ModelConfig& config, std::int64_t positions) {
   if (positions <= positions_) return;
   const RopeTable table = make_rope_table(config, positions);
-  cos_ = ops.allocate(kernels::DType::f32, static_cast<std::int64_t>(table.cos.size()));
-  sin_ = ops.allocate(kernels::DType::f32, static_cast<std::int64_t>(table.sin.size()));
-  ops.copy(cos_.view(), kernels::TensorView(std::span<const float>(table.cos)));
-  ops.copy(sin_.view(), kernels::TensorView(std::span<const float>(table.sin)));
+  const kernels::Shape shape{table.positions, table.half};
+  cos_ = kernels::allocate(ops, kernels::DType::f32, shape);
+  sin_ = kernels::allocate(ops, kernels::DType::f32, shape);
+  ops.copy(cos_.view(), kernels::ConstTensorView(std::span<const float>(table.cos)));
+  ops.copy(sin_.view(), kernels::ConstTensorView(std::span<const float>(table.sin)));
   positions_ = positions;
 }
 

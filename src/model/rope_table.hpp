@@ -31,8 +31,9 @@ class RopeBuffers {
  public:
   // Makes the tables cover positions 0 .. positions-1 (rebuilt only when they grow).
   void ensure(kernels::Ops& ops, const ModelConfig& config, std::int64_t positions);
-  [[nodiscard]] kernels::TensorView cos() const noexcept { return cos_.view(); }
-  [[nodiscard]] kernels::TensorView sin() const noexcept { return sin_.view(); }
+  // (positions, head_dim / 2) f32
+  [[nodiscard]] kernels::ConstTensorView cos() const noexcept { return cos_.view(); }
+  [[nodiscard]] kernels::ConstTensorView sin() const noexcept { return sin_.view(); }
   [[nodiscard]] std::int64_t positions() const noexcept { return positions_; }
 
  private:

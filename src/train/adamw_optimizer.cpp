@@ -33,7 +33,7 @@ AdamW::AdamW(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfi
 }
 
 void AdamW::step(kernels::TensorView master, kernels::TensorView weight_copy,
-                 kernels::TensorView grads, float lr, float grad_scale) {
+                 kernels::ConstTensorView grads, float lr, float grad_scale) {
   ++step_;
   kernels::AdamWParams hyper{lr,   config_.beta1, config_.beta2, config_.eps,
                              0.0F, grad_scale,    step_};
@@ -42,16 +42,20 @@ void AdamW::step(kernels::TensorView master, kernels::TensorView weight_copy,
     const std::int64_t hi = std::min(end_, t.offset + t.numel);
     if (lo >= hi) continue;
     hyper.weight_decay = t.decay ? config_.weight_decay : 0.0F;
-    ops_.adamw(
-        master_.numel() > 0 ? master_.slice(lo - begin_, hi - lo) : master.slice(lo, hi - lo),
-        weight_copy.empty() ? kernels::TensorView{} : weight_copy.slice(lo, hi - lo),
-        grads_.numel() > 0 ? grads_.slice(lo - begin_, hi - lo) : grads.slice(lo, hi - lo),
-        m_.slice(lo - begin_, hi - lo), v_.slice(lo - begin_, hi - lo), hi - lo, hyper);
+    ops_.adamw({.params = master_.numel() > 0 ? master_.slice(lo - begin_, hi - lo)
+                                              : master.slice(lo, hi - lo),
+                .params_copy =
+                    weight_copy.empty() ? kernels::TensorView{} : weight_copy.slice(lo, hi - lo),
+                .m = m_.slice(lo - begin_, hi - lo),
+                .v = v_.slice(lo - begin_, hi - lo),
+                .grads = grads_.numel() > 0 ? grads_.slice(lo - begin_, hi - lo)
+                                            : grads.slice(lo, hi - lo),
+                .hyper = hyper});
   }
 }
 
-double gradient_norm(kernels::Ops& ops, kernels::TensorView grads) {
-  return std::sqrt(ops.sum_squares(grads, grads.numel()));
+double gradient_norm(kernels::Ops& ops, kernels::ConstTensorView grads) {
+  return std::sqrt(ops.sum_squares(grads));
 }
 
 double clip_factor(double norm, double max_norm) {

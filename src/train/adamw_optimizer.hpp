@@ -42,8 +42,8 @@ class AdamW {
   // its gradients. weight_copy: the
   // compute-dtype weights to refresh from the master (bf16 on the GPU), or empty when the
   // master weights are the compute weights (the CPU backend).
-  void step(kernels::TensorView master, kernels::TensorView weight_copy, kernels::TensorView grads,
-            float lr, float grad_scale);
+  void step(kernels::TensorView master, kernels::TensorView weight_copy,
+            kernels::ConstTensorView grads, float lr, float grad_scale);
 
   [[nodiscard]] std::int64_t steps_taken() const noexcept { return step_; }
   [[nodiscard]] kernels::TensorView first_moment() const noexcept { return m_.view(); }
@@ -72,7 +72,7 @@ class AdamW {
 
 // Global gradient norm sqrt(sum g^2) over [begin, end) of the flat gradient buffer, and the
 // factor min(1, max_norm / norm) that clips it (1 when max_norm <= 0: no clipping).
-[[nodiscard]] double gradient_norm(kernels::Ops& ops, kernels::TensorView grads);
+[[nodiscard]] double gradient_norm(kernels::Ops& ops, kernels::ConstTensorView grads);
 [[nodiscard]] double clip_factor(double norm, double max_norm);
 
 }  // namespace l3::train

@@ -137,7 +137,7 @@ double DataParallel::gradient_norm() {
   std::vector<double> table(nb * static_cast<std::size_t>(size_), 0.0);  // [rank][bucket]
   // The sums of the pieces this rank computes (all of them without sharding), in one call.
   const bool mine_only = config_.shard_optimizer && size_ > 1;
-  std::vector<kernels::TensorView> views;
+  std::vector<kernels::ConstTensorView> views;
   std::vector<std::size_t> slots;
   for (int r = 0; r < size_; ++r) {
     if (mine_only && r != rank_) continue;

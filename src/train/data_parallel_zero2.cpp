@@ -122,8 +122,7 @@ void DataParallel::retire(std::size_t group) {
   for (std::size_t b = first; b < last; ++b) {
     const model::FlatRange p = plan_.piece(b, rank_);
     if (p.size() == 0) continue;
-    ops_.add_into(optimizer_.of_bucket(b).own_gradients(), slot.slice(p.begin - origin, p.size()),
-                  p.size());
+    ops_.add_into(optimizer_.of_bucket(b).own_gradients(), slot.slice(p.begin - origin, p.size()));
   }
   slot_owner_[static_cast<std::size_t>(state.slot)] = kNoGroup;
   state.slot = -1;

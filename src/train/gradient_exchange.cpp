@@ -71,7 +71,7 @@ void MpiExchange::reduce_scatter(kernels::TensorView values, FlatRange bucket,
   if (mine.size() == 0) return;
   if (staged_) {
     ops_.copy(values.slice(mine.begin, mine.size()),
-              kernels::TensorView(std::span<const float>(piece_f32_)));
+              kernels::ConstTensorView(std::span<const float>(piece_f32_)));
   } else {
     std::memcpy(values.slice(mine.begin, mine.size()).data(), piece_f32_.data(),
                 piece_f32_.size() * sizeof(float));

@@ -64,7 +64,7 @@ void ShardedOptimizer::load_master(const std::vector<model::FlatRange>& ranges,
   for (const model::FlatRange& r : ranges) {
     const auto n = static_cast<std::size_t>(r.size());
     const kernels::TensorView master = master_of(r);
-    ops_.copy(master, kernels::TensorView(values.subspan(at, n)));
+    ops_.copy(master, kernels::ConstTensorView(values.subspan(at, n)));
     if (!weights_.compute.empty()) ops_.copy(weights_.compute.slice(r.begin, r.size()), master);
     at += n;
   }
@@ -110,9 +110,9 @@ void ShardedOptimizer::load_moments(const std::vector<model::FlatRange>& ranges,
     const auto [optimizer, offset] = optimizer_at(r.begin);
     const auto n = static_cast<std::size_t>(r.size());
     ops_.copy(optimizer->first_moment().slice(offset, r.size()),
-              kernels::TensorView(m.subspan(at, n)));
+              kernels::ConstTensorView(m.subspan(at, n)));
     ops_.copy(optimizer->second_moment().slice(offset, r.size()),
-              kernels::TensorView(v.subspan(at, n)));
+              kernels::ConstTensorView(v.subspan(at, n)));
     at += n;
   }
   ops_.synchronize();

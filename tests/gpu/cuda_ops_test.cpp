@@ -138,20 +138,22 @@ TEST_CASE("matmul forward and backward", "[gpu]") {
   l3::kernels::cpu::matmul(y, x, w, m, n, k, false);
   l3::kernels::cpu::matmul_backward(dx, dw, dy, x, w, m, n, k, false);
 
-  const auto gx = upload(gpu, x), gw = upload(gpu, w), gdy = upload(gpu, dy);
-  const auto gy = poisoned(gpu, m * n), gdx = poisoned(gpu, m * k);
-  const auto gdw = upload(gpu, std::vector<float>(n * k, 0.0F));
-  gpu.matmul(gy.view(), gx.view(), gw.view(), m, n, k, false);
-  gpu.matmul_backward(gdx.view(), gdw.view(), gdy.view(), gx.view(), gw.view(), m, n, k, false);
+  const auto gx = upload(gpu, x, {m, k}), gw = upload(gpu, w, {n, k}),
+             gdy = upload(gpu, dy, {m, n});
+  const auto gy = poisoned(gpu, {m, n}), gdx = poisoned(gpu, {m, k});
+  const auto gdw = upload(gpu, std::vector<float>(n * k, 0.0F), {n, k});
+  gpu.matmul({.y = gy.view(), .x = gx.view(), .w = gw.view()});
+  gpu.matmul_backward(
+      {.dx = gdx.view(), .dw = gdw.view(), .dy = gdy.view(), .x = gx.view(), .w = gw.view()});
   expect_close("y", download(gpu, gy.view()), y, 1e-2);
   expect_close("dx", download(gpu, gdx.view()), dx, 1e-2);
   expect_close("dw", download(gpu, gdw.view()), dw, 1e-2);
 
   // fp32 output (the logits path) and accumulation
-  const auto gy32 = poisoned(gpu, m * n, DType::f32);
-  gpu.matmul(gy32.view(), gx.view(), gw.view(), m, n, k, false);
+  const auto gy32 = poisoned(gpu, {m, n}, DType::f32);
+  gpu.matmul({.y = gy32.view(), .x = gx.view(), .w = gw.view()});
   expect_close("y (f32 out)", download(gpu, gy32.view()), y, 1e-4);
-  gpu.matmul(gy32.view(), gx.view(), gw.view(), m, n, k, true);
+  gpu.matmul({.y = gy32.view(), .x = gx.view(), .w = gw.view(), .accumulate = true});
   auto twice = y;
   for (float& v : twice) v *= 2;
   expect_close("y accumulated", download(gpu, gy32.view()), twice, 1e-4);
@@ -164,12 +166,17 @@ TEST_CASE("matmul forward and backward", "[gpu]") {
   gpu.copy(sx.slice(skew, m * k), gx.view());
   gpu.copy(sw.slice(skew, n * k), gw.view());
   const auto sy = poisoned(gpu, m * n + skew);
-  gpu.matmul(sy.slice(skew, m * n), sx.slice(skew, m * k), sw.slice(skew, n * k), m, n, k, false);
+  const auto sx_at = sx.slice(skew, m * k).reshape({m, k});
+  const auto sw_at = sw.slice(skew, n * k).reshape({n, k});
+  gpu.matmul({.y = sy.slice(skew, m * n).reshape({m, n}), .x = sx_at, .w = sw_at});
   expect_close("y (skewed views)", download(gpu, sy.slice(skew, m * n)), y, 1e-2);
   const auto sdw = upload(gpu, std::vector<float>(n * k + skew, 0.0F));
   const auto sdx = poisoned(gpu, m * k + skew);
-  gpu.matmul_backward(sdx.slice(skew, m * k), sdw.slice(skew, n * k), gdy.view(),
-                      sx.slice(skew, m * k), sw.slice(skew, n * k), m, n, k, false);
+  gpu.matmul_backward({.dx = sdx.slice(skew, m * k).reshape({m, k}),
+                       .dw = sdw.slice(skew, n * k).reshape({n, k}),
+                       .dy = gdy.view(),
+                       .x = sx_at,
+                       .w = sw_at});
   expect_close("dx (skewed views)", download(gpu, sdx.slice(skew, m * k)), dx, 1e-2);
   expect_close("dw (skewed views)", download(gpu, sdw.slice(skew, n * k)), dw, 1e-2);
 }
@@ -186,20 +193,22 @@ TEST_CASE("embedding forward and deterministic backward", "[gpu]") {
   l3::kernels::cpu::embedding(out, tokens, table, hidden);
   l3::kernels::cpu::embedding_backward(dtable, tokens, dout, hidden);
 
-  const auto gtable = upload(gpu, table), gdout = upload(gpu, dout);
+  const auto gtable = upload(gpu, table, {vocab, hidden}), gdout = upload(gpu, dout, {n, hidden});
   const auto gtokens = upload_raw(gpu, tokens);
-  const auto gout = poisoned(gpu, n * hidden);
-  gpu.embedding(gout.view(), gtokens.view(), gtable.view(), n, hidden);
+  const auto gout = poisoned(gpu, {n, hidden});
+  gpu.embedding({.out = gout.view(), .tokens = gtokens.view(), .table = gtable.view()});
   CHECK(download(gpu, gout.view()) == out);
   // An output view 2 bytes into its buffer: the one-wide path (the eight-wide one would load
   // misaligned, a fault on a GPU and a finding for UBSan here).
   const auto skewed = poisoned(gpu, n * hidden + 1);
-  gpu.embedding(skewed.slice(1, n * hidden), gtokens.view(), gtable.view(), n, hidden);
+  gpu.embedding({.out = skewed.slice(1, n * hidden).reshape({n, hidden}),
+                 .tokens = gtokens.view(),
+                 .table = gtable.view()});
   CHECK(download(gpu, skewed.slice(1, n * hidden)) == out);
-  const auto gd1 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
-  const auto gd2 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
-  gpu.embedding_backward(gd1.view(), gtokens.view(), gdout.view(), n, hidden);
-  gpu.embedding_backward(gd2.view(), gtokens.view(), gdout.view(), n, hidden);
+  const auto gd1 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F), {vocab, hidden});
+  const auto gd2 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F), {vocab, hidden});
+  gpu.embedding_backward({.dtable = gd1.view(), .tokens = gtokens.view(), .dout = gdout.view()});
+  gpu.embedding_backward({.dtable = gd2.view(), .tokens = gtokens.view(), .dout = gdout.view()});
   const auto d1 = download(gpu, gd1.view());
   expect_close("dtable", d1, dtable, 1e-2);
   CHECK(d1 == download(gpu, gd2.view()));  // bitwise repeatable
@@ -248,13 +257,15 @@ TEST_CASE("embedding backward sums runs of repeated tokens across segments", "[g
   padded.insert(padded.end(), dout.begin(), dout.end());
   const auto gdout = upload(gpu, padded);
   const auto gtokens = upload_raw(gpu, tokens);
-  const auto dout_view = gdout.slice(c.dout_skew, c.n * c.hidden);
+  const auto dout_view = gdout.slice(c.dout_skew, c.n * c.hidden).reshape({c.n, c.hidden});
   for (const DType dtype : {DType::f32, DType::bf16}) {
     INFO((dtype == DType::f32 ? "fp32 gradient" : "bf16 gradient"));
-    const auto g1 = upload(gpu, std::vector<float>(vocab * c.hidden, 0.0F), dtype);
-    const auto g2 = upload(gpu, std::vector<float>(vocab * c.hidden, 0.0F), dtype);
-    gpu.embedding_backward(g1.view(), gtokens.view(), dout_view, c.n, c.hidden);
-    gpu.embedding_backward(g2.view(), gtokens.view(), dout_view, c.n, c.hidden);
+    const auto g1 =
+        upload(gpu, std::vector<float>(vocab * c.hidden, 0.0F), {vocab, c.hidden}, dtype);
+    const auto g2 =
+        upload(gpu, std::vector<float>(vocab * c.hidden, 0.0F), {vocab, c.hidden}, dtype);
+    gpu.embedding_backward({.dtable = g1.view(), .tokens = gtokens.view(), .dout = dout_view});
+    gpu.embedding_backward({.dtable = g2.view(), .tokens = gtokens.view(), .dout = dout_view});
     const auto got = download(gpu, g1.view());
     expect_close("dtable", got, want, dtype == DType::f32 ? 1e-5 : 1e-2);
     CHECK((got == download(gpu, g2.view())));  // bitwise repeatable
@@ -272,26 +283,27 @@ TEST_CASE("micro-batch inputs on the copy stream reach each micro-batch intact",
   const std::int64_t big = l3::test::kEmulatedDevice ? 256 : 4096;
   l3::test::Random rnd(110);
   const auto table = round_bf16(rnd.normal(vocab * hidden));
-  const auto gtable = upload(gpu, table);
-  const auto ga = upload(gpu, round_bf16(rnd.normal(big * big, 0.01F)));
-  const auto gc = poisoned(gpu, big * big);
+  const auto gtable = upload(gpu, table, {vocab, hidden});
+  const auto ga = upload(gpu, round_bf16(rnd.normal(big * big, 0.01F)), {big, big});
+  const auto gc = poisoned(gpu, {big, big});
   std::array<l3::kernels::Buffer, 2> sets{gpu.allocate(DType::i32, n), gpu.allocate(DType::i32, n)};
   // Outputs first: poisoning them copies from pageable memory, which waits for the stream.
   std::vector<l3::kernels::Buffer> outs;
-  for (int k = 0; k < 8; ++k) outs.push_back(poisoned(gpu, n * hidden));
+  for (int k = 0; k < 8; ++k) outs.push_back(poisoned(gpu, {n, hidden}));
   std::vector<std::vector<std::int32_t>> batches;
   for (int k = 0; k < 8; ++k) {
     for (int r = 0; r < 10; ++r) {  // a few milliseconds of work ahead of the copies
-      gpu.matmul(gc.view(), ga.view(), ga.view(), big, big, big, false);
+      gpu.matmul({.y = gc.view(), .x = ga.view(), .w = ga.view()});
     }
     batches.push_back(rnd.integers(n, static_cast<std::int32_t>(vocab)));
     std::vector<std::int32_t> source = batches.back();
     const std::array<l3::kernels::HostUpload, 1> uploads{l3::kernels::HostUpload{
-        sets[k % 2].view(), l3::kernels::TensorView(std::span<const std::int32_t>(source))}};
+        sets[k % 2].view(), l3::kernels::ConstTensorView(std::span<const std::int32_t>(source))}};
     gpu.upload_inputs(k % 2, uploads);
     std::fill(source.begin(), source.end(), -1);  // the source is the caller's again on return
-    gpu.embedding(outs[static_cast<std::size_t>(k)].view(), sets[k % 2].view(), gtable.view(), n,
-                  hidden);
+    gpu.embedding({.out = outs[static_cast<std::size_t>(k)].view(),
+                   .tokens = sets[k % 2].view(),
+                   .table = gtable.view()});
   }
   gpu.synchronize();
   // How long the compute stream stood waiting for the copies: a time, then reset.
@@ -325,13 +337,18 @@ TEST_CASE("rmsnorm forward and backward", "[gpu]") {
   l3::kernels::cpu::rmsnorm(y, rstd, x, w, hidden, 1e-5F);
   l3::kernels::cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, hidden);
 
-  const auto gx = upload(gpu, x), gw = upload(gpu, w), gdout = upload(gpu, dout),
-             gdx = upload(gpu, dx0);
-  const auto gy = poisoned(gpu, rows * hidden), grstd = poisoned(gpu, rows, DType::f32);
+  const auto gx = upload(gpu, x, {rows, hidden}), gw = upload(gpu, w),
+             gdout = upload(gpu, dout, {rows, hidden}), gdx = upload(gpu, dx0, {rows, hidden});
+  const auto gy = poisoned(gpu, {rows, hidden}), grstd = poisoned(gpu, rows, DType::f32);
   const auto gdw = upload(gpu, std::vector<float>(hidden, 0.0F));
-  gpu.rmsnorm(gy.view(), grstd.view(), gx.view(), gw.view(), rows, hidden, 1e-5F);
-  gpu.rmsnorm_backward(gdx.view(), gdw.view(), gdout.view(), gx.view(), gw.view(), grstd.view(),
-                       rows, hidden);
+  gpu.rmsnorm(
+      {.out = gy.view(), .rstd = grstd.view(), .x = gx.view(), .w = gw.view(), .eps = 1e-5F});
+  gpu.rmsnorm_backward({.dx = gdx.view(),
+                        .dw = gdw.view(),
+                        .dout = gdout.view(),
+                        .x = gx.view(),
+                        .w = gw.view(),
+                        .rstd = grstd.view()});
   expect_close("out", download(gpu, gy.view()), y, 1e-2);
   expect_close("rstd", download(gpu, grstd.view()), rstd, 1e-5);
   expect_close("dx", download(gpu, gdx.view()), dx, 1e-2);
@@ -353,7 +370,9 @@ TEST_CASE("rope forward and backward with llama3 scaling", "[gpu]") {
   auto dx = x;
   l3::kernels::cpu::rope_backward(dx, positions, table.cos, table.sin, heads, hd);
 
-  const auto gcos = upload(gpu, table.cos, DType::f32), gsin = upload(gpu, table.sin, DType::f32);
+  const l3::kernels::Shape table_shape{table.positions, table.half};
+  const auto gcos = upload(gpu, table.cos, table_shape, DType::f32),
+             gsin = upload(gpu, table.sin, table_shape, DType::f32);
   const auto gpos = upload_raw(gpu, positions);
   // x 16-byte aligned (the vectorised kernel), and 2 bytes past that (the one-pair kernel): the
   // two agree with the CPU and with each other bit for bit.
@@ -363,9 +382,11 @@ TEST_CASE("rope forward and backward with llama3 scaling", "[gpu]") {
     std::vector<float> padded(x.size() + static_cast<std::size_t>(skew), 0.0F);
     std::copy(x.begin(), x.end(), padded.begin() + skew);
     const auto gy = upload(gpu, padded), gdx = upload(gpu, padded);
-    const auto y_at = gy.slice(skew, n * heads * hd), dx_at = gdx.slice(skew, n * heads * hd);
-    gpu.rope(y_at, gpos.view(), gcos.view(), gsin.view(), n, heads, hd);
-    gpu.rope_backward(dx_at, gpos.view(), gcos.view(), gsin.view(), n, heads, hd);
+    const auto y_at = gy.slice(skew, n * heads * hd).reshape({n, heads, hd}),
+               dx_at = gdx.slice(skew, n * heads * hd).reshape({n, heads, hd});
+    gpu.rope({.x = y_at, .positions = gpos.view(), .cos = gcos.view(), .sin = gsin.view()});
+    gpu.rope_backward(
+        {.x = dx_at, .positions = gpos.view(), .cos = gcos.view(), .sin = gsin.view()});
     forward.push_back(download(gpu, y_at));
     backward.push_back(download(gpu, dx_at));
     expect_close("rope", forward.back(), y, 1e-2);
@@ -398,8 +419,9 @@ TEST_CASE("swiglu forward and backward", "[gpu]") {
   const auto go = poisoned(gpu, n + skew), gdg = poisoned(gpu, n + skew),
              gdu = poisoned(gpu, n + skew);
   auto at = [&](const l3::kernels::Buffer& b) { return b.slice(skew, n); };
-  gpu.swiglu(at(go), at(gg), at(gu), n);
-  gpu.swiglu_backward(at(gdg), at(gdu), at(gd), at(gg), at(gu), n);
+  gpu.swiglu({.out = at(go), .gate = at(gg), .up = at(gu)});
+  gpu.swiglu_backward(
+      {.dgate = at(gdg), .dup = at(gdu), .dout = at(gd), .gate = at(gg), .up = at(gu)});
   expect_close("out", download(gpu, at(go)), out, 1e-2);
   expect_close("dgate", download(gpu, at(gdg)), dgate, 1e-2);
   expect_close("dup", download(gpu, at(gdu)), dup, 1e-2);
@@ -411,7 +433,6 @@ TEST_CASE("fallback attention forward and backward (causal, GQA, packed)", "[gpu
   const std::vector<std::int32_t> cu = {0, 37, 40, 300, 301, 420};
   const std::int64_t n = cu.back();
   const l3::kernels::cpu::AttentionHeads h{8, 2, 64};
-  const l3::kernels::AttentionShape shape{n, 8, 2, 64, static_cast<int>(cu.size()) - 1, 260};
   l3::test::Random rnd(106);
   const auto q = round_bf16(rnd.normal(n * 8 * 64)), k = round_bf16(rnd.normal(n * 2 * 64));
   const auto v = round_bf16(rnd.normal(n * 2 * 64)), dout = round_bf16(rnd.normal(n * 8 * 64));
@@ -420,16 +441,32 @@ TEST_CASE("fallback attention forward and backward (causal, GQA, packed)", "[gpu
   const auto out_b = round_bf16(out);  // the GPU's backward reads its bf16 output
   l3::kernels::cpu::attention_backward(dq, dk, dv, dout, out_b, lse, q, k, v, cu, h);
 
-  const auto gq = upload(gpu, q), gk = upload(gpu, k), gv = upload(gpu, v), gdo = upload(gpu, dout);
+  const auto gq = upload(gpu, q, {n, 8, 64}), gk = upload(gpu, k, {n, 2, 64}),
+             gv = upload(gpu, v, {n, 2, 64}), gdo = upload(gpu, dout, {n, 8, 64});
   const auto gcu = upload_raw(gpu, cu);
-  const auto gout = poisoned(gpu, n * 8 * 64), glse = poisoned(gpu, n * 8, DType::f32);
-  gpu.attention(gout.view(), glse.view(), gq.view(), gk.view(), gv.view(), gcu.view(), shape);
+  // The longest segment: 300 - 40.
+  const l3::kernels::PackedSegments segments{.cu_seqlens = gcu.view(), .max_segment = 260};
+  const auto gout = poisoned(gpu, {n, 8, 64}), glse = poisoned(gpu, {8, n}, DType::f32);
+  gpu.attention({.out = gout.view(),
+                 .lse = glse.view(),
+                 .q = gq.view(),
+                 .k = gk.view(),
+                 .v = gv.view(),
+                 .segments = segments});
   expect_close("out", download(gpu, gout.view()), out, 2e-2);
   expect_close("lse", download(gpu, glse.view()), lse, 1e-3);
-  const auto gdq = poisoned(gpu, q.size()), gdk = poisoned(gpu, k.size()),
-             gdv = poisoned(gpu, v.size());
-  gpu.attention_backward(gdq.view(), gdk.view(), gdv.view(), gdo.view(), gout.view(), glse.view(),
-                         gq.view(), gk.view(), gv.view(), gcu.view(), shape);
+  const auto gdq = poisoned(gpu, {n, 8, 64}), gdk = poisoned(gpu, {n, 2, 64}),
+             gdv = poisoned(gpu, {n, 2, 64});
+  gpu.attention_backward({.dq = gdq.view(),
+                          .dk = gdk.view(),
+                          .dv = gdv.view(),
+                          .dout = gdo.view(),
+                          .out = gout.view(),
+                          .lse = glse.view(),
+                          .q = gq.view(),
+                          .k = gk.view(),
+                          .v = gv.view(),
+                          .segments = segments});
   expect_close("dq", download(gpu, gdq.view()), dq, 3e-2);
   expect_close("dk", download(gpu, gdk.view()), dk, 3e-2);
   expect_close("dv", download(gpu, gdv.view()), dv, 3e-2);
@@ -454,30 +491,44 @@ TEST_CASE("fused lm_head + masked cross-entropy", "[gpu]") {
     rows.push_back(static_cast<std::int32_t>(i));
     row_targets.push_back(targets[i]);
   }
-  const auto counted = static_cast<std::int64_t>(rows.size());
   const float scale = 0.01F;
   std::vector<float> dh(n * hidden), dw(vocab * hidden, 0.0F);
   const auto cpu = l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, rows, row_targets, vocab,
                                                            hidden, scale);
 
-  const auto gh = upload(gpu, h), gw = upload(gpu, w);
+  const auto gh = upload(gpu, h, {n, hidden}), gw = upload(gpu, w, {vocab, hidden});
   const auto gr = upload_raw(gpu, rows), gt = upload_raw(gpu, row_targets);
-  const auto gdh = poisoned(gpu, n * hidden);
-  const auto gdw = upload(gpu, std::vector<float>(vocab * hidden, 0.0F));
+  const auto gdh = poisoned(gpu, {n, hidden});
+  const auto gdw = upload(gpu, std::vector<float>(vocab * hidden, 0.0F), {vocab, hidden});
   // The loss adds to what the sum holds: start from 1.5.
   const auto gsum = upload_raw(gpu, std::vector<double>{1.5});
-  gpu.lm_head_cross_entropy(gsum.view(), gdh.view(), gdw.view(), gh.view(), gw.view(), gr.view(),
-                            gt.view(), n, counted, vocab, hidden, scale);
+  gpu.lm_head_cross_entropy({.loss_sum = gsum.view(),
+                             .dh = gdh.view(),
+                             .dw = gdw.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.view(),
+                             .targets = gt.view(),
+                             .grad_scale = scale});
   CHECK(download_raw<double>(gpu, gsum.view()).at(0) - 1.5 == Approx(cpu.loss).epsilon(1e-4));
   expect_close("dh", download(gpu, gdh.view()), dh, 2e-2);
   expect_close("dw", download(gpu, gdw.view()), dw, 2e-2);
   const auto fsum = upload_raw(gpu, std::vector<double>{0.0});
-  gpu.lm_head_cross_entropy(fsum.view(), {}, {}, gh.view(), gw.view(), gr.view(), gt.view(), n,
-                            counted, vocab, hidden, 1.0F);
+  gpu.lm_head_cross_entropy({.loss_sum = fsum.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.view(),
+                             .targets = gt.view()});
   CHECK(download_raw<double>(gpu, fsum.view()).at(0) == Approx(cpu.loss).epsilon(1e-4));
   // Nothing counted: dh all zero, the sum unchanged.
-  gpu.lm_head_cross_entropy(fsum.view(), gdh.view(), gdw.view(), gh.view(), gw.view(), gr.view(),
-                            gt.view(), n, 0, vocab, hidden, scale);
+  gpu.lm_head_cross_entropy({.loss_sum = fsum.view(),
+                             .dh = gdh.view(),
+                             .dw = gdw.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.first(0),
+                             .targets = gt.first(0),
+                             .grad_scale = scale});
   CHECK(download_raw<double>(gpu, fsum.view()).at(0) == Approx(cpu.loss).epsilon(1e-4));
   const auto zeros = download(gpu, gdh.view());
   CHECK(std::all_of(zeros.begin(), zeros.end(), [](float x) { return x == 0.0F; }));
@@ -501,11 +552,13 @@ TEST_CASE("weight gradients add into fp32 buffers without a bf16 rounding", "[gp
     const auto x = round_bf16(rnd.normal(m * k)), w = round_bf16(rnd.normal(n * k, 0.1F));
     const auto dy = round_bf16(rnd.normal(m * n));
     auto dw = start(n * k);
-    const auto gdw = f32(dw);
+    const auto gdw = upload(gpu, dw, {n, k}, DType::f32);
     std::vector<float> dx(m * k);
     l3::kernels::cpu::matmul_backward(dx, dw, dy, x, w, m, n, k, false);
-    gpu.matmul_backward({}, gdw.view(), upload(gpu, dy).view(), upload(gpu, x).view(),
-                        upload(gpu, w).view(), m, n, k, false);
+    gpu.matmul_backward({.dw = gdw.view(),
+                         .dy = upload(gpu, dy, {m, n}).view(),
+                         .x = upload(gpu, x, {m, k}).view(),
+                         .w = upload(gpu, w, {n, k}).view()});
     expect_close("dw (fp32)", download(gpu, gdw.view()), dw, 1e-5);
   }
   SECTION("embedding") {
@@ -513,10 +566,11 @@ TEST_CASE("weight gradients add into fp32 buffers without a bf16 rounding", "[gp
     const auto tokens = rnd.integers(n, 50);
     const auto dout = round_bf16(rnd.normal(n * hidden));
     auto dtable = start(vocab * hidden);
-    const auto gdtable = f32(dtable);
+    const auto gdtable = upload(gpu, dtable, {vocab, hidden}, DType::f32);
     l3::kernels::cpu::embedding_backward(dtable, tokens, dout, hidden);
-    gpu.embedding_backward(gdtable.view(), upload_raw(gpu, tokens).view(), upload(gpu, dout).view(),
-                           n, hidden);
+    gpu.embedding_backward({.dtable = gdtable.view(),
+                            .tokens = upload_raw(gpu, tokens).view(),
+                            .dout = upload(gpu, dout, {n, hidden}).view()});
     expect_close("dtable (fp32)", download(gpu, gdtable.view()), dtable, 1e-5);
   }
   SECTION("rmsnorm") {
@@ -530,12 +584,17 @@ TEST_CASE("weight gradients add into fp32 buffers without a bf16 rounding", "[gp
     const auto gdw = f32(dw);
     l3::kernels::cpu::rmsnorm(y, rstd, x, w, hidden, 1e-5F);
     l3::kernels::cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, hidden);
-    const auto gx = upload(gpu, x), gw = upload(gpu, w);
-    const auto gy = poisoned(gpu, rows * hidden), grstd = poisoned(gpu, rows, DType::f32);
-    const auto gdx = upload(gpu, std::vector<float>(rows * hidden, 0.0F));
-    gpu.rmsnorm(gy.view(), grstd.view(), gx.view(), gw.view(), rows, hidden, 1e-5F);
-    gpu.rmsnorm_backward(gdx.view(), gdw.view(), upload(gpu, dout).view(), gx.view(), gw.view(),
-                         grstd.view(), rows, hidden);
+    const auto gx = upload(gpu, x, {rows, hidden}), gw = upload(gpu, w);
+    const auto gy = poisoned(gpu, {rows, hidden}), grstd = poisoned(gpu, rows, DType::f32);
+    const auto gdx = upload(gpu, std::vector<float>(rows * hidden, 0.0F), {rows, hidden});
+    gpu.rmsnorm(
+        {.out = gy.view(), .rstd = grstd.view(), .x = gx.view(), .w = gw.view(), .eps = 1e-5F});
+    gpu.rmsnorm_backward({.dx = gdx.view(),
+                          .dw = gdw.view(),
+                          .dout = upload(gpu, dout, {rows, hidden}).view(),
+                          .x = gx.view(),
+                          .w = gw.view(),
+                          .rstd = grstd.view()});
     expect_close("dw (fp32)", download(gpu, gdw.view()), dw, 1e-5);
   }
   SECTION("score head") {
@@ -547,10 +606,13 @@ TEST_CASE("weight gradients add into fp32 buffers without a bf16 rounding", "[gp
     auto dw = start(hidden);
     const auto gdw = f32(dw);
     l3::kernels::cpu::gather_dot_backward(dh, dw, ds, h, w, rows, hidden);
-    const auto gdh = upload(gpu, std::vector<float>(n * hidden, 0.0F));
-    gpu.gather_dot_backward(gdh.view(), gdw.view(), upload(gpu, ds, DType::f32).view(),
-                            upload(gpu, h).view(), upload(gpu, w).view(),
-                            upload_raw(gpu, rows).view(), 4, hidden);
+    const auto gdh = upload(gpu, std::vector<float>(n * hidden, 0.0F), {n, hidden});
+    gpu.gather_dot_backward({.dh = gdh.view(),
+                             .dw = gdw.view(),
+                             .dscores = upload(gpu, ds, DType::f32).view(),
+                             .h = upload(gpu, h, {n, hidden}).view(),
+                             .w = upload(gpu, w).view(),
+                             .rows = upload_raw(gpu, rows).view()});
     expect_close("dw (fp32)", download(gpu, gdw.view()), dw, 1e-5);
   }
   SECTION("lm_head") {
@@ -567,12 +629,17 @@ TEST_CASE("weight gradients add into fp32 buffers without a bf16 rounding", "[gp
     (void)l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, rows, targets, vocab, hidden,
                                                   0.01F);
     const auto dw0 = start(vocab * hidden);
-    const auto gdw = f32(dw0);
+    const auto gdw = upload(gpu, dw0, {vocab, hidden}, DType::f32);
     const auto gsum = upload_raw(gpu, std::vector<double>{0.0});
-    const auto gdh = poisoned(gpu, n * hidden);
-    gpu.lm_head_cross_entropy(gsum.view(), gdh.view(), gdw.view(), upload(gpu, h).view(),
-                              upload(gpu, w).view(), upload_raw(gpu, rows).view(),
-                              upload_raw(gpu, targets).view(), n, n, vocab, hidden, 0.01F);
+    const auto gdh = poisoned(gpu, {n, hidden});
+    gpu.lm_head_cross_entropy({.loss_sum = gsum.view(),
+                               .dh = gdh.view(),
+                               .dw = gdw.view(),
+                               .h = upload(gpu, h, {n, hidden}).view(),
+                               .w = upload(gpu, w, {vocab, hidden}).view(),
+                               .rows = upload_raw(gpu, rows).view(),
+                               .targets = upload_raw(gpu, targets).view(),
+                               .grad_scale = 0.01F});
     auto added = download(gpu, gdw.view());
     for (std::size_t i = 0; i < added.size(); ++i) added[i] -= dw0[i];
     expect_close("dw (fp32) minus its start", added, dw, 2e-2);
@@ -595,7 +662,12 @@ TEST_CASE("Bradley-Terry loss on the device", "[gpu]") {
   const auto gs = upload(gpu, scores, DType::f32), gm = upload(gpu, margins, DType::f32);
   const auto gd = poisoned(gpu, 2 * pairs, DType::f32);
   const auto gsums = upload_raw(gpu, std::vector<double>{1.0, 2.0, 3.0});
-  gpu.bradley_terry(gsums.view(), gd.view(), gs.view(), gm.view(), pairs, center, scale);
+  gpu.bradley_terry({.sums = gsums.view(),
+                     .d_scores = gd.view(),
+                     .scores = gs.view(),
+                     .margins = gm.view(),
+                     .center = center,
+                     .grad_scale = scale});
   const auto sums = download_raw<double>(gpu, gsums.view());
   CHECK(sums[0] - 1.0 == Approx(ref.loss).epsilon(1e-12));
   CHECK(sums[1] - 2.0 == static_cast<double>(ref.correct));
@@ -607,7 +679,7 @@ TEST_CASE("Bradley-Terry loss on the device", "[gpu]") {
   const auto plain =
       l3::kernels::cpu::bradley_terry(all.first(pairs), all.last(pairs), {}, 0.0, 1.0F, {}, {});
   const auto gp = upload_raw(gpu, std::vector<double>{0.0, 0.0, 0.0});
-  gpu.bradley_terry(gp.view(), {}, gs.view(), {}, pairs, 0.0, 1.0F);
+  gpu.bradley_terry({.sums = gp.view(), .scores = gs.view()});
   const auto psums = download_raw<double>(gpu, gp.view());
   CHECK(psums[0] == Approx(plain.loss).epsilon(1e-12));
   CHECK(psums[1] == static_cast<double>(plain.correct));
@@ -628,7 +700,7 @@ TEST_CASE("add_into: bf16 sums taken in fp32 and rounded once, or kept in fp32",
     want[i] = round_bf16(a[at] + b[at]);  // the kernel's fp32 sum, rounded once
   }
   const auto ga = upload(gpu, a), gb = upload(gpu, b);
-  gpu.add_into(ga.slice(skew, n), gb.slice(skew, n), n);
+  gpu.add_into(ga.slice(skew, n), gb.slice(skew, n));
   CHECK((download(gpu, ga.slice(skew, n)) == want));
   if (skew > 0) CHECK(download(gpu, ga.slice(0, 1))[0] == a[0]);  // outside the range: untouched
 
@@ -641,7 +713,7 @@ TEST_CASE("add_into: bf16 sums taken in fp32 and rounded once, or kept in fp32",
     kept[i] = acc[at] + b[at];
   }
   const auto gacc = upload(gpu, acc, DType::f32);
-  gpu.add_into(gacc.slice(skew, n), gb.slice(skew, n), n);
+  gpu.add_into(gacc.slice(skew, n), gb.slice(skew, n));
   CHECK((download(gpu, gacc.slice(skew, n)) == kept));
   if (skew > 0) CHECK(download(gpu, gacc.slice(0, 1))[0] == acc[0]);
 }
@@ -657,24 +729,27 @@ TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
   std::vector<float> scores(4), dh(n * hidden, 0.0F), dw(hidden, 0.0F);
   l3::kernels::cpu::gather_dot(scores, h, w, rows, hidden);
   l3::kernels::cpu::gather_dot_backward(dh, dw, ds, h, w, rows, hidden);
-  const auto gh = upload(gpu, h), gw = upload(gpu, w), grows = upload_raw(gpu, rows);
+  const auto gh = upload(gpu, h, {n, hidden}), gw = upload(gpu, w), grows = upload_raw(gpu, rows);
   const auto gs = poisoned(gpu, 4, DType::f32), gds = upload(gpu, ds, DType::f32);
-  const auto gdh = upload(gpu, std::vector<float>(n * hidden, 0.0F));
+  const auto gdh = upload(gpu, std::vector<float>(n * hidden, 0.0F), {n, hidden});
   const auto gdw = upload(gpu, std::vector<float>(hidden, 0.0F));
-  gpu.gather_dot(gs.view(), gh.view(), gw.view(), grows.view(), 4, hidden);
-  gpu.gather_dot_backward(gdh.view(), gdw.view(), gds.view(), gh.view(), gw.view(), grows.view(), 4,
-                          hidden);
+  gpu.gather_dot({.scores = gs.view(), .h = gh.view(), .w = gw.view(), .rows = grows.view()});
+  gpu.gather_dot_backward({.dh = gdh.view(),
+                           .dw = gdw.view(),
+                           .dscores = gds.view(),
+                           .h = gh.view(),
+                           .w = gw.view(),
+                           .rows = grows.view()});
   expect_close("scores", download(gpu, gs.view()), scores, 1e-4);
   expect_close("dh", download(gpu, gdh.view()), dh, 1e-2);
   expect_close("dw", download(gpu, gdw.view()), dw, 1e-2);
 
-  CHECK(gpu.sum_squares(gh.view(), gh.numel()) ==
-        Approx(l3::kernels::cpu::sum_squares(h)).epsilon(1e-9));
+  CHECK(gpu.sum_squares(gh.view()) == Approx(l3::kernels::cpu::sum_squares(h)).epsilon(1e-9));
   // 16-byte loads with a tail of 5, and an unaligned view (one value at a time).
   const std::span<const float> hs(h);
-  CHECK(gpu.sum_squares(gh.slice(0, 1005), 1005) ==
+  CHECK(gpu.sum_squares(gh.slice(0, 1005)) ==
         Approx(l3::kernels::cpu::sum_squares(hs.first(1005))).epsilon(1e-9));
-  CHECK(gpu.sum_squares(gh.slice(3, 1002), 1002) ==
+  CHECK(gpu.sum_squares(gh.slice(3, 1002)) ==
         Approx(l3::kernels::cpu::sum_squares(hs.subspan(3, 1002))).epsilon(1e-9));
 
   // AdamW on 1003 values (the four-wide kernel and a tail of 3), then the same with every
@@ -703,8 +778,12 @@ TEST_CASE("score read-out, sum of squares, AdamW", "[gpu]") {
     const auto gmaster = skewed(master0, DType::f32), ggrads = skewed(grads, grad_dtype);
     const auto gm = skewed(m0, DType::f32), gv = skewed(v0, DType::f32);
     const auto gcopy = poisoned(gpu, count + skew);
-    gpu.adamw(gmaster.slice(skew, count), gcopy.slice(skew, count), ggrads.slice(skew, count),
-              gm.slice(skew, count), gv.slice(skew, count), count, hyper);
+    gpu.adamw({.params = gmaster.slice(skew, count),
+               .params_copy = gcopy.slice(skew, count),
+               .m = gm.slice(skew, count),
+               .v = gv.slice(skew, count),
+               .grads = ggrads.slice(skew, count),
+               .hyper = hyper});
     masters.push_back(download(gpu, gmaster.slice(skew, count)));
     copies.push_back(download(gpu, gcopy.slice(skew, count)));
     expect_close("master", masters.back(), master, 1e-6);

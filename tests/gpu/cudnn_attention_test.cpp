@@ -16,11 +16,16 @@
 #include "catch.hpp"
 #include "gpu_test_support.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/op_shapes.hpp"
 #include "numeric_support.hpp"
 
+using l3::kernels::AttentionArgs;
+using l3::kernels::AttentionBackwardArgs;
 using l3::kernels::AttentionShape;
 using l3::kernels::Buffer;
 using l3::kernels::DType;
+using l3::kernels::PackedSegments;
+using l3::kernels::Shape;
 using l3::kernels::TensorView;
 using l3::test::download;
 using l3::test::expect_close;
@@ -37,11 +42,13 @@ constexpr double kLseTolerance = 1e-3;
 constexpr double kBackwardTolerance = 3e-2;
 constexpr std::int64_t kGuard = 64;  // poisoned elements after every output
 
-// A NaN-filled device output of n elements followed by kGuard NaN elements nobody may write.
+// A NaN-filled device output of `shape` followed by kGuard NaN elements nobody may write.
 struct Output {
-  Output(l3::cuda::CudaOps& gpu, std::int64_t count, DType dtype = DType::bf16)
-      : n(count), buffer(poisoned(gpu, count + kGuard, dtype)) {}
-  [[nodiscard]] TensorView view() const { return buffer.slice(0, n); }
+  Output(l3::cuda::CudaOps& gpu, const Shape& output_shape, DType dtype = DType::bf16)
+      : shape(output_shape),
+        n(output_shape.numel()),
+        buffer(poisoned(gpu, output_shape.numel() + kGuard, dtype)) {}
+  [[nodiscard]] TensorView view() const { return buffer.first(shape); }
   [[nodiscard]] std::vector<float> values(l3::cuda::CudaOps& gpu) const {
     return download(gpu, view());
   }
@@ -53,14 +60,15 @@ struct Output {
     const std::vector<float> all = download(gpu, buffer.view());
     return std::all_of(all.begin(), all.end(), [](float x) { return std::isnan(x); });
   }
+  Shape shape;
   std::int64_t n;
   Buffer buffer;
 };
 
 // dq, dk, dv outputs of one backward.
 struct Grads {
-  Grads(l3::cuda::CudaOps& gpu, std::int64_t q_count, std::int64_t kv_count)
-      : dq(gpu, q_count), dk(gpu, kv_count), dv(gpu, kv_count) {}
+  Grads(l3::cuda::CudaOps& gpu, const Shape& q_shape, const Shape& kv_shape)
+      : dq(gpu, q_shape), dk(gpu, kv_shape), dv(gpu, kv_shape) {}
   Output dq;
   Output dk;
   Output dv;
@@ -72,6 +80,12 @@ AttentionShape shape_of(const std::vector<std::int32_t>& cu, int heads, int kv_h
   for (std::size_t i = 1; i < cu.size(); ++i) longest = std::max(longest, cu[i] - cu[i - 1]);
   return {cu.back(), heads, kv_heads, head_dim, static_cast<int>(cu.size()) - 1, longest};
 }
+
+// The views' shapes of an attention call of `s`: q, out (N, heads, head_dim), k, v (N, kv_heads,
+// head_dim), lse (heads, N).
+Shape q_shape(const AttentionShape& s) { return {s.tokens, s.n_heads, s.head_dim}; }
+Shape kv_shape(const AttentionShape& s) { return {s.tokens, s.n_kv_heads, s.head_dim}; }
+Shape lse_shape(const AttentionShape& s) { return {s.n_heads, s.tokens}; }
 
 // Host inputs and the CPU reference results of one case.
 struct Reference {
@@ -109,9 +123,35 @@ struct DeviceInputs {
 };
 
 DeviceInputs upload_inputs(l3::cuda::CudaOps& gpu, const Reference& ref,
-                           const std::vector<std::int32_t>& cu) {
-  return {upload(gpu, ref.q), upload(gpu, ref.k), upload(gpu, ref.v), upload(gpu, ref.dout),
-          upload_raw(gpu, cu)};
+                           const std::vector<std::int32_t>& cu, const AttentionShape& s) {
+  return {upload(gpu, ref.q, q_shape(s)), upload(gpu, ref.k, kv_shape(s)),
+          upload(gpu, ref.v, kv_shape(s)), upload(gpu, ref.dout, q_shape(s)), upload_raw(gpu, cu)};
+}
+
+// A forward's arguments: out and lse into `out`, `lse`, from `in`.
+AttentionArgs forward_args(const Output& out, const Output& lse, const DeviceInputs& in,
+                           const PackedSegments& segments) {
+  return {.out = out.view(),
+          .lse = lse.view(),
+          .q = in.q.view(),
+          .k = in.k.view(),
+          .v = in.v.view(),
+          .segments = segments};
+}
+
+// A backward's arguments: gradients into `g`, from `in` and the forward's `out` and `lse`.
+AttentionBackwardArgs backward_args(const Grads& g, const Output& out, const Output& lse,
+                                    const DeviceInputs& in, const PackedSegments& segments) {
+  return {.dq = g.dq.view(),
+          .dk = g.dk.view(),
+          .dv = g.dv.view(),
+          .dout = in.dout.view(),
+          .out = out.view(),
+          .lse = lse.view(),
+          .q = in.q.view(),
+          .k = in.k.view(),
+          .v = in.v.view(),
+          .segments = segments};
 }
 
 // Runs one case through the fallback and cuDNN and compares everything.
@@ -121,33 +161,30 @@ void check_case(const std::vector<std::int32_t>& cu, int heads, int kv_heads, in
                << " tokens, heads " << heads << "/" << kv_heads << ", head_dim " << head_dim);
   const AttentionShape shape = shape_of(cu, heads, kv_heads, head_dim);
   const Reference ref = reference(cu, shape, stream);
-  const std::int64_t n = shape.tokens;
-  const auto qn = static_cast<std::int64_t>(ref.q.size());
-  const auto kvn = static_cast<std::int64_t>(ref.k.size());
   const std::span<const std::int32_t> host_cu =
       pass_host_cu ? std::span<const std::int32_t>(cu) : std::span<const std::int32_t>();
 
   l3::cuda::CudaOps gpu;
   l3::cuda::CudnnAttention cudnn;
-  const DeviceInputs in = upload_inputs(gpu, ref, cu);
+  const DeviceInputs in = upload_inputs(gpu, ref, cu, shape);
+  const PackedSegments segments{
+      .cu_seqlens = in.cu.view(), .max_segment = shape.max_segment, .host = host_cu};
 
   // the fallback, the CUDA backend's reference path
-  const Output f_out(gpu, qn);
-  const Output f_lse(gpu, n * heads, DType::f32);
-  gpu.attention(f_out.view(), f_lse.view(), in.q.view(), in.k.view(), in.v.view(), in.cu.view(),
-                shape);
-  const Grads f(gpu, qn, kvn);
-  gpu.attention_backward(f.dq.view(), f.dk.view(), f.dv.view(), in.dout.view(), f_out.view(),
-                         f_lse.view(), in.q.view(), in.k.view(), in.v.view(), in.cu.view(), shape);
+  const Output f_out(gpu, q_shape(shape));
+  const Output f_lse(gpu, lse_shape(shape), DType::f32);
+  gpu.attention(forward_args(f_out, f_lse, in, segments));
+  const Grads f(gpu, q_shape(shape), kv_shape(shape));
+  gpu.attention_backward(backward_args(f, f_out, f_lse, in, segments));
   const auto f_dq = f.dq.values(gpu);
   const auto f_dk = f.dk.values(gpu);
   const auto f_dv = f.dv.values(gpu);
 
-  // cuDNN forward
-  const Output c_out(gpu, qn);
-  const Output c_lse(gpu, n * heads, DType::f32);
-  const bool ran = cudnn.forward(c_out.view(), c_lse.view(), in.q.view(), in.k.view(), in.v.view(),
-                                 in.cu.view(), shape, host_cu, gpu.stream());
+  // cuDNN forward, with the shape the backend derives from the views
+  const Output c_out(gpu, q_shape(shape));
+  const Output c_lse(gpu, lse_shape(shape), DType::f32);
+  const AttentionArgs c_args = forward_args(c_out, c_lse, in, segments);
+  const bool ran = cudnn.forward(c_args, l3::kernels::attention_shape(c_args), gpu.stream());
   INFO("cuDNN: " << cudnn.last_unsupported_reason());
   REQUIRE(ran);
   INFO(cudnn.describe_plans());
@@ -161,10 +198,9 @@ void check_case(const std::vector<std::int32_t>& cu, int heads, int kv_heads, in
   CHECK(c_lse.guard_intact(gpu));
 
   // cuDNN backward on cuDNN's own forward results
-  const Grads c(gpu, qn, kvn);
-  const bool ran_back = cudnn.backward(c.dq.view(), c.dk.view(), c.dv.view(), in.dout.view(),
-                                       c_out.view(), c_lse.view(), in.q.view(), in.k.view(),
-                                       in.v.view(), in.cu.view(), shape, host_cu, gpu.stream());
+  const Grads c(gpu, q_shape(shape), kv_shape(shape));
+  const AttentionBackwardArgs c_back = backward_args(c, c_out, c_lse, in, segments);
+  const bool ran_back = cudnn.backward(c_back, l3::kernels::attention_shape(c_back), gpu.stream());
   INFO("cuDNN backward: " << cudnn.last_unsupported_reason());
   REQUIRE(ran_back);
   const auto dq = c.dq.values(gpu);
@@ -182,10 +218,9 @@ void check_case(const std::vector<std::int32_t>& cu, int heads, int kv_heads, in
 
   // the lse contract: cuDNN's backward on the fallback's forward (out, lse) gives the
   // fallback's gradients
-  const Grads x(gpu, qn, kvn);
-  REQUIRE(cudnn.backward(x.dq.view(), x.dk.view(), x.dv.view(), in.dout.view(), f_out.view(),
-                         f_lse.view(), in.q.view(), in.k.view(), in.v.view(), in.cu.view(), shape,
-                         host_cu, gpu.stream()));
+  const Grads x(gpu, q_shape(shape), kv_shape(shape));
+  const AttentionBackwardArgs x_back = backward_args(x, f_out, f_lse, in, segments);
+  REQUIRE(cudnn.backward(x_back, l3::kernels::attention_shape(x_back), gpu.stream()));
   expect_close("dq from the fallback's lse", x.dq.values(gpu), f_dq, kBackwardTolerance);
   expect_close("dk from the fallback's lse", x.dk.values(gpu), f_dk, kBackwardTolerance);
   expect_close("dv from the fallback's lse", x.dv.values(gpu), f_dv, kBackwardTolerance);
@@ -222,29 +257,47 @@ TEST_CASE("cuDNN attention refuses what it cannot run, without throwing or writi
   const auto gcu = upload_raw(gpu, cu);
   l3::test::Random rnd(206);
 
+  // `s` is passed as given rather than derived from the views (kernels::attention_shape): that
+  // derivation already rejects heads that are not a multiple of the kv heads.
   const auto refuses = [&](const AttentionShape& s, DType input_type, std::int64_t misalign) {
-    const std::int64_t qn = s.tokens * s.n_heads * s.head_dim;
-    const std::int64_t kvn = s.tokens * s.n_kv_heads * s.head_dim;
+    const std::int64_t qn = q_shape(s).numel();
+    const std::int64_t kvn = kv_shape(s).numel();
     const auto q = upload(gpu, rnd.normal(qn + 8), input_type);
-    const auto k = upload(gpu, rnd.normal(kvn), input_type);
-    const auto v = upload(gpu, rnd.normal(kvn), input_type);
-    const Output out(gpu, qn);
-    const Output lse(gpu, s.tokens * s.n_heads, DType::f32);
+    const auto k = upload(gpu, rnd.normal(kvn), kv_shape(s), input_type);
+    const auto v = upload(gpu, rnd.normal(kvn), kv_shape(s), input_type);
+    const auto q_view = q.slice(misalign, qn).reshape(q_shape(s));
+    const PackedSegments segments{
+        .cu_seqlens = gcu.view(), .max_segment = s.max_segment, .host = cu};
+    const Output out(gpu, q_shape(s));
+    const Output lse(gpu, lse_shape(s), DType::f32);
     bool ran = true;
-    REQUIRE_NOTHROW(ran = cudnn.forward(out.view(), lse.view(), q.slice(misalign, qn), k.view(),
-                                        v.view(), gcu.view(), s, cu, gpu.stream()));
+    REQUIRE_NOTHROW(ran = cudnn.forward({.out = out.view(),
+                                         .lse = lse.view(),
+                                         .q = q_view,
+                                         .k = k.view(),
+                                         .v = v.view(),
+                                         .segments = segments},
+                                        s, gpu.stream()));
     INFO("reason: " << cudnn.last_unsupported_reason());
     CHECK_FALSE(ran);
     CHECK_FALSE(cudnn.last_unsupported_reason().empty());
     CHECK(out.untouched(gpu));
     CHECK(lse.untouched(gpu));
 
-    const auto dout = upload(gpu, rnd.normal(qn), input_type);
-    const Grads g(gpu, qn, kvn);
+    const auto dout = upload(gpu, rnd.normal(qn), q_shape(s), input_type);
+    const Grads g(gpu, q_shape(s), kv_shape(s));
     bool ran_back = true;
-    REQUIRE_NOTHROW(ran_back = cudnn.backward(g.dq.view(), g.dk.view(), g.dv.view(), dout.view(),
-                                              out.view(), lse.view(), q.slice(misalign, qn),
-                                              k.view(), v.view(), gcu.view(), s, cu, gpu.stream()));
+    REQUIRE_NOTHROW(ran_back = cudnn.backward({.dq = g.dq.view(),
+                                               .dk = g.dk.view(),
+                                               .dv = g.dv.view(),
+                                               .dout = dout.view(),
+                                               .out = out.view(),
+                                               .lse = lse.view(),
+                                               .q = q_view,
+                                               .k = k.view(),
+                                               .v = v.view(),
+                                               .segments = segments},
+                                              s, gpu.stream()));
     CHECK_FALSE(ran_back);
     CHECK(g.dq.untouched(gpu));
     CHECK(g.dk.untouched(gpu));
@@ -268,11 +321,23 @@ TEST_CASE("cuDNN attention with no tokens does nothing and succeeds", "[gpu]") {
   const auto empty = gpu.allocate(DType::bf16, 0);
   const auto empty_f = gpu.allocate(DType::f32, 0);
   const AttentionShape s{0, 8, 2, 64, 0, 0};
-  CHECK(cudnn.forward(empty.view(), empty_f.view(), empty.view(), empty.view(), empty.view(),
-                      gcu.view(), s, cu, gpu.stream()));
-  CHECK(cudnn.backward(empty.view(), empty.view(), empty.view(), empty.view(), empty.view(),
-                       empty_f.view(), empty.view(), empty.view(), empty.view(), gcu.view(), s, cu,
-                       gpu.stream()));
+  const TensorView q = empty.view().reshape(q_shape(s));
+  const TensorView kv = empty.view().reshape(kv_shape(s));
+  const TensorView lse = empty_f.view().reshape(lse_shape(s));
+  const PackedSegments segments{.cu_seqlens = gcu.view(), .host = cu};
+  const AttentionArgs forward{.out = q, .lse = lse, .q = q, .k = kv, .v = kv, .segments = segments};
+  CHECK(cudnn.forward(forward, l3::kernels::attention_shape(forward), gpu.stream()));
+  const AttentionBackwardArgs backward{.dq = q,
+                                       .dk = kv,
+                                       .dv = kv,
+                                       .dout = q,
+                                       .out = q,
+                                       .lse = lse,
+                                       .q = q,
+                                       .k = kv,
+                                       .v = kv,
+                                       .segments = segments};
+  CHECK(cudnn.backward(backward, l3::kernels::attention_shape(backward), gpu.stream()));
   CHECK(cudnn.plan_count() == 0);
 }
 
@@ -283,19 +348,20 @@ TEST_CASE("cuDNN attention reuses one plan for every packing of a bucket", "[gpu
   l3::test::Random rnd(207);
   const auto forward_matches_fallback = [&](const std::vector<std::int32_t>& cu) {
     const AttentionShape s = shape_of(cu, 8, 2, 64);
-    const std::int64_t qn = s.tokens * 8 * 64;
-    const std::int64_t kvn = s.tokens * 2 * 64;
-    const auto q = upload(gpu, round_bf16(rnd.normal(qn)));
-    const auto k = upload(gpu, round_bf16(rnd.normal(kvn)));
-    const auto v = upload(gpu, round_bf16(rnd.normal(kvn)));
-    const auto gcu = upload_raw(gpu, cu);
-    const Output f_out(gpu, qn);
-    const Output f_lse(gpu, s.tokens * 8, DType::f32);
-    gpu.attention(f_out.view(), f_lse.view(), q.view(), k.view(), v.view(), gcu.view(), s);
-    const Output c_out(gpu, qn);
-    const Output c_lse(gpu, s.tokens * 8, DType::f32);
-    const bool ran = cudnn.forward(c_out.view(), c_lse.view(), q.view(), k.view(), v.view(),
-                                   gcu.view(), s, cu, gpu.stream());
+    const DeviceInputs in{upload(gpu, round_bf16(rnd.normal(q_shape(s).numel())), q_shape(s)),
+                          upload(gpu, round_bf16(rnd.normal(kv_shape(s).numel())), kv_shape(s)),
+                          upload(gpu, round_bf16(rnd.normal(kv_shape(s).numel())), kv_shape(s)),
+                          {},
+                          upload_raw(gpu, cu)};
+    const PackedSegments segments{
+        .cu_seqlens = in.cu.view(), .max_segment = s.max_segment, .host = cu};
+    const Output f_out(gpu, q_shape(s));
+    const Output f_lse(gpu, lse_shape(s), DType::f32);
+    gpu.attention(forward_args(f_out, f_lse, in, segments));
+    const Output c_out(gpu, q_shape(s));
+    const Output c_lse(gpu, lse_shape(s), DType::f32);
+    const AttentionArgs c_args = forward_args(c_out, c_lse, in, segments);
+    const bool ran = cudnn.forward(c_args, l3::kernels::attention_shape(c_args), gpu.stream());
     INFO("cuDNN: " << cudnn.last_unsupported_reason());
     REQUIRE(ran);
     expect_close("out vs fallback", c_out.values(gpu), f_out.values(gpu), kForwardTolerance);
@@ -316,25 +382,24 @@ TEST_CASE("cuDNN attention deterministic backward is bitwise reproducible", "[gp
   const std::vector<std::int32_t> cu = {0, 300, 301, 555};
   const AttentionShape shape = shape_of(cu, 8, 2, 128);
   const Reference ref = reference(cu, shape, 208);
-  const auto qn = static_cast<std::int64_t>(ref.q.size());
-  const auto kvn = static_cast<std::int64_t>(ref.k.size());
   l3::cuda::CudaOps gpu;
   l3::cuda::CudnnAttentionOptions options;
   options.deterministic = true;
   l3::cuda::CudnnAttention cudnn(options);
-  const DeviceInputs in = upload_inputs(gpu, ref, cu);
-  const Output out(gpu, qn);
-  const Output lse(gpu, shape.tokens * shape.n_heads, DType::f32);
-  const bool ran = cudnn.forward(out.view(), lse.view(), in.q.view(), in.k.view(), in.v.view(),
-                                 in.cu.view(), shape, cu, gpu.stream());
+  const DeviceInputs in = upload_inputs(gpu, ref, cu, shape);
+  const PackedSegments segments{
+      .cu_seqlens = in.cu.view(), .max_segment = shape.max_segment, .host = cu};
+  const Output out(gpu, q_shape(shape));
+  const Output lse(gpu, lse_shape(shape), DType::f32);
+  const AttentionArgs args = forward_args(out, lse, in, segments);
+  const bool ran = cudnn.forward(args, l3::kernels::attention_shape(args), gpu.stream());
   INFO("cuDNN: " << cudnn.last_unsupported_reason());
   REQUIRE(ran);
   std::vector<std::vector<float>> runs;
   for (int run = 0; run < 2; ++run) {
-    const Grads g(gpu, qn, kvn);
-    const bool ran_back = cudnn.backward(g.dq.view(), g.dk.view(), g.dv.view(), in.dout.view(),
-                                         out.view(), lse.view(), in.q.view(), in.k.view(),
-                                         in.v.view(), in.cu.view(), shape, cu, gpu.stream());
+    const Grads g(gpu, q_shape(shape), kv_shape(shape));
+    const AttentionBackwardArgs back = backward_args(g, out, lse, in, segments);
+    const bool ran_back = cudnn.backward(back, l3::kernels::attention_shape(back), gpu.stream());
     INFO("cuDNN deterministic backward: " << cudnn.last_unsupported_reason());
     REQUIRE(ran_back);
     runs.push_back(g.dq.values(gpu));

@@ -36,36 +36,44 @@ inline std::vector<float> round_bf16(std::vector<float> v) {
   return v;
 }
 
-// A device array holding `values` converted to `dtype`.
+// A device array holding `values` converted to `dtype`, of `shape` (1-D when not given).
 inline kernels::Buffer upload(cuda::CudaOps& ops, const std::vector<float>& values,
+                              const kernels::Shape& shape,
                               kernels::DType dtype = kernels::DType::bf16) {
   kernels::Buffer b = ops.allocate(dtype, static_cast<std::int64_t>(values.size()));
-  ops.copy(b.view(), kernels::TensorView(std::span<const float>(values)));
+  b.reshape(shape);
+  ops.copy(b.view(), kernels::ConstTensorView(std::span<const float>(values)));
   return b;
+}
+inline kernels::Buffer upload(cuda::CudaOps& ops, const std::vector<float>& values,
+                              kernels::DType dtype = kernels::DType::bf16) {
+  return upload(ops, values, static_cast<std::int64_t>(values.size()), dtype);
 }
 template <typename T>
 kernels::Buffer upload_raw(cuda::CudaOps& ops, const std::vector<T>& values) {
   kernels::Buffer b = ops.allocate(kernels::dtype_of<T>, static_cast<std::int64_t>(values.size()));
-  ops.copy(b.view(), kernels::TensorView(std::span<const T>(values)));
+  ops.copy(b.view(), kernels::ConstTensorView(std::span<const T>(values)));
   return b;
 }
-inline std::vector<float> download(cuda::CudaOps& ops, kernels::TensorView x) {
+inline std::vector<float> download(cuda::CudaOps& ops, kernels::ConstTensorView x) {
   std::vector<float> host(static_cast<std::size_t>(x.numel()));
   ops.copy(kernels::TensorView(std::span<float>(host)), x);
   return host;
 }
 template <typename T>
-std::vector<T> download_raw(cuda::CudaOps& ops, kernels::TensorView x) {
+std::vector<T> download_raw(cuda::CudaOps& ops, kernels::ConstTensorView x) {
   std::vector<T> host(static_cast<std::size_t>(x.numel()));
   ops.copy(kernels::TensorView(std::span<T>(host)), x);
   return host;
 }
-// A device array of n elements filled with NaN: an element the kernel does not write fails.
-inline kernels::Buffer poisoned(cuda::CudaOps& ops, std::int64_t n,
+// A device array of `shape` (a count: 1-D) filled with NaN: an element the kernel does not
+// write fails.
+inline kernels::Buffer poisoned(cuda::CudaOps& ops, const kernels::Shape& shape,
                                 kernels::DType dtype = kernels::DType::bf16) {
-  return upload(
-      ops, std::vector<float>(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN()),
-      dtype);
+  return upload(ops,
+                std::vector<float>(static_cast<std::size_t>(shape.numel()),
+                                   std::numeric_limits<float>::quiet_NaN()),
+                shape, dtype);
 }
 
 // ||actual - expected|| / ||expected|| under `tolerance` (NaN never is), named in the report.

@@ -17,6 +17,7 @@
 #include "relative_rms.hpp"
 #include "train/data_parallel.hpp"
 
+using l3::kernels::ConstTensorView;
 using l3::kernels::TensorView;
 using l3::model::Batch;
 using l3::model::HeadKind;
@@ -38,7 +39,7 @@ Batch micro_batch(int m, std::int64_t vocab) {
   return builder.finish();
 }
 
-std::vector<double> to_host(l3::kernels::Ops& ops, TensorView x) {
+std::vector<double> to_host(l3::kernels::Ops& ops, ConstTensorView x) {
   std::vector<float> host(static_cast<std::size_t>(x.numel()));
   ops.copy(TensorView(std::span<float>(host)), x);
   return {host.begin(), host.end()};
@@ -105,7 +106,7 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   parallel.finish_reduction();
   std::vector<double> zero2(exact.size(), 0.0);
   for (std::size_t b = 0; b < parallel.buckets().size(); ++b) {
-    const TensorView piece = parallel.optimizer().of_bucket(b).own_gradients();
+    const ConstTensorView piece = parallel.optimizer().of_bucket(b).own_gradients();
     REQUIRE(piece.dtype() == l3::kernels::DType::f32);
     const std::vector<double> values = to_host(ops, piece);
     std::copy(values.begin(), values.end(), zero2.begin() + parallel.piece(b, world.rank()).begin);

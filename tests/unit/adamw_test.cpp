@@ -113,10 +113,8 @@ TEST_CASE("a shard that keeps its own gradients (ZeRO-2) updates like one readin
   const std::vector<float> half(grad.begin() + begin, grad.begin() + end);
   std::vector<float> halves(half.size());
   for (std::size_t i = 0; i < half.size(); ++i) halves[i] = half[i] * 0.5F;
-  ops.add_into(own.own_gradients(), l3::kernels::TensorView(std::span<const float>(halves)),
-               end - begin);
-  ops.add_into(own.own_gradients(), l3::kernels::TensorView(std::span<const float>(halves)),
-               end - begin);
+  ops.add_into(own.own_gradients(), l3::kernels::ConstTensorView(std::span<const float>(halves)));
+  ops.add_into(own.own_gradients(), l3::kernels::ConstTensorView(std::span<const float>(halves)));
   plain.step(reading.view(), {}, grads.view(), 1e-3F, 0.7F);
   own.step(owning.view(), {}, {}, 1e-3F, 0.7F);
   CHECK(std::equal(reading.as<float>().begin(), reading.as<float>().end(),
@@ -132,7 +130,7 @@ TEST_CASE("add_into adds elementwise, each sum rounded once", "[kernels]") {
   const auto src = rnd.normal(n);
   const auto before = dst;
   ops.add_into(l3::kernels::TensorView(std::span<float>(dst)),
-               l3::kernels::TensorView(std::span<const float>(src)), static_cast<std::int64_t>(n));
+               l3::kernels::ConstTensorView(std::span<const float>(src)));
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < n; ++i)
     wrong += dst[i] != static_cast<float>(double(before[i]) + double(src[i])) ? 1 : 0;

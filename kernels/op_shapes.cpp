@@ -1,0 +1,245 @@
+#include "kernels/op_shapes.hpp"
+
+#include <fmt/format.h>
+
+#include <string_view>
+
+#include "core/error.hpp"
+
+namespace l3::kernels {
+
+namespace {
+
+// The checks of one op call; each throws core::internal_error naming the op and the tensor.
+class ShapeCheck {
+ public:
+  explicit ShapeCheck(std::string_view op) : op_(op) {}
+
+  // `x` read as a matrix is (rows, cols).
+  void matrix(std::string_view name, ConstTensorView x, std::int64_t rows,
+              std::int64_t cols) const {
+    if (x.rows() != rows || x.row_size() != cols) {
+      fail(name, x, fmt::format("{} rows of {}", rows, cols));
+    }
+  }
+  void numel(std::string_view name, ConstTensorView x, std::int64_t count) const {
+    if (x.numel() != count) fail(name, x, fmt::format("{} elements", count));
+  }
+  void rank(std::string_view name, ConstTensorView x, int rank) const {
+    if (x.rank() != rank) fail(name, x, fmt::format("rank {}", rank));
+  }
+  void same(std::string_view name, ConstTensorView x, std::string_view like_name,
+            ConstTensorView like) const {
+    if (!(x.shape() == like.shape())) {
+      fail(name, x, fmt::format("the shape of '{}', {}", like_name, like.shape().str()));
+    }
+  }
+  [[noreturn]] void fail(std::string_view name, ConstTensorView x, std::string_view wanted) const {
+    throw core::internal_error(
+        fmt::format("{}: '{}' has shape {}, expected {}", op_, name, x.shape().str(), wanted));
+  }
+
+ private:
+  std::string_view op_;
+};
+
+}  // namespace
+
+MatmulDims matmul_dims(const MatmulArgs& a) {
+  const ShapeCheck check("matmul");
+  const MatmulDims d{.m = a.x.rows(), .n = a.w.rows(), .k = a.w.row_size()};
+  check.matrix("x", a.x, d.m, d.k);
+  check.matrix("y", a.y, d.m, d.n);
+  return d;
+}
+
+MatmulDims matmul_dims(const MatmulBackwardArgs& a) {
+  const ShapeCheck check("matmul_backward");
+  MatmulDims d{.m = a.dy.rows(), .n = a.dy.row_size()};
+  if (a.dx.empty() && a.dw.empty()) return d;
+  // K from the weight when dx is wanted (dx = dy W), else from the input (dw = dy^T x).
+  d.k = a.dx.empty() ? a.x.row_size() : a.w.row_size();
+  if (!a.dx.empty()) {
+    check.matrix("w", a.w, d.n, d.k);
+    check.matrix("dx", a.dx, d.m, d.k);
+  }
+  if (!a.dw.empty()) {
+    check.matrix("x", a.x, d.m, d.k);
+    check.matrix("dw", a.dw, d.n, d.k);
+  }
+  return d;
+}
+
+RowDims embedding_dims(const EmbeddingArgs& a) {
+  const ShapeCheck check("embedding");
+  const RowDims d{.rows = a.out.rows(), .hidden = a.out.row_size(), .vocab = a.table.rows()};
+  check.numel("tokens", a.tokens, d.rows);
+  check.matrix("table", a.table, d.vocab, d.hidden);
+  return d;
+}
+
+RowDims embedding_dims(const EmbeddingBackwardArgs& a) {
+  const ShapeCheck check("embedding_backward");
+  const RowDims d{.rows = a.dout.rows(), .hidden = a.dout.row_size(), .vocab = a.dtable.rows()};
+  check.numel("tokens", a.tokens, d.rows);
+  check.matrix("dtable", a.dtable, d.vocab, d.hidden);
+  return d;
+}
+
+RowDims rmsnorm_dims(const RmsNormArgs& a) {
+  const ShapeCheck check("rmsnorm");
+  const RowDims d{.rows = a.x.rows(), .hidden = a.x.row_size()};
+  check.matrix("out", a.out, d.rows, d.hidden);
+  check.numel("rstd", a.rstd, d.rows);
+  check.numel("w", a.w, d.hidden);
+  return d;
+}
+
+RowDims rmsnorm_dims(const RmsNormBackwardArgs& a) {
+  const ShapeCheck check("rmsnorm_backward");
+  const RowDims d{.rows = a.x.rows(), .hidden = a.x.row_size()};
+  check.matrix("dx", a.dx, d.rows, d.hidden);
+  check.matrix("dout", a.dout, d.rows, d.hidden);
+  check.numel("dw", a.dw, d.hidden);
+  check.numel("w", a.w, d.hidden);
+  check.numel("rstd", a.rstd, d.rows);
+  return d;
+}
+
+RopeDims rope_dims(const RopeArgs& a) {
+  const ShapeCheck check("rope");
+  check.rank("x", a.x, 3);
+  const RopeDims d{.tokens = a.x.dim(0),
+                   .heads = static_cast<int>(a.x.dim(1)),
+                   .head_dim = static_cast<int>(a.x.dim(2))};
+  check.numel("positions", a.positions, d.tokens);
+  check.matrix("cos", a.cos, a.cos.rows(), d.head_dim / 2);
+  check.same("sin", a.sin, "cos", a.cos);
+  return d;
+}
+
+namespace {
+
+AttentionShape attention_shape_of(const ShapeCheck& check, ConstTensorView q, ConstTensorView k,
+                                  ConstTensorView v, ConstTensorView lse,
+                                  const PackedSegments& segments) {
+  check.rank("q", q, 3);
+  check.rank("k", k, 3);
+  AttentionShape s{.tokens = q.dim(0),
+                   .n_heads = static_cast<int>(q.dim(1)),
+                   .n_kv_heads = static_cast<int>(k.dim(1)),
+                   .head_dim = static_cast<int>(q.dim(2)),
+                   .n_segments = static_cast<int>(segments.cu_seqlens.numel()) - 1,
+                   .max_segment = segments.max_segment,
+                   .host_cu_seqlens = segments.host};
+  if (k.dim(0) != s.tokens || k.dim(2) != s.head_dim) {
+    check.fail("k", k, fmt::format("({}, n_kv_heads, {})", s.tokens, s.head_dim));
+  }
+  if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) {
+    check.fail("k", k, fmt::format("a number of heads dividing q's {}", s.n_heads));
+  }
+  check.same("v", v, "k", k);
+  check.matrix("lse", lse, s.n_heads, s.tokens);
+  if (s.n_segments < 0) check.fail("cu_seqlens", segments.cu_seqlens, "n_segments + 1 entries");
+  if (!segments.host.empty() &&
+      static_cast<std::int64_t>(segments.host.size()) != segments.cu_seqlens.numel()) {
+    throw core::internal_error(fmt::format("attention: {} host cu_seqlens for {} on the backend",
+                                           segments.host.size(), segments.cu_seqlens.numel()));
+  }
+  return s;
+}
+
+}  // namespace
+
+AttentionShape attention_shape(const AttentionArgs& a) {
+  const ShapeCheck check("attention");
+  const AttentionShape s = attention_shape_of(check, a.q, a.k, a.v, a.lse, a.segments);
+  check.same("out", a.out, "q", a.q);
+  return s;
+}
+
+AttentionShape attention_shape(const AttentionBackwardArgs& a) {
+  const ShapeCheck check("attention_backward");
+  const AttentionShape s = attention_shape_of(check, a.q, a.k, a.v, a.lse, a.segments);
+  check.same("out", a.out, "q", a.q);
+  check.same("dout", a.dout, "q", a.q);
+  check.same("dq", a.dq, "q", a.q);
+  check.same("dk", a.dk, "k", a.k);
+  check.same("dv", a.dv, "k", a.k);
+  return s;
+}
+
+std::int64_t swiglu_size(const SwigluArgs& a) {
+  const ShapeCheck check("swiglu");
+  check.same("gate", a.gate, "out", a.out);
+  check.same("up", a.up, "out", a.out);
+  return a.out.numel();
+}
+
+std::int64_t swiglu_size(const SwigluBackwardArgs& a) {
+  const ShapeCheck check("swiglu_backward");
+  check.same("dgate", a.dgate, "dout", a.dout);
+  check.same("dup", a.dup, "dout", a.dout);
+  check.same("gate", a.gate, "dout", a.dout);
+  check.same("up", a.up, "dout", a.dout);
+  return a.dout.numel();
+}
+
+std::int64_t add_into_size(ConstTensorView dst, ConstTensorView src) {
+  ShapeCheck("add_into").numel("src", src, dst.numel());
+  return dst.numel();
+}
+
+std::int64_t adamw_size(const AdamWArgs& a) {
+  const ShapeCheck check("adamw");
+  const std::int64_t n = a.params.numel();
+  check.numel("grads", a.grads, n);
+  check.numel("m", a.m, n);
+  check.numel("v", a.v, n);
+  if (!a.params_copy.empty()) check.numel("params_copy", a.params_copy, n);
+  return n;
+}
+
+LmHeadDims lm_head_dims(const LmHeadCrossEntropyArgs& a) {
+  const ShapeCheck check("lm_head_cross_entropy");
+  const LmHeadDims d{
+      .n = a.h.rows(), .counted = a.rows.numel(), .vocab = a.w.rows(), .hidden = a.h.row_size()};
+  check.matrix("w", a.w, d.vocab, d.hidden);
+  check.numel("targets", a.targets, d.counted);
+  check.numel("loss_sum", a.loss_sum, 1);
+  if (!a.dh.empty()) {
+    check.matrix("dh", a.dh, d.n, d.hidden);
+    check.matrix("dw", a.dw, d.vocab, d.hidden);
+  }
+  return d;
+}
+
+GatherDims gather_dot_dims(const GatherDotArgs& a) {
+  const ShapeCheck check("gather_dot");
+  const GatherDims d{.count = a.rows.numel(), .hidden = a.h.row_size()};
+  check.numel("w", a.w, d.hidden);
+  check.numel("scores", a.scores, d.count);
+  return d;
+}
+
+GatherDims gather_dot_dims(const GatherDotBackwardArgs& a) {
+  const ShapeCheck check("gather_dot_backward");
+  const GatherDims d{.count = a.rows.numel(), .hidden = a.h.row_size()};
+  check.same("dh", a.dh, "h", a.h);
+  check.numel("dw", a.dw, d.hidden);
+  check.numel("w", a.w, d.hidden);
+  check.numel("dscores", a.dscores, d.count);
+  return d;
+}
+
+std::int64_t bradley_terry_pairs(const BradleyTerryArgs& a) {
+  const ShapeCheck check("bradley_terry");
+  const std::int64_t pairs = a.scores.numel() / 2;
+  check.numel("scores", a.scores, 2 * pairs);
+  check.numel("sums", a.sums, 3);
+  if (!a.margins.empty()) check.numel("margins", a.margins, pairs);
+  if (!a.d_scores.empty()) check.numel("d_scores", a.d_scores, 2 * pairs);
+  return pairs;
+}
+
+}  // namespace l3::kernels

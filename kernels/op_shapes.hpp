@@ -1,0 +1,57 @@
+// The sizes of each op, read from the shapes of its views and checked once for every backend:
+// a view of the wrong shape is an internal error that names the op, the tensor, its shape and
+// the one expected. The backends take their loop bounds from these, never from their callers.
+// Element types are checked where the data is read (TensorView::as).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops.hpp"
+
+namespace l3::kernels {
+
+struct MatmulDims {
+  std::int64_t m = 0, n = 0, k = 0;  // y (M, N) = x (M, K) W^T, W (N, K)
+};
+[[nodiscard]] MatmulDims matmul_dims(const MatmulArgs& a);
+[[nodiscard]] MatmulDims matmul_dims(const MatmulBackwardArgs& a);
+
+struct RowDims {
+  std::int64_t rows = 0, hidden = 0;  // (rows, H) activations
+  std::int64_t vocab = 0;             // the embedding's table rows (embedding ops only)
+};
+[[nodiscard]] RowDims embedding_dims(const EmbeddingArgs& a);
+[[nodiscard]] RowDims embedding_dims(const EmbeddingBackwardArgs& a);
+[[nodiscard]] RowDims rmsnorm_dims(const RmsNormArgs& a);
+[[nodiscard]] RowDims rmsnorm_dims(const RmsNormBackwardArgs& a);
+
+struct RopeDims {
+  std::int64_t tokens = 0;
+  int heads = 0, head_dim = 0;
+};
+[[nodiscard]] RopeDims rope_dims(const RopeArgs& a);
+
+// With shape.host_cu_seqlens = a.segments.host.
+[[nodiscard]] AttentionShape attention_shape(const AttentionArgs& a);
+[[nodiscard]] AttentionShape attention_shape(const AttentionBackwardArgs& a);
+
+// Elements of the elementwise ops.
+[[nodiscard]] std::int64_t swiglu_size(const SwigluArgs& a);
+[[nodiscard]] std::int64_t swiglu_size(const SwigluBackwardArgs& a);
+[[nodiscard]] std::int64_t add_into_size(ConstTensorView dst, ConstTensorView src);
+[[nodiscard]] std::int64_t adamw_size(const AdamWArgs& a);
+
+struct LmHeadDims {
+  std::int64_t n = 0, counted = 0, vocab = 0, hidden = 0;
+};
+[[nodiscard]] LmHeadDims lm_head_dims(const LmHeadCrossEntropyArgs& a);
+
+struct GatherDims {
+  std::int64_t count = 0, hidden = 0;
+};
+[[nodiscard]] GatherDims gather_dot_dims(const GatherDotArgs& a);
+[[nodiscard]] GatherDims gather_dot_dims(const GatherDotBackwardArgs& a);
+
+[[nodiscard]] std::int64_t bradley_terry_pairs(const BradleyTerryArgs& a);
+
+}  // namespace l3::kernels
