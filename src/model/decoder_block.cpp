@@ -2,17 +2,13 @@
 
 namespace l3::model {
 
-BlockWeights block_weights(const ParameterLayout& layout, kernels::ConstTensorView parameters,
-                           int layer) {
+BlockWeights block_weights(const ParameterLayout& layout, int layer, const WeightLookup& weight) {
   const ModelConfig& c = layout.config();
   const BlockOffsets& o = layout.block(layer);
   const std::int64_t h = c.hidden_size;
   const std::int64_t i = c.intermediate_size;
   const std::int64_t q = c.q_size();
   const std::int64_t kv = c.kv_size();
-  const auto weight = [&](std::int64_t offset, kernels::Shape shape) {
-    return parameters.slice(offset, shape.numel()).reshape(shape);
-  };
   return {.input_norm = weight(o.input_norm, h),
           .q_proj = weight(o.q_proj, {q, h}),
           .k_proj = weight(o.k_proj, {kv, h}),

@@ -21,8 +21,12 @@ struct BlockWeights {
   kernels::ConstTensorView input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm,
       gate_proj, up_proj, down_proj;
 };
-[[nodiscard]] BlockWeights block_weights(const ParameterLayout& layout,
-                                         kernels::ConstTensorView parameters, int layer);
+// `weight(offset, shape)`: the parameter at layout position `offset`, viewed as `shape` (from
+// the flat parameter buffer, or from a ParameterWindow).
+using WeightLookup =
+    std::function<kernels::ConstTensorView(std::int64_t offset, const kernels::Shape& shape)>;
+[[nodiscard]] BlockWeights block_weights(const ParameterLayout& layout, int layer,
+                                         const WeightLookup& weight);
 
 // The n rows of a block's activations (views of these shapes; ln1/ln2 and rstd1/rstd2 may share
 // storage where nothing reads them later).

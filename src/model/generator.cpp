@@ -237,7 +237,7 @@ std::vector<float> Generator::extend(std::span<const std::int32_t> tokens, bool 
         ops_.copy(a.att, host_const(att_host_, n * q));
       }
     };
-    decoder_block_forward(ops_, c, block_weights(layout, params, l), rope, x, x, a, attend_cached);
+    decoder_block_forward(ops_, c, block_weights(layout, l, weight), rope, x, x, a, attend_cached);
   }
   length_ += n;
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 
 #include "core/error.hpp"
@@ -102,6 +103,7 @@ BlockViews block_views(const BlockActivations& b, std::int64_t n, const ModelCon
 LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& ops,
                        ModelOptions options)
     : layout_(config, head),
+      groups_(layout_.gradient_groups()),
       ops_(ops),
       options_(options),
       params_(ops.allocate(ops.compute_dtype(), layout_.total())),
@@ -118,7 +120,19 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
 LlamaModel::~LlamaModel() = default;
 
 ConstTensorView LlamaModel::weight(std::int64_t offset, Shape shape) const {
+  if (parameter_window_ != nullptr) {
+    return parameter_window_->parameters(offset, shape.numel()).reshape(shape);
+  }
   return params_.slice(offset, shape.numel()).reshape(shape);
+}
+
+std::size_t LlamaModel::group_at(std::int64_t offset) const {
+  const auto after = std::upper_bound(groups_.begin(), groups_.end(), offset,
+                                      [](std::int64_t o, const FlatRange& g) { return o < g.end; });
+  if (after == groups_.end() || offset < after->begin) {
+    throw core::internal_error(fmt::format("layout position {} is in no gradient group", offset));
+  }
+  return static_cast<std::size_t>(after - groups_.begin());
 }
 TensorView LlamaModel::weight_grad(std::int64_t offset, Shape shape) const {
   if (options_.own_gradients) return grads_.slice(offset, shape.numel()).reshape(shape);
@@ -267,15 +281,18 @@ void LlamaModel::forward_backbone() {
   const std::int64_t h = c.hidden_size;
   {
     const core::TraceRange range("embedding");
+    const HeldGroup held = hold(layout_.embedding(), Pass::forward);
     ops_.embedding({.out = ws.layer_inputs[0].first_rows(n),
                     .tokens = ws.in().tokens.first_rows(n),
                     .table = weight(layout_.embedding(), {c.vocab_size, h})});
   }
   for (int l = 0; l < c.n_layers; ++l) {
+    const HeldGroup held = hold(layout_.block(l).q_proj, Pass::forward);
     block_forward(l, ws.layer_inputs[static_cast<std::size_t>(l)].first_rows(n),
                   ws.layer_inputs[static_cast<std::size_t>(l) + 1].first_rows(n),
                   options_.recompute ? 0 : l);
   }
+  const HeldGroup held = hold(layout_.final_norm(), Pass::forward);
   ops_.rmsnorm({.out = ws.final_out.first_rows(n),
                 .rstd = ws.final_rstd.first_rows(n),
                 .x = ws.layer_inputs.back().first_rows(n),
@@ -289,7 +306,10 @@ void LlamaModel::block_forward(int layer, ConstTensorView x_in, TensorView x_out
   Workspace& ws = *ws_;
   const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], ws.n, c);
   decoder_block_forward(
-      ops_, c, block_weights(layout_, params_.view(), layer),
+      ops_, c,
+      block_weights(
+          layout_, layer,
+          [this](std::int64_t offset, const Shape& shape) { return weight(offset, shape); }),
       {.positions = ws.in().positions.first_rows(ws.n), .cos = ws.rope.cos(), .sin = ws.rope.sin()},
       x_in, x_out, a, [&] {
         ops_.attention(
@@ -309,16 +329,20 @@ void LlamaModel::backward_backbone() {
   const ConstTensorView positions = ws.in().positions.first_rows(n);
 
   ops_.zero(d_resid);
-  ops_.rmsnorm_backward({.dx = d_resid,
-                         .dw = weight_grad(layout_.final_norm(), h),
-                         .dout = ws.d_final.first_rows(n),
-                         .x = ws.layer_inputs.back().first_rows(n),
-                         .w = weight(layout_.final_norm(), h),
-                         .rstd = ws.final_rstd.first_rows(n)});
+  {
+    const HeldGroup held = hold(layout_.final_norm(), Pass::backward);
+    ops_.rmsnorm_backward({.dx = d_resid,
+                           .dw = weight_grad(layout_.final_norm(), h),
+                           .dout = ws.d_final.first_rows(n),
+                           .x = ws.layer_inputs.back().first_rows(n),
+                           .w = weight(layout_.final_norm(), h),
+                           .rstd = ws.final_rstd.first_rows(n)});
+  }
   gradients_ready(layout_.final_norm());  // and the head after it
 
   for (int l = c.n_layers - 1; l >= 0; --l) {
     const core::TraceRange range("block {} backward", l);
+    const HeldGroup held = hold(layout_.block(l).q_proj, Pass::backward);
     const TensorView x_in = ws.layer_inputs[static_cast<std::size_t>(l)].first_rows(n);
     const int slot = options_.recompute ? 0 : l;
     if (options_.recompute) block_forward(l, x_in, ws.scratch_out.first_rows(n), slot);
@@ -445,6 +469,7 @@ void LlamaModel::sft(const Batch& batch, float grad_scale, bool backward, Tensor
   const std::int64_t h = c.hidden_size;
   {
     const core::TraceRange range("lm_head + cross-entropy");
+    const HeldGroup held = hold(layout_.lm_head(), backward ? Pass::backward : Pass::forward);
     ops_.lm_head_cross_entropy(
         {.loss_sum = sums.slice(0, 1),
          .dh = backward ? ws.d_final.first_rows(n) : TensorView{},
@@ -488,27 +513,30 @@ void LlamaModel::reward(const Batch& batch, float grad_scale, double center, boo
   const std::int64_t pairs = batch.pairs();
   const std::int64_t count = 2 * pairs;
 
-  const ConstTensorView rows = ws.in().score_rows.first_rows(count);
-  ops_.gather_dot({.scores = ws.scores.first_rows(count),
-                   .h = ws.final_out.first_rows(n),
-                   .w = weight(layout_.score(), h),
-                   .rows = rows});
-  ops_.bradley_terry(
-      {.sums = sums,
-       .d_scores = backward ? ws.d_scores.first_rows(count) : TensorView{},
-       .scores = ws.scores.first_rows(count),
-       .margins = batch.margins.empty() ? TensorView{} : ws.in().margins.first_rows(pairs),
-       .center = center,
-       .grad_scale = grad_scale});
-  if (!backward) return;
+  {
+    const ConstTensorView rows = ws.in().score_rows.first_rows(count);
+    const HeldGroup held = hold(layout_.score(), backward ? Pass::backward : Pass::forward);
+    ops_.gather_dot({.scores = ws.scores.first_rows(count),
+                     .h = ws.final_out.first_rows(n),
+                     .w = weight(layout_.score(), h),
+                     .rows = rows});
+    ops_.bradley_terry(
+        {.sums = sums,
+         .d_scores = backward ? ws.d_scores.first_rows(count) : TensorView{},
+         .scores = ws.scores.first_rows(count),
+         .margins = batch.margins.empty() ? TensorView{} : ws.in().margins.first_rows(pairs),
+         .center = center,
+         .grad_scale = grad_scale});
+    if (!backward) return;
 
-  ops_.zero(ws.d_final.first_rows(n));
-  ops_.gather_dot_backward({.dh = ws.d_final.first_rows(n),
-                            .dw = weight_grad(layout_.score(), h),
-                            .dscores = ws.d_scores.first_rows(count),
-                            .h = ws.final_out.first_rows(n),
-                            .w = weight(layout_.score(), h),
-                            .rows = rows});
+    ops_.zero(ws.d_final.first_rows(n));
+    ops_.gather_dot_backward({.dh = ws.d_final.first_rows(n),
+                              .dw = weight_grad(layout_.score(), h),
+                              .dscores = ws.d_scores.first_rows(count),
+                              .h = ws.final_out.first_rows(n),
+                              .w = weight(layout_.score(), h),
+                              .rows = rows});
+  }
   backward_backbone();
 }
 
@@ -553,6 +581,7 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
   const ModelConfig& c = config();
   const std::int64_t n = ws_->n;
   const Buffer out = kernels::allocate(ops_, DType::f32, {n, c.vocab_size});
+  const HeldGroup held = hold(layout_.lm_head(), Pass::forward);
   ops_.matmul({.y = out.view(),
                .x = ws_->final_out.first_rows(n),
                .w = weight(layout_.lm_head(), {c.vocab_size, c.hidden_size})});

@@ -22,6 +22,7 @@
 #include "model/batch.hpp"
 #include "model/gradient_window.hpp"
 #include "model/parameter_layout.hpp"
+#include "model/parameter_window.hpp"
 
 namespace l3::model {
 
@@ -107,6 +108,11 @@ class LlamaModel {
   // Where backward passes write their gradients without own_gradients (not owned; it must
   // outlive the passes). Its ready() is called where the hook is.
   void set_gradient_window(GradientWindow* window) noexcept { window_ = window; }
+  // Where forward and backward passes read the weights from instead of parameters() (not
+  // owned; it must outlive the passes; null: parameters()). The passes acquire each gradient
+  // group before reading it (ParameterWindow), in layout order forward and in reverse
+  // backward. Initialisation, loading and the generator still use parameters().
+  void set_parameter_window(ParameterWindow* window) noexcept { parameter_window_ = window; }
 
   // SFT. The loss is the summed cross-entropy of the counted tokens; gradients are those of
   // grad_scale * loss (grad_scale = 1 / counted tokens of the whole global batch).
@@ -164,8 +170,15 @@ class LlamaModel {
   // The parameter (or its gradient) at `offset`, viewed as `shape`.
   [[nodiscard]] kernels::ConstTensorView weight(std::int64_t offset, kernels::Shape shape) const;
   [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, kernels::Shape shape) const;
+  // The gradient group (ParameterLayout::gradient_groups) holding layout position `offset`,
+  // held for a scope from the parameter window (nothing without one).
+  [[nodiscard]] std::size_t group_at(std::int64_t offset) const;
+  [[nodiscard]] HeldGroup hold(std::int64_t offset, Pass pass) const {
+    return {parameter_window_, group_at(offset), pass};
+  }
 
   ParameterLayout layout_;
+  std::vector<FlatRange> groups_;  // layout_.gradient_groups()
   kernels::Ops& ops_;
   ModelOptions options_;
   kernels::Buffer params_;
@@ -175,6 +188,7 @@ class LlamaModel {
   std::unique_ptr<Workspace> ws_;
   GradientReadyHook gradient_ready_;
   GradientWindow* window_ = nullptr;
+  ParameterWindow* parameter_window_ = nullptr;
 };
 
 }  // namespace l3::model

@@ -131,31 +131,42 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   const std::int64_t n = in.micro_batch_rows * in.seq_len;
   const std::string dtype(kernels::dtype_name(in.compute));
   const Workspace w = workspace(c, in.compute, in.recompute, n, in.seq_len);
-  const std::int64_t owned = in.shard_optimizer ? (params + in.ranks - 1) / in.ranks : params;
+  const bool zero3 = in.shard_parameters && in.shard_gradients && in.shard_optimizer;
+  // The ranks the states are sharded over: a shard group (ZeRO-3, hybrid), else all of them.
+  const int shards = zero3 && in.shard_group_size > 0 ? in.shard_group_size : in.ranks;
+  const std::int64_t owned = in.shard_optimizer ? (params + shards - 1) / shards : params;
+  const ParameterLayout layout(c, in.head);
 
   MemoryPlan plan;
-  plan.lines.push_back(
-      {fmt::format("weights ({}, {:.3f}B parameters)", dtype, static_cast<double>(params) / 1e9),
-       bytes_of(in.compute, params)});
+  if (zero3) {
+    plan.lines.push_back({fmt::format("weights ({}, ZeRO-3: 1/{} of {:.3f}B parameters)", dtype,
+                                      shards, static_cast<double>(params) / 1e9),
+                          bytes_of(in.compute, owned)});
+    plan.lines.push_back({fmt::format("gathered weights ({}, ZeRO-3: two layer groups{})", dtype,
+                                      layout.lm_head_tied() ? " and the tied embedding" : ""),
+                          bytes_of(in.compute, gradient_slot_elements(layout))});
+  } else {
+    plan.lines.push_back(
+        {fmt::format("weights ({}, {:.3f}B parameters)", dtype, static_cast<double>(params) / 1e9),
+         bytes_of(in.compute, params)});
+  }
   // In bf16 the fp32 master weights live with the AdamW state (the trainer's shard_master).
   if (in.compute != DType::f32) {
     plan.lines.push_back({in.shard_optimizer
-                              ? fmt::format("master weights (fp32, ZeRO-1: 1/{} of them)", in.ranks)
+                              ? fmt::format("master weights (fp32, ZeRO-1: 1/{} of them)", shards)
                               : std::string("master weights (fp32, all of them)"),
                           bytes_of(DType::f32, owned)});
   }
   if (in.shard_gradients && in.shard_optimizer) {
-    const ParameterLayout layout(c, in.head);
     plan.lines.push_back(
         {fmt::format("gradients being computed ({}, ZeRO-2: two layer groups{})", dtype,
                      layout.lm_head_tied() ? " and the tied embedding" : ""),
          bytes_of(in.compute, gradient_slot_elements(layout))});
     // In fp32 when micro-batches add up there (DataParallelConfig::fp32_reduced_gradients).
     const DType reduced = in.fp32_gradients ? DType::f32 : in.compute;
-    plan.lines.push_back(
-        {fmt::format("reduced gradients ({}, ZeRO-2: 1/{} of them)",
-                     reduced == in.compute ? dtype : std::string("fp32"), in.ranks),
-         bytes_of(reduced, owned)});
+    plan.lines.push_back({fmt::format("reduced gradients ({}, ZeRO-2: 1/{} of them)",
+                                      reduced == in.compute ? dtype : std::string("fp32"), shards),
+                          bytes_of(reduced, owned)});
   } else {
     const DType gradients = in.fp32_gradients ? DType::f32 : in.compute;
     plan.lines.push_back(
@@ -163,7 +174,7 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
          bytes_of(gradients, params)});
   }
   plan.lines.push_back({in.shard_optimizer
-                            ? fmt::format("AdamW moments (fp32, ZeRO-1: 1/{} of them)", in.ranks)
+                            ? fmt::format("AdamW moments (fp32, ZeRO-1: 1/{} of them)", shards)
                             : std::string("AdamW moments (fp32, all of them)"),
                         bytes_of(DType::f32, owned) * 2});
   plan.lines.push_back(

@@ -25,6 +25,12 @@ struct MemoryPlanInput {
   int ranks = 1;
   bool shard_optimizer = true;   // ZeRO-1: AdamW moments of 1/ranks of the parameters
   bool shard_gradients = false;  // ZeRO-2: gradients of two layer groups and 1/ranks reduced
+  // ZeRO-3 (with the two above): each rank holds 1/G of the weights and gathers two layer
+  // groups at a time (and the tied embedding) into gather buffers, G = shard_group_size
+  // (0: all ranks; hybrid sharding replicates the shards across the ranks / G groups). The
+  // master weights, moments and reduced gradients are then 1/G too.
+  bool shard_parameters = false;
+  int shard_group_size = 0;
   // Gradients add up in fp32 (TrainConfig::fp32_gradients): the whole buffer, or ZeRO-2's 1/ranks.
   bool fp32_gradients = false;
   bool cudnn_attention = false;  // CUDA: --attention cudnn (its own workspace is not planned)
@@ -51,7 +57,8 @@ struct MemoryPlan {
                                        std::int64_t seq_len, bool own_gradients = true);
 
 // ZeRO-2's gradient slots (train::DataParallel): two the size of the largest gradient group,
-// and one for the embedding's group when the lm_head is tied to it. Elements.
+// and one for the embedding's group when the lm_head is tied to it. Elements. ZeRO-3's gather
+// buffers have the same shape.
 [[nodiscard]] std::int64_t gradient_slot_elements(const ParameterLayout& layout);
 
 }  // namespace l3::model

@@ -1,6 +1,10 @@
 #include "model/llama_model.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <span>
+#include <string>
 
 #include "catch.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
@@ -336,4 +340,131 @@ TEST_CASE("training micro-batches add their losses up in backend memory, read on
   CHECK(sums.margin == once.stats.margin + once.stats.margin);
   CHECK(once.stats.margin ==
         Approx((once.chosen[0] - once.rejected[0]) + (once.chosen[1] - once.rejected[1])));
+}
+
+namespace {
+
+// A parameter window (model/parameter_window.hpp) serving another buffer's weights, as a
+// sharded run's gather buffers will, and recording what the passes ask of it.
+class RecordingWindow final : public l3::model::ParameterWindow {
+ public:
+  RecordingWindow(std::span<const float> weights, std::vector<l3::model::FlatRange> groups)
+      : weights_(weights), groups_(std::move(groups)), held_(groups_.size(), 0) {}
+
+  void acquire(std::size_t group, l3::model::Pass pass) override {
+    ++held_.at(group);
+    events.push_back(fmt::format("+{}{}", group, pass == l3::model::Pass::forward ? 'f' : 'b'));
+    std::size_t holding = 0;
+    for (const int h : held_) holding += h > 0 ? 1 : 0;
+    most_held = std::max(most_held, holding);
+  }
+  l3::kernels::ConstTensorView parameters(std::int64_t offset, std::int64_t numel) override {
+    const l3::model::FlatRange& g = groups_.at(group_of(offset));
+    if (held_.at(group_of(offset)) == 0 || offset + numel > g.end) ++reads_outside;
+    ++reads;
+    return l3::kernels::ConstTensorView(
+        weights_.subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(numel)));
+  }
+  void release(std::size_t group) noexcept override {
+    --held_[group];
+    events.push_back(fmt::format("-{}", group));
+  }
+
+  std::vector<std::string> events;
+  std::size_t most_held = 0;  // groups held at the same time, at most
+  std::int64_t reads = 0;
+  std::int64_t reads_outside = 0;  // of a group not held, or across its end
+
+ private:
+  [[nodiscard]] std::size_t group_of(std::int64_t offset) const {
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (offset >= groups_[g].begin && offset < groups_[g].end) return g;
+    }
+    return groups_.size();
+  }
+  std::span<const float> weights_;
+  std::vector<l3::model::FlatRange> groups_;
+  std::vector<int> held_;
+};
+
+// The events of one SFT forward + backward on a model of `layers` blocks: groups 0 (the
+// embedding), 1..layers, layers + 1 (the head); lm_head in `lm_head_group`.
+std::vector<std::string> sft_events(int layers, std::size_t lm_head_group, bool backward) {
+  std::vector<std::string> e;
+  const auto use = [&](std::size_t g, char pass) {
+    e.push_back(fmt::format("+{}{}", g, pass));
+    e.push_back(fmt::format("-{}", g));
+  };
+  const auto head = static_cast<std::size_t>(layers) + 1;
+  for (std::size_t g = 0; g <= head; ++g) use(g, 'f');
+  use(lm_head_group, backward ? 'b' : 'f');
+  if (!backward) return e;
+  use(head, 'b');  // the final norm
+  for (std::size_t g = head - 1; g >= 1; --g) use(g, 'b');
+  return e;  // the embedding's backward reads no weight
+}
+
+}  // namespace
+
+TEST_CASE("a parameter window serves every weight the passes read, one group at a time",
+          "[model]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::kernels::CpuOps ops;
+  l3::test::Random rnd(31);
+  for (const bool tied : {false, true}) {
+    for (const bool recompute : {false, true}) {
+      INFO("tied " << tied << ", recompute " << recompute);
+      ModelConfig c = check_config();
+      c.tie_word_embeddings = tied;
+      // `served`'s weights reach `windowed` only through the window: its own are different.
+      LlamaModel served(c, HeadKind::language_model, ops, {.recompute = recompute});
+      LlamaModel windowed(c, HeadKind::language_model, ops, {.recompute = recompute});
+      served.initialize(9);
+      windowed.initialize(10);
+      RecordingWindow window(served.parameters().as<float>(), served.layout().gradient_groups());
+      windowed.set_parameter_window(&window);
+      const Batch batch = sft_batch(rnd, c.vocab_size);
+      served.zero_gradients();
+      windowed.zero_gradients();
+      const auto expected = served.sft_forward_backward(batch, 0.5F);
+      const auto got = windowed.sft_forward_backward(batch, 0.5F);
+      CHECK(got.loss == expected.loss);
+      const auto ge = served.gradients().as<float>();
+      const auto gw = windowed.gradients().as<float>();
+      CHECK(std::equal(ge.begin(), ge.end(), gw.begin()));
+      CHECK(window.reads > 0);
+      CHECK(window.reads_outside == 0);
+      CHECK(window.most_held == 1);
+      const std::size_t lm_head_group = tied ? 0 : static_cast<std::size_t>(c.n_layers) + 1;
+      CHECK(window.events == sft_events(c.n_layers, lm_head_group, true));
+
+      window.events.clear();
+      CHECK(windowed.sft_forward(batch).loss == served.sft_forward(batch).loss);
+      CHECK(window.events == sft_events(c.n_layers, lm_head_group, false));
+    }
+  }
+
+  // Reward: the score head is read inside the head group.
+  const ModelConfig c = check_config();
+  LlamaModel served(c, HeadKind::reward, ops);
+  LlamaModel windowed(c, HeadKind::reward, ops);
+  served.initialize(11);
+  windowed.initialize(12);
+  RecordingWindow window(served.parameters().as<float>(), served.layout().gradient_groups());
+  windowed.set_parameter_window(&window);
+  BatchBuilder builder(2, 10, 0);
+  REQUIRE(builder.add_pair(tokens_of(rnd, 5, c.vocab_size), tokens_of(rnd, 4, c.vocab_size), 0.5F));
+  REQUIRE(builder.add_pair(tokens_of(rnd, 3, c.vocab_size), tokens_of(rnd, 6, c.vocab_size), 0.0F));
+  const Batch pairs = builder.finish();
+  served.zero_gradients();
+  windowed.zero_gradients();
+  const auto expected = served.reward_forward_backward(pairs, 0.5F, 0.01);
+  const auto got = windowed.reward_forward_backward(pairs, 0.5F, 0.01);
+  CHECK(got.stats.loss == expected.stats.loss);
+  CHECK(got.chosen == expected.chosen);
+  const auto ge = served.gradients().as<float>();
+  const auto gw = windowed.gradients().as<float>();
+  CHECK(std::equal(ge.begin(), ge.end(), gw.begin()));
+  CHECK(window.reads_outside == 0);
+  CHECK(window.most_held == 1);
 }

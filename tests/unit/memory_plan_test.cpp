@@ -2,6 +2,10 @@
 // backend, with and without recomputation, and its arithmetic for a GPU-shaped configuration.
 #include "model/memory_plan.hpp"
 
+#include <fmt/format.h>
+
+#include <string>
+
 #include "catch.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 #include "model/batch.hpp"
@@ -158,4 +162,51 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   // The CPU backend has none of it.
   in.compute = DType::f32;
   CHECK(scratch_of(l3::model::plan_training_memory(in)).what.empty());
+}
+
+TEST_CASE("ZeRO-3 plans 1/G of the weights and two gathered layer groups", "[memory]") {
+  // The target: Llama 3.1 70B at seq 8192 with recomputation, on 64 ranks of 80 GB.
+  l3::model::MemoryPlanInput in;
+  in.model = l3::model::preset("llama3.1-70b");
+  in.compute = DType::bf16;
+  in.seq_len = 8192;
+  in.micro_batch_rows = 1;
+  in.ranks = 64;
+  in.recompute = true;
+  in.shard_gradients = true;
+  in.fp32_gradients = true;  // several micro-batches per step: the larger reduced gradients
+  const l3::model::ParameterLayout layout(in.model, HeadKind::language_model);
+  const std::int64_t p = layout.total();
+  CHECK(p > 70'000'000'000);  // 70.55B parameters
+  CHECK(p < 71'000'000'000);
+  const std::int64_t zero2 = l3::model::plan_training_memory(in).total();
+  in.shard_parameters = true;
+  const l3::model::MemoryPlan plan = l3::model::plan_training_memory(in);
+  std::string text;
+  for (const auto& line : plan.lines) text += fmt::format("{}: {}\n", line.what, line.bytes);
+  INFO(text);
+  constexpr std::int64_t kGiB = std::int64_t{1} << 30U;
+  CHECK(zero2 > 170 * kGiB);  // every rank holding all the bf16 weights does not fit
+  CHECK(plan.total() < 72 * kGiB);
+  // Every weight once per 64 ranks; the gather buffers are the shape of ZeRO-2's gradient slots
+  // (two of the largest group: the head, the final norm and the 128256 x 8192 lm_head).
+  const std::int64_t owned = (p + 63) / 64;
+  REQUIRE(plan.lines.size() >= 2);
+  CHECK(plan.lines[0].bytes == 2 * owned);
+  CHECK(plan.lines[1].what == "gathered weights (bf16, ZeRO-3: two layer groups)");
+  CHECK(plan.lines[1].bytes == 2 * std::int64_t{2} * (128256 * 8192 + 8192));
+  CHECK(zero2 - plan.total() == 2 * p - 2 * owned - plan.lines[1].bytes);
+
+  // Hybrid sharding over groups of 8 ranks: the states are 1/8, whatever the number of ranks.
+  in.shard_group_size = 8;
+  const l3::model::MemoryPlan hybrid = l3::model::plan_training_memory(in);
+  CHECK(hybrid.lines[0].bytes == 2 * ((p + 7) / 8));
+  in.ranks = 512;
+  CHECK(l3::model::plan_training_memory(in).total() == hybrid.total());
+  // Without ZeRO-2 there is no parameter sharding: the plan is ZeRO-1's.
+  in.shard_gradients = false;
+  in.shard_group_size = 0;
+  in.ranks = 64;
+  const l3::model::MemoryPlan no_zero2 = l3::model::plan_training_memory(in);
+  CHECK(no_zero2.lines[0].bytes == 2 * p);
 }
