@@ -106,7 +106,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
       groups_(layout_.gradient_groups()),
       ops_(ops),
       options_(options),
-      params_(ops.allocate(ops.compute_dtype(), layout_.total())),
+      params_(options.own_parameters ? ops.allocate(ops.compute_dtype(), layout_.total())
+                                     : Buffer{}),
       master_(ops.compute_dtype() == DType::f32 || !options.keep_master
                   ? Buffer{}
                   : ops.allocate(DType::f32, layout_.total())),
@@ -123,6 +124,7 @@ ConstTensorView LlamaModel::weight(std::int64_t offset, Shape shape) const {
   if (parameter_window_ != nullptr) {
     return parameter_window_->parameters(offset, shape.numel()).reshape(shape);
   }
+  require_own_parameters("a pass without a parameter window");
   return params_.slice(offset, shape.numel()).reshape(shape);
 }
 
@@ -155,7 +157,40 @@ TensorView LlamaModel::gradient(std::string_view name) const {
   return weight_grad(t.offset, Shape(t.numel));
 }
 
+void LlamaModel::idle_pass(bool backward) {
+  if (parameter_window_ == nullptr) return;
+  const ModelConfig& c = config();
+  const auto use = [&](std::int64_t offset, Pass pass) {
+    const HeldGroup held = hold(offset, pass);
+  };
+  // forward_backbone, then the head's loss (sft, reward), then backward_backbone.
+  use(layout_.embedding(), Pass::forward);
+  for (int l = 0; l < c.n_layers; ++l) use(layout_.block(l).q_proj, Pass::forward);
+  use(layout_.final_norm(), Pass::forward);
+  const bool language_model = layout_.head() == HeadKind::language_model;
+  use(language_model ? layout_.lm_head() : layout_.score(),
+      backward ? Pass::backward : Pass::forward);
+  if (!backward) return;
+  // The gradients are reported complete where backward_backbone reports them, so that the
+  // gradient window's reductions keep the same order relative to the gathers on every rank.
+  use(layout_.final_norm(), Pass::backward);
+  gradients_ready(layout_.final_norm());
+  for (int l = c.n_layers - 1; l >= 0; --l) {
+    use(layout_.block(l).q_proj, Pass::backward);
+    gradients_ready(layout_.block(l).q_proj);
+  }
+  gradients_ready(0);
+}
+
+void LlamaModel::require_own_parameters(std::string_view what) const {
+  if (!options_.own_parameters) {
+    throw core::internal_error(
+        fmt::format("{} of a model that holds no parameters (they are sharded)", what));
+  }
+}
+
 void LlamaModel::initialize(std::uint64_t seed) {
+  require_own_parameters("initialize");
   std::vector<float> host(static_cast<std::size_t>(layout_.total()));
   initialize_parameters(host, layout_, seed);
   ops_.copy(params_.view(), host_view(host));  // rounds to the compute dtype
@@ -163,6 +198,7 @@ void LlamaModel::initialize(std::uint64_t seed) {
 }
 
 void LlamaModel::load_parameters(std::span<const float> host) {
+  require_own_parameters("load_parameters");
   if (static_cast<std::int64_t>(host.size()) != layout_.total()) {
     throw core::internal_error(
         fmt::format("load_parameters: {} values for a layout of {}", host.size(), layout_.total()));
@@ -172,6 +208,7 @@ void LlamaModel::load_parameters(std::span<const float> host) {
 }
 
 std::vector<float> LlamaModel::master_to_host() const {
+  require_own_parameters("master_to_host");
   std::vector<float> host(static_cast<std::size_t>(layout_.total()));
   const TensorView master = master_weights();
   ops_.copy(TensorView(std::span<float>(host)), master.empty() ? params_.view() : master);

@@ -37,6 +37,10 @@ struct ModelOptions {
   // Hold a flat gradient buffer for the whole model. false: the backward writes into a
   // GradientWindow (set_gradient_window) that holds a few layers at a time (ZeRO-2).
   bool own_gradients = true;
+  // Hold the flat parameter buffer. false (parameter sharding, ZeRO-3): the model holds no
+  // weights and reads them through a ParameterWindow (set_parameter_window); parameters() is
+  // empty, and initialisation, loading and master_to_host() are the window owner's.
+  bool own_parameters = true;
   // Hold that buffer in fp32 even when the backend computes in bf16, so that what adds up in it
   // (micro-batches, lm_head blocks, the tied embedding's two uses) is rounded once, by the
   // optimizer's read, instead of once per addition.
@@ -113,6 +117,11 @@ class LlamaModel {
   // group before reading it (ParameterWindow), in layout order forward and in reverse
   // backward. Initialisation, loading and the generator still use parameters().
   void set_parameter_window(ParameterWindow* window) noexcept { parameter_window_ = window; }
+  // On a rank with no data for a micro-batch that the other ranks run: the window calls that
+  // micro-batch's forward (and backward) would make, in the same order, with nothing computed,
+  // so that a window gathering weights collectively stays in step with the other ranks; with a
+  // backward, the gradients are reported complete (untouched) where a backward reports them.
+  void idle_pass(bool backward);
 
   // SFT. The loss is the summed cross-entropy of the counted tokens; gradients are those of
   // grad_scale * loss (grad_scale = 1 / counted tokens of the whole global batch).
@@ -173,6 +182,7 @@ class LlamaModel {
   // The gradient group (ParameterLayout::gradient_groups) holding layout position `offset`,
   // held for a scope from the parameter window (nothing without one).
   [[nodiscard]] std::size_t group_at(std::int64_t offset) const;
+  void require_own_parameters(std::string_view what) const;  // internal Error without
   [[nodiscard]] HeldGroup hold(std::int64_t offset, Pass pass) const {
     return {parameter_window_, group_at(offset), pass};
   }

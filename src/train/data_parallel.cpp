@@ -50,7 +50,20 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
     throw core::usage_error(
         "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
   }
+  if (config_.shard_parameters &&
+      (!config_.shard_gradients || !config_.shard_master ||
+       ops.compute_dtype() != kernels::DType::f32 || !weights.compute.empty())) {
+    throw core::internal_error(
+        "parameter sharding (ZeRO-3) needs ZeRO-2, the master weights in the optimizers, and "
+        "fp32 weights (the CPU backend): the CUDA backend's bf16 shards are not built yet");
+  }
   if (config_.shard_gradients) setup_gradient_slots();
+  if (config_.shard_parameters) {
+    setup_gather_slots();
+    // Gathers run on the training thread while reductions run on the communication thread:
+    // each on a communicator of its own (the exchange duplicates the world's).
+    if (size_ > 1) gather_exchange_ = make_gradient_exchange(world, ops, config.exchange);
+  }
   scheduler_.start([this](std::size_t bucket) { reduce_bucket(bucket); });
 }
 
@@ -67,6 +80,7 @@ void DataParallel::begin_step(kernels::TensorView grads) {
   }
   grads_ = grads;
   times_ = {};
+  forget_gathered();
   if (config_.shard_gradients) {
     for (AdamW& o : optimizer_.optimizers()) ops_.zero(o.own_gradients());
     for (GroupState& g : group_state_) g = {};
@@ -166,12 +180,16 @@ double DataParallel::gradient_norm() {
 
 void DataParallel::update(float lr, float grad_scale) {
   optimizer_.update(grads_, lr, grad_scale);
+  forget_gathered();  // ZeRO-3: the gathered weights are the old ones
   const core::Stopwatch watch;
   gather_parameters();
-  times_.gather_seconds = watch.seconds();
+  times_.gather_seconds += watch.seconds();
 }
 
 void DataParallel::gather_parameters() {
+  // ZeRO-3 gathers each group when the model reads it; weights loaded since are new ones.
+  forget_gathered();
+  if (config_.shard_parameters) return;
   GradientExchange* exchange = scheduler_.exchange();
   if (!config_.shard_optimizer || exchange == nullptr) return;
   const ModelWeights& w = optimizer_.weights();

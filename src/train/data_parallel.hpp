@@ -31,6 +31,16 @@
 // several micro-batches, each is reduced across ranks before they are added up (ZeRO-1 adds
 // them up first), which rounds differently.
 //
+// ZeRO-3 (shard_parameters, with shard_gradients and shard_master): no rank holds the whole
+// model. The optimizers' master pieces are the only copy of the weights (the CPU backend, fp32;
+// the CUDA backend's bf16 shards are not built yet), and the model reads its weights through
+// this ParameterWindow: each gradient group it acquires is all-gathered from the pieces' owners
+// into one of two gather slots the size of the largest group (the tied embedding into a slot of
+// its own), on a communicator of its own so that it never meets the reductions running on the
+// communication thread, and released after the pass is done with it. Every rank must acquire
+// the same groups in the same order: a rank without data for a micro-batch runs
+// LlamaModel::idle_pass. The gathers are synchronous so far (no prefetch of the next group).
+//
 // The parts: the ShardPlan (buckets, pieces, groups: arithmetic, tested without MPI), the
 // ReductionScheduler (the communication thread or stream, and the waits), the ShardedOptimizer
 // (the AdamW state and master weights of this rank, and their checkpoint copies). DataParallel
@@ -39,6 +49,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -48,6 +59,7 @@
 #include "kernels/ops.hpp"
 #include "model/gradient_window.hpp"
 #include "model/parameter_layout.hpp"
+#include "model/parameter_window.hpp"
 #include "train/adamw_optimizer.hpp"
 #include "train/reduction_scheduler.hpp"
 #include "train/run_choices.hpp"
@@ -60,6 +72,7 @@ struct DataParallelConfig {
   std::int64_t bucket_elements = std::int64_t{8} << 20;  // 32 MiB of fp32 gradients
   bool shard_optimizer = true;                           // ZeRO-1
   bool shard_gradients = false;                          // ZeRO-2 (needs shard_optimizer)
+  bool shard_parameters = false;  // ZeRO-3 (needs shard_gradients and shard_master)
   // ZeRO-2: the reduced gradients each rank keeps are fp32, so that several micro-batches per
   // step add up without a bf16 rounding each; false: the compute dtype (one micro-batch per
   // step has nothing to add up, and takes half the memory).
@@ -75,10 +88,11 @@ struct DataParallelConfig {
 struct ReductionTimes {
   double wait_seconds = 0;    // the training thread blocked waiting for reductions
   double reduce_seconds = 0;  // time spent in reduce-scatter (host time to queue it on a GPU)
-  double gather_seconds = 0;  // parameter all-gather after the update
+  // parameter all-gathers: after the update (ZeRO-1), before each group's use (ZeRO-3)
+  double gather_seconds = 0;
 };
 
-class DataParallel final : public model::GradientWindow {
+class DataParallel final : public model::GradientWindow, public model::ParameterWindow {
  public:
   // Collective over `world` (the exchange duplicates its communicator).
   DataParallel(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
@@ -107,6 +121,17 @@ class DataParallel final : public model::GradientWindow {
   void ready(std::int64_t offset) override;
   // Bytes of the ZeRO-2 slots (0 without).
   [[nodiscard]] std::int64_t gradient_slot_bytes() const noexcept;
+
+  // ZeRO-3: the model reads its weights through this (LlamaModel::set_parameter_window).
+  // acquire() all-gathers a group's weights (collective: every rank acquires the same groups in
+  // the same order).
+  [[nodiscard]] bool shards_parameters() const noexcept { return config_.shard_parameters; }
+  void acquire(std::size_t group, model::Pass pass) override;
+  [[nodiscard]] kernels::ConstTensorView parameters(std::int64_t offset,
+                                                    std::int64_t numel) override;
+  void release(std::size_t group) noexcept override;
+  // Bytes of the ZeRO-3 gather slots (0 without).
+  [[nodiscard]] std::int64_t gather_slot_bytes() const noexcept;
 
   // sqrt(sum g^2) of the reduced gradients. Collective; the same value on every rank.
   [[nodiscard]] double gradient_norm();
@@ -150,11 +175,17 @@ class DataParallel final : public model::GradientWindow {
 
   // ZeRO-2 (data_parallel_zero2.cpp).
   void setup_gradient_slots();
-  void acquire(std::size_t group);  // a slot for the group, zeroed
-  void release(std::size_t group);  // its reductions launched
-  void retire(std::size_t group);   // its reductions done, added into the optimizers
+  void take_gradient_slot(std::size_t group);  // a slot for the group, zeroed
+  void launch_group(std::size_t group);        // its reductions launched
+  void retire(std::size_t group);              // its reductions done, added into the optimizers
   void finish_group_reductions();
   [[nodiscard]] kernels::TensorView slot_view(std::size_t group) const;
+
+  // ZeRO-3 (data_parallel_zero3.cpp).
+  void setup_gather_slots();
+  void gather(std::size_t group, kernels::TensorView slot);
+  // Every gathered group is gathered again when next acquired (the weights changed).
+  void forget_gathered();
 
   const dist::World& world_;
   kernels::Ops& ops_;
@@ -185,6 +216,17 @@ class DataParallel final : public model::GradientWindow {
   std::array<std::size_t, 3> slot_owner_{kNoGroup, kNoGroup, kNoGroup};
   std::size_t pinned_group_ = kNoGroup;  // the tied embedding's group
   int next_slot_ = 0;
+
+  // ZeRO-3 state: where each group's gathered weights are, and how often they are held.
+  struct GatherState {
+    int slot = -1;  // 0, 1, kPinnedSlot; -1: not gathered
+    int holds = 0;
+  };
+  std::vector<GatherState> gather_state_;
+  std::array<kernels::Buffer, 3> gather_slots_;  // two alternating, one for the tied embedding
+  std::array<std::size_t, 3> gather_owner_{kNoGroup, kNoGroup, kNoGroup};
+  int next_gather_slot_ = 0;
+  std::unique_ptr<GradientExchange> gather_exchange_;  // null on one rank
 };
 
 }  // namespace l3::train

@@ -60,7 +60,7 @@ kernels::TensorView DataParallel::gradients(std::int64_t offset, std::int64_t nu
                     offset + numel));
   }
   // Not resident in this micro-batch yet (perhaps still pending from the previous one).
-  if (state.slot < 0 || state.pending) acquire(g);
+  if (state.slot < 0 || state.pending) take_gradient_slot(g);
   return slot_view(g).slice(offset - groups[g].begin, numel);
 }
 
@@ -72,12 +72,12 @@ void DataParallel::ready(std::int64_t offset) {
   for (std::size_t g = groups.size(); g-- > 0;) {
     if (groups[g].begin < offset) break;
     if (group_state_[g].released) continue;
-    if (group_state_[g].slot < 0 || group_state_[g].pending) acquire(g);
-    release(g);
+    if (group_state_[g].slot < 0 || group_state_[g].pending) take_gradient_slot(g);
+    launch_group(g);
   }
 }
 
-void DataParallel::acquire(std::size_t group) {
+void DataParallel::take_gradient_slot(std::size_t group) {
   // Still pending from the previous micro-batch: its reduced pieces go into the optimizers
   // before its slot, or another, takes this micro-batch's gradients.
   if (group_state_[group].pending) retire(group);
@@ -100,7 +100,7 @@ void DataParallel::acquire(std::size_t group) {
   ops_.zero(slot_view(group));
 }
 
-void DataParallel::release(std::size_t group) {
+void DataParallel::launch_group(std::size_t group) {
   GroupState& state = group_state_[group];
   state.released = true;
   state.pending = true;

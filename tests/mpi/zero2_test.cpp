@@ -4,6 +4,12 @@
 // update (bit for bit with one micro-batch on up to two ranks, where both sum the same two
 // values), including micro-batches that some ranks have no data for (their reductions must still
 // match the other ranks').
+//
+// ZeRO-3 (shard_parameters) against ZeRO-2: the model holds no weights and reads each group
+// through DataParallel's parameter window, gathered from the optimizers' master pieces; the
+// same gradients, norms and weights bit for bit over two steps (the second reads the updated
+// weights), on any number of ranks, with ranks that have no data for a micro-batch taking part
+// in its gathers (LlamaModel::idle_pass).
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -18,6 +24,7 @@
 #include "model/batch.hpp"
 #include "model/llama_model.hpp"
 #include "model/memory_plan.hpp"
+#include "model/parameter_init.hpp"
 #include "relative_rms.hpp"
 #include "train/data_parallel.hpp"
 #include "train/train_config.hpp"
@@ -66,6 +73,29 @@ struct Outcome {
   std::vector<float> weights;     // after the update
 };
 
+enum class Zero : std::uint8_t { one, two, three };
+
+// The master weights, whole on every rank, from the ranks that hold them.
+std::vector<float> gathered_weights(const l3::dist::World& world, DataParallel& parallel,
+                                    std::int64_t total) {
+  std::vector<float> whole(static_cast<std::size_t>(total), 0.0F);
+  const std::vector<l3::train::FlatRange> mine = parallel.optimizer().state_ranges();
+  std::int64_t count = 0;
+  for (const auto& r : mine) count += r.size();
+  std::vector<float> values(static_cast<std::size_t>(count));
+  parallel.optimizer().save_master(mine, values);
+  std::size_t at = 0;
+  for (const auto& r : mine) {
+    std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(at), r.size(),
+                whole.begin() + r.begin);
+    at += static_cast<std::size_t>(r.size());
+  }
+  // Each value is held by one rank, zeros elsewhere: the sum is exact.
+  MPI_Allreduce(MPI_IN_PLACE, whole.data(), static_cast<int>(whole.size()), MPI_FLOAT, MPI_SUM,
+                world.comm());
+  return whole;
+}
+
 // Every rank's reduced pieces, put together on every rank.
 std::vector<double> reduced_gradients(const l3::dist::World& world, DataParallel& parallel,
                                       const LlamaModel& model) {
@@ -85,51 +115,72 @@ std::vector<double> reduced_gradients(const l3::dist::World& world, DataParallel
   return whole;
 }
 
-// One step of `micro` micro-batches, rank r skipping micro-batch `skip(r)` (-1: none), through
-// ZeRO-1 or ZeRO-2, then the update.
+// `steps` steps of `micro` micro-batches, rank r skipping micro-batch `skip(r)` (-1: none),
+// through ZeRO-1, 2 or 3, each followed by the update.
 Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head, bool tied,
-             bool zero2, int micro, int skip, const std::string& exchange, bool overlap) {
+             Zero zero, int micro, int skip, const std::string& exchange, bool overlap,
+             int steps = 1) {
+  const bool zero2 = zero != Zero::one;
+  const bool zero3 = zero == Zero::three;
   const l3::model::ModelConfig config = test_model(tied);
-  LlamaModel model(config, head, ops, {.own_gradients = !zero2});
-  model.initialize(7);
+  LlamaModel model(config, head, ops, {.own_gradients = !zero2, .own_parameters = !zero3});
+  if (!zero3) model.initialize(7);
   l3::train::DataParallelConfig dp;
   dp.bucket_elements = 3000;  // several buckets per group, uneven pieces
   dp.shard_gradients = zero2;
+  dp.shard_parameters = zero3;
+  dp.shard_master = zero3;
   dp.exchange = l3::train::parse_exchange_choice(exchange);
   dp.overlap = overlap;
   DataParallel parallel(world, ops, model.layout(), dp, {},
                         {.master = model.master_weights(), .compute = model.weight_copy()});
+  if (zero3) {
+    // Each rank keeps its pieces of the same initial weights; the model reads them gathered.
+    std::vector<float> initial(static_cast<std::size_t>(model.layout().total()));
+    l3::model::initialize_parameters(initial, model.layout(), 7);
+    parallel.optimizer().load_master_from_whole(initial);
+    model.set_parameter_window(&parallel);
+    CHECK(model.parameters().empty());
+    // The gather slots are what the memory plan says they are.
+    CHECK(parallel.gather_slot_bytes() == l3::model::gradient_slot_elements(model.layout()) * 4);
+  }
   if (zero2) {
     model.set_gradient_window(&parallel);
     // The slots are what the memory plan says they are.
     CHECK(parallel.gradient_slot_bytes() == l3::model::gradient_slot_elements(model.layout()) * 4);
     CHECK(model.gradients().empty());
   }
-  model.zero_gradients();
-  parallel.begin_step(model.gradients());
-  for (int m = 0; m < micro; ++m) {
-    const bool last = m + 1 == micro;
-    if (zero2) parallel.begin_micro_batch();
-    if (last && !zero2) {
-      model.set_gradient_ready_hook([&](std::int64_t offset) { parallel.gradients_ready(offset); });
-    }
-    if (m != skip) {
-      const Batch batch = micro_batch(world, m, head, config.vocab_size);
-      if (head == HeadKind::reward) {
-        model.reward_accumulate(batch, 0.25F, 0.01);
-      } else {
-        model.sft_accumulate(batch, 0.05F);
-      }
-    }
-    if (last && !zero2) model.set_gradient_ready_hook({});
-    if (zero2) parallel.end_micro_batch();
-  }
-  parallel.finish_reduction();
   Outcome out;
-  out.gradients = reduced_gradients(world, parallel, model);
-  out.norm = parallel.gradient_norm();
-  parallel.update(1e-2F, 1.0F);
-  out.weights = model.master_to_host();
+  for (int s = 0; s < steps; ++s) {
+    model.zero_gradients();
+    parallel.begin_step(model.gradients());
+    for (int m = 0; m < micro; ++m) {
+      const bool last = m + 1 == micro;
+      if (zero2) parallel.begin_micro_batch();
+      if (last && !zero2) {
+        model.set_gradient_ready_hook(
+            [&](std::int64_t offset) { parallel.gradients_ready(offset); });
+      }
+      if (m != skip) {
+        const Batch batch = micro_batch(world, m + 10 * s, head, config.vocab_size);
+        if (head == HeadKind::reward) {
+          model.reward_accumulate(batch, 0.25F, 0.01);
+        } else {
+          model.sft_accumulate(batch, 0.05F);
+        }
+      } else {
+        model.idle_pass(true);  // ZeRO-3: this micro-batch's gathers (nothing otherwise)
+      }
+      if (last && !zero2) model.set_gradient_ready_hook({});
+      if (zero2) parallel.end_micro_batch();
+    }
+    parallel.finish_reduction();
+    out.gradients = reduced_gradients(world, parallel, model);
+    out.norm = parallel.gradient_norm();
+    parallel.update(1e-2F, 1.0F);
+  }
+  out.weights =
+      zero3 ? gathered_weights(world, parallel, model.layout().total()) : model.master_to_host();
   return out;
 }
 
@@ -151,8 +202,8 @@ TEST_CASE("ZeRO-2 reduces what ZeRO-1 reduces, micro-batch by micro-batch", "[ze
                 << (overlap ? ", overlap" : ""));
 
   SECTION("one micro-batch") {
-    const Outcome one = step(world, ops, head, tied, false, 1, -1, exchange, overlap);
-    const Outcome two = step(world, ops, head, tied, true, 1, -1, exchange, overlap);
+    const Outcome one = step(world, ops, head, tied, Zero::one, 1, -1, exchange, overlap);
+    const Outcome two = step(world, ops, head, tied, Zero::two, 1, -1, exchange, overlap);
     CHECK(two.norm == Approx(one.norm).epsilon(1e-12));
     if (world.size() <= 2) {
       CHECK((two.gradients == one.gradients));
@@ -166,8 +217,8 @@ TEST_CASE("ZeRO-2 reduces what ZeRO-1 reduces, micro-batch by micro-batch", "[ze
     // Rank r has no data for micro-batch r % 3 (rank 3 for none): its backward never runs
     // there, and ZeRO-2 must still take part in that micro-batch's reductions.
     const int skip = world.rank() < 3 ? world.rank() : -1;
-    const Outcome one = step(world, ops, head, tied, false, 3, skip, exchange, overlap);
-    const Outcome two = step(world, ops, head, tied, true, 3, skip, exchange, overlap);
+    const Outcome one = step(world, ops, head, tied, Zero::one, 3, skip, exchange, overlap);
+    const Outcome two = step(world, ops, head, tied, Zero::two, 3, skip, exchange, overlap);
     CHECK(two.norm == Approx(one.norm).epsilon(1e-6));
     CHECK(relative_rms(two.gradients, one.gradients) < 1e-6);
     // AdamW's first step moves every weight by about lr whatever its gradient's size, so a
@@ -178,4 +229,32 @@ TEST_CASE("ZeRO-2 reduces what ZeRO-1 reduces, micro-batch by micro-batch", "[ze
     fresh.initialize(7);
     CHECK(relative_rms(two.weights, fresh.master_to_host()) > 1e-4);
   }
+}
+
+TEST_CASE("ZeRO-3 computes ZeRO-2's steps from gathered weights bit for bit", "[zero]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  (void)l3::dist::apply_thread_budget(world);
+  l3::kernels::CpuOps ops;
+  const bool tied = GENERATE(false, true);
+  const HeadKind head = GENERATE(HeadKind::language_model, HeadKind::reward);
+  // Gathers on the training thread while reductions run on the communication thread, and the
+  // GPU's staged path.
+  const auto [exchange, overlap] = GENERATE(std::pair<std::string, bool>{"mpi", true},
+                                            std::pair<std::string, bool>{"mpi-staged", false});
+  INFO("ranks " << world.size() << (tied ? ", tied" : ", untied") << ", "
+                << (head == HeadKind::reward ? "reward" : "sft") << ", " << exchange);
+  // Three micro-batches, rank r having no data for micro-batch r (rank 3 and more for none).
+  const int micro = 3;
+  const int skip = world.rank() >= 3 ? -1 : world.rank();
+  INFO(micro << " micro-batches, skipping " << skip);
+  const Outcome two = step(world, ops, head, tied, Zero::two, micro, skip, exchange, overlap, 2);
+  const Outcome three =
+      step(world, ops, head, tied, Zero::three, micro, skip, exchange, overlap, 2);
+  CHECK(three.norm == two.norm);
+  CHECK((three.gradients == two.gradients));
+  CHECK((three.weights == two.weights));
+  // Two updates moved the weights: the comparison is not between two untouched copies.
+  LlamaModel fresh(test_model(tied), head, ops);
+  fresh.initialize(7);
+  CHECK(relative_rms(three.weights, fresh.master_to_host()) > 1e-4);
 }

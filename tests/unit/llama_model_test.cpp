@@ -441,6 +441,13 @@ TEST_CASE("a parameter window serves every weight the passes read, one group at 
       window.events.clear();
       CHECK(windowed.sft_forward(batch).loss == served.sft_forward(batch).loss);
       CHECK(window.events == sft_events(c.n_layers, lm_head_group, false));
+
+      // A rank without data makes the same calls, computing nothing.
+      for (const bool backward : {true, false}) {
+        window.events.clear();
+        windowed.idle_pass(backward);
+        CHECK(window.events == sft_events(c.n_layers, lm_head_group, backward));
+      }
     }
   }
 
@@ -467,4 +474,8 @@ TEST_CASE("a parameter window serves every weight the passes read, one group at 
   CHECK(std::equal(ge.begin(), ge.end(), gw.begin()));
   CHECK(window.reads_outside == 0);
   CHECK(window.most_held == 1);
+  const std::vector<std::string> pass = window.events;
+  window.events.clear();
+  windowed.idle_pass(true);
+  CHECK(window.events == pass);
 }
