@@ -34,7 +34,7 @@ Shape::Shape(std::initializer_list<std::int64_t> dims) : rank_(static_cast<int>(
   }
 }
 
-std::int64_t Shape::numel() const noexcept { return rank_ == 0 ? 0 : dims_[0] * row_size(); }
+std::int64_t Shape::numel() const noexcept { return dims_[0] * row_size(); }
 
 std::int64_t Shape::row_size() const noexcept {
   std::int64_t size = 1;

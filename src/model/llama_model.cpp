@@ -337,16 +337,19 @@ void LlamaModel::forward_backbone() {
                 .eps = static_cast<float>(c.rms_norm_eps)});
 }
 
+BlockWeights LlamaModel::layer_weights(int layer) const {
+  return block_weights(layout_, layer, [this](std::int64_t offset, const Shape& shape) {
+    return weight(offset, shape);
+  });
+}
+
 void LlamaModel::block_forward(int layer, ConstTensorView x_in, TensorView x_out, int slot) {
   const core::TraceRange range("block {} forward", layer);
   const ModelConfig& c = config();
   Workspace& ws = *ws_;
   const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], ws.n, c);
   decoder_block_forward(
-      ops_, c,
-      block_weights(
-          layout_, layer,
-          [this](std::int64_t offset, const Shape& shape) { return weight(offset, shape); }),
+      ops_, c, layer_weights(layer),
       {.positions = ws.in().positions.first_rows(ws.n), .cos = ws.rope.cos(), .sin = ws.rope.sin()},
       x_in, x_out, a, [&] {
         ops_.attention(
@@ -385,6 +388,7 @@ void LlamaModel::backward_backbone() {
     if (options_.recompute) block_forward(l, x_in, ws.scratch_out.first_rows(n), slot);
     const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], n, c);
     const BlockOffsets& w = layout_.block(l);
+    const BlockWeights bw = layer_weights(l);  // read within the held group
     const TensorView d_ln = ws.d_ln.first_rows(n);
 
     // MLP half. d_resid holds d(x'); the residual passes it on to d(h) unchanged.
@@ -395,24 +399,24 @@ void LlamaModel::backward_backbone() {
                           .dw = weight_grad(w.down_proj, {h, i}),
                           .dy = d_resid,
                           .x = a.act,
-                          .w = weight(w.down_proj, {h, i})});
+                          .w = bw.down_proj});
     ops_.swiglu_backward({.dgate = d_gate, .dup = d_up, .dout = d_act, .gate = a.gate, .up = a.up});
     ops_.matmul_backward({.dx = d_ln,
                           .dw = weight_grad(w.gate_proj, {i, h}),
                           .dy = d_gate,
                           .x = a.ln2,
-                          .w = weight(w.gate_proj, {i, h})});
+                          .w = bw.gate_proj});
     ops_.matmul_backward({.dx = d_ln,
                           .dw = weight_grad(w.up_proj, {i, h}),
                           .dy = d_up,
                           .x = a.ln2,
-                          .w = weight(w.up_proj, {i, h}),
+                          .w = bw.up_proj,
                           .accumulate_dx = true});
     ops_.rmsnorm_backward({.dx = d_resid,
                            .dw = weight_grad(w.post_attention_norm, h),
                            .dout = d_ln,
                            .x = a.h,
-                           .w = weight(w.post_attention_norm, h),
+                           .w = bw.post_attention_norm,
                            .rstd = a.rstd2});
 
     // Attention half. d_resid holds d(h); the residual passes it on to d(x).
@@ -424,7 +428,7 @@ void LlamaModel::backward_backbone() {
                           .dw = weight_grad(w.o_proj, {h, q}),
                           .dy = d_resid,
                           .x = a.att,
-                          .w = weight(w.o_proj, {h, q})});
+                          .w = bw.o_proj});
     ops_.attention_backward({.dq = d_q,
                              .dk = d_k,
                              .dv = d_v,
@@ -439,28 +443,25 @@ void LlamaModel::backward_backbone() {
       ops_.rope_backward(
           {.x = d, .positions = positions, .cos = ws.rope.cos(), .sin = ws.rope.sin()});
     }
-    ops_.matmul_backward({.dx = d_ln,
-                          .dw = weight_grad(w.q_proj, {q, h}),
-                          .dy = d_q,
-                          .x = a.ln1,
-                          .w = weight(w.q_proj, {q, h})});
+    ops_.matmul_backward(
+        {.dx = d_ln, .dw = weight_grad(w.q_proj, {q, h}), .dy = d_q, .x = a.ln1, .w = bw.q_proj});
     ops_.matmul_backward({.dx = d_ln,
                           .dw = weight_grad(w.k_proj, {kv, h}),
                           .dy = d_k,
                           .x = a.ln1,
-                          .w = weight(w.k_proj, {kv, h}),
+                          .w = bw.k_proj,
                           .accumulate_dx = true});
     ops_.matmul_backward({.dx = d_ln,
                           .dw = weight_grad(w.v_proj, {kv, h}),
                           .dy = d_v,
                           .x = a.ln1,
-                          .w = weight(w.v_proj, {kv, h}),
+                          .w = bw.v_proj,
                           .accumulate_dx = true});
     ops_.rmsnorm_backward({.dx = d_resid,
                            .dw = weight_grad(w.input_norm, h),
                            .dout = d_ln,
                            .x = x_in,
-                           .w = weight(w.input_norm, h),
+                           .w = bw.input_norm,
                            .rstd = a.rstd1});
     gradients_ready(w.q_proj);  // the block's first tensor
   }

@@ -20,6 +20,7 @@
 #include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/ops.hpp"
 #include "model/batch.hpp"
+#include "model/decoder_block.hpp"
 #include "model/gradient_window.hpp"
 #include "model/parameter_layout.hpp"
 #include "model/parameter_window.hpp"
@@ -181,6 +182,8 @@ class LlamaModel {
   [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, kernels::Shape shape) const;
   // The gradient group (ParameterLayout::gradient_groups) holding layout position `offset`,
   // held for a scope from the parameter window (nothing without one).
+  // Block `layer`'s weights, shaped (model/decoder_block.hpp), read through weight().
+  [[nodiscard]] BlockWeights layer_weights(int layer) const;
   [[nodiscard]] std::size_t group_at(std::int64_t offset) const;
   void require_own_parameters(std::string_view what) const;  // internal Error without
   [[nodiscard]] HeldGroup hold(std::int64_t offset, Pass pass) const {
