@@ -24,7 +24,13 @@ model::ModelConfig mid_model() {
 }
 
 void write_mid_model_inputs(const std::string& dir, std::int64_t tokens) {
+  write_model_inputs(dir, mid_model(), tokens);
+}
+
+void write_model_inputs(const std::string& dir, const model::ModelConfig& model,
+                        std::int64_t tokens) {
   using nlohmann::json;
+  const std::int64_t vocab = model.vocab_size;
   std::filesystem::create_directories(dir + "/data");
   const core::CounterRng rng(5, core::RngPurpose::test);
   std::uint64_t draw = 0;
@@ -32,19 +38,20 @@ void write_mid_model_inputs(const std::string& dir, std::int64_t tokens) {
   while (docs.token_count() < tokens) {
     const auto length = static_cast<std::size_t>(128 + rng.below(draw++, 385));
     std::vector<std::int32_t> t(length);
-    for (auto& x : t) x = static_cast<std::int32_t>(rng.below(draw++, 32000));
+    for (auto& x : t)
+      x = static_cast<std::int32_t>(rng.below(draw++, static_cast<std::uint64_t>(vocab)));
     docs.add(t, std::vector<std::uint8_t>(length, 1));
   }
-  data::write_sft_shard(dir + "/data/part-00000.h5", docs, {"llama3-hpc/sft", 1, "bench", 32000});
+  data::write_sft_shard(dir + "/data/part-00000.h5", docs, {"llama3-hpc/sft", 1, "bench", vocab});
   std::ofstream(dir + "/data/index.json") << json{
       {"format", "llama3-hpc/sft"},
       {"version", 1},
-      {"tokenizer", {{"sha256", "bench"}, {"vocab_size", 32000}}},
+      {"tokenizer", {{"sha256", "bench"}, {"vocab_size", vocab}}},
       {"shards",
        {{{"file", "part-00000.h5"},
          {"documents", docs.count()},
          {"tokens", docs.token_count()}}}}}.dump();
-  std::ofstream(dir + "/config.json") << mid_model().to_hf_json().dump(2);
+  std::ofstream(dir + "/config.json") << model.to_hf_json().dump(2);
 }
 
 }  // namespace l3::bench

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench_stats.hpp"
 #include "core/build_info.hpp"
 #include "dist/collectives.hpp"
 #include "dist/mpi_runtime.hpp"
@@ -71,14 +72,8 @@ Figures run(const l3::dist::World& world, const std::string& dir, std::int64_t s
   trainer.on_step([&](const l3::train::StepMetrics& m) { all.push_back(m); });
   (void)trainer.run();
   const auto skip = static_cast<std::ptrdiff_t>(std::min<std::size_t>(2, all.size()));
-  std::vector<l3::train::StepMetrics> kept(all.begin() + skip, all.end());
-  auto median = [&](auto field) {
-    std::vector<double> v;
-    v.reserve(kept.size());
-    for (const auto& m : kept) v.push_back(field(m));
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
+  const std::vector<l3::train::StepMetrics> kept(all.begin() + skip, all.end());
+  const auto median = [&](auto field) { return l3::bench::median_of(kept, field); };
   return {median([](const auto& m) { return m.tokens_per_s; }),
           median([](const auto& m) { return m.step_ms; }),
           median([](const auto& m) { return m.reduce_wait_ms; }),

@@ -81,7 +81,8 @@ struct StepMetrics {
   double step_ms = 0;
   double reduce_wait_ms = 0;  // waited for the gradient reduction after the backward pass
   double reduce_ms = 0;       // spent reducing gradients (overlapped or not)
-  double gather_ms = 0;       // parameter all-gather (ZeRO-1)
+  double gather_ms = 0;       // parameter all-gathers (ZeRO-1, ZeRO-3), on whichever thread
+  double gather_wait_ms = 0;  // the step waited for them (ZeRO-3 prefetches: less than that)
   double eta_seconds = 0;
   bool skipped = false;            // loss or gradient norm not finite: no update
   std::optional<double> accuracy;  // reward: pairs with r_chosen > r_rejected

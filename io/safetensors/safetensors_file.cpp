@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -51,21 +52,24 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
   void* map = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   const int error = errno;
-  ::close(fd);
   if (map == MAP_FAILED) {
+    ::close(fd);
     throw core::bad_input(fmt::format("cannot map: {}", core::errno_text(error)), {.file = path});
   }
   map_ = static_cast<const std::byte*>(map);
+  fd_ = fd;  // kept for read_range
   try {
     header_ = parse_safetensors_header(std::span(map_, size_), size_, path);
   } catch (...) {
     ::munmap(const_cast<std::byte*>(map_), size_);  // NOLINT: munmap takes void*
+    ::close(fd_);
     throw;
   }
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);  // NOLINT: as above
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::span<const std::byte> SafetensorsFile::bytes(const SafetensorsTensor& tensor) const {
@@ -80,18 +84,56 @@ void SafetensorsFile::read(const std::string& name, std::span<float> out) const 
     throw core::bad_input(fmt::format("has {} elements, {} expected", t->numel(), out.size()),
                           {.file = path_, .tensor = name});
   }
-  const std::span<const std::byte> raw = bytes(*t);
-  const std::byte* p = raw.data();
-  switch (t->dtype) {
-    case SafetensorsDType::f32:
-      std::memcpy(out.data(), p, raw.size());  // little-endian host (checked in the writer)
-      break;
-    case SafetensorsDType::bf16:
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(le16(p + 2 * i));
-      break;
-    case SafetensorsDType::f16:
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] = f16_to_float(le16(p + 2 * i));
-      break;
+  read_range(name, 0, out);
+}
+
+void SafetensorsFile::read_range(const std::string& name, std::int64_t first,
+                                 std::span<float> out) const {
+  const SafetensorsTensor* t = header_.find(name);
+  if (t == nullptr) throw core::bad_input("no such tensor", {.file = path_, .tensor = name});
+  const auto count = static_cast<std::int64_t>(out.size());
+  if (first < 0 || first + count > t->numel()) {
+    throw core::bad_input(
+        fmt::format("has {} elements, [{}, {}) asked for", t->numel(), first, first + count),
+        {.file = path_, .tensor = name});
+  }
+  // Read with pread in chunks, not through the map: the pages a read touches through a map stay
+  // in this process's resident set (with the kernel's large folios, whole neighbourhoods of
+  // them), so a rank reading its share of a large model would hold the files it read it from.
+  const std::size_t width = dtype_bytes(t->dtype);
+  constexpr std::size_t kChunk = std::size_t{1} << 20U;  // elements per read
+  std::vector<std::byte> raw(std::min(out.size(), kChunk) * width);
+  auto offset = static_cast<off_t>(header_.data_start + static_cast<std::uint64_t>(t->begin) +
+                                   static_cast<std::uint64_t>(first) * width);
+  for (std::size_t done = 0; done < out.size();) {
+    const std::size_t n = std::min(kChunk, out.size() - done);
+    std::size_t got = 0;
+    while (got < n * width) {
+      const ssize_t r =
+          ::pread(fd_, raw.data() + got, n * width - got, offset + static_cast<off_t>(got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        throw core::bad_input(
+            fmt::format("cannot read: {}", r < 0 ? core::errno_text(errno) : "unexpected end"),
+            {.file = path_, .tensor = name});
+      }
+      got += static_cast<std::size_t>(r);
+    }
+    const std::byte* p = raw.data();
+    float* to = out.data() + done;
+    switch (t->dtype) {
+      case SafetensorsDType::f32:
+        std::memcpy(to, p, n * sizeof(float));  // little-endian (the writer checks)
+        break;
+      case SafetensorsDType::bf16:
+        for (std::size_t i = 0; i < n; ++i) to[i] = bf16_to_float(le16(p + 2 * i));
+        break;
+      case SafetensorsDType::f16:
+        for (std::size_t i = 0; i < n; ++i) to[i] = f16_to_float(le16(p + 2 * i));
+        break;
+    }
+    done += n;
+    offset += static_cast<off_t>(n * width);
   }
 }
 
@@ -167,6 +209,14 @@ void SafetensorsModel::read(const std::string& name, std::span<float> out) const
   if (it == owner_.end())
     throw core::bad_input("no such tensor in the model", {.file = directory_, .tensor = name});
   it->second->read(name, out);
+}
+
+void SafetensorsModel::read_range(const std::string& name, std::int64_t first,
+                                  std::span<float> out) const {
+  const auto it = owner_.find(name);
+  if (it == owner_.end())
+    throw core::bad_input("no such tensor in the model", {.file = directory_, .tensor = name});
+  it->second->read_range(name, first, out);
 }
 
 std::vector<std::string> SafetensorsModel::names() const {

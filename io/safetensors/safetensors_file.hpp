@@ -1,9 +1,11 @@
-// Reading safetensors files through a read-only memory map (nothing is copied until a tensor is
-// converted), and Hugging Face's sharded form: model.safetensors.index.json whose "weight_map"
+// Reading safetensors files: the header and bytes() through a read-only memory map, the values
+// (read, read_range) with pread into fp32, so that reading a model holds its values, not also its
+// files' pages; and Hugging Face's sharded form: model.safetensors.index.json whose "weight_map"
 // names the file of every tensor.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <span>
@@ -31,9 +33,12 @@ class SafetensorsFile {
   // The tensor converted to fp32; `out` must hold exactly its elements. bad_input Error naming
   // the file and the tensor when it is missing or the size differs.
   void read(const std::string& name, std::span<float> out) const;
+  // Elements [first, first + out.size()) of the tensor (row-major), converted to fp32.
+  void read_range(const std::string& name, std::int64_t first, std::span<float> out) const;
 
  private:
   std::string path_;
+  int fd_ = -1;  // open for read_range's preads
   const std::byte* map_ = nullptr;
   std::size_t size_ = 0;
   SafetensorsHeader header_;
@@ -50,6 +55,7 @@ class SafetensorsModel {
   [[nodiscard]] const SafetensorsTensor* find(const std::string& name) const;
   // bad_input Error naming the file and tensor when absent or of another size.
   void read(const std::string& name, std::span<float> out) const;
+  void read_range(const std::string& name, std::int64_t first, std::span<float> out) const;
   [[nodiscard]] std::vector<std::string> names() const;
   [[nodiscard]] const std::string& directory() const noexcept { return directory_; }
 

@@ -39,14 +39,14 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t at = 0;
   for (const TensorToWrite& t : tensors) {
-    if (numel_of(t) != static_cast<std::int64_t>(t.values.size())) {
+    if (!t.fill && numel_of(t) != static_cast<std::int64_t>(t.values.size())) {
       throw core::internal_error(
           fmt::format("shape holds {} elements, {} given", numel_of(t), t.values.size()),
           {.file = path, .tensor = t.name});
     }
     if (header.contains(t.name))
       throw core::internal_error("tensor written twice", {.file = path, .tensor = t.name});
-    const std::uint64_t bytes = t.values.size() * dtype_bytes(dtype);
+    const std::uint64_t bytes = static_cast<std::uint64_t>(numel_of(t)) * dtype_bytes(dtype);
     header[t.name] = {
         {"dtype", dtype_name(dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
@@ -63,18 +63,24 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   out.write_bytes(length);
   out.write(text);
   std::vector<std::uint16_t> half;
+  std::vector<float> filled;  // one tensor at a time, for tensors given by `fill`
   for (const TensorToWrite& t : tensors) {
+    std::span<const float> values = t.values;
+    if (t.fill) {
+      filled.assign(static_cast<std::size_t>(numel_of(t)), 0.0F);
+      t.fill(filled);
+      values = filled;
+    }
     if (dtype == SafetensorsDType::f32) {
-      out.write_bytes(
-          std::span<const char>(reinterpret_cast<const char*>(t.values.data()),  // NOLINT
-                                t.values.size_bytes()));
+      out.write_bytes(std::span<const char>(reinterpret_cast<const char*>(values.data()),  // NOLINT
+                                            values.size_bytes()));
       continue;
     }
     constexpr std::size_t kChunk = std::size_t{1} << 20U;  // elements per conversion
-    for (std::size_t i = 0; i < t.values.size(); i += kChunk) {
-      const std::size_t n_chunk = std::min(kChunk, t.values.size() - i);
+    for (std::size_t i = 0; i < values.size(); i += kChunk) {
+      const std::size_t n_chunk = std::min(kChunk, values.size() - i);
       half.resize(n_chunk);
-      for (std::size_t j = 0; j < n_chunk; ++j) half[j] = float_to_bf16(t.values[i + j]);
+      for (std::size_t j = 0; j < n_chunk; ++j) half[j] = float_to_bf16(values[i + j]);
       out.write_bytes(std::span<const char>(reinterpret_cast<const char*>(half.data()),  // NOLINT
                                             n_chunk * sizeof(std::uint16_t)));
     }
@@ -90,7 +96,7 @@ std::vector<std::string> write_safetensors_model(
   std::uint64_t in_shard = 0;
   std::uint64_t total = 0;
   for (const TensorToWrite& t : tensors) {
-    const std::uint64_t bytes = t.values.size() * dtype_bytes(dtype);
+    const std::uint64_t bytes = static_cast<std::uint64_t>(numel_of(t)) * dtype_bytes(dtype);
     if (!shards.back().empty() && in_shard + bytes > shard_bytes) {
       shards.emplace_back();
       in_shard = 0;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -18,6 +19,9 @@ struct TensorToWrite {
   std::string name;
   std::vector<std::int64_t> shape;
   std::span<const float> values;  // row-major, product(shape) elements
+  // Instead of `values` (left empty): fills a buffer of product(shape) elements when the tensor
+  // is written, so that a model is written holding one tensor at a time (streaming export).
+  std::function<void(std::span<float>)> fill = nullptr;
 };
 
 // One file. `dtype`: BF16 (rounded to nearest even) or F32 (bit for bit); F16 is not written.

@@ -123,6 +123,18 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "ZeRO-2: hold no whole gradient buffer, only the layers being computed and 1/N of the "
       "reduced gradients per rank (each micro-batch is then reduced across ranks, and several "
       "micro-batches per step add up in fp32)")(
+      "shard-parameters", po::bool_switch(),
+      "ZeRO-3 (implies --shard-gradients): hold no whole copy of the weights either, only 1/N "
+      "per rank; each layer's weights are all-gathered before its forward and backward, the "
+      "next layer's while this one computes (CPU backend so far)")(
+      "shard-group-size",
+      core::number<int>(core::between(0, 1 << 24))->default_value(0)->value_name("G"),
+      "--shard-parameters: shard within groups of G consecutive ranks (one node, say) and "
+      "replicate across the groups, whose gradients are then added up (0: all ranks; G must "
+      "divide the ranks)")(
+      "no-prefetch-gathers", po::bool_switch(),
+      "--shard-parameters: gather each layer's weights when it is reached instead of while the "
+      "previous one computes (for comparison; the results are bit-identical)")(
       "grad-accum-dtype",
       po::value<std::string>()
           ->default_value(std::string(train::grad_accum_dtype_name(d.grad_accum_dtype)))
@@ -253,7 +265,10 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.max_bad_steps = get<int>(o, "max-bad-steps");
   c.peak_tflops = get<double>(o, "peak-tflops");
   c.shard_optimizer = !get<bool>(o, "no-shard-optimizer");
-  c.shard_gradients = get<bool>(o, "shard-gradients");
+  c.shard_parameters = get<bool>(o, "shard-parameters");
+  c.prefetch_gathers = !get<bool>(o, "no-prefetch-gathers");
+  c.shard_group_size = get<int>(o, "shard-group-size");
+  c.shard_gradients = get<bool>(o, "shard-gradients") || c.shard_parameters;
   c.grad_accum_dtype = train::parse_grad_accum_dtype(get<std::string>(o, "grad-accum-dtype"));
   c.bucket_mb = get<double>(o, "bucket-mb");
   c.overlap_reduction = !get<bool>(o, "no-overlap-reduction");

@@ -190,6 +190,31 @@ ResumePick pick_resume_checkpoint(const std::string& root, bool checksums) {
   return pick;
 }
 
+namespace {
+
+// The manifest's slices of one tensor against its values (the whole tensor).
+void check_tensor_slices(const json& entry, const std::string& file,
+                         const model::TensorInfo& tensor, std::span<const float> values) {
+  for (const json& s : entry.at("slices")) {
+    const auto first = s.at(0).get<std::int64_t>();
+    const auto count = s.at(1).get<std::int64_t>();
+    if (first < 0 || count < 0 || first + count > tensor.numel) {
+      throw core::bad_input("a slice in the manifest lies outside the tensor",
+                            {.file = file, .tensor = tensor.name});
+    }
+    const std::span<const float> part =
+        values.subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(count));
+    if (to_hex(xxh64(std::as_bytes(part))) != s.at(2).get<std::string>()) {
+      throw core::bad_input(
+          fmt::format("checksum mismatch in elements [{}, {}): the file is damaged", first,
+                      first + count),
+          {.file = file, .tensor = tensor.name});
+    }
+  }
+}
+
+}  // namespace
+
 void check_loaded_model(const Manifest& manifest, const std::string& step_dir,
                         const model::ParameterLayout& layout, std::span<const float> flat,
                         const std::function<bool(const std::string&)>& skip) {
@@ -199,21 +224,18 @@ void check_loaded_model(const Manifest& manifest, const std::string& step_dir,
     const auto known = std::find_if(layout.tensors().begin(), layout.tensors().end(),
                                     [&](const model::TensorInfo& t) { return t.name == name; });
     if (known == layout.tensors().end() || (skip && skip(name))) continue;
-    for (const json& s : entry.at("slices")) {
-      const auto first = s.at(0).get<std::int64_t>();
-      const auto count = s.at(1).get<std::int64_t>();
-      if (first < 0 || count < 0 || first + count > known->numel) {
-        throw core::bad_input("a slice in the manifest lies outside the tensor",
-                              {.file = file, .tensor = name});
-      }
-      const std::span<const float> values = flat.subspan(
-          static_cast<std::size_t>(known->offset + first), static_cast<std::size_t>(count));
-      if (to_hex(xxh64(std::as_bytes(values))) != s.at(2).get<std::string>()) {
-        throw core::bad_input(
-            fmt::format("checksum mismatch in elements [{}, {}): the file is damaged", first,
-                        first + count),
-            {.file = file, .tensor = name});
-      }
+    check_tensor_slices(entry, file, *known,
+                        flat.subspan(static_cast<std::size_t>(known->offset),
+                                     static_cast<std::size_t>(known->numel)));
+  }
+}
+
+void check_loaded_tensor(const Manifest& manifest, const std::string& step_dir,
+                         const model::TensorInfo& tensor, std::span<const float> values) {
+  for (const json& entry : manifest.tensors) {
+    if (entry.at("name").get<std::string>() == tensor.name) {
+      check_tensor_slices(entry, (fs::path(step_dir) / kModelFile).string(), tensor, values);
+      return;
     }
   }
 }
@@ -235,6 +257,39 @@ RankState read_rank_state(const std::string& step_dir, const model::ParameterLay
                     std::span(state.exp_avg_sq).subspan(at, n));
   }
   return state;
+}
+
+void check_model_share(const Manifest& manifest, const std::string& step_dir,
+                       const model::ParameterLayout& layout,
+                       const std::function<bool(const std::string&)>& skip, int part, int parts) {
+  const std::string file = (fs::path(step_dir) / kModelFile).string();
+  TensorFileReader model_file(file);
+  std::vector<float> buffer;
+  std::int64_t index = 0;  // the slices of every tensor, numbered in the manifest's order
+  for (const json& entry : manifest.tensors) {
+    const std::string name = entry.at("name").get<std::string>();
+    const auto known = std::find_if(layout.tensors().begin(), layout.tensors().end(),
+                                    [&](const model::TensorInfo& t) { return t.name == name; });
+    const bool checked = known != layout.tensors().end() && !(skip && skip(name));
+    for (const json& s : entry.at("slices")) {
+      if (index++ % parts != part || !checked) continue;
+      const auto first = s.at(0).get<std::int64_t>();
+      const auto count = s.at(1).get<std::int64_t>();
+      if (first < 0 || count < 0 || first + count > known->numel) {
+        throw core::bad_input("a slice in the manifest lies outside the tensor",
+                              {.file = file, .tensor = name});
+      }
+      buffer.resize(static_cast<std::size_t>(count));
+      model_file.read(name, known->shape, first, buffer);
+      if (to_hex(xxh64(std::as_bytes(std::span<const float>(buffer)))) !=
+          s.at(2).get<std::string>()) {
+        throw core::bad_input(
+            fmt::format("checksum mismatch in elements [{}, {}): the file is damaged", first,
+                        first + count),
+            {.file = file, .tensor = name});
+      }
+    }
+  }
 }
 
 }  // namespace l3::ckpt

@@ -49,6 +49,18 @@ void check_loaded_model(const Manifest& manifest, const std::string& step_dir,
                         const model::ParameterLayout& layout, std::span<const float> flat,
                         const std::function<bool(const std::string&)>& skip);
 
+// The same for one tensor read whole (`values`: its numel elements), when the manifest lists it.
+void check_loaded_tensor(const Manifest& manifest, const std::string& step_dir,
+                         const model::TensorInfo& tensor, std::span<const float> values);
+
+// The same checks without holding the weights, shared among `parts` ranks: part p reads and
+// checks the manifest's slices p, p + parts, p + 2 parts, ... one at a time, so that ranks that
+// each read only their share of the weights (parameter sharding) still check every byte once,
+// holding at most one slice (at most one tensor).
+void check_model_share(const Manifest& manifest, const std::string& step_dir,
+                       const model::ParameterLayout& layout,
+                       const std::function<bool(const std::string&)>& skip, int part, int parts);
+
 // This rank's ranges of the master weights and AdamW moments. bad_input Errors name the file
 // and tensor.
 [[nodiscard]] RankState read_rank_state(const std::string& step_dir,

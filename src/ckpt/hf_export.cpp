@@ -10,6 +10,7 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/model_file.hpp"
+#include "ckpt/tensor_file.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/path_safety.hpp"
@@ -114,16 +115,20 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
   core::StagingDirectory staging(out, core::OwnedKind::hf_export, "--output");
   const fs::path& partial = staging.path();
 
-  // The weights, checked against the checkpoint's checksums.
+  // The weights, streamed tensor by tensor (the exporter holds one tensor, never the model),
+  // each checked against the checkpoint's checksums before it is written; a damaged one stops
+  // the export with nothing installed at --output.
   const model::ParameterLayout layout(manifest.model, manifest.head);
-  std::vector<float> flat(static_cast<std::size_t>(layout.total()), 0.0F);
-  read_model_file((fs::path(step_dir) / kModelFile).string(), layout, flat);
-  check_loaded_model(manifest, step_dir, layout, flat, {});
+  const std::string model_path = (fs::path(step_dir) / kModelFile).string();
+  TensorFileReader model_file(model_path);
+  require_model_format(model_file);
   std::vector<safetensors::TensorToWrite> tensors;
   for (const model::TensorInfo& t : layout.tensors()) {
-    tensors.push_back({t.name, t.shape,
-                       std::span<const float>(flat).subspan(static_cast<std::size_t>(t.offset),
-                                                            static_cast<std::size_t>(t.numel))});
+    tensors.push_back(
+        {.name = t.name, .shape = t.shape, .values = {}, .fill = [&, t](std::span<float> values) {
+           model_file.read(t.name, t.shape, 0, values);
+           check_loaded_tensor(manifest, step_dir, t, values);
+         }});
   }
 
   const bool reward = manifest.head == model::HeadKind::reward;
@@ -133,8 +138,8 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
       partial.string(), tensors,
       options.bf16 ? safetensors::SafetensorsDType::bf16 : safetensors::SafetensorsDType::f32,
       options.shard_bytes, {{"format", "pt"}});
-  for (const safetensors::TensorToWrite& t : tensors)
-    report.tensor_bytes += t.values.size() * (options.bf16 ? 2 : 4);
+  for (const model::TensorInfo& t : layout.tensors())
+    report.tensor_bytes += static_cast<std::uint64_t>(t.numel) * (options.bf16 ? 2 : 4);
 
   json config = manifest.model.to_hf_json();
   config["architectures"] = json::array({report.architecture});

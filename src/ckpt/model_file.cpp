@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "ckpt/manifest.hpp"
+#include "ckpt/rank_state.hpp"
+#include "ckpt/tensor_file.hpp"
 #include "core/error.hpp"
 #include "io/h5/h5.hpp"
 
@@ -59,6 +61,36 @@ void read_model_file(const std::string& path, const model::ParameterLayout& layo
     h5::read_tensor(
         file, t.name, t.shape,
         flat.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)), path);
+  }
+}
+
+void require_model_format(const TensorFileReader& file) {
+  if (file.text_attribute("format") != kModelFormat) {
+    throw core::bad_input(fmt::format("not a model file (format is not \"{}\")", kModelFormat),
+                          {.file = file.path()});
+  }
+  if (file.integer_attribute("version") != kModelVersion) {
+    throw core::bad_input("model file version is not supported", {.file = file.path()});
+  }
+}
+
+void read_model_ranges(const std::string& path, const model::ParameterLayout& layout,
+                       const std::vector<model::FlatRange>& ranges, std::span<float> values,
+                       ModelTensors which) {
+  std::int64_t total = 0;
+  for (const model::FlatRange& r : ranges) total += r.size();
+  if (static_cast<std::int64_t>(values.size()) != total) {
+    throw core::internal_error(fmt::format("{} values for ranges of {}", values.size(), total),
+                               {.file = path});
+  }
+  TensorFileReader file(path);
+  require_model_format(file);
+  for (const TensorSlice& s : tensor_slices(layout, ranges)) {
+    const model::TensorInfo& t = layout.tensors()[s.tensor];
+    if (which == ModelTensors::backbone_only && is_head(layout, t)) continue;
+    file.read(
+        t.name, t.shape, s.first,
+        values.subspan(static_cast<std::size_t>(s.position), static_cast<std::size_t>(s.count)));
   }
 }
 

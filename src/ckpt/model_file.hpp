@@ -6,6 +6,7 @@
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "model/parameter_layout.hpp"
 
@@ -24,5 +25,17 @@ enum class ModelTensors {
 // tensors not read are left untouched). bad_input Errors name the file and tensor.
 void read_model_file(const std::string& path, const model::ParameterLayout& layout,
                      std::span<float> flat, ModelTensors which = ModelTensors::all);
+
+class TensorFileReader;
+
+// bad_input Error naming the file unless it has model.h5's format attribute and version.
+void require_model_format(const TensorFileReader& file);
+
+// The same for the layout positions `ranges` only (ascending, disjoint) into `values` (their
+// sizes back to back): a rank reads its share of the weights, not the file. Positions not read
+// (padding, a skipped head) are left untouched.
+void read_model_ranges(const std::string& path, const model::ParameterLayout& layout,
+                       const std::vector<model::FlatRange>& ranges, std::span<float> values,
+                       ModelTensors which = ModelTensors::all);
 
 }  // namespace l3::ckpt

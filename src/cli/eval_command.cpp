@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <memory>
 
 #include "cli/inference_model.hpp"
 #include "core/error.hpp"
@@ -15,6 +16,7 @@
 #include "train/evaluator.hpp"
 #include "train/memory_check.hpp"
 #include "train/model_source.hpp"
+#include "train/sharded_weights.hpp"
 
 namespace l3::cli {
 
@@ -35,7 +37,10 @@ void declare_eval_options(po::options_description& options,
       "margin-from-data", po::bool_switch(), "use the records' margins (preference data)")(
       "backend", po::value<std::string>()->default_value("auto")->value_name("auto|cpu|cuda"),
       "compute backend")("ignore-tokenizer-mismatch", po::bool_switch(),
-                         "evaluate even if the data was tokenized with another tokenizer");
+                         "evaluate even if the data was tokenized with another tokenizer")(
+      "shard-parameters", po::bool_switch(),
+      "hold 1/N of the weights per rank (a model larger than one rank's memory): each rank "
+      "reads only its share, and each layer's weights are all-gathered before use (CPU backend)");
 }
 
 int run_eval(const CommandContext& context) {
@@ -61,20 +66,42 @@ int run_eval(const CommandContext& context) {
 
   const auto ops = kernels::make_ops(kernels::parse_backend(o["backend"].as<std::string>()),
                                      context.world.local_rank());
+  const bool sharded = o["shard-parameters"].as<bool>();
+  if (sharded && ops->compute_dtype() != kernels::DType::f32) {
+    throw core::usage_error(fmt::format(
+        "--shard-parameters is not built for the {} backend yet: use --backend cpu", ops->name()));
+  }
   // Refused only when it cannot fit in any case: a pair planned as one row (as in training).
   const std::int64_t rows = micro;
-  train::require_memory(
-      context.world, *ops,
-      {.backend = {{"the model and one micro-batch's activations",
-                    model::model_bytes(source.config, head, ops->compute_dtype(), false,
-                                       rows * seq_len, seq_len, /*own_gradients=*/false)}},
-       .host = train::prefetch_host_bytes(rows, seq_len, 2),
-       .remedy = "--micro-batch or --seq-len"});
+  const int ranks = context.world.size();
+  std::int64_t weights = model::model_bytes(source.config, head, ops->compute_dtype(), false,
+                                            rows * seq_len, seq_len, /*own_gradients=*/false);
+  if (sharded) {
+    // The share and two gathered layer groups (and the tied embedding) instead of the weights.
+    const model::ParameterLayout layout(source.config, head);
+    const auto width = static_cast<std::int64_t>(kernels::dtype_size(ops->compute_dtype()));
+    weights += width * ((layout.total() + ranks - 1) / ranks +
+                        model::gradient_slot_elements(layout) - layout.total());
+  }
+  train::require_memory(context.world, *ops,
+                        {.backend = {{"the model and one micro-batch's activations", weights}},
+                         .host = train::prefetch_host_bytes(rows, seq_len, 2),
+                         .remedy = sharded ? "--micro-batch or --seq-len, or more ranks"
+                                           : "--micro-batch or --seq-len, or --shard-parameters "
+                                             "on several ranks"});
   // Forward passes only: neither gradients nor (in bf16) an fp32 master copy, which would take
   // 2 + 4 bytes per parameter for nothing (48 GB for an 8B model).
-  model::LlamaModel model(source.config, head, *ops,
-                          {.keep_master = false, .own_gradients = false});
-  (void)train::initialize_model(context.world, model, source, 0);
+  model::LlamaModel model(
+      source.config, head, *ops,
+      {.keep_master = false, .own_gradients = false, .own_parameters = !sharded});
+  std::unique_ptr<train::ShardedWeights> shards;
+  if (sharded) {
+    shards =
+        std::make_unique<train::ShardedWeights>(context.world, *ops, model.layout(), source, 0);
+    model.set_parameter_window(&shards->window());
+  } else {
+    (void)train::initialize_model(context.world, model, source, 0);
+  }
 
   data::DatasetExpectations expect;
   expect.kind =

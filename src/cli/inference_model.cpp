@@ -49,7 +49,8 @@ std::string model_path_option(const po::variables_map& options) {
   return options[init ? "init" : "ckpt"].as<std::string>();
 }
 
-InferenceModel load_inference_model(const std::string& path, model::HeadKind head) {
+InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
+                                    const dist::World* shard_over) {
   train::ModelSource source = train::resolve_model_source("", path);
   InferenceModel loaded;
   loaded.step_dir = source.origin();
@@ -73,8 +74,15 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
   m.model.validate();
   loaded.ops = std::make_unique<kernels::CpuOps>();
   // Forward passes only: no gradient buffer (4 bytes per parameter of host memory).
-  loaded.model = std::make_unique<model::LlamaModel>(m.model, m.head, *loaded.ops,
-                                                     model::ModelOptions{.own_gradients = false});
+  loaded.model = std::make_unique<model::LlamaModel>(
+      m.model, m.head, *loaded.ops,
+      model::ModelOptions{.own_gradients = false, .own_parameters = shard_over == nullptr});
+  if (shard_over != nullptr) {
+    loaded.shards = std::make_unique<train::ShardedWeights>(*shard_over, *loaded.ops,
+                                                            loaded.model->layout(), source, 0);
+    loaded.model->set_parameter_window(&loaded.shards->window());
+    return loaded;
+  }
   std::vector<float> host(static_cast<std::size_t>(loaded.model->layout().total()), 0.0F);
   train::read_initial_weights(source, loaded.model->layout(), host);
   loaded.model->load_parameters(host);

@@ -9,9 +9,11 @@
 
 #include "ckpt/manifest.hpp"
 #include "cli/command.hpp"
+#include "dist/world.hpp"
 #include "io/tokenizer/tokenizer.hpp"
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
+#include "train/sharded_weights.hpp"
 
 namespace l3::cli {
 
@@ -24,15 +26,19 @@ void declare_inference_model_options(po::options_description& options);
 struct InferenceModel {
   std::string step_dir;  // the resolved checkpoint step directory, or the HF directory
   ckpt::Manifest manifest;
-  std::unique_ptr<kernels::Ops> ops;  // declared before the model: outlives it
+  std::unique_ptr<kernels::Ops> ops;              // declared before the model: outlives it
+  std::unique_ptr<train::ShardedWeights> shards;  // sharded over ranks; else null
   std::unique_ptr<model::LlamaModel> model;
 };
 
 // A checkpoint step directory, a checkpoint root whose `latest` names one, or a Hugging Face
 // model directory (its tokenizer.json or original/tokenizer.model is the model's tokenizer).
 // The model must have the `head` wanted (bad_input Error naming the path otherwise); anything
-// else is a bad_input Error naming the path.
-[[nodiscard]] InferenceModel load_inference_model(const std::string& path, model::HeadKind head);
+// else is a bad_input Error naming the path. `shard_over`: hold 1/N of the weights on each rank
+// of this world (train::ShardedWeights; collective, and so is every forward pass); null: the
+// whole model on this rank alone.
+[[nodiscard]] InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
+                                                  const dist::World* shard_over = nullptr);
 
 // `spec` (--tokenizer) when given, else the tokenizer named by the manifest. The tokenizer's
 // sha256 must equal the manifest's (when it records one) unless ignore_mismatch, and its

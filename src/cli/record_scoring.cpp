@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <utility>
 
 #include "cli/prompt_format.hpp"
 #include "core/error.hpp"
@@ -23,21 +24,33 @@ ordered_json RecordScore::to_json(std::int64_t line) const {
           {"correct", correct()}};
 }
 
-RecordScore score_record(model::LlamaModel& model, const prep::RecordFormatter& formatter,
-                         const json& record, std::int32_t pad_id) {
+ScoringInput prepare_record(const prep::RecordFormatter& formatter, const json& record) {
   if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
   if (record.contains("response")) {
-    const std::vector<std::int32_t> tokens = response_sequence(formatter, record);
-    return {.pair = false, .chosen = model::sequence_reward(model, tokens, pad_id)};
+    return {.pair = false, .chosen = response_sequence(formatter, record), .rejected = {}};
   }
   if (!record.contains("chosen") && !record.contains("rejected")) {
     throw core::bad_input(
         R"(expected a preference record {"prompt", "chosen", "rejected"} or {"prompt", "response"})");
   }
-  const prep::PreferenceExample example = formatter.preference(record);
-  const model::PairRewards r =
-      model::pair_rewards(model, example.chosen.tokens, example.rejected.tokens, pad_id);
+  prep::PreferenceExample example = formatter.preference(record);
+  return {.pair = true,
+          .chosen = std::move(example.chosen.tokens),
+          .rejected = std::move(example.rejected.tokens)};
+}
+
+RecordScore score_prepared(model::LlamaModel& model, const ScoringInput& input,
+                           std::int32_t pad_id) {
+  if (!input.pair) {
+    return {.pair = false, .chosen = model::sequence_reward(model, input.chosen, pad_id)};
+  }
+  const model::PairRewards r = model::pair_rewards(model, input.chosen, input.rejected, pad_id);
   return {.pair = true, .chosen = r.chosen, .rejected = r.rejected};
+}
+
+RecordScore score_record(model::LlamaModel& model, const prep::RecordFormatter& formatter,
+                         const json& record, std::int32_t pad_id) {
+  return score_prepared(model, prepare_record(formatter, record), pad_id);
 }
 
 void ScoreSummary::add(const RecordScore& score) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "io/prep/record_format.hpp"
 #include "model/llama_model.hpp"
@@ -25,7 +26,21 @@ struct RecordScore {
   [[nodiscard]] nlohmann::ordered_json to_json(std::int64_t line) const;
 };
 
-// bad_input Errors say what is wrong with the record (the caller adds file:line).
+// A record's token sequences: a response alone (in `chosen`), or a pair.
+struct ScoringInput {
+  bool pair = false;
+  std::vector<std::int32_t> chosen;
+  std::vector<std::int32_t> rejected;
+};
+
+// bad_input Errors say what is wrong with the record (the caller adds file:line); nothing is
+// computed yet.
+[[nodiscard]] ScoringInput prepare_record(const prep::RecordFormatter& formatter,
+                                          const nlohmann::json& record);
+// One forward pass of the reward model (for a sharded model: collective, as every pass).
+[[nodiscard]] RecordScore score_prepared(model::LlamaModel& model, const ScoringInput& input,
+                                         std::int32_t pad_id);
+// Both.
 [[nodiscard]] RecordScore score_record(model::LlamaModel& model,
                                        const prep::RecordFormatter& formatter,
                                        const nlohmann::json& record, std::int32_t pad_id);

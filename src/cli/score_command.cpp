@@ -2,14 +2,19 @@
 
 #include <fmt/format.h>
 
+#include <exception>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/inference_model.hpp"
 #include "cli/prompt_format.hpp"
 #include "cli/record_scoring.hpp"
 #include "core/error.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
 #include "io/prep/input_split.hpp"
 #include "model/reward_scores.hpp"
 
@@ -27,39 +32,86 @@ void declare_score_options(po::options_description& options,
       R"(score the records of a JSONL file (plain or .gz): {"prompt", "chosen", "rejected"} )"
       R"(pairs or {"prompt", "response"})")(
       "json", po::bool_switch(),
-      R"(with --prompt/--response: print {"reward", "tokens", "ids"} (ids: the scored sequence))");
+      R"(with --prompt/--response: print {"reward", "tokens", "ids"} (ids: the scored sequence))")(
+      "shard-parameters", po::bool_switch(),
+      "on N ranks: hold 1/N of the weights per rank (a model larger than one rank's memory) and "
+      "score N records at a time, one per rank (CPU backend)");
 }
 
 namespace {
 
-void score_file(const std::string& path, model::LlamaModel& model,
+// What a rank sends rank 0 for its record of a round.
+struct ScoredRecord {
+  std::int64_t line = 0;  // 0: no record (the round had fewer records than ranks)
+  std::int32_t pair = 0;
+  float chosen = 0.0F;
+  float rejected = 0.0F;
+};
+
+// The records of `path` over the ranks of `world` (one rank, or with --shard-parameters all of
+// them): every rank reads the file; the records go to the ranks in rounds of one each, and
+// every rank makes one forward pass per round (an idle one without a record), so that a sharded
+// model's gathers stay collective. A bad record stops every rank before the round's passes (its
+// rank reports it with file:line); rank 0 prints the scores in file order, then the summary.
+void score_file(const dist::World& world, const std::string& path, model::LlamaModel& model,
                 const prep::RecordFormatter& formatter, std::int32_t pad_id) {
   ScoreSummary summary;
+  std::vector<std::pair<std::int64_t, std::string>> round;  // (line number, text)
+  const auto run_round = [&](const std::string& file) {
+    ScoredRecord mine;
+    ScoringInput input;
+    std::exception_ptr failure;
+    const auto r = static_cast<std::size_t>(world.rank());
+    if (r < round.size()) {
+      mine.line = round[r].first;
+      try {
+        const core::ErrorContext where{.file = file, .line = mine.line};
+        try {
+          input = prepare_record(formatter, json::parse(round[r].second));
+        } catch (const json::exception& e) {
+          throw core::bad_input(fmt::format("not JSON: {}", e.what()), where);
+        } catch (core::Error& e) {
+          e.add_context(where);
+          throw;
+        }
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    dist::agree_on_failure(world, failure);
+    if (mine.line > 0) {
+      const RecordScore score = score_prepared(model, input, pad_id);
+      mine.pair = score.pair ? 1 : 0;
+      mine.chosen = score.chosen;
+      mine.rejected = score.rejected;
+    } else {
+      model.idle_pass(false);
+    }
+    std::vector<ScoredRecord> all(world.is_root() ? static_cast<std::size_t>(world.size()) : 0);
+    dist::check_mpi(MPI_Gather(&mine, sizeof(ScoredRecord), MPI_BYTE, all.data(),
+                               sizeof(ScoredRecord), MPI_BYTE, 0, world.comm()),
+                    "MPI_Gather (scores)");
+    for (const ScoredRecord& s : all) {
+      if (s.line == 0) continue;
+      const RecordScore score{.pair = s.pair != 0, .chosen = s.chosen, .rejected = s.rejected};
+      summary.add(score);
+      std::cout << score.to_json(s.line).dump() << '\n';
+    }
+    round.clear();
+  };
   for (const prep::InputFile& input : prep::list_inputs({path})) {
     std::int64_t number = 0;
     prep::for_each_line(input, prep::FileRange{.file = 0, .begin = 0, .end = input.size},
                         [&](std::string_view line, std::int64_t /*offset*/) {
                           ++number;
                           if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
-                          const core::ErrorContext where{.file = input.path, .line = number};
-                          json record;
-                          try {
-                            record = json::parse(line);
-                          } catch (const json::exception& e) {
-                            throw core::bad_input(fmt::format("not JSON: {}", e.what()), where);
-                          }
-                          RecordScore score;
-                          try {
-                            score = score_record(model, formatter, record, pad_id);
-                          } catch (core::Error& e) {
-                            e.add_context(where);
-                            throw;
-                          }
-                          summary.add(score);
-                          std::cout << score.to_json(number).dump() << '\n';
+                          round.emplace_back(number, std::string(line));
+                          if (round.size() == static_cast<std::size_t>(world.size()))
+                            run_round(input.path);
                         });
+    if (!round.empty()) run_round(input.path);
   }
-  std::cout << summary.to_json().dump() << '\n';
+  if (world.is_root()) std::cout << summary.to_json().dump() << '\n';
 }
 
 }  // namespace
@@ -72,9 +124,12 @@ int run_score(const CommandContext& context) {
   if (file == pair || (pair && (o.count("prompt") == 0 || o.count("response") == 0))) {
     throw core::usage_error("give --prompt TEXT --response TEXT, or --input FILE.jsonl");
   }
-  if (!context.world.is_root()) return core::kExitOk;  // an interactive tool: one rank works
+  const bool sharded = o["shard-parameters"].as<bool>();
+  // An interactive tool: one rank works, unless the weights are spread over the ranks.
+  if (!sharded && !context.world.is_root()) return core::kExitOk;
 
-  const InferenceModel loaded = load_inference_model(path, model::HeadKind::reward);
+  const InferenceModel loaded =
+      load_inference_model(path, model::HeadKind::reward, sharded ? &context.world : nullptr);
   const tokenizer::Tokenizer tokenizer = load_inference_tokenizer(o, loaded, context.log);
   context.log.info("loaded {} (step {}, {:.1f} M parameters)", loaded.step_dir,
                    loaded.manifest.step,
@@ -85,11 +140,23 @@ int run_score(const CommandContext& context) {
   const std::int32_t pad_id = tokenizer.special(tokenizer::Special::finetune_right_pad);
 
   if (file) {
-    score_file(o["input"].as<std::string>(), *loaded.model, formatter, pad_id);
+    const std::string input = o["input"].as<std::string>();
+    if (sharded) {
+      score_file(context.world, input, *loaded.model, formatter, pad_id);
+    } else {
+      const dist::World alone(MPI_COMM_SELF);
+      score_file(alone, input, *loaded.model, formatter, pad_id);
+    }
   } else {
+    // Every rank formats the record (the same error everywhere, if any), then rank 0 scores it
+    // while the others take part in its gathers.
     const json record = {{"prompt", o["prompt"].as<std::string>()},
                          {"response", o["response"].as<std::string>()}};
     const std::vector<std::int32_t> tokens = response_sequence(formatter, record);
+    if (!context.world.is_root()) {
+      loaded.model->idle_pass(false);
+      return core::kExitOk;
+    }
     const float reward = model::sequence_reward(*loaded.model, tokens, pad_id);
     if (o["json"].as<bool>()) {
       std::cout << nlohmann::ordered_json{{"reward", json_number(reward)},

@@ -133,7 +133,8 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   const Workspace w = workspace(c, in.compute, in.recompute, n, in.seq_len);
   const bool zero3 = in.shard_parameters && in.shard_gradients && in.shard_optimizer;
   // The ranks the states are sharded over: a shard group (ZeRO-3, hybrid), else all of them.
-  const int shards = zero3 && in.shard_group_size > 0 ? in.shard_group_size : in.ranks;
+  const int shards =
+      zero3 && in.shard_group_size > 0 ? std::min(in.shard_group_size, in.ranks) : in.ranks;
   const std::int64_t owned = in.shard_optimizer ? (params + shards - 1) / shards : params;
   const ParameterLayout layout(c, in.head);
 

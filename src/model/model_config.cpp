@@ -83,6 +83,18 @@ ModelConfig make_preset(std::string_view name) {
     c.rope_scaling = {true, 8.0, 1.0, 4.0, 8192};
     return c;
   }
+  if (name == "llama3.1-405b") {
+    ModelConfig c = llama3_base(std::string(name));
+    c.hidden_size = 16384;
+    c.intermediate_size = 53248;
+    c.n_layers = 126;
+    c.n_heads = 128;
+    c.n_kv_heads = 8;
+    c.head_dim = 128;
+    c.max_position_embeddings = 131072;
+    c.rope_scaling = {true, 8.0, 1.0, 4.0, 8192};
+    return c;
+  }
   if (name == "tiny") {  // tests and demos: the vocabulary of the built-in `bytes` tokenizer
     ModelConfig c;
     c.name = "tiny";
@@ -99,8 +111,8 @@ ModelConfig make_preset(std::string_view name) {
   return {};
 }
 
-constexpr std::array kPresets = {"llama3-8b",   "llama3.1-8b",  "llama3.2-1b",
-                                 "llama3.2-3b", "llama3.1-70b", "tiny"};
+constexpr std::array kPresets = {"llama3-8b",    "llama3.1-8b",   "llama3.2-1b", "llama3.2-3b",
+                                 "llama3.1-70b", "llama3.1-405b", "tiny"};
 
 template <typename T>
 T number(const json& config, const char* key, const std::string& origin) {

@@ -7,27 +7,55 @@
 
 namespace l3::model {
 
+namespace {
+
+// Elements [first, first + values.size()) of tensor i.
+void initialize_tensor_part(std::span<float> values, const ParameterLayout& layout, std::size_t i,
+                            std::int64_t first, std::uint64_t seed) {
+  const TensorInfo& t = layout.tensors()[i];
+  if (t.shape.size() == 1) {  // RMSNorm weights
+    std::fill(values.begin(), values.end(), 1.0F);
+    return;
+  }
+  const float std = t.name == "score.weight"
+                        ? 1.0F / static_cast<float>(layout.config().hidden_size + 1)
+                        : kInitStd;
+  core::fill_normal(
+      values, 0.0F, std,
+      core::CounterRng(seed, core::RngPurpose::parameter_init, static_cast<std::uint32_t>(i)),
+      static_cast<std::uint64_t>(first));
+}
+
+}  // namespace
+
 void initialize_parameters(std::span<float> params, const ParameterLayout& layout,
                            std::uint64_t seed) {
   if (static_cast<std::int64_t>(params.size()) != layout.total()) {
     throw core::internal_error("initialize_parameters: buffer size differs from the layout");
   }
-  std::fill(params.begin(), params.end(), 0.0F);
-  const std::vector<TensorInfo>& tensors = layout.tensors();
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const TensorInfo& t = tensors[i];
-    const std::span<float> values =
-        params.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel));
-    if (t.shape.size() == 1) {  // RMSNorm weights
-      std::fill(values.begin(), values.end(), 1.0F);
-      continue;
+  initialize_parameter_ranges(params, layout, seed, {{0, layout.total()}});
+}
+
+void initialize_parameter_ranges(std::span<float> values, const ParameterLayout& layout,
+                                 std::uint64_t seed, const std::vector<FlatRange>& ranges) {
+  std::int64_t position = 0;
+  for (const FlatRange& r : ranges) {
+    if (position + r.size() > static_cast<std::int64_t>(values.size())) {
+      throw core::internal_error("initialize_parameter_ranges: fewer values than the ranges");
     }
-    const float std = t.name == "score.weight"
-                          ? 1.0F / static_cast<float>(layout.config().hidden_size + 1)
-                          : kInitStd;
-    core::fill_normal(
-        values, 0.0F, std,
-        core::CounterRng(seed, core::RngPurpose::parameter_init, static_cast<std::uint32_t>(i)));
+    const std::span<float> out =
+        values.subspan(static_cast<std::size_t>(position), static_cast<std::size_t>(r.size()));
+    std::fill(out.begin(), out.end(), 0.0F);  // padding
+    const std::vector<TensorInfo>& tensors = layout.tensors();
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const std::int64_t lo = std::max(r.begin, tensors[i].offset);
+      const std::int64_t hi = std::min(r.end, tensors[i].offset + tensors[i].numel);
+      if (lo >= hi) continue;
+      initialize_tensor_part(
+          out.subspan(static_cast<std::size_t>(lo - r.begin), static_cast<std::size_t>(hi - lo)),
+          layout, i, lo - tensors[i].offset, seed);
+    }
+    position += r.size();
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "model/parameter_layout.hpp"
 
@@ -16,5 +17,10 @@ inline constexpr float kInitStd = 0.02F;
 // params: the flat buffer (layout.total()), host fp32; padding is set to 0.
 void initialize_parameters(std::span<float> params, const ParameterLayout& layout,
                            std::uint64_t seed);
+
+// The same values at the layout positions `ranges` only (ascending, disjoint), back to back in
+// `values`: a rank initialises its share without the rest.
+void initialize_parameter_ranges(std::span<float> values, const ParameterLayout& layout,
+                                 std::uint64_t seed, const std::vector<FlatRange>& ranges);
 
 }  // namespace l3::model

@@ -26,30 +26,58 @@ ShardPlanInput plan_input(const model::ParameterLayout& layout, const DataParall
       .even_pieces = exchange != nullptr && exchange->prefers_even_pieces()};
 }
 
+// The options checked against the number of ranks (usage errors name the option).
+DataParallelConfig checked_config(DataParallelConfig config, int ranks) {
+  if (config.shard_gradients && !config.shard_optimizer) {
+    throw core::usage_error(
+        "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
+  }
+  const int g = config.shard_group_size;
+  if (g > 0) {
+    if (!config.shard_parameters) {
+      throw core::usage_error("--shard-group-size needs --shard-parameters (ZeRO-3)");
+    }
+    if (g > ranks || ranks % g != 0 || (g < 2 && ranks > 1)) {
+      throw core::usage_error(fmt::format(
+          "--shard-group-size {}: the {} ranks must split into groups of at least 2 ranks (a "
+          "divisor of {})",
+          g, ranks, ranks));
+    }
+  }
+  return config;
+}
+
+bool hybrid(const DataParallelConfig& config, int ranks) {
+  return config.shard_group_size > 0 && config.shard_group_size < ranks;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
                            const model::ParameterLayout& layout, DataParallelConfig config,
                            AdamWConfig adamw, ModelWeights weights)
-    : world_(world),
-      ops_(ops),
+    : ops_(ops),
       layout_(layout),
-      config_(config),
-      size_(world.size()),
-      rank_(world.rank()),
-      scheduler_(world, ops, config.exchange, config.overlap),
-      plan_(plan_input(layout, config, world.size(), scheduler_.exchange())),
-      optimizer_(ops, layout, adamw, plan_, world.rank(),
+      config_(checked_config(config, world.size())),
+      shard_world_(hybrid(config_, world.size())
+                       ? world.split(world.rank() / config_.shard_group_size, world.rank())
+                       : std::nullopt),
+      replica_world_(hybrid(config_, world.size())
+                         ? world.split(world.rank() % config_.shard_group_size, world.rank())
+                         : std::nullopt),
+      shards_(shard_world_ ? *shard_world_ : world),
+      size_(shards_.size()),
+      rank_(shards_.rank()),
+      replica_(replica_world_ ? replica_world_->rank() : 0),
+      scheduler_(shards_, ops, config.exchange, config.overlap),
+      plan_(plan_input(layout, config_, size_, scheduler_.exchange())),
+      optimizer_(ops, layout, adamw, plan_, rank_,
                  {.sharded = config.shard_optimizer,
                   .shard_master = config.shard_master,
                   .own_gradients = config.shard_gradients,
                   .gradient_dtype =
                       config.fp32_reduced_gradients ? kernels::DType::f32 : ops.compute_dtype()},
                  weights) {
-  if (config_.shard_gradients && !config_.shard_optimizer) {
-    throw core::usage_error(
-        "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
-  }
   if (config_.shard_parameters &&
       (!config_.shard_gradients || !config_.shard_master ||
        ops.compute_dtype() != kernels::DType::f32 || !weights.compute.empty())) {
@@ -57,12 +85,26 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
         "parameter sharding (ZeRO-3) needs ZeRO-2, the master weights in the optimizers, and "
         "fp32 weights (the CPU backend): the CUDA backend's bf16 shards are not built yet");
   }
+  if (replica_world_ && replica_world_->size() > 1) {
+    replica_exchange_ = make_gradient_exchange(*replica_world_, ops, config.exchange);
+    if (replica_exchange_->queued() ||
+        (scheduler_.exchange() != nullptr && scheduler_.exchange()->queued())) {
+      // Its all-reduce would have to be queued behind the reduce-scatter on one stream.
+      throw core::usage_error(
+          "--shard-group-size: hybrid sharding over NCCL is not built yet (--grad-exchange mpi)");
+    }
+  }
   if (config_.shard_gradients) setup_gradient_slots();
   if (config_.shard_parameters) {
-    setup_gather_slots();
-    // Gathers run on the training thread while reductions run on the communication thread:
-    // each on a communicator of its own (the exchange duplicates the world's).
-    if (size_ > 1) gather_exchange_ = make_gradient_exchange(world, ops, config.exchange);
+    // Its gathers run on the training thread (or its prefetch thread) while reductions run on
+    // the communication thread: each on a communicator of its own.
+    gather_ = std::make_unique<ParameterGather>(
+        shards_, ops, plan_,
+        [this](std::size_t bucket) -> kernels::ConstTensorView {
+          return optimizer_.of_bucket(bucket).own_master();
+        },
+        config.exchange, config.prefetch_gathers,
+        layout.lm_head_tied() ? std::size_t{0} : ParameterGather::kNoGroup);
   }
   scheduler_.start([this](std::size_t bucket) { reduce_bucket(bucket); });
 }
@@ -80,7 +122,10 @@ void DataParallel::begin_step(kernels::TensorView grads) {
   }
   grads_ = grads;
   times_ = {};
-  forget_gathered();
+  if (gather_) {
+    gather_->forget();
+    (void)gather_->take_times();
+  }
   if (config_.shard_gradients) {
     for (AdamW& o : optimizer_.optimizers()) ops_.zero(o.own_gradients());
     for (GroupState& g : group_state_) g = {};
@@ -142,6 +187,9 @@ void DataParallel::reduce_bucket(std::size_t bucket) {
   const model::FlatRange b{whole.begin - origin, whole.end - origin};
   GradientExchange& exchange = *scheduler_.exchange();
   exchange.reduce_scatter(values, b, pieces);
+  // Hybrid sharding: the shard groups' sums of this piece added up (each group holds it once).
+  if (replica_exchange_)
+    replica_exchange_->all_reduce(values, pieces[static_cast<std::size_t>(rank_)]);
   if (!config_.shard_optimizer) exchange.all_gather(values, b, pieces);
 }
 
@@ -168,7 +216,7 @@ double DataParallel::gradient_norm() {
     std::vector<double> mine(table.begin() + static_cast<std::ptrdiff_t>(rank_ * nb),
                              table.begin() + static_cast<std::ptrdiff_t>((rank_ + 1) * nb));
     dist::check_mpi(MPI_Allgather(mine.data(), static_cast<int>(nb), MPI_DOUBLE, table.data(),
-                                  static_cast<int>(nb), MPI_DOUBLE, world_.comm()),
+                                  static_cast<int>(nb), MPI_DOUBLE, shards_.comm()),
                     "MPI_Allgather (gradient norm)");
   }
   double total = 0;
@@ -180,16 +228,19 @@ double DataParallel::gradient_norm() {
 
 void DataParallel::update(float lr, float grad_scale) {
   optimizer_.update(grads_, lr, grad_scale);
-  forget_gathered();  // ZeRO-3: the gathered weights are the old ones
+  if (gather_) gather_->forget();  // ZeRO-3: the gathered weights are the old ones
   const core::Stopwatch watch;
   gather_parameters();
   times_.gather_seconds += watch.seconds();
+  times_.gather_wait_seconds += watch.seconds();
 }
 
 void DataParallel::gather_parameters() {
   // ZeRO-3 gathers each group when the model reads it; weights loaded since are new ones.
-  forget_gathered();
-  if (config_.shard_parameters) return;
+  if (gather_) {
+    gather_->forget();
+    return;
+  }
   GradientExchange* exchange = scheduler_.exchange();
   if (!config_.shard_optimizer || exchange == nullptr) return;
   const ModelWeights& w = optimizer_.weights();
@@ -197,6 +248,15 @@ void DataParallel::gather_parameters() {
   for (std::size_t b = 0; b < plan_.buckets().size(); ++b)
     exchange->all_gather(target, plan_.buckets()[b], plan_.pieces(b));
   exchange->join();
+}
+
+ReductionTimes DataParallel::times() {
+  if (gather_) {
+    const GatherTimes g = gather_->take_times();
+    times_.gather_seconds += g.gather_seconds;
+    times_.gather_wait_seconds += g.wait_seconds;
+  }
+  return times_;
 }
 
 }  // namespace l3::train

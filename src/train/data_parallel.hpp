@@ -33,23 +33,29 @@
 //
 // ZeRO-3 (shard_parameters, with shard_gradients and shard_master): no rank holds the whole
 // model. The optimizers' master pieces are the only copy of the weights (the CPU backend, fp32;
-// the CUDA backend's bf16 shards are not built yet), and the model reads its weights through
-// this ParameterWindow: each gradient group it acquires is all-gathered from the pieces' owners
-// into one of two gather slots the size of the largest group (the tied embedding into a slot of
-// its own), on a communicator of its own so that it never meets the reductions running on the
-// communication thread, and released after the pass is done with it. Every rank must acquire
-// the same groups in the same order: a rank without data for a micro-batch runs
-// LlamaModel::idle_pass. The gathers are synchronous so far (no prefetch of the next group).
+// the CUDA backend's bf16 shards are not built yet), and the model reads its weights through a
+// ParameterGather over them (parameter_gather.hpp): each layer group all-gathered into a gather
+// slot before it is read, the next one while it computes. Every rank must acquire the same
+// groups in the same order: a rank without data for a micro-batch runs LlamaModel::idle_pass.
+//
+// Hybrid sharding (shard_group_size G < the W ranks, with ZeRO-3): the states are sharded over
+// groups of G consecutive ranks (a node, say) and each group holds them whole: the plan, the
+// gathers and the reduce-scatters work within the group, and the reduced piece each rank owns
+// is then all-reduced with the ranks owning the same piece in the other W / G groups (on the
+// communication thread, after the reduce-scatter), so that every group updates the same
+// weights; the first group writes the checkpoints.
 //
 // The parts: the ShardPlan (buckets, pieces, groups: arithmetic, tested without MPI), the
 // ReductionScheduler (the communication thread or stream, and the waits), the ShardedOptimizer
 // (the AdamW state and master weights of this rank, and their checkpoint copies). DataParallel
-// ties them to a step and holds the ZeRO-2 gradient slots (data_parallel_zero2.cpp).
+// ties them to a step and holds the ZeRO-2 gradient slots (data_parallel_zero2.cpp) and the
+// ZeRO-3 ParameterGather.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -61,6 +67,7 @@
 #include "model/parameter_layout.hpp"
 #include "model/parameter_window.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/parameter_gather.hpp"
 #include "train/reduction_scheduler.hpp"
 #include "train/run_choices.hpp"
 #include "train/shard_plan.hpp"
@@ -73,11 +80,18 @@ struct DataParallelConfig {
   bool shard_optimizer = true;                           // ZeRO-1
   bool shard_gradients = false;                          // ZeRO-2 (needs shard_optimizer)
   bool shard_parameters = false;  // ZeRO-3 (needs shard_gradients and shard_master)
+  // Hybrid sharding (with shard_parameters): the states are sharded within groups of this many
+  // consecutive ranks (a divisor of the ranks, at least 2) and replicated across the groups;
+  // 0 or all the ranks: one group.
+  int shard_group_size = 0;
   // ZeRO-2: the reduced gradients each rank keeps are fp32, so that several micro-batches per
   // step add up without a bf16 rounding each; false: the compute dtype (one micro-batch per
   // step has nothing to add up, and takes half the memory).
   bool fp32_reduced_gradients = true;
   bool overlap = true;  // reduce during the backward pass (thread or stream)
+  // ZeRO-3: gather the group a pass will acquire next while the current one computes (on a
+  // thread of its own); false: each group when acquired (for measurements).
+  bool prefetch_gathers = true;
   // Keep the fp32 master weights in the optimizers (this rank's pieces only when sharded)
   // rather than whole in the model. Required when the model computes in bf16 (its weights are
   // then a copy refreshed by the update); possible in f32, where it costs memory (tests).
@@ -88,11 +102,12 @@ struct DataParallelConfig {
 struct ReductionTimes {
   double wait_seconds = 0;    // the training thread blocked waiting for reductions
   double reduce_seconds = 0;  // time spent in reduce-scatter (host time to queue it on a GPU)
-  // parameter all-gathers: after the update (ZeRO-1), before each group's use (ZeRO-3)
-  double gather_seconds = 0;
+  // Parameter all-gathers: after the update (ZeRO-1), of each group before its use (ZeRO-3).
+  double gather_seconds = 0;       // time the gathers took, on whichever thread ran them
+  double gather_wait_seconds = 0;  // the training thread blocked on them (ZeRO-3: less)
 };
 
-class DataParallel final : public model::GradientWindow, public model::ParameterWindow {
+class DataParallel final : public model::GradientWindow {
  public:
   // Collective over `world` (the exchange duplicates its communicator).
   DataParallel(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
@@ -122,16 +137,14 @@ class DataParallel final : public model::GradientWindow, public model::Parameter
   // Bytes of the ZeRO-2 slots (0 without).
   [[nodiscard]] std::int64_t gradient_slot_bytes() const noexcept;
 
-  // ZeRO-3: the model reads its weights through this (LlamaModel::set_parameter_window).
-  // acquire() all-gathers a group's weights (collective: every rank acquires the same groups in
-  // the same order).
+  // ZeRO-3: the window the model reads its weights through (LlamaModel::set_parameter_window);
+  // null without parameter sharding.
   [[nodiscard]] bool shards_parameters() const noexcept { return config_.shard_parameters; }
-  void acquire(std::size_t group, model::Pass pass) override;
-  [[nodiscard]] kernels::ConstTensorView parameters(std::int64_t offset,
-                                                    std::int64_t numel) override;
-  void release(std::size_t group) noexcept override;
+  [[nodiscard]] model::ParameterWindow* parameter_window() noexcept { return gather_.get(); }
   // Bytes of the ZeRO-3 gather slots (0 without).
-  [[nodiscard]] std::int64_t gather_slot_bytes() const noexcept;
+  [[nodiscard]] std::int64_t gather_slot_bytes() const noexcept {
+    return gather_ ? gather_->slot_bytes() : 0;
+  }
 
   // sqrt(sum g^2) of the reduced gradients. Collective; the same value on every rank.
   [[nodiscard]] double gradient_norm();
@@ -145,7 +158,10 @@ class DataParallel final : public model::GradientWindow, public model::Parameter
 
   // Checkpoints: the ranges this rank writes (its pieces, ascending; sharded or not, so that
   // every value is written once). What it holds, and the copies in and out: optimizer().
-  [[nodiscard]] std::vector<model::FlatRange> write_ranges() const { return plan_.owned(rank_); }
+  // Hybrid sharding: the first shard group writes, the others hold the same values.
+  [[nodiscard]] std::vector<model::FlatRange> write_ranges() const {
+    return replica_ == 0 ? plan_.owned(rank_) : std::vector<model::FlatRange>{};
+  }
   [[nodiscard]] ShardedOptimizer& optimizer() noexcept { return optimizer_; }
   [[nodiscard]] const ShardedOptimizer& optimizer() const noexcept { return optimizer_; }
 
@@ -161,8 +177,8 @@ class DataParallel final : public model::GradientWindow, public model::Parameter
   [[nodiscard]] bool overlapping() const noexcept { return scheduler_.overlapping(); }
   // The exchange's name ("mpi", "nccl", ...); "none" on one rank.
   [[nodiscard]] std::string_view exchange_name() const noexcept { return scheduler_.name(); }
-  // Times of the last step.
-  [[nodiscard]] const ReductionTimes& times() const noexcept { return times_; }
+  // Times of the step so far (of the last one after update()).
+  [[nodiscard]] ReductionTimes times();
 
  private:
   void reduce_bucket(std::size_t bucket);
@@ -181,18 +197,17 @@ class DataParallel final : public model::GradientWindow, public model::Parameter
   void finish_group_reductions();
   [[nodiscard]] kernels::TensorView slot_view(std::size_t group) const;
 
-  // ZeRO-3 (data_parallel_zero3.cpp).
-  void setup_gather_slots();
-  void gather(std::size_t group, kernels::TensorView slot);
-  // Every gathered group is gathered again when next acquired (the weights changed).
-  void forget_gathered();
-
-  const dist::World& world_;
   kernels::Ops& ops_;
   const model::ParameterLayout& layout_;
   DataParallelConfig config_;
-  int size_;
-  int rank_;
+  // Hybrid sharding: this rank's shard group and the ranks holding the same pieces in the other
+  // groups (both empty without: the world is the one shard group).
+  std::optional<dist::World> shard_world_;
+  std::optional<dist::World> replica_world_;
+  const dist::World& shards_;     // the ranks the states are sharded over
+  int size_;                      // of shards_
+  int rank_;                      // in shards_: the pieces this rank owns
+  int replica_;                   // which shard group this rank is in (0 without hybrid sharding)
   ReductionScheduler scheduler_;  // before the plan: the exchange decides the piece sizes
   ShardPlan plan_;
   ShardedOptimizer optimizer_;
@@ -217,16 +232,8 @@ class DataParallel final : public model::GradientWindow, public model::Parameter
   std::size_t pinned_group_ = kNoGroup;  // the tied embedding's group
   int next_slot_ = 0;
 
-  // ZeRO-3 state: where each group's gathered weights are, and how often they are held.
-  struct GatherState {
-    int slot = -1;  // 0, 1, kPinnedSlot; -1: not gathered
-    int holds = 0;
-  };
-  std::vector<GatherState> gather_state_;
-  std::array<kernels::Buffer, 3> gather_slots_;  // two alternating, one for the tied embedding
-  std::array<std::size_t, 3> gather_owner_{kNoGroup, kNoGroup, kNoGroup};
-  int next_gather_slot_ = 0;
-  std::unique_ptr<GradientExchange> gather_exchange_;  // null on one rank
+  std::unique_ptr<ParameterGather> gather_;             // ZeRO-3
+  std::unique_ptr<GradientExchange> replica_exchange_;  // hybrid sharding: across the groups
 };
 
 }  // namespace l3::train

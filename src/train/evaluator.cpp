@@ -48,12 +48,14 @@ EvalMetrics evaluate(const dist::World& world, model::LlamaModel& model,
   for (std::int64_t s = 0; s < steps; ++s) {
     const data::StepData& step = loader.next();
     for (const model::Batch& batch : step.micro) {
+      if (sft ? batch.document_tokens == 0 : batch.pairs() == 0) {
+        model.idle_pass(false);  // ZeRO-3: the other ranks' gathers need this rank
+        continue;
+      }
       if (sft) {
-        if (batch.document_tokens == 0) continue;
         model.sft_eval_accumulate(batch);
         sums[1] += static_cast<double>(batch.counted_tokens());
       } else {
-        if (batch.pairs() == 0) continue;
         const model::RewardOutput out = model.reward_forward(batch, 0.0);
         sums[0] += out.stats.loss;
         sums[2] += static_cast<double>(out.stats.pairs);

@@ -101,6 +101,24 @@ void MpiExchange::all_gather(kernels::TensorView values, FlatRange bucket,
   if (staged_) ops_.copy(whole, staging);
 }
 
+void MpiExchange::all_reduce(kernels::TensorView values, FlatRange range) {
+  if (range.size() == 0) return;  // then on every rank: the same piece of each replica
+  const kernels::TensorView part = values.slice(range.begin, range.size());
+  float* sums = nullptr;
+  if (staged_) {
+    // In fp32 on the host, rounded to the compute dtype once on the way back.
+    piece_f32_.resize(static_cast<std::size_t>(range.size()));
+    ops_.copy(kernels::TensorView(std::span<float>(piece_f32_)), part);
+    sums = piece_f32_.data();
+  } else {
+    sums = part.as<float>().data();
+  }
+  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums, static_cast<int>(range.size()), MPI_FLOAT,
+                                MPI_SUM, comm_.get()),
+                  fmt::format("MPI_Allreduce ({} gradients)", range.size()));
+  if (staged_) ops_.copy(part, kernels::ConstTensorView(std::span<const float>(piece_f32_)));
+}
+
 std::unique_ptr<GradientExchange> make_gradient_exchange(const dist::World& world,
                                                          kernels::Ops& ops, ExchangeChoice choice) {
   const bool host_memory = ops.backend() == kernels::Backend::cpu;

@@ -55,6 +55,9 @@ class GradientExchange {
   // Every rank's values[pieces[r]] to every rank, in place.
   virtual void all_gather(kernels::TensorView values, FlatRange bucket,
                           std::span<const FlatRange> pieces) = 0;
+  // values[range] = sum over ranks of their values[range], in place (hybrid sharding: the
+  // replicas of a piece add up their reduced gradients). The same range size on every rank.
+  virtual void all_reduce(kernels::TensorView values, FlatRange range) = 0;
   // Orders the backend's later work after every exchange call so far (queued exchanges).
   virtual void join() = 0;
   // Queued exchanges: a ticket for the calls made so far, and later backend work ordered after
@@ -79,6 +82,7 @@ class MpiExchange final : public GradientExchange {
                       std::span<const FlatRange> pieces) override;
   void all_gather(kernels::TensorView values, FlatRange bucket,
                   std::span<const FlatRange> pieces) override;
+  void all_reduce(kernels::TensorView values, FlatRange range) override;
   void join() override {}
 
  private:

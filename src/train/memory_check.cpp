@@ -39,6 +39,8 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
   in.ranks = ranks;
   in.shard_optimizer = config.shard_optimizer;
   in.shard_gradients = config.shard_gradients;
+  in.shard_parameters = config.shard_parameters;
+  in.shard_group_size = config.shard_group_size;
   in.fp32_gradients = in.compute != kernels::DType::f32 && config.fp32_gradients(ranks);
   in.cudnn_attention = config.attention == kernels::Attention::cudnn;
   return in;

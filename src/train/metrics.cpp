@@ -39,6 +39,7 @@ json to_json(const StepMetrics& m) {
             {"reduce_wait_ms", m.reduce_wait_ms},
             {"reduce_ms", m.reduce_ms},
             {"gather_ms", m.gather_ms},
+            {"gather_wait_ms", m.gather_wait_ms},
             {"skipped", m.skipped}};
   if (m.accuracy) {
     j["accuracy"] = *m.accuracy;

@@ -13,6 +13,7 @@
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/model_file.hpp"
+#include "ckpt/rank_state.hpp"
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
@@ -167,6 +168,69 @@ std::vector<float> initialize_model(const dist::World& world, model::LlamaModel&
   }
   model.load_parameters(host);
   return host;
+}
+
+std::vector<float> initial_weights_of_ranges(const dist::World& world,
+                                             const model::ParameterLayout& layout,
+                                             const ModelSource& source, std::uint64_t seed,
+                                             const std::vector<model::FlatRange>& ranges) {
+  std::int64_t total = 0;
+  for (const model::FlatRange& r : ranges) total += r.size();
+  std::vector<float> values(static_cast<std::size_t>(total));
+  model::initialize_parameter_ranges(values, layout, seed, ranges);
+  const std::optional<model::HeadKind> head = source.initial_head();
+  if (!head) return values;
+  std::exception_ptr failure;
+  try {
+    if (*head == model::HeadKind::reward && layout.head() == model::HeadKind::language_model) {
+      throw core::bad_input("a reward model cannot initialise a language model (it has no lm_head)",
+                            {.file = source.origin()});
+    }
+    const auto is_head = [](const std::string& name) {
+      return name == "lm_head.weight" || name == "score.weight";
+    };
+    if (!source.hf_dir.empty()) {
+      // Every rank checks every tensor's presence and shape (the headers only), then reads the
+      // pages of its slices.
+      const safetensors::SafetensorsModel weights(source.hf_dir);
+      for (const model::TensorInfo& t : layout.tensors()) {
+        if (is_head(t.name) && source.hf_head != layout.head()) continue;
+        const safetensors::SafetensorsTensor* found = weights.find(t.name);
+        if (found == nullptr) {
+          throw core::bad_input("the model has no such tensor (not a Llama 3 model of this shape?)",
+                                {.file = source.hf_dir, .tensor = t.name});
+        }
+        if (found->shape != t.shape) {
+          throw core::bad_input(
+              fmt::format("shape [{}] in the file, [{}] expected from config.json",
+                          fmt::join(found->shape, ", "), fmt::join(t.shape, ", ")),
+              {.file = source.hf_dir, .tensor = t.name});
+        }
+      }
+      for (const ckpt::TensorSlice& slice : ckpt::tensor_slices(layout, ranges)) {
+        const model::TensorInfo& t = layout.tensors()[slice.tensor];
+        if (is_head(t.name) && source.hf_head != layout.head()) continue;
+        weights.read_range(t.name, slice.first,
+                           std::span(values).subspan(static_cast<std::size_t>(slice.position),
+                                                     static_cast<std::size_t>(slice.count)));
+      }
+    } else {
+      const ckpt::ModelTensors which =
+          *head == layout.head() ? ckpt::ModelTensors::all : ckpt::ModelTensors::backbone_only;
+      const auto skip = [&](const std::string& name) {
+        return which == ckpt::ModelTensors::backbone_only && is_head(name);
+      };
+      // Every byte checked once, by the ranks in turn, then each reads its share.
+      ckpt::check_model_share(*source.checkpoint, source.step_dir, layout, skip, world.rank(),
+                              world.size());
+      ckpt::read_model_ranges((fs::path(source.step_dir) / ckpt::kModelFile).string(), layout,
+                              ranges, values, which);
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+  return values;
 }
 
 }  // namespace l3::train

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "ckpt/manifest.hpp"
 #include "dist/world.hpp"
@@ -54,5 +55,15 @@ void read_initial_weights(const ModelSource& source, const model::ParameterLayou
 [[nodiscard]] std::vector<float> initialize_model(const dist::World& world,
                                                   model::LlamaModel& model,
                                                   const ModelSource& source, std::uint64_t seed);
+
+// The same initial weights at the layout positions `ranges` only (this rank's share, ascending),
+// back to back, for a model whose weights no rank holds whole (parameter sharding): every rank
+// draws the random values of its ranges and reads only its slices of the files (safetensors
+// through the map, model.h5 by hyperslab); a checkpoint's checksums are checked once over all
+// ranks (each checks a share of the slices). Collective over `world`; the same checks and
+// errors as initialize_model.
+[[nodiscard]] std::vector<float> initial_weights_of_ranges(
+    const dist::World& world, const model::ParameterLayout& layout, const ModelSource& source,
+    std::uint64_t seed, const std::vector<model::FlatRange>& ranges);
 
 }  // namespace l3::train

@@ -129,6 +129,15 @@ class NcclExchange final : public GradientExchange {
     });
   }
 
+  void all_reduce(kernels::TensorView values, FlatRange range) override {
+    if (range.size() == 0) return;
+    wait_for_compute();
+    checked(ncclAllReduce(element(values, range.begin), element(values, range.begin),
+                          static_cast<std::size_t>(range.size()), nccl_type(values.dtype()),
+                          ncclSum, comm_, stream_),
+            fmt::format("all-reduce of {} values", range.size()));
+  }
+
   void join() override {
     cuda::check(cudaEventRecord(comm_done_, stream_), "NCCL exchange: record");
     cuda::check(cudaStreamWaitEvent(compute_, comm_done_, 0), "NCCL exchange: compute waits");

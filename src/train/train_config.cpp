@@ -33,6 +33,19 @@ void TrainConfig::validate() const {
           "--resume CKPT needs --ckpt-dir (where the resumed run writes its checkpoints)");
   require(shard_optimizer || !shard_gradients,
           "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
+  require(shard_gradients || !shard_parameters,
+          "--shard-parameters (ZeRO-3) needs --shard-gradients (ZeRO-2) and the sharded optimizer");
+  require(shard_group_size == 0 || shard_parameters,
+          "--shard-group-size needs --shard-parameters (ZeRO-3)");
+}
+
+std::string zero_stage_name(const TrainConfig& config, int ranks) {
+  if (!config.shard_optimizer) return "0 (off)";
+  if (config.shard_parameters) {
+    const int g = config.shard_group_size;
+    return g > 0 && g < ranks ? fmt::format("3 (hybrid: shard groups of {} ranks)", g) : "3";
+  }
+  return config.shard_gradients ? "2" : "1";
 }
 
 ExchangeChoice parse_exchange_choice(std::string_view name) {
@@ -110,6 +123,9 @@ nlohmann::json TrainConfig::to_json() const {
           {"center_rewards", center_rewards},
           {"shard_optimizer", shard_optimizer},
           {"shard_gradients", shard_gradients},
+          {"shard_parameters", shard_parameters},
+          {"prefetch_gathers", prefetch_gathers},
+          {"shard_group_size", shard_group_size},
           {"grad_accum_dtype", grad_accum_dtype_name(grad_accum_dtype)},
           {"bucket_mb", bucket_mb},
           {"overlap_reduction", overlap_reduction},

@@ -59,6 +59,13 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // ZeRO-2: no whole gradient buffer; each micro-batch's gradients reduced group by group into
   // 1/N per rank (data_parallel.hpp).
   bool shard_gradients = false;
+  // ZeRO-3: no whole copy of the weights either; each layer group's weights are all-gathered
+  // from their owners before use (needs shard_gradients; the CPU backend so far).
+  bool shard_parameters = false;
+  bool prefetch_gathers = true;  // ZeRO-3: gather the next layer group while one computes
+  // ZeRO-3 hybrid sharding: shard within groups of this many consecutive ranks, replicate across
+  // the groups (0: one group of all the ranks).
+  int shard_group_size = 0;
   GradAccumDtype grad_accum_dtype = GradAccumDtype::automatic;  // see fp32_gradients()
   double bucket_mb = 32.0;
   bool overlap_reduction = true;
@@ -108,6 +115,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
 };
 
 // The options' names of the enumerated choices, and back (usage Errors naming the option).
+// "0 (off)", "1", "2", "3" or "3 (hybrid: shard groups of G ranks)": the ZeRO stage of the
+// sharding options on `ranks` ranks, for logs and plans.
+[[nodiscard]] std::string zero_stage_name(const TrainConfig& config, int ranks);
 [[nodiscard]] ExchangeChoice parse_exchange_choice(std::string_view name);
 [[nodiscard]] std::string_view exchange_choice_name(ExchangeChoice choice) noexcept;
 [[nodiscard]] GradAccumDtype parse_grad_accum_dtype(std::string_view name);

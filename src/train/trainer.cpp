@@ -101,6 +101,8 @@ struct Trainer::Impl {
         model.sft_accumulate(batch, scale);
       } else if (!sft && batch.pairs() > 0) {
         model.reward_accumulate(batch, scale, config.center_rewards);
+      } else {
+        model.idle_pass(true);  // ZeRO-3: the other ranks' gathers need this rank (else nothing)
       }
       if (last && !zero2) model.set_gradient_ready_hook({});
       if (zero2) parallel.end_micro_batch();
@@ -160,6 +162,7 @@ struct Trainer::Impl {
     m.reduce_wait_ms = 1e3 * t.wait_seconds;
     m.reduce_ms = 1e3 * t.reduce_seconds;
     m.gather_ms = 1e3 * t.gather_seconds;
+    m.gather_wait_ms = 1e3 * t.gather_wait_seconds;
     m.tokens_per_s = static_cast<double>(m.tokens) / std::max(1e-9, m.step_ms / 1e3);
     if (parts->peak_tflops > 0) {
       m.mfu = m.tokens_per_s *

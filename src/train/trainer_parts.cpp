@@ -87,13 +87,15 @@ void require_training_memory(const dist::World& world, const kernels::Ops& ops,
   const bool cuda = ops.compute_dtype() != kernels::DType::f32;
   model::MemoryPlanInput planned = memory_plan_input(config, model, cuda, world.size());
   planned.micro_batch_rows = config.micro_batch;
-  require_memory(world, ops,
-                 {.backend = model::plan_training_memory(planned).lines,
-                  .host = prefetch_host_bytes(config.global_batch / world.size(), config.seq_len,
-                                              config.prefetch_depth),
-                  .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute or "
-                            "--shard-gradients, run on more ranks, or check the model's config "
-                            "(--dry-run-memory prints the whole plan)"});
+  require_memory(
+      world, ops,
+      {.backend = model::plan_training_memory(planned).lines,
+       .host = prefetch_host_bytes(config.global_batch / world.size(), config.seq_len,
+                                   config.prefetch_depth),
+       .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute or "
+                 "--shard-gradients or --shard-parameters, run on more ranks, or check the model's "
+                 "config "
+                 "(--dry-run-memory prints the whole plan)"});
 }
 
 DataParallelConfig data_parallel_config(const TrainConfig& config, int ranks, bool shard_master) {
@@ -103,9 +105,12 @@ DataParallelConfig data_parallel_config(const TrainConfig& config, int ranks, bo
           static_cast<std::int64_t>(config.bucket_mb * 1024.0 * 1024.0 / sizeof(float))),
       .shard_optimizer = config.shard_optimizer,
       .shard_gradients = config.shard_gradients,
+      .shard_parameters = config.shard_parameters,
+      .shard_group_size = config.shard_group_size,
       // Several micro-batches per step (gradient accumulation): add them up in fp32.
       .fp32_reduced_gradients = config.fp32_gradients(ranks),
       .overlap = config.overlap_reduction,
+      .prefetch_gathers = config.prefetch_gathers,
       .shard_master = shard_master,
       .exchange = config.deterministic && config.grad_exchange == ExchangeChoice::automatic
                       ? ExchangeChoice::mpi
@@ -143,13 +148,14 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
       config.data_from_host ? std::string("?") : fmt::format("{}", p.index.samples()),
       config.data_from_host ? std::string("?") : fmt::format("{}", p.index.total_tokens()),
       loader.plan.accumulation(), loader.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
-      config.shard_optimizer ? (config.shard_gradients ? "2" : "1") : "0 (off)",
+      zero_stage_name(config, world.size()),
       p.ops->compute_dtype() == kernels::DType::f32 || config.fp32_gradients(world.size()) ? "fp32"
                                                                                            : "bf16",
       buckets, buckets == 1 ? "" : "s",
-      config.shard_gradients ? "of every micro-batch"
-                             : (p.parallel->overlapping() ? "overlapped with the backward pass"
-                                                          : "after the backward"),
+      config.shard_parameters  ? "of every micro-batch, weights all-gathered group by group"
+      : config.shard_gradients ? "of every micro-batch"
+                               : (p.parallel->overlapping() ? "overlapped with the backward pass"
+                                                            : "after the backward"),
       p.parallel->exchange_name());
 }
 
@@ -198,13 +204,23 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     p.val_index = open_data(world, c.val_data, c.phase, mc, p.source, c.ignore_tokenizer_mismatch);
   require_training_memory(world, *p.ops, c, mc);
 
-  // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only.
-  const bool shard_master = p.ops->compute_dtype() != kernels::DType::f32 || c.master_in_optimizer;
+  const bool zero3 = c.shard_parameters;
+  if (zero3 && p.ops->compute_dtype() != kernels::DType::f32) {
+    throw core::usage_error(fmt::format(
+        "--shard-parameters (ZeRO-3) is not built for the {} backend yet (its bf16 weight shards "
+        "and NCCL gathers): use --backend cpu, or --shard-gradients alone",
+        p.ops->name()));
+  }
+  // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only; with
+  // ZeRO-3 those pieces are the only copy of the weights.
+  const bool shard_master =
+      p.ops->compute_dtype() != kernels::DType::f32 || c.master_in_optimizer || zero3;
   p.model = std::make_unique<model::LlamaModel>(
       mc, c.phase == Phase::sft ? model::HeadKind::language_model : model::HeadKind::reward, *p.ops,
       model::ModelOptions{.recompute = c.recompute,
                           .keep_master = !shard_master,
                           .own_gradients = !c.shard_gradients,
+                          .own_parameters = !zero3,
                           .fp32_gradients = c.fp32_gradients(world.size())});
   const ModelWeights weights =
       shard_master
@@ -214,8 +230,16 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
                                               data_parallel_config(c, world.size(), shard_master),
                                               c.adamw, weights);
   if (c.shard_gradients) p.model->set_gradient_window(p.parallel.get());
+  if (zero3) p.model->set_parameter_window(p.parallel->parameter_window());
   data::Position position{0, 0};
-  if (resume_dir.empty()) {
+  if (resume_dir.empty() && zero3) {
+    // Each rank reads and initialises its own pieces: no rank ever holds the whole model.
+    ShardedOptimizer& optimizer = p.parallel->optimizer();
+    const std::vector<model::FlatRange> mine = optimizer.state_ranges();
+    optimizer.load_master(
+        mine, initial_weights_of_ranges(world, p.model->layout(), p.source, c.seed, mine));
+    p.parallel->gather_parameters();
+  } else if (resume_dir.empty()) {
     const std::vector<float> initial = initialize_model(world, *p.model, p.source, c.seed);
     if (shard_master) p.parallel->optimizer().load_master_from_whole(initial);
   } else {

@@ -110,6 +110,22 @@ expect "the reward, the token count and the ids scored" python3 -c '
 import json, sys
 r = json.loads(sys.argv[1])
 assert isinstance(r["reward"], float) and r["tokens"] == len(r["ids"]) > 4, r' "$out"
+# The same scores from weights sharded over 3 ranks (5 records: rounds of 3 and 2, one rank idle).
+printf '%s\n' '{"prompt":"Reverse abc.","chosen":"cba","rejected":"abc"}' \
+  '{"prompt":"Reverse dog.","response":"god"}' '' \
+  '{"prompt":"Reverse sun.","chosen":"nus","rejected":"uns"}' \
+  '{"prompt":"Reverse tea.","chosen":"aet","rejected":"tae"}' \
+  '{"prompt":"Reverse pen.","response":"nep"}' >"$work/score.jsonl"
+# (on 3 ranks both: rank 0's thread budget, and so its sums' rounding, is the same)
+run "score --input" 0 "$mpiexec" -n 3 "$bin" score --init "$work/demo/ckpt/reward" --input "$work/score.jsonl"
+scores=$out
+run "score --input with sharded parameters on 3 ranks" 0 "$mpiexec" -n 3 "$bin" score --init "$work/demo/ckpt/reward" --input "$work/score.jsonl" --shard-parameters
+expect "the same scores, in file order" [ "$out" = "$scores" ]
+run "score --json with sharded parameters on 2 ranks" 0 "$mpiexec" -n 2 "$bin" score --init "$work/demo/ckpt/reward" --prompt "Reverse abc." --response "cba" --shard-parameters
+expect "printed once" [ "$(lines "$out")" = 1 ]
+printf '%s\n' '{"prompt":"a","response":"b"}' 'not json' >"$work/score-bad.jsonl"
+run "a bad record with sharded parameters" 2 "$mpiexec" -n 2 "$bin" score --init "$work/demo/ckpt/reward" --input "$work/score-bad.jsonl" --shard-parameters
+expect "names file:line" contains "$err" "score-bad.jsonl:2"
 run "bad option on 2 ranks" 2 "$mpiexec" -n 2 "$bin" info --bogus
 expect "exactly one line on stderr" [ "$(lines "$err")" = 1 ]
 run "help under mpiexec prints once" 0 "$mpiexec" -n 2 "$bin" --help
@@ -164,6 +180,12 @@ expect "one error line" [ "$(lines "$err")" = 1 ]
 expect "says why" contains "$err" "--shard-gradients (ZeRO-2) needs the sharded optimizer"
 run "ZeRO-2 on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 2 --shard-gradients --no-progress
 expect "reports ZeRO-2" contains "$err$out" "ZeRO-2,"
+run "ZeRO-3 on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 2 --shard-parameters --no-progress --metrics "$work/z3.jsonl"
+expect "reports ZeRO-3" contains "$err$out" "ZeRO-3,"
+expect "gather times in the metrics" contains "$(cat "$work/z3.jsonl")" '"gather_wait_ms":'
+run "hybrid groups that do not divide the ranks" 2 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --steps 1 --shard-parameters --shard-group-size 3 --no-progress
+run "--shard-group-size without --shard-parameters" 2 "$bin" sft --model tiny --data "$work/train" --global-batch 2 --shard-group-size 2
+expect "says what it needs" contains "$err" "--shard-group-size needs --shard-parameters (ZeRO-3)"
 run "--deterministic on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --deterministic --no-progress
 expect "reports the exchange" contains "$err$out" "(mpi"
 run "sft on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --val-data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 6 --lr 1e-3 --metrics "$work/m.jsonl" --ckpt-dir "$work/ck" --checkpoint-every 4 --no-progress
@@ -189,12 +211,26 @@ run "sft --dry-run-memory with ZeRO-2" 0 "$bin" sft --model llama3-8b --seq-len 
   --dry-run-ranks 8 --backend cuda --shard-gradients
 expect "two layer groups being computed" contains "$out" "gradients being computed (bf16, ZeRO-2: two layer groups)"
 expect "1/8 of the reduced gradients" contains "$out" "reduced gradients (bf16, ZeRO-2: 1/8 of them)"
+# The 70B model on 64 GPUs of 80 GB: ZeRO-3 must plan under 72 GiB per rank (docs/TRAINING.md).
+run "70B with ZeRO-3 --dry-run-memory" 0 "$bin" sft --model llama3.1-70b --backend cuda --seq-len 8192 \
+  --recompute --shard-gradients --shard-parameters --dry-run-memory --dry-run-ranks 64
+expect "plans ZeRO-3" contains "$out" "ZeRO-3"
+expect "1/64 of the weights" contains "$out" "weights (bf16, ZeRO-3: 1/64 of 70.554B parameters)"
+total=$(printf '%s\n' "$out" | tail -1 | awk '$1 == "total" {print $2}')
+expect "under 72 GiB ($total GiB)" awk -v t="$total" 'BEGIN { exit !(t > 0 && t < 72) }'
+run "hybrid groups of 8 --dry-run-memory" 0 "$bin" sft --model llama3.1-70b --backend cuda --seq-len 8192 \
+  --recompute --shard-parameters --shard-group-size 8 --dry-run-memory --dry-run-ranks 64
+expect "1/8 of the weights" contains "$out" "1/8 of 70.554B parameters"
 run "reward --dry-run-memory from a checkpoint" 0 "$bin" reward --init "$work/ck" --dry-run-memory --recompute
 expect "one block with --recompute" contains "$out" "block activations (one block: --recompute)"
 expect "reward plans two rows per pair" contains "$out" "micro-batch 1 pairs = at most 2 rows x"
 run "eval of the checkpoint" 0 "$bin" eval --init "$work/ck" --data "$work/train"
 expect "one JSON line with the loss" contains "$out" '"loss":'
 expect "and the perplexity" contains "$out" '"perplexity":'
+run "eval on 2 ranks" 0 "$mpiexec" -n 2 "$bin" eval --init "$work/ck" --data "$work/train"
+loss=$(printf '%s\n' "$out" | grep -o '"loss":[^,}]*')
+run "eval on 2 ranks with sharded parameters" 0 "$mpiexec" -n 2 "$bin" eval --init "$work/ck" --data "$work/train" --shard-parameters
+expect "the same loss ($loss)" contains "$out" "$loss"
 run "generate from the checkpoint" 0 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --chat --max-new 8
 run "resuming with another --lr is refused" 2 "$bin" sft --model tiny --data "$work/train" --val-data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 8 --lr 2e-3 --ckpt-dir "$work/ck" --no-progress
 expect "one error line" [ "$(error_lines "$err")" = 1 ]

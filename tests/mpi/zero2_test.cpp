@@ -139,7 +139,7 @@ Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head,
     std::vector<float> initial(static_cast<std::size_t>(model.layout().total()));
     l3::model::initialize_parameters(initial, model.layout(), 7);
     parallel.optimizer().load_master_from_whole(initial);
-    model.set_parameter_window(&parallel);
+    model.set_parameter_window(parallel.parameter_window());
     CHECK(model.parameters().empty());
     // The gather slots are what the memory plan says they are.
     CHECK(parallel.gather_slot_bytes() == l3::model::gradient_slot_elements(model.layout()) * 4);

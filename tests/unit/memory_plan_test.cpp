@@ -203,6 +203,12 @@ TEST_CASE("ZeRO-3 plans 1/G of the weights and two gathered layer groups", "[mem
   CHECK(hybrid.lines[0].bytes == 2 * ((p + 7) / 8));
   in.ranks = 512;
   CHECK(l3::model::plan_training_memory(in).total() == hybrid.total());
+  // Groups larger than the run: one group of all the ranks.
+  in.ranks = 4;
+  in.shard_group_size = 0;
+  const std::int64_t flat4 = l3::model::plan_training_memory(in).total();
+  in.shard_group_size = 8;
+  CHECK(l3::model::plan_training_memory(in).total() == flat4);
   // Without ZeRO-2 there is no parameter sharding: the plan is ZeRO-1's.
   in.shard_gradients = false;
   in.shard_group_size = 0;

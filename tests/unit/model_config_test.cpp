@@ -16,6 +16,8 @@ TEST_CASE("presets have the published parameter counts", "[model]") {
   CHECK(l3::model::preset("llama3.2-1b").parameter_count() == 1235814400LL);
   CHECK(l3::model::preset("llama3.2-3b").parameter_count() == 3212749824LL);
   CHECK(l3::model::preset("llama3.1-70b").parameter_count() == 70553706496LL);
+  // 811,706,777,600 bytes of bf16 in the published checkpoint's index.
+  CHECK(l3::model::preset("llama3.1-405b").parameter_count() == 405853388800LL);
   const ModelConfig tiny = l3::model::preset("tiny");
   CHECK(tiny.vocab_size == 512);
   CHECK(tiny.hidden_size == 64);

@@ -1,15 +1,18 @@
 // safetensors: a hand-built file with known values, the 16-bit conversions, writer round trips
 // (single and sharded), and the malformed-file matrix: every case is a bad_input Error that
 // names the file (and the tensor where there is one), never a crash or a read out of bounds.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/catch.hpp"
@@ -148,6 +151,46 @@ TEST_CASE("safetensors writer round trips: F32 bit for bit, BF16 rounded", "[saf
     std::vector<float> b(3);
     file.read("a.bias", b);
     CHECK(b[2] == 7.0F);
+  }
+}
+
+TEST_CASE("safetensors ranges read what the whole tensor holds and a filled tensor writes alike",
+          "[safetensors]") {
+  const l3::test::TempDir dir;
+  // More than one read chunk (2^20 elements) so that a range crosses chunks.
+  std::vector<float> w(std::size_t{3} << 19U);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::cos(static_cast<float>(i) * 0.01F);
+  for (const SafetensorsDType dtype : {SafetensorsDType::f32, SafetensorsDType::bf16}) {
+    const std::string given = (dir.path() / "given.safetensors").string();
+    const std::string filled = (dir.path() / "filled.safetensors").string();
+    l3::safetensors::write_safetensors(given, {{"w", {3, 1 << 19}, w}}, dtype, {});
+    // The same tensor produced when written (streaming): the same bytes.
+    l3::safetensors::write_safetensors(
+        filled,
+        {{.name = "w",
+          .shape = {3, 1 << 19},
+          .values = {},
+          .fill = [&](std::span<float> out) { std::copy(w.begin(), w.end(), out.begin()); }}},
+        dtype, {});
+    std::ifstream a(given, std::ios::binary);
+    std::ifstream b(filled, std::ios::binary);
+    CHECK(std::string(std::istreambuf_iterator<char>(a), {}) ==
+          std::string(std::istreambuf_iterator<char>(b), {}));
+
+    const SafetensorsFile file(given);
+    std::vector<float> whole(w.size());
+    file.read("w", whole);
+    for (const auto& [first, count] : {std::pair<std::int64_t, std::int64_t>{0, 5},
+                                       {1000, (std::int64_t{1} << 20) + 77},
+                                       {static_cast<std::int64_t>(w.size()) - 3, 3}}) {
+      std::vector<float> part(static_cast<std::size_t>(count));
+      file.read_range("w", first, part);
+      CHECK(
+          std::equal(part.begin(), part.end(), whole.begin() + static_cast<std::ptrdiff_t>(first)));
+    }
+    std::vector<float> beyond(4);
+    CHECK_THROWS_WITH(file.read_range("w", static_cast<std::int64_t>(w.size()) - 3, beyond),
+                      Catch::Contains("asked for") && Catch::Contains("'w'"));
   }
 }
 

@@ -1,0 +1,48 @@
+// A model's weights spread over ranks for forward passes only (evaluation of a model larger than
+// one rank's memory, `eval --shard-parameters`): each rank loads and holds 1/N of them (its
+// pieces of a ShardPlan over the gradient groups) in the compute dtype, and the model reads
+// every layer group through a ParameterGather over those pieces (parameter_gather.hpp). Nothing
+// else: no master copy, no gradients, no optimizer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dist/world.hpp"
+#include "kernels/ops.hpp"
+#include "model/parameter_layout.hpp"
+#include "train/model_source.hpp"
+#include "train/parameter_gather.hpp"
+#include "train/shard_plan.hpp"
+
+namespace l3::train {
+
+class ShardedWeights {
+ public:
+  // Collective over `world`: every rank reads its pieces of `source`'s weights (random ones from
+  // `seed` without a checkpoint or model directory) as initial_weights_of_ranges does.
+  ShardedWeights(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
+                 const ModelSource& source, std::uint64_t seed);
+  ShardedWeights(const ShardedWeights&) = delete;
+  ShardedWeights& operator=(const ShardedWeights&) = delete;
+  ShardedWeights(ShardedWeights&&) = delete;
+  ShardedWeights& operator=(ShardedWeights&&) = delete;
+  ~ShardedWeights() = default;
+
+  // For LlamaModel::set_parameter_window (a model built with own_parameters false).
+  [[nodiscard]] model::ParameterWindow& window() noexcept { return *gather_; }
+  // The elements this rank holds (its share) and the bytes of the gather slots.
+  [[nodiscard]] std::int64_t held_elements() const noexcept { return held_; }
+  [[nodiscard]] std::int64_t gather_slot_bytes() const noexcept { return gather_->slot_bytes(); }
+
+ private:
+  ShardPlan plan_;
+  int rank_;
+  kernels::Buffer pieces_;        // this rank's pieces back to back, in layout order
+  std::vector<std::int64_t> at_;  // where bucket b's piece starts in pieces_ (-1: empty)
+  std::int64_t held_ = 0;
+  std::unique_ptr<ParameterGather> gather_;
+};
+
+}  // namespace l3::train

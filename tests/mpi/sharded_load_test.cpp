@@ -1,0 +1,225 @@
+// Loading a Hugging Face model for parameter sharding (--shard-parameters): each rank reads only
+// its pieces, so its peak resident memory (getrusage) grows by its share of the model plus at
+// most one tensor and a fixed margin, not by the model, and the values are those of the file.
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "catch.hpp"
+#include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/checkpoint_writer.hpp"
+#include "ckpt/manifest.hpp"
+#include "ckpt/model_file.hpp"
+#include "core/error.hpp"
+#include "dist/world.hpp"
+#include "io/safetensors/float_formats.hpp"
+#include "io/safetensors/safetensors_writer.hpp"
+#include "model/model_config.hpp"
+#include "model/parameter_init.hpp"
+#include "model/parameter_layout.hpp"
+#include "shared_directory.hpp"
+#include "train/model_source.hpp"
+#include "train/shard_plan.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The value of element j of every tensor in the file (before bf16 rounding).
+float pattern(std::int64_t j) { return static_cast<float>((j * 7919) % 2003 - 1001) / 1024.0F; }
+
+std::int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // Linux: KiB
+}
+
+// Resets the peak to the current resident set (Linux >= 4.0): the peak measured next is the
+// load's, not the process's history (the writer of the file, MPI's start).
+bool reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return static_cast<bool>(clear);
+}
+
+}  // namespace
+
+TEST_CASE("a sharded load from safetensors holds this rank's share and one tensor at most",
+          "[train][zero][memory]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const std::string dir = l3::test::shared_directory(world, "train", "sharded-load");
+  // 95M parameters: 380 MB in fp32, 190 MB of bf16 in the file; the largest tensor 4M values.
+  l3::model::ModelConfig config = l3::model::preset("tiny");
+  config.vocab_size = 4096;
+  config.hidden_size = 1024;
+  config.intermediate_size = 4096;
+  config.n_layers = 6;
+  config.n_heads = 16;
+  config.n_kv_heads = 4;
+  config.head_dim = 64;
+  const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
+  std::int64_t largest = 0;
+  for (const l3::model::TensorInfo& t : layout.tensors()) largest = std::max(largest, t.numel);
+  if (world.is_root()) {
+    // Every tensor's values are the same prefix of one buffer: the writer holds one tensor's
+    // worth of values, not the model's.
+    std::vector<float> values(static_cast<std::size_t>(largest));
+    for (std::int64_t j = 0; j < largest; ++j) values[static_cast<std::size_t>(j)] = pattern(j);
+    std::vector<l3::safetensors::TensorToWrite> tensors;
+    for (const l3::model::TensorInfo& t : layout.tensors()) {
+      tensors.push_back({t.name, t.shape,
+                         std::span<const float>(values).first(static_cast<std::size_t>(t.numel))});
+    }
+    (void)l3::safetensors::write_safetensors_model(
+        dir, tensors, l3::safetensors::SafetensorsDType::bf16, std::uint64_t{64} << 20, {});
+    std::ofstream(dir + "/config.json") << config.to_hf_json().dump(2);
+  }
+  world.barrier();
+  const l3::train::ModelSource source = l3::train::resolve_model_source("", dir);
+  REQUIRE(source.hf_dir == dir);
+  const l3::train::ShardPlan plan({.total = layout.total(),
+                                   .groups = layout.gradient_groups(),
+                                   .ranks = world.size(),
+                                   .bucket_elements = std::int64_t{1} << 20});
+  const std::vector<l3::model::FlatRange> mine = plan.owned(world.rank());
+  std::int64_t share = 0;
+  for (const l3::model::FlatRange& r : mine) share += r.size();
+
+  const bool reset = reset_peak_rss();
+  if (!reset) {
+    WARN(
+        "/proc/self/clear_refs is not writable here: the peak resident memory cannot be reset, "
+        "the memory bound is not checked");
+  }
+  const std::int64_t before = peak_rss_bytes();
+  const std::vector<float> loaded =
+      l3::train::initial_weights_of_ranges(world, layout, source, 3, mine);
+  const std::int64_t grown = peak_rss_bytes() - before;
+  const std::int64_t bound = 4 * share + 4 * largest + (std::int64_t{32} << 20);
+  INFO(
+      fmt::format("rank {} of {}: share {:.1f} MB, largest tensor {:.1f} MB, peak grew {:.1f} MB "
+                  "(bound {:.1f} MB; the whole model is {:.1f} MB)",
+                  world.rank(), world.size(), 4e-6 * static_cast<double>(share),
+                  4e-6 * static_cast<double>(largest), 1e-6 * static_cast<double>(grown),
+                  1e-6 * static_cast<double>(bound), 4e-6 * static_cast<double>(layout.total())));
+  if (reset) CHECK(grown <= bound);
+  if (world.size() >= 4) CHECK(bound < 4 * layout.total() / 2);  // the bound excludes the model
+
+  // The values: the file's (the bf16-rounded pattern).
+  REQUIRE(static_cast<std::int64_t>(loaded.size()) == share);
+  std::int64_t base = 0;
+  std::int64_t wrong = 0;
+  for (const l3::model::FlatRange& r : mine) {
+    for (const l3::model::TensorInfo& t : layout.tensors()) {
+      const std::int64_t lo = std::max(r.begin, t.offset);
+      const std::int64_t hi = std::min(r.end, t.offset + t.numel);
+      for (std::int64_t at = lo; at < hi; ++at) {
+        const float expected =
+            l3::safetensors::bf16_to_float(l3::safetensors::float_to_bf16(pattern(at - t.offset)));
+        if (loaded[static_cast<std::size_t>(base + at - r.begin)] != expected) ++wrong;
+      }
+    }
+    base += r.size();
+  }
+  CHECK(wrong == 0);
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+// From a checkpoint: every rank reads its ranges of model.h5 by hyperslab, the same values the
+// whole file holds, and the ranks check the slices' checksums between them: a damaged tensor
+// stops every rank with an error naming the file and the tensor.
+TEST_CASE("a sharded load from a checkpoint reads this rank's ranges and checks every slice once",
+          "[train][zero]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const std::string dir = l3::test::shared_directory(world, "train", "sharded-ckpt");
+  const l3::model::ModelConfig config = l3::model::preset("tiny");
+  const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
+  // A checkpoint written by the ranks' ZeRO-1 pieces of one plan...
+  const l3::train::ShardPlan written(
+      {.total = layout.total(), .ranks = world.size(), .bucket_elements = 4096});
+  l3::ckpt::RankState state;
+  state.allocate(written.owned(world.rank()));
+  l3::model::initialize_parameter_ranges(state.master, layout, 21, state.ranges);
+  std::fill(state.exp_avg.begin(), state.exp_avg.end(), 0.0F);
+  std::fill(state.exp_avg_sq.begin(), state.exp_avg_sq.end(), 0.0F);
+  {
+    l3::ckpt::CheckpointWriter writer(world, dir, {.keep_last = 2, .async = false});
+    writer.write(layout,
+                 l3::ckpt::describe_checkpoint({.step = 1,
+                                                .phase = "sft",
+                                                .head = l3::model::HeadKind::language_model,
+                                                .model = config,
+                                                .world_size = world.size()}),
+                 std::move(state));
+    REQUIRE(writer.wait());
+  }
+  const l3::train::ModelSource source = l3::train::resolve_model_source("", dir);
+  REQUIRE(source.checkpoint);
+  std::vector<float> whole(static_cast<std::size_t>(layout.total()), 0.0F);
+  l3::ckpt::read_model_file(source.step_dir + "/" + std::string(l3::ckpt::kModelFile), layout,
+                            whole);
+
+  // ... read back through another plan (the groups of ZeRO-3, other bucket sizes).
+  const l3::train::ShardPlan plan({.total = layout.total(),
+                                   .groups = layout.gradient_groups(),
+                                   .ranks = world.size(),
+                                   .bucket_elements = 1000});
+  const std::vector<l3::model::FlatRange> mine = plan.owned(world.rank());
+  const std::vector<float> loaded =
+      l3::train::initial_weights_of_ranges(world, layout, source, 99, mine);
+  std::size_t at = 0;
+  std::int64_t wrong = 0;
+  for (const l3::model::FlatRange& r : mine) {
+    for (std::int64_t i = r.begin; i < r.end; ++i, ++at)
+      if (loaded[at] != whole[static_cast<std::size_t>(i)]) ++wrong;
+  }
+  CHECK(wrong == 0);
+
+  // One value of the last block's down_proj changed in the file: whichever rank checks that
+  // slice finds it, and every rank reports it.
+  world.barrier();
+  if (world.is_root()) {
+    const std::string path = source.step_dir + "/" + std::string(l3::ckpt::kModelFile);
+    const std::string name =
+        fmt::format("model.layers.{}.mlp.down_proj.weight", config.n_layers - 1);
+    const l3::model::TensorInfo& t = layout.find(name);
+    std::vector<float> values(static_cast<std::size_t>(t.numel));
+    // Through the HDF5 file's contiguous data: found by its bytes, which are unique here.
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(file)), {});
+    const float* first = whole.data() + t.offset;
+    const std::string needle(reinterpret_cast<const char*>(first), 64);  // NOLINT
+    const std::size_t found = bytes.find(needle);
+    REQUIRE(found != std::string::npos);
+    file.seekp(static_cast<std::streamoff>(found));
+    const float changed = first[0] + 1.0F;
+    file.write(reinterpret_cast<const char*>(&changed), sizeof(changed));  // NOLINT
+  }
+  world.barrier();
+  int named = 0;  // this rank found the damage and names it
+  try {
+    (void)l3::train::initial_weights_of_ranges(world, layout, source, 99, mine);
+    FAIL("a damaged model.h5 was loaded");
+  } catch (const l3::core::Error& e) {
+    CHECK(e.kind() == l3::core::ErrorKind::bad_input);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("model.h5") &&
+                                          Catch::Contains("mlp.down_proj.weight") &&
+                                          Catch::Contains("checksum mismatch"));
+    named = 1;
+  } catch (const l3::core::PeerFailure& e) {
+    CHECK(e.exit_code() == 2);  // the others learn that a rank failed on bad input
+  }
+  int naming = 0;
+  MPI_Allreduce(&named, &naming, 1, MPI_INT, MPI_SUM, world.comm());
+  CHECK(naming == 1);  // the slice is checked once, by one rank
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
