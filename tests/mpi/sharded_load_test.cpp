@@ -1,6 +1,7 @@
-// Loading a Hugging Face model for parameter sharding (--shard-parameters): each rank reads only
-// its pieces, so its peak resident memory (getrusage) grows by its share of the model plus at
-// most one tensor and a fixed margin, not by the model, and the values are those of the file.
+// Loading and exporting models larger than one rank: for parameter sharding (--shard-parameters)
+// each rank reads only its pieces of a Hugging Face model or a checkpoint, so its peak resident
+// memory (getrusage) grows by its share of the model plus at most one tensor and a fixed margin,
+// not by the model, and the values are those of the file; `export` holds one tensor at a time.
 #include <fmt/format.h>
 #include <sys/resource.h>
 
@@ -14,6 +15,7 @@
 #include "catch.hpp"
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checkpoint_writer.hpp"
+#include "ckpt/hf_export.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/model_file.hpp"
 #include "core/error.hpp"
@@ -220,6 +222,59 @@ TEST_CASE("a sharded load from a checkpoint reads this rank's ranges and checks 
   int naming = 0;
   MPI_Allreduce(&named, &naming, 1, MPI_INT, MPI_SUM, world.comm());
   CHECK(naming == 1);  // the slice is checked once, by one rank
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+// export streams: the exporter holds one tensor at a time, not the model (rank 0 exports a
+// checkpoint the ranks wrote; its peak resident memory grows by about the largest tensor).
+TEST_CASE("export holds one tensor at a time, not the model", "[train][memory]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const std::string dir = l3::test::shared_directory(world, "train", "export-memory");
+  // 37M parameters: 148 MB in fp32; the largest tensor (embedding, lm_head) 4M values.
+  l3::model::ModelConfig config = l3::model::preset("tiny");
+  config.vocab_size = 4096;
+  config.hidden_size = 1024;
+  config.intermediate_size = 4096;
+  config.n_layers = 2;
+  config.n_heads = 16;
+  config.n_kv_heads = 4;
+  config.head_dim = 64;
+  const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
+  const l3::train::ShardPlan plan(
+      {.total = layout.total(), .ranks = world.size(), .bucket_elements = std::int64_t{1} << 20});
+  l3::ckpt::RankState state;
+  state.allocate(plan.owned(world.rank()));
+  l3::model::initialize_parameter_ranges(state.master, layout, 5, state.ranges);
+  std::fill(state.exp_avg.begin(), state.exp_avg.end(), 0.0F);
+  std::fill(state.exp_avg_sq.begin(), state.exp_avg_sq.end(), 0.0F);
+  {
+    l3::ckpt::CheckpointWriter writer(world, dir + "/ckpt", {.keep_last = 2, .async = false});
+    writer.write(layout,
+                 l3::ckpt::describe_checkpoint({.step = 1,
+                                                .phase = "sft",
+                                                .head = l3::model::HeadKind::language_model,
+                                                .model = config,
+                                                .world_size = world.size()}),
+                 std::move(state));
+    REQUIRE(writer.wait());
+  }
+  if (world.is_root()) {
+    std::int64_t largest = 0;
+    for (const l3::model::TensorInfo& t : layout.tensors()) largest = std::max(largest, t.numel);
+    const bool reset = reset_peak_rss();
+    const std::int64_t before = peak_rss_bytes();
+    const l3::ckpt::HfExportReport report =
+        l3::ckpt::export_hugging_face(dir + "/ckpt", dir + "/hf", {.bf16 = true});
+    const std::int64_t grown = peak_rss_bytes() - before;
+    const std::int64_t bound = 4 * largest + (std::int64_t{32} << 20);
+    INFO(fmt::format("export of {:.1f} MB of fp32 weights: peak grew {:.1f} MB (bound {:.1f} MB)",
+                     4e-6 * static_cast<double>(layout.total()), 1e-6 * static_cast<double>(grown),
+                     1e-6 * static_cast<double>(bound)));
+    CHECK(report.tensor_bytes == 2 * static_cast<std::uint64_t>(layout.parameter_count()));
+    if (reset) CHECK(grown <= bound);
+    CHECK(bound < 4 * layout.total() / 2);  // the bound excludes the model
+  }
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
 }
