@@ -92,10 +92,9 @@ void require_training_memory(const dist::World& world, const kernels::Ops& ops,
       {.backend = model::plan_training_memory(planned).lines,
        .host = prefetch_host_bytes(config.global_batch / world.size(), config.seq_len,
                                    config.prefetch_depth),
-       .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute or "
-                 "--shard-gradients or --shard-parameters, run on more ranks, or check the model's "
-                 "config "
-                 "(--dry-run-memory prints the whole plan)"});
+       .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute, "
+                 "--shard-gradients or --shard-parameters, run on more ranks, or check the "
+                 "model's config (--dry-run-memory prints the whole plan)"});
 }
 
 DataParallelConfig data_parallel_config(const TrainConfig& config, int ranks, bool shard_master) {
