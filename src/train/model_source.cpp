@@ -75,14 +75,22 @@ ModelSource hugging_face_source(const std::string& dir) {
   return source;
 }
 
-// The tensors of `layout` from a Hugging Face model into `flat`; the head only when the file has
-// the same kind of head.
-void read_hugging_face_weights(const ModelSource& source, const model::ParameterLayout& layout,
-                               std::span<float> flat) {
-  const safetensors::SafetensorsModel weights(source.hf_dir);
+bool is_head_tensor(const std::string& name) {
+  return name == "lm_head.weight" || name == "score.weight";
+}
+
+// Whether `t` is read from the Hugging Face model: all tensors, the head only when the file has
+// the same kind of head (else a new score head keeps its initialisation).
+bool read_from_file(const ModelSource& source, const model::ParameterLayout& layout,
+                    const model::TensorInfo& t) {
+  return !is_head_tensor(t.name) || source.hf_head == layout.head();
+}
+
+// Every tensor read from the model is present with the layout's shape (the headers only).
+void check_hugging_face_tensors(const ModelSource& source, const model::ParameterLayout& layout,
+                                const safetensors::SafetensorsModel& weights) {
   for (const model::TensorInfo& t : layout.tensors()) {
-    const bool head = t.name == "lm_head.weight" || t.name == "score.weight";
-    if (head && source.hf_head != layout.head()) continue;  // a new score head
+    if (!read_from_file(source, layout, t)) continue;
     const safetensors::SafetensorsTensor* found = weights.find(t.name);
     if (found == nullptr) {
       throw core::bad_input("the model has no such tensor (not a Llama 3 model of this shape?)",
@@ -93,6 +101,16 @@ void read_hugging_face_weights(const ModelSource& source, const model::Parameter
                                         fmt::join(found->shape, ", "), fmt::join(t.shape, ", ")),
                             {.file = source.hf_dir, .tensor = t.name});
     }
+  }
+}
+
+// The tensors of `layout` from a Hugging Face model into `flat`.
+void read_hugging_face_weights(const ModelSource& source, const model::ParameterLayout& layout,
+                               std::span<float> flat) {
+  const safetensors::SafetensorsModel weights(source.hf_dir);
+  check_hugging_face_tensors(source, layout, weights);
+  for (const model::TensorInfo& t : layout.tensors()) {
+    if (!read_from_file(source, layout, t)) continue;
     weights.read(t.name, flat.subspan(static_cast<std::size_t>(t.offset),
                                       static_cast<std::size_t>(t.numel)));
   }
@@ -142,11 +160,10 @@ void read_initial_weights(const ModelSource& source, const model::ParameterLayou
       *head == layout.head() ? ckpt::ModelTensors::all : ckpt::ModelTensors::backbone_only;
   ckpt::read_model_file((fs::path(source.step_dir) / ckpt::kModelFile).string(), layout, flat,
                         which);
-  ckpt::check_loaded_model(*source.checkpoint, source.step_dir, layout, flat,
-                           [&](const std::string& name) {
-                             return which == ckpt::ModelTensors::backbone_only &&
-                                    (name == "lm_head.weight" || name == "score.weight");
-                           });
+  ckpt::check_loaded_model(
+      *source.checkpoint, source.step_dir, layout, flat, [&](const std::string& name) {
+        return which == ckpt::ModelTensors::backbone_only && is_head_tensor(name);
+      });
 }
 
 std::vector<float> initialize_model(const dist::World& world, model::LlamaModel& model,
@@ -186,30 +203,14 @@ std::vector<float> initial_weights_of_ranges(const dist::World& world,
       throw core::bad_input("a reward model cannot initialise a language model (it has no lm_head)",
                             {.file = source.origin()});
     }
-    const auto is_head = [](const std::string& name) {
-      return name == "lm_head.weight" || name == "score.weight";
-    };
     if (!source.hf_dir.empty()) {
-      // Every rank checks every tensor's presence and shape (the headers only), then reads the
-      // pages of its slices.
+      // Every rank checks the tensors' presence and shapes (the headers only), then reads its
+      // slices.
       const safetensors::SafetensorsModel weights(source.hf_dir);
-      for (const model::TensorInfo& t : layout.tensors()) {
-        if (is_head(t.name) && source.hf_head != layout.head()) continue;
-        const safetensors::SafetensorsTensor* found = weights.find(t.name);
-        if (found == nullptr) {
-          throw core::bad_input("the model has no such tensor (not a Llama 3 model of this shape?)",
-                                {.file = source.hf_dir, .tensor = t.name});
-        }
-        if (found->shape != t.shape) {
-          throw core::bad_input(
-              fmt::format("shape [{}] in the file, [{}] expected from config.json",
-                          fmt::join(found->shape, ", "), fmt::join(t.shape, ", ")),
-              {.file = source.hf_dir, .tensor = t.name});
-        }
-      }
+      check_hugging_face_tensors(source, layout, weights);
       for (const ckpt::TensorSlice& slice : ckpt::tensor_slices(layout, ranges)) {
         const model::TensorInfo& t = layout.tensors()[slice.tensor];
-        if (is_head(t.name) && source.hf_head != layout.head()) continue;
+        if (!read_from_file(source, layout, t)) continue;
         weights.read_range(t.name, slice.first,
                            std::span(values).subspan(static_cast<std::size_t>(slice.position),
                                                      static_cast<std::size_t>(slice.count)));
@@ -218,7 +219,7 @@ std::vector<float> initial_weights_of_ranges(const dist::World& world,
       const ckpt::ModelTensors which =
           *head == layout.head() ? ckpt::ModelTensors::all : ckpt::ModelTensors::backbone_only;
       const auto skip = [&](const std::string& name) {
-        return which == ckpt::ModelTensors::backbone_only && is_head(name);
+        return which == ckpt::ModelTensors::backbone_only && is_head_tensor(name);
       };
       // Every byte checked once, by the ranks in turn, then each reads its share.
       ckpt::check_model_share(*source.checkpoint, source.step_dir, layout, skip, world.rank(),

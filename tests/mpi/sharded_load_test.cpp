@@ -44,6 +44,20 @@ std::int64_t peak_rss_bytes() {
 
 // Resets the peak to the current resident set (Linux >= 4.0): the peak measured next is the
 // load's, not the process's history (the writer of the file, MPI's start).
+// Tensors large enough that a model's memory stands out from the process's: vocabulary 4096,
+// hidden 1024 (the embedding and lm_head 4M values each), 14.7M parameters per block.
+l3::model::ModelConfig wide_model(int layers) {
+  l3::model::ModelConfig config = l3::model::preset("tiny");
+  config.vocab_size = 4096;
+  config.hidden_size = 1024;
+  config.intermediate_size = 4096;
+  config.n_layers = layers;
+  config.n_heads = 16;
+  config.n_kv_heads = 4;
+  config.head_dim = 64;
+  return config;
+}
+
 bool reset_peak_rss() {
   std::ofstream clear("/proc/self/clear_refs");
   clear << "5";
@@ -58,14 +72,7 @@ TEST_CASE("a sharded load from safetensors holds this rank's share and one tenso
   const l3::dist::World world(MPI_COMM_WORLD);
   const std::string dir = l3::test::shared_directory(world, "train", "sharded-load");
   // 95M parameters: 380 MB in fp32, 190 MB of bf16 in the file; the largest tensor 4M values.
-  l3::model::ModelConfig config = l3::model::preset("tiny");
-  config.vocab_size = 4096;
-  config.hidden_size = 1024;
-  config.intermediate_size = 4096;
-  config.n_layers = 6;
-  config.n_heads = 16;
-  config.n_kv_heads = 4;
-  config.head_dim = 64;
+  const l3::model::ModelConfig config = wide_model(6);
   const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
   std::int64_t largest = 0;
   for (const l3::model::TensorInfo& t : layout.tensors()) largest = std::max(largest, t.numel);
@@ -232,14 +239,7 @@ TEST_CASE("export holds one tensor at a time, not the model", "[train][memory]")
   const l3::dist::World world(MPI_COMM_WORLD);
   const std::string dir = l3::test::shared_directory(world, "train", "export-memory");
   // 37M parameters: 148 MB in fp32; the largest tensor (embedding, lm_head) 4M values.
-  l3::model::ModelConfig config = l3::model::preset("tiny");
-  config.vocab_size = 4096;
-  config.hidden_size = 1024;
-  config.intermediate_size = 4096;
-  config.n_layers = 2;
-  config.n_heads = 16;
-  config.n_kv_heads = 4;
-  config.head_dim = 64;
+  const l3::model::ModelConfig config = wide_model(2);
   const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
   const l3::train::ShardPlan plan(
       {.total = layout.total(), .ranks = world.size(), .bucket_elements = std::int64_t{1} << 20});
