@@ -83,6 +83,10 @@ struct StepMetrics {
   double reduce_ms = 0;       // spent reducing gradients (overlapped or not)
   double gather_ms = 0;       // parameter all-gathers (ZeRO-1, ZeRO-3), on whichever thread
   double gather_wait_ms = 0;  // the step waited for them (ZeRO-3 prefetches: less than that)
+  // ZeRO-3: layer groups gathered in the step, and how many of them were started while an
+  // earlier group computed (on a thread, or on the GPU's communication stream).
+  std::int64_t gathers = 0;
+  std::int64_t gathers_prefetched = 0;
   double eta_seconds = 0;
   bool skipped = false;            // loss or gradient norm not finite: no update
   std::optional<double> accuracy;  // reward: pairs with r_chosen > r_rejected

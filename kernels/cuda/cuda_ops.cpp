@@ -152,8 +152,14 @@ void CudaOps::bind_thread() {
   check(cudaSetDevice(device_), fmt::format("cudaSetDevice({}) for the calling thread", device_));
 }
 
+int CudaOps::add_wait_check(std::function<void()> check) {
+  const int key = next_wait_check_++;
+  wait_checks_.emplace(key, std::move(check));
+  return key;
+}
+
 void CudaOps::synchronize() {
-  if (!wait_check_) {
+  if (wait_checks_.empty()) {
     check(cudaStreamSynchronize(stream_), "synchronize");
     return;
   }
@@ -161,7 +167,7 @@ void CudaOps::synchronize() {
     const cudaError_t status = cudaStreamQuery(stream_);
     if (status == cudaSuccess) return;
     if (status != cudaErrorNotReady) check(status, "synchronize");
-    wait_check_();
+    for (const auto& [key, check] : wait_checks_) check();
     // A short nap: a step waits here a few times, and each wait costs at most this much more.
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }

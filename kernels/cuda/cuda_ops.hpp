@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,11 +83,14 @@ class CudaOps final : public kernels::Ops {
   [[nodiscard]] kernels::Buffer allocate(kernels::DType dtype, std::int64_t numel) override;
   void zero(kernels::TensorView x) override;
   void copy(kernels::TensorView dst, kernels::ConstTensorView src) override;
-  // Waits for the stream. With a wait check set, it polls instead of blocking and runs the check
-  // between polls, which may throw (the NCCL exchange: a collective whose peer is gone spins
-  // forever, and only ncclCommGetAsyncError says so).
+  // Waits for the stream. With wait checks added, it polls instead of blocking and runs them
+  // between polls; they may throw (each NCCL exchange: a collective whose peer is gone spins
+  // forever, and only ncclCommGetAsyncError says so). A run may hold several exchanges (the
+  // gradients', ZeRO-3's gathers', hybrid sharding's replicas'): each adds its own check and
+  // removes it by the key it got.
   void synchronize() override;
-  void set_wait_check(std::function<void()> check) { wait_check_ = std::move(check); }
+  [[nodiscard]] int add_wait_check(std::function<void()> check);
+  void remove_wait_check(int key) noexcept { wait_checks_.erase(key); }
   // On a copy stream of its own (InputStager), overlapping the queued compute.
   void upload_inputs(int set, std::span<const kernels::HostUpload> uploads) override;
   [[nodiscard]] double take_input_wait_ms() override;
@@ -126,7 +130,9 @@ class CudaOps final : public kernels::Ops {
   std::unique_ptr<InputStager> inputs_;  // micro-batch inputs on the copy stream (first use)
   std::unique_ptr<CudnnAttention> cudnn_;  // null: the fallback attention only
   AttentionCounts attention_;
-  std::function<void()> wait_check_;  // empty: synchronize() blocks in cudaStreamSynchronize
+  // By key; none: synchronize() blocks in cudaStreamSynchronize.
+  std::map<int, std::function<void()>> wait_checks_;
+  int next_wait_check_ = 0;
 };
 
 }  // namespace l3::cuda

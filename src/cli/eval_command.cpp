@@ -67,10 +67,6 @@ int run_eval(const CommandContext& context) {
   const auto ops = kernels::make_ops(kernels::parse_backend(o["backend"].as<std::string>()),
                                      context.world.local_rank());
   const bool sharded = o["shard-parameters"].as<bool>();
-  if (sharded && ops->compute_dtype() != kernels::DType::f32) {
-    throw core::usage_error(fmt::format(
-        "--shard-parameters is not built for the {} backend yet: use --backend cpu", ops->name()));
-  }
   // Refused only when it cannot fit in any case: a pair planned as one row (as in training).
   const std::int64_t rows = micro;
   const int ranks = context.world.size();

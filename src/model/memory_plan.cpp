@@ -140,9 +140,13 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
 
   MemoryPlan plan;
   if (zero3) {
-    plan.lines.push_back({fmt::format("weights ({}, ZeRO-3: 1/{} of {:.3f}B parameters)", dtype,
-                                      shards, static_cast<double>(params) / 1e9),
-                          bytes_of(in.compute, owned)});
+    // In bf16 the fp32 master pieces (below) are the only copy: each rank rounds its pieces to
+    // bf16 as it gathers them (train/parameter_gather.hpp).
+    if (in.compute == DType::f32) {
+      plan.lines.push_back({fmt::format("weights ({}, ZeRO-3: 1/{} of {:.3f}B parameters)", dtype,
+                                        shards, static_cast<double>(params) / 1e9),
+                            bytes_of(in.compute, owned)});
+    }
     plan.lines.push_back({fmt::format("gathered weights ({}, ZeRO-3: two layer groups{})", dtype,
                                       layout.lm_head_tied() ? " and the tied embedding" : ""),
                           bytes_of(in.compute, gradient_slot_elements(layout))});
@@ -153,10 +157,11 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   }
   // In bf16 the fp32 master weights live with the AdamW state (the trainer's shard_master).
   if (in.compute != DType::f32) {
-    plan.lines.push_back({in.shard_optimizer
-                              ? fmt::format("master weights (fp32, ZeRO-1: 1/{} of them)", shards)
+    plan.lines.push_back(
+        {zero3 ? fmt::format("master weights (fp32, ZeRO-3: 1/{}, the only copy)", shards)
+         : in.shard_optimizer ? fmt::format("master weights (fp32, ZeRO-1: 1/{} of them)", shards)
                               : std::string("master weights (fp32, all of them)"),
-                          bytes_of(DType::f32, owned)});
+         bytes_of(DType::f32, owned)});
   }
   if (in.shard_gradients && in.shard_optimizer) {
     plan.lines.push_back(

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -76,23 +77,29 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
                   .shard_master = config.shard_master,
                   .own_gradients = config.shard_gradients,
                   .gradient_dtype =
-                      config.fp32_reduced_gradients ? kernels::DType::f32 : ops.compute_dtype()},
+                      config.fp32_reduced_gradients ? kernels::DType::f32 : ops.compute_dtype(),
+                  .gathered = config.shard_parameters},
                  weights) {
   if (config_.shard_parameters &&
-      (!config_.shard_gradients || !config_.shard_master ||
-       ops.compute_dtype() != kernels::DType::f32 || !weights.compute.empty())) {
+      (!config_.shard_gradients || !config_.shard_master || !weights.compute.empty())) {
     throw core::internal_error(
-        "parameter sharding (ZeRO-3) needs ZeRO-2, the master weights in the optimizers, and "
-        "fp32 weights (the CPU backend): the CUDA backend's bf16 shards are not built yet");
+        "parameter sharding (ZeRO-3) needs ZeRO-2, the master weights in the optimizers, and a "
+        "model that holds no weights");
   }
   if (replica_world_ && replica_world_->size() > 1) {
-    replica_exchange_ = make_gradient_exchange(*replica_world_, ops, config.exchange);
-    if (replica_exchange_->queued() ||
-        (scheduler_.exchange() != nullptr && scheduler_.exchange()->queued())) {
-      // Its all-reduce would have to be queued behind the reduce-scatter on one stream.
+    // Every rank must exchange the same way: a shard group whose ranks share a GPU falls back to
+    // MPI while the others use NCCL, and the replicas' all-reduce spans both.
+    const GradientExchange* shard_exchange = scheduler_.exchange();
+    std::array<int, 2> queued{shard_exchange->queued() ? 1 : 0, shard_exchange->queued() ? 0 : 1};
+    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, queued.data(), 2, MPI_INT, MPI_MAX, world.comm()),
+                    "MPI_Allreduce (hybrid sharding: the exchange of each group)");
+    if (queued[0] == 1 && queued[1] == 1) {
       throw core::usage_error(
-          "--shard-group-size: hybrid sharding over NCCL is not built yet (--grad-exchange mpi)");
+          "--shard-group-size: some shard groups exchange over NCCL and others over MPI (ranks "
+          "of a node share a GPU): give --grad-exchange mpi, or one rank per GPU");
     }
+    // Queued right behind the group's reduce-scatter of each bucket (reduce_bucket).
+    replica_exchange_ = scheduler_.exchange()->follower(*replica_world_);
   }
   if (config_.shard_gradients) setup_gradient_slots();
   if (config_.shard_parameters) {
@@ -255,6 +262,8 @@ ReductionTimes DataParallel::times() {
     const GatherTimes g = gather_->take_times();
     times_.gather_seconds += g.gather_seconds;
     times_.gather_wait_seconds += g.wait_seconds;
+    times_.gathers += g.gathers;
+    times_.gathers_prefetched += g.prefetched;
   }
   return times_;
 }

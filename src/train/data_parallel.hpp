@@ -32,18 +32,21 @@
 // them up first), which rounds differently.
 //
 // ZeRO-3 (shard_parameters, with shard_gradients and shard_master): no rank holds the whole
-// model. The optimizers' master pieces are the only copy of the weights (the CPU backend, fp32;
-// the CUDA backend's bf16 shards are not built yet), and the model reads its weights through a
-// ParameterGather over them (parameter_gather.hpp): each layer group all-gathered into a gather
-// slot before it is read, the next one while it computes. Every rank must acquire the same
-// groups in the same order: a rank without data for a micro-batch runs LlamaModel::idle_pass.
+// model. The optimizers' fp32 master pieces are the only copy of the weights, and the model reads
+// its weights through a ParameterGather over them (parameter_gather.hpp): each layer group
+// all-gathered into a gather slot before it is read (in the compute dtype: on the GPU each rank
+// rounds its pieces to bf16 as it puts them in, as the update rounds ZeRO-1's bf16 copy, so no
+// bf16 shard is kept beside the master), the next one while it computes. Every rank must acquire
+// the same groups in the same order: a rank without data for a micro-batch runs
+// LlamaModel::idle_pass.
 //
 // Hybrid sharding (shard_group_size G < the W ranks, with ZeRO-3): the states are sharded over
 // groups of G consecutive ranks (a node, say) and each group holds them whole: the plan, the
 // gathers and the reduce-scatters work within the group, and the reduced piece each rank owns
-// is then all-reduced with the ranks owning the same piece in the other W / G groups (on the
-// communication thread, after the reduce-scatter), so that every group updates the same
-// weights; the first group writes the checkpoints.
+// is then all-reduced with the ranks owning the same piece in the other W / G groups (right
+// behind the reduce-scatter: on the communication thread, or on the NCCL stream by a follower
+// exchange), so that every group updates the same weights; the first group writes the
+// checkpoints.
 //
 // The parts: the ShardPlan (buckets, pieces, groups: arithmetic, tested without MPI), the
 // ReductionScheduler (the communication thread or stream, and the waits), the ShardedOptimizer
@@ -103,8 +106,10 @@ struct ReductionTimes {
   double wait_seconds = 0;    // the training thread blocked waiting for reductions
   double reduce_seconds = 0;  // time spent in reduce-scatter (host time to queue it on a GPU)
   // Parameter all-gathers: after the update (ZeRO-1), of each group before its use (ZeRO-3).
-  double gather_seconds = 0;       // time the gathers took, on whichever thread ran them
-  double gather_wait_seconds = 0;  // the training thread blocked on them (ZeRO-3: less)
+  double gather_seconds = 0;            // time the gathers took, on whichever thread ran them
+  double gather_wait_seconds = 0;       // the training thread blocked on them (ZeRO-3: less)
+  std::int64_t gathers = 0;             // ZeRO-3: layer groups gathered
+  std::int64_t gathers_prefetched = 0;  // of which started before they were acquired
 };
 
 class DataParallel final : public model::GradientWindow {

@@ -65,6 +65,12 @@ class GradientExchange {
   static constexpr int kTickets = 8;
   virtual std::uint64_t mark() { return 0; }
   virtual void join_ticket(std::uint64_t ticket) { (void)ticket; }
+
+  // An exchange of the same kind over another communicator whose calls are ordered after this
+  // one's earlier calls: queued on the same stream (NCCL), or made on the same thread (MPI).
+  // Hybrid sharding adds up the shard groups' reduced pieces with it right behind their
+  // reduce-scatter. Collective over `world`; this exchange must outlive it.
+  [[nodiscard]] virtual std::unique_ptr<GradientExchange> follower(const dist::World& world) = 0;
 };
 
 class MpiExchange final : public GradientExchange {
@@ -84,6 +90,9 @@ class MpiExchange final : public GradientExchange {
                   std::span<const FlatRange> pieces) override;
   void all_reduce(kernels::TensorView values, FlatRange range) override;
   void join() override {}
+  [[nodiscard]] std::unique_ptr<GradientExchange> follower(const dist::World& world) override {
+    return std::make_unique<MpiExchange>(world, ops_, staged_);
+  }
 
  private:
   kernels::Ops& ops_;

@@ -41,6 +41,10 @@ json to_json(const StepMetrics& m) {
             {"gather_ms", m.gather_ms},
             {"gather_wait_ms", m.gather_wait_ms},
             {"skipped", m.skipped}};
+  if (m.gathers > 0) {  // ZeRO-3
+    j["gathers"] = m.gathers;
+    j["gathers_prefetched"] = m.gathers_prefetched;
+  }
   if (m.accuracy) {
     j["accuracy"] = *m.accuracy;
     j["margin"] = optional_number(m.margin);

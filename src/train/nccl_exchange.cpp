@@ -46,8 +46,14 @@ char* element(kernels::TensorView values, std::int64_t index) {
 
 class NcclExchange final : public GradientExchange {
  public:
-  NcclExchange(const dist::World& world, cuda::CudaOps& ops)
-      : ops_(ops), compute_(ops.stream()), rank_(world.rank()), size_(world.size()) {
+  // shared_stream: queue on that stream (another exchange's, which outlives this one) rather than
+  // on one of its own.
+  NcclExchange(const dist::World& world, cuda::CudaOps& ops, cudaStream_t shared_stream = nullptr)
+      : ops_(ops),
+        compute_(ops.stream()),
+        owns_stream_(shared_stream == nullptr),
+        rank_(world.rank()),
+        size_(world.size()) {
     cuda::check(cudaSetDevice(ops.device()), "NCCL exchange: cudaSetDevice");
     comm_ = create_nccl_communicator(world, ops.device());
     std::exception_ptr failure;
@@ -56,8 +62,12 @@ class NcclExchange final : public GradientExchange {
       int least = 0;
       int greatest = 0;
       cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities");
-      cuda::check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
-                  "NCCL exchange: cudaStreamCreate");
+      if (owns_stream_) {
+        cuda::check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
+                    "NCCL exchange: cudaStreamCreate");
+      } else {
+        stream_ = shared_stream;
+      }
       cuda::check(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming),
                   "NCCL exchange: cudaEventCreate");
       cuda::check(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming),
@@ -77,7 +87,7 @@ class NcclExchange final : public GradientExchange {
     }
     // The host's waits for the compute stream (the loss, the gradient norm) poll NCCL's
     // asynchronous errors: a collective whose peer failed would otherwise hold them forever.
-    ops_.set_wait_check([this] { check_async_error(); });
+    wait_check_ = ops_.add_wait_check([this] { check_async_error(); });
   }
 
   ~NcclExchange() override { release(broken_ || std::uncaught_exceptions() > 0); }
@@ -90,6 +100,10 @@ class NcclExchange final : public GradientExchange {
   [[nodiscard]] bool queued() const noexcept override { return true; }
   [[nodiscard]] bool host_thread_safe() const noexcept override { return false; }
   [[nodiscard]] bool prefers_even_pieces() const noexcept override { return true; }
+
+  std::unique_ptr<GradientExchange> follower(const dist::World& world) override {
+    return std::make_unique<NcclExchange>(world, ops_, stream_);
+  }
 
   void reduce_scatter(kernels::TensorView values, FlatRange bucket,
                       std::span<const FlatRange> pieces) override {
@@ -185,7 +199,8 @@ class NcclExchange final : public GradientExchange {
   // Abort first: it stops NCCL's kernels, which would otherwise spin forever waiting for those
   // peers, and with them a synchronisation of the stream.
   void release(bool failing) noexcept {
-    ops_.set_wait_check({});
+    if (wait_check_ >= 0) ops_.remove_wait_check(wait_check_);
+    wait_check_ = -1;
     if (comm_ != nullptr && failing) ncclCommAbort(comm_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (comm_ != nullptr && !failing) {
@@ -202,7 +217,7 @@ class NcclExchange final : public GradientExchange {
       if (e != nullptr) cudaEventDestroy(e);
       e = nullptr;
     }
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (stream_ != nullptr && owns_stream_) cudaStreamDestroy(stream_);
     comm_ = nullptr;
     compute_ready_ = comm_done_ = nullptr;
     stream_ = nullptr;
@@ -231,6 +246,8 @@ class NcclExchange final : public GradientExchange {
   cuda::CudaOps& ops_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  bool owns_stream_ = true;
+  int wait_check_ = -1;  // ops_'s key for check_async_error
   cudaEvent_t compute_ready_ = nullptr;
   cudaEvent_t comm_done_ = nullptr;
   std::array<cudaEvent_t, kTickets> ticket_events_{};  // mark(): ticket t uses t % kTickets

@@ -36,21 +36,21 @@ ParameterGather::ParameterGather(const dist::World& shards, kernels::Ops& ops,
   state_.assign(groups.size(), GroupState{});
   if (shards.size() > 1) {
     exchange_ = make_gradient_exchange(shards, ops, exchange);
-    if (exchange_->queued()) {
-      throw core::usage_error(fmt::format(
-          "--shard-parameters: gathering weights over {} is not built yet (the CPU backend "
-          "with MPI only)",
-          exchange_->name()));
-    }
     // Staged through host buffers (the GPU fallback's path): on the acquiring thread only.
-    if (!exchange_->host_thread_safe()) prefetch_ = false;
+    if (!exchange_->queued() && !exchange_->host_thread_safe()) prefetch_ = false;
   }
 }
 
 ParameterGather::~ParameterGather() {
   // A prefetch still running writes into a slot: it finishes first (its error, if any, has no
-  // one left to report to).
+  // one left to report to). Queued: the compute stream, on which the slots are freed, waits for it.
   if (in_flight_.valid()) in_flight_.wait();
+  if (queued() && in_flight_group_ != kNoGroup) {
+    try {
+      exchange_->join_ticket(in_flight_ticket_);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a failed exchange is reported elsewhere
+    }
+  }
 }
 
 std::int64_t ParameterGather::slot_bytes() const noexcept {
@@ -60,6 +60,12 @@ std::int64_t ParameterGather::slot_bytes() const noexcept {
 }
 
 GatherTimes ParameterGather::take_times() noexcept { return std::exchange(times_, {}); }
+
+void ParameterGather::abandon_slot(std::size_t group) noexcept {
+  const int slot = state_[group].slot;
+  if (slot >= 0) owner_[static_cast<std::size_t>(slot)] = kNoGroup;
+  state_[group].slot = -1;
+}
 
 int ParameterGather::claim_slot(std::size_t group) {
   int slot = kPinnedSlot;
@@ -92,9 +98,16 @@ void ParameterGather::acquire(std::size_t group, model::Pass pass) {
     wait_prefetch();  // one gather at a time on the communicator, in the same order everywhere
     const int slot = claim_slot(group);
     const core::Stopwatch watch;
-    gather(group, slots_[static_cast<std::size_t>(slot)].view());
+    try {
+      gather(group, slots_[static_cast<std::size_t>(slot)].view());
+      if (exchange_ != nullptr) exchange_->join();  // queued: the compute stream waits for it
+    } catch (...) {
+      abandon_slot(group);
+      throw;
+    }
     times_.gather_seconds += watch.seconds();
-    times_.wait_seconds += watch.seconds();
+    if (!queued()) times_.wait_seconds += watch.seconds();
+    ++times_.gathers;
   }
   ++state.holds;
   if (prefetch_ && exchange_ != nullptr) prefetch_after(group, pass);
@@ -115,11 +128,10 @@ void ParameterGather::gather(std::size_t group, kernels::TensorView slot) {
     const model::FlatRange whole = plan_.buckets()[b];
     exchange_->all_gather(slot, {whole.begin - span.begin, whole.end - span.begin}, pieces);
   }
-  exchange_->join();
 }
 
 void ParameterGather::prefetch_after(std::size_t group, model::Pass pass) {
-  if (in_flight_.valid()) return;
+  if (in_flight_group_ != kNoGroup) return;
   std::size_t next = 0;
   if (pass == model::Pass::forward) {
     next = group + 1;
@@ -137,6 +149,22 @@ void ParameterGather::prefetch_after(std::size_t group, model::Pass pass) {
   }
   const int slot = claim_slot(next);
   const kernels::TensorView target = slots_[static_cast<std::size_t>(slot)].view();
+  ++times_.gathers;
+  ++times_.prefetched;
+  if (queued()) {
+    // Queued behind the kernels queued so far; the acquire of `next` joins its ticket.
+    const core::Stopwatch watch;
+    try {
+      gather(next, target);
+      in_flight_ticket_ = exchange_->mark();
+    } catch (...) {
+      abandon_slot(next);
+      throw;
+    }
+    times_.gather_seconds += watch.seconds();
+    in_flight_group_ = next;
+    return;
+  }
   in_flight_group_ = next;
   in_flight_ = std::async(std::launch::async, [this, next, target] {
     const core::Stopwatch watch;
@@ -146,16 +174,18 @@ void ParameterGather::prefetch_after(std::size_t group, model::Pass pass) {
 }
 
 void ParameterGather::wait_prefetch() {
-  if (!in_flight_.valid()) return;
+  if (in_flight_group_ == kNoGroup) return;
   const core::Stopwatch watch;
   const std::size_t group = std::exchange(in_flight_group_, kNoGroup);
   try {
+    if (queued()) {
+      exchange_->join_ticket(in_flight_ticket_);
+      return;
+    }
     times_.gather_seconds += in_flight_.get();
   } catch (...) {
     // The slot holds no complete weights: forget it, then report.
-    const int slot = state_[group].slot;
-    if (slot >= 0) owner_[static_cast<std::size_t>(slot)] = kNoGroup;
-    state_[group].slot = -1;
+    abandon_slot(group);
     throw;
   }
   times_.wait_seconds += watch.seconds();

@@ -15,10 +15,22 @@
 // one gather at a time runs on the window's communicator (a duplicate of the shard group's),
 // which meets no other traffic.
 //
+// How a gather runs depends on the exchange (gradient_exchange.hpp):
+//   - MPI on host memory (the CPU backend): on the acquiring thread, or for a prefetch on a thread
+//     of its own, which the next acquire waits for.
+//   - queued (NCCL on the CUDA backend): this rank's pieces are copied into the slot on the
+//     compute stream (converted to the compute dtype on the way: the fp32 master pieces become
+//     the bf16 weights the model reads, rounded as the update rounds its bf16 copy), and the
+//     all-gather is queued on the exchange's communication stream behind that copy and behind
+//     every kernel queued so far (those reading the slot's previous group included). The ticket
+//     of the gather (GradientExchange::mark) is joined by the compute stream when the group is
+//     acquired: a prefetched group's all-gather runs on the communication stream while the
+//     current group's kernels run on the compute stream, and the host never waits.
+//   - MPI staged through host buffers (the GPU fallback): on the acquiring thread only (no
+//     prefetch: the staging buffers are not thread-safe).
+//
 // Used by DataParallel (training: the pieces are the optimizers' master weights) and by the
-// evaluation of a sharded model (the pieces loaded by each rank). Host memory exchanges (the CPU
-// backend) only, so far: a queued exchange (NCCL) is refused, and one staged through host buffers
-// gathers on the acquiring thread only (no prefetch).
+// evaluation of a sharded model (the pieces loaded by each rank).
 #pragma once
 
 #include <array>
@@ -38,8 +50,11 @@
 namespace l3::train {
 
 struct GatherTimes {
-  double gather_seconds = 0;  // the gathers' own time, on whichever thread ran them
-  double wait_seconds = 0;    // the thread that acquires blocked on them
+  // The gathers' own time, on whichever thread ran them (queued: the host's time to queue them).
+  double gather_seconds = 0;
+  double wait_seconds = 0;      // the thread that acquires blocked on them (queued: 0)
+  std::int64_t gathers = 0;     // groups gathered
+  std::int64_t prefetched = 0;  // of which started before they were acquired
 };
 
 class ParameterGather final : public model::ParameterWindow {
@@ -50,8 +65,7 @@ class ParameterGather final : public model::ParameterWindow {
   static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
 
   // Collective over `shards` (the ranks the plan's pieces are spread over). `pinned_group`: the
-  // tied embedding's group (kNoGroup when the lm_head is not tied). usage Error for an exchange
-  // that queues its work (NCCL).
+  // tied embedding's group (kNoGroup when the lm_head is not tied).
   ParameterGather(const dist::World& shards, kernels::Ops& ops, const ShardPlan& plan,
                   OwnPiece own_piece, ExchangeChoice exchange, bool prefetch,
                   std::size_t pinned_group);
@@ -82,10 +96,16 @@ class ParameterGather final : public model::ParameterWindow {
 
   // A slot for `group` (not one a held group is in), its previous group forgotten.
   [[nodiscard]] int claim_slot(std::size_t group);
+  // The slot's previous group forgotten, nothing gathered there.
+  void abandon_slot(std::size_t group) noexcept;
+  // Gathers (queued: queues) the group into the slot.
   void gather(std::size_t group, kernels::TensorView slot);
   // Starts gathering the group after `group` in `pass`, when there is one and a free slot.
   void prefetch_after(std::size_t group, model::Pass pass);
-  void wait_prefetch();  // the prefetch in flight, if any, done (its errors rethrown)
+  // The prefetch in flight, if any, done (its errors rethrown); queued: the compute stream
+  // waits for it.
+  void wait_prefetch();
+  [[nodiscard]] bool queued() const noexcept { return exchange_ != nullptr && exchange_->queued(); }
 
   kernels::Ops& ops_;
   const ShardPlan& plan_;
@@ -98,7 +118,8 @@ class ParameterGather final : public model::ParameterWindow {
   std::array<kernels::Buffer, 3> slots_;  // two alternating, one for the tied embedding
   std::array<std::size_t, 3> owner_{kNoGroup, kNoGroup, kNoGroup};
   int next_slot_ = 0;
-  std::future<double> in_flight_;  // the prefetch's seconds; invalid: none
+  std::future<double> in_flight_;       // host: the prefetch's seconds; invalid: none
+  std::uint64_t in_flight_ticket_ = 0;  // queued: the prefetch's ticket
   std::size_t in_flight_group_ = kNoGroup;
   GatherTimes times_;
 };

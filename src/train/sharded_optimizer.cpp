@@ -11,7 +11,9 @@ ShardedOptimizer::ShardedOptimizer(kernels::Ops& ops, const model::ParameterLayo
                                    OptimizerSharding sharding, ModelWeights weights)
     : ops_(ops), layout_(layout), plan_(plan), rank_(rank), sharding_(sharding), weights_(weights) {
   if (sharding_.shard_master != weights_.master.empty() ||
-      (ops.compute_dtype() != kernels::DType::f32 && weights_.compute.empty())) {
+      (sharding_.gathered && (!sharding_.shard_master || !weights_.compute.empty())) ||
+      (ops.compute_dtype() != kernels::DType::f32 && weights_.compute.empty() &&
+       !sharding_.gathered)) {
     throw core::internal_error("ShardedOptimizer: master weights and compute weights disagree");
   }
   if (!sharding_.sharded) {

@@ -29,6 +29,10 @@ struct OptimizerSharding {
   bool shard_master = false;   // the master weights live in the optimizers
   bool own_gradients = false;  // ZeRO-2: the optimizers keep their reduced gradients
   kernels::DType gradient_dtype = kernels::DType::f32;  // of those gradients
+  // ZeRO-3 (with shard_master): the model holds no weights, not even in the compute dtype: the
+  // master pieces are the only copy, and each layer group is gathered from them (rounded to the
+  // compute dtype on the way) when the model reads it (parameter_gather.hpp).
+  bool gathered = false;
 };
 
 class ShardedOptimizer {

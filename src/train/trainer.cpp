@@ -163,6 +163,8 @@ struct Trainer::Impl {
     m.reduce_ms = 1e3 * t.reduce_seconds;
     m.gather_ms = 1e3 * t.gather_seconds;
     m.gather_wait_ms = 1e3 * t.gather_wait_seconds;
+    m.gathers = t.gathers;
+    m.gathers_prefetched = t.gathers_prefetched;
     m.tokens_per_s = static_cast<double>(m.tokens) / std::max(1e-9, m.step_ms / 1e3);
     if (parts->peak_tflops > 0) {
       m.mfu = m.tokens_per_s *

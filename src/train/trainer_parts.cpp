@@ -204,14 +204,8 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   require_training_memory(world, *p.ops, c, mc);
 
   const bool zero3 = c.shard_parameters;
-  if (zero3 && p.ops->compute_dtype() != kernels::DType::f32) {
-    throw core::usage_error(fmt::format(
-        "--shard-parameters (ZeRO-3) is not built for the {} backend yet (its bf16 weight shards "
-        "and NCCL gathers): use --backend cpu, or --shard-gradients alone",
-        p.ops->name()));
-  }
   // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only; with
-  // ZeRO-3 those pieces are the only copy of the weights.
+  // ZeRO-3 those pieces are the only copy of the weights (the bf16 ones exist only gathered).
   const bool shard_master =
       p.ops->compute_dtype() != kernels::DType::f32 || c.master_in_optimizer || zero3;
   p.model = std::make_unique<model::LlamaModel>(

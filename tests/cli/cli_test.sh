@@ -183,6 +183,11 @@ expect "reports ZeRO-2" contains "$err$out" "ZeRO-2,"
 run "ZeRO-3 on 2 ranks" 0 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 2 --shard-parameters --no-progress --metrics "$work/z3.jsonl"
 expect "reports ZeRO-3" contains "$err$out" "ZeRO-3,"
 expect "gather times in the metrics" contains "$(cat "$work/z3.jsonl")" '"gather_wait_ms":'
+# The blocks' and the head's gathers start on the prefetch thread while the group before computes.
+expect "gathers prefetched" python3 -c '
+import json, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"]
+sys.exit(0 if steps and all(0 < r["gathers_prefetched"] < r["gathers"] for r in steps) else 1)' "$work/z3.jsonl"
 run "hybrid groups that do not divide the ranks" 2 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --steps 1 --shard-parameters --shard-group-size 3 --no-progress
 run "--shard-group-size without --shard-parameters" 2 "$bin" sft --model tiny --data "$work/train" --global-batch 2 --shard-group-size 2
 expect "says what it needs" contains "$err" "--shard-group-size needs --shard-parameters (ZeRO-3)"
@@ -215,12 +220,12 @@ expect "1/8 of the reduced gradients" contains "$out" "reduced gradients (bf16, 
 run "70B with ZeRO-3 --dry-run-memory" 0 "$bin" sft --model llama3.1-70b --backend cuda --seq-len 8192 \
   --recompute --shard-gradients --shard-parameters --dry-run-memory --dry-run-ranks 64
 expect "plans ZeRO-3" contains "$out" "ZeRO-3"
-expect "1/64 of the weights" contains "$out" "weights (bf16, ZeRO-3: 1/64 of 70.554B parameters)"
+expect "1/64 of the weights, fp32 only" contains "$out" "master weights (fp32, ZeRO-3: 1/64, the only copy)"
 total=$(printf '%s\n' "$out" | tail -1 | awk '$1 == "total" {print $2}')
 expect "under 72 GiB ($total GiB)" awk -v t="$total" 'BEGIN { exit !(t > 0 && t < 72) }'
 run "hybrid groups of 8 --dry-run-memory" 0 "$bin" sft --model llama3.1-70b --backend cuda --seq-len 8192 \
   --recompute --shard-parameters --shard-group-size 8 --dry-run-memory --dry-run-ranks 64
-expect "1/8 of the weights" contains "$out" "1/8 of 70.554B parameters"
+expect "1/8 of the weights" contains "$out" "master weights (fp32, ZeRO-3: 1/8, the only copy)"
 run "reward --dry-run-memory from a checkpoint" 0 "$bin" reward --init "$work/ck" --dry-run-memory --recompute
 expect "one block with --recompute" contains "$out" "block activations (one block: --recompute)"
 expect "reward plans two rows per pair" contains "$out" "micro-batch 1 pairs = at most 2 rows x"

@@ -63,7 +63,7 @@ TEST_CASE("f32 <-> bf16 copies round to nearest even", "[gpu]") {
   }
 }
 
-TEST_CASE("synchronize polls its wait check while work is queued and passes on what it throws",
+TEST_CASE("synchronize polls its wait checks while work is queued and passes on what they throw",
           "[gpu]") {
   // The NCCL exchange's check of asynchronous errors rides on this: a wait for the compute stream
   // must not block where a failed collective would hold it forever.
@@ -76,16 +76,29 @@ TEST_CASE("synchronize polls its wait check while work is queued and passes on w
     for (int i = 0; i < 16; ++i)
       gpu.copy(i % 2 == 0 ? b.view() : a.view(), i % 2 == 0 ? a.view() : b.view());
   };
+  // Two checks (two exchanges): both polled; one that throws stops the wait; removed, the others
+  // stay.
   int polls = 0;
-  gpu.set_wait_check([&polls] { ++polls; });
+  int other_polls = 0;
+  const int counting = gpu.add_wait_check([&polls] { ++polls; });
+  const int other = gpu.add_wait_check([&other_polls] { ++other_polls; });
   queue_copies();
   gpu.synchronize();
   CHECK(polls > 0);
-  gpu.set_wait_check([] { throw std::runtime_error("NCCL asynchronous error: remote peer lost"); });
+  CHECK(other_polls > 0);
+  gpu.remove_wait_check(counting);
+  const int failing = gpu.add_wait_check(
+      [] { throw std::runtime_error("NCCL asynchronous error: remote peer lost"); });
   queue_copies();
   CHECK_THROWS_WITH(gpu.synchronize(), Catch::Contains("remote peer lost"));
-  gpu.set_wait_check({});
+  gpu.remove_wait_check(failing);
+  polls = 0;
+  other_polls = 0;
+  queue_copies();
   gpu.synchronize();  // the queued work itself still completes
+  CHECK(polls == 0);
+  CHECK(other_polls > 0);
+  gpu.remove_wait_check(other);
 }
 
 TEST_CASE("a thread bound to the backend works on its device", "[gpu]") {

@@ -120,7 +120,8 @@ check(tests.get("parity_exit_code") == 77 and "skipped" in parity,
       "and says that transformers' side did not run here", json.dumps(parity)[:300])
 sys.exit(1 if failed else 0)
 PY
-# A GPU suite stopped by its time limit: on SIGTERM (timeout's signal) Catch2 reports the running
+# A GPU suite stopped by its time limit, as the check stops it (timeout --foreground: one signal,
+# to the suite alone): on SIGTERM (timeout's signal) Catch2 reports the running
 # test as failed and ends its JUnit report, which reaches the file or not depending on what its
 # stream had buffered when the signal is raised again (both seen here); on SIGKILL there is none.
 # Without a report the summary counts the tests from the progress log; either way the running
@@ -128,7 +129,7 @@ PY
 for signal in TERM KILL; do
   killed=$work/killed-$signal
   mkdir -p "$killed"
-  L3_EMULATION_DEVICES=2 L3_TEST_PROGRESS_FILE="$killed/tests-progress.log" timeout -s "$signal" 10 \
+  L3_EMULATION_DEVICES=2 L3_TEST_PROGRESS_FILE="$killed/tests-progress.log" timeout --foreground -s "$signal" 10 \
     "$2" --reporter junit --out "$killed/tests.xml" >/dev/null 2>&1
   killed_rc=$?
   python3 "$root/tools/gpu_check_summary.py" "$killed" -1 "$killed_rc" -1 -1 -1 10 1 -1 -1 "" \

@@ -15,6 +15,8 @@
 #     bit-identical to the uninterrupted one;
 #   - ZeRO-2 (--shard-gradients) over NCCL against ZeRO-2 through host buffers, likewise; close
 #     to ZeRO-1; killed at step 3 and resumed, bit for bit;
+#   - ZeRO-3 (--shard-parameters) over NCCL against ZeRO-2 over NCCL, bit for bit, its gathers
+#     prefetched; killed at step 3 and resumed, bit for bit; eval with sharded weights;
 #   - 2 reward steps over NCCL against the host-buffer exchange, likewise.
 #   nccl_ranks_test.sh PATH/TO/llama3-hpc MPIEXEC
 set -uo pipefail
@@ -45,13 +47,13 @@ common=(--model tiny --seq-len 128 --global-batch 12 --micro-batch 2 --lr 3e-3 -
 sft=(sft --data "$work/sft" --steps 4)
 # shellcheck disable=SC2034
 reward=(reward --data "$work/pref" --steps 2)
-# train NAME sft|reward ARGS...: two ranks; output in $work/NAME.log, metrics in
+# train NAME sft|reward ARGS...: two ranks ($ranks if set); output in $work/NAME.log, metrics in
 # $work/NAME.jsonl. A failure is shown unless a fault was injected (L3_FAULT) to cause it.
 train() {
   local name=$1
   local -n phase=$2
   shift 2
-  timeout -k 5 "$run_timeout" "$mpiexec" -n 2 "$bin" "${phase[@]}" "${common[@]}" "$@" \
+  timeout -k 5 "$run_timeout" "$mpiexec" -n "${ranks:-2}" "$bin" "${phase[@]}" "${common[@]}" "$@" \
     --ckpt-dir "$work/$name" --metrics "$work/$name.jsonl" >"$work/$name.log" 2>&1
   local rc=$?
   if [[ $rc -ne 0 && -z ${L3_FAULT:-} ]]; then
@@ -180,6 +182,100 @@ if grep -q "resumed at step 2" "$work/zero2killed.log" &&
   pass "ZeRO-2 over NCCL, rank 1 killed at step 3, resumes from step 2 bit for bit"
 else
   fail "ZeRO-2 over NCCL, rank 1 killed at step 3, resumes from step 2 bit for bit"
+fi
+
+# ZeRO-3 over NCCL: no rank holds the bf16 weights; each layer group is gathered from the fp32
+# master pieces (each rank rounding its own to bf16 on the compute stream) by an all-gather on the
+# communication stream, the next group's queued while the current one computes. The same numbers
+# as ZeRO-2 over NCCL (the same reduce-scatters, the weights rounded from the same masters): bit
+# for bit on the emulation, whose progress `latest` makes a missing wait for a gather read a stale
+# slot; every gather but the first of each pass prefetched; killed at step 3, it resumes bit for
+# bit; its checkpoint evaluated on two ranks with sharded weights gives the evaluation with whole
+# ones.
+L3_EMULATION_PROGRESS=latest train zero3 sft --shard-parameters || fail "ZeRO-3 over NCCL ran"
+echo "  ZeRO-3 losses: $(losses "$work/zero3.jsonl")"
+if [[ $emulated == true ]]; then
+  if same_metrics zero2 zero3 4 &&
+    [[ -n $zero2_ref && "$(digest "$work/zero3/step-00000004")" == "$zero2_ref" ]]; then
+    pass "ZeRO-3 over NCCL and ZeRO-2 over NCCL: same losses and norms, bit-identical (emulation)"
+  else
+    fail "ZeRO-3 over NCCL and ZeRO-2 over NCCL: same losses and norms, bit-identical (emulation)"
+  fi
+elif close zero2 zero3 2e-2; then
+  pass "ZeRO-3 over NCCL follows ZeRO-2 over NCCL"
+else
+  fail "ZeRO-3 over NCCL follows ZeRO-2 over NCCL"
+fi
+prefetched=$(python3 - "$work/zero3.jsonl" <<'PY'
+import json, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"]
+print(f"{sum(r.get('gathers_prefetched', 0) for r in steps)} {sum(r.get('gathers', 0) for r in steps)}")
+PY
+)
+read -r ahead total <<<"$prefetched"
+# Only the embedding's gather, the first of each micro-batch's forward pass, has nothing before it
+# to hide behind; the tiny model's other groups are queued while the one before computes (10 of
+# the 13 gathers of a step of 3 micro-batches: groups still in their slot are not gathered again).
+if [[ $total -gt 0 && $((100 * ahead)) -ge $((60 * total)) ]]; then
+  pass "ZeRO-3 over NCCL: $ahead of $total gathers queued while the group before computed"
+else
+  fail "ZeRO-3 over NCCL: $ahead of $total gathers queued while the group before computed"
+fi
+L3_FAULT="train.update@1#3=kill" L3_EMULATION_PROGRESS=latest train zero3killed sft --shard-parameters
+L3_EMULATION_PROGRESS=latest train zero3killed sft --shard-parameters --resume auto
+if grep -q "resumed at step 2" "$work/zero3killed.log" &&
+  [[ -n $zero2_ref && "$(digest "$work/zero3killed/step-00000004")" == "$zero2_ref" ]]; then
+  pass "ZeRO-3 over NCCL, rank 1 killed at step 3, resumes from step 2 bit for bit"
+else
+  fail "ZeRO-3 over NCCL, rank 1 killed at step 3, resumes from step 2 bit for bit"
+fi
+eval_of() {
+  timeout -k 5 "$run_timeout" "$mpiexec" -n "$1" "$bin" eval --backend cuda \
+    --init "$work/zero3/step-00000004" --data "$work/sft" --seq-len 128 "${@:2}" 2>"$work/eval$1.log"
+}
+whole=$(eval_of 2)
+sharded=$(L3_EMULATION_PROGRESS=latest eval_of 2 --shard-parameters)
+echo "  eval on 2 ranks: $whole (whole weights), $sharded (sharded)"
+if [[ -n $whole && "$whole" == "$sharded" ]]; then
+  pass "eval --shard-parameters over NCCL gives the unsharded evaluation"
+else
+  fail "eval --shard-parameters over NCCL gives the unsharded evaluation"
+fi
+
+# Hybrid sharding over NCCL: 4 ranks as 2 shard groups of 2 (on the emulation: 4 devices), each
+# group's reduce-scatter followed on the same stream by the all-reduce across the groups. Against
+# the same hybrid run through host buffers, where both happen one after the other on the host:
+# the same sums (two terms each, rounded once), so bit for bit on the emulation; an all-reduce
+# that ran ahead of its reduce-scatter would add unreduced gradients. 2 steps of 2 micro-batches.
+if [[ $emulated == true ]] || [[ $devices -ge 4 ]]; then
+  [[ $emulated == true ]] && export L3_EMULATION_DEVICES=4
+  pairs_common=("${common[@]}")
+  common=(--model tiny --seq-len 128 --global-batch 8 --micro-batch 1 --lr 3e-3 --warmup 2
+    --log-every 1 --no-progress --backend cuda --bucket-mb 0.05 --grad-clip 0 --checkpoint-every 2
+    --shard-parameters --shard-group-size 2)
+  # shellcheck disable=SC2034  # used by name (train's second argument)
+  hybrid_sft=(sft --data "$work/sft" --steps 2)
+  ranks=4 L3_EMULATION_PROGRESS=latest train hybrid hybrid_sft || fail "hybrid ZeRO-3 over NCCL ran"
+  ranks=4 train hybridstaged hybrid_sft --grad-exchange mpi || fail "hybrid ZeRO-3 through host buffers ran"
+  common=("${pairs_common[@]}")
+  if grep -q "shard groups of 2 ranks" "$work/hybrid.log" && grep -q "(nccl)" "$work/hybrid.log"; then
+    pass "4 ranks, --shard-group-size 2: hybrid ZeRO-3 over NCCL"
+  else
+    fail "4 ranks, --shard-group-size 2: hybrid ZeRO-3 over NCCL"
+  fi
+  if [[ $emulated == true ]]; then
+    if same_metrics hybridstaged hybrid 2 &&
+      [[ "$(digest "$work/hybrid/step-00000002")" == "$(digest "$work/hybridstaged/step-00000002")" ]]; then
+      pass "hybrid ZeRO-3 over NCCL and through host buffers: same losses and norms, bit-identical (emulation)"
+    else
+      fail "hybrid ZeRO-3 over NCCL and through host buffers: same losses and norms, bit-identical (emulation)"
+    fi
+  elif close hybridstaged hybrid 2e-2; then
+    pass "hybrid ZeRO-3 over NCCL follows the host-buffer exchange"
+  else
+    fail "hybrid ZeRO-3 over NCCL follows the host-buffer exchange"
+  fi
+  [[ $emulated == true ]] && export L3_EMULATION_DEVICES=2
 fi
 
 # The reward model (its score head's gradients in the last bucket) over NCCL, two steps.

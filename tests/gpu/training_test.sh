@@ -7,8 +7,10 @@
 #     checkpoint and resumed with --resume auto ends bit-identical to the uninterrupted one;
 #   - the NCCL exchange on one rank (communicator, stream, events, in-place collectives) changes
 #     nothing, bit for bit;
+#   - ZeRO-3 (--shard-parameters) on one rank ends bit-identical to ZeRO-2;
 #   - with an MPI launcher: two ranks sharing the GPU exchange through host buffers (auto picks
-#     it; --grad-exchange nccl is refused with exit 2) and follow the one-rank trajectory.
+#     it; --grad-exchange nccl is refused with exit 2) and follow the one-rank trajectory, with
+#     ZeRO-3 too.
 #   training_test.sh PATH/TO/llama3-hpc [MPIEXEC]
 # L3_GPU_TEST_BACKEND=cpu runs the same script with the CPU backend in the GPU's place (NCCL
 # cases left out): a check of the script itself on a machine without a GPU.
@@ -195,6 +197,20 @@ else
 fi
 fi
 
+# --- ZeRO-3: the weights only as fp32 master pieces, each layer gathered as bf16 ---
+# On one rank a gather is this rank's pieces rounded to bf16 into the gather buffer, which must
+# round as the update rounds ZeRO-2's bf16 weights: the same checkpoint, bit for bit.
+train zero2one -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --shard-gradients \
+  --ckpt-dir "$work/zero2one"
+train zero3one -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --shard-parameters \
+  --ckpt-dir "$work/zero3one"
+z2=$(digest "$work/zero2one/step-00000010")
+if grep -q "ZeRO-3" "$work/zero3one.log" && [[ -n "$z2" && "$(digest "$work/zero3one/step-00000010")" == "$z2" ]]; then
+  pass "ZeRO-3 on one rank is bit-identical to ZeRO-2"
+else
+  fail "ZeRO-3 on one rank is bit-identical to ZeRO-2"
+fi
+
 # --- two ranks on the one GPU ---
 if [[ -n "$mpiexec" ]]; then
   if train two "$mpiexec" -n 2 -- sft "${common[@]}" --data "$work/sft" --backend "$backend" &&
@@ -203,6 +219,13 @@ if [[ -n "$mpiexec" ]]; then
     pass "two ranks sharing the GPU (MPI through host buffers) follow the one-rank run"
   else
     fail "two ranks sharing the GPU (MPI through host buffers) follow the one-rank run"
+  fi
+  # ZeRO-3 over two ranks sharing the GPU: gathers through host buffers, on the training thread.
+  if train zero3two "$mpiexec" -n 2 -- sft "${common[@]}" --data "$work/sft" --backend "$backend" \
+    --shard-parameters && close two zero3two 2e-2; then
+    pass "ZeRO-3 on two ranks sharing the GPU follows ZeRO-1 on them"
+  else
+    fail "ZeRO-3 on two ranks sharing the GPU follows ZeRO-1 on them"
   fi
   [[ $backend == cuda ]] && train refused "$mpiexec" -n 2 -- sft "${common[@]}" --data "$work/sft" --backend "$backend" \
     --grad-exchange nccl

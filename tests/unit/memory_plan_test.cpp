@@ -188,19 +188,22 @@ TEST_CASE("ZeRO-3 plans 1/G of the weights and two gathered layer groups", "[mem
   constexpr std::int64_t kGiB = std::int64_t{1} << 30U;
   CHECK(zero2 > 170 * kGiB);  // every rank holding all the bf16 weights does not fit
   CHECK(plan.total() < 72 * kGiB);
-  // Every weight once per 64 ranks; the gather buffers are the shape of ZeRO-2's gradient slots
-  // (two of the largest group: the head, the final norm and the 128256 x 8192 lm_head).
+  // Every weight once per 64 ranks, as fp32 master pieces only (the bf16 weights exist only
+  // gathered); the gather buffers are the shape of ZeRO-2's gradient slots (two of the largest
+  // group: the head, the final norm and the 128256 x 8192 lm_head).
   const std::int64_t owned = (p + 63) / 64;
   REQUIRE(plan.lines.size() >= 2);
-  CHECK(plan.lines[0].bytes == 2 * owned);
-  CHECK(plan.lines[1].what == "gathered weights (bf16, ZeRO-3: two layer groups)");
-  CHECK(plan.lines[1].bytes == 2 * std::int64_t{2} * (128256 * 8192 + 8192));
-  CHECK(zero2 - plan.total() == 2 * p - 2 * owned - plan.lines[1].bytes);
+  CHECK(plan.lines[0].what == "gathered weights (bf16, ZeRO-3: two layer groups)");
+  CHECK(plan.lines[0].bytes == 2 * std::int64_t{2} * (128256 * 8192 + 8192));
+  CHECK(plan.lines[1].what == "master weights (fp32, ZeRO-3: 1/64, the only copy)");
+  CHECK(plan.lines[1].bytes == 4 * owned);
+  // ZeRO-2 holds every bf16 weight instead of the gather buffers; the rest is the same.
+  CHECK(zero2 - plan.total() == 2 * p - plan.lines[0].bytes);
 
   // Hybrid sharding over groups of 8 ranks: the states are 1/8, whatever the number of ranks.
   in.shard_group_size = 8;
   const l3::model::MemoryPlan hybrid = l3::model::plan_training_memory(in);
-  CHECK(hybrid.lines[0].bytes == 2 * ((p + 7) / 8));
+  CHECK(hybrid.lines[1].bytes == 4 * ((p + 7) / 8));
   in.ranks = 512;
   CHECK(l3::model::plan_training_memory(in).total() == hybrid.total());
   // Groups larger than the run: one group of all the ranks.
