@@ -100,7 +100,7 @@ RowDims rmsnorm_dims(const RmsNormBackwardArgs& a) {
   const RowDims d{.rows = a.x.rows(), .hidden = a.x.row_size()};
   check.matrix("dx", a.dx, d.rows, d.hidden);
   check.matrix("dout", a.dout, d.rows, d.hidden);
-  check.numel("dw", a.dw, d.hidden);
+  if (!a.dw.empty()) check.numel("dw", a.dw, d.hidden);
   check.numel("w", a.w, d.hidden);
   check.numel("rstd", a.rstd, d.rows);
   return d;
@@ -200,6 +200,15 @@ std::int64_t adamw_size(const AdamWArgs& a) {
   return n;
 }
 
+std::int64_t dropout_size(const DropoutArgs& a) {
+  const ShapeCheck check("dropout");
+  check.same("out", a.out, "x", a.x);
+  if (!(a.p >= 0.0F && a.p < 1.0F)) {
+    throw core::internal_error(fmt::format("dropout: p = {} is outside [0, 1)", a.p));
+  }
+  return a.x.numel();
+}
+
 LmHeadDims lm_head_dims(const LmHeadCrossEntropyArgs& a) {
   const ShapeCheck check("lm_head_cross_entropy");
   const LmHeadDims d{
@@ -209,7 +218,7 @@ LmHeadDims lm_head_dims(const LmHeadCrossEntropyArgs& a) {
   check.numel("loss_sum", a.loss_sum, 1);
   if (!a.dh.empty()) {
     check.matrix("dh", a.dh, d.n, d.hidden);
-    check.matrix("dw", a.dw, d.vocab, d.hidden);
+    if (!a.dw.empty()) check.matrix("dw", a.dw, d.vocab, d.hidden);
   }
   return d;
 }

@@ -38,6 +38,7 @@ struct RopeDims {
 // Elements of the elementwise ops.
 [[nodiscard]] std::int64_t swiglu_size(const SwigluArgs& a);
 [[nodiscard]] std::int64_t swiglu_size(const SwigluBackwardArgs& a);
+[[nodiscard]] std::int64_t dropout_size(const DropoutArgs& a);  // p in [0, 1) checked too
 [[nodiscard]] std::int64_t add_into_size(ConstTensorView dst, ConstTensorView src);
 [[nodiscard]] std::int64_t adamw_size(const AdamWArgs& a);
 

@@ -99,7 +99,7 @@ struct RmsNormArgs {
   ConstTensorView x, w;
   float eps = 1e-5F;
 };
-// dx (rows, H) += d/dx; dw (H) += d/dw
+// dx (rows, H) += d/dx; dw (H) += d/dw (skipped when dw is empty: a frozen norm, LoRA)
 struct RmsNormBackwardArgs {
   TensorView dx, dw;
   ConstTensorView dout, x, w, rstd;
@@ -137,6 +137,19 @@ struct SwigluBackwardArgs {
   ConstTensorView dout, gate, up;
 };
 
+// ---- scaled dropout (LoRA's adapters): out = x * scale * keep_i / (1 - p), elementwise ------
+// keep_i = dropout_keep(seed, i, p) (kernels/dropout_mask.hpp): the same mask on every backend,
+// a pure function of the seed and the element's index, so that a backward pass regenerates it
+// instead of keeping it, and a rerun or a restart draws it again. p = 0: out = scale * x.
+// out and x have one shape; out may be x itself.
+struct DropoutArgs {
+  TensorView out;
+  ConstTensorView x;
+  float p = 0.0F;  // [0, 1)
+  float scale = 1.0F;
+  std::uint64_t seed = 0;
+};
+
 // ---- lm_head + cross-entropy, fused and chunked over tokens ---------------------------------
 // h (N, H), w (V, H). rows (C) i32: the positions whose loss counts (ascending), targets (C)
 // i32: the token each of them predicts; C is known to the caller (it built the mask), so that
@@ -144,7 +157,8 @@ struct SwigluBackwardArgs {
 // to loss_sum (1) f64 in backend memory: the caller reads it when it needs the value, and a
 // backend with a queue does not wait here. Logits are built a block of tokens at a time, never
 // for the whole batch. With dh (N, H) non-empty, also dh = grad_scale * d(sum CE)/dh
-// (overwritten; uncounted rows 0) and dw (V, H) += grad_scale * d/dw.
+// (overwritten; uncounted rows 0) and dw (V, H) += grad_scale * d/dw (skipped when dw is empty:
+// a frozen lm_head, LoRA).
 struct LmHeadCrossEntropyArgs {
   TensorView loss_sum, dh, dw;
   ConstTensorView h, w, rows, targets;
@@ -252,6 +266,7 @@ class Ops {
   virtual void attention_backward(const AttentionBackwardArgs& a) = 0;
   virtual void swiglu(const SwigluArgs& a) = 0;
   virtual void swiglu_backward(const SwigluBackwardArgs& a) = 0;
+  virtual void dropout(const DropoutArgs& a) = 0;
   virtual void lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) = 0;
   virtual void gather_dot(const GatherDotArgs& a) = 0;
   virtual void gather_dot_backward(const GatherDotBackwardArgs& a) = 0;

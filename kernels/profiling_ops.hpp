@@ -102,6 +102,9 @@ class ProfilingOps final : public Ops {
   void swiglu_backward(const SwigluBackwardArgs& a) override {
     timed("swiglu_backward", [&] { inner_.swiglu_backward(a); });
   }
+  void dropout(const DropoutArgs& a) override {
+    timed("dropout", [&] { inner_.dropout(a); });
+  }
   void lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) override {
     timed("lm_head_cross_entropy", [&] { inner_.lm_head_cross_entropy(a); });
   }

@@ -8,6 +8,7 @@
 #include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/cpu/checks.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/dropout.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gather_dot.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -134,6 +135,11 @@ void CpuOps::swiglu_backward(const SwigluBackwardArgs& a) {
   cpu::swiglu_backward(f32(a.dgate), f32(a.dup), f32(a.dout), f32(a.gate), f32(a.up));
 }
 
+void CpuOps::dropout(const DropoutArgs& a) {
+  (void)dropout_size(a);
+  cpu::dropout(f32(a.out), f32(a.x), a.p, a.scale, a.seed);
+}
+
 void CpuOps::add_into(TensorView dst, ConstTensorView src) {
   const std::int64_t n = add_into_size(dst, src);
   const std::span<float> d = f32(dst);
@@ -152,8 +158,8 @@ void CpuOps::sum_squares_each(std::span<const ConstTensorView> xs, std::span<dou
 void CpuOps::lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) {
   const LmHeadDims d = lm_head_dims(a);
   const cpu::CrossEntropySum sum = cpu::lm_head_cross_entropy(
-      f32(a.dh), a.dh.empty() ? std::span<float>{} : f32(a.dw), f32(a.h), f32(a.w), i32(a.rows),
-      i32(a.targets), d.vocab, d.hidden, a.grad_scale);
+      f32(a.dh), a.dh.empty() || a.dw.empty() ? std::span<float>{} : f32(a.dw), f32(a.h), f32(a.w),
+      i32(a.rows), i32(a.targets), d.vocab, d.hidden, a.grad_scale);
   a.loss_sum.as<double>()[0] += sum.loss;
 }
 

@@ -38,6 +38,7 @@ class CpuOps final : public Ops {
   void attention(const AttentionArgs& a) override;
   void attention_backward(const AttentionBackwardArgs& a) override;
   void swiglu(const SwigluArgs& a) override;
+  void dropout(const DropoutArgs& a) override;
   void swiglu_backward(const SwigluBackwardArgs& a) override;
   void lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) override;
   void gather_dot(const GatherDotArgs& a) override;

@@ -27,7 +27,7 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
                "targets");
   if (backward) {
     require_size(dh.size(), n * hidden, "lm_head_cross_entropy", "dh");
-    require_size(dw.size(), vocab * hidden, "lm_head_cross_entropy", "dw");
+    if (!dw.empty()) require_size(dw.size(), vocab * hidden, "lm_head_cross_entropy", "dw");
     std::fill(dh.begin(), dh.end(), 0.0F);
   }
 
@@ -92,6 +92,7 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
           dh.data() + static_cast<std::int64_t>(rows[static_cast<std::size_t>(begin + r)]) * hidden,
           dhb.data() + r * hidden, static_cast<std::size_t>(hidden) * sizeof(float));
     }
+    if (dw.empty()) continue;  // a frozen lm_head (LoRA)
     // dw (V, H) += dlogits^T (V, count) . hb (count, H)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, iv, ih, ir, 1.0F, logits.data(), iv,
                 hb.data(), ih, 1.0F, dw.data(), ih);

@@ -19,7 +19,7 @@ inline constexpr std::int64_t kLogitBlockBytes = 64LL << 20U;
 
 // h (N, H); w (V, H); rows (C): the counted positions, in the order their losses are summed;
 // targets (C): the token each predicts. With dh non-empty: dh (N, H) = grad_scale * d(loss)/dh
-// (rows not counted are 0) and dw (V, H) += grad_scale * d(loss)/dw.
+// (rows not counted are 0) and dw (V, H) += grad_scale * d(loss)/dw (skipped when dw is empty).
 CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
                                       std::span<const float> h, std::span<const float> w,
                                       std::span<const std::int32_t> rows,

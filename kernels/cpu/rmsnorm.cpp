@@ -37,17 +37,19 @@ void rmsnorm_backward(std::span<float> dx, std::span<float> dw, std::span<const 
   require_size(dout.size(), rows * hidden, "rmsnorm_backward", "dout");
   require_size(dx.size(), rows * hidden, "rmsnorm_backward", "dx");
   require_size(w.size(), hidden, "rmsnorm_backward", "w");
-  require_size(dw.size(), hidden, "rmsnorm_backward", "dw");
+  const bool weights = !dw.empty();  // empty: a frozen norm (LoRA), no weight gradient
+  if (weights) require_size(dw.size(), hidden, "rmsnorm_backward", "dw");
 
   // dw partial sums per thread over its rows, combined in thread order (deterministic).
   const int threads = omp_get_max_threads();
-  std::vector<float> partial_dw(static_cast<std::size_t>(threads * hidden), 0.0F);
+  std::vector<float> partial_dw(weights ? static_cast<std::size_t>(threads * hidden) : 0U, 0.0F);
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num();
     const Range share = static_share(rows, t, omp_get_num_threads());
     float* my_dw =
-        partial_dw.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(hidden);
+        weights ? partial_dw.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(hidden)
+                : nullptr;
     for (std::int64_t r = share.begin; r < share.end; ++r) {
       const float* xr = x.data() + r * hidden;
       const float* gr = dout.data() + r * hidden;
@@ -62,10 +64,13 @@ void rmsnorm_backward(std::span<float> dx, std::span<float> dw, std::span<const 
       for (std::int64_t i = 0; i < hidden; ++i) {
         const float xhat = xr[i] * inv;
         dxr[i] += inv * (gr[i] * w[static_cast<std::size_t>(i)] - xhat * mean_dot);
-        my_dw[i] += gr[i] * xhat;
       }
+      if (my_dw == nullptr) continue;
+#pragma omp simd
+      for (std::int64_t i = 0; i < hidden; ++i) my_dw[i] += gr[i] * (xr[i] * inv);
     }
   }
+  if (!weights) return;
   for (int t = 0; t < threads; ++t) {
     const float* my_dw =
         partial_dw.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(hidden);

@@ -40,7 +40,8 @@ void embedding_backward(float* dtable, const std::int32_t* tokens, const BFloat1
 void rmsnorm_forward(BFloat16* out, float* rstd, const BFloat16* x, const BFloat16* w,
                      std::int64_t rows, std::int64_t hidden, float eps, cudaStream_t stream);
 // dx += d/dx (bf16, read-modify-write); dw += d/dw through fp32 partial sums per row chunk,
-// combined in order (deterministic). partials: rmsnorm_partials(rows, hidden) floats.
+// combined in order (deterministic); dw null: none (a frozen norm). partials:
+// rmsnorm_partials(rows, hidden) floats.
 std::int64_t rmsnorm_partials(std::int64_t rows, std::int64_t hidden);
 void rmsnorm_backward(BFloat16* dx, BFloat16* dw, const BFloat16* dout, const BFloat16* x,
                       const BFloat16* w, const float* rstd, std::int64_t rows, std::int64_t hidden,
@@ -52,6 +53,11 @@ void rmsnorm_backward(BFloat16* dx, float* dw, const BFloat16* dout, const BFloa
 // rope.cu: in place on x (N, heads, head_dim); sign +1 forward, -1 its transpose
 void rope(BFloat16* x, const std::int32_t* positions, const float* cos, const float* sin,
           std::int64_t n, int heads, int head_dim, float sign, cudaStream_t stream);
+
+// dropout.cu: out = x * scale * keep_i / (1 - p), the mask of kernels/dropout_mask.hpp; out may
+// be x
+void dropout(BFloat16* out, const BFloat16* x, std::int64_t n, float p, float scale,
+             std::uint64_t seed, cudaStream_t stream);
 
 // swiglu.cu
 void swiglu_forward(BFloat16* out, const BFloat16* gate, const BFloat16* up, std::int64_t n,

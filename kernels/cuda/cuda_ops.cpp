@@ -295,6 +295,12 @@ void CudaOps::rmsnorm_backward(const kernels::RmsNormBackwardArgs& a) {
   const kernels::RowDims d = kernels::rmsnorm_dims(a);
   auto* partials = static_cast<float*>(scratch_.get(
       static_cast<std::size_t>(rmsnorm_partials(d.rows, d.hidden)) * sizeof(float), stream_));
+  if (a.dw.empty()) {  // a frozen norm (LoRA): dx only
+    cuda::rmsnorm_backward(out<BFloat16>(a.dx), static_cast<BFloat16*>(nullptr),
+                           in<BFloat16>(a.dout), in<BFloat16>(a.x), in<BFloat16>(a.w),
+                           in<float>(a.rstd), d.rows, d.hidden, partials, stream_);
+    return;
+  }
   add_to_gradient(a.dw, [&](auto* dw_data) {
     cuda::rmsnorm_backward(out<BFloat16>(a.dx), dw_data, in<BFloat16>(a.dout), in<BFloat16>(a.x),
                            in<BFloat16>(a.w), in<float>(a.rstd), d.rows, d.hidden, partials,
@@ -562,6 +568,11 @@ void CudaOps::swiglu_backward(const kernels::SwigluBackwardArgs& a) {
                         in<BFloat16>(a.gate), in<BFloat16>(a.up), n, stream_);
 }
 
+void CudaOps::dropout(const kernels::DropoutArgs& a) {
+  const std::int64_t n = kernels::dropout_size(a);
+  cuda::dropout(out<BFloat16>(a.out), in<BFloat16>(a.x), n, a.p, a.scale, a.seed, stream_);
+}
+
 void CudaOps::add_into(TensorView dst, ConstTensorView src) {
   const std::int64_t n = kernels::add_into_size(dst, src);
   const auto* from = in<BFloat16>(src);
@@ -652,6 +663,7 @@ void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
         gemm(block, hidden, vocab, dlogits, vocab, false, wd, hidden, false, dhb, hidden, 0.0F),
         stream_);
     scatter_rows(out<BFloat16>(a.dh), dhb, rd + begin, block, hidden, stream_);
+    if (a.dw.empty()) continue;  // a frozen lm_head (LoRA)
     // dw (V, H) += dlogits^T (V, block) hb (block, H)
     add_to_gradient(a.dw, [&](auto* dw_data) {
       lt_->run(gemm(vocab, hidden, block, dlogits, vocab, true, hb, hidden, false, dw_data, hidden,

@@ -107,6 +107,7 @@ class CudaOps final : public kernels::Ops {
   void attention_backward(const kernels::AttentionBackwardArgs& a) override;
   void swiglu(const kernels::SwigluArgs& a) override;
   void swiglu_backward(const kernels::SwigluBackwardArgs& a) override;
+  void dropout(const kernels::DropoutArgs& a) override;
   void lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) override;
   void gather_dot(const kernels::GatherDotArgs& a) override;
   void gather_dot_backward(const kernels::GatherDotBackwardArgs& a) override;

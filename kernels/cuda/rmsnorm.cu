@@ -202,6 +202,7 @@ void rmsnorm_backward_into(BFloat16* dx, Grad* dw, const BFloat16* dout, const B
         hidden, in_global);
     check_launch("rmsnorm backward");
   }
+  if (dw == nullptr) return;  // a frozen norm: the partial sums go unused
   rmsnorm_dw_kernel<<<blocks_for(hidden, kThreads), kThreads, 0, stream>>>(
       device_cast(dw), partials, chunks(rows), hidden);
   check_launch("rmsnorm backward (weights)");

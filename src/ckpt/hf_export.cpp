@@ -103,15 +103,8 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
   const Manifest manifest = read_manifest(step_dir);
   // The output is checked, and the directory it is built in created, before the weights are
   // read: an output that cannot be written or must not be replaced costs no time.
-  const fs::path out = core::output_directory("--output", output);
-  if (core::entry_exists(out)) {
-    if (!options.overwrite) {
-      throw core::usage_error(
-          fmt::format("{} exists: choose another --output, or pass --overwrite", out.string()));
-    }
-    core::require_ours(out, core::OwnedKind::hf_export, "--output");
-  }
-  (void)core::remove_abandoned_staging(out);
+  const fs::path out =
+      core::replaceable_output("--output", output, core::OwnedKind::hf_export, options.overwrite);
   core::StagingDirectory staging(out, core::OwnedKind::hf_export, "--output");
   const fs::path& partial = staging.path();
 

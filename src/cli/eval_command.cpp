@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "ckpt/peft_adapter.hpp"
 #include "cli/inference_model.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
@@ -41,6 +42,7 @@ void declare_eval_options(po::options_description& options,
       "shard-parameters", po::bool_switch(),
       "hold 1/N of the weights per rank (a model larger than one rank's memory): each rank "
       "reads only its share, and each layer's weights are all-gathered before use (CPU backend)");
+  declare_adapter_option(options);
 }
 
 int run_eval(const CommandContext& context) {
@@ -53,7 +55,11 @@ int run_eval(const CommandContext& context) {
   const std::string init =
       o.count("init") != 0 ? o["init"].as<std::string>() : o["ckpt"].as<std::string>();
   const train::ModelSource source = train::resolve_model_source("", init);
-  const model::HeadKind head = source.initial_head().value_or(model::HeadKind::language_model);
+  // With --adapter the adapter's task decides: a SEQ_CLS one makes a reward model of its base.
+  const std::string adapter = adapter_option(o);
+  const model::HeadKind head = adapter.empty()
+                                   ? source.initial_head().value_or(model::HeadKind::language_model)
+                                   : ckpt::read_peft_adapter_config(adapter).head;
 
   std::int64_t seq_len = source.checkpoint
                              ? source.checkpoint->config.value("seq_len", std::int64_t{2048})
@@ -67,6 +73,11 @@ int run_eval(const CommandContext& context) {
   const auto ops = kernels::make_ops(kernels::parse_backend(o["backend"].as<std::string>()),
                                      context.world.local_rank());
   const bool sharded = o["shard-parameters"].as<bool>();
+  if (sharded && !adapter.empty()) {
+    throw core::usage_error(
+        "--adapter with --shard-parameters: folding an adapter in needs each rank to hold the "
+        "whole model; drop --shard-parameters");
+  }
   // Refused only when it cannot fit in any case: a pair planned as one row (as in training).
   const std::int64_t rows = micro;
   const int ranks = context.world.size();
@@ -96,7 +107,11 @@ int run_eval(const CommandContext& context) {
         std::make_unique<train::ShardedWeights>(context.world, *ops, model.layout(), source, 0);
     model.set_parameter_window(&shards->window());
   } else {
-    (void)train::initialize_model(context.world, model, source, 0);
+    std::vector<float> initial = train::initialize_model(context.world, model, source, 0);
+    if (!adapter.empty()) {  // every rank folds it in (the same files, the same sums)
+      (void)ckpt::apply_peft_adapter(adapter, model.layout(), initial);
+      model.load_parameters(initial);
+    }
   }
 
   data::DatasetExpectations expect;
@@ -114,8 +129,9 @@ int run_eval(const CommandContext& context) {
   config.drop_long = o["drop-long"].as<bool>();
   config.margin_from_data = o["margin-from-data"].as<bool>();
   const train::EvalMetrics m = train::evaluate(context.world, model, index, config);
-  context.log.info("{} (model {}, {} rank{})", train::format_eval_line(m), source.origin(),
-                   context.world.size(), context.world.size() == 1 ? "" : "s");
+  context.log.info("{} (model {}{}, {} rank{})", train::format_eval_line(m), source.origin(),
+                   adapter.empty() ? "" : " with the adapter " + adapter, context.world.size(),
+                   context.world.size() == 1 ? "" : "s");
   if (m.skipped_samples > 0) {
     context.log.warn("{} samples longer than --seq-len {} were left out", m.skipped_samples,
                      seq_len);

@@ -70,10 +70,12 @@ int run_generate(const CommandContext& context) {
   if (!context.world.is_root()) return core::kExitOk;  // an interactive tool: one rank works
 
   const core::Stopwatch load_time;
-  const InferenceModel loaded = load_inference_model(path, model::HeadKind::language_model);
+  const InferenceModel loaded =
+      load_inference_model(path, model::HeadKind::language_model, nullptr, adapter_option(o));
   const tokenizer::Tokenizer tokenizer = load_inference_tokenizer(o, loaded, context.log);
   context.log.info(
-      "loaded {} (step {}, {:.1f} M parameters) in {:.1f} s", loaded.step_dir, loaded.manifest.step,
+      "loaded {}{} (step {}, {:.1f} M parameters) in {:.1f} s", loaded.step_dir,
+      loaded.adapter.empty() ? "" : " with the adapter " + loaded.adapter, loaded.manifest.step,
       static_cast<double>(loaded.model->layout().parameter_count()) / 1e6, load_time.seconds());
 
   const std::vector<std::int32_t> prompt =

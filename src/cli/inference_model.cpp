@@ -8,6 +8,7 @@
 
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/model_file.hpp"
+#include "ckpt/peft_adapter.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 #include "train/model_source.hpp"
@@ -36,6 +37,18 @@ void declare_inference_model_options(po::options_description& options) {
       "checkpoint's data was prepared with)")(
       "ignore-tokenizer-mismatch", po::bool_switch(),
       "use the tokenizer even if its sha256 differs from the checkpoint's");
+  declare_adapter_option(options);
+}
+
+void declare_adapter_option(po::options_description& options) {
+  options.add_options()("adapter", po::value<std::string>()->value_name("DIR"),
+                        "a LoRA adapter in PEFT's format (adapter_config.json, "
+                        "adapter_model.safetensors; from PEFT or llama3-hpc) to fold into the "
+                        "--init model first");
+}
+
+std::string adapter_option(const po::variables_map& options) {
+  return options.count("adapter") > 0 ? options["adapter"].as<std::string>() : std::string();
 }
 
 std::string model_path_option(const po::variables_map& options) {
@@ -50,7 +63,13 @@ std::string model_path_option(const po::variables_map& options) {
 }
 
 InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
-                                    const dist::World* shard_over) {
+                                    const dist::World* shard_over, const std::string& adapter) {
+  const bool adapted = !adapter.empty();
+  if (adapted && shard_over != nullptr) {
+    throw core::usage_error(
+        "--adapter with --shard-parameters: folding an adapter in needs each rank to hold the "
+        "whole model; drop --shard-parameters");
+  }
   train::ModelSource source = train::resolve_model_source("", path);
   InferenceModel loaded;
   loaded.step_dir = source.origin();
@@ -65,8 +84,11 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
       loaded.manifest.tokenizer = source.hf_dir;
     }
   }
-  const ckpt::Manifest& m = loaded.manifest;
-  if (m.head != head) {
+  ckpt::Manifest& m = loaded.manifest;
+  // A reward adapter (PEFT's SEQ_CLS) brings its score head: its base may be a language model,
+  // whose backbone it then adapts.
+  const bool head_from_adapter = adapted && head == model::HeadKind::reward;
+  if (m.head != head && !head_from_adapter) {
     throw core::bad_input(fmt::format("the checkpoint holds {}; this command needs {}",
                                       head_description(m.head), head_description(head)),
                           {.file = loaded.step_dir});
@@ -75,7 +97,7 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
   loaded.ops = std::make_unique<kernels::CpuOps>();
   // Forward passes only: no gradient buffer (4 bytes per parameter of host memory).
   loaded.model = std::make_unique<model::LlamaModel>(
-      m.model, m.head, *loaded.ops,
+      m.model, head, *loaded.ops,
       model::ModelOptions{.own_gradients = false, .own_parameters = shard_over == nullptr});
   if (shard_over != nullptr) {
     loaded.shards = std::make_unique<train::ShardedWeights>(*shard_over, *loaded.ops,
@@ -85,6 +107,11 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
   }
   std::vector<float> host(static_cast<std::size_t>(loaded.model->layout().total()), 0.0F);
   train::read_initial_weights(source, loaded.model->layout(), host);
+  if (adapted) {
+    (void)ckpt::apply_peft_adapter(adapter, loaded.model->layout(), host);
+    m.head = head;
+    loaded.adapter = adapter;
+  }
   loaded.model->load_parameters(host);
   return loaded;
 }

@@ -17,8 +17,11 @@
 
 namespace l3::cli {
 
-// --init/--ckpt, --tokenizer, --ignore-tokenizer-mismatch.
+// --init/--ckpt, --tokenizer, --ignore-tokenizer-mismatch, --adapter.
 void declare_inference_model_options(po::options_description& options);
+// --adapter DIR alone (eval declares its own model options), and its value ("" when absent).
+void declare_adapter_option(po::options_description& options);
+[[nodiscard]] std::string adapter_option(const po::variables_map& options);
 
 // The checkpoint path of --init or --ckpt: a usage Error when neither or both are given.
 [[nodiscard]] std::string model_path_option(const po::variables_map& options);
@@ -29,6 +32,7 @@ struct InferenceModel {
   std::unique_ptr<kernels::Ops> ops;              // declared before the model: outlives it
   std::unique_ptr<train::ShardedWeights> shards;  // sharded over ranks; else null
   std::unique_ptr<model::LlamaModel> model;
+  std::string adapter;  // the LoRA adapter folded into the weights (--adapter); empty: none
 };
 
 // A checkpoint step directory, a checkpoint root whose `latest` names one, or a Hugging Face
@@ -36,9 +40,12 @@ struct InferenceModel {
 // The model must have the `head` wanted (bad_input Error naming the path otherwise); anything
 // else is a bad_input Error naming the path. `shard_over`: hold 1/N of the weights on each rank
 // of this world (train::ShardedWeights; collective, and so is every forward pass); null: the
-// whole model on this rank alone.
+// whole model on this rank alone. `adapter`: a PEFT LoRA adapter directory folded into the
+// weights (ckpt::apply_peft_adapter; not with shard_over), whose SEQ_CLS score head lets a
+// language model's checkpoint serve as a reward model's base; empty: none.
 [[nodiscard]] InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
-                                                  const dist::World* shard_over = nullptr);
+                                                  const dist::World* shard_over = nullptr,
+                                                  const std::string& adapter = "");
 
 // `spec` (--tokenizer) when given, else the tokenizer named by the manifest. The tokenizer's
 // sha256 must equal the manifest's (when it records one) unless ignore_mismatch, and its

@@ -128,10 +128,11 @@ int run_score(const CommandContext& context) {
   // An interactive tool: one rank works, unless the weights are spread over the ranks.
   if (!sharded && !context.world.is_root()) return core::kExitOk;
 
-  const InferenceModel loaded =
-      load_inference_model(path, model::HeadKind::reward, sharded ? &context.world : nullptr);
+  const InferenceModel loaded = load_inference_model(
+      path, model::HeadKind::reward, sharded ? &context.world : nullptr, adapter_option(o));
   const tokenizer::Tokenizer tokenizer = load_inference_tokenizer(o, loaded, context.log);
-  context.log.info("loaded {} (step {}, {:.1f} M parameters)", loaded.step_dir,
+  context.log.info("loaded {}{} (step {}, {:.1f} M parameters)", loaded.step_dir,
+                   loaded.adapter.empty() ? "" : " with the adapter " + loaded.adapter,
                    loaded.manifest.step,
                    static_cast<double>(loaded.model->layout().parameter_count()) / 1e6);
   // Formatted as `prep preference` formats the chosen side of a record: the reward model's

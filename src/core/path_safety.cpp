@@ -161,6 +161,22 @@ std::string export_problem(const fs::path& dir, const std::vector<Entry>& entrie
   return {};
 }
 
+// A PEFT LoRA adapter directory (ours or PEFT's): its two files and PEFT's model card only.
+std::string adapter_problem(const fs::path& dir, const std::vector<Entry>& entries) {
+  for (const Entry& e : entries) {
+    if (e.type != fs::file_type::regular ||
+        (e.name != "adapter_config.json" && e.name != "adapter_model.safetensors" &&
+         e.name != "README.md")) {
+      return fmt::format("it holds {}, {} that a LoRA adapter does not", e.name,
+                         entry_kind(e.type));
+    }
+  }
+  const nlohmann::json config = read_marker(dir / "adapter_config.json");
+  if (config.is_discarded() || !config.is_object() || config.value("peft_type", "") != "LORA")
+    return "its adapter_config.json is missing or not a LoRA adapter's";
+  return {};
+}
+
 std::string demo_problem(const fs::path& dir, const std::vector<Entry>& entries) {
   bool marker = false;
   for (const Entry& e : entries) {
@@ -190,6 +206,8 @@ std::string_view kind_name(OwnedKind kind) {
       return "a model written by llama3-hpc export";
     case OwnedKind::demo:
       return "a llama3-hpc demo directory";
+    case OwnedKind::peft_adapter:
+      return "a LoRA adapter directory";
   }
   return "";
 }
@@ -264,8 +282,24 @@ std::string why_not_ours(const fs::path& dir, OwnedKind kind) {
       return export_problem(dir, entries);
     case OwnedKind::demo:
       return demo_problem(dir, entries);
+    case OwnedKind::peft_adapter:
+      return adapter_problem(dir, entries);
   }
   return "unknown kind";
+}
+
+fs::path replaceable_output(std::string_view option, const std::string& value, OwnedKind kind,
+                            bool overwrite) {
+  fs::path out = output_directory(option, value);
+  if (entry_exists(out)) {
+    if (!overwrite) {
+      throw usage_error(
+          fmt::format("{} exists: choose another {}, or pass --overwrite", out.string(), option));
+    }
+    require_ours(out, kind, option);
+  }
+  (void)remove_abandoned_staging(out);
+  return out;
 }
 
 void require_ours(const fs::path& dir, OwnedKind kind, std::string_view option) {

@@ -28,6 +28,7 @@ enum class OwnedKind {
   dataset,    // prep: index.json of format "llama3-hpc/...", part-*.h5; or train/ and val/ of those
   hf_export,  // export: config.json with a "llama3_hpc" entry, safetensors, tokenizer files
   demo,       // demo --workdir: the marker .llama3-hpc-demo, input/, sft/, preferences/, ckpt/
+  peft_adapter,  // a LoRA adapter: adapter_config.json ("peft_type": "LORA"), its safetensors
 };
 
 // A directory named on the command line by `option` (for messages, e.g. "--output"), absolute
@@ -93,5 +94,11 @@ class StagingDirectory {
 // process is gone. Others (another host's, a live process's, links) are left alone. Returns the
 // names removed.
 std::vector<std::string> remove_abandoned_staging(const fs::path& target);
+
+// The directory an exporter writes (`option`, e.g. "--output", names it), checked before any
+// work: output_directory's checks; when it exists, a usage Error without `overwrite`, and
+// require_ours with it; then this host's abandoned staging directories of it removed.
+[[nodiscard]] fs::path replaceable_output(std::string_view option, const std::string& value,
+                                          OwnedKind kind, bool overwrite);
 
 }  // namespace l3::core

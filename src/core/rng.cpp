@@ -86,6 +86,18 @@ std::uint64_t CounterRng::below(std::uint64_t index, std::uint64_t n) const noex
   return x_hi * n_hi + (hi_lo >> 32U) + (cross >> 32U);
 }
 
+void fill_uniform(std::span<float> out, float low, float high, const CounterRng& rng,
+                  std::uint64_t first_index) noexcept {
+  const auto n = static_cast<std::int64_t>(out.size());
+  const double width = static_cast<double>(high) - static_cast<double>(low);
+  constexpr std::int64_t kParallelFrom = std::int64_t{1} << 16;
+#pragma omp parallel for schedule(static) if (n >= kParallelFrom)
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[static_cast<std::size_t>(i)] =
+        static_cast<float>(low + width * rng.uniform(first_index + static_cast<std::uint64_t>(i)));
+  }
+}
+
 void fill_normal(std::span<float> out, float mean, float stddev, const CounterRng& rng,
                  std::uint64_t first_index) noexcept {
   // Each value depends on its index only, so the threads' split changes nothing. Large tensors

@@ -54,6 +54,10 @@ class CounterRng {
 void fill_normal(std::span<float> out, float mean, float stddev, const CounterRng& rng,
                  std::uint64_t first_index = 0) noexcept;
 
+// out[i] = low + (high - low) * uniform(first_index + i), in pieces as fill_normal.
+void fill_uniform(std::span<float> out, float low, float high, const CounterRng& rng,
+                  std::uint64_t first_index = 0) noexcept;
+
 // SplitMix64 finaliser: a fast bijective mixer for deriving seeds and hashing small keys.
 [[nodiscard]] constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
   x += 0x9e3779b97f4a7c15ULL;

@@ -6,10 +6,12 @@
 // a.lse).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 
 #include "kernels/ops.hpp"
+#include "model/lora_config.hpp"
 #include "model/model_config.hpp"
 #include "model/parameter_layout.hpp"
 
@@ -28,6 +30,45 @@ using WeightLookup =
 [[nodiscard]] BlockWeights block_weights(const ParameterLayout& layout, int layer,
                                          const WeightLookup& weight);
 
+// A block's LoRA adapters (lora_config.hpp) as views into the adapter buffer: A (r, in) and
+// B (out, r) of each target, empty where a layer has none; y = W x + scale * B (A dropout(x)).
+struct BlockAdapters {
+  std::array<kernels::ConstTensorView, kLoraTargetCount> a{}, b{};
+  float scale = 0.0F;
+  float dropout = 0.0F;    // 0 outside training
+  std::uint64_t seed = 0;  // this block's dropout seed for this micro-batch
+
+  [[nodiscard]] bool has(LoraTarget t) const noexcept {
+    return !a[static_cast<std::size_t>(t)].empty();
+  }
+  [[nodiscard]] kernels::ConstTensorView a_of(LoraTarget t) const {
+    return a[static_cast<std::size_t>(t)];
+  }
+  [[nodiscard]] kernels::ConstTensorView b_of(LoraTarget t) const {
+    return b[static_cast<std::size_t>(t)];
+  }
+  // The dropout seed of one target's input: each adapter draws a mask of its own, as each of
+  // PEFT's lora_dropout modules does.
+  [[nodiscard]] std::uint64_t target_seed(LoraTarget t) const noexcept;
+};
+
+// The forward half of one adapter: u = scale * (A dropout(x)) (n, r), kept for the backward,
+// then y += u B^T. x_dropped (n, in) holds dropout(x) when dropout > 0.
+void lora_forward(kernels::Ops& ops, const BlockAdapters& adapters, LoraTarget t,
+                  kernels::TensorView y, kernels::ConstTensorView x, kernels::TensorView u,
+                  kernels::TensorView x_dropped);
+
+// Its backward, given dy (n, out) of y, the forward's x and u: dB += dy^T u, dA += du^T
+// dropout(x) with du = scale * dy B, and dx += dropout'(du A) (dx holds the base layer's part
+// already). du (n, r) is a work buffer; scratch (n, in) too, used when dropout > 0.
+struct LoraGradients {
+  kernels::TensorView a, b;  // dA (r, in), dB (out, r)
+};
+void lora_backward(kernels::Ops& ops, const BlockAdapters& adapters, LoraTarget t,
+                   const LoraGradients& grads, kernels::TensorView dx, kernels::ConstTensorView dy,
+                   kernels::ConstTensorView x, kernels::ConstTensorView u, kernels::TensorView du,
+                   kernels::TensorView scratch);
+
 // The n rows of a block's activations (views of these shapes; ln1/ln2 and rstd1/rstd2 may share
 // storage where nothing reads them later).
 struct BlockViews {
@@ -44,6 +85,9 @@ struct BlockViews {
   kernels::TensorView gate;   // (n, I)
   kernels::TensorView up;     // (n, I)
   kernels::TensorView act;    // (n, I)  silu(gate) * up
+  // With adapters: scale * A dropout(x) of each target (n, r), and (n, max in) for dropout(x).
+  std::array<kernels::TensorView, kLoraTargetCount> lora_u{};
+  kernels::TensorView lora_x{};
 };
 
 // RoPE's inputs: each row's position (n) i32 and the backend's tables (rope_table.hpp).
@@ -51,10 +95,11 @@ struct RopeViews {
   kernels::ConstTensorView positions, cos, sin;
 };
 
-// x_in and x_out (n, H) may be the same buffer.
+// x_in and x_out (n, H) may be the same buffer. adapters: null for none.
 void decoder_block_forward(kernels::Ops& ops, const ModelConfig& config, const BlockWeights& w,
                            const RopeViews& rope, kernels::ConstTensorView x_in,
                            kernels::TensorView x_out, const BlockViews& a,
-                           const std::function<void()>& attend);
+                           const std::function<void()>& attend,
+                           const BlockAdapters* adapters = nullptr);
 
 }  // namespace l3::model

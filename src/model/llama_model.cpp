@@ -6,6 +6,7 @@
 #include <array>
 
 #include "core/error.hpp"
+#include "core/rng.hpp"
 #include "core/trace_range.hpp"
 #include "model/decoder_block.hpp"
 #include "model/parameter_init.hpp"
@@ -44,6 +45,7 @@ struct BlockActivations {
   Buffer gate;   // (N, I)
   Buffer up;     // (N, I)
   Buffer act;    // (N, I)  silu(gate) * up
+  std::array<Buffer, kLoraTargetCount> lora_u;  // (N, r) of each adapter: scale * A dropout(x)
 };
 
 // A micro-batch's inputs on the backend.
@@ -74,28 +76,43 @@ struct LlamaModel::Workspace {
   // backward
   Buffer d_resid, d_final, d_ln, d_att, d_q, d_k, d_v, d_act, d_gate, d_up, scratch_out;
   Buffer scores, d_scores;
+  // LoRA: an adapter's dropped input (forward) or its input gradient (backward), (N, max in),
+  // with dropout only; and d(u) (N, r)
+  Buffer lora_x, d_lora;
   // the current micro-batch
   std::int64_t n = 0;
+  bool training = false;             // a pass with a backward: LoRA's dropout applies
   kernels::PackedSegments segments;  // its cu_seqlens (this micro-batch's input set)
 };
 
 namespace {
 
-// The first n rows of a block's activation buffers.
-BlockViews block_views(const BlockActivations& b, std::int64_t n, const ModelConfig& c) {
-  return {.ln1 = b.ln1.first_rows(n),
-          .rstd1 = b.rstd1.first_rows(n),
-          .q = b.q.first_rows(n),
-          .k = b.k.first_rows(n),
-          .v = b.v.first_rows(n),
-          .att = b.att.first_rows(n),
-          .lse = b.lse.first({c.n_heads, n}),
-          .h = b.h.first_rows(n),
-          .ln2 = b.ln2.first_rows(n),
-          .rstd2 = b.rstd2.first_rows(n),
-          .gate = b.gate.first_rows(n),
-          .up = b.up.first_rows(n),
-          .act = b.act.first_rows(n)};
+// The first n rows of a block's activation buffers (lora_x: the workspace's).
+BlockViews block_views(const BlockActivations& b, std::int64_t n, const ModelConfig& c,
+                       const Buffer& lora_x) {
+  BlockViews views{.ln1 = b.ln1.first_rows(n),
+                   .rstd1 = b.rstd1.first_rows(n),
+                   .q = b.q.first_rows(n),
+                   .k = b.k.first_rows(n),
+                   .v = b.v.first_rows(n),
+                   .att = b.att.first_rows(n),
+                   .lse = b.lse.first({c.n_heads, n}),
+                   .h = b.h.first_rows(n),
+                   .ln2 = b.ln2.first_rows(n),
+                   .rstd2 = b.rstd2.first_rows(n),
+                   .gate = b.gate.first_rows(n),
+                   .up = b.up.first_rows(n),
+                   .act = b.act.first_rows(n)};
+  for (std::size_t t = 0; t < b.lora_u.size(); ++t) {
+    if (b.lora_u[t].numel() > 0) views.lora_u[t] = b.lora_u[t].first_rows(n);
+  }
+  views.lora_x = lora_x.view();
+  return views;
+}
+
+// The largest input of an adapter target: its dropout work buffers' row size.
+std::int64_t widest_adapter_input(const ModelConfig& c) {
+  return std::max({c.hidden_size, c.q_size(), c.intermediate_size});
 }
 
 }  // namespace
@@ -103,17 +120,22 @@ BlockViews block_views(const BlockActivations& b, std::int64_t n, const ModelCon
 LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& ops,
                        ModelOptions options)
     : layout_(config, head),
+      adapters_(options.lora.enabled()
+                    ? std::optional<ParameterLayout>(std::in_place, config, head, options.lora)
+                    : std::nullopt),
       groups_(layout_.gradient_groups()),
+      adapter_groups_(adapters_ ? adapters_->gradient_groups() : std::vector<FlatRange>{}),
       ops_(ops),
       options_(options),
       params_(options.own_parameters ? ops.allocate(ops.compute_dtype(), layout_.total())
                                      : Buffer{}),
+      adapter_params_(adapters_ ? ops.allocate(ops.compute_dtype(), adapters_->total()) : Buffer{}),
       master_(ops.compute_dtype() == DType::f32 || !options.keep_master
                   ? Buffer{}
-                  : ops.allocate(DType::f32, layout_.total())),
+                  : ops.allocate(DType::f32, trainable_layout().total())),
       grads_(options.own_gradients
                  ? ops.allocate(options.fp32_gradients ? DType::f32 : ops.compute_dtype(),
-                                layout_.total())
+                                trainable_layout().total())
                  : Buffer{}),
       sums_(ops.allocate(DType::f64, kLossSumElements)),
       ws_(std::make_unique<Workspace>()) {}
@@ -149,12 +171,72 @@ void LlamaModel::gradients_ready(std::int64_t offset) {
   if (window_ != nullptr && !options_.own_gradients) window_->ready(offset);
 }
 TensorView LlamaModel::parameter(std::string_view name) const {
+  if (adapters_) {
+    if (const TensorInfo* t = adapters_->lookup(name)) {
+      return adapter_params_.slice(t->offset, t->numel);
+    }
+  }
   const TensorInfo& t = layout_.find(name);
   return params_.slice(t.offset, t.numel);
 }
 TensorView LlamaModel::gradient(std::string_view name) const {
-  const TensorInfo& t = layout_.find(name);
+  const TensorInfo& t = trainable_layout().find(name);
   return weight_grad(t.offset, Shape(t.numel));
+}
+
+std::int64_t LlamaModel::head_ready_offset() const {
+  if (!adapters_) return layout_.final_norm();
+  return layout_.head() == HeadKind::reward ? adapters_->score() : -1;
+}
+std::int64_t LlamaModel::block_ready_offset(int layer) const {
+  if (!adapters_) return layout_.block(layer).q_proj;  // the block's first tensor
+  return adapter_groups_.at(static_cast<std::size_t>(layer)).begin;
+}
+
+ConstTensorView LlamaModel::score_weight() const {
+  const std::int64_t h = config().hidden_size;
+  if (adapters_) return adapter_params_.slice(adapters_->score(), h);
+  return weight(layout_.score(), h);
+}
+TensorView LlamaModel::score_grad() const {
+  return weight_grad(adapters_ ? adapters_->score() : layout_.score(), config().hidden_size);
+}
+
+BlockAdapters LlamaModel::layer_adapters(int layer) const {
+  BlockAdapters ad;
+  if (!adapters_) return ad;
+  const LoraConfig& lora = options_.lora;
+  const AdapterOffsets& o = adapters_->adapter(layer);
+  const std::int64_t r = lora.rank;
+  for (const LoraTarget t : kLoraTargets) {
+    const auto k = static_cast<std::size_t>(t);
+    if (o.a[k] < 0) continue;
+    const auto [out, in] = lora_target_shape(config(), t);
+    ad.a[k] = adapter_params_.slice(o.a[k], r * in).reshape({r, in});
+    ad.b[k] = adapter_params_.slice(o.b[k], out * r).reshape({out, r});
+  }
+  ad.scale = lora.scale();
+  ad.dropout = ws_->training ? static_cast<float>(lora.dropout) : 0.0F;
+  ad.seed = core::splitmix64(core::splitmix64(dropout_seed_) + static_cast<std::uint64_t>(layer));
+  return ad;
+}
+
+LoraGradients LlamaModel::adapter_grads(int layer, LoraTarget t) const {
+  const AdapterOffsets& o = adapters_->adapter(layer);
+  const auto k = static_cast<std::size_t>(t);
+  const std::int64_t r = options_.lora.rank;
+  const auto [out, in] = lora_target_shape(config(), t);
+  return {.a = weight_grad(o.a[k], {r, in}), .b = weight_grad(o.b[k], {out, r})};
+}
+
+void LlamaModel::adapter_backward(int layer, const BlockAdapters& adapters, LoraTarget t,
+                                  TensorView dx, ConstTensorView dy, ConstTensorView x,
+                                  const BlockViews& a) {
+  if (!adapters.has(t)) return;
+  const Workspace& ws = *ws_;
+  lora_backward(ops_, adapters, t, adapter_grads(layer, t), dx, dy, x,
+                a.lora_u[static_cast<std::size_t>(t)], ws.d_lora.first_rows(ws.n),
+                ws.lora_x.view());
 }
 
 void LlamaModel::idle_pass(bool backward) {
@@ -174,12 +256,12 @@ void LlamaModel::idle_pass(bool backward) {
   // The gradients are reported complete where backward_backbone reports them, so that the
   // gradient window's reductions keep the same order relative to the gathers on every rank.
   use(layout_.final_norm(), Pass::backward);
-  gradients_ready(layout_.final_norm());
+  if (const std::int64_t head = head_ready_offset(); head >= 0) gradients_ready(head);
   for (int l = c.n_layers - 1; l >= 0; --l) {
     use(layout_.block(l).q_proj, Pass::backward);
-    gradients_ready(layout_.block(l).q_proj);
+    gradients_ready(block_ready_offset(l));
   }
-  gradients_ready(0);
+  if (!adapters_) gradients_ready(0);  // the embedding's (an adapter layout has none)
 }
 
 void LlamaModel::require_own_parameters(std::string_view what) const {
@@ -194,7 +276,37 @@ void LlamaModel::initialize(std::uint64_t seed) {
   std::vector<float> host(static_cast<std::size_t>(layout_.total()));
   initialize_parameters(host, layout_, seed);
   ops_.copy(params_.view(), host_view(host));  // rounds to the compute dtype
-  if (master_.numel() > 0) ops_.copy(master_.view(), host_view(host));
+  if (adapters_) {
+    initialize_adapters(seed);
+  } else if (master_.numel() > 0) {
+    ops_.copy(master_.view(), host_view(host));
+  }
+}
+
+void LlamaModel::initialize_adapters(std::uint64_t seed) {
+  if (!adapters_) throw core::internal_error("initialize_adapters of a model without LoRA");
+  std::vector<float> host(static_cast<std::size_t>(adapters_->total()));
+  // A seed of their own: the adapters' tensor i must not draw the model's tensor i's numbers.
+  initialize_parameters(host, *adapters_, core::splitmix64(seed ^ 0x4c6f5241'00000000ULL));
+  if (layout_.head() == HeadKind::reward) {  // the trained score head starts as the model's
+    require_own_parameters("initialize_adapters of a reward model");
+    const std::int64_t h = config().hidden_size;
+    ops_.copy(TensorView(std::span<float>(host).subspan(
+                  static_cast<std::size_t>(adapters_->score()), static_cast<std::size_t>(h))),
+              params_.slice(layout_.score(), h));
+    ops_.synchronize();
+  }
+  load_adapters(host);
+}
+
+void LlamaModel::load_adapters(std::span<const float> host) {
+  if (!adapters_) throw core::internal_error("load_adapters of a model without LoRA");
+  if (static_cast<std::int64_t>(host.size()) != adapters_->total()) {
+    throw core::internal_error(fmt::format("load_adapters: {} values for an adapter layout of {}",
+                                           host.size(), adapters_->total()));
+  }
+  ops_.copy(adapter_params_.view(), ConstTensorView(host));
+  if (master_.numel() > 0) ops_.copy(master_.view(), ConstTensorView(host));
 }
 
 void LlamaModel::load_parameters(std::span<const float> host) {
@@ -204,14 +316,14 @@ void LlamaModel::load_parameters(std::span<const float> host) {
         fmt::format("load_parameters: {} values for a layout of {}", host.size(), layout_.total()));
   }
   ops_.copy(params_.view(), ConstTensorView(host));
-  if (master_.numel() > 0) ops_.copy(master_.view(), ConstTensorView(host));
+  if (!adapters_ && master_.numel() > 0) ops_.copy(master_.view(), ConstTensorView(host));
 }
 
 std::vector<float> LlamaModel::master_to_host() const {
-  require_own_parameters("master_to_host");
-  std::vector<float> host(static_cast<std::size_t>(layout_.total()));
+  if (!adapters_) require_own_parameters("master_to_host");
+  std::vector<float> host(static_cast<std::size_t>(trainable_layout().total()));
   const TensorView master = master_weights();
-  ops_.copy(TensorView(std::span<float>(host)), master.empty() ? params_.view() : master);
+  ops_.copy(TensorView(std::span<float>(host)), master.empty() ? trainable_parameters() : master);
   ops_.synchronize();
   return host;
 }
@@ -253,6 +365,17 @@ void LlamaModel::prepare(const Batch& batch) {
                               alloc(DType::f32, {c.n_heads, n}), alloc(act, hidden),
                               alloc(act, hidden), alloc(DType::f32, n), alloc(act, intermediate),
                               alloc(act, intermediate), alloc(act, intermediate)});
+      if (!adapters_) continue;
+      for (const LoraTarget t : kLoraTargets) {
+        if (options_.lora.targets_layer(t)) {
+          fresh.blocks.back().lora_u[static_cast<std::size_t>(t)] =
+              alloc(act, {n, options_.lora.rank});
+        }
+      }
+    }
+    if (adapters_) {
+      fresh.d_lora = alloc(act, {n, options_.lora.rank});
+      if (options_.lora.dropout > 0.0) fresh.lora_x = alloc(act, n * widest_adapter_input(c));
     }
     fresh.final_out = alloc(act, hidden);
     fresh.final_rstd = alloc(DType::f32, n);
@@ -347,14 +470,17 @@ void LlamaModel::block_forward(int layer, ConstTensorView x_in, TensorView x_out
   const core::TraceRange range("block {} forward", layer);
   const ModelConfig& c = config();
   Workspace& ws = *ws_;
-  const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], ws.n, c);
+  const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], ws.n, c, ws.lora_x);
+  const BlockAdapters adapters = layer_adapters(layer);
   decoder_block_forward(
       ops_, c, layer_weights(layer),
       {.positions = ws.in().positions.first_rows(ws.n), .cos = ws.rope.cos(), .sin = ws.rope.sin()},
-      x_in, x_out, a, [&] {
+      x_in, x_out, a,
+      [&] {
         ops_.attention(
             {.out = a.att, .lse = a.lse, .q = a.q, .k = a.k, .v = a.v, .segments = ws.segments});
-      });
+      },
+      adapters_ ? &adapters : nullptr);
 }
 
 void LlamaModel::backward_backbone() {
@@ -372,13 +498,14 @@ void LlamaModel::backward_backbone() {
   {
     const HeldGroup held = hold(layout_.final_norm(), Pass::backward);
     ops_.rmsnorm_backward({.dx = d_resid,
-                           .dw = weight_grad(layout_.final_norm(), h),
+                           .dw = base_grad(layout_.final_norm(), h),
                            .dout = ws.d_final.first_rows(n),
                            .x = ws.layer_inputs.back().first_rows(n),
                            .w = weight(layout_.final_norm(), h),
                            .rstd = ws.final_rstd.first_rows(n)});
   }
-  gradients_ready(layout_.final_norm());  // and the head after it
+  // the head after it (a LoRA language model trains nothing there)
+  if (const std::int64_t head = head_ready_offset(); head >= 0) gradients_ready(head);
 
   for (int l = c.n_layers - 1; l >= 0; --l) {
     const core::TraceRange range("block {} backward", l);
@@ -386,9 +513,14 @@ void LlamaModel::backward_backbone() {
     const TensorView x_in = ws.layer_inputs[static_cast<std::size_t>(l)].first_rows(n);
     const int slot = options_.recompute ? 0 : l;
     if (options_.recompute) block_forward(l, x_in, ws.scratch_out.first_rows(n), slot);
-    const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], n, c);
+    const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], n, c, ws.lora_x);
     const BlockOffsets& w = layout_.block(l);
     const BlockWeights bw = layer_weights(l);  // read within the held group
+    const BlockAdapters ad = layer_adapters(l);
+    // Each adapter's backward follows its layer's, before dx is read.
+    const auto adapter = [&](LoraTarget t, TensorView dx, ConstTensorView dy, ConstTensorView x) {
+      adapter_backward(l, ad, t, dx, dy, x, a);
+    };
     const TensorView d_ln = ws.d_ln.first_rows(n);
 
     // MLP half. d_resid holds d(x'); the residual passes it on to d(h) unchanged.
@@ -396,24 +528,27 @@ void LlamaModel::backward_backbone() {
     const TensorView d_gate = ws.d_gate.first_rows(n);
     const TensorView d_up = ws.d_up.first_rows(n);
     ops_.matmul_backward({.dx = d_act,
-                          .dw = weight_grad(w.down_proj, {h, i}),
+                          .dw = base_grad(w.down_proj, {h, i}),
                           .dy = d_resid,
                           .x = a.act,
                           .w = bw.down_proj});
+    adapter(LoraTarget::down, d_act, d_resid, a.act);
     ops_.swiglu_backward({.dgate = d_gate, .dup = d_up, .dout = d_act, .gate = a.gate, .up = a.up});
     ops_.matmul_backward({.dx = d_ln,
-                          .dw = weight_grad(w.gate_proj, {i, h}),
+                          .dw = base_grad(w.gate_proj, {i, h}),
                           .dy = d_gate,
                           .x = a.ln2,
                           .w = bw.gate_proj});
+    adapter(LoraTarget::gate, d_ln, d_gate, a.ln2);
     ops_.matmul_backward({.dx = d_ln,
-                          .dw = weight_grad(w.up_proj, {i, h}),
+                          .dw = base_grad(w.up_proj, {i, h}),
                           .dy = d_up,
                           .x = a.ln2,
                           .w = bw.up_proj,
                           .accumulate_dx = true});
+    adapter(LoraTarget::up, d_ln, d_up, a.ln2);
     ops_.rmsnorm_backward({.dx = d_resid,
-                           .dw = weight_grad(w.post_attention_norm, h),
+                           .dw = base_grad(w.post_attention_norm, h),
                            .dout = d_ln,
                            .x = a.h,
                            .w = bw.post_attention_norm,
@@ -425,10 +560,11 @@ void LlamaModel::backward_backbone() {
     const TensorView d_k = ws.d_k.first_rows(n);
     const TensorView d_v = ws.d_v.first_rows(n);
     ops_.matmul_backward({.dx = d_att,
-                          .dw = weight_grad(w.o_proj, {h, q}),
+                          .dw = base_grad(w.o_proj, {h, q}),
                           .dy = d_resid,
                           .x = a.att,
                           .w = bw.o_proj});
+    adapter(LoraTarget::o, d_att, d_resid, a.att);
     ops_.attention_backward({.dq = d_q,
                              .dk = d_k,
                              .dv = d_v,
@@ -444,27 +580,31 @@ void LlamaModel::backward_backbone() {
           {.x = d, .positions = positions, .cos = ws.rope.cos(), .sin = ws.rope.sin()});
     }
     ops_.matmul_backward(
-        {.dx = d_ln, .dw = weight_grad(w.q_proj, {q, h}), .dy = d_q, .x = a.ln1, .w = bw.q_proj});
+        {.dx = d_ln, .dw = base_grad(w.q_proj, {q, h}), .dy = d_q, .x = a.ln1, .w = bw.q_proj});
+    adapter(LoraTarget::q, d_ln, d_q, a.ln1);  // d_q: before RoPE, where the adapter added
     ops_.matmul_backward({.dx = d_ln,
-                          .dw = weight_grad(w.k_proj, {kv, h}),
+                          .dw = base_grad(w.k_proj, {kv, h}),
                           .dy = d_k,
                           .x = a.ln1,
                           .w = bw.k_proj,
                           .accumulate_dx = true});
+    adapter(LoraTarget::k, d_ln, d_k, a.ln1);
     ops_.matmul_backward({.dx = d_ln,
-                          .dw = weight_grad(w.v_proj, {kv, h}),
+                          .dw = base_grad(w.v_proj, {kv, h}),
                           .dy = d_v,
                           .x = a.ln1,
                           .w = bw.v_proj,
                           .accumulate_dx = true});
+    adapter(LoraTarget::v, d_ln, d_v, a.ln1);
     ops_.rmsnorm_backward({.dx = d_resid,
-                           .dw = weight_grad(w.input_norm, h),
+                           .dw = base_grad(w.input_norm, h),
                            .dout = d_ln,
                            .x = x_in,
                            .w = bw.input_norm,
                            .rstd = a.rstd1});
-    gradients_ready(w.q_proj);  // the block's first tensor
+    gradients_ready(block_ready_offset(l));
   }
+  if (adapters_) return;  // a frozen embedding: nothing to compute or report
   const core::TraceRange range("embedding backward");
   ops_.embedding_backward({.dtable = weight_grad(layout_.embedding(), {c.vocab_size, h}),
                            .tokens = ws.in().tokens.first_rows(n),
@@ -499,6 +639,7 @@ void LlamaModel::sft(const Batch& batch, float grad_scale, bool backward, Tensor
     throw core::internal_error("SFT pass on a model without a language-model head");
   }
   prepare(batch);
+  ws_->training = backward;
   forward_backbone();
   const ModelConfig& c = config();
   const Workspace& ws = *ws_;
@@ -511,7 +652,7 @@ void LlamaModel::sft(const Batch& batch, float grad_scale, bool backward, Tensor
     ops_.lm_head_cross_entropy(
         {.loss_sum = sums.slice(0, 1),
          .dh = backward ? ws.d_final.first_rows(n) : TensorView{},
-         .dw = backward ? weight_grad(layout_.lm_head(), {v, h}) : TensorView{},
+         .dw = backward ? base_grad(layout_.lm_head(), {v, h}) : TensorView{},
          .h = ws.final_out.first_rows(n),
          .w = weight(layout_.lm_head(), {v, h}),
          .rows = ws.in().loss_rows.first_rows(ws.counted),
@@ -543,11 +684,10 @@ void LlamaModel::reward(const Batch& batch, float grad_scale, double center, boo
     throw core::internal_error("reward pass on a model without a score head");
   }
   prepare(batch);
+  ws_->training = backward;
   forward_backbone();
-  const ModelConfig& c = config();
   Workspace& ws = *ws_;
   const std::int64_t n = ws.n;
-  const std::int64_t h = c.hidden_size;
   const std::int64_t pairs = batch.pairs();
   const std::int64_t count = 2 * pairs;
 
@@ -556,7 +696,7 @@ void LlamaModel::reward(const Batch& batch, float grad_scale, double center, boo
     const HeldGroup held = hold(layout_.score(), backward ? Pass::backward : Pass::forward);
     ops_.gather_dot({.scores = ws.scores.first_rows(count),
                      .h = ws.final_out.first_rows(n),
-                     .w = weight(layout_.score(), h),
+                     .w = score_weight(),
                      .rows = rows});
     ops_.bradley_terry(
         {.sums = sums,
@@ -569,10 +709,10 @@ void LlamaModel::reward(const Batch& batch, float grad_scale, double center, boo
 
     ops_.zero(ws.d_final.first_rows(n));
     ops_.gather_dot_backward({.dh = ws.d_final.first_rows(n),
-                              .dw = weight_grad(layout_.score(), h),
+                              .dw = score_grad(),
                               .dscores = ws.d_scores.first_rows(count),
                               .h = ws.final_out.first_rows(n),
-                              .w = weight(layout_.score(), h),
+                              .w = score_weight(),
                               .rows = rows});
   }
   backward_backbone();
@@ -615,6 +755,7 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
     throw core::internal_error("logits of a model without a language-model head");
   }
   prepare(batch);
+  ws_->training = false;
   forward_backbone();
   const ModelConfig& c = config();
   const std::int64_t n = ws_->n;

@@ -7,12 +7,15 @@
 //   out = rmsnorm(x_L); logits = out lm_head^T, or score = out[last token] . w_score
 //
 // Parameters and gradients are flat buffers laid out by ParameterLayout. Backward passes add
-// into the gradients, so micro-batches accumulate until zero_gradients().
+// into the gradients, so micro-batches accumulate until zero_gradients(). With LoRA the model's
+// weights are frozen and what trains (gradients, master weights, the optimizer's state) is the
+// adapter buffer, laid out by trainable_layout().
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "model/batch.hpp"
 #include "model/decoder_block.hpp"
 #include "model/gradient_window.hpp"
+#include "model/lora_config.hpp"
 #include "model/parameter_layout.hpp"
 #include "model/parameter_window.hpp"
 
@@ -46,6 +50,10 @@ struct ModelOptions {
   // (micro-batches, lm_head blocks, the tied embedding's two uses) is rounded once, by the
   // optimizer's read, instead of once per addition.
   bool fp32_gradients = false;
+  // LoRA adapters (rank > 0): the model's own weights are frozen (no gradients, and no fp32
+  // master copy beside bf16 ones) and the adapters, with a reward model's score head, train.
+  // keep_master, own_gradients and fp32_gradients then apply to the adapter buffer.
+  LoraConfig lora{};
 };
 
 // What training micro-batches add up (the last two for reward models only).
@@ -76,32 +84,58 @@ class LlamaModel {
   [[nodiscard]] kernels::Ops& ops() const noexcept { return ops_; }
   [[nodiscard]] const ModelOptions& options() const noexcept { return options_; }
 
-  // The flat parameter and gradient buffers (layout().total() elements, compute dtype).
+  // What training updates: the adapter layout with LoRA, layout() itself without.
+  [[nodiscard]] const ParameterLayout& trainable_layout() const noexcept {
+    return adapters_ ? *adapters_ : layout_;
+  }
+  [[nodiscard]] bool has_adapters() const noexcept { return adapters_.has_value(); }
+
+  // The model's flat parameter buffer (layout().total() elements, compute dtype).
   [[nodiscard]] kernels::TensorView parameters() const noexcept { return params_.view(); }
-  // The fp32 master weights the optimizer updates: parameters() itself when the backend
-  // computes in f32, a separate buffer otherwise; empty when the model keeps none (bf16
-  // without keep_master).
+  // The trained buffer (trainable_layout().total(), compute dtype): parameters() without LoRA,
+  // the adapters with it.
+  [[nodiscard]] kernels::TensorView trainable_parameters() const noexcept {
+    return adapters_ ? adapter_params_.view() : params_.view();
+  }
+  // The fp32 master weights the optimizer updates (trainable layout): trainable_parameters()
+  // itself when the backend computes in f32, a separate buffer otherwise; empty when the model
+  // keeps none (bf16 without keep_master).
   [[nodiscard]] kernels::TensorView master_weights() const noexcept {
     if (master_.numel() > 0) return master_.view();
-    return params_.dtype() == kernels::DType::f32 ? params_.view() : kernels::TensorView{};
+    const kernels::TensorView trained = trainable_parameters();
+    return trained.dtype() == kernels::DType::f32 ? trained : kernels::TensorView{};
   }
   // What the optimizer must refresh from the master weights: empty when they are the same.
   [[nodiscard]] kernels::TensorView weight_copy() const noexcept {
-    return master_.numel() > 0 ? params_.view() : kernels::TensorView{};
+    return master_.numel() > 0 ? trainable_parameters() : kernels::TensorView{};
   }
-  // Empty without own_gradients.
+  // The trainable layout's gradients; empty without own_gradients.
   [[nodiscard]] kernels::TensorView gradients() const noexcept { return grads_.view(); }
+  // A tensor of the trainable layout, else of the model's (a LoRA reward model's trained score
+  // head is the adapter layout's "score.weight").
   [[nodiscard]] kernels::TensorView parameter(std::string_view name) const;
+  // A tensor of the trainable layout.
   [[nodiscard]] kernels::TensorView gradient(std::string_view name) const;
 
-  // Fresh random parameters (see parameter_init.hpp).
+  // Fresh random parameters (see parameter_init.hpp), adapters included.
   void initialize(std::uint64_t seed);
-  // Parameters from host fp32 values laid out by layout() (a checkpoint, an import).
+  // Parameters from host fp32 values laid out by layout() (a checkpoint, an import). The
+  // adapters are left alone (initialize_adapters, load_adapters).
   void load_parameters(std::span<const float> host);
-  // The fp32 master weights, copied to the host (checkpoints, generation on another backend);
-  // the compute weights widened to fp32 when the model keeps no master.
+  // LoRA: fresh adapters (A from the seed, B = 0) and, for a reward model, the trained score
+  // head copied from the model's (as loaded, in the compute dtype).
+  void initialize_adapters(std::uint64_t seed);
+  // LoRA: the trainable layout's values from the host (a checkpoint, a PEFT adapter).
+  void load_adapters(std::span<const float> host);
+  // The fp32 master weights of the trainable layout, copied to the host (checkpoints,
+  // generation on another backend); the compute weights widened to fp32 when the model keeps
+  // no master.
   [[nodiscard]] std::vector<float> master_to_host() const;
   void zero_gradients();
+  // LoRA's dropout masks in the training passes that follow are drawn from this seed (with the
+  // layer and the target); a trainer sets one per micro-batch so that a rerun or a restart draws
+  // the same masks. Evaluation passes draw none.
+  void set_dropout_seed(std::uint64_t seed) noexcept { dropout_seed_ = seed; }
 
   // Called during a backward pass each time the gradients of [offset, layout().total()) are
   // complete for this micro-batch (after the lm_head/score head and each block, in reverse
@@ -184,6 +218,25 @@ class LlamaModel {
   // held for a scope from the parameter window (nothing without one).
   // Block `layer`'s weights, shaped (model/decoder_block.hpp), read through weight().
   [[nodiscard]] BlockWeights layer_weights(int layer) const;
+  // Block `layer`'s adapters for this pass (training: with dropout).
+  [[nodiscard]] BlockAdapters layer_adapters(int layer) const;
+  // Where a frozen (LoRA) or trained weight's gradient goes: empty when frozen.
+  [[nodiscard]] kernels::TensorView base_grad(std::int64_t offset, kernels::Shape shape) const {
+    return adapters_ ? kernels::TensorView{} : weight_grad(offset, std::move(shape));
+  }
+  // The adapters of one target, as gradients of the trainable layout.
+  [[nodiscard]] LoraGradients adapter_grads(int layer, LoraTarget t) const;
+  // The backward of block `layer`'s adapter on target t (if it has one), which fed y from x:
+  // its gradients, and its part of dx added to dx.
+  void adapter_backward(int layer, const BlockAdapters& adapters, LoraTarget t,
+                        kernels::TensorView dx, kernels::ConstTensorView dy,
+                        kernels::ConstTensorView x, const BlockViews& a);
+  // The reward head's weight and gradient (the adapter layout's with LoRA).
+  [[nodiscard]] kernels::ConstTensorView score_weight() const;
+  [[nodiscard]] kernels::TensorView score_grad() const;
+  // Where the backward reports the head's gradients (-1: nothing trains there) and block l's.
+  [[nodiscard]] std::int64_t head_ready_offset() const;
+  [[nodiscard]] std::int64_t block_ready_offset(int layer) const;
   [[nodiscard]] std::size_t group_at(std::int64_t offset) const;
   void require_own_parameters(std::string_view what) const;  // internal Error without
   [[nodiscard]] HeldGroup hold(std::int64_t offset, Pass pass) const {
@@ -191,12 +244,16 @@ class LlamaModel {
   }
 
   ParameterLayout layout_;
-  std::vector<FlatRange> groups_;  // layout_.gradient_groups()
+  std::optional<ParameterLayout> adapters_;  // LoRA's trainable layout
+  std::vector<FlatRange> groups_;            // layout_.gradient_groups()
+  std::vector<FlatRange> adapter_groups_;    // adapters_->gradient_groups()
   kernels::Ops& ops_;
   ModelOptions options_;
   kernels::Buffer params_;
-  kernels::Buffer master_;  // empty when the compute dtype is f32
-  kernels::Buffer grads_;
+  kernels::Buffer adapter_params_;  // LoRA: (adapters_->total()) compute dtype
+  kernels::Buffer master_;          // of the trainable layout; empty when the compute dtype is f32
+  kernels::Buffer grads_;           // of the trainable layout
+  std::uint64_t dropout_seed_ = 0;
   kernels::Buffer sums_;  // (kSumSlotCount, kSumValues) f64
   std::unique_ptr<Workspace> ws_;
   GradientReadyHook gradient_ready_;

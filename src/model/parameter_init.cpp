@@ -1,6 +1,7 @@
 #include "model/parameter_init.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -17,13 +18,20 @@ void initialize_tensor_part(std::span<float> values, const ParameterLayout& layo
     std::fill(values.begin(), values.end(), 1.0F);
     return;
   }
+  const core::CounterRng rng(seed, core::RngPurpose::parameter_init, static_cast<std::uint32_t>(i));
+  if (t.name.ends_with("lora_B.weight")) {  // the adapter starts as no change at all
+    std::fill(values.begin(), values.end(), 0.0F);
+    return;
+  }
+  if (t.name.ends_with("lora_A.weight")) {  // (r, in): fan_in = in
+    const auto bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(t.shape[1])));
+    core::fill_uniform(values, -bound, bound, rng, static_cast<std::uint64_t>(first));
+    return;
+  }
   const float std = t.name == "score.weight"
                         ? 1.0F / static_cast<float>(layout.config().hidden_size + 1)
                         : kInitStd;
-  core::fill_normal(
-      values, 0.0F, std,
-      core::CounterRng(seed, core::RngPurpose::parameter_init, static_cast<std::uint32_t>(i)),
-      static_cast<std::uint64_t>(first));
+  core::fill_normal(values, 0.0F, std, rng, static_cast<std::uint64_t>(first));
 }
 
 }  // namespace

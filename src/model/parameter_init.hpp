@@ -1,5 +1,7 @@
 // Initial parameters, reproducible from the seed alone: weights ~ normal(0, 0.02) (Hugging
-// Face's initializer_range), norms = 1, the reward score head ~ normal(0, 1/(hidden + 1)).
+// Face's initializer_range), norms = 1, the reward score head ~ normal(0, 1/(hidden + 1)); in an
+// adapter layout, LoRA's A ~ uniform(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming_uniform_ with
+// a = sqrt(5)) and B = 0.
 // Tensor i draws from CounterRng(seed, parameter_init, stream i), element j from index j, so
 // any slice can be initialised independently (ZeRO shards, device chunks).
 #pragma once

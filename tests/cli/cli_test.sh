@@ -293,6 +293,63 @@ run "a truncated safetensors file" 2 "$bin" eval --init "$work/hf-cut" --data "$
 expect "names the file and why" contains "$err" "hf-cut/model.safetensors: tensor"
 expect "one error line" [ "$(error_lines "$err")" = 1 ]
 
+# --- a LoRA adapter in PEFT's format (written here as PEFT's save_pretrained writes one): eval,
+# generate and score fold it into the --init model; B = 0 changes nothing, bit for bit ---
+write_adapter() {  # DIR R B_VALUE [TASK]: adapters on q_proj and v_proj of the tiny model
+  python3 - "$@" <<'PY'
+import json, os, struct, sys
+out, r, b, task = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), (sys.argv[4:] or ["CAUSAL_LM"])[0]
+hidden, kv, layers = 64, 32, 2
+tensors = []
+for l in range(layers):
+    for module, width in (("q_proj", hidden), ("v_proj", kv)):
+        p = f"base_model.model.model.layers.{l}.self_attn.{module}."
+        tensors.append((p + "lora_A.weight", [r, hidden], [((i * 37) % 17 - 8) / 64 for i in range(r * hidden)]))
+        tensors.append((p + "lora_B.weight", [width, r], [b] * (width * r)))
+if task == "SEQ_CLS":
+    tensors.append(("base_model.model.score.weight", [1, hidden], [0.01 * (i % 5) for i in range(hidden)]))
+header, offset = {"__metadata__": {"format": "pt"}}, 0
+for name, shape, values in tensors:
+    header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + 4 * len(values)]}
+    offset += 4 * len(values)
+text = json.dumps(header).encode()
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "adapter_model.safetensors"), "wb") as f:
+    f.write(struct.pack("<Q", len(text)) + text)
+    for _, _, values in tensors:
+        f.write(struct.pack(f"<{len(values)}f", *values))
+config = {"peft_type": "LORA", "task_type": task, "r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+          "target_modules": ["q_proj", "v_proj"], "bias": "none", "inference_mode": True}
+if task == "SEQ_CLS":
+    config["modules_to_save"] = ["classifier", "score"]
+with open(os.path.join(out, "adapter_config.json"), "w") as f:
+    json.dump(config, f)
+PY
+}
+write_adapter "$work/lora-zero" 4 0.0
+write_adapter "$work/lora" 4 0.05
+write_adapter "$work/lora-r2" 2 0.05
+write_adapter "$work/lora-rm" 4 0.05 SEQ_CLS
+run "eval with a zero adapter" 0 "$bin" eval --init "$work/ck" --data "$work/train" --seq-len 64 --adapter "$work/lora-zero"
+expect "the model's own results" [ "$out" = "$ck_eval" ]
+run "eval with an adapter" 0 "$bin" eval --init "$work/ck" --data "$work/train" --seq-len 64 --adapter "$work/lora"
+expect "other results" [ "$out" != "$ck_eval" ]
+expect "says which adapter" contains "$err" "with the adapter $work/lora"
+run "generate with an adapter" 0 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --max-new 4 --adapter "$work/lora"
+run "eval with a SEQ_CLS adapter is a reward model" 2 "$bin" eval --init "$work/ck" --data "$work/train" --adapter "$work/lora-rm"
+expect "of preference data" contains "$err" "preference"
+run "an adapter of another rank" 2 "$bin" eval --init "$work/ck" --data "$work/train" --adapter "$work/lora-r2"
+expect "names the file and the tensor" contains "$err" "lora-r2/adapter_model.safetensors: tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight'"
+expect "and the shapes" contains "$err" "has shape [2, 64], expected [4, 64]"
+expect "one error line" [ "$(error_lines "$err")" = 1 ]
+run "score with a language model's adapter" 2 "$bin" score --init "$work/ck" --prompt "a" --response "b" --adapter "$work/lora"
+expect "says which task it needs" contains "$err" "needs a SEQ_CLS adapter (reward model)"
+run "score with a SEQ_CLS adapter on the SFT checkpoint" 0 "$bin" score --init "$work/ck" --prompt "Reverse abc." --response "cba" --json --adapter "$work/lora-rm"
+expect "a reward" contains "$out" '"reward":'
+run "--adapter with --shard-parameters" 2 "$mpiexec" -n 2 "$bin" eval --init "$work/ck" --data "$work/train" --adapter "$work/lora" --shard-parameters
+run "a missing adapter" 2 "$bin" generate --init "$work/ck" --prompt "x" --adapter "$work/none"
+expect "names its config" contains "$err" "none/adapter_config.json"
+
 # --- restart guard rails: never start over silently where checkpoints are ---
 sft_ck=(sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --lr 1e-3 --no-progress)
 run "--resume none into a directory with checkpoints" 2 "$bin" "${sft_ck[@]}" --steps 8 --ckpt-dir "$work/ck" --resume none

@@ -13,6 +13,7 @@
 #include "kernels/cpu/adamw.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/bradley_terry.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gather_dot.hpp"
@@ -407,6 +408,32 @@ TEST_CASE("rope forward and backward with llama3 scaling", "[gpu]") {
   }
   CHECK((forward[0] == forward[1]));
   CHECK((backward[0] == backward[1]));
+}
+
+TEST_CASE("dropout drops the CPU backend's elements and scales like it", "[gpu][lora]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  l3::kernels::CpuOps cpu;
+  const std::int64_t n = 10007;
+  l3::test::Random rnd(115);
+  const auto x = round_bf16(rnd.normal(n));
+  for (const float p : {0.0F, 0.1F, 0.5F}) {
+    INFO("p " << p);
+    std::vector<float> expected(n);
+    cpu.dropout({.out = l3::kernels::TensorView(std::span<float>(expected)),
+                 .x = l3::kernels::ConstTensorView(std::span<const float>(x)),
+                 .p = p,
+                 .scale = 2.0F,
+                 .seed = 99});
+    const auto b = upload(gpu, x);
+    gpu.dropout({.out = b.view(), .x = b.view(), .p = p, .scale = 2.0F, .seed = 99});  // in place
+    const auto got = download(gpu, b.view());
+    // the same mask; each kept value x * 2 / (1 - p) computed in fp32, then rounded to bf16
+    for (std::int64_t i = 0; i < n; ++i) {
+      REQUIRE(got[static_cast<std::size_t>(i)] ==
+              round_bf16(expected[static_cast<std::size_t>(i)]));
+    }
+  }
 }
 
 TEST_CASE("swiglu forward and backward", "[gpu]") {

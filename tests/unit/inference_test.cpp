@@ -1,5 +1,7 @@
 // generate and score below the command line: a checkpoint written to disk, loaded back for
 // inference, prompts formatted as training data, records scored.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,12 +15,14 @@
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/model_file.hpp"
+#include "ckpt/peft_adapter.hpp"
 #include "cli/inference_model.hpp"
 #include "cli/prompt_format.hpp"
 #include "cli/record_scoring.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 #include "model/generator.hpp"
+#include "model/lora_config.hpp"
 #include "model/reward_scores.hpp"
 #include "temp_dir.hpp"
 
@@ -229,4 +233,87 @@ TEST_CASE("records are scored as the reward model was trained", "[score][ckpt]")
     (void)l3::cli::score_record(model, formatter, json::parse(R"({"response": "A"})"), pad);
   });
   CHECK(contains(e.what(), "\"response\" is a string but there is no \"prompt\""));
+}
+
+TEST_CASE("a PEFT adapter folds into the loaded model: the adapter model's scores and logits",
+          "[generate][score][lora]") {
+  const l3::test::TempDir dir;
+  const l3::model::ModelConfig config = l3::model::preset("tiny");
+  l3::model::LoraConfig lora;
+  lora.rank = 4;
+  lora.alpha = 8.0;
+  lora.targets = l3::model::parse_lora_targets("q,v,o,down");
+  // The base is an SFT (language model) checkpoint for both: a SEQ_CLS adapter brings the
+  // reward model's score head.
+  const std::vector<float> base =
+      write_checkpoint(dir.path() / "sft", HeadKind::language_model, 8, bytes().sha256());
+  l3::model::BatchBuilder builder(2, 24, 0);
+  REQUIRE(builder.add_pair({5, 9, 11, 40, 7}, {5, 9, 12, 41}, 0.0F));
+  const l3::model::Batch pairs = builder.finish();
+  l3::model::BatchBuilder sft(1, 16, 0);
+  REQUIRE(sft.add({3, 4, 5, 6, 7, 8}, {0, 0, 1, 1, 1, 1}) >= 0);
+  const l3::model::Batch text = sft.finish();
+  for (const HeadKind head : {HeadKind::language_model, HeadKind::reward}) {
+    INFO("reward " << (head == HeadKind::reward));
+    // The adapter model: the base's weights (a reward model takes its backbone) and adapters
+    // with B away from zero.
+    l3::kernels::CpuOps ops;
+    l3::model::ModelOptions options;
+    options.lora = lora;
+    LlamaModel adapted(config, head, ops, options);
+    adapted.initialize(3);
+    const l3::model::ParameterLayout base_layout(config, HeadKind::language_model);
+    std::vector<float> weights(static_cast<std::size_t>(adapted.layout().total()), 0.0F);
+    for (const auto& t : adapted.layout().tensors()) {
+      if (t.name == "score.weight") continue;
+      const auto& from = base_layout.find(t.name);
+      std::copy_n(base.begin() + from.offset, t.numel, weights.begin() + t.offset);
+    }
+    adapted.load_parameters(weights);
+    auto values = adapted.trainable_parameters().as<float>();
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = 0.02F * static_cast<float>(static_cast<int>((i * 7919) % 201) - 100) / 100.0F;
+    }
+    const auto adapter = dir.path() / (head == HeadKind::reward ? "reward-adapter" : "adapter");
+    l3::ckpt::write_peft_adapter(adapter.string(), adapted.trainable_layout(),
+                                 adapted.trainable_parameters().as<float>(), {});
+
+    const InferenceModel loaded = l3::cli::load_inference_model((dir.path() / "sft").string(), head,
+                                                                nullptr, adapter.string());
+    CHECK(loaded.adapter == adapter.string());
+    CHECK(loaded.manifest.head == head);
+    CHECK_FALSE(loaded.model->has_adapters());  // folded in: a plain model
+    if (head == HeadKind::reward) {
+      const auto expected = adapted.reward_forward(pairs, 0.0);
+      const auto got = loaded.model->reward_forward(pairs, 0.0);
+      CHECK(got.chosen[0] == Approx(expected.chosen[0]).epsilon(1e-5));
+      CHECK(got.rejected[0] == Approx(expected.rejected[0]).epsilon(1e-5));
+    } else {
+      const auto expected = adapted.logits(text);
+      const auto got = loaded.model->logits(text);
+      REQUIRE(got.size() == expected.size());
+      double worst = 0.0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::abs(static_cast<double>(got[i]) - expected[i]) /
+                                    (1e-3 + std::abs(static_cast<double>(expected[i]))));
+      }
+      CHECK(worst < 1e-4);
+      CHECK(loaded.model->sft_forward(text).loss ==
+            Approx(adapted.sft_forward(text).loss).epsilon(1e-5));
+    }
+  }
+  // A language-model adapter cannot make a reward model, nor the reverse.
+  const l3::core::Error wrong = error_of([&] {
+    (void)l3::cli::load_inference_model((dir.path() / "sft").string(), HeadKind::reward, nullptr,
+                                        (dir.path() / "adapter").string());
+  });
+  CHECK(wrong.exit_code() == 2);
+  CHECK(contains(wrong.what(), "adapter_config.json"));
+  CHECK(contains(wrong.what(),
+                 "holds a CAUSAL_LM adapter (language model); this model needs a "
+                 "SEQ_CLS adapter (reward model)"));
+  CHECK(error_of([&] {
+          (void)l3::cli::load_inference_model((dir.path() / "sft").string(), HeadKind::reward,
+                                              nullptr, (dir.path() / "absent").string());
+        }).exit_code() == 2);
 }

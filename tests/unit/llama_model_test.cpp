@@ -54,19 +54,7 @@ std::vector<double> host_params(const LlamaModel& model) {
   return {p.begin(), p.end()};
 }
 
-// A few coordinates of every tensor.
-std::vector<std::size_t> sample_coordinates(const l3::model::ParameterLayout& layout,
-                                            l3::test::Random& rnd) {
-  std::vector<std::size_t> sample;
-  sample.reserve(3 * layout.tensors().size());
-  for (const auto& t : layout.tensors()) {
-    for (int k = 0; k < 3; ++k) {
-      sample.push_back(static_cast<std::size_t>(t.offset) +
-                       static_cast<std::size_t>(rnd.uniform01() * static_cast<double>(t.numel)));
-    }
-  }
-  return sample;
-}
+using l3::test::reference::sample_coordinates;
 
 }  // namespace
 

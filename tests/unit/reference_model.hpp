@@ -2,6 +2,9 @@
 // gradient checks (its finite differences against the fp32 model's backward).
 #pragma once
 
+#include <array>
+#include <cmath>
+
 #include "kernels/cpu/bradley_terry.hpp"
 #include "model/batch.hpp"
 #include "model/parameter_layout.hpp"
@@ -75,6 +78,61 @@ inline double reward_loss(const Vec& p, const model::ParameterLayout& layout, co
     total += std::log1p(std::exp(-z)) + center * (c + r) * (c + r);
   }
   return total;
+}
+
+// Three random coordinates of every tensor of `layout` (for finite differences).
+template <typename Random>
+std::vector<std::size_t> sample_coordinates(const model::ParameterLayout& layout, Random& rnd) {
+  std::vector<std::size_t> sample;
+  sample.reserve(3 * layout.tensors().size());
+  for (const auto& t : layout.tensors()) {
+    for (int k = 0; k < 3; ++k) {
+      sample.push_back(static_cast<std::size_t>(t.offset) +
+                       static_cast<std::size_t>(rnd.uniform01() * static_cast<double>(t.numel)));
+    }
+  }
+  return sample;
+}
+
+// The model's parameters (layout) with LoRA's adapters (an adapter layout) folded in, in fp64:
+// W + scale * B A for each adapter, and a reward model's trained score head in place of the
+// model's. With dropout off, the adapter model computes exactly this model.
+inline Vec merge_adapters(const Vec& p, const model::ParameterLayout& layout, const Vec& adapters,
+                          const model::ParameterLayout& adapter_layout) {
+  const model::ModelConfig& c = layout.config();
+  const model::LoraConfig& lora = adapter_layout.lora();
+  const double scale = lora.rslora ? lora.alpha / std::sqrt(static_cast<double>(lora.rank))
+                                   : lora.alpha / static_cast<double>(lora.rank);
+  const std::int64_t r = lora.rank;
+  Vec merged = p;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const model::BlockOffsets& w = layout.block(l);
+    const std::array<std::int64_t, model::kLoraTargetCount> base{
+        w.q_proj, w.k_proj, w.v_proj, w.o_proj, w.gate_proj, w.up_proj, w.down_proj};
+    const model::AdapterOffsets& o = adapter_layout.adapter(l);
+    for (const model::LoraTarget t : model::kLoraTargets) {
+      const auto k = static_cast<std::size_t>(t);
+      if (o.a[k] < 0) continue;
+      const auto [out, in] = model::lora_target_shape(c, t);
+      for (std::int64_t i = 0; i < out; ++i) {
+        for (std::int64_t j = 0; j < in; ++j) {
+          double delta = 0.0;
+          for (std::int64_t q = 0; q < r; ++q) {
+            delta += adapters[static_cast<std::size_t>(o.b[k] + i * r + q)] *
+                     adapters[static_cast<std::size_t>(o.a[k] + q * in + j)];
+          }
+          merged[static_cast<std::size_t>(base[k] + i * in + j)] += scale * delta;
+        }
+      }
+    }
+  }
+  if (layout.head() == model::HeadKind::reward) {
+    for (std::int64_t j = 0; j < c.hidden_size; ++j) {
+      merged[static_cast<std::size_t>(layout.score() + j)] =
+          adapters[static_cast<std::size_t>(adapter_layout.score() + j)];
+    }
+  }
+  return merged;
 }
 
 }  // namespace l3::test::reference
