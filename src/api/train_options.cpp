@@ -85,6 +85,22 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "seed of the initial weights and the data order")(
       "recompute", po::bool_switch(),
       "recompute each block's activations in the backward pass (less memory, ~1/3 more compute)")(
+      "lora-rank", core::number<int>(core::between(0, 65536))->default_value(0)->value_name("R"),
+      "train LoRA adapters of rank R (PEFT's), the model's weights frozen; 0: full fine-tuning")(
+      "lora-alpha",
+      core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true, .highest = 1e6})
+          ->default_value(8.0)
+          ->value_name("A"),
+      "LoRA: adapters scaled by A / R (PEFT's lora_alpha; default 8, as PEFT)")(
+      "lora-rslora", po::bool_switch(), "LoRA: scale by A / sqrt(R) (rank-stabilised LoRA)")(
+      "lora-dropout",
+      core::number<double>(core::Domain{.lowest = 0, .highest = 1, .highest_excluded = true})
+          ->default_value(0.0)
+          ->value_name("P"),
+      "LoRA: dropout on each adapter's input while training")(
+      "lora-targets",
+      po::value<std::string>()->default_value("q,k,v,o,gate,up,down")->value_name("LIST"),
+      "LoRA: the layers that get adapters, of q, k, v, o, gate, up, down (or q_proj, ...)")(
       "backend",
       po::value<std::string>()
           ->default_value(std::string(kernels::backend_name(d.backend)))
@@ -257,6 +273,11 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.grad_clip = get<double>(o, "grad-clip");
   c.seed = get<std::uint64_t>(o, "seed");
   c.recompute = get<bool>(o, "recompute");
+  c.lora.rank = get<int>(o, "lora-rank");
+  c.lora.alpha = get<double>(o, "lora-alpha");
+  c.lora.rslora = get<bool>(o, "lora-rslora");
+  c.lora.dropout = get<double>(o, "lora-dropout");
+  c.lora.targets = model::parse_lora_targets(get<std::string>(o, "lora-targets"));
   c.eval_every = get<std::int64_t>(o, "eval-every");
   c.log_every = get<std::int64_t>(o, "log-every");
   c.metrics = optional_string(o, "metrics");

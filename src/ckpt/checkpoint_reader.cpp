@@ -31,7 +31,7 @@ void check(const std::string& step_dir, bool checksums, Verification& v) {
         "--init, not resume one",
         {.file = step_dir});
   }
-  const model::ParameterLayout layout(m.model, m.head);
+  const model::ParameterLayout layout = m.layout();  // a LoRA run's: its adapters
   const auto& tensors = layout.tensors();
   if (m.tensors.size() != tensors.size()) {
     throw core::bad_input(fmt::format("the tensor table lists {} tensors, the model has {}",

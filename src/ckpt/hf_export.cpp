@@ -101,6 +101,13 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
                                    const HfExportOptions& options) {
   const std::string step_dir = resolve_checkpoint(checkpoint);
   const Manifest manifest = read_manifest(step_dir);
+  if (manifest.lora) {
+    throw core::bad_input(
+        fmt::format("a LoRA checkpoint: it holds {} adapters for the model {}; exporting them "
+                    "(as a PEFT adapter, or merged) is not built yet",
+                    manifest.lora->targets_text(), manifest.base),
+        {.file = step_dir});
+  }
   // The output is checked, and the directory it is built in created, before the weights are
   // read: an output that cannot be written or must not be replaced costs no time.
   const fs::path out =

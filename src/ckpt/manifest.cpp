@@ -62,7 +62,14 @@ Manifest describe_checkpoint(const RunFacts& run) {
             "counter-based: every draw is keyed by (seed, purpose, stream, index) and the data "
             "order by (seed, epoch); nothing else to save"}};
   m.metrics = run.metrics;
+  m.lora = run.lora;
+  m.base = run.base;
+  m.base_xxh64 = run.base_xxh64;
   return m;
+}
+
+model::ParameterLayout Manifest::layout() const {
+  return lora ? model::ParameterLayout(model, head, *lora) : model::ParameterLayout(model, head);
 }
 
 std::string_view head_name(model::HeadKind head) noexcept {
@@ -70,30 +77,39 @@ std::string_view head_name(model::HeadKind head) noexcept {
 }
 
 json Manifest::to_json() const {
-  return {{"format", kCheckpointFormat},
-          {"version", kCheckpointVersion},
-          {"step", step},
-          {"phase", phase},
-          {"head", head_name(head)},
-          {"model", model.to_hf_json()},
-          {"world_size", world_size},
-          {"data_position", {{"epoch", data_epoch}, {"step", data_step}}},
-          {"finished", finished},
-          {"tokenizer", {{"sha256", tokenizer_sha256}, {"name", tokenizer}}},
-          {"config", config},
-          {"program", {{"version", program_version}, {"git_commit", git_commit}}},
-          {"libraries", libraries},
-          {"created_utc", created_utc},
-          {"optimizer", {{"adamw_step", adamw_step}}},
-          {"progress",
-           {{"skipped_steps", skipped_steps},
-            {"trained_tokens", trained_tokens},
-            {"trained_seconds", trained_seconds}}},
-          {"lr_schedule", schedule},
-          {"rng", rng},
-          {"metrics", metrics},
-          {"files", files},
-          {"tensors", tensors}};
+  json out = {{"format", kCheckpointFormat},
+              {"version", kCheckpointVersion},
+              {"step", step},
+              {"phase", phase},
+              {"head", head_name(head)},
+              {"model", model.to_hf_json()},
+              {"world_size", world_size},
+              {"data_position", {{"epoch", data_epoch}, {"step", data_step}}},
+              {"finished", finished},
+              {"tokenizer", {{"sha256", tokenizer_sha256}, {"name", tokenizer}}},
+              {"config", config},
+              {"program", {{"version", program_version}, {"git_commit", git_commit}}},
+              {"libraries", libraries},
+              {"created_utc", created_utc},
+              {"optimizer", {{"adamw_step", adamw_step}}},
+              {"progress",
+               {{"skipped_steps", skipped_steps},
+                {"trained_tokens", trained_tokens},
+                {"trained_seconds", trained_seconds}}},
+              {"lr_schedule", schedule},
+              {"rng", rng},
+              {"metrics", metrics},
+              {"files", files},
+              {"tensors", tensors}};
+  if (lora) {
+    out["lora"] = {{"r", lora->rank},
+                   {"alpha", lora->alpha},
+                   {"rslora", lora->rslora},
+                   {"dropout", lora->dropout},
+                   {"targets", lora->targets_text()},
+                   {"base", {{"init", base}, {"weights_xxh64", base_xxh64}}}};
+  }
+  return out;
 }
 
 Manifest Manifest::from_json(const json& j, const std::string& origin) {
@@ -140,6 +156,24 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
     m.metrics = j.value("metrics", json::object());
     m.files = j.value("files", json::object());
     if (!m.files.is_object()) m.files = json::object();
+    if (const auto lora = j.find("lora"); lora != j.end() && !lora->is_null()) {
+      model::LoraConfig c;
+      c.rank = lora->at("r").get<int>();
+      c.alpha = lora->at("alpha").get<double>();
+      c.rslora = lora->value("rslora", false);
+      c.dropout = lora->value("dropout", 0.0);
+      try {
+        c.targets = model::parse_lora_targets(lora->at("targets").get<std::string>());
+        c.validate();
+      } catch (const core::Error& e) {
+        throw core::bad_input(fmt::format("malformed manifest: \"lora\": {}", e.message()),
+                              {.file = origin});
+      }
+      m.lora = c;
+      const json base = lora->value("base", json::object());
+      m.base = base.value("init", "");
+      m.base_xxh64 = base.value("weights_xxh64", "");
+    }
     m.tensors = j.value("tensors", json::array());
     if (!m.tensors.is_array())
       throw core::bad_input("malformed manifest: \"tensors\" is not a list", {.file = origin});

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "model/model_config.hpp"
@@ -46,8 +47,15 @@ struct Manifest {
   // run but not resume one).
   nlohmann::json tensors = nlohmann::json::array();
   nlohmann::json files = nlohmann::json::object();  // file name -> {"bytes": N}
+  // A LoRA run's checkpoint (its tensors are the adapter layout's: model/parameter_layout.hpp):
+  // the adapters' settings, and the frozen model they adapt, which the checkpoint does not hold.
+  std::optional<model::LoraConfig> lora;
+  std::string base;        // the frozen model: the --init it was read from (resolved path)
+  std::string base_xxh64;  // xxHash64 of its fp32 weights as loaded, for checks on resume
 
   [[nodiscard]] bool resumable() const noexcept { return !tensors.empty(); }
+  // What the tensor table and the files hold: the model's layout, or a LoRA run's adapters.
+  [[nodiscard]] model::ParameterLayout layout() const;
 
   [[nodiscard]] nlohmann::json to_json() const;
   // bad_input Errors name `origin` (the manifest's path) and the field.
@@ -82,6 +90,9 @@ struct RunFacts {
   } schedule;
   std::uint64_t seed = 0;
   nlohmann::json metrics = nlohmann::json::object();  // {"last_step": ..., "last_eval": ...}
+  std::optional<model::LoraConfig> lora;  // LoRA runs: the adapters and their frozen base
+  std::string base;
+  std::string base_xxh64;
 };
 
 // The manifest of a checkpoint of that run: the facts, plus what the program knows (its

@@ -284,7 +284,11 @@ void LlamaModel::initialize(std::uint64_t seed) {
 }
 
 void LlamaModel::initialize_adapters(std::uint64_t seed) {
-  if (!adapters_) throw core::internal_error("initialize_adapters of a model without LoRA");
+  load_adapters(initial_adapter_values(seed));
+}
+
+std::vector<float> LlamaModel::initial_adapter_values(std::uint64_t seed) const {
+  if (!adapters_) throw core::internal_error("initial_adapter_values of a model without LoRA");
   std::vector<float> host(static_cast<std::size_t>(adapters_->total()));
   // A seed of their own: the adapters' tensor i must not draw the model's tensor i's numbers.
   initialize_parameters(host, *adapters_, core::splitmix64(seed ^ 0x4c6f5241'00000000ULL));
@@ -296,7 +300,7 @@ void LlamaModel::initialize_adapters(std::uint64_t seed) {
               params_.slice(layout_.score(), h));
     ops_.synchronize();
   }
-  load_adapters(host);
+  return host;
 }
 
 void LlamaModel::load_adapters(std::span<const float> host) {

@@ -125,6 +125,9 @@ class LlamaModel {
   // LoRA: fresh adapters (A from the seed, B = 0) and, for a reward model, the trained score
   // head copied from the model's (as loaded, in the compute dtype).
   void initialize_adapters(std::uint64_t seed);
+  // The values initialize_adapters loads, on the host (trainable layout, fp32): for master
+  // weights kept outside the model.
+  [[nodiscard]] std::vector<float> initial_adapter_values(std::uint64_t seed) const;
   // LoRA: the trainable layout's values from the host (a checkpoint, a PEFT adapter).
   void load_adapters(std::span<const float> host);
   // The fp32 master weights of the trainable layout, copied to the host (checkpoints,

@@ -108,12 +108,31 @@ std::int64_t MemoryPlan::total() const noexcept {
   return sum;
 }
 
+std::int64_t lora_activation_bytes(const ModelConfig& model, DType compute, bool recompute,
+                                   std::int64_t tokens, const LoraConfig& lora) {
+  if (!lora.enabled()) return 0;
+  int targets = 0;
+  for (const LoraTarget t : kLoraTargets) targets += lora.targets_layer(t) ? 1 : 0;
+  const std::int64_t blocks = recompute ? 1 : model.n_layers;
+  const std::int64_t widest =
+      std::max({model.hidden_size, model.q_size(), model.intermediate_size});
+  return bytes_of(compute, tokens * lora.rank * (targets * blocks + 1)) +
+         (lora.dropout > 0.0 ? bytes_of(compute, tokens * widest) : 0);
+}
+
 std::int64_t model_bytes(const ModelConfig& model, HeadKind head, DType compute, bool recompute,
-                         std::int64_t tokens, std::int64_t seq_len, bool own_gradients) {
+                         std::int64_t tokens, std::int64_t seq_len, bool own_gradients,
+                         const LoraConfig& lora) {
   const std::int64_t params = ParameterLayout(model, head).total();
   const Workspace w = workspace(model, compute, recompute, tokens, seq_len);
-  return bytes_of(compute, params) * (own_gradients ? 2 : 1) + w.inputs + w.residual + w.blocks +
-         w.backward + w.final_norm + w.rope;
+  const std::int64_t activations = w.inputs + w.residual + w.blocks + w.backward + w.final_norm +
+                                   w.rope +
+                                   lora_activation_bytes(model, compute, recompute, tokens, lora);
+  if (!lora.enabled()) return bytes_of(compute, params) * (own_gradients ? 2 : 1) + activations;
+  // The frozen weights once; the adapters and their gradients.
+  const std::int64_t adapters = ParameterLayout(model, head, lora).total();
+  return bytes_of(compute, params) + bytes_of(compute, adapters) * (own_gradients ? 2 : 1) +
+         activations;
 }
 
 std::int64_t gradient_slot_elements(const ParameterLayout& layout) {
@@ -131,12 +150,16 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   const std::int64_t n = in.micro_batch_rows * in.seq_len;
   const std::string dtype(kernels::dtype_name(in.compute));
   const Workspace w = workspace(c, in.compute, in.recompute, n, in.seq_len);
-  const bool zero3 = in.shard_parameters && in.shard_gradients && in.shard_optimizer;
+  const bool lora = in.lora.enabled();
+  const bool zero3 = in.shard_parameters && in.shard_gradients && in.shard_optimizer && !lora;
   // The ranks the states are sharded over: a shard group (ZeRO-3, hybrid), else all of them.
   const int shards =
       zero3 && in.shard_group_size > 0 ? std::min(in.shard_group_size, in.ranks) : in.ranks;
-  const std::int64_t owned = in.shard_optimizer ? (params + shards - 1) / shards : params;
-  const ParameterLayout layout(c, in.head);
+  // What trains, and so has gradients, master weights and moments: the adapters with LoRA.
+  const ParameterLayout layout =
+      lora ? ParameterLayout(c, in.head, in.lora) : ParameterLayout(c, in.head);
+  const std::int64_t trained = layout.total();
+  const std::int64_t owned = in.shard_optimizer ? (trained + shards - 1) / shards : trained;
 
   MemoryPlan plan;
   if (zero3) {
@@ -151,9 +174,16 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
                                       layout.lm_head_tied() ? " and the tied embedding" : ""),
                           bytes_of(in.compute, gradient_slot_elements(layout))});
   } else {
+    plan.lines.push_back({fmt::format("weights ({}, {:.3f}B parameters{})", dtype,
+                                      static_cast<double>(params) / 1e9, lora ? ", frozen" : ""),
+                          bytes_of(in.compute, params)});
+  }
+  if (lora) {
     plan.lines.push_back(
-        {fmt::format("weights ({}, {:.3f}B parameters)", dtype, static_cast<double>(params) / 1e9),
-         bytes_of(in.compute, params)});
+        {fmt::format("LoRA adapters ({}, rank {}: {:.2f}M parameters{})", dtype, in.lora.rank,
+                     static_cast<double>(layout.parameter_count()) / 1e6,
+                     in.head == HeadKind::reward ? ", with the score head" : ""),
+         bytes_of(in.compute, trained)});
   }
   // In bf16 the fp32 master weights live with the AdamW state (the trainer's shard_master).
   if (in.compute != DType::f32) {
@@ -176,8 +206,9 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   } else {
     const DType gradients = in.fp32_gradients ? DType::f32 : in.compute;
     plan.lines.push_back(
-        {fmt::format("gradients ({})", in.fp32_gradients ? std::string("fp32") : dtype),
-         bytes_of(gradients, params)});
+        {fmt::format("gradients ({}{})", in.fp32_gradients ? std::string("fp32") : dtype,
+                     lora ? ", of the adapters" : ""),
+         bytes_of(gradients, trained)});
   }
   plan.lines.push_back({in.shard_optimizer
                             ? fmt::format("AdamW moments (fp32, ZeRO-1: 1/{} of them)", shards)
@@ -190,6 +221,12 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
                                      : fmt::format("block activations ({} blocks)", c.n_layers),
                         w.blocks});
   plan.lines.push_back({"backward scratch (activation gradients)", w.backward});
+  if (lora) {
+    plan.lines.push_back(
+        {fmt::format("LoRA activations ({} tokens x rank {} per adapter{})", n, in.lora.rank,
+                     in.lora.dropout > 0.0 ? ", dropout's input" : ""),
+         lora_activation_bytes(c, in.compute, in.recompute, n, in.lora)});
+  }
   plan.lines.push_back({"batch inputs, final norm, RoPE tables", w.inputs + w.final_norm + w.rope});
   if (in.compute != DType::f32) {
     const Scratch scratch = cuda_scratch(c, n, in.seq_len, in.cudnn_attention);

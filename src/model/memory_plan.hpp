@@ -34,6 +34,10 @@ struct MemoryPlanInput {
   // Gradients add up in fp32 (TrainConfig::fp32_gradients): the whole buffer, or ZeRO-2's 1/ranks.
   bool fp32_gradients = false;
   bool cudnn_attention = false;  // CUDA: --attention cudnn (its own workspace is not planned)
+  // LoRA (rank > 0): the weights frozen (no gradients, no master copy); gradients, master
+  // weights and moments are the adapters' (and a reward model's score head), and each adapter
+  // keeps (tokens, r) activations.
+  LoraConfig lora{};
 };
 
 struct MemoryLine {
@@ -54,7 +58,14 @@ struct MemoryPlan {
 // false).
 [[nodiscard]] std::int64_t model_bytes(const ModelConfig& model, HeadKind head,
                                        kernels::DType compute, bool recompute, std::int64_t tokens,
-                                       std::int64_t seq_len, bool own_gradients = true);
+                                       std::int64_t seq_len, bool own_gradients = true,
+                                       const LoraConfig& lora = {});
+
+// LoRA's activations in the model's workspace: each adapter's (tokens, r), the backward's one,
+// and with dropout the dropped input (tokens, widest input). Bytes; 0 without LoRA.
+[[nodiscard]] std::int64_t lora_activation_bytes(const ModelConfig& model, kernels::DType compute,
+                                                 bool recompute, std::int64_t tokens,
+                                                 const LoraConfig& lora);
 
 // ZeRO-2's gradient slots (train::DataParallel): two the size of the largest gradient group,
 // and one for the embedding's group when the lm_head is tied to it. Elements. ZeRO-3's gather

@@ -43,6 +43,7 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
   in.shard_group_size = config.shard_group_size;
   in.fp32_gradients = in.compute != kernels::DType::f32 && config.fp32_gradients(ranks);
   in.cudnn_attention = config.attention == kernels::Attention::cudnn;
+  in.lora = config.lora;
   return in;
 }
 

@@ -144,8 +144,22 @@ ModelSource resolve_model_source(const std::string& model, const std::string& in
   return source;
 }
 
+namespace {
+// A LoRA run's checkpoint holds adapters, not a model: nothing reads it as one.
+void require_model_checkpoint(const ModelSource& source) {
+  if (source.checkpoint && source.checkpoint->lora) {
+    throw core::bad_input(
+        fmt::format("a LoRA checkpoint: it holds {} adapters for the model {}, not a model; it "
+                    "can be resumed (--resume), not yet read as a model",
+                    source.checkpoint->lora->targets_text(), source.checkpoint->base),
+        {.file = source.step_dir});
+  }
+}
+}  // namespace
+
 void read_initial_weights(const ModelSource& source, const model::ParameterLayout& layout,
                           std::span<float> flat) {
+  require_model_checkpoint(source);
   const std::optional<model::HeadKind> head = source.initial_head();
   if (!head) return;
   if (*head == model::HeadKind::reward && layout.head() == model::HeadKind::language_model) {
@@ -191,6 +205,7 @@ std::vector<float> initial_weights_of_ranges(const dist::World& world,
                                              const model::ParameterLayout& layout,
                                              const ModelSource& source, std::uint64_t seed,
                                              const std::vector<model::FlatRange>& ranges) {
+  require_model_checkpoint(source);
   std::int64_t total = 0;
   for (const model::FlatRange& r : ranges) total += r.size();
   std::vector<float> values(static_cast<std::size_t>(total));

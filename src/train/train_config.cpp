@@ -37,6 +37,10 @@ void TrainConfig::validate() const {
           "--shard-parameters (ZeRO-3) needs --shard-gradients (ZeRO-2) and the sharded optimizer");
   require(shard_group_size == 0 || shard_parameters,
           "--shard-group-size needs --shard-parameters (ZeRO-3)");
+  lora.validate();
+  require(!lora.enabled() || !shard_parameters,
+          "--lora-rank with --shard-parameters: LoRA does not shard its frozen model yet (use "
+          "--shard-gradients, or full fine-tuning with --shard-parameters)");
 }
 
 std::string zero_stage_name(const TrainConfig& config, int ranks) {
@@ -119,6 +123,11 @@ nlohmann::json TrainConfig::to_json() const {
           {"grad_clip", grad_clip},
           {"seed", seed},
           {"recompute", recompute},
+          {"lora_rank", lora.rank},
+          {"lora_alpha", lora.alpha},
+          {"lora_rslora", lora.rslora},
+          {"lora_dropout", lora.dropout},
+          {"lora_targets", lora.targets_text()},
           {"margin_from_data", margin_from_data},
           {"center_rewards", center_rewards},
           {"shard_optimizer", shard_optimizer},

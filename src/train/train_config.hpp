@@ -11,6 +11,7 @@
 #include "ckpt/resume.hpp"
 #include "kernels/backends.hpp"
 #include "l3/l3.hpp"
+#include "model/lora_config.hpp"
 #include "train/adamw_optimizer.hpp"
 #include "train/run_choices.hpp"
 
@@ -49,6 +50,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   double grad_clip = 1.0;  // <= 0: no clipping
   std::uint64_t seed = 1234;
   bool recompute = false;
+  // LoRA (rank > 0): the model's weights frozen, adapters and a reward model's score head
+  // trained (model/lora_config.hpp).
+  model::LoraConfig lora{};
 
   // Reward phase.
   bool margin_from_data = false;

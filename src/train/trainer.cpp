@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
+#include "core/rng.hpp"
 #include "core/timer.hpp"
 #include "core/trace_range.hpp"
 #include "dist/collectives.hpp"
@@ -93,6 +94,12 @@ struct Trainer::Impl {
       const bool last = m + 1 == data.micro.size();
       const core::TraceRange range("micro-batch {}", m);
       if (zero2) parallel.begin_micro_batch();
+      // LoRA's dropout masks: a function of the seed, the step, the rank and the micro-batch,
+      // so that a rerun or a restart draws the same ones.
+      model.set_dropout_seed(core::splitmix64(core::splitmix64(config.seed ^ 0x64726f706f7574ULL) +
+                                              static_cast<std::uint64_t>(done)) +
+                             (static_cast<std::uint64_t>(world.rank()) << 20U) +
+                             static_cast<std::uint64_t>(m));
       if (last && !zero2) {
         model.set_gradient_ready_hook(
             [this](std::int64_t offset) { parallel.gradients_ready(offset); });
@@ -222,8 +229,11 @@ struct Trainer::Impl {
                                     .total_steps = s.total,
                                     .next_lr = s.at(done)},
                        .seed = config.seed,
-                       .metrics = std::move(metrics)},
-                      parallel, model.layout());
+                       .metrics = std::move(metrics),
+                       .lora = model.has_adapters() ? std::optional(config.lora) : std::nullopt,
+                       .base = parts->lora_base,
+                       .base_xxh64 = parts->lora_base_xxh64},
+                      parallel, model.trainable_layout());
   }
 
   // The step boundary's decision, agreed by every rank: false when the run stops here.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checksum.hpp"
 #include "ckpt/resume.hpp"
 #include "core/error.hpp"
 #include "core/path_safety.hpp"
@@ -129,16 +130,38 @@ std::int64_t count_steps(const TrainConfig& config, const StepSource& data) {
   return total;
 }
 
+std::string lora_description(const std::optional<model::LoraConfig>& lora) {
+  if (!lora || !lora->enabled()) return "the weights of full fine-tuning";
+  return fmt::format("LoRA adapters of rank {} on {}", lora->rank, lora->targets_text());
+}
+
+// A LoRA run resumes a LoRA checkpoint of the same rank and targets (its tensors), a full
+// fine-tuning run a full one.
+void check_lora_resume(const ckpt::Manifest& m, const std::string& step_dir,
+                       const model::LoraConfig& lora) {
+  if (!m.lora && !lora.enabled()) return;
+  if (m.lora && lora.enabled() && m.lora->rank == lora.rank && m.lora->targets == lora.targets)
+    return;
+  throw core::usage_error(
+      fmt::format("{} holds {}; this run would train {}: give the same --lora-rank and "
+                  "--lora-targets, or start over in a new --ckpt-dir",
+                  step_dir, lora_description(m.lora), lora_description(lora)));
+}
+
 void log_plan(const dist::World& world, const core::Logger& log, const TrainerParts& p,
               const data::LoaderConfig& loader) {
   const TrainConfig& config = p.config;
   const std::int64_t params = p.model->layout().parameter_count();
   log.info(
-      "{} on {} rank{} ({} backend): model {} ({:.2f}M parameters), {} steps of {} {}",
+      "{} on {} rank{} ({} backend): model {} ({:.2f}M parameters{}), {} steps of {} {}",
       phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s", p.ops->name(),
       p.source.initial_head() ? fmt::format("from {}", p.source.origin()) : p.source.config.name,
-      static_cast<double>(params) / 1e6, p.total_steps, config.global_batch,
-      config.phase == Phase::sft ? "rows" : "pairs");
+      static_cast<double>(params) / 1e6,
+      p.model->has_adapters()
+          ? fmt::format(", frozen; trained: {}, {:.3f}M parameters", lora_description(config.lora),
+                        static_cast<double>(p.model->trainable_layout().parameter_count()) / 1e6)
+          : "",
+      p.total_steps, config.global_batch, config.phase == Phase::sft ? "rows" : "pairs");
   const std::size_t buckets = p.parallel->buckets().size();
   log.info(
       "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-{}, "
@@ -181,6 +204,21 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
       world, log,
       {.ckpt_dir = c.ckpt_dir, .choice = c.resume, .verify_checksums = c.verify_resume});
   p.source = resolve_model_source(c.model, resume_dir.empty() ? c.init : resume_dir);
+  // A LoRA checkpoint holds the adapters: the weights come from the frozen model it recorded.
+  std::optional<ckpt::Manifest> resumed_manifest;
+  std::string resumed_step_dir;
+  if (!resume_dir.empty()) {
+    resumed_manifest = p.source.checkpoint;
+    resumed_step_dir = p.source.step_dir;
+    check_lora_resume(*resumed_manifest, resumed_step_dir, c.lora);
+    if (resumed_manifest->lora) p.source = resolve_model_source(c.model, resumed_manifest->base);
+  }
+  if (c.lora.enabled()) {
+    p.lora_base = resumed_manifest ? resumed_manifest->base : p.source.origin();
+    if (p.lora_base.empty()) {
+      throw core::usage_error("--lora-rank needs the model to adapt: --init CKPT|HF_DIR");
+    }
+  }
   const model::ModelConfig& mc = p.source.config;
   if (c.seq_len > mc.max_position_embeddings) {
     throw core::usage_error(fmt::format("--seq-len {} is longer than the model's {} positions",
@@ -191,11 +229,11 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
         fmt::format("--init {} is a reward model; SFT needs a language model", p.source.origin()));
   }
   if (!resume_dir.empty()) {
-    ckpt::check_resume_compatible(*p.source.checkpoint,
+    ckpt::check_resume_compatible(*resumed_manifest,
                                   {.phase = phase_name(c.phase),
                                    .config = c.to_json(),
                                    .allow_config_change = c.allow_config_change},
-                                  p.source.step_dir);
+                                  resumed_step_dir);
   }
   if (!c.data_from_host)
     p.index = open_data(world, c.data, c.phase, mc, p.source, c.ignore_tokenizer_mismatch);
@@ -214,12 +252,15 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
                           .keep_master = !shard_master,
                           .own_gradients = !c.shard_gradients,
                           .own_parameters = !zero3,
-                          .fp32_gradients = c.fp32_gradients(world.size())});
+                          .fp32_gradients = c.fp32_gradients(world.size()),
+                          .lora = c.lora});
+  // What trains: the model's weights, or with LoRA the adapters (and a reward model's score).
+  const model::ParameterLayout& trained = p.model->trainable_layout();
   const ModelWeights weights =
       shard_master
-          ? ModelWeights{.master = {}, .compute = p.model->parameters()}
+          ? ModelWeights{.master = {}, .compute = p.model->trainable_parameters()}
           : ModelWeights{.master = p.model->master_weights(), .compute = p.model->weight_copy()};
-  p.parallel = std::make_unique<DataParallel>(world, *p.ops, p.model->layout(),
+  p.parallel = std::make_unique<DataParallel>(world, *p.ops, trained,
                                               data_parallel_config(c, world.size(), shard_master),
                                               c.adamw, weights);
   if (c.shard_gradients) p.model->set_gradient_window(p.parallel.get());
@@ -232,12 +273,29 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     optimizer.load_master(
         mine, initial_weights_of_ranges(world, p.model->layout(), p.source, c.seed, mine));
     p.parallel->gather_parameters();
+  } else if (c.lora.enabled()) {
+    // The frozen model, identified by its weights' checksum; then fresh adapters, or the
+    // resumed ones (restored below).
+    const std::vector<float> base = initialize_model(world, *p.model, p.source, c.seed);
+    p.lora_base_xxh64 = ckpt::to_hex(ckpt::xxh64(std::as_bytes(std::span<const float>(base))));
+    if (resumed_manifest && resumed_manifest->base_xxh64 != p.lora_base_xxh64) {
+      throw core::bad_input(
+          fmt::format("the model at {} is not the one these adapters were trained on (its "
+                      "weights' xxHash64 is {}, the checkpoint's base had {})",
+                      p.lora_base, p.lora_base_xxh64, resumed_manifest->base_xxh64),
+          {.file = resumed_step_dir});
+    }
+    if (!resumed_manifest) {
+      const std::vector<float> adapters = p.model->initial_adapter_values(c.seed);
+      p.model->load_adapters(adapters);
+      if (shard_master) p.parallel->optimizer().load_master_from_whole(adapters);
+    }
   } else if (resume_dir.empty()) {
     const std::vector<float> initial = initialize_model(world, *p.model, p.source, c.seed);
     if (shard_master) p.parallel->optimizer().load_master_from_whole(initial);
-  } else {
-    p.resumed = restore_checkpoint(world, log, resume_dir, *p.source.checkpoint, *p.parallel,
-                                   p.model->layout());
+  }
+  if (!resume_dir.empty()) {
+    p.resumed = restore_checkpoint(world, log, resume_dir, *resumed_manifest, *p.parallel, trained);
     p.ops->synchronize();
     position = p.resumed->position;
   }

@@ -43,6 +43,10 @@ struct TrainerParts {
   double peak_tflops = 0;  // per rank, for MFU; 0: unknown
   std::int64_t total_steps = 0;
   std::optional<ResumedState> resumed;  // where a resumed run continues
+  // LoRA: the frozen model the adapters train on (the --init it was read from) and the
+  // xxHash64 of its fp32 weights, recorded in every checkpoint and checked on resume.
+  std::string lora_base;
+  std::string lora_base_xxh64;
 };
 
 // Collective over `world`: checks the options and the outputs, chooses the checkpoint to

@@ -350,6 +350,28 @@ run "--adapter with --shard-parameters" 2 "$mpiexec" -n 2 "$bin" eval --init "$w
 run "a missing adapter" 2 "$bin" generate --init "$work/ck" --prompt "x" --adapter "$work/none"
 expect "names its config" contains "$err" "none/adapter_config.json"
 
+# --- LoRA training on the frozen checkpoint: checkpointed and resumed; its checkpoint is not a
+# model (yet) ---
+lora_common=(sft --init "$work/ck" --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1
+  --lora-targets "q,v" --lora-dropout 0.1 --ckpt-dir "$work/lora-ck" --no-progress)
+lora_run=("${lora_common[@]}" --lora-rank 4)
+run "sft --lora-rank" 0 "$bin" "${lora_run[@]}" --steps 3
+expect "says what trains" contains "$err" "trained: LoRA adapters of rank 4 on q,v"
+expect "a small checkpoint" [ "$(stat -c %s "$work/lora-ck/step-00000003/model.h5")" -lt 200000 ]
+run "resumed for one more step" 0 "$bin" "${lora_run[@]}" --steps 4
+expect "from step 3" contains "$err" "resumed at step 3"
+run "ckpt verify of a LoRA checkpoint" 0 "$bin" ckpt verify "$work/lora-ck"
+run "resumed with another rank" 2 "$bin" "${lora_common[@]}" --steps 5 --lora-rank 8
+expect "says which adapters it holds" contains "$err" "holds LoRA adapters of rank 4 on q,v"
+run "a LoRA checkpoint is not a model (yet)" 2 "$bin" eval --init "$work/lora-ck" --data "$work/train"
+expect "says so" contains "$err" "a LoRA checkpoint"
+run "--lora-rank with --shard-parameters" 2 "$bin" "${lora_run[@]}" --steps 4 --shard-parameters
+expect "not yet" contains "$err" "LoRA does not shard its frozen model yet"
+run "sft --lora-rank --dry-run-memory" 0 "$bin" sft --model llama3.1-8b --backend cuda --seq-len 8192 \
+  --recompute --lora-rank 16 --dry-run-memory --dry-run-ranks 8
+expect "the weights frozen" contains "$out" "weights (bf16, 8.030B parameters, frozen)"
+expect "the adapters" contains "$out" "LoRA adapters (bf16, rank 16: 41.94M parameters)"
+
 # --- restart guard rails: never start over silently where checkpoints are ---
 sft_ck=(sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --lr 1e-3 --no-progress)
 run "--resume none into a directory with checkpoints" 2 "$bin" "${sft_ck[@]}" --steps 8 --ckpt-dir "$work/ck" --resume none

@@ -92,6 +92,13 @@ TEST_CASE("RunConfig takes the CLI's options, config files and setters, with its
   CHECK(l3::RunConfig::from_args(config.args()).to_json() == config.to_json());
   config.set("recompute", false);
   CHECK(config.get("recompute") == "false");
+  // LoRA's options, by name as on the command line.
+  config.set("lora-rank", 16).set("lora-targets", "q,v").set("lora-dropout", 0.05);
+  CHECK(nlohmann::json::parse(config.to_json())["lora_rank"] == 16);
+  CHECK(nlohmann::json::parse(config.to_json())["lora_targets"] == "q,v");
+  CHECK(expect_error([&] { config.set("lora-targets", "q,lm_head"); }) == 2);
+  CHECK(expect_error([&] { config.set("lora-dropout", 1.0); }) == 2);
+  config.set("lora-rank", 0);
 
   {
     std::ofstream file(dir + "/reward.ini");

@@ -17,6 +17,7 @@
 
 #include "catch.hpp"
 #include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/hf_export.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/model_file.hpp"
 #include "core/error.hpp"
@@ -566,6 +567,105 @@ TEST_CASE("non-finite steps are skipped and too many in a row stop the run", "[t
   // Skipped steps leave the weights alone: the other weights are still the initial ones.
   CHECK(std::isnan(weights.as<float>()[poisoned]));
   CHECK(weights.as<float>()[poisoned + 1] == 1.0F);  // norms start at 1
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+// LoRA through the trainer: the model's weights frozen (they end as they began), the adapters
+// trained over N ranks as over one, the first step's loss that of full fine-tuning from the same
+// weights (B starts at 0); a run with dropout stopped and resumed ends bit for bit as the
+// uninterrupted one; the checkpoint holds the adapters and names its base, which resuming
+// checks (another model at that path is refused), and a run with other LoRA settings or none
+// does not resume it.
+TEST_CASE("LoRA trains adapters on a frozen model, resumes bit for bit and checks its base",
+          "[train][lora]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  (void)l3::dist::apply_thread_budget(world);
+  const std::string dir = shared_directory(world, "lora");
+  const std::string data = make_dataset(world, dir, false, 120);
+  // The base: a short full fine-tuning run, exported as a Hugging Face model (fp32).
+  TrainConfig base = base_config(Phase::sft, data);
+  base.steps = 2;
+  base.ckpt_dir = dir + "/base";
+  base.checkpoint_every = 1;  // step 1: another model, for the base check below
+  (void)train(world, base);
+  if (world.is_root()) {
+    (void)l3::ckpt::export_hugging_face(dir + "/base", dir + "/hf", {.bf16 = false});
+  }
+  world.barrier();
+
+  TrainConfig c = base_config(Phase::sft, data);
+  c.model.clear();
+  c.init = dir + "/hf";
+  c.lora.rank = 4;
+  c.lora.alpha = 8.0;
+  c.lora.targets = l3::model::parse_lora_targets("q,v,o,down");
+  c.lr = 1e-2;
+  INFO("ranks " << world.size());
+  const RunResult many = train(world, c);
+  const RunResult one = train_alone(world, c);
+  check_close(many, one);
+  TrainConfig full = c;
+  full.lora = {};
+  const RunResult full_run = train(world, full);
+  CHECK(many.losses.front() == full_run.losses.front());  // untrained adapters change nothing
+  CHECK(many.losses.back() < many.losses.front());
+  {
+    const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::off});
+    Trainer trainer(world, quiet, c);
+    const auto before = trainer.model().parameters().as<float>();
+    const std::vector<float> frozen(before.begin(), before.end());
+    (void)trainer.run();
+    const auto after = trainer.model().parameters().as<float>();
+    CHECK(std::equal(after.begin(), after.end(), frozen.begin(), frozen.end()));
+    CHECK(trainer.model().trainable_layout().adapters());
+  }
+
+  // Dropout, stopped after step 3 and resumed: the same masks, the same end.
+  c.lora.dropout = 0.2;
+  const RunResult straight = train(world, c);
+  c.ckpt_dir = dir + "/lora";
+  const RunResult resumed = stopped_and_resumed(world, c, 3);
+  CHECK(resumed.losses == straight.losses);
+  CHECK((resumed.weights == straight.weights));
+  const l3::ckpt::Manifest m = l3::ckpt::read_manifest(dir + "/lora/step-00000006");
+  REQUIRE(m.lora);
+  CHECK(m.lora->rank == 4);
+  CHECK(m.lora->targets_text() == "q,v,o,down");
+  CHECK(m.base.ends_with("/hf"));
+  CHECK(m.base_xxh64.size() == 16);
+  CHECK(m.tensors.size() == m.layout().tensors().size());
+  CHECK(m.tensors[0].value("name", "") == "model.layers.0.self_attn.q_proj.lora_A.weight");
+
+  // Resuming with other LoRA settings, or none, is refused; so is another model at the base's
+  // path (the base run's first checkpoint exported over it).
+  TrainConfig other = c;
+  other.steps = 8;
+  other.lora.rank = 8;
+  CHECK_THROWS_WITH(
+      Trainer(world,
+              l3::core::Logger(world.rank(), world.size(), {.level = l3::core::LogLevel::off}),
+              other),
+      Catch::Contains("holds LoRA adapters of rank 4 on q,v,o,down; this run would "
+                      "train LoRA adapters of rank 8"));
+  other.lora = {};
+  CHECK_THROWS_WITH(
+      Trainer(world,
+              l3::core::Logger(world.rank(), world.size(), {.level = l3::core::LogLevel::off}),
+              other),
+      Catch::Contains("the weights of full fine-tuning"));
+  if (world.is_root()) {
+    (void)l3::ckpt::export_hugging_face(dir + "/base/step-00000001", dir + "/hf",
+                                        {.bf16 = false, .overwrite = true});
+  }
+  world.barrier();
+  other = c;
+  other.steps = 8;
+  CHECK_THROWS_WITH(
+      Trainer(world,
+              l3::core::Logger(world.rank(), world.size(), {.level = l3::core::LogLevel::off}),
+              other),
+      Catch::Contains("is not the one these adapters were trained on"));
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
 }

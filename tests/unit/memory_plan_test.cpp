@@ -219,3 +219,43 @@ TEST_CASE("ZeRO-3 plans 1/G of the weights and two gathered layer groups", "[mem
   const l3::model::MemoryPlan no_zero2 = l3::model::plan_training_memory(in);
   CHECK(no_zero2.lines[0].bytes == 2 * p);
 }
+
+TEST_CASE(
+    "with LoRA the plan is what the model allocates: the frozen weights once, the adapters' "
+    "gradients and activations",
+    "[memory][lora]") {
+  for (const bool recompute : {false, true}) {
+    for (const double dropout : {0.0, 0.1}) {
+      INFO("recompute " << recompute << ", dropout " << dropout);
+      l3::kernels::CpuOps ops;
+      const l3::model::ModelConfig config = l3::model::preset("tiny");
+      l3::model::LoraConfig lora;
+      lora.rank = 4;
+      lora.dropout = dropout;
+      lora.targets = l3::model::parse_lora_targets("q,v,down");
+      l3::model::LlamaModel model(config, HeadKind::language_model, ops,
+                                  {.recompute = recompute, .lora = lora});
+      const std::int64_t rows = 3;
+      const std::int64_t seq_len = 32;
+      (void)model.sft_forward_backward(reversal_batch(rows, seq_len), 1.0F);
+      CHECK(ops.allocated_bytes() == l3::model::model_bytes(config, HeadKind::language_model,
+                                                            DType::f32, recompute, rows * seq_len,
+                                                            seq_len, true, lora));
+    }
+  }
+  // 8B on 8 GPUs at seq 8192: the frozen bf16 weights, and AdamW state for 42M adapter values.
+  l3::model::MemoryPlanInput in;
+  in.model = l3::model::preset("llama3.1-8b");
+  in.seq_len = 8192;
+  in.ranks = 8;
+  in.recompute = true;
+  in.lora.rank = 16;
+  const l3::model::MemoryPlan plan = l3::model::plan_training_memory(in);
+  std::string text;
+  for (const auto& line : plan.lines) text += line.what + "\n";
+  CHECK_THAT(text, Catch::Contains("weights (bf16, 8.030B parameters, frozen)") &&
+                       Catch::Contains("LoRA adapters (bf16, rank 16: 41.94M parameters)") &&
+                       Catch::Contains("gradients (bf16, of the adapters)"));
+  in.lora = {};
+  CHECK(plan.total() < l3::model::plan_training_memory(in).total() / 2);
+}
