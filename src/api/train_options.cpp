@@ -1,7 +1,10 @@
 #include "api/train_options.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 
+#include "ckpt/peft_adapter.hpp"
 #include "core/deadline.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
@@ -101,6 +104,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "lora-targets",
       po::value<std::string>()->default_value("q,k,v,o,gate,up,down")->value_name("LIST"),
       "LoRA: the layers that get adapters, of q, k, v, o, gate, up, down (or q_proj, ...)")(
+      "init-adapter", po::value<std::string>()->value_name("DIR"),
+      "LoRA: start from this PEFT adapter directory (PEFT's or export --adapter's); its r, "
+      "alpha, rsLoRA, dropout and targets are the run's unless given")(
       "backend",
       po::value<std::string>()
           ->default_value(std::string(kernels::backend_name(d.backend)))
@@ -248,6 +254,34 @@ core::LogConfig log_config_from(const po::variables_map& values) {
   return config;
 }
 
+namespace {
+
+// --init-adapter DIR: its LoRA settings are the run's, and an option given on the command line
+// must agree with the adapter's shape (rank, targets) and scale (alpha, rsLoRA).
+void adopt_adapter_settings(const po::variables_map& o, train::TrainConfig& c) {
+  const ckpt::PeftAdapterConfig adapter = ckpt::read_peft_adapter_config(c.init_adapter);
+  const model::LoraConfig& a = adapter.lora;
+  const auto given = [&](const char* name) { return o.count(name) != 0 && !o[name].defaulted(); };
+  const auto require_same = [&](const char* name, bool same, const std::string& theirs) {
+    if (given(name) && !same) {
+      throw core::usage_error(
+          fmt::format("--{} disagrees with --init-adapter {}, whose adapters have {} (leave "
+                      "--{} out to take the adapter's)",
+                      name, c.init_adapter, theirs, name));
+    }
+  };
+  require_same("lora-rank", c.lora.rank == a.rank, fmt::format("r={}", a.rank));
+  require_same("lora-targets", c.lora.targets == a.targets, "targets " + a.targets_text());
+  require_same("lora-alpha", c.lora.alpha == a.alpha, fmt::format("lora_alpha={}", a.alpha));
+  require_same("lora-rslora", c.lora.rslora == a.rslora,
+               a.rslora ? "use_rslora=true" : "use_rslora=false");
+  const double dropout = given("lora-dropout") ? c.lora.dropout : a.dropout;
+  c.lora = a;
+  c.lora.dropout = dropout;
+}
+
+}  // namespace
+
 train::TrainConfig train_config_from(const po::variables_map& o, train::Phase phase,
                                      bool data_may_come_from_host) {
   train::TrainConfig c;
@@ -278,6 +312,8 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.lora.rslora = get<bool>(o, "lora-rslora");
   c.lora.dropout = get<double>(o, "lora-dropout");
   c.lora.targets = model::parse_lora_targets(get<std::string>(o, "lora-targets"));
+  c.init_adapter = optional_string(o, "init-adapter");
+  if (!c.init_adapter.empty()) adopt_adapter_settings(o, c);
   c.eval_every = get<std::int64_t>(o, "eval-every");
   c.log_every = get<std::int64_t>(o, "log-every");
   c.metrics = optional_string(o, "metrics");

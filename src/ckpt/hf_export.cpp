@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint_paths.hpp"
@@ -103,11 +104,31 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
   const Manifest manifest = read_manifest(step_dir);
   if (manifest.lora) {
     throw core::bad_input(
-        fmt::format("a LoRA checkpoint: it holds {} adapters for the model {}; exporting them "
-                    "(as a PEFT adapter, or merged) is not built yet",
+        fmt::format("a LoRA checkpoint: it holds {} adapters for the model {}, not a model; "
+                    "export them as a PEFT adapter, or merged into that model",
                     manifest.lora->targets_text(), manifest.base),
         {.file = step_dir});
   }
+  // The weights, streamed tensor by tensor (the exporter holds one tensor, never the model),
+  // each checked against the checkpoint's checksums before it is written; a damaged one stops
+  // the export with nothing installed at --output. The file is opened when the output is known
+  // to be writable.
+  const std::string model_path = (fs::path(step_dir) / kModelFile).string();
+  std::unique_ptr<TensorFileReader> model_file;
+  const TensorFill fill = [&](const model::TensorInfo& t, std::span<float> values) {
+    if (!model_file) {
+      model_file = std::make_unique<TensorFileReader>(model_path);
+      require_model_format(*model_file);
+    }
+    model_file->read(t.name, t.shape, 0, values);
+    check_loaded_tensor(manifest, step_dir, t, values);
+  };
+  return export_hugging_face(manifest, step_dir, fill, output, options);
+}
+
+HfExportReport export_hugging_face(const Manifest& manifest, const std::string& step_dir,
+                                   const TensorFill& fill, const std::string& output,
+                                   const HfExportOptions& options) {
   // The output is checked, and the directory it is built in created, before the weights are
   // read: an output that cannot be written or must not be replaced costs no time.
   const fs::path out =
@@ -115,20 +136,13 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
   core::StagingDirectory staging(out, core::OwnedKind::hf_export, "--output");
   const fs::path& partial = staging.path();
 
-  // The weights, streamed tensor by tensor (the exporter holds one tensor, never the model),
-  // each checked against the checkpoint's checksums before it is written; a damaged one stops
-  // the export with nothing installed at --output.
   const model::ParameterLayout layout(manifest.model, manifest.head);
-  const std::string model_path = (fs::path(step_dir) / kModelFile).string();
-  TensorFileReader model_file(model_path);
-  require_model_format(model_file);
   std::vector<safetensors::TensorToWrite> tensors;
   for (const model::TensorInfo& t : layout.tensors()) {
-    tensors.push_back(
-        {.name = t.name, .shape = t.shape, .values = {}, .fill = [&, t](std::span<float> values) {
-           model_file.read(t.name, t.shape, 0, values);
-           check_loaded_tensor(manifest, step_dir, t, values);
-         }});
+    tensors.push_back({.name = t.name,
+                       .shape = t.shape,
+                       .values = {},
+                       .fill = [&fill, t](std::span<float> values) { fill(t, values); }});
   }
 
   const bool reward = manifest.head == model::HeadKind::reward;
@@ -157,6 +171,13 @@ HfExportReport export_hugging_face(const std::string& checkpoint, const std::str
                           {"step", manifest.step},
                           {"phase", manifest.phase},
                           {"git_commit", manifest.git_commit}};
+  if (manifest.lora) {
+    config["llama3_hpc"]["merged_lora"] = {{"base", manifest.base},
+                                           {"r", manifest.lora->rank},
+                                           {"alpha", manifest.lora->alpha},
+                                           {"rslora", manifest.lora->rslora},
+                                           {"targets", manifest.lora->targets_text()}};
+  }
   core::write_file_atomically((partial / "config.json").string(), config.dump(2) + "\n");
   report.files.emplace_back("config.json");
   if (!reward) {

@@ -5,8 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "ckpt/manifest.hpp"
 
 namespace l3::ckpt {
 
@@ -24,10 +28,22 @@ struct HfExportReport {
   bool tokenizer_copied = false;
 };
 
+// The values of one tensor of the model being exported (t: a tensor of its layout; out: its
+// numel values), called once per tensor, in the order the files are written.
+using TensorFill = std::function<void(const model::TensorInfo& t, std::span<float> out)>;
+
 // Rank-local. The checkpoint's weights are checked against its checksums before anything is
 // written. usage Error when the output exists (without overwrite); bad_input Errors name the
 // checkpoint file and tensor.
 HfExportReport export_hugging_face(const std::string& checkpoint, const std::string& output,
+                                   const HfExportOptions& options);
+
+// The same for a model that is not a checkpoint's model.h5 as it stands (a LoRA checkpoint's
+// base with its adapters folded in: train/lora_checkpoint_model.hpp): `manifest` describes it
+// (model, head, step, tokenizer; a LoRA manifest is recorded in config.json as merged) and
+// `fill` gives its tensors, one at a time.
+HfExportReport export_hugging_face(const Manifest& manifest, const std::string& step_dir,
+                                   const TensorFill& fill, const std::string& output,
                                    const HfExportOptions& options);
 
 // "5GB", "500MB", "2GiB", "1000000": bytes. usage Error otherwise.

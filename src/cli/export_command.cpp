@@ -3,9 +3,15 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <vector>
 
+#include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/hf_export.hpp"
+#include "ckpt/manifest.hpp"
+#include "ckpt/peft_adapter.hpp"
 #include "core/error.hpp"
+#include "train/lora_checkpoint_model.hpp"
+#include "train/model_source.hpp"
 
 namespace l3::cli {
 
@@ -16,14 +22,54 @@ void declare_export_options(po::options_description& options,
       "init", po::value<std::string>()->value_name("CKPT"), "the same as --ckpt")(
       "output", po::value<std::string>()->value_name("DIR"),
       "the Hugging Face model directory to write (must not exist)")(
-      "dtype", po::value<std::string>()->default_value("bf16")->value_name("bf16|fp32"),
-      "the safetensors dtype: bf16 (rounded to nearest even) or fp32 (bit for bit)")(
+      "merge", po::bool_switch(),
+      "a LoRA checkpoint: write its base model with the adapters folded into the weights (a "
+      "full Hugging Face model)")(
+      "adapter", po::bool_switch(),
+      "a LoRA checkpoint: write its adapters as a PEFT adapter directory (adapter_config.json, "
+      "adapter_model.safetensors) for PeftModel.from_pretrained on its base")(
+      "dtype", po::value<std::string>()->value_name("bf16|fp32"),
+      "the safetensors dtype: bf16 (rounded to nearest even) or fp32 (bit for bit); default "
+      "bf16, fp32 for --adapter (as PEFT saves)")(
       "shard-size", po::value<std::string>()->default_value("5GB")->value_name("SIZE"),
       "largest safetensors file, e.g. 5GB, 500MB (more: model-0000i-of-0000N + index)")(
       "format", po::value<std::string>()->default_value("hf")->value_name("hf"),
       "output format (hf, the only one)")("overwrite", po::bool_switch(),
                                           "replace an existing output directory");
 }
+
+namespace {
+
+void print_model_report(const std::string& checkpoint, const ckpt::HfExportReport& r,
+                        const std::string& dtype, const std::string& what) {
+  std::cout << fmt::format("exported {}{} as {} to {}: {} files, {:.1f} MB of {} tensors{}\n",
+                           checkpoint, what, r.architecture, r.directory, r.files.size(),
+                           static_cast<double>(r.tensor_bytes) / 1e6, dtype,
+                           r.tokenizer_copied
+                               ? ", tokenizer copied"
+                               : " (no tokenizer file to copy: the data was prepared "
+                                 "with the bytes tokenizer or its file is gone)")
+            << std::flush;
+}
+
+// The LoRA checkpoint's adapters as a PEFT adapter directory: needs no base.
+void export_adapter(const std::string& step_dir, const ckpt::Manifest& manifest,
+                    const std::string& output, bool bf16, bool overwrite) {
+  const std::vector<float> values = train::read_checkpoint_adapters(manifest, step_dir);
+  const model::ParameterLayout layout = manifest.layout();
+  ckpt::write_peft_adapter(output, layout, values,
+                           {.bf16 = bf16, .overwrite = overwrite, .base_model = manifest.base});
+  std::cout << fmt::format(
+                   "exported {} as a PEFT LoRA adapter ({}, r={}, alpha={}, targets {}) to {}: "
+                   "{:.2f} MB of {} tensors for the base model {}\n",
+                   step_dir, ckpt::adapter_kind(manifest.head), manifest.lora->rank,
+                   manifest.lora->alpha, manifest.lora->targets_text(), output,
+                   static_cast<double>(layout.parameter_count()) * (bf16 ? 2 : 4) / 1e6,
+                   bf16 ? "bf16" : "fp32", manifest.base)
+            << std::flush;
+}
+
+}  // namespace
 
 int run_export(const CommandContext& context) {
   const po::variables_map& o = context.options;
@@ -32,7 +78,12 @@ int run_export(const CommandContext& context) {
   if (o.count("ckpt") == 0 && o.count("init") == 0)
     throw core::usage_error("--ckpt CKPT is required (the checkpoint to export)");
   if (o.count("output") == 0) throw core::usage_error("--output DIR is required");
-  const std::string dtype = o["dtype"].as<std::string>();
+  const bool merge = o["merge"].as<bool>();
+  const bool adapter = o["adapter"].as<bool>();
+  if (merge && adapter)
+    throw core::usage_error("give --merge (a full model) or --adapter (a PEFT adapter), not both");
+  const std::string dtype =
+      o.count("dtype") != 0 ? o["dtype"].as<std::string>() : (adapter ? "fp32" : "bf16");
   if (dtype != "bf16" && dtype != "fp32")
     throw core::usage_error(fmt::format("--dtype {}: use bf16 or fp32", dtype));
   if (o["format"].as<std::string>() != "hf")
@@ -44,16 +95,37 @@ int run_export(const CommandContext& context) {
   options.overwrite = o["overwrite"].as<bool>();
   if (!context.world.is_root()) return core::kExitOk;
   const std::string checkpoint = o[o.count("ckpt") != 0 ? "ckpt" : "init"].as<std::string>();
-  const ckpt::HfExportReport r =
-      ckpt::export_hugging_face(checkpoint, o["output"].as<std::string>(), options);
-  std::cout << fmt::format("exported {} as {} to {}: {} files, {:.1f} MB of {} tensors{}\n",
-                           checkpoint, r.architecture, r.directory, r.files.size(),
-                           static_cast<double>(r.tensor_bytes) / 1e6, dtype,
-                           r.tokenizer_copied
-                               ? ", tokenizer copied"
-                               : " (no tokenizer file to copy: the data was prepared "
-                                 "with the bytes tokenizer or its file is gone)")
-            << std::flush;
+  const std::string output = o["output"].as<std::string>();
+  const std::string step_dir = ckpt::resolve_checkpoint(checkpoint);
+  const ckpt::Manifest manifest = ckpt::read_manifest(step_dir);
+  if (manifest.lora && !merge && !adapter) {
+    throw core::bad_input(
+        fmt::format("a LoRA checkpoint ({} adapters of rank {} for the model {}): give --merge "
+                    "to write that model with the adapters folded in, or --adapter to write a "
+                    "PEFT adapter directory",
+                    manifest.lora->targets_text(), manifest.lora->rank, manifest.base),
+        {.file = step_dir});
+  }
+  if (!manifest.lora && (merge || adapter)) {
+    throw core::bad_input(fmt::format("--{}: not a LoRA checkpoint (it holds a whole model, "
+                                      "which export writes without --{})",
+                                      merge ? "merge" : "adapter", merge ? "merge" : "adapter"),
+                          {.file = step_dir});
+  }
+  if (adapter) {
+    export_adapter(step_dir, manifest, output, options.bf16, options.overwrite);
+    return core::kExitOk;
+  }
+  if (merge) {
+    train::LoraCheckpointModel merged(train::resolve_model_source("", step_dir));
+    const ckpt::HfExportReport r = ckpt::export_hugging_face(
+        manifest, step_dir,
+        [&](const model::TensorInfo& t, std::span<float> values) { merged.read(t, values); },
+        output, options);
+    print_model_report(step_dir, r, dtype, fmt::format(" merged into {}", manifest.base));
+    return core::kExitOk;
+  }
+  print_model_report(checkpoint, ckpt::export_hugging_face(step_dir, output, options), dtype, "");
   return core::kExitOk;
 }
 

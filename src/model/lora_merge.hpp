@@ -4,11 +4,32 @@
 // computes (without dropout), to within fp32 rounding.
 #pragma once
 
+#include <cstdint>
 #include <span>
+#include <vector>
 
 #include "model/parameter_layout.hpp"
 
 namespace l3::model {
+
+// One weight of a model's layout that carries an adapter, and where its A (r, in) and B (out, r)
+// are in the adapter layout.
+struct AdaptedWeight {
+  std::int64_t weight = 0;  // offset of W (out, in) in the model's layout
+  std::int64_t a = 0;       // offsets in the adapter layout
+  std::int64_t b = 0;
+  std::int64_t out = 0;
+  std::int64_t in = 0;
+};
+
+// Every adapted weight, in layout order. An internal Error unless `adapter_layout` is an adapter
+// layout of the model of `layout` (same shapes and head; `layout` a model's layout).
+[[nodiscard]] std::vector<AdaptedWeight> adapted_weights(const ParameterLayout& layout,
+                                                         const ParameterLayout& adapter_layout);
+
+// w (out, in) += scale * B A for one adapted weight; `adapters` laid out by the adapter layout.
+void add_adapter_product(std::span<float> w, const AdaptedWeight& adapted,
+                         std::span<const float> adapters, std::int64_t rank, float scale);
 
 // weights: laid out by `layout`, fp32; adapters: laid out by `adapter_layout`, an adapter layout
 // of the same model config and head (an internal Error otherwise).

@@ -18,7 +18,9 @@
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "io/safetensors/safetensors_file.hpp"
+#include "ckpt/tensor_file.hpp"
 #include "model/parameter_init.hpp"
+#include "train/lora_checkpoint_model.hpp"
 
 namespace l3::train {
 
@@ -145,26 +147,29 @@ ModelSource resolve_model_source(const std::string& model, const std::string& in
 }
 
 namespace {
-// A LoRA run's checkpoint holds adapters, not a model: nothing reads it as one.
-void require_model_checkpoint(const ModelSource& source) {
-  if (source.checkpoint && source.checkpoint->lora) {
-    throw core::bad_input(
-        fmt::format("a LoRA checkpoint: it holds {} adapters for the model {}, not a model; it "
-                    "can be resumed (--resume), not yet read as a model",
-                    source.checkpoint->lora->targets_text(), source.checkpoint->base),
-        {.file = source.step_dir});
+
+void require_head_fits(const ModelSource& source, const model::ParameterLayout& layout) {
+  if (source.initial_head() == model::HeadKind::reward &&
+      layout.head() == model::HeadKind::language_model) {
+    throw core::bad_input("a reward model cannot initialise a language model (it has no lm_head)",
+                          {.file = source.origin()});
   }
 }
+
+bool is_lora_checkpoint(const ModelSource& source) {
+  return source.checkpoint && source.checkpoint->lora;
+}
+
 }  // namespace
 
 void read_initial_weights(const ModelSource& source, const model::ParameterLayout& layout,
                           std::span<float> flat) {
-  require_model_checkpoint(source);
   const std::optional<model::HeadKind> head = source.initial_head();
   if (!head) return;
-  if (*head == model::HeadKind::reward && layout.head() == model::HeadKind::language_model) {
-    throw core::bad_input("a reward model cannot initialise a language model (it has no lm_head)",
-                          {.file = source.origin()});
+  require_head_fits(source, layout);
+  if (is_lora_checkpoint(source)) {
+    LoraCheckpointModel(source).read_all(layout, flat);
+    return;
   }
   if (!source.hf_dir.empty()) {
     read_hugging_face_weights(source, layout, flat);
@@ -205,7 +210,12 @@ std::vector<float> initial_weights_of_ranges(const dist::World& world,
                                              const model::ParameterLayout& layout,
                                              const ModelSource& source, std::uint64_t seed,
                                              const std::vector<model::FlatRange>& ranges) {
-  require_model_checkpoint(source);
+  if (is_lora_checkpoint(source)) {
+    throw core::bad_input(
+        "a LoRA checkpoint read with sharded parameters (--shard-parameters) is not built yet: "
+        "write it out merged first (llama3-hpc export --merge) and use that",
+        {.file = source.step_dir});
+  }
   std::int64_t total = 0;
   for (const model::FlatRange& r : ranges) total += r.size();
   std::vector<float> values(static_cast<std::size_t>(total));
@@ -214,10 +224,7 @@ std::vector<float> initial_weights_of_ranges(const dist::World& world,
   if (!head) return values;
   std::exception_ptr failure;
   try {
-    if (*head == model::HeadKind::reward && layout.head() == model::HeadKind::language_model) {
-      throw core::bad_input("a reward model cannot initialise a language model (it has no lm_head)",
-                            {.file = source.origin()});
-    }
+    require_head_fits(source, layout);
     if (!source.hf_dir.empty()) {
       // Every rank checks the tensors' presence and shapes (the headers only), then reads its
       // slices.
@@ -247,6 +254,43 @@ std::vector<float> initial_weights_of_ranges(const dist::World& world,
   }
   dist::agree_on_failure(world, failure);
   return values;
+}
+
+ModelTensorReader::ModelTensorReader(const ModelSource& source,
+                                     const model::ParameterLayout& layout, std::uint64_t seed)
+    : source_(source), layout_(layout), seed_(seed) {
+  if (!source_.initial_head()) return;
+  require_head_fits(source_, layout_);
+  if (!source_.hf_dir.empty()) {
+    hf_ = std::make_unique<safetensors::SafetensorsModel>(source_.hf_dir);
+    check_hugging_face_tensors(source_, layout_, *hf_);
+  } else if (is_lora_checkpoint(source_)) {
+    lora_ = std::make_unique<LoraCheckpointModel>(source_);
+  } else {
+    file_ = std::make_unique<ckpt::TensorFileReader>(
+        (fs::path(source_.step_dir) / ckpt::kModelFile).string());
+    ckpt::require_model_format(*file_);
+  }
+}
+
+ModelTensorReader::~ModelTensorReader() = default;
+
+void ModelTensorReader::read(const model::TensorInfo& t, std::span<float> out) {
+  const std::optional<model::HeadKind> head = source_.initial_head();
+  // A head of another kind than the source's (a reward model's new score head) keeps its
+  // random initialisation, as in read_initial_weights.
+  if (!head || (is_head_tensor(t.name) && *head != layout_.head())) {
+    model::initialize_parameter_ranges(out, layout_, seed_, {{t.offset, t.offset + t.numel}});
+    return;
+  }
+  if (hf_) {
+    hf_->read(t.name, out);
+  } else if (lora_) {
+    lora_->read(lora_->layout().find(t.name), out);
+  } else {
+    file_->read(t.name, t.shape, 0, out);
+    ckpt::check_loaded_tensor(*source_.checkpoint, source_.step_dir, t, out);
+  }
 }
 
 }  // namespace l3::train

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -13,7 +14,16 @@
 #include "dist/world.hpp"
 #include "model/llama_model.hpp"
 
+namespace l3::ckpt {
+class TensorFileReader;
+}
+namespace l3::safetensors {
+class SafetensorsModel;
+}
+
 namespace l3::train {
+
+class LoraCheckpointModel;
 
 struct ModelSource {
   model::ModelConfig config;
@@ -65,5 +75,30 @@ void read_initial_weights(const ModelSource& source, const model::ParameterLayou
 [[nodiscard]] std::vector<float> initial_weights_of_ranges(
     const dist::World& world, const model::ParameterLayout& layout, const ModelSource& source,
     std::uint64_t seed, const std::vector<model::FlatRange>& ranges);
+
+// This process alone, one tensor at a time: what read_initial_weights puts at a tensor's place
+// after the random initialisation from `seed` (which the tensors the source lacks keep), for
+// who streams a model instead of holding it (a LoRA checkpoint's base). Checkpoint tensors are
+// checked against their checksums as they are read; a LoRA checkpoint gives its merged model
+// (train/lora_checkpoint_model.hpp). The checks and errors of read_initial_weights.
+class ModelTensorReader {
+ public:
+  ModelTensorReader(const ModelSource& source, const model::ParameterLayout& layout,
+                    std::uint64_t seed);
+  ~ModelTensorReader();
+  ModelTensorReader(const ModelTensorReader&) = delete;
+  ModelTensorReader& operator=(const ModelTensorReader&) = delete;
+
+  // t: a tensor of the layout; out: its numel values.
+  void read(const model::TensorInfo& t, std::span<float> out);
+
+ private:
+  ModelSource source_;
+  model::ParameterLayout layout_;
+  std::uint64_t seed_;
+  std::unique_ptr<safetensors::SafetensorsModel> hf_;
+  std::unique_ptr<ckpt::TensorFileReader> file_;
+  std::unique_ptr<LoraCheckpointModel> lora_;
+};
 
 }  // namespace l3::train

@@ -38,6 +38,8 @@ void TrainConfig::validate() const {
   require(shard_group_size == 0 || shard_parameters,
           "--shard-group-size needs --shard-parameters (ZeRO-3)");
   lora.validate();
+  require(init_adapter.empty() || lora.enabled(),
+          "--init-adapter needs LoRA: --lora-rank R (the adapter's rank)");
   require(!lora.enabled() || !shard_parameters,
           "--lora-rank with --shard-parameters: LoRA does not shard its frozen model yet (use "
           "--shard-gradients, or full fine-tuning with --shard-parameters)");
@@ -128,6 +130,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"lora_rslora", lora.rslora},
           {"lora_dropout", lora.dropout},
           {"lora_targets", lora.targets_text()},
+          {"init_adapter", init_adapter},
           {"margin_from_data", margin_from_data},
           {"center_rewards", center_rewards},
           {"shard_optimizer", shard_optimizer},

@@ -53,6 +53,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // LoRA (rank > 0): the model's weights frozen, adapters and a reward model's score head
   // trained (model/lora_config.hpp).
   model::LoraConfig lora{};
+  // A PEFT LoRA adapter directory (ckpt/peft_adapter.hpp) whose adapters, and a reward model's
+  // score head, a fresh LoRA run starts from instead of PEFT's initialisation; empty: none.
+  std::string init_adapter;
 
   // Reward phase.
   bool margin_from_data = false;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ckpt/checksum.hpp"
+#include "ckpt/peft_adapter.hpp"
 #include "ckpt/resume.hpp"
 #include "core/error.hpp"
 #include "core/path_safety.hpp"
@@ -148,6 +149,35 @@ void check_lora_resume(const ckpt::Manifest& m, const std::string& step_dir,
                   step_dir, lora_description(m.lora), lora_description(lora)));
 }
 
+// The adapters a fresh LoRA run starts from: PEFT's initialisation (A Kaiming-uniform, B zero),
+// or the PEFT adapter directory of --init-adapter, read by rank 0 and broadcast. Collective.
+std::vector<float> starting_adapters(const dist::World& world, const core::Logger& log,
+                                     const TrainConfig& c, const model::LlamaModel& model) {
+  if (c.init_adapter.empty()) return model.initial_adapter_values(c.seed);
+  const model::ParameterLayout& layout = model.trainable_layout();
+  std::vector<float> adapters(static_cast<std::size_t>(layout.total()), 0.0F);
+  // Every rank reads the (small) config, so that a refusal is the same message everywhere.
+  const ckpt::PeftAdapterConfig config = ckpt::read_peft_adapter_config(c.init_adapter);
+  if (config.head != layout.head()) {
+    throw core::bad_input(
+        fmt::format("{} cannot start a {} run, which trains {}", ckpt::adapter_kind(config.head),
+                    phase_name(c.phase), ckpt::adapter_kind(layout.head())),
+        {.file = (std::filesystem::path(c.init_adapter) / "adapter_config.json").string()});
+  }
+  std::exception_ptr failure;
+  if (world.is_root()) {
+    try {
+      adapters = ckpt::read_peft_adapter(c.init_adapter, layout);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world, failure);
+  dist::broadcast_bytes(world.comm(), adapters.data(), adapters.size() * sizeof(float), 0);
+  log.info("LoRA: the adapters start from {}", c.init_adapter);
+  return adapters;
+}
+
 void log_plan(const dist::World& world, const core::Logger& log, const TrainerParts& p,
               const data::LoaderConfig& loader) {
   const TrainConfig& config = p.config;
@@ -214,7 +244,10 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     if (resumed_manifest->lora) p.source = resolve_model_source(c.model, resumed_manifest->base);
   }
   if (c.lora.enabled()) {
-    p.lora_base = resumed_manifest ? resumed_manifest->base : p.source.origin();
+    // An absolute path: the checkpoint names its base for runs started anywhere.
+    p.lora_base = resumed_manifest
+                      ? resumed_manifest->base
+                      : std::filesystem::absolute(p.source.origin()).lexically_normal().string();
     if (p.lora_base.empty()) {
       throw core::usage_error("--lora-rank needs the model to adapt: --init CKPT|HF_DIR");
     }
@@ -286,7 +319,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
           {.file = resumed_step_dir});
     }
     if (!resumed_manifest) {
-      const std::vector<float> adapters = p.model->initial_adapter_values(c.seed);
+      const std::vector<float> adapters = starting_adapters(world, log, c, *p.model);
       p.model->load_adapters(adapters);
       if (shard_master) p.parallel->optimizer().load_master_from_whole(adapters);
     }

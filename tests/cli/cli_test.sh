@@ -350,8 +350,8 @@ run "--adapter with --shard-parameters" 2 "$mpiexec" -n 2 "$bin" eval --init "$w
 run "a missing adapter" 2 "$bin" generate --init "$work/ck" --prompt "x" --adapter "$work/none"
 expect "names its config" contains "$err" "none/adapter_config.json"
 
-# --- LoRA training on the frozen checkpoint: checkpointed and resumed; its checkpoint is not a
-# model (yet) ---
+# --- LoRA training on the frozen checkpoint: checkpointed and resumed; its checkpoint read as a
+# model (the base merged with the adapters), exported merged or as a PEFT adapter, restarted ---
 lora_common=(sft --init "$work/ck" --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1
   --lora-targets "q,v" --lora-dropout 0.1 --ckpt-dir "$work/lora-ck" --no-progress)
 lora_run=("${lora_common[@]}" --lora-rank 4)
@@ -363,8 +363,43 @@ expect "from step 3" contains "$err" "resumed at step 3"
 run "ckpt verify of a LoRA checkpoint" 0 "$bin" ckpt verify "$work/lora-ck"
 run "resumed with another rank" 2 "$bin" "${lora_common[@]}" --steps 5 --lora-rank 8
 expect "says which adapters it holds" contains "$err" "holds LoRA adapters of rank 4 on q,v"
-run "a LoRA checkpoint is not a model (yet)" 2 "$bin" eval --init "$work/lora-ck" --data "$work/train"
-expect "says so" contains "$err" "a LoRA checkpoint"
+run "eval of a LoRA checkpoint" 0 "$bin" eval --init "$work/lora-ck" --data "$work/train" --seq-len 64
+lora_eval=$out
+expect "a loss" contains "$lora_eval" '"loss":'
+run "generate from a LoRA checkpoint" 0 "$bin" generate --init "$work/lora-ck" --prompt "Reverse word1." --max-new 4
+run "export of a LoRA checkpoint without --merge or --adapter" 2 "$bin" export --ckpt "$work/lora-ck" --output "$work/lora-x"
+expect "says what to give" contains "$err" "give --merge to write that model with the adapters folded in, or --adapter"
+expect "nothing written" [ ! -e "$work/lora-x" ]
+run "export --merge --adapter" 2 "$bin" export --ckpt "$work/lora-ck" --merge --adapter --output "$work/lora-x"
+run "export --merge of a whole model" 2 "$bin" export --ckpt "$work/ck" --merge --output "$work/lora-x"
+expect "says why" contains "$err" "--merge: not a LoRA checkpoint"
+run "export --merge" 0 "$bin" export --ckpt "$work/lora-ck" --merge --dtype fp32 --output "$work/lora-merged"
+expect "says into what" contains "$out" "merged into $work/ck/step-00000006 as LlamaForCausalLM"
+expect "config.json records the merge" contains "$(cat "$work/lora-merged/config.json")" '"merged_lora"'
+run "eval of the merged export" 0 "$bin" eval --init "$work/lora-merged" --data "$work/train" --seq-len 64
+expect "the checkpoint's loss, bit for bit" [ "$out" = "$lora_eval" ]
+run "export --adapter" 0 "$bin" export --ckpt "$work/lora-ck" --adapter --output "$work/lora-peft"
+expect "fp32 by default" contains "$out" "fp32 tensors for the base model $work/ck/step-00000006"
+expect "PEFT's two files" [ -f "$work/lora-peft/adapter_config.json" -a -f "$work/lora-peft/adapter_model.safetensors" ]
+expect "the dropout trained with" contains "$(cat "$work/lora-peft/adapter_config.json")" '"lora_dropout": 0.1'
+run "eval of the base with the exported adapter" 0 "$bin" eval --init "$work/ck" --data "$work/train" --seq-len 64 --adapter "$work/lora-peft"
+expect "the checkpoint's loss, bit for bit" [ "$out" = "$lora_eval" ]
+run "sft --init-adapter" 0 "$bin" sft --init "$work/ck" --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 \
+  --init-adapter "$work/lora-peft" --steps 1 --ckpt-dir "$work/lora-ck2" --no-progress
+expect "says where the adapters start" contains "$err" "LoRA: the adapters start from $work/lora-peft"
+expect "takes the adapter's rank and targets" contains "$err" "trained: LoRA adapters of rank 4 on q,v"
+run "--init-adapter with another --lora-rank" 2 "$bin" sft --init "$work/ck" --data "$work/train" --seq-len 64 --global-batch 4 \
+  --init-adapter "$work/lora-peft" --lora-rank 8 --steps 1
+expect "names the disagreement" contains "$err" "--lora-rank disagrees with --init-adapter $work/lora-peft, whose adapters have r=4"
+run "reward --init-adapter with a language model's adapter" 2 "$bin" reward --init "$work/ck" --data "$work/pref" --global-batch 1 \
+  --init-adapter "$work/lora-peft" --steps 1
+expect "names the adapter's config" contains "$err" "lora-peft/adapter_config.json: a CAUSAL_LM adapter (language model) cannot start a reward run"
+run "a LoRA checkpoint with --shard-parameters" 2 "$mpiexec" -n 2 "$bin" eval --init "$work/lora-ck" --data "$work/train" --shard-parameters
+expect "not yet; says what to do" contains "$err" "write it out merged first (llama3-hpc export --merge)"
+cp -r "$work/lora-ck" "$work/lora-other-base"
+sed -i "s|$work/ck/step-00000006|$work/ck/step-00000004|" "$work/lora-other-base/step-00000004/manifest.json"
+run "a LoRA checkpoint whose base is another model" 2 "$bin" eval --init "$work/lora-other-base" --data "$work/train"
+expect "says so" contains "$err" "is not the one these adapters were trained on"
 run "--lora-rank with --shard-parameters" 2 "$bin" "${lora_run[@]}" --steps 4 --shard-parameters
 expect "not yet" contains "$err" "LoRA does not shard its frozen model yet"
 run "sft --lora-rank --dry-run-memory" 0 "$bin" sft --model llama3.1-8b --backend cuda --seq-len 8192 \

@@ -20,13 +20,19 @@
 #include "ckpt/hf_export.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/model_file.hpp"
+#include "ckpt/peft_adapter.hpp"
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "dist/thread_budget.hpp"
 #include "dist/world.hpp"
+#include "io/data/dataset_index.hpp"
 #include "io/prep/prep_job.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 #include "model/llama_model.hpp"
 #include "relative_rms.hpp"
+#include "train/evaluator.hpp"
+#include "train/lora_checkpoint_model.hpp"
+#include "train/model_source.hpp"
 #include "shared_directory.hpp"
 
 namespace fs = std::filesystem;
@@ -666,6 +672,113 @@ TEST_CASE("LoRA trains adapters on a frozen model, resumes bit for bit and check
               l3::core::Logger(world.rank(), world.size(), {.level = l3::core::LogLevel::off}),
               other),
       Catch::Contains("is not the one these adapters were trained on"));
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+TEST_CASE("LoRA checkpoints read as models: merged export, PEFT restart, a reward run on top",
+          "[train][lora]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  (void)l3::dist::apply_thread_budget(world);
+  const std::string dir = shared_directory(world, "lora-merge");
+  const std::string data = make_dataset(world, dir, false, 96);
+  if (world.is_root()) fs::create_directories(dir + "/pairs");
+  world.barrier();
+  const std::string pairs = make_dataset(world, dir + "/pairs", true, 48);
+  // The base this time is a checkpoint (the other LoRA test's is a Hugging Face directory).
+  TrainConfig base = base_config(Phase::sft, data);
+  base.steps = 2;
+  base.ckpt_dir = dir + "/base";
+  (void)train(world, base);
+
+  TrainConfig c = base_config(Phase::sft, data);
+  c.model.clear();
+  c.init = dir + "/base";
+  c.val_data = data;
+  c.steps = 4;
+  c.lr = 1e-2;
+  c.lora.rank = 4;
+  c.lora.alpha = 16.0;
+  c.ckpt_dir = dir + "/lora";
+  const RunResult adapted = train(world, c);
+  REQUIRE(adapted.eval);
+  const std::string step_dir = dir + "/lora/step-00000004";
+  const l3::ckpt::Manifest m = l3::ckpt::read_manifest(step_dir);
+  REQUIRE(m.lora);
+  CHECK(m.base == fs::absolute(dir + "/base/step-00000002").lexically_normal().string());
+
+  // The checkpoint read as a model (the base with the adapters folded in) equals its merged
+  // fp32 export bit for bit, and evaluates as the adapter model did (within 1e-5).
+  const l3::model::ParameterLayout layout(m.model, m.head);
+  std::vector<float> merged(static_cast<std::size_t>(layout.total()), 0.0F);
+  l3::train::read_initial_weights(l3::train::resolve_model_source("", dir + "/lora"), layout,
+                                  merged);
+  if (world.is_root()) {
+    l3::train::LoraCheckpointModel model(l3::train::resolve_model_source("", step_dir));
+    (void)l3::ckpt::export_hugging_face(
+        m, step_dir,
+        [&](const l3::model::TensorInfo& t, std::span<float> out) { model.read(t, out); },
+        dir + "/merged", {.bf16 = false});
+  }
+  world.barrier();
+  std::vector<float> exported(merged.size(), 0.0F);
+  l3::train::read_initial_weights(l3::train::resolve_model_source("", dir + "/merged"), layout,
+                                  exported);
+  CHECK((exported == merged));
+  {
+    l3::kernels::CpuOps ops;
+    l3::model::LlamaModel plain(m.model, l3::model::HeadKind::language_model, ops,
+                                {.own_gradients = false});
+    (void)l3::train::initialize_model(world, plain,
+                                      l3::train::resolve_model_source("", dir + "/merged"), 0);
+    const l3::data::DatasetIndex index =
+        l3::data::open_dataset(world, data, {.kind = l3::data::SampleKind::sft, .model_vocab = m.model.vocab_size});
+    const l3::train::EvalMetrics e =
+        l3::train::evaluate(world, plain, index, {.seq_len = c.seq_len, .micro_batch = 1});
+    CHECK(std::abs(e.loss - adapted.eval->loss) <= 1e-5);
+    CHECK(e.tokens == adapted.eval->tokens);
+  }
+
+  // Its adapters as a PEFT directory start a new run exactly where the checkpoint ended.
+  if (world.is_root()) {
+    const std::vector<float> values = l3::train::read_checkpoint_adapters(m, step_dir);
+    l3::ckpt::write_peft_adapter(dir + "/peft", m.layout(), values, {});
+  }
+  world.barrier();
+  {
+    TrainConfig restart = c;
+    restart.init_adapter = dir + "/peft";
+    restart.ckpt_dir = dir + "/restart";
+    const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::off});
+    Trainer trainer(world, quiet, restart);
+    CHECK((trainer.model().master_to_host() ==
+           l3::train::read_checkpoint_adapters(m, step_dir)));
+    TrainConfig reward_adapter = restart;
+    reward_adapter.phase = Phase::reward;
+    reward_adapter.data = pairs;
+    reward_adapter.val_data.clear();
+    CHECK_THROWS_WITH(Trainer(world, quiet, reward_adapter),
+                      Catch::Contains("a CAUSAL_LM adapter (language model) cannot start a "
+                                      "reward run"));
+  }
+
+  // A LoRA reward run on the LoRA SFT checkpoint: its base is that checkpoint, merged.
+  TrainConfig reward = base_config(Phase::reward, pairs);
+  reward.model.clear();
+  reward.init = dir + "/lora";
+  reward.steps = 2;
+  reward.global_batch = 4;
+  reward.lora.rank = 2;
+  reward.ckpt_dir = dir + "/reward";
+  const RunResult rewarded = train(world, reward);
+  CHECK(std::isfinite(rewarded.losses.back()));
+  const l3::ckpt::Manifest rm = l3::ckpt::read_manifest(dir + "/reward/step-00000002");
+  CHECK(rm.base == fs::absolute(step_dir).lexically_normal().string());
+  CHECK(rm.head == l3::model::HeadKind::reward);
+  std::vector<float> reward_model(
+      static_cast<std::size_t>(l3::model::ParameterLayout(rm.model, rm.head).total()), 0.0F);
+  l3::train::read_initial_weights(l3::train::resolve_model_source("", dir + "/reward"),
+                                  l3::model::ParameterLayout(rm.model, rm.head), reward_model);
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
 }

@@ -1,0 +1,72 @@
+// A LoRA run's checkpoint read as the model it trained: the frozen base it recorded (a Hugging
+// Face directory or a checkpoint, itself possibly a LoRA one) with the adapters folded into the
+// weights, W += scale * B A, and a reward run's score head its trained one (model/lora_merge).
+// What `eval`, `generate`, `score`, `--init` and `export --merge` read from such a checkpoint.
+// The base is checked to be the one the adapters were trained on: the xxHash64 of its fp32
+// weights as the run loaded them (ckpt::Manifest::base_xxh64).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/manifest.hpp"
+#include "model/lora_merge.hpp"
+#include "model/parameter_layout.hpp"
+
+namespace l3::train {
+
+struct ModelSource;
+class ModelTensorReader;
+
+// The adapters (and a reward run's score head) of a LoRA checkpoint, laid out by
+// manifest.layout(), checked against the checkpoint's checksums. bad_input Errors name the file
+// and tensor. Needs no base: what `export --adapter` writes.
+[[nodiscard]] std::vector<float> read_checkpoint_adapters(const ckpt::Manifest& manifest,
+                                                          const std::string& step_dir);
+
+class LoraCheckpointModel {
+ public:
+  // `checkpoint`: a source whose checkpoint is a LoRA run's. Reads and checks the adapters and
+  // opens the base (a bad_input Error naming the checkpoint when it is gone or another model).
+  explicit LoraCheckpointModel(const ModelSource& checkpoint);
+  ~LoraCheckpointModel();
+  LoraCheckpointModel(const LoraCheckpointModel&) = delete;
+  LoraCheckpointModel& operator=(const LoraCheckpointModel&) = delete;
+
+  // The merged model's layout (the run's head) and the adapters' (manifest.layout()).
+  [[nodiscard]] const model::ParameterLayout& layout() const noexcept { return layout_; }
+  [[nodiscard]] const model::ParameterLayout& adapter_layout() const noexcept {
+    return adapter_layout_;
+  }
+  [[nodiscard]] std::span<const float> adapters() const noexcept { return adapters_; }
+  [[nodiscard]] const ckpt::Manifest& manifest() const noexcept { return manifest_; }
+
+  // The merged values of `t` (a tensor of layout()) into `out` (its numel values). The first
+  // call reads the whole base once to check it (a model streamed tensor by tensor is checked
+  // before any of it is used).
+  void read(const model::TensorInfo& t, std::span<float> out);
+
+  // The merged model into `flat`, laid out by `target`: layout() itself, or a reward model's
+  // layout when the checkpoint is a language model's (the backbone is read, the score head
+  // left as it is). The base is read once and checked on the way.
+  void read_all(const model::ParameterLayout& target, std::span<float> flat);
+
+ private:
+  void add_adapters(const model::TensorInfo& t, std::span<float> out) const;
+  void check_base_digest(std::uint64_t digest) const;
+
+  ckpt::Manifest manifest_;
+  std::string step_dir_;
+  model::ParameterLayout layout_;
+  model::ParameterLayout adapter_layout_;
+  std::vector<float> adapters_;
+  std::unordered_map<std::int64_t, model::AdaptedWeight> adapted_;  // by weight offset
+  std::unique_ptr<ModelTensorReader> base_;
+  bool base_checked_ = false;
+};
+
+}  // namespace l3::train
