@@ -105,7 +105,7 @@ try:
             tests["failures"].append({"test": "hf parity: " + row["variant"],
                                       "message": row.get("error", json.dumps(
                                           {k: row.get(k) for k in ("logprob_max_abs_diff", "greedy_agrees",
-                                                                   "reward", "reward_hf")}))})
+                                                                   "reward", "reward_hf", "reward_peft")}))})
 except (OSError, ValueError):
     pass
 tests.update(exit_code=tests_rc, zero2_exit_code=zero2_rc, training_exit_code=training_rc, smoke_exit_code=smoke,

@@ -13,6 +13,10 @@ embeddings and llama3 RoPE scaling, a Llama-3-style one untied without scaling; 
      the CPU) and runs the same ids: every new token must be its greedy choice too (or within
      1e-4 of it: a tie within rounding), every log-probability within 1e-3 of ours, and the
      reward within 1e-3 (relative to max(1, |r|)).
+The second variant trains its reward model as LoRA adapters (`demo --lora`): its export is
+`export --merge` (the adapters folded into the SFT model), and, where the node's python3 has
+peft, `PeftModel.from_pretrained` loads `export --adapter`'s directory on the exported SFT model
+(as LlamaForSequenceClassification) and must give the same reward (within 1e-3).
 
   python3 hf_parity.py [--llama3-hpc BIN] [--workdir DIR] [--json FILE]
                        [--sft-steps N] [--reward-steps N]   (training of the demo, 200 and 100)
@@ -35,7 +39,8 @@ VARIANTS = {
         tie_word_embeddings=True,
         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-    "llama3-style (untied, no scaling)": dict(tie_word_embeddings=False, rope_scaling=None),
+    "llama3-style (untied, no scaling; LoRA reward model)": dict(tie_word_embeddings=False,
+                                                                rope_scaling=None),
 }
 PROMPT = "Reverse word12x3."
 RESPONSE = "3x21drow"
@@ -64,14 +69,25 @@ def ours(binary, variant, settings, workdir, log, steps):
     with open(config, "w") as f:
         json.dump({**BASE, **settings}, f, indent=2)
     demo = os.path.join(work, "demo")
+    lora = "LoRA" in variant
     run([binary, "demo", "--workdir", demo, "--model", config, "--sft-steps", str(steps[0]),
-         "--reward-steps", str(steps[1]), "--log-level", "warn"], log)
+         "--reward-steps", str(steps[1]), "--log-level", "warn"] + (["--lora"] if lora else []),
+        log)
     row = {"variant": variant}
     for phase in ("sft", "reward"):
         export = os.path.join(work, f"hf-{phase}")
+        merge = ["--merge"] if lora and phase == "reward" else []
         run([binary, "export", "--ckpt", os.path.join(demo, "ckpt", phase), "--output", export,
-             "--dtype", "fp32", "--overwrite"], log)
+             "--dtype", "fp32", "--overwrite"] + merge, log)
         row[f"export_{phase}"] = export
+    if lora:
+        adapter = os.path.join(work, "peft-reward")
+        run([binary, "export", "--ckpt", os.path.join(demo, "ckpt", "reward"), "--adapter",
+             "--output", adapter, "--overwrite"], log)
+        with open(os.path.join(adapter, "adapter_config.json")) as f:
+            if json.load(f).get("task_type") != "SEQ_CLS":
+                raise RuntimeError(f"{adapter}: not a SEQ_CLS adapter")
+        row["adapter_reward"] = adapter
     generated = last_json_line(run(
         [binary, "generate", "--init", os.path.join(demo, "ckpt", "sft"), "--prompt", PROMPT,
          "--chat", "--max-new", "12", "--json", "--logprobs", "--log-level", "warn"], log))
@@ -114,8 +130,30 @@ def theirs(row):
     row.update(logprobs_hf=hf, prompt_logprobs_hf=hf_prompt, logprob_max_abs_diff=diff,
                greedy_agrees=greedy, greedy_max_gap=max(ties, default=0.0), reward_hf=reward_hf,
                reward_rel_diff=reward_diff)
+    peft_ok = True
+    if "adapter_reward" in row:
+        peft_ok = peft_parity(row)
     row["passed"] = bool(greedy and diff < TOLERANCE and reward_diff < TOLERANCE
-                         and math.isfinite(diff) and math.isfinite(reward_diff))
+                         and math.isfinite(diff) and math.isfinite(reward_diff) and peft_ok)
+
+
+def peft_parity(row):
+    """PEFT loads our adapter on the exported SFT model; its reward must be ours. True when it is
+    or when peft is not installed (said in the row)."""
+    try:
+        import peft
+    except ImportError as e:
+        row["peft"] = f"not installed ({e})"
+        return True
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    base = AutoModelForSequenceClassification.from_pretrained(row["export_sft"], num_labels=1)
+    model = peft.PeftModel.from_pretrained(base.float(), row["adapter_reward"]).eval()
+    reward = float(model(input_ids=torch.tensor([row["score_ids"]])).logits[0, 0])
+    rel = abs(reward - row["reward"]) / max(1.0, abs(reward))
+    row.update(peft=peft.__version__, reward_peft=reward, reward_peft_rel_diff=rel)
+    return math.isfinite(rel) and rel < TOLERANCE
 
 
 def write_json(path, doc):
@@ -156,7 +194,8 @@ def main():
             failed = True
         doc["rows"].append(row)
         brief = {k: row.get(k) for k in ("variant", "passed", "logprob_max_abs_diff",
-                                           "greedy_agrees", "reward", "reward_hf", "error")}
+                                           "greedy_agrees", "reward", "reward_hf", "reward_peft",
+                                           "peft", "error")}
         print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
         if a.json:  # after every variant: a time limit that stops the next keeps this one's
             write_json(a.json, doc)

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "cli/demo_data.hpp"
+#include "cli/export_command.hpp"
 #include "cli/inference_model.hpp"
 #include "cli/prompt_format.hpp"
 #include "cli/train_command.hpp"
@@ -29,6 +30,15 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kRecords = 2000;
+constexpr int kDemoLoraRank = 8;
+
+// Bytes of the files directly in a directory (a checkpoint step directory).
+std::uintmax_t directory_bytes(const std::string& dir) {
+  std::uintmax_t bytes = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir))
+    if (entry.is_regular_file()) bytes += entry.file_size();
+  return bytes;
+}
 
 std::string prepare(const CommandContext& context, prep::DatasetKind kind, const std::string& input,
                     const std::string& output) {
@@ -83,7 +93,14 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
   } else {
     add({"--init", root + "/ckpt/sft", "--data", root + "/preferences/train", "--val-data",
          root + "/preferences/val", "--steps", std::to_string(o["reward-steps"].as<std::int64_t>()),
-         "--lr", "1e-3", "--warmup", "10"});
+         "--warmup", "10"});
+    // LoRA learns with a larger rate than full fine-tuning: the adapters start at zero.
+    if (o["lora"].as<bool>()) {
+      add({"--lr", "3e-3", "--lora-rank", std::to_string(kDemoLoraRank), "--lora-alpha",
+           std::to_string(2 * kDemoLoraRank)});
+    } else {
+      add({"--lr", "1e-3"});
+    }
   }
   return l3::RunConfig::from_args(args);
 }
@@ -123,7 +140,10 @@ void declare_demo_options(po::options_description& options,
       "SFT optimizer steps")(
       "reward-steps",
       core::number<std::int64_t>(core::between(1, 1e9))->default_value(400)->value_name("N"),
-      "reward-model optimizer steps");
+      "reward-model optimizer steps")(
+      "lora", po::bool_switch(),
+      "train the reward model as LoRA adapters (rank 8 on every projection) and its score head on "
+      "the frozen SFT model, and write them as a PEFT adapter directory");
 }
 
 int run_demo(const CommandContext& context) {
@@ -142,7 +162,7 @@ int run_demo(const CommandContext& context) {
       fs::create_directories(root + "/input");
       core::write_file_atomically((fs::path(root) / ".llama3-hpc-demo").string(),
                                   "a llama3-hpc demo directory: the demo replaces what is here\n");
-      for (const char* old : {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl"})
+      for (const char* old : {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl", "reward-adapter"})
         core::remove_tree(fs::path(root) / old);
       write_demo_sft(root + "/input/instructions.jsonl", kRecords);
       write_demo_preferences(root + "/input/preferences.jsonl", kRecords);
@@ -163,7 +183,11 @@ int run_demo(const CommandContext& context) {
     l3::Session session(world.comm(), demo_config(context, l3::Phase::sft, root));
     sft = session.run();
   }
-  context.log.info("demo: reward model, from the SFT checkpoint");
+  const bool lora = context.options["lora"].as<bool>();
+  context.log.info("demo: reward model, from the SFT checkpoint{}",
+                   lora ? fmt::format(" (LoRA adapters of rank {}, the SFT model frozen)",
+                                      kDemoLoraRank)
+                        : "");
   l3::RunSummary reward;
   {
     l3::Session session(world.comm(), demo_config(context, l3::Phase::reward, root));
@@ -172,6 +196,16 @@ int run_demo(const CommandContext& context) {
 
   if (world.is_root()) {
     const std::string samples = generation_samples(sft.checkpoint, context.log);
+    std::string lora_note;
+    if (lora) {
+      const std::string adapter = root + "/reward-adapter";
+      context.log.info("demo: {}", export_lora_adapter(reward.checkpoint, adapter, false, true));
+      lora_note = fmt::format(
+          "\n          (LoRA: {:.2f} MB beside the SFT checkpoint's {:.2f} MB; as a PEFT adapter "
+          "in {})",
+          static_cast<double>(directory_bytes(reward.checkpoint)) / 1e6,
+          static_cast<double>(directory_bytes(sft.checkpoint)) / 1e6, adapter);
+    }
     const l3::EvalMetrics& s = *sft.last_eval;
     const l3::EvalMetrics& r = *reward.last_eval;
     std::cout << fmt::format(
@@ -179,7 +213,7 @@ int run_demo(const CommandContext& context) {
         "  SFT     {} steps: validation loss {:.3f} (perplexity {:.2f}) on {} answer tokens\n"
         "          checkpoint {}, which answers:\n{}"
         "  reward  {} steps: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
-        "          checkpoint {}\n"
+        "          checkpoint {}{}\n"
         "  data, metrics (metrics-*.jsonl) and checkpoints are in {}\n\n"
         "Next, with your own data (JSONL records as in docs/FORMAT.md) and Meta's tokenizer:\n"
         "  llama3-hpc prep sft --input my-sft.jsonl --tokenizer tokenizer.model --output sft "
@@ -194,7 +228,7 @@ int run_demo(const CommandContext& context) {
         "See docs/TRAINING.md for every option.\n",
         train::format_duration(watch.seconds()), world.size(), world.size() == 1 ? "" : "s",
         sft.steps, s.loss, s.perplexity, s.tokens, sft.checkpoint, samples, reward.steps,
-        100.0 * r.accuracy, r.margin, r.pairs, reward.checkpoint, root);
+        100.0 * r.accuracy, r.margin, r.pairs, reward.checkpoint, lora_note, root);
   }
   return core::kExitOk;
 }

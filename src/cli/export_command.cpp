@@ -52,24 +52,25 @@ void print_model_report(const std::string& checkpoint, const ckpt::HfExportRepor
             << std::flush;
 }
 
-// The LoRA checkpoint's adapters as a PEFT adapter directory: needs no base.
-void export_adapter(const std::string& step_dir, const ckpt::Manifest& manifest,
-                    const std::string& output, bool bf16, bool overwrite) {
+}  // namespace
+
+// Needs no base: the adapters alone.
+std::string export_lora_adapter(const std::string& step_dir, const std::string& output, bool bf16,
+                                bool overwrite) {
+  const ckpt::Manifest manifest = ckpt::read_manifest(step_dir);
+  if (!manifest.lora) throw core::internal_error("export_lora_adapter: not a LoRA checkpoint");
   const std::vector<float> values = train::read_checkpoint_adapters(manifest, step_dir);
   const model::ParameterLayout layout = manifest.layout();
   ckpt::write_peft_adapter(output, layout, values,
                            {.bf16 = bf16, .overwrite = overwrite, .base_model = manifest.base});
-  std::cout << fmt::format(
-                   "exported {} as a PEFT LoRA adapter ({}, r={}, alpha={}, targets {}) to {}: "
-                   "{:.2f} MB of {} tensors for the base model {}\n",
-                   step_dir, ckpt::adapter_kind(manifest.head), manifest.lora->rank,
-                   manifest.lora->alpha, manifest.lora->targets_text(), output,
-                   static_cast<double>(layout.parameter_count()) * (bf16 ? 2 : 4) / 1e6,
-                   bf16 ? "bf16" : "fp32", manifest.base)
-            << std::flush;
+  return fmt::format(
+      "exported {} as a PEFT LoRA adapter ({}, r={}, alpha={}, targets {}) to {}: {:.2f} MB of "
+      "{} tensors for the base model {}",
+      step_dir, ckpt::adapter_kind(manifest.head), manifest.lora->rank, manifest.lora->alpha,
+      manifest.lora->targets_text(), output,
+      static_cast<double>(layout.parameter_count()) * (bf16 ? 2 : 4) / 1e6, bf16 ? "bf16" : "fp32",
+      manifest.base);
 }
-
-}  // namespace
 
 int run_export(const CommandContext& context) {
   const po::variables_map& o = context.options;
@@ -113,7 +114,8 @@ int run_export(const CommandContext& context) {
                           {.file = step_dir});
   }
   if (adapter) {
-    export_adapter(step_dir, manifest, output, options.bf16, options.overwrite);
+    std::cout << export_lora_adapter(step_dir, output, options.bf16, options.overwrite) << "\n"
+              << std::flush;
     return core::kExitOk;
   }
   if (merge) {

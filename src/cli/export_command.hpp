@@ -2,6 +2,8 @@
 // (ckpt/hf_export.hpp). Runs on rank 0.
 #pragma once
 
+#include <string>
+
 #include "cli/command.hpp"
 
 namespace l3::cli {
@@ -9,5 +11,10 @@ namespace l3::cli {
 void declare_export_options(po::options_description& options,
                             po::positional_options_description& positional);
 int run_export(const CommandContext& context);
+
+// A LoRA checkpoint's adapters (step_dir: a step directory) written as a PEFT adapter directory
+// at `output` (export --adapter). Returns the line export prints.
+std::string export_lora_adapter(const std::string& step_dir, const std::string& output, bool bf16,
+                                bool overwrite);
 
 }  // namespace l3::cli

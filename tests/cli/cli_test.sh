@@ -126,6 +126,13 @@ expect "printed once" [ "$(lines "$out")" = 1 ]
 printf '%s\n' '{"prompt":"a","response":"b"}' 'not json' >"$work/score-bad.jsonl"
 run "a bad record with sharded parameters" 2 "$mpiexec" -n 2 "$bin" score --init "$work/demo/ckpt/reward" --input "$work/score-bad.jsonl" --shard-parameters
 expect "names file:line" contains "$err" "score-bad.jsonl:2"
+run "demo --lora" 0 "$bin" demo --lora --workdir "$work/demo-lora" --sft-steps 20 --reward-steps 10
+expect "reports the adapters" contains "$out" "(LoRA: "
+expect "the PEFT adapter" contains "$(cat "$work/demo-lora/reward-adapter/adapter_config.json")" '"task_type": "SEQ_CLS"'
+run "score of the LoRA reward checkpoint" 0 "$bin" score --init "$work/demo-lora/ckpt/reward" --prompt "Reverse abc." --response "cba" --json
+lora_score=$out
+run "score of the SFT model with the demo's PEFT adapter" 0 "$bin" score --init "$work/demo-lora/ckpt/sft" --adapter "$work/demo-lora/reward-adapter" --prompt "Reverse abc." --response "cba" --json
+expect "the same reward" [ "$out" = "$lora_score" ]
 run "bad option on 2 ranks" 2 "$mpiexec" -n 2 "$bin" info --bogus
 expect "exactly one line on stderr" [ "$(lines "$err")" = 1 ]
 run "help under mpiexec prints once" 0 "$mpiexec" -n 2 "$bin" --help
