@@ -107,7 +107,7 @@ json Manifest::to_json() const {
                    {"rslora", lora->rslora},
                    {"dropout", lora->dropout},
                    {"targets", lora->targets_text()},
-                   {"base", {{"init", base}, {"weights_xxh64", base_xxh64}}}};
+                   {"base", {{"init", base}, {"tensors_xxh64", base_xxh64}}}};
   }
   return out;
 }
@@ -172,7 +172,8 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
       m.lora = c;
       const json base = lora->value("base", json::object());
       m.base = base.value("init", "");
-      m.base_xxh64 = base.value("weights_xxh64", "");
+      // Empty for the whole-buffer digest ("weights_xxh64") of earlier versions: not comparable.
+      m.base_xxh64 = base.value("tensors_xxh64", "");
     }
     m.tensors = j.value("tensors", json::array());
     if (!m.tensors.is_array())

@@ -51,7 +51,9 @@ struct Manifest {
   // the adapters' settings, and the frozen model they adapt, which the checkpoint does not hold.
   std::optional<model::LoraConfig> lora;
   std::string base;        // the frozen model: the --init it was read from (resolved path)
-  std::string base_xxh64;  // xxHash64 of its fp32 weights as loaded, for checks on resume
+  // Its digest as loaded (train::base_digest: the xxHash64 of its tensors' xxHash64s), checked
+  // wherever the base is read again.
+  std::string base_xxh64;
 
   [[nodiscard]] bool resumable() const noexcept { return !tensors.empty(); }
   // What the tensor table and the files hold: the model's layout, or a LoRA run's adapters.

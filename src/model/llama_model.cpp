@@ -287,18 +287,28 @@ void LlamaModel::initialize_adapters(std::uint64_t seed) {
   load_adapters(initial_adapter_values(seed));
 }
 
-std::vector<float> LlamaModel::initial_adapter_values(std::uint64_t seed) const {
+std::vector<float> LlamaModel::initial_adapter_values(std::uint64_t seed,
+                                                      std::span<const float> score) const {
   if (!adapters_) throw core::internal_error("initial_adapter_values of a model without LoRA");
   std::vector<float> host(static_cast<std::size_t>(adapters_->total()));
   // A seed of their own: the adapters' tensor i must not draw the model's tensor i's numbers.
   initialize_parameters(host, *adapters_, core::splitmix64(seed ^ 0x4c6f5241'00000000ULL));
   if (layout_.head() == HeadKind::reward) {  // the trained score head starts as the model's
-    require_own_parameters("initialize_adapters of a reward model");
     const std::int64_t h = config().hidden_size;
-    ops_.copy(TensorView(std::span<float>(host).subspan(
-                  static_cast<std::size_t>(adapters_->score()), static_cast<std::size_t>(h))),
-              params_.slice(layout_.score(), h));
-    ops_.synchronize();
+    const TensorView into(std::span<float>(host).subspan(
+        static_cast<std::size_t>(adapters_->score()), static_cast<std::size_t>(h)));
+    if (score.empty()) {
+      require_own_parameters("initialize_adapters of a reward model");
+      ops_.copy(into, params_.slice(layout_.score(), h));
+      ops_.synchronize();
+    } else {
+      if (static_cast<std::int64_t>(score.size()) != h)
+        throw core::internal_error("initial_adapter_values: a score head of another size");
+      const kernels::Buffer rounded = ops_.allocate(ops_.compute_dtype(), h);
+      ops_.copy(rounded.view(), ConstTensorView(score));
+      ops_.copy(into, rounded.view());
+      ops_.synchronize();  // before `rounded` goes
+    }
   }
   return host;
 }

@@ -126,8 +126,11 @@ class LlamaModel {
   // head copied from the model's (as loaded, in the compute dtype).
   void initialize_adapters(std::uint64_t seed);
   // The values initialize_adapters loads, on the host (trainable layout, fp32): for master
-  // weights kept outside the model.
-  [[nodiscard]] std::vector<float> initial_adapter_values(std::uint64_t seed) const;
+  // weights kept outside the model. `score`: a reward model's score head as loaded (fp32, H
+  // values), for a model that does not hold its weights (they are rounded to the compute dtype
+  // as the model's own would be); empty: the model's.
+  [[nodiscard]] std::vector<float> initial_adapter_values(
+      std::uint64_t seed, std::span<const float> score = {}) const;
   // LoRA: the trainable layout's values from the host (a checkpoint, a PEFT adapter).
   void load_adapters(std::span<const float> host);
   // The fp32 master weights of the trainable layout, copied to the host (checkpoints,

@@ -37,23 +37,44 @@ std::vector<AdaptedWeight> adapted_weights(const ParameterLayout& layout,
 
 void add_adapter_product(std::span<float> w, const AdaptedWeight& adapted,
                          std::span<const float> adapters, std::int64_t rank, float scale) {
-  const std::int64_t out = adapted.out;
-  const std::int64_t in = adapted.in;
-  if (static_cast<std::int64_t>(w.size()) != out * in)
+  if (static_cast<std::int64_t>(w.size()) != adapted.out * adapted.in)
     throw core::internal_error("add_adapter_product: the weight has another shape");
+  // One code path for whole weights and shares, so that both round alike.
+  add_adapter_product_range(w, adapted, adapters, rank, scale, 0);
+}
+
+void add_adapter_product_range(std::span<float> out, const AdaptedWeight& adapted,
+                               std::span<const float> adapters, std::int64_t rank, float scale,
+                               std::int64_t first) {
+  const std::int64_t in = adapted.in;
+  const auto count = static_cast<std::int64_t>(out.size());
+  if (first < 0 || first + count > adapted.out * in)
+    throw core::internal_error("add_adapter_product_range: the range is outside the weight");
+  if (count == 0) return;
   const std::span<const float> a =
       adapters.subspan(static_cast<std::size_t>(adapted.a), static_cast<std::size_t>(rank * in));
-  const std::span<const float> b =
-      adapters.subspan(static_cast<std::size_t>(adapted.b), static_cast<std::size_t>(out * rank));
-  std::vector<float> scaled_bt(static_cast<std::size_t>(rank * out));  // scale * B^T (r, out)
-  for (std::int64_t i = 0; i < out; ++i) {
-    for (std::int64_t j = 0; j < rank; ++j) {
-      scaled_bt[static_cast<std::size_t>(j * out + i)] =
-          scale * b[static_cast<std::size_t>(i * rank + j)];
+  // Rows of W at most this many at a time: the delta block stays small whatever the share.
+  constexpr std::int64_t kRows = 256;
+  std::vector<float> scaled_bt;  // scale * B[rows]^T (r, rows)
+  std::vector<float> block;      // scale * B[rows] A (rows, in)
+  const std::int64_t last_row = (first + count - 1) / in;
+  for (std::int64_t r0 = first / in; r0 <= last_row; r0 += kRows) {
+    const std::int64_t rows = std::min(kRows, last_row + 1 - r0);
+    scaled_bt.assign(static_cast<std::size_t>(rank * rows), 0.0F);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      for (std::int64_t j = 0; j < rank; ++j) {
+        scaled_bt[static_cast<std::size_t>(j * rows + i)] =
+            scale * adapters[static_cast<std::size_t>(adapted.b + (r0 + i) * rank + j)];
+      }
     }
+    block.assign(static_cast<std::size_t>(rows * in), 0.0F);
+    kernels::cpu::matmul_backward({}, block, scaled_bt, a, {}, rank, rows, in, false);
+    // The block covers W's elements [r0 in, (r0 + rows) in); add what lies in the range.
+    const std::int64_t lo = std::max(first, r0 * in);
+    const std::int64_t hi = std::min(first + count, (r0 + rows) * in);
+    for (std::int64_t e = lo; e < hi; ++e)
+      out[static_cast<std::size_t>(e - first)] += block[static_cast<std::size_t>(e - r0 * in)];
   }
-  // W (out, in) += (scale B^T)^T A: matmul_backward's dw += dy^T x with dy = scale B^T.
-  kernels::cpu::matmul_backward({}, w, scaled_bt, a, {}, rank, out, in, false);
 }
 
 void merge_adapters(std::span<float> weights, const ParameterLayout& layout,

@@ -31,6 +31,11 @@ struct AdaptedWeight {
 void add_adapter_product(std::span<float> w, const AdaptedWeight& adapted,
                          std::span<const float> adapters, std::int64_t rank, float scale);
 
+// The same for elements [first, first + out.size()) of W only (row-major): a rank's share.
+void add_adapter_product_range(std::span<float> out, const AdaptedWeight& adapted,
+                               std::span<const float> adapters, std::int64_t rank, float scale,
+                               std::int64_t first);
+
 // weights: laid out by `layout`, fp32; adapters: laid out by `adapter_layout`, an adapter layout
 // of the same model config and head (an internal Error otherwise).
 void merge_adapters(std::span<float> weights, const ParameterLayout& layout,

@@ -152,6 +152,9 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   const Workspace w = workspace(c, in.compute, in.recompute, n, in.seq_len);
   const bool lora = in.lora.enabled();
   const bool zero3 = in.shard_parameters && in.shard_gradients && in.shard_optimizer && !lora;
+  // LoRA with --shard-parameters: the frozen weights are sharded over all ranks and gathered a
+  // layer group at a time (train/sharded_weights.hpp); the adapters are not.
+  const bool frozen_sharded = in.shard_parameters && lora;
   // The ranks the states are sharded over: a shard group (ZeRO-3, hybrid), else all of them.
   const int shards =
       zero3 && in.shard_group_size > 0 ? std::min(in.shard_group_size, in.ranks) : in.ranks;
@@ -173,6 +176,14 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
     plan.lines.push_back({fmt::format("gathered weights ({}, ZeRO-3: two layer groups{})", dtype,
                                       layout.lm_head_tied() ? " and the tied embedding" : ""),
                           bytes_of(in.compute, gradient_slot_elements(layout))});
+  } else if (frozen_sharded) {
+    const ParameterLayout model_layout(c, in.head);
+    plan.lines.push_back({fmt::format("weights ({}, {:.3f}B parameters, frozen, sharded: 1/{})",
+                                      dtype, static_cast<double>(params) / 1e9, in.ranks),
+                          bytes_of(in.compute, (params + in.ranks - 1) / in.ranks)});
+    plan.lines.push_back({fmt::format("gathered frozen weights ({}, two layer groups{})", dtype,
+                                      model_layout.lm_head_tied() ? " and the tied embedding" : ""),
+                          bytes_of(in.compute, gradient_slot_elements(model_layout))});
   } else {
     plan.lines.push_back({fmt::format("weights ({}, {:.3f}B parameters{})", dtype,
                                       static_cast<double>(params) / 1e9, lora ? ", frozen" : ""),

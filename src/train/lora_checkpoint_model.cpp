@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <mpi.h>
+
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 
 #include "ckpt/checkpoint_paths.hpp"
@@ -10,6 +13,7 @@
 #include "ckpt/checksum.hpp"
 #include "ckpt/model_file.hpp"
 #include "core/error.hpp"
+#include "dist/collectives.hpp"
 #include "train/model_source.hpp"
 
 namespace l3::train {
@@ -18,33 +22,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// xxHash64 of a flat buffer fed tensor by tensor in layout order: the zero padding between
-// tensors is fed too, so the digest is the one of the whole buffer (what training recorded).
-class FlatDigest {
+// The digests of a base's tensors, in layout order, and the digest of those.
+class TensorDigests {
  public:
-  void add(std::int64_t offset, std::span<const float> values) {
-    pad_to(offset);
-    stream_.update(std::as_bytes(values));
-    position_ = offset + static_cast<std::int64_t>(values.size());
+  void add(std::span<const float> tensor) {
+    digests_.push_back(ckpt::xxh64(std::as_bytes(tensor)));
   }
-  [[nodiscard]] std::uint64_t finish(std::int64_t total) {
-    pad_to(total);
-    return stream_.digest();
+  [[nodiscard]] std::string hex() const { return digest_of(digests_); }
+  static std::string digest_of(const std::vector<std::uint64_t>& digests) {
+    return ckpt::to_hex(ckpt::xxh64(std::as_bytes(std::span<const std::uint64_t>(digests))));
   }
 
  private:
-  void pad_to(std::int64_t offset) {
-    static constexpr std::array<float, model::ParameterLayout::kAlignment> kZeros{};
-    while (position_ < offset) {
-      const std::int64_t n =
-          std::min<std::int64_t>(offset - position_, static_cast<std::int64_t>(kZeros.size()));
-      stream_.update(std::as_bytes(std::span(kZeros).first(static_cast<std::size_t>(n))));
-      position_ += n;
-    }
-  }
-
-  ckpt::Xxh64Stream stream_;
-  std::int64_t position_ = 0;
+  std::vector<std::uint64_t> digests_;
 };
 
 std::uint64_t run_seed(const ckpt::Manifest& m, const std::string& step_dir) {
@@ -59,6 +49,38 @@ std::uint64_t run_seed(const ckpt::Manifest& m, const std::string& step_dir) {
 }
 
 }  // namespace
+
+std::string base_digest(const model::ParameterLayout& layout, std::span<const float> flat) {
+  TensorDigests digests;
+  for (const model::TensorInfo& t : layout.tensors()) {
+    digests.add(flat.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)));
+  }
+  return digests.hex();
+}
+
+std::string base_digest(const dist::World& world, const ModelSource& source,
+                        const model::ParameterLayout& layout, std::uint64_t seed) {
+  const std::vector<model::TensorInfo>& tensors = layout.tensors();
+  std::vector<std::uint64_t> digests(tensors.size(), 0);
+  std::exception_ptr failure;
+  try {
+    ModelTensorReader reader(source, layout, seed);
+    std::vector<float> values;
+    for (std::size_t i = static_cast<std::size_t>(world.rank()); i < tensors.size();
+         i += static_cast<std::size_t>(world.size())) {
+      values.resize(static_cast<std::size_t>(tensors[i].numel));
+      reader.read(tensors[i], values);
+      digests[i] = ckpt::xxh64(std::as_bytes(std::span<const float>(values)));
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+  // Each tensor's digest is set on one rank and 0 on the others.
+  MPI_Allreduce(MPI_IN_PLACE, digests.data(), static_cast<int>(digests.size()), MPI_UINT64_T,
+                MPI_BOR, world.comm());
+  return TensorDigests::digest_of(digests);
+}
 
 std::vector<float> read_checkpoint_adapters(const ckpt::Manifest& manifest,
                                             const std::string& step_dir) {
@@ -99,20 +121,28 @@ LoraCheckpointModel::LoraCheckpointModel(const ModelSource& checkpoint)
                     manifest_.base),
         {.file = step_dir_});
   }
-  base_ = std::make_unique<ModelTensorReader>(base, layout_, run_seed(manifest_, step_dir_));
+  base_source_ = std::make_unique<ModelSource>(std::move(base));
+  base_ = std::make_unique<ModelTensorReader>(*base_source_, layout_, run_seed(manifest_, step_dir_));
 }
 
 LoraCheckpointModel::~LoraCheckpointModel() = default;
 
-void LoraCheckpointModel::check_base_digest(std::uint64_t digest) const {
-  const std::string hex = ckpt::to_hex(digest);
-  if (hex != manifest_.base_xxh64) {
+void LoraCheckpointModel::check_base_digest(const std::string& digest) const {
+  if (digest != manifest_.base_xxh64) {
     throw core::bad_input(
         fmt::format("the model at {} is not the one these adapters were trained on (its "
-                    "weights' xxHash64 is {}, the checkpoint's base had {})",
-                    manifest_.base, hex, manifest_.base_xxh64),
+                    "weights' digest is {}, the checkpoint's base had {})",
+                    manifest_.base, digest,
+                    manifest_.base_xxh64.empty()
+                        ? "none this version reads (written by an earlier llama3-hpc)"
+                        : manifest_.base_xxh64),
         {.file = step_dir_});
   }
+}
+
+void LoraCheckpointModel::check_base(const dist::World& world) {
+  check_base_digest(base_digest(world, *base_source_, layout_, run_seed(manifest_, step_dir_)));
+  base_checked_ = true;
 }
 
 void LoraCheckpointModel::add_adapters(const model::TensorInfo& t, std::span<float> out) const {
@@ -130,22 +160,38 @@ void LoraCheckpointModel::add_adapters(const model::TensorInfo& t, std::span<flo
 
 void LoraCheckpointModel::read(const model::TensorInfo& t, std::span<float> out) {
   if (!base_checked_) {
-    FlatDigest digest;
+    TensorDigests digests;
     std::vector<float> values;
     for (const model::TensorInfo& each : layout_.tensors()) {
       values.resize(static_cast<std::size_t>(each.numel));
       base_->read(each, values);
-      digest.add(each.offset, values);
+      digests.add(values);
     }
-    check_base_digest(digest.finish(layout_.total()));
+    check_base_digest(digests.hex());
     base_checked_ = true;
   }
   base_->read(t, out);
   add_adapters(t, out);
 }
 
+void LoraCheckpointModel::read_range(const model::TensorInfo& t, std::int64_t first,
+                                     std::span<float> out) {
+  base_->read_range(t, first, out);
+  if (layout_.head() == model::HeadKind::reward && t.offset == layout_.score()) {
+    const std::span<const float> score = std::span(adapters_).subspan(
+        static_cast<std::size_t>(adapter_layout_.score() + first), out.size());
+    std::copy(score.begin(), score.end(), out.begin());
+    return;
+  }
+  if (const auto found = adapted_.find(t.offset); found != adapted_.end()) {
+    const model::LoraConfig& lora = adapter_layout_.lora();
+    model::add_adapter_product_range(out, found->second, adapters_, lora.rank, lora.scale(),
+                                     first);
+  }
+}
+
 void LoraCheckpointModel::read_all(const model::ParameterLayout& target, std::span<float> flat) {
-  FlatDigest digest;
+  TensorDigests digests;
   std::vector<float> scratch;  // a tensor the target has no place for (a replaced lm_head)
   for (const model::TensorInfo& t : layout_.tensors()) {
     const model::TensorInfo* into = target.lookup(t.name);
@@ -157,10 +203,10 @@ void LoraCheckpointModel::read_all(const model::ParameterLayout& target, std::sp
       out = scratch;
     }
     base_->read(t, out);
-    digest.add(t.offset, out);
+    digests.add(out);
     add_adapters(t, out);
   }
-  check_base_digest(digest.finish(layout_.total()));
+  check_base_digest(digests.hex());
   base_checked_ = true;
 }
 

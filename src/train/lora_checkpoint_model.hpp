@@ -2,8 +2,8 @@
 // Face directory or a checkpoint, itself possibly a LoRA one) with the adapters folded into the
 // weights, W += scale * B A, and a reward run's score head its trained one (model/lora_merge).
 // What `eval`, `generate`, `score`, `--init` and `export --merge` read from such a checkpoint.
-// The base is checked to be the one the adapters were trained on: the xxHash64 of its fp32
-// weights as the run loaded them (ckpt::Manifest::base_xxh64).
+// The base is checked to be the one the adapters were trained on: its digest as the run loaded
+// it (base_digest below, ckpt::Manifest::base_xxh64).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ckpt/manifest.hpp"
+#include "dist/world.hpp"
 #include "model/lora_merge.hpp"
 #include "model/parameter_layout.hpp"
 
@@ -21,6 +22,16 @@ namespace l3::train {
 
 struct ModelSource;
 class ModelTensorReader;
+
+// The identity of a LoRA run's frozen base: the xxHash64 of the xxHash64s of its tensors' fp32
+// values as loaded, in layout order (hex). Per tensor, so that ranks that each hold a share of
+// the base compute it together. The base of `layout` laid out in `flat`:
+[[nodiscard]] std::string base_digest(const model::ParameterLayout& layout,
+                                      std::span<const float> flat);
+// The same of a base no rank holds whole: tensor i is read and digested by rank i mod N, one
+// tensor at a time (ModelTensorReader). Collective over `world`; the same value on every rank.
+[[nodiscard]] std::string base_digest(const dist::World& world, const ModelSource& source,
+                                      const model::ParameterLayout& layout, std::uint64_t seed);
 
 // The adapters (and a reward run's score head) of a LoRA checkpoint, laid out by
 // manifest.layout(), checked against the checkpoint's checksums. bad_input Errors name the file
@@ -49,6 +60,13 @@ class LoraCheckpointModel {
   // call reads the whole base once to check it (a model streamed tensor by tensor is checked
   // before any of it is used).
   void read(const model::TensorInfo& t, std::span<float> out);
+  // Elements [first, first + out.size()) of `t` merged, the base not checked here (the caller
+  // checks it: check_base). What a rank reads of its share.
+  void read_range(const model::TensorInfo& t, std::int64_t first, std::span<float> out);
+
+  // The base checked against the checkpoint by the ranks of `world` together (base_digest).
+  // Collective; a bad_input Error on every rank when it is another model.
+  void check_base(const dist::World& world);
 
   // The merged model into `flat`, laid out by `target`: layout() itself, or a reward model's
   // layout when the checkpoint is a language model's (the backbone is read, the score head
@@ -57,7 +75,7 @@ class LoraCheckpointModel {
 
  private:
   void add_adapters(const model::TensorInfo& t, std::span<float> out) const;
-  void check_base_digest(std::uint64_t digest) const;
+  void check_base_digest(const std::string& digest) const;
 
   ckpt::Manifest manifest_;
   std::string step_dir_;
@@ -65,6 +83,7 @@ class LoraCheckpointModel {
   model::ParameterLayout adapter_layout_;
   std::vector<float> adapters_;
   std::unordered_map<std::int64_t, model::AdaptedWeight> adapted_;  // by weight offset
+  std::unique_ptr<ModelSource> base_source_;
   std::unique_ptr<ModelTensorReader> base_;
   bool base_checked_ = false;
 };

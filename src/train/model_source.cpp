@@ -206,16 +206,53 @@ std::vector<float> initialize_model(const dist::World& world, model::LlamaModel&
   return host;
 }
 
+namespace {
+
+// initial_weights_of_ranges of a LoRA checkpoint: each rank reads its shares of the base and
+// folds the adapters into them; the base is checked by the ranks together (its digest).
+std::vector<float> lora_checkpoint_ranges(const dist::World& world,
+                                          const model::ParameterLayout& layout,
+                                          const ModelSource& source, std::uint64_t seed,
+                                          const std::vector<model::FlatRange>& ranges) {
+  std::int64_t total = 0;
+  for (const model::FlatRange& r : ranges) total += r.size();
+  std::vector<float> values(static_cast<std::size_t>(total));
+  model::initialize_parameter_ranges(values, layout, seed, ranges);
+  std::unique_ptr<LoraCheckpointModel> merged;
+  std::exception_ptr failure;
+  try {
+    require_head_fits(source, layout);
+    merged = std::make_unique<LoraCheckpointModel>(source);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+  merged->check_base(world);
+  try {
+    const model::ParameterLayout& from = merged->layout();
+    for (const ckpt::TensorSlice& slice : ckpt::tensor_slices(layout, ranges)) {
+      const model::TensorInfo& t = layout.tensors()[slice.tensor];
+      const model::TensorInfo* in = from.lookup(t.name);
+      // A head of another kind (a reward model's new score head) keeps its initialisation.
+      if (in == nullptr || (is_head_tensor(t.name) && from.head() != layout.head())) continue;
+      merged->read_range(*in, slice.first,
+                         std::span(values).subspan(static_cast<std::size_t>(slice.position),
+                                                   static_cast<std::size_t>(slice.count)));
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+  return values;
+}
+
+}  // namespace
+
 std::vector<float> initial_weights_of_ranges(const dist::World& world,
                                              const model::ParameterLayout& layout,
                                              const ModelSource& source, std::uint64_t seed,
                                              const std::vector<model::FlatRange>& ranges) {
-  if (is_lora_checkpoint(source)) {
-    throw core::bad_input(
-        "a LoRA checkpoint read with sharded parameters (--shard-parameters) is not built yet: "
-        "write it out merged first (llama3-hpc export --merge) and use that",
-        {.file = source.step_dir});
-  }
+  if (is_lora_checkpoint(source)) return lora_checkpoint_ranges(world, layout, source, seed, ranges);
   std::int64_t total = 0;
   for (const model::FlatRange& r : ranges) total += r.size();
   std::vector<float> values(static_cast<std::size_t>(total));
@@ -286,10 +323,30 @@ void ModelTensorReader::read(const model::TensorInfo& t, std::span<float> out) {
   if (hf_) {
     hf_->read(t.name, out);
   } else if (lora_) {
-    lora_->read(lora_->layout().find(t.name), out);
+    // The nested base's digest is not checked: the caller's digest covers what this gives.
+    const model::TensorInfo& merged = lora_->layout().find(t.name);
+    lora_->read_range(merged, 0, out);
   } else {
     file_->read(t.name, t.shape, 0, out);
     ckpt::check_loaded_tensor(*source_.checkpoint, source_.step_dir, t, out);
+  }
+}
+
+void ModelTensorReader::read_range(const model::TensorInfo& t, std::int64_t first,
+                                   std::span<float> out) {
+  const std::optional<model::HeadKind> head = source_.initial_head();
+  if (!head || (is_head_tensor(t.name) && *head != layout_.head())) {
+    const std::int64_t begin = t.offset + first;
+    model::initialize_parameter_ranges(out, layout_, seed_,
+                                       {{begin, begin + static_cast<std::int64_t>(out.size())}});
+    return;
+  }
+  if (hf_) {
+    hf_->read_range(t.name, first, out);
+  } else if (lora_) {
+    lora_->read_range(lora_->layout().find(t.name), first, out);
+  } else {
+    file_->read(t.name, t.shape, first, out);
   }
 }
 

@@ -91,6 +91,10 @@ class ModelTensorReader {
 
   // t: a tensor of the layout; out: its numel values.
   void read(const model::TensorInfo& t, std::span<float> out);
+  // Elements [first, first + out.size()) of `t`, not checked against a checkpoint's checksums
+  // (a share of a tensor has none): for a caller that checks the whole otherwise (a LoRA base's
+  // digest). A LoRA checkpoint's base is not checked here either.
+  void read_range(const model::TensorInfo& t, std::int64_t first, std::span<float> out);
 
  private:
   ModelSource source_;

@@ -1,5 +1,6 @@
-// A model's weights spread over ranks for forward passes only (evaluation of a model larger than
-// one rank's memory, `eval --shard-parameters`): each rank loads and holds 1/N of them (its
+// A model's weights spread over ranks and never updated: evaluation of a model larger than one
+// rank's memory (`eval --shard-parameters`), and LoRA's frozen model with --shard-parameters
+// (forward and backward passes read it): each rank loads and holds 1/N of them (its
 // pieces of a ShardPlan over the gradient groups) in the compute dtype, and the model reads
 // every layer group through a ParameterGather over those pieces (parameter_gather.hpp). Nothing
 // else: no master copy, no gradients, no optimizer.
@@ -35,6 +36,8 @@ class ShardedWeights {
   // The elements this rank holds (its share) and the bytes of the gather slots.
   [[nodiscard]] std::int64_t held_elements() const noexcept { return held_; }
   [[nodiscard]] std::int64_t gather_slot_bytes() const noexcept { return gather_->slot_bytes(); }
+  // The gathers' times and counts since the last call (ParameterGather::take_times).
+  [[nodiscard]] GatherTimes take_gather_times() noexcept { return gather_->take_times(); }
 
  private:
   ShardPlan plan_;

@@ -40,13 +40,16 @@ void TrainConfig::validate() const {
   lora.validate();
   require(init_adapter.empty() || lora.enabled(),
           "--init-adapter needs LoRA: --lora-rank R (the adapter's rank)");
-  require(!lora.enabled() || !shard_parameters,
-          "--lora-rank with --shard-parameters: LoRA does not shard its frozen model yet (use "
-          "--shard-gradients, or full fine-tuning with --shard-parameters)");
+  require(!lora.enabled() || shard_group_size == 0,
+          "--lora-rank with --shard-group-size: LoRA shards its frozen model over all ranks "
+          "(drop --shard-group-size)");
 }
 
 std::string zero_stage_name(const TrainConfig& config, int ranks) {
   if (!config.shard_optimizer) return "0 (off)";
+  if (config.shard_parameters && config.lora.enabled()) {
+    return fmt::format("2 over the adapters, the frozen model sharded (1/{} on each rank)", ranks);
+  }
   if (config.shard_parameters) {
     const int g = config.shard_group_size;
     return g > 0 && g < ranks ? fmt::format("3 (hybrid: shard groups of {} ranks)", g) : "3";

@@ -172,6 +172,13 @@ struct Trainer::Impl {
     m.gather_wait_ms = 1e3 * t.gather_wait_seconds;
     m.gathers = t.gathers;
     m.gathers_prefetched = t.gathers_prefetched;
+    if (parts->frozen) {  // LoRA: the frozen model's gathers
+      const GatherTimes g = parts->frozen->take_gather_times();
+      m.gather_ms += 1e3 * g.gather_seconds;
+      m.gather_wait_ms += 1e3 * g.wait_seconds;
+      m.gathers += g.gathers;
+      m.gathers_prefetched += g.prefetched;
+    }
     m.tokens_per_s = static_cast<double>(m.tokens) / std::max(1e-9, m.step_ms / 1e3);
     if (parts->peak_tflops > 0) {
       m.mfu = m.tokens_per_s *

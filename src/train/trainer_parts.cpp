@@ -17,6 +17,7 @@
 #include "io/data/data_loader.hpp"
 #include "io/tokenizer/special_tokens.hpp"
 #include "kernels/backends.hpp"
+#include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
 
 namespace l3::train {
@@ -149,11 +150,32 @@ void check_lora_resume(const ckpt::Manifest& m, const std::string& step_dir,
                   step_dir, lora_description(m.lora), lora_description(lora)));
 }
 
+// One tensor of the initial weights, read by rank 0 (ModelTensorReader) and broadcast.
+// Collective.
+std::vector<float> initial_tensor(const dist::World& world, const ModelSource& source,
+                                  const model::ParameterLayout& layout, std::uint64_t seed,
+                                  std::string_view name) {
+  const model::TensorInfo& t = layout.find(name);
+  std::vector<float> values(static_cast<std::size_t>(t.numel), 0.0F);
+  std::exception_ptr failure;
+  if (world.is_root()) {
+    try {
+      ModelTensorReader(source, layout, seed).read(t, values);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world, failure);
+  dist::broadcast_bytes(world.comm(), values.data(), values.size() * sizeof(float), 0);
+  return values;
+}
+
 // The adapters a fresh LoRA run starts from: PEFT's initialisation (A Kaiming-uniform, B zero),
 // or the PEFT adapter directory of --init-adapter, read by rank 0 and broadcast. Collective.
 std::vector<float> starting_adapters(const dist::World& world, const core::Logger& log,
-                                     const TrainConfig& c, const model::LlamaModel& model) {
-  if (c.init_adapter.empty()) return model.initial_adapter_values(c.seed);
+                                     const TrainConfig& c, const model::LlamaModel& model,
+                                     std::span<const float> score) {
+  if (c.init_adapter.empty()) return model.initial_adapter_values(c.seed, score);
   const model::ParameterLayout& layout = model.trainable_layout();
   std::vector<float> adapters(static_cast<std::size_t>(layout.total()), 0.0F);
   // Every rank reads the (small) config, so that a refusal is the same message everywhere.
@@ -204,7 +226,9 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
       p.ops->compute_dtype() == kernels::DType::f32 || config.fp32_gradients(world.size()) ? "fp32"
                                                                                            : "bf16",
       buckets, buckets == 1 ? "" : "s",
-      config.shard_parameters  ? "of every micro-batch, weights all-gathered group by group"
+      config.shard_parameters && config.lora.enabled()
+          ? "of every micro-batch, the frozen weights all-gathered group by group"
+      : config.shard_parameters ? "of every micro-batch, weights all-gathered group by group"
       : config.shard_gradients ? "of every micro-batch"
                                : (p.parallel->overlapping() ? "overlapped with the backward pass"
                                                             : "after the backward"),
@@ -275,6 +299,10 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   require_training_memory(world, *p.ops, c, mc);
 
   const bool zero3 = c.shard_parameters;
+  // LoRA with --shard-parameters: the frozen model is what is sharded (1/N on each rank in the
+  // compute dtype, gathered a layer group at a time for both passes: ShardedWeights); the
+  // adapters are small and get ZeRO-1/2 as without it.
+  const bool frozen_sharded = zero3 && c.lora.enabled();
   // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only; with
   // ZeRO-3 those pieces are the only copy of the weights (the bf16 ones exist only gathered).
   const bool shard_master =
@@ -293,13 +321,19 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
       shard_master
           ? ModelWeights{.master = {}, .compute = p.model->trainable_parameters()}
           : ModelWeights{.master = p.model->master_weights(), .compute = p.model->weight_copy()};
-  p.parallel = std::make_unique<DataParallel>(world, *p.ops, trained,
-                                              data_parallel_config(c, world.size(), shard_master),
-                                              c.adamw, weights);
+  DataParallelConfig parallel = data_parallel_config(c, world.size(), shard_master);
+  if (frozen_sharded) parallel.shard_parameters = false;  // the adapters are held whole
+  p.parallel =
+      std::make_unique<DataParallel>(world, *p.ops, trained, parallel, c.adamw, weights);
   if (c.shard_gradients) p.model->set_gradient_window(p.parallel.get());
-  if (zero3) p.model->set_parameter_window(p.parallel->parameter_window());
+  if (frozen_sharded) {
+    p.frozen = std::make_unique<ShardedWeights>(world, *p.ops, p.model->layout(), p.source, c.seed);
+    p.model->set_parameter_window(&p.frozen->window());
+  } else if (zero3) {
+    p.model->set_parameter_window(p.parallel->parameter_window());
+  }
   data::Position position{0, 0};
-  if (resume_dir.empty() && zero3) {
+  if (resume_dir.empty() && zero3 && !frozen_sharded) {
     // Each rank reads and initialises its own pieces: no rank ever holds the whole model.
     ShardedOptimizer& optimizer = p.parallel->optimizer();
     const std::vector<model::FlatRange> mine = optimizer.state_ranges();
@@ -307,19 +341,28 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
         mine, initial_weights_of_ranges(world, p.model->layout(), p.source, c.seed, mine));
     p.parallel->gather_parameters();
   } else if (c.lora.enabled()) {
-    // The frozen model, identified by its weights' checksum; then fresh adapters, or the
-    // resumed ones (restored below).
-    const std::vector<float> base = initialize_model(world, *p.model, p.source, c.seed);
-    p.lora_base_xxh64 = ckpt::to_hex(ckpt::xxh64(std::as_bytes(std::span<const float>(base))));
+    // The frozen model, identified by its digest (read once more, by the ranks in turn, when it
+    // is sharded); then fresh adapters, or the resumed ones (restored below).
+    std::vector<float> score;  // a reward model's score head as loaded, when sharded
+    if (frozen_sharded) {
+      p.lora_base_xxh64 = base_digest(world, p.source, p.model->layout(), c.seed);
+      if (c.phase == Phase::reward) score = initial_tensor(world, p.source, p.model->layout(), c.seed, "score.weight");
+    } else {
+      const std::vector<float> base = initialize_model(world, *p.model, p.source, c.seed);
+      p.lora_base_xxh64 = base_digest(p.model->layout(), base);
+    }
     if (resumed_manifest && resumed_manifest->base_xxh64 != p.lora_base_xxh64) {
       throw core::bad_input(
           fmt::format("the model at {} is not the one these adapters were trained on (its "
-                      "weights' xxHash64 is {}, the checkpoint's base had {})",
-                      p.lora_base, p.lora_base_xxh64, resumed_manifest->base_xxh64),
+                      "weights' digest is {}, the checkpoint's base had {})",
+                      p.lora_base, p.lora_base_xxh64,
+                      resumed_manifest->base_xxh64.empty()
+                          ? "none this version reads (written by an earlier llama3-hpc)"
+                          : resumed_manifest->base_xxh64),
           {.file = resumed_step_dir});
     }
     if (!resumed_manifest) {
-      const std::vector<float> adapters = starting_adapters(world, log, c, *p.model);
+      const std::vector<float> adapters = starting_adapters(world, log, c, *p.model, score);
       p.model->load_adapters(adapters);
       if (shard_master) p.parallel->optimizer().load_master_from_whole(adapters);
     }

@@ -19,6 +19,7 @@
 #include "train/model_source.hpp"
 #include "train/progress_bar.hpp"
 #include "train/run_checkpoints.hpp"
+#include "train/sharded_weights.hpp"
 #include "train/step_source.hpp"
 #include "train/train_config.hpp"
 
@@ -33,6 +34,9 @@ struct TrainerParts {
   ModelSource source;
   data::DatasetIndex index;      // the training shards (empty when the host gives the data)
   data::DatasetIndex val_index;  // empty without --val-data
+  // LoRA with --shard-parameters: this rank's share of the frozen model, read through its window
+  // by the model (declared first: the model holds the window).
+  std::unique_ptr<ShardedWeights> frozen;
   std::unique_ptr<model::LlamaModel> model;
   std::unique_ptr<StepSource> data;
   std::unique_ptr<DataParallel> parallel;
@@ -43,8 +47,8 @@ struct TrainerParts {
   double peak_tflops = 0;  // per rank, for MFU; 0: unknown
   std::int64_t total_steps = 0;
   std::optional<ResumedState> resumed;  // where a resumed run continues
-  // LoRA: the frozen model the adapters train on (the --init it was read from) and the
-  // xxHash64 of its fp32 weights, recorded in every checkpoint and checked on resume.
+  // LoRA: the frozen model the adapters train on (the --init it was read from) and its digest
+  // (base_digest), recorded in every checkpoint and checked on resume.
   std::string lora_base;
   std::string lora_base_xxh64;
 };

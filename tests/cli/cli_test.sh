@@ -401,18 +401,27 @@ expect "names the disagreement" contains "$err" "--lora-rank disagrees with --in
 run "reward --init-adapter with a language model's adapter" 2 "$bin" reward --init "$work/ck" --data "$work/pref" --global-batch 1 \
   --init-adapter "$work/lora-peft" --steps 1
 expect "names the adapter's config" contains "$err" "lora-peft/adapter_config.json: a CAUSAL_LM adapter (language model) cannot start a reward run"
-run "a LoRA checkpoint with --shard-parameters" 2 "$mpiexec" -n 2 "$bin" eval --init "$work/lora-ck" --data "$work/train" --shard-parameters
-expect "not yet; says what to do" contains "$err" "write it out merged first (llama3-hpc export --merge)"
+run "eval of a LoRA checkpoint on 2 ranks" 0 "$mpiexec" -n 2 "$bin" eval --init "$work/lora-ck" --data "$work/train" --seq-len 64
+lora_eval2=$out
+run "the same with its base sharded" 0 "$mpiexec" -n 2 "$bin" eval --init "$work/lora-ck" --data "$work/train" --seq-len 64 --shard-parameters
+expect "the same loss" [ "$out" = "$lora_eval2" ]
 cp -r "$work/lora-ck" "$work/lora-other-base"
 sed -i "s|$work/ck/step-00000006|$work/ck/step-00000004|" "$work/lora-other-base/step-00000004/manifest.json"
 run "a LoRA checkpoint whose base is another model" 2 "$bin" eval --init "$work/lora-other-base" --data "$work/train"
 expect "says so" contains "$err" "is not the one these adapters were trained on"
-run "--lora-rank with --shard-parameters" 2 "$bin" "${lora_run[@]}" --steps 4 --shard-parameters
-expect "not yet" contains "$err" "LoRA does not shard its frozen model yet"
+lora_sharded=(sft --init "$work/ck" --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1
+  --lora-rank 4 --steps 2 --no-progress --shard-parameters)
+run "--lora-rank with --shard-parameters on 2 ranks" 0 "$mpiexec" -n 2 "$bin" "${lora_sharded[@]}" --ckpt-dir "$work/lora-sharded"
+expect "says what is sharded" contains "$err" "the frozen model sharded (1/2 on each rank)"
+run "--lora-rank with --shard-group-size" 2 "$mpiexec" -n 2 "$bin" "${lora_sharded[@]}" --shard-group-size 1
+expect "not built" contains "$err" "LoRA shards its frozen model over all ranks"
 run "sft --lora-rank --dry-run-memory" 0 "$bin" sft --model llama3.1-8b --backend cuda --seq-len 8192 \
   --recompute --lora-rank 16 --dry-run-memory --dry-run-ranks 8
 expect "the weights frozen" contains "$out" "weights (bf16, 8.030B parameters, frozen)"
 expect "the adapters" contains "$out" "LoRA adapters (bf16, rank 16: 41.94M parameters)"
+run "70B with LoRA and its frozen model sharded: planned" 0 "$bin" sft --model llama3.1-70b --backend cuda --seq-len 8192 \
+  --recompute --lora-rank 16 --shard-parameters --dry-run-memory --dry-run-ranks 8
+expect "the frozen weights sharded" contains "$out" "weights (bf16, 70.554B parameters, frozen, sharded: 1/8)"
 
 # --- restart guard rails: never start over silently where checkpoints are ---
 sft_ck=(sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --lr 1e-3 --no-progress)

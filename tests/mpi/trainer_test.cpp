@@ -109,7 +109,9 @@ TrainConfig base_config(Phase phase, const std::string& data) {
 // The weights at the end: the model's, or with sharded parameters (no rank holds them all) those
 // of the final checkpoint.
 std::vector<float> final_weights(Trainer& trainer, const l3::train::TrainSummary& summary) {
-  if (!trainer.config().shard_parameters) return trainer.model().master_to_host();
+  // (LoRA's adapters are held whole even when the frozen model is sharded.)
+  if (!trainer.config().shard_parameters || trainer.model().has_adapters())
+    return trainer.model().master_to_host();
   REQUIRE(!summary.checkpoint.empty());
   const l3::model::ParameterLayout& layout = trainer.model().layout();
   std::vector<float> weights(static_cast<std::size_t>(layout.total()), 0.0F);
@@ -627,6 +629,21 @@ TEST_CASE("LoRA trains adapters on a frozen model, resumes bit for bit and check
     CHECK(trainer.model().trainable_layout().adapters());
   }
 
+  // --shard-parameters shards the frozen model (each rank holds 1/N, gathered group by group):
+  // the same run as ZeRO-2 over the adapters, bit for bit, and its checkpoint resumes unsharded.
+  TrainConfig zero2 = c;
+  zero2.shard_gradients = true;
+  const RunResult adapters_zero2 = train(world, zero2);
+  TrainConfig sharded = zero2;
+  sharded.shard_parameters = true;
+  CHECK(train(world, sharded).losses == adapters_zero2.losses);
+  sharded.ckpt_dir = dir + "/lora-sharded";
+  TrainConfig unsharded_resume = zero2;
+  unsharded_resume.ckpt_dir = sharded.ckpt_dir;
+  const RunResult across = stopped_and_resumed(world, sharded, 3, unsharded_resume);
+  CHECK(across.losses == adapters_zero2.losses);
+  CHECK((across.weights == adapters_zero2.weights));
+
   // Dropout, stopped after step 3 and resumed: the same masks, the same end.
   c.lora.dropout = 0.2;
   const RunResult straight = train(world, c);
@@ -726,6 +743,16 @@ TEST_CASE("LoRA checkpoints read as models: merged export, PEFT restart, a rewar
                                   exported);
   CHECK((exported == merged));
   {
+    // What a rank of a sharded reader gets (its range of the layout, the base checked by the
+    // ranks together) is the same values.
+    const std::int64_t per = (layout.total() + world.size() - 1) / world.size();
+    const l3::model::FlatRange mine{std::min(layout.total(), per * world.rank()),
+                                    std::min(layout.total(), per * (world.rank() + 1))};
+    const std::vector<float> share = l3::train::initial_weights_of_ranges(
+        world, layout, l3::train::resolve_model_source("", dir + "/lora"), 0, {mine});
+    CHECK(std::equal(share.begin(), share.end(), merged.begin() + mine.begin));
+  }
+  {
     l3::kernels::CpuOps ops;
     l3::model::LlamaModel plain(m.model, l3::model::HeadKind::language_model, ops,
                                 {.own_gradients = false});
@@ -769,9 +796,18 @@ TEST_CASE("LoRA checkpoints read as models: merged export, PEFT restart, a rewar
   reward.steps = 2;
   reward.global_batch = 4;
   reward.lora.rank = 2;
+  reward.shard_gradients = true;
   reward.ckpt_dir = dir + "/reward";
   const RunResult rewarded = train(world, reward);
   CHECK(std::isfinite(rewarded.losses.back()));
+  TrainConfig reward_sharded = reward;  // the merged LoRA SFT model sharded over the ranks
+  reward_sharded.shard_parameters = true;
+  reward_sharded.ckpt_dir = dir + "/reward-sharded";
+  const RunResult rewarded_sharded = train(world, reward_sharded);
+  CHECK(rewarded_sharded.losses == rewarded.losses);
+  CHECK((rewarded_sharded.weights == rewarded.weights));
+  CHECK(l3::ckpt::read_manifest(dir + "/reward-sharded/step-00000002").base_xxh64 ==
+        l3::ckpt::read_manifest(dir + "/reward/step-00000002").base_xxh64);
   const l3::ckpt::Manifest rm = l3::ckpt::read_manifest(dir + "/reward/step-00000002");
   CHECK(rm.base == fs::absolute(step_dir).lexically_normal().string());
   CHECK(rm.head == l3::model::HeadKind::reward);
