@@ -275,19 +275,29 @@ std::string adapter_kind(model::HeadKind head) {
                                          : "a CAUSAL_LM adapter (language model)";
 }
 
-PeftAdapterConfig apply_peft_adapter(const std::string& directory,
-                                     const model::ParameterLayout& layout,
-                                     std::span<float> weights) {
-  const PeftAdapterConfig config = read_peft_adapter_config(directory);
+PeftAdapter load_peft_adapter(const std::string& directory, const model::ParameterLayout& layout) {
+  PeftAdapterConfig config = read_peft_adapter_config(directory);
   if (config.head != layout.head()) {
     throw core::bad_input(fmt::format("{} holds {}; this model needs {}", directory,
                                       adapter_kind(config.head), adapter_kind(layout.head())),
                           {.file = (fs::path(directory) / kConfigFile).string()});
   }
-  const model::ParameterLayout adapters(layout.config(), layout.head(), config.lora);
-  const std::vector<float> values = read_peft_adapter(directory, adapters);
-  model::merge_adapters(weights, layout, values, adapters);
-  return config;
+  model::ParameterLayout adapters(layout.config(), layout.head(), config.lora);
+  std::vector<float> values = read_peft_adapter(directory, adapters);
+  return {.config = std::move(config),
+          .fold = model::AdapterFold(layout, std::move(adapters), std::move(values))};
+}
+
+PeftAdapterConfig apply_peft_adapter(const std::string& directory,
+                                     const model::ParameterLayout& layout,
+                                     std::span<float> weights) {
+  const PeftAdapter adapter = load_peft_adapter(directory, layout);
+  for (const model::TensorInfo& t : layout.tensors()) {
+    adapter.fold.apply(t, 0,
+                       weights.subspan(static_cast<std::size_t>(t.offset),
+                                       static_cast<std::size_t>(t.numel)));
+  }
+  return adapter.config;
 }
 
 }  // namespace l3::ckpt

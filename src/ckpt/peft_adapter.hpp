@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/lora_config.hpp"
+#include "model/lora_merge.hpp"
 #include "model/parameter_layout.hpp"
 
 namespace l3::ckpt {
@@ -50,6 +51,17 @@ void write_peft_adapter(const std::string& directory, const model::ParameterLayo
 // the config does not target, or a module this model does not adapt).
 [[nodiscard]] std::vector<float> read_peft_adapter(const std::string& directory,
                                                    const model::ParameterLayout& adapters);
+
+// The adapter of `directory` for a model of `layout` (a model's layout), ready to be folded into
+// its weights, after the checks of read_peft_adapter_config and read_peft_adapter. A language
+// model takes CAUSAL_LM adapters, a reward model SEQ_CLS ones (whose score head replaces the
+// model's): a bad_input Error naming the adapter's config otherwise.
+struct PeftAdapter {
+  PeftAdapterConfig config;
+  model::AdapterFold fold;
+};
+[[nodiscard]] PeftAdapter load_peft_adapter(const std::string& directory,
+                                            const model::ParameterLayout& layout);
 
 // The adapter of `directory` folded into `weights` (laid out by `layout`, a model's layout, fp32;
 // model/lora_merge.hpp), after the checks of read_peft_adapter_config and read_peft_adapter. A

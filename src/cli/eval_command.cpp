@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "ckpt/peft_adapter.hpp"
 #include "cli/inference_model.hpp"
@@ -73,11 +74,6 @@ int run_eval(const CommandContext& context) {
   const auto ops = kernels::make_ops(kernels::parse_backend(o["backend"].as<std::string>()),
                                      context.world.local_rank());
   const bool sharded = o["shard-parameters"].as<bool>();
-  if (sharded && !adapter.empty()) {
-    throw core::usage_error(
-        "--adapter with --shard-parameters: folding an adapter in needs each rank to hold the "
-        "whole model; drop --shard-parameters");
-  }
   // Refused only when it cannot fit in any case: a pair planned as one row (as in training).
   const std::int64_t rows = micro;
   const int ranks = context.world.size();
@@ -103,8 +99,11 @@ int run_eval(const CommandContext& context) {
       {.keep_master = false, .own_gradients = false, .own_parameters = !sharded});
   std::unique_ptr<train::ShardedWeights> shards;
   if (sharded) {
-    shards =
-        std::make_unique<train::ShardedWeights>(context.world, *ops, model.layout(), source, 0);
+    // Each rank folds the adapter, if any, into its share of the weights.
+    const std::optional<ckpt::PeftAdapter> peft =
+        load_adapter_on_every_rank(context.world, adapter, model.layout());
+    shards = std::make_unique<train::ShardedWeights>(context.world, *ops, model.layout(), source,
+                                                     0, peft ? &peft->fold : nullptr);
     model.set_parameter_window(&shards->window());
   } else {
     std::vector<float> initial = train::initialize_model(context.world, model, source, 0);

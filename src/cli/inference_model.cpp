@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
+#include <optional>
 #include <filesystem>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include "ckpt/model_file.hpp"
 #include "ckpt/peft_adapter.hpp"
 #include "core/error.hpp"
+#include "dist/collectives.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 #include "train/model_source.hpp"
 
@@ -51,6 +54,20 @@ std::string adapter_option(const po::variables_map& options) {
   return options.count("adapter") > 0 ? options["adapter"].as<std::string>() : std::string();
 }
 
+std::optional<ckpt::PeftAdapter> load_adapter_on_every_rank(const dist::World& world,
+                                                            const std::string& directory,
+                                                            const model::ParameterLayout& layout) {
+  std::optional<ckpt::PeftAdapter> adapter;
+  std::exception_ptr failure;
+  try {
+    if (!directory.empty()) adapter.emplace(ckpt::load_peft_adapter(directory, layout));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+  return adapter;
+}
+
 std::string model_path_option(const po::variables_map& options) {
   const bool init = options.count("init") > 0;
   const bool ckpt = options.count("ckpt") > 0;
@@ -65,11 +82,6 @@ std::string model_path_option(const po::variables_map& options) {
 InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
                                     const dist::World* shard_over, const std::string& adapter) {
   const bool adapted = !adapter.empty();
-  if (adapted && shard_over != nullptr) {
-    throw core::usage_error(
-        "--adapter with --shard-parameters: folding an adapter in needs each rank to hold the "
-        "whole model; drop --shard-parameters");
-  }
   train::ModelSource source = train::resolve_model_source("", path);
   InferenceModel loaded;
   loaded.step_dir = source.origin();
@@ -100,9 +112,17 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
       m.model, head, *loaded.ops,
       model::ModelOptions{.own_gradients = false, .own_parameters = shard_over == nullptr});
   if (shard_over != nullptr) {
-    loaded.shards = std::make_unique<train::ShardedWeights>(*shard_over, *loaded.ops,
-                                                            loaded.model->layout(), source, 0);
+    // Every rank reads the (small) adapter and folds it into its share of the weights.
+    const std::optional<ckpt::PeftAdapter> peft =
+        load_adapter_on_every_rank(*shard_over, adapter, loaded.model->layout());
+    loaded.shards = std::make_unique<train::ShardedWeights>(
+        *shard_over, *loaded.ops, loaded.model->layout(), source, 0,
+        peft ? &peft->fold : nullptr);
     loaded.model->set_parameter_window(&loaded.shards->window());
+    if (adapted) {
+      m.head = head;
+      loaded.adapter = adapter;
+    }
     return loaded;
   }
   std::vector<float> host(static_cast<std::size_t>(loaded.model->layout().total()), 0.0F);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ckpt/manifest.hpp"
+#include "ckpt/peft_adapter.hpp"
 #include "cli/command.hpp"
 #include "dist/world.hpp"
 #include "io/tokenizer/tokenizer.hpp"
@@ -22,6 +23,12 @@ void declare_inference_model_options(po::options_description& options);
 // --adapter DIR alone (eval declares its own model options), and its value ("" when absent).
 void declare_adapter_option(po::options_description& options);
 [[nodiscard]] std::string adapter_option(const po::variables_map& options);
+
+// The PEFT adapter `directory` for a model of `layout`, read and checked on every rank of
+// `world` (collective: a bad adapter is the same error everywhere); nothing when `directory` is
+// empty. What each rank folds into its share of sharded weights.
+[[nodiscard]] std::optional<ckpt::PeftAdapter> load_adapter_on_every_rank(
+    const dist::World& world, const std::string& directory, const model::ParameterLayout& layout);
 
 // The checkpoint path of --init or --ckpt: a usage Error when neither or both are given.
 [[nodiscard]] std::string model_path_option(const po::variables_map& options);
@@ -41,8 +48,9 @@ struct InferenceModel {
 // else is a bad_input Error naming the path. `shard_over`: hold 1/N of the weights on each rank
 // of this world (train::ShardedWeights; collective, and so is every forward pass); null: the
 // whole model on this rank alone. `adapter`: a PEFT LoRA adapter directory folded into the
-// weights (ckpt::apply_peft_adapter; not with shard_over), whose SEQ_CLS score head lets a
-// language model's checkpoint serve as a reward model's base; empty: none.
+// weights (ckpt::apply_peft_adapter; with shard_over each rank folds it into its share), whose
+// SEQ_CLS score head lets a language model's checkpoint serve as a reward model's base; empty:
+// none.
 [[nodiscard]] InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
                                                   const dist::World* shard_over = nullptr,
                                                   const std::string& adapter = "");

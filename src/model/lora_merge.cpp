@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 
 #include "core/error.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -77,24 +78,38 @@ void add_adapter_product_range(std::span<float> out, const AdaptedWeight& adapte
   }
 }
 
+AdapterFold::AdapterFold(const ParameterLayout& layout, ParameterLayout adapter_layout,
+                         std::vector<float> adapters)
+    : adapter_layout_(std::move(adapter_layout)), adapters_(std::move(adapters)) {
+  if (static_cast<std::int64_t>(adapters_.size()) != adapter_layout_.total())
+    throw core::internal_error("AdapterFold: the values are not of the adapter layout");
+  for (const AdaptedWeight& w : adapted_weights(layout, adapter_layout_)) adapted_.emplace(w.weight, w);
+  if (layout.head() == HeadKind::reward) score_ = layout.score();
+}
+
+void AdapterFold::apply(const TensorInfo& t, std::int64_t first, std::span<float> out) const {
+  if (t.offset == score_) {
+    const std::span<const float> score = std::span(adapters_).subspan(
+        static_cast<std::size_t>(adapter_layout_.score() + first), out.size());
+    std::copy(score.begin(), score.end(), out.begin());
+    return;
+  }
+  if (const auto found = adapted_.find(t.offset); found != adapted_.end()) {
+    const LoraConfig& lora = adapter_layout_.lora();
+    add_adapter_product_range(out, found->second, adapters_, lora.rank, lora.scale(), first);
+  }
+}
+
 void merge_adapters(std::span<float> weights, const ParameterLayout& layout,
                     std::span<const float> adapters, const ParameterLayout& adapter_layout) {
   if (static_cast<std::int64_t>(weights.size()) != layout.total() ||
       static_cast<std::int64_t>(adapters.size()) != adapter_layout.total()) {
     throw core::internal_error("merge_adapters: the buffers are not of these layouts");
   }
-  const LoraConfig& lora = adapter_layout.lora();
-  for (const AdaptedWeight& w : adapted_weights(layout, adapter_layout)) {
-    add_adapter_product(
-        weights.subspan(static_cast<std::size_t>(w.weight), static_cast<std::size_t>(w.out * w.in)),
-        w, adapters, lora.rank, lora.scale());
-  }
-  if (layout.head() == HeadKind::reward) {
-    const auto h = static_cast<std::size_t>(layout.config().hidden_size);
-    const std::span<const float> score =
-        adapters.subspan(static_cast<std::size_t>(adapter_layout.score()), h);
-    std::copy(score.begin(), score.end(),
-              weights.begin() + static_cast<std::ptrdiff_t>(layout.score()));
+  const AdapterFold fold(layout, adapter_layout, {adapters.begin(), adapters.end()});
+  for (const TensorInfo& t : layout.tensors()) {
+    fold.apply(t, 0,
+               weights.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)));
   }
 }
 

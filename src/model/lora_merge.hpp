@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "model/parameter_layout.hpp"
@@ -35,6 +36,30 @@ void add_adapter_product(std::span<float> w, const AdaptedWeight& adapted,
 void add_adapter_product_range(std::span<float> out, const AdaptedWeight& adapted,
                                std::span<const float> adapters, std::int64_t rank, float scale,
                                std::int64_t first);
+
+// What adapters change in a model's tensors, a tensor or a share of one at a time: an adapted
+// weight gets scale B A added, a reward model's score head is replaced by the trained one,
+// other tensors stay as they are. For who folds adapters into weights it streams or holds
+// only a share of (export, sharded evaluation).
+class AdapterFold {
+ public:
+  // `layout`: a model's layout; `adapter_layout`: an adapter layout of the same model and head
+  // (an internal Error otherwise); `adapters`: its values.
+  AdapterFold(const ParameterLayout& layout, ParameterLayout adapter_layout,
+              std::vector<float> adapters);
+
+  // Elements [first, first + out.size()) of `t`, a tensor of the model's layout.
+  void apply(const TensorInfo& t, std::int64_t first, std::span<float> out) const;
+
+  [[nodiscard]] const ParameterLayout& adapter_layout() const noexcept { return adapter_layout_; }
+  [[nodiscard]] std::span<const float> adapters() const noexcept { return adapters_; }
+
+ private:
+  ParameterLayout adapter_layout_;
+  std::vector<float> adapters_;
+  std::unordered_map<std::int64_t, AdaptedWeight> adapted_;  // by the weight's offset
+  std::int64_t score_ = -1;  // the model's score head (reward), else -1
+};
 
 // weights: laid out by `layout`, fp32; adapters: laid out by `adapter_layout`, an adapter layout
 // of the same model config and head (an internal Error otherwise).

@@ -98,10 +98,7 @@ LoraCheckpointModel::LoraCheckpointModel(const ModelSource& checkpoint)
     : manifest_(checkpoint.checkpoint.value()),
       step_dir_(checkpoint.step_dir),
       layout_(manifest_.model, manifest_.head),
-      adapter_layout_(manifest_.layout()),
-      adapters_(read_checkpoint_adapters(manifest_, step_dir_)) {
-  for (const model::AdaptedWeight& w : model::adapted_weights(layout_, adapter_layout_))
-    adapted_.emplace(w.weight, w);
+      fold_(layout_, manifest_.layout(), read_checkpoint_adapters(manifest_, step_dir_)) {
   if (manifest_.base.empty()) {
     throw core::bad_input("malformed manifest: a LoRA checkpoint that names no base model",
                           {.file = step_dir_});
@@ -145,19 +142,6 @@ void LoraCheckpointModel::check_base(const dist::World& world) {
   base_checked_ = true;
 }
 
-void LoraCheckpointModel::add_adapters(const model::TensorInfo& t, std::span<float> out) const {
-  if (layout_.head() == model::HeadKind::reward && t.offset == layout_.score()) {
-    const std::span<const float> score = std::span(adapters_).subspan(
-        static_cast<std::size_t>(adapter_layout_.score()), out.size());
-    std::copy(score.begin(), score.end(), out.begin());
-    return;
-  }
-  if (const auto found = adapted_.find(t.offset); found != adapted_.end()) {
-    const model::LoraConfig& lora = adapter_layout_.lora();
-    model::add_adapter_product(out, found->second, adapters_, lora.rank, lora.scale());
-  }
-}
-
 void LoraCheckpointModel::read(const model::TensorInfo& t, std::span<float> out) {
   if (!base_checked_) {
     TensorDigests digests;
@@ -171,23 +155,13 @@ void LoraCheckpointModel::read(const model::TensorInfo& t, std::span<float> out)
     base_checked_ = true;
   }
   base_->read(t, out);
-  add_adapters(t, out);
+  fold_.apply(t, 0, out);
 }
 
 void LoraCheckpointModel::read_range(const model::TensorInfo& t, std::int64_t first,
                                      std::span<float> out) {
   base_->read_range(t, first, out);
-  if (layout_.head() == model::HeadKind::reward && t.offset == layout_.score()) {
-    const std::span<const float> score = std::span(adapters_).subspan(
-        static_cast<std::size_t>(adapter_layout_.score() + first), out.size());
-    std::copy(score.begin(), score.end(), out.begin());
-    return;
-  }
-  if (const auto found = adapted_.find(t.offset); found != adapted_.end()) {
-    const model::LoraConfig& lora = adapter_layout_.lora();
-    model::add_adapter_product_range(out, found->second, adapters_, lora.rank, lora.scale(),
-                                     first);
-  }
+  fold_.apply(t, first, out);
 }
 
 void LoraCheckpointModel::read_all(const model::ParameterLayout& target, std::span<float> flat) {
@@ -204,7 +178,7 @@ void LoraCheckpointModel::read_all(const model::ParameterLayout& target, std::sp
     }
     base_->read(t, out);
     digests.add(out);
-    add_adapters(t, out);
+    fold_.apply(t, 0, out);
   }
   check_base_digest(digests.hex());
   base_checked_ = true;

@@ -10,7 +10,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "ckpt/manifest.hpp"
@@ -51,9 +50,9 @@ class LoraCheckpointModel {
   // The merged model's layout (the run's head) and the adapters' (manifest.layout()).
   [[nodiscard]] const model::ParameterLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] const model::ParameterLayout& adapter_layout() const noexcept {
-    return adapter_layout_;
+    return fold_.adapter_layout();
   }
-  [[nodiscard]] std::span<const float> adapters() const noexcept { return adapters_; }
+  [[nodiscard]] std::span<const float> adapters() const noexcept { return fold_.adapters(); }
   [[nodiscard]] const ckpt::Manifest& manifest() const noexcept { return manifest_; }
 
   // The merged values of `t` (a tensor of layout()) into `out` (its numel values). The first
@@ -74,15 +73,12 @@ class LoraCheckpointModel {
   void read_all(const model::ParameterLayout& target, std::span<float> flat);
 
  private:
-  void add_adapters(const model::TensorInfo& t, std::span<float> out) const;
   void check_base_digest(const std::string& digest) const;
 
   ckpt::Manifest manifest_;
   std::string step_dir_;
   model::ParameterLayout layout_;
-  model::ParameterLayout adapter_layout_;
-  std::vector<float> adapters_;
-  std::unordered_map<std::int64_t, model::AdaptedWeight> adapted_;  // by weight offset
+  model::AdapterFold fold_;
   std::unique_ptr<ModelSource> base_source_;
   std::unique_ptr<ModelTensorReader> base_;
   bool base_checked_ = false;

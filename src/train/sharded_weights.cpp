@@ -1,12 +1,13 @@
 #include "train/sharded_weights.hpp"
 
+#include "ckpt/rank_state.hpp"
 #include "core/error.hpp"
 
 namespace l3::train {
 
 ShardedWeights::ShardedWeights(const dist::World& world, kernels::Ops& ops,
                                const model::ParameterLayout& layout, const ModelSource& source,
-                               std::uint64_t seed)
+                               std::uint64_t seed, const model::AdapterFold* adapters)
     : plan_({.total = layout.total(),
              .groups = layout.gradient_groups(),
              .ranks = world.size(),
@@ -23,7 +24,14 @@ ShardedWeights::ShardedWeights(const dist::World& world, kernels::Ops& ops,
   pieces_ = ops.allocate(ops.compute_dtype(), held_);
   {
     // fp32 on the host for as long as the copy takes (rounded to the compute dtype by it).
-    const std::vector<float> values = initial_weights_of_ranges(world, layout, source, seed, mine);
+    std::vector<float> values = initial_weights_of_ranges(world, layout, source, seed, mine);
+    if (adapters != nullptr) {
+      for (const ckpt::TensorSlice& slice : ckpt::tensor_slices(layout, mine)) {
+        adapters->apply(layout.tensors()[slice.tensor], slice.first,
+                        std::span(values).subspan(static_cast<std::size_t>(slice.position),
+                                                  static_cast<std::size_t>(slice.count)));
+      }
+    }
     ops.copy(pieces_.view(), kernels::ConstTensorView(std::span<const float>(values)));
     ops.synchronize();
   }

@@ -12,6 +12,7 @@
 
 #include "dist/world.hpp"
 #include "kernels/ops.hpp"
+#include "model/lora_merge.hpp"
 #include "model/parameter_layout.hpp"
 #include "train/model_source.hpp"
 #include "train/parameter_gather.hpp"
@@ -22,9 +23,11 @@ namespace l3::train {
 class ShardedWeights {
  public:
   // Collective over `world`: every rank reads its pieces of `source`'s weights (random ones from
-  // `seed` without a checkpoint or model directory) as initial_weights_of_ranges does.
+  // `seed` without a checkpoint or model directory) as initial_weights_of_ranges does, and folds
+  // `adapters` into them when given (a PEFT adapter: eval --adapter --shard-parameters).
   ShardedWeights(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
-                 const ModelSource& source, std::uint64_t seed);
+                 const ModelSource& source, std::uint64_t seed,
+                 const model::AdapterFold* adapters = nullptr);
   ShardedWeights(const ShardedWeights&) = delete;
   ShardedWeights& operator=(const ShardedWeights&) = delete;
   ShardedWeights(ShardedWeights&&) = delete;

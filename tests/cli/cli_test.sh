@@ -352,8 +352,17 @@ expect "one error line" [ "$(error_lines "$err")" = 1 ]
 run "score with a language model's adapter" 2 "$bin" score --init "$work/ck" --prompt "a" --response "b" --adapter "$work/lora"
 expect "says which task it needs" contains "$err" "needs a SEQ_CLS adapter (reward model)"
 run "score with a SEQ_CLS adapter on the SFT checkpoint" 0 "$bin" score --init "$work/ck" --prompt "Reverse abc." --response "cba" --json --adapter "$work/lora-rm"
+run "the same on 2 ranks" 0 "$mpiexec" -n 2 "$bin" score --init "$work/ck" --prompt "Reverse abc." --response "cba" --json --adapter "$work/lora-rm"
+seq_cls_score=$out
 expect "a reward" contains "$out" '"reward":'
-run "--adapter with --shard-parameters" 2 "$mpiexec" -n 2 "$bin" eval --init "$work/ck" --data "$work/train" --adapter "$work/lora" --shard-parameters
+run "--adapter on 2 ranks" 0 "$mpiexec" -n 2 "$bin" eval --init "$work/ck" --data "$work/train" --adapter "$work/lora"
+adapted2=$out
+run "--adapter with --shard-parameters" 0 "$mpiexec" -n 2 "$bin" eval --init "$work/ck" --data "$work/train" --adapter "$work/lora" --shard-parameters
+expect "folded into each rank's share: the same loss" [ "$out" = "$adapted2" ]
+run "a SEQ_CLS adapter with --shard-parameters" 0 "$mpiexec" -n 2 "$bin" score --init "$work/ck" --prompt "Reverse abc." --response "cba" --json --adapter "$work/lora-rm" --shard-parameters
+expect "the reward of the whole model" [ "$out" = "$seq_cls_score" ]
+run "a bad adapter with --shard-parameters" 2 "$mpiexec" -n 2 "$bin" eval --init "$work/ck" --data "$work/train" --adapter "$work/lora-r2" --shard-parameters
+expect "one line naming the tensor" [ "$(error_lines "$err")" = 1 ]
 run "a missing adapter" 2 "$bin" generate --init "$work/ck" --prompt "x" --adapter "$work/none"
 expect "names its config" contains "$err" "none/adapter_config.json"
 
