@@ -17,6 +17,7 @@
 #     to ZeRO-1; killed at step 3 and resumed, bit for bit;
 #   - ZeRO-3 (--shard-parameters) over NCCL against ZeRO-2 over NCCL, bit for bit, its gathers
 #     prefetched; killed at step 3 and resumed, bit for bit; eval with sharded weights;
+#   - LoRA with its frozen model sharded (--shard-parameters) against it whole, bit for bit;
 #   - 2 reward steps over NCCL against the host-buffer exchange, likewise.
 #   nccl_ranks_test.sh PATH/TO/llama3-hpc MPIEXEC
 set -uo pipefail
@@ -276,6 +277,31 @@ if [[ $emulated == true ]] || [[ $devices -ge 4 ]]; then
     fail "hybrid ZeRO-3 over NCCL follows the host-buffer exchange"
   fi
   [[ $emulated == true ]] && export L3_EMULATION_DEVICES=2
+fi
+
+# LoRA over NCCL on the ZeRO-3 run's checkpoint (frozen): with --shard-parameters the frozen
+# model is sharded over the ranks and gathered group by group (its own communicator, beside the
+# adapters' reduce-scatters); against the frozen model held whole on each rank, ZeRO-2 over the
+# adapters in both. The same weights read, the same sums: bit for bit on the emulation.
+# shellcheck disable=SC2034  # used by name (train's second argument)
+lora_sft=(sft --data "$work/sft" --steps 2 --init "$work/zero3/step-00000004" --lora-rank 4
+  --lora-alpha 16 --shard-gradients)
+L3_EMULATION_PROGRESS=latest train lora lora_sft || fail "LoRA over NCCL ran"
+L3_EMULATION_PROGRESS=latest train lorasharded lora_sft --shard-parameters ||
+  fail "LoRA with its frozen model sharded over NCCL ran"
+echo "  LoRA losses: $(losses "$work/lora.jsonl") (whole), $(losses "$work/lorasharded.jsonl") (sharded)"
+if [[ $emulated == true ]]; then
+  if grep -q "the frozen model sharded (1/2 on each rank)" "$work/lorasharded.log" &&
+    same_metrics lora lorasharded 2 &&
+    [[ "$(digest "$work/lora/step-00000002")" == "$(digest "$work/lorasharded/step-00000002")" ]]; then
+    pass "LoRA over NCCL, the frozen model sharded or whole: same losses and norms, bit-identical (emulation)"
+  else
+    fail "LoRA over NCCL, the frozen model sharded or whole: same losses and norms, bit-identical (emulation)"
+  fi
+elif close lora lorasharded 2e-2; then
+  pass "LoRA over NCCL with its frozen model sharded follows it whole"
+else
+  fail "LoRA over NCCL with its frozen model sharded follows it whole"
 fi
 
 # The reward model (its score head's gradients in the last bucket) over NCCL, two steps.
