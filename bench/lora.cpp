@@ -1,16 +1,20 @@
-// LoRA against full fine-tuning on the CPU backend, in one run on the same model and batch: the
-// step time (forward + backward + AdamW) and the memory the step needs (bytes the backend
-// allocated: weights, gradients, AdamW moments, activations), full fine-tuning being the
-// baseline. The small shape and the benchmarks' mid model (156M), LoRA rank 16 on every
-// projection (PEFT's usual all-linear setting) and rank 8 on q and v (the original paper's).
+// LoRA against full fine-tuning, in one run on the same model and batch: the step time
+// (forward + backward + AdamW) and the memory the step needs (bytes the backend allocated:
+// weights, gradients, AdamW moments, activations), full fine-tuning being the baseline. LoRA
+// rank 16 on every projection (PEFT's usual all-linear setting) and rank 8 on q and v (the
+// original paper's). On the CPU backend a small shape and the benchmarks' mid model (156M); on
+// the CUDA backend (the one-shot GPU check) the mid model and Llama 3.2 1B at 2 x 2048 tokens.
 //
-//   l3-bench-lora [--quick] [--json FILE]
+//   l3-bench-lora [--backend cpu|cuda] [--quick] [--rehearsal] [--json FILE]
+// --quick: one timed step; --rehearsal: a toy shape only (the GPU check's rehearsal on the
+// CUDA emulation).
 #include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -19,7 +23,8 @@
 #include "core/build_info.hpp"
 #include "core/rng.hpp"
 #include "core/timer.hpp"
-#include "kernels/cpu/cpu_ops.hpp"
+#include "kernels/backend_options.hpp"
+#include "kernels/backends.hpp"
 #include "mid_model_inputs.hpp"
 #include "model/llama_model.hpp"
 #include "train/adamw_optimizer.hpp"
@@ -60,8 +65,10 @@ struct Result {
   std::int64_t trained = 0;
 };
 
-Result run(const Shape& s, std::optional<LoraConfig> lora, int steps) {
-  l3::kernels::CpuOps ops;
+Result run(const Shape& s, std::optional<LoraConfig> lora, int steps,
+           l3::kernels::Backend backend) {
+  const std::unique_ptr<l3::kernels::Ops> backend_ops = l3::kernels::make_ops(backend, 0);
+  l3::kernels::Ops& ops = *backend_ops;
   l3::model::ModelOptions options;
   if (lora) options.lora = *lora;
   l3::model::LlamaModel model(s.config, l3::model::HeadKind::language_model, ops, options);
@@ -76,9 +83,11 @@ Result run(const Shape& s, std::optional<LoraConfig> lora, int steps) {
     model.zero_gradients();
     const l3::core::Stopwatch watch;
     (void)model.sft_forward_backward(batch, 1.0F / count);
+    ops.synchronize();
     const double fb = watch.seconds();
     const l3::core::Stopwatch opt_watch;
     optimizer.step(model.master_weights(), model.weight_copy(), model.gradients(), 1e-4F, 1.0F);
+    ops.synchronize();
     if (step > 0) {
       fwd_bwd.push_back(fb);
       adamw.push_back(opt_watch.seconds());
@@ -107,14 +116,21 @@ LoraConfig lora_of(int rank, std::string_view targets) {
 
 int main(int argc, char** argv) try {
   bool quick = false;
+  bool rehearsal = false;
   std::string json_path;
+  l3::kernels::Backend backend = l3::kernels::Backend::cpu;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--rehearsal") == 0) {
+      rehearsal = true;
     } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+      backend = l3::kernels::parse_backend(argv[++i]);
     } else {
-      fmt::print(stderr, "usage: {} [--quick] [--json FILE]\n", argv[0]);
+      fmt::print(stderr, "usage: {} [--backend cpu|cuda] [--quick] [--rehearsal] [--json FILE]\n",
+                 argv[0]);
       return 2;
     }
   }
@@ -127,16 +143,31 @@ int main(int argc, char** argv) try {
   small.n_heads = 4;
   small.n_kv_heads = 2;
   small.head_dim = 64;
-  const std::vector<Shape> shapes = {{"small", small, 8, 256},
-                                     {"mid", l3::bench::mid_model(), 2, 512}};
+  ModelConfig toy = small;
+  toy.name = "toy";
+  toy.vocab_size = 512;
+  toy.hidden_size = 64;
+  toy.intermediate_size = 192;
+  toy.n_layers = 2;
+  toy.head_dim = 16;
+  const bool cuda = backend == l3::kernels::Backend::cuda;
+  std::vector<Shape> shapes;
+  if (rehearsal) {
+    shapes = {{"toy", toy, 1, 64}};
+  } else if (cuda) {
+    shapes = {{"mid", l3::bench::mid_model(), 2, 512},
+              {"llama3.2-1b", l3::model::preset("llama3.2-1b"), 2, 2048}};
+  } else {
+    shapes = {{"small", small, 8, 256}, {"mid", l3::bench::mid_model(), 2, 512}};
+  }
   const std::vector<std::pair<std::string, LoraConfig>> variants = {
       {"r16 all", lora_of(16, "q,k,v,o,gate,up,down")}, {"r8 q,v", lora_of(8, "q,v")}};
   const int steps = quick ? 1 : 3;
-  fmt::print("{} OpenMP threads; step = forward + backward + AdamW, median of {}\n",
-             omp_get_max_threads(), steps);
+  fmt::print("{} backend ({} OpenMP threads); step = forward + backward + AdamW, median of {}\n",
+             l3::kernels::backend_name(backend), omp_get_max_threads(), steps);
   json results = json::array();
   for (const Shape& s : shapes) {
-    const Result full = run(s, std::nullopt, steps);
+    const Result full = run(s, std::nullopt, steps, backend);
     fmt::print(
         "{:<6} {:>6.1f}M params | full fine-tuning: {:8.1f} ms/step ({:.1f} + {:.1f}), "
         "{:7.1f} MB\n",
@@ -148,7 +179,7 @@ int main(int argc, char** argv) try {
                 {"rows", s.rows},
                 {"full", {{"step_ms", full.step_ms}, {"bytes", full.bytes}}}};
     for (const auto& [name, lora] : variants) {
-      const Result r = run(s, lora, steps);
+      const Result r = run(s, lora, steps, backend);
       fmt::print(
           "       LoRA {:<8} {:>9} trained | {:8.1f} ms/step ({:.1f} + {:.1f}) = {:.2f} x "
           "full, {:7.1f} MB = {:.2f} x full\n",
@@ -171,6 +202,7 @@ int main(int argc, char** argv) try {
   if (!json_path.empty()) {
     const l3::core::BuildInfo build = l3::core::build_info();
     const json doc = {{"benchmark", "lora"},
+                      {"backend", l3::kernels::backend_name(backend)},
                       {"commit", build.git_commit},
                       {"threads", omp_get_max_threads()},
                       {"models", results}};

@@ -234,6 +234,10 @@ class Ops {
   // ---- memory ----------------------------------------------------------------------------
   // Zero-initialised.
   [[nodiscard]] virtual Buffer allocate(DType dtype, std::int64_t numel) = 0;
+  // Bytes handed out by allocate() since construction (numel x element size, not counting
+  // alignment padding or frees): what model::plan_training_memory is checked against, and what
+  // the benchmarks report.
+  [[nodiscard]] virtual std::int64_t allocated_bytes() const noexcept = 0;
   virtual void zero(TensorView x) = 0;
   // dst = src (same numel; converts between f32 and bf16). Host <-> backend memory included:
   // on the CPU backend both sides are host memory.

@@ -52,6 +52,9 @@ class ProfilingOps final : public Ops {
   [[nodiscard]] std::string report() const override { return inner_.report(); }
   void bind_thread() override { inner_.bind_thread(); }
   [[nodiscard]] std::int64_t memory_capacity() const override { return inner_.memory_capacity(); }
+  [[nodiscard]] std::int64_t allocated_bytes() const noexcept override {
+    return inner_.allocated_bytes();
+  }
   [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override {
     return timed("allocate", [&] { return inner_.allocate(dtype, numel); });
   }

@@ -12,7 +12,8 @@
 #      Hugging Face baseline of the same shapes (bench/baselines/hf_train.py) where the node's
 #      python3 has torch, then numerical parity with transformers on identical weights
 #      (bench/baselines/hf_parity.py), then the 8B shape (fallback and cuDNN attention);
-#   6. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
+#   6. LoRA against full fine-tuning (l3-bench-lora: step time and memory, mid model and 1B);
+#   7. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
 # Writes under OUTDIR: logs, tests.xml (JUnit), tests-progress.log (each test's start, failures
 # and end as they happen) and gpu-<date>-<gpu>.json (tools/gpu_check_summary.py), the results
 # file committed to bench/results/ (schema in docs/GPU.md).
@@ -203,6 +204,15 @@ else
   train fallback 8b-reward
 fi
 
+# LoRA against full fine-tuning on the same model and batch, in one run (bench/lora.cpp).
+lora_rc=-1
+if command -v l3-bench-lora >/dev/null && stage "LoRA benchmark" 90; then
+  lora_args=(--backend cuda)
+  [[ $rehearsal == 1 ]] && lora_args+=(--rehearsal --quick)
+  timeout "$(limit 90)" l3-bench-lora "${lora_args[@]}" --json "$out/lora.json" 2>&1 | tee "$out/lora.log"
+  lora_rc=${PIPESTATUS[0]}
+fi
+
 # Last, while time is left: cuDNN's attention under compute-sanitizer's memcheck (reads past the
 # last packed token are possible in principle with ragged layouts; the tests see only writes).
 memcheck_rc=-1
@@ -221,7 +231,7 @@ elif stage "memcheck cuDNN attention" 150; then
   tail -3 "$out/memcheck.log"
 fi
 
-python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
+L3_GPU_CHECK_LORA_RC=$lora_rc python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
   "$(($(date +%s) - start))" "$rehearsal" "$parity_rc" "$zero2_rc" "$(
     IFS=';'
     echo "${skipped[*]:-}"

@@ -6,7 +6,8 @@ the transformers baseline and parity rows). Schema in docs/GPU.md.
 
   gpu_check_summary.py OUTDIR SMOKE_RC TESTS_RC TRAINING_RC BENCH_RC MEMCHECK_RC SECONDS REHEARSAL
                        PARITY_RC ZERO2_RC [SKIPPED_STAGES;...]
-(an exit code of -1: the stage did not run)
+(an exit code of -1: the stage did not run). The LoRA benchmark's exit code comes in the
+environment (L3_GPU_CHECK_LORA_RC), its rows from OUTDIR/lora.json.
 """
 import json, sys, os, re, glob, datetime, xml.etree.ElementTree as ET
 out, smoke, tests_rc, training_rc, bench_rc, memcheck_rc, seconds, rehearsal, parity_rc, zero2_rc = \
@@ -116,6 +117,14 @@ if rehearsal:
     doc["rehearsal"] = True  # toy sizes: never a result to commit
 if parity is not None:
     doc["hf_parity"] = parity
+doc["lora_exit_code"] = int(os.environ.get("L3_GPU_CHECK_LORA_RC", "-1"))
+try:
+    lora = json.load(open(os.path.join(out, "lora.json")))
+    doc["lora"] = {"backend": lora.get("backend"), "models": lora.get("models", [])}
+except OSError:
+    pass
+except ValueError as e:
+    doc["lora_error"] = str(e)
 try:
     doc.update(json.load(open(os.path.join(out, "bench.json"))))
 except Exception as e:

@@ -18,9 +18,7 @@ class CpuOps final : public Ops {
   [[nodiscard]] std::int64_t memory_capacity() const override { return 0; }  // the host's
 
   [[nodiscard]] Buffer allocate(DType dtype, std::int64_t numel) override;
-  // Bytes handed out by allocate() since construction (numel x element size, not counting
-  // alignment padding or frees): what model::plan_training_memory is checked against.
-  [[nodiscard]] std::int64_t allocated_bytes() const noexcept { return allocated_.load(); }
+  [[nodiscard]] std::int64_t allocated_bytes() const noexcept override { return allocated_.load(); }
   void zero(TensorView x) override;
   void copy(TensorView dst, ConstTensorView src) override;
   void synchronize() override {}

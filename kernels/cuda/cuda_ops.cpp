@@ -114,6 +114,7 @@ CudaOps::~CudaOps() {
 }
 
 kernels::Buffer CudaOps::allocate(DType dtype, std::int64_t numel) {
+  allocated_ += numel * static_cast<std::int64_t>(kernels::dtype_size(dtype));
   return allocate_device(dtype, numel);
 }
 

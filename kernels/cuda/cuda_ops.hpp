@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -81,6 +82,7 @@ class CudaOps final : public kernels::Ops {
   [[nodiscard]] std::int64_t memory_capacity() const override;
 
   [[nodiscard]] kernels::Buffer allocate(kernels::DType dtype, std::int64_t numel) override;
+  [[nodiscard]] std::int64_t allocated_bytes() const noexcept override { return allocated_.load(); }
   void zero(kernels::TensorView x) override;
   void copy(kernels::TensorView dst, kernels::ConstTensorView src) override;
   // Waits for the stream. With wait checks added, it polls instead of blocking and runs them
@@ -123,6 +125,7 @@ class CudaOps final : public kernels::Ops {
   std::vector<std::int32_t> download_segments(const kernels::PackedSegments& segments);
 
   int device_ = 0;
+  std::atomic<std::int64_t> allocated_{0};  // allocated_bytes()
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<LtMatmul> lt_;

@@ -50,7 +50,7 @@ struct Manifest {
   // A LoRA run's checkpoint (its tensors are the adapter layout's: model/parameter_layout.hpp):
   // the adapters' settings, and the frozen model they adapt, which the checkpoint does not hold.
   std::optional<model::LoraConfig> lora;
-  std::string base;        // the frozen model: the --init it was read from (resolved path)
+  std::string base;  // the frozen model: the --init it was read from (resolved path)
   // Its digest as loaded (train::base_digest: the xxHash64 of its tensors' xxHash64s), checked
   // wherever the base is read again.
   std::string base_xxh64;

@@ -293,9 +293,9 @@ PeftAdapterConfig apply_peft_adapter(const std::string& directory,
                                      std::span<float> weights) {
   const PeftAdapter adapter = load_peft_adapter(directory, layout);
   for (const model::TensorInfo& t : layout.tensors()) {
-    adapter.fold.apply(t, 0,
-                       weights.subspan(static_cast<std::size_t>(t.offset),
-                                       static_cast<std::size_t>(t.numel)));
+    adapter.fold.apply(
+        t, 0,
+        weights.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)));
   }
   return adapter.config;
 }

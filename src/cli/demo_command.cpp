@@ -162,7 +162,8 @@ int run_demo(const CommandContext& context) {
       fs::create_directories(root + "/input");
       core::write_file_atomically((fs::path(root) / ".llama3-hpc-demo").string(),
                                   "a llama3-hpc demo directory: the demo replaces what is here\n");
-      for (const char* old : {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl", "reward-adapter"})
+      for (const char* old :
+           {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl", "reward-adapter"})
         core::remove_tree(fs::path(root) / old);
       write_demo_sft(root + "/input/instructions.jsonl", kRecords);
       write_demo_preferences(root + "/input/preferences.jsonl", kRecords);
@@ -184,10 +185,9 @@ int run_demo(const CommandContext& context) {
     sft = session.run();
   }
   const bool lora = context.options["lora"].as<bool>();
-  context.log.info("demo: reward model, from the SFT checkpoint{}",
-                   lora ? fmt::format(" (LoRA adapters of rank {}, the SFT model frozen)",
-                                      kDemoLoraRank)
-                        : "");
+  context.log.info(
+      "demo: reward model, from the SFT checkpoint{}",
+      lora ? fmt::format(" (LoRA adapters of rank {}, the SFT model frozen)", kDemoLoraRank) : "");
   l3::RunSummary reward;
   {
     l3::Session session(world.comm(), demo_config(context, l3::Phase::reward, root));

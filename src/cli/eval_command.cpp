@@ -102,8 +102,8 @@ int run_eval(const CommandContext& context) {
     // Each rank folds the adapter, if any, into its share of the weights.
     const std::optional<ckpt::PeftAdapter> peft =
         load_adapter_on_every_rank(context.world, adapter, model.layout());
-    shards = std::make_unique<train::ShardedWeights>(context.world, *ops, model.layout(), source,
-                                                     0, peft ? &peft->fold : nullptr);
+    shards = std::make_unique<train::ShardedWeights>(context.world, *ops, model.layout(), source, 0,
+                                                     peft ? &peft->fold : nullptr);
     model.set_parameter_window(&shards->window());
   } else {
     std::vector<float> initial = train::initialize_model(context.world, model, source, 0);

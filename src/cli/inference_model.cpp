@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <exception>
-#include <optional>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "ckpt/checkpoint_paths.hpp"
@@ -116,8 +116,7 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
     const std::optional<ckpt::PeftAdapter> peft =
         load_adapter_on_every_rank(*shard_over, adapter, loaded.model->layout());
     loaded.shards = std::make_unique<train::ShardedWeights>(
-        *shard_over, *loaded.ops, loaded.model->layout(), source, 0,
-        peft ? &peft->fold : nullptr);
+        *shard_over, *loaded.ops, loaded.model->layout(), source, 0, peft ? &peft->fold : nullptr);
     loaded.model->set_parameter_window(&loaded.shards->window());
     if (adapted) {
       m.head = head;

@@ -129,8 +129,8 @@ class LlamaModel {
   // weights kept outside the model. `score`: a reward model's score head as loaded (fp32, H
   // values), for a model that does not hold its weights (they are rounded to the compute dtype
   // as the model's own would be); empty: the model's.
-  [[nodiscard]] std::vector<float> initial_adapter_values(
-      std::uint64_t seed, std::span<const float> score = {}) const;
+  [[nodiscard]] std::vector<float> initial_adapter_values(std::uint64_t seed,
+                                                          std::span<const float> score = {}) const;
   // LoRA: the trainable layout's values from the host (a checkpoint, a PEFT adapter).
   void load_adapters(std::span<const float> host);
   // The fp32 master weights of the trainable layout, copied to the host (checkpoints,

@@ -83,7 +83,8 @@ AdapterFold::AdapterFold(const ParameterLayout& layout, ParameterLayout adapter_
     : adapter_layout_(std::move(adapter_layout)), adapters_(std::move(adapters)) {
   if (static_cast<std::int64_t>(adapters_.size()) != adapter_layout_.total())
     throw core::internal_error("AdapterFold: the values are not of the adapter layout");
-  for (const AdaptedWeight& w : adapted_weights(layout, adapter_layout_)) adapted_.emplace(w.weight, w);
+  for (const AdaptedWeight& w : adapted_weights(layout, adapter_layout_))
+    adapted_.emplace(w.weight, w);
   if (layout.head() == HeadKind::reward) score_ = layout.score();
 }
 
@@ -108,8 +109,9 @@ void merge_adapters(std::span<float> weights, const ParameterLayout& layout,
   }
   const AdapterFold fold(layout, adapter_layout, {adapters.begin(), adapters.end()});
   for (const TensorInfo& t : layout.tensors()) {
-    fold.apply(t, 0,
-               weights.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)));
+    fold.apply(
+        t, 0,
+        weights.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)));
   }
 }
 

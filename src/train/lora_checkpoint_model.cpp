@@ -1,7 +1,6 @@
 #include "train/lora_checkpoint_model.hpp"
 
 #include <fmt/format.h>
-
 #include <mpi.h>
 
 #include <algorithm>
@@ -53,7 +52,8 @@ std::uint64_t run_seed(const ckpt::Manifest& m, const std::string& step_dir) {
 std::string base_digest(const model::ParameterLayout& layout, std::span<const float> flat) {
   TensorDigests digests;
   for (const model::TensorInfo& t : layout.tensors()) {
-    digests.add(flat.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)));
+    digests.add(
+        flat.subspan(static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel)));
   }
   return digests.hex();
 }
@@ -84,8 +84,7 @@ std::string base_digest(const dist::World& world, const ModelSource& source,
 
 std::vector<float> read_checkpoint_adapters(const ckpt::Manifest& manifest,
                                             const std::string& step_dir) {
-  if (!manifest.lora)
-    throw core::internal_error("read_checkpoint_adapters: not a LoRA checkpoint");
+  if (!manifest.lora) throw core::internal_error("read_checkpoint_adapters: not a LoRA checkpoint");
   const model::ParameterLayout layout = manifest.layout();
   std::vector<float> values(static_cast<std::size_t>(layout.total()), 0.0F);
   ckpt::read_model_file((fs::path(step_dir) / ckpt::kModelFile).string(), layout, values);
@@ -119,7 +118,8 @@ LoraCheckpointModel::LoraCheckpointModel(const ModelSource& checkpoint)
         {.file = step_dir_});
   }
   base_source_ = std::make_unique<ModelSource>(std::move(base));
-  base_ = std::make_unique<ModelTensorReader>(*base_source_, layout_, run_seed(manifest_, step_dir_));
+  base_ =
+      std::make_unique<ModelTensorReader>(*base_source_, layout_, run_seed(manifest_, step_dir_));
 }
 
 LoraCheckpointModel::~LoraCheckpointModel() = default;

@@ -14,11 +14,11 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/model_file.hpp"
 #include "ckpt/rank_state.hpp"
+#include "ckpt/tensor_file.hpp"
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "io/safetensors/safetensors_file.hpp"
-#include "ckpt/tensor_file.hpp"
 #include "model/parameter_init.hpp"
 #include "train/lora_checkpoint_model.hpp"
 
@@ -252,7 +252,8 @@ std::vector<float> initial_weights_of_ranges(const dist::World& world,
                                              const model::ParameterLayout& layout,
                                              const ModelSource& source, std::uint64_t seed,
                                              const std::vector<model::FlatRange>& ranges) {
-  if (is_lora_checkpoint(source)) return lora_checkpoint_ranges(world, layout, source, seed, ranges);
+  if (is_lora_checkpoint(source))
+    return lora_checkpoint_ranges(world, layout, source, seed, ranges);
   std::int64_t total = 0;
   for (const model::FlatRange& r : ranges) total += r.size();
   std::vector<float> values(static_cast<std::size_t>(total));

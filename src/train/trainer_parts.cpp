@@ -229,9 +229,9 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
       config.shard_parameters && config.lora.enabled()
           ? "of every micro-batch, the frozen weights all-gathered group by group"
       : config.shard_parameters ? "of every micro-batch, weights all-gathered group by group"
-      : config.shard_gradients ? "of every micro-batch"
-                               : (p.parallel->overlapping() ? "overlapped with the backward pass"
-                                                            : "after the backward"),
+      : config.shard_gradients  ? "of every micro-batch"
+                                : (p.parallel->overlapping() ? "overlapped with the backward pass"
+                                                             : "after the backward"),
       p.parallel->exchange_name());
 }
 
@@ -323,8 +323,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
           : ModelWeights{.master = p.model->master_weights(), .compute = p.model->weight_copy()};
   DataParallelConfig parallel = data_parallel_config(c, world.size(), shard_master);
   if (frozen_sharded) parallel.shard_parameters = false;  // the adapters are held whole
-  p.parallel =
-      std::make_unique<DataParallel>(world, *p.ops, trained, parallel, c.adamw, weights);
+  p.parallel = std::make_unique<DataParallel>(world, *p.ops, trained, parallel, c.adamw, weights);
   if (c.shard_gradients) p.model->set_gradient_window(p.parallel.get());
   if (frozen_sharded) {
     p.frozen = std::make_unique<ShardedWeights>(world, *p.ops, p.model->layout(), p.source, c.seed);
@@ -346,7 +345,8 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     std::vector<float> score;  // a reward model's score head as loaded, when sharded
     if (frozen_sharded) {
       p.lora_base_xxh64 = base_digest(world, p.source, p.model->layout(), c.seed);
-      if (c.phase == Phase::reward) score = initial_tensor(world, p.source, p.model->layout(), c.seed, "score.weight");
+      if (c.phase == Phase::reward)
+        score = initial_tensor(world, p.source, p.model->layout(), c.seed, "score.weight");
     } else {
       const std::vector<float> base = initialize_model(world, *p.model, p.source, c.seed);
       p.lora_base_xxh64 = base_digest(p.model->layout(), base);

@@ -407,6 +407,9 @@ expect "takes the adapter's rank and targets" contains "$err" "trained: LoRA ada
 run "--init-adapter with another --lora-rank" 2 "$bin" sft --init "$work/ck" --data "$work/train" --seq-len 64 --global-batch 4 \
   --init-adapter "$work/lora-peft" --lora-rank 8 --steps 1
 expect "names the disagreement" contains "$err" "--lora-rank disagrees with --init-adapter $work/lora-peft, whose adapters have r=4"
+run "--init-adapter with a tensor of another rank" 2 "$bin" sft --init "$work/ck" --data "$work/train" --seq-len 64 --global-batch 4 \
+  --init-adapter "$work/lora-r2" --steps 1
+expect "names the file and the tensor" contains "$err" "lora-r2/adapter_model.safetensors: tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight'"
 run "reward --init-adapter with a language model's adapter" 2 "$bin" reward --init "$work/ck" --data "$work/pref" --global-batch 1 \
   --init-adapter "$work/lora-peft" --steps 1
 expect "names the adapter's config" contains "$err" "lora-peft/adapter_config.json: a CAUSAL_LM adapter (language model) cannot start a reward run"

@@ -8,6 +8,7 @@
 #   file, `latest` at a missing or partial directory, out of space while writing) -> detected,
 #   reported, set aside, resumed from the previous one, same final weights;
 #   resharding 4 -> 2 and 4 -> 3 ranks -> the same losses within reduction-order tolerance;
+#   LoRA: killed and restarted bit for bit (dropout on), 2 -> 1 ranks within tolerance;
 #   SIGUSR1 -> exit 75 with a committed checkpoint -> the resumed run ends identically.
 #
 #   restart_test.sh LLAMA3_HPC MPIEXEC [GROUP]     GROUP: kill, corrupt, reshard, signal (all)
@@ -69,6 +70,14 @@ until_done() {
     attempts=$((attempts + 1))
   done
   return $rc
+}
+
+# worst_loss_difference REF.jsonl RESUMED.jsonl N: the largest relative difference between the
+# last N losses of REF and the losses of RESUMED (the steps after the resume).
+worst_loss_difference() {
+  paste <(grep -o '"loss":[^,]*' "$1" | tail -"$3" | cut -d: -f2) \
+    <(grep -o '"loss":[^,]*' "$2" | cut -d: -f2) |
+    awk '{d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d} END {printf "%g", m}'
 }
 
 # --- references: uninterrupted runs ---
@@ -205,9 +214,7 @@ if [[ $group == all || $group == reshard ]]; then
     run "$ranks" "${reshard_args[@]}" --ckpt-dir "$dir" --metrics "$work/reshard-$ranks.jsonl"
     rc=$?
     # Steps 13..24 against the uninterrupted 4-rank run: relative difference below 1e-4.
-    worst=$(paste <(grep -o '"loss":[^,]*' "$work/ref4.jsonl" | tail -12 | cut -d: -f2) \
-      <(grep -o '"loss":[^,]*' "$work/reshard-$ranks.jsonl" | cut -d: -f2) |
-      awk '{d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d} END {printf "%g", m}')
+    worst=$(worst_loss_difference "$work/ref4.jsonl" "$work/reshard-$ranks.jsonl" 12)
     lines=$(grep -c '"kind":"train"' "$work/reshard-$ranks.jsonl" 2>/dev/null || echo 0)
     if [[ $rc -eq 0 && $lines -eq 12 ]] && grep -q "written by 4 ranks" "$work/last.err" &&
       awk -v w="$worst" 'BEGIN {exit !(w < 1e-4)}'; then
@@ -217,6 +224,37 @@ if [[ $group == all || $group == reshard ]]; then
       tail -3 "$work/last.err"
     fi
   done
+
+  # LoRA adapters on the reference SFT model (frozen). With dropout, rank 1 killed at step 9 and
+  # the run restarted: bit for bit (the masks are keyed by step, rank and micro-batch). Without,
+  # killed on 2 ranks and resumed on 1: the same losses within reduction-order tolerance (with
+  # dropout the masks would follow the new rank layout).
+  lora_args=(sft --init "$work/ref-sft/step-00000024" --data "$work/sft" --steps 12 --lora-rank 4
+    --lora-alpha 16 "${common[@]}")
+  run 2 "${lora_args[@]}" --lora-dropout 0.1 --ckpt-dir "$work/lora-ref" || fail "the LoRA reference run"
+  ref_lora=$(digest "$work/lora-ref/step-00000012" | sed "s|$work/lora-ref||g")
+  until_done 2 "train.update@1#9=kill" "${lora_args[@]}" --lora-dropout 0.1 --ckpt-dir "$work/lora-killed" \
+    --checkpoint-sync
+  if [[ $first_rc -ne 0 && -n $ref_lora &&
+    "$(digest "$work/lora-killed/step-00000012" | sed "s|$work/lora-killed||g")" == "$ref_lora" ]]; then
+    pass "LoRA with dropout: rank 1 killed at step 9, restarted: the adapters bit for bit"
+  else
+    fail "LoRA with dropout: rank 1 killed at step 9, restarted: the adapters bit for bit (first rc $first_rc)"
+  fi
+  run 2 "${lora_args[@]}" --ckpt-dir "$work/lora-ref2" --metrics "$work/lora-ref2.jsonl" ||
+    fail "the LoRA reference run without dropout"
+  L3_FAULT="train.update@0#9=kill" run 2 "${lora_args[@]}" --ckpt-dir "$work/lora-reshard" --checkpoint-sync
+  run 1 "${lora_args[@]}" --ckpt-dir "$work/lora-reshard" --metrics "$work/lora-reshard.jsonl"
+  rc=$?
+  worst=$(worst_loss_difference "$work/lora-ref2.jsonl" "$work/lora-reshard.jsonl" 6)
+  lines=$(grep -c '"kind":"train"' "$work/lora-reshard.jsonl" 2>/dev/null || echo 0)
+  if [[ $rc -eq 0 && $lines -eq 6 ]] && grep -q "written by 2 ranks" "$work/last.err" &&
+    awk -v w="$worst" 'BEGIN {exit !(w < 1e-4)}'; then
+    pass "LoRA, 2 ranks -> 1 rank: same losses (worst relative difference $worst)"
+  else
+    fail "LoRA, 2 ranks -> 1 rank: same losses (rc $rc, $lines steps, worst $worst)"
+    tail -3 "$work/last.err"
+  fi
 fi
 
 # --- SIGUSR1 (and SIGTERM): checkpoint, exit 75, resume to the same result ---

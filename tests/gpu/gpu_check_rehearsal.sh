@@ -8,10 +8,10 @@
 # counted (from its progress log where no JUnit report was written), the test it was in named.
 # Toy sizes (L3_GPU_CHECK_REHEARSAL=1): the figures mean nothing, the plumbing does.
 #   gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC
-#                          [L3_GPU_ZERO2_TEST]]
+#                          [L3_GPU_ZERO2_TEST [L3_BENCH_LORA]]]
 set -uo pipefail
 if (($# < 4)); then
-  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC [L3_GPU_ZERO2_TEST]]" >&2
+  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC [L3_GPU_ZERO2_TEST [L3_BENCH_LORA]]]" >&2
   exit 2
 fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,6 +33,8 @@ ln -s "$(realpath "$3")" "$work/bin/l3-bench-gpu"
 ln -s "$(realpath "$4")" "$work/bin/l3-bench-train-throughput"
 if [[ -n ${5:-} ]]; then ln -s "$(realpath "$5")" "$work/bin/mpiexec"; fi
 if [[ -n ${6:-} ]]; then ln -s "$(realpath "$6")" "$work/bin/l3_gpu_zero2_test"; fi
+if [[ -n ${7:-} ]]; then ln -s "$(realpath "$7")" "$work/bin/l3-bench-lora"; fi
+lora_given=${7:+1}
 
 PATH="$work/bin:$PATH" L3_GPU_CHECK_REHEARSAL=1 bash "$root/tools/gpu-check.sh" "$work/out" \
   >"$work/check.log" 2>&1
@@ -42,9 +44,10 @@ if [[ $rc -ne 0 ]]; then
   tail -20 "$work/check.log"
   exit 1
 fi
-python3 - "$work/out" <<'PY' || { sed 's/^/  | /' "$work/check.log" | tail -40; exit 1; }
+python3 - "$work/out" "${lora_given:-0}" <<'PY' || { sed 's/^/  | /' "$work/check.log" | tail -40; exit 1; }
 import glob, json, math, os, sys
 out = sys.argv[1]
+lora_given = sys.argv[2] == "1"
 failed = False
 def check(ok, what, detail=""):
     global failed
@@ -118,6 +121,15 @@ check(len(prows) == 2 and all(len(r.get("prompt_logprobs", [])) == len(r.get("pr
       json.dumps(prows)[:800])
 check(tests.get("parity_exit_code") == 77 and "skipped" in parity,
       "and says that transformers' side did not run here", json.dumps(parity)[:300])
+if lora_given:
+    lora = doc.get("lora", {})
+    models = lora.get("models", [])
+    check(doc.get("lora_exit_code") == 0 and lora.get("backend") == "cuda" and len(models) == 1
+          and models[0].get("full", {}).get("bytes", 0) > 0
+          and all(v.get("time_ratio", 0) > 0 and 0 < v.get("memory_ratio", 0) < 1
+                  for v in models[0].get("lora", {}).values()),
+          "the LoRA benchmark ran on the CUDA backend: time and memory against full fine-tuning",
+          json.dumps(lora)[:600])
 sys.exit(1 if failed else 0)
 PY
 # A GPU suite stopped by its time limit, as the check stops it (timeout --foreground: one signal,

@@ -99,6 +99,28 @@ TEST_CASE("RunConfig takes the CLI's options, config files and setters, with its
   CHECK(expect_error([&] { config.set("lora-targets", "q,lm_head"); }) == 2);
   CHECK(expect_error([&] { config.set("lora-dropout", 1.0); }) == 2);
   config.set("lora-rank", 0);
+  // --init-adapter: the adapter's settings become the run's, through args() and back too.
+  if (world.is_root()) {
+    std::filesystem::create_directories(dir + "/adapter");
+    std::ofstream(dir + "/adapter/adapter_config.json")
+        << R"({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 32,)"
+        << R"( "lora_dropout": 0.1, "target_modules": ["q_proj", "v_proj"]})";
+  }
+  world.barrier();
+  {
+    l3::RunConfig adapted =
+        l3::RunConfig::from_args({"sft", "--model", "tiny", "--data", "d", "--global-batch", "8"});
+    adapted.set("init-adapter", dir + "/adapter");
+    const nlohmann::json resolved = nlohmann::json::parse(adapted.to_json());
+    CHECK(resolved["lora_rank"] == 8);
+    CHECK(resolved["lora_alpha"] == 32.0);
+    CHECK(resolved["lora_targets"] == "q,v");
+    CHECK(resolved["lora_dropout"] == 0.1);
+    CHECK(l3::RunConfig::from_args(adapted.args()).to_json() == adapted.to_json());
+    CHECK(expect_error([&] { adapted.set("lora-rank", 4); }) == 2);
+    adapted.set("lora-rank", 8);  // the adapter's own: fine
+    CHECK(nlohmann::json::parse(adapted.to_json())["lora_rank"] == 8);
+  }
 
   {
     std::ofstream file(dir + "/reward.ini");

@@ -30,10 +30,10 @@
 #include "kernels/cpu/cpu_ops.hpp"
 #include "model/llama_model.hpp"
 #include "relative_rms.hpp"
+#include "shared_directory.hpp"
 #include "train/evaluator.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/model_source.hpp"
-#include "shared_directory.hpp"
 
 namespace fs = std::filesystem;
 using l3::train::Phase;
@@ -758,8 +758,8 @@ TEST_CASE("LoRA checkpoints read as models: merged export, PEFT restart, a rewar
                                 {.own_gradients = false});
     (void)l3::train::initialize_model(world, plain,
                                       l3::train::resolve_model_source("", dir + "/merged"), 0);
-    const l3::data::DatasetIndex index =
-        l3::data::open_dataset(world, data, {.kind = l3::data::SampleKind::sft, .model_vocab = m.model.vocab_size});
+    const l3::data::DatasetIndex index = l3::data::open_dataset(
+        world, data, {.kind = l3::data::SampleKind::sft, .model_vocab = m.model.vocab_size});
     const l3::train::EvalMetrics e =
         l3::train::evaluate(world, plain, index, {.seq_len = c.seq_len, .micro_batch = 1});
     CHECK(std::abs(e.loss - adapted.eval->loss) <= 1e-5);
@@ -778,8 +778,7 @@ TEST_CASE("LoRA checkpoints read as models: merged export, PEFT restart, a rewar
     restart.ckpt_dir = dir + "/restart";
     const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::off});
     Trainer trainer(world, quiet, restart);
-    CHECK((trainer.model().master_to_host() ==
-           l3::train::read_checkpoint_adapters(m, step_dir)));
+    CHECK((trainer.model().master_to_host() == l3::train::read_checkpoint_adapters(m, step_dir)));
     TrainConfig reward_adapter = restart;
     reward_adapter.phase = Phase::reward;
     reward_adapter.data = pairs;
