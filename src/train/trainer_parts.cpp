@@ -268,13 +268,12 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     if (resumed_manifest->lora) p.source = resolve_model_source(c.model, resumed_manifest->base);
   }
   if (c.lora.enabled()) {
-    // An absolute path: the checkpoint names its base for runs started anywhere.
-    p.lora_base = resumed_manifest
-                      ? resumed_manifest->base
-                      : std::filesystem::absolute(p.source.origin()).lexically_normal().string();
+    p.lora_base = resumed_manifest ? resumed_manifest->base : p.source.origin();
     if (p.lora_base.empty()) {
       throw core::usage_error("--lora-rank needs the model to adapt: --init CKPT|HF_DIR");
     }
+    // An absolute path: the checkpoint names its base for runs started anywhere.
+    p.lora_base = std::filesystem::absolute(p.lora_base).lexically_normal().string();
   }
   const model::ModelConfig& mc = p.source.config;
   if (c.seq_len > mc.max_position_embeddings) {

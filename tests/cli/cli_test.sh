@@ -371,6 +371,8 @@ expect "names its config" contains "$err" "none/adapter_config.json"
 lora_common=(sft --init "$work/ck" --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1
   --lora-targets "q,v" --lora-dropout 0.1 --ckpt-dir "$work/lora-ck" --no-progress)
 lora_run=("${lora_common[@]}" --lora-rank 4)
+run "sft --lora-rank without --init" 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --lora-rank 4 --steps 1
+expect "says what is missing" contains "$err" "--lora-rank needs the model to adapt: --init CKPT|HF_DIR"
 run "sft --lora-rank" 0 "$bin" "${lora_run[@]}" --steps 3
 expect "says what trains" contains "$err" "trained: LoRA adapters of rank 4 on q,v"
 expect "a small checkpoint" [ "$(stat -c %s "$work/lora-ck/step-00000003/model.h5")" -lt 200000 ]
