@@ -96,6 +96,7 @@ std::vector<float> read_checkpoint_adapters(const ckpt::Manifest& manifest,
 LoraCheckpointModel::LoraCheckpointModel(const ModelSource& checkpoint)
     : manifest_(checkpoint.checkpoint.value()),
       step_dir_(checkpoint.step_dir),
+      seed_(run_seed(manifest_, step_dir_)),
       layout_(manifest_.model, manifest_.head),
       fold_(layout_, manifest_.layout(), read_checkpoint_adapters(manifest_, step_dir_)) {
   if (manifest_.base.empty()) {
@@ -118,8 +119,7 @@ LoraCheckpointModel::LoraCheckpointModel(const ModelSource& checkpoint)
         {.file = step_dir_});
   }
   base_source_ = std::make_unique<ModelSource>(std::move(base));
-  base_ =
-      std::make_unique<ModelTensorReader>(*base_source_, layout_, run_seed(manifest_, step_dir_));
+  base_ = std::make_unique<ModelTensorReader>(*base_source_, layout_, seed_);
 }
 
 LoraCheckpointModel::~LoraCheckpointModel() = default;
@@ -138,7 +138,7 @@ void LoraCheckpointModel::check_base_digest(const std::string& digest) const {
 }
 
 void LoraCheckpointModel::check_base(const dist::World& world) {
-  check_base_digest(base_digest(world, *base_source_, layout_, run_seed(manifest_, step_dir_)));
+  check_base_digest(base_digest(world, *base_source_, layout_, seed_));
   base_checked_ = true;
 }
 

@@ -77,6 +77,8 @@ class LoraCheckpointModel {
 
   ckpt::Manifest manifest_;
   std::string step_dir_;
+  std::uint64_t
+      seed_;  // the run's: its base's new tensors (a reward run's score head) drawn from it
   model::ParameterLayout layout_;
   model::AdapterFold fold_;
   std::unique_ptr<ModelSource> base_source_;

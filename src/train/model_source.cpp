@@ -210,14 +210,11 @@ namespace {
 
 // initial_weights_of_ranges of a LoRA checkpoint: each rank reads its shares of the base and
 // folds the adapters into them; the base is checked by the ranks together (its digest).
-std::vector<float> lora_checkpoint_ranges(const dist::World& world,
-                                          const model::ParameterLayout& layout,
-                                          const ModelSource& source, std::uint64_t seed,
-                                          const std::vector<model::FlatRange>& ranges) {
-  std::int64_t total = 0;
-  for (const model::FlatRange& r : ranges) total += r.size();
-  std::vector<float> values(static_cast<std::size_t>(total));
-  model::initialize_parameter_ranges(values, layout, seed, ranges);
+// `values`: the ranges' random initialisation, replaced where the checkpoint's model has weights.
+void read_lora_checkpoint_ranges(const dist::World& world, const model::ParameterLayout& layout,
+                                 const ModelSource& source,
+                                 const std::vector<model::FlatRange>& ranges,
+                                 std::span<float> values) {
   std::unique_ptr<LoraCheckpointModel> merged;
   std::exception_ptr failure;
   try {
@@ -236,14 +233,13 @@ std::vector<float> lora_checkpoint_ranges(const dist::World& world,
       // A head of another kind (a reward model's new score head) keeps its initialisation.
       if (in == nullptr || (is_head_tensor(t.name) && from.head() != layout.head())) continue;
       merged->read_range(*in, slice.first,
-                         std::span(values).subspan(static_cast<std::size_t>(slice.position),
-                                                   static_cast<std::size_t>(slice.count)));
+                         values.subspan(static_cast<std::size_t>(slice.position),
+                                        static_cast<std::size_t>(slice.count)));
     }
   } catch (...) {
     failure = std::current_exception();
   }
   dist::agree_on_failure(world, failure);
-  return values;
 }
 
 }  // namespace
@@ -252,12 +248,14 @@ std::vector<float> initial_weights_of_ranges(const dist::World& world,
                                              const model::ParameterLayout& layout,
                                              const ModelSource& source, std::uint64_t seed,
                                              const std::vector<model::FlatRange>& ranges) {
-  if (is_lora_checkpoint(source))
-    return lora_checkpoint_ranges(world, layout, source, seed, ranges);
   std::int64_t total = 0;
   for (const model::FlatRange& r : ranges) total += r.size();
   std::vector<float> values(static_cast<std::size_t>(total));
   model::initialize_parameter_ranges(values, layout, seed, ranges);
+  if (is_lora_checkpoint(source)) {
+    read_lora_checkpoint_ranges(world, layout, source, ranges, values);
+    return values;
+  }
   const std::optional<model::HeadKind> head = source.initial_head();
   if (!head) return values;
   std::exception_ptr failure;
@@ -313,38 +311,30 @@ ModelTensorReader::ModelTensorReader(const ModelSource& source,
 
 ModelTensorReader::~ModelTensorReader() = default;
 
-void ModelTensorReader::read(const model::TensorInfo& t, std::span<float> out) {
+bool ModelTensorReader::keeps_initialisation(const model::TensorInfo& t) const {
   const std::optional<model::HeadKind> head = source_.initial_head();
-  // A head of another kind than the source's (a reward model's new score head) keeps its
-  // random initialisation, as in read_initial_weights.
-  if (!head || (is_head_tensor(t.name) && *head != layout_.head())) {
-    model::initialize_parameter_ranges(out, layout_, seed_, {{t.offset, t.offset + t.numel}});
-    return;
-  }
-  if (hf_) {
-    hf_->read(t.name, out);
-  } else if (lora_) {
-    // The nested base's digest is not checked: the caller's digest covers what this gives.
-    const model::TensorInfo& merged = lora_->layout().find(t.name);
-    lora_->read_range(merged, 0, out);
-  } else {
-    file_->read(t.name, t.shape, 0, out);
+  // No weights to read, or a head of another kind than the source's (a reward model's new score
+  // head): the random initialisation, as in read_initial_weights.
+  return !head || (is_head_tensor(t.name) && *head != layout_.head());
+}
+
+void ModelTensorReader::read(const model::TensorInfo& t, std::span<float> out) {
+  read_range(t, 0, out);
+  // A whole tensor of a checkpoint has its checksums: checked as it is read.
+  if (file_ && !keeps_initialisation(t))
     ckpt::check_loaded_tensor(*source_.checkpoint, source_.step_dir, t, out);
-  }
 }
 
 void ModelTensorReader::read_range(const model::TensorInfo& t, std::int64_t first,
                                    std::span<float> out) {
-  const std::optional<model::HeadKind> head = source_.initial_head();
-  if (!head || (is_head_tensor(t.name) && *head != layout_.head())) {
+  if (keeps_initialisation(t)) {
     const std::int64_t begin = t.offset + first;
     model::initialize_parameter_ranges(out, layout_, seed_,
                                        {{begin, begin + static_cast<std::int64_t>(out.size())}});
-    return;
-  }
-  if (hf_) {
+  } else if (hf_) {
     hf_->read_range(t.name, first, out);
   } else if (lora_) {
+    // The nested base's digest is not checked: the caller's digest covers what this gives.
     lora_->read_range(lora_->layout().find(t.name), first, out);
   } else {
     file_->read(t.name, t.shape, first, out);

@@ -97,6 +97,9 @@ class ModelTensorReader {
   void read_range(const model::TensorInfo& t, std::int64_t first, std::span<float> out);
 
  private:
+  // `t` is not read: it keeps its random initialisation.
+  [[nodiscard]] bool keeps_initialisation(const model::TensorInfo& t) const;
+
   ModelSource source_;
   model::ParameterLayout layout_;
   std::uint64_t seed_;
