@@ -127,6 +127,26 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "checkpoint-every",
       core::number<std::int64_t>(core::between(0, kMaxSteps))->default_value(0)->value_name("N"),
       "also checkpoint every N steps (0: only at the end)")(
+      "ckpt-local", po::value<std::string>()->value_name("DIR"),
+      "node-local checkpoint storage (local NVMe, $TMPDIR, /dev/shm; %h: the node's name): each "
+      "rank writes only its own state there, with copies on other nodes (docs/HPC.md)")(
+      "checkpoint-every-local",
+      core::number<std::int64_t>(core::between(0, kMaxSteps))->default_value(0)->value_name("K"),
+      "write a node-local checkpoint every K steps (with --ckpt-local)")(
+      "ckpt-redundancy",
+      po::value<std::string>()->default_value("partner")->value_name("partner|xor|none"),
+      "how node-local checkpoints survive a lost node: a copy of each rank's state on another "
+      "node, XOR parity over ranks on different nodes, or nothing")(
+      "flush-every",
+      core::number<std::int64_t>(core::between(0, kMaxSteps))
+          ->default_value(d.flush_every)
+          ->value_name("M"),
+      "also write every M-th node-local checkpoint to --ckpt-dir, in the background (0: never; "
+      "the final and requested checkpoints always go there)")(
+      "ckpt-xor-set",
+      core::number<int>(core::between(2, 1024))->default_value(d.xor_set_size)->value_name("N"),
+      "--ckpt-redundancy xor: ranks per parity set (on as many nodes); each stores 1/(N-1) of a "
+      "state extra")(
       "max-bad-steps",
       core::number<int>(core::between(1, 1e6))->default_value(d.max_bad_steps)->value_name("N"),
       "stop after N steps in a row with a non-finite loss or gradient norm (they are skipped)")(
@@ -319,6 +339,11 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.metrics = optional_string(o, "metrics");
   c.ckpt_dir = optional_string(o, "ckpt-dir");
   c.checkpoint_every = get<std::int64_t>(o, "checkpoint-every");
+  c.ckpt_local = optional_string(o, "ckpt-local");
+  c.checkpoint_every_local = get<std::int64_t>(o, "checkpoint-every-local");
+  c.ckpt_redundancy = ckpt::parse_redundancy(get<std::string>(o, "ckpt-redundancy"));
+  c.flush_every = get<std::int64_t>(o, "flush-every");
+  c.xor_set_size = get<int>(o, "ckpt-xor-set");
   c.max_bad_steps = get<int>(o, "max-bad-steps");
   c.peak_tflops = get<double>(o, "peak-tflops");
   c.shard_optimizer = !get<bool>(o, "no-shard-optimizer");

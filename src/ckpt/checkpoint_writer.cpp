@@ -278,6 +278,13 @@ std::optional<WriteReport> CheckpointWriter::wait() {
   return std::exchange(s.report, std::nullopt);
 }
 
+WriteReport CheckpointWriter::write_here(const model::ParameterLayout& layout, Manifest manifest,
+                                         const RankState& state) {
+  if (impl_->in_flight)
+    throw core::internal_error("CheckpointWriter::write_here with a write in flight");
+  return impl_->run(layout, manifest, state, core::Stopwatch());
+}
+
 void CheckpointWriter::write(const model::ParameterLayout& layout, Manifest manifest,
                              RankState state) {
   (void)wait();

@@ -53,6 +53,10 @@ class CheckpointWriter {
   // (this rank's ranges) as checkpoint manifest.step; rank 0's `manifest` is the one written
   // (the tensor table is filled in here). Returns once the write is under way (async) or done.
   void write(const model::ParameterLayout& layout, Manifest manifest, RankState state);
+  // The same protocol on the calling thread, for a writer with nothing in flight (the node-local
+  // level's flush, from its own background thread). Collective over the writer's communicator.
+  WriteReport write_here(const model::ParameterLayout& layout, Manifest manifest,
+                         const RankState& state);
   // Waits for the write in flight, if any, and returns its report; a failed write throws
   // (the same error on every rank). Collective only in the sense that every rank must call it.
   std::optional<WriteReport> wait();

@@ -1,6 +1,7 @@
 #include "ckpt/rank_state.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace l3::ckpt {
 
@@ -18,6 +19,31 @@ void RankState::allocate(std::vector<model::FlatRange> owned) {
   master.resize(n);
   exp_avg.resize(n);
   exp_avg_sq.resize(n);
+}
+
+RankState restrict_state(const RankState& state, const std::vector<model::FlatRange>& ranges) {
+  RankState out;
+  out.allocate(ranges);
+  std::int64_t to = 0;
+  for (const model::FlatRange& want : ranges) {
+    std::int64_t from = 0;
+    bool found = false;
+    for (const model::FlatRange& have : state.ranges) {
+      if (want.begin >= have.begin && want.end <= have.end) {
+        from += want.begin - have.begin;
+        found = true;
+        break;
+      }
+      from += have.size();
+    }
+    if (!found) throw std::out_of_range("restrict_state: a range outside the state");
+    const auto n = static_cast<std::size_t>(want.size());
+    std::copy_n(state.master.begin() + from, n, out.master.begin() + to);
+    std::copy_n(state.exp_avg.begin() + from, n, out.exp_avg.begin() + to);
+    std::copy_n(state.exp_avg_sq.begin() + from, n, out.exp_avg_sq.begin() + to);
+    to += want.size();
+  }
+  return out;
 }
 
 std::vector<TensorSlice> tensor_slices(const model::ParameterLayout& layout,

@@ -22,6 +22,10 @@ struct RankState {
   void allocate(std::vector<model::FlatRange> owned);
 };
 
+// The part of `state` over `ranges` (each within one of state's ranges), copied.
+[[nodiscard]] RankState restrict_state(const RankState& state,
+                                       const std::vector<model::FlatRange>& ranges);
+
 // A contiguous run of one tensor's elements inside a rank's ranges.
 struct TensorSlice {
   std::size_t tensor = 0;  // index into layout.tensors()

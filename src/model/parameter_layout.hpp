@@ -36,6 +36,7 @@ struct FlatRange {
   std::int64_t begin = 0;
   std::int64_t end = 0;
   [[nodiscard]] std::int64_t size() const noexcept { return end - begin; }
+  bool operator==(const FlatRange&) const = default;
 };
 
 // Offsets of one decoder block's tensors.

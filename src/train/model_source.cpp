@@ -120,27 +120,42 @@ void read_hugging_face_weights(const ModelSource& source, const model::Parameter
 
 }  // namespace
 
+namespace {
+
+void require_same_model(const std::string& model, const ModelSource& source) {
+  if (model.empty()) return;
+  const model::ModelConfig given = model::resolve_model(model);
+  if (given.to_hf_json() != source.config.to_hf_json()) {
+    throw core::usage_error(
+        fmt::format("--model {} does not describe the model of {} (leave --model out to use "
+                    "its own)",
+                    model, source.origin()));
+  }
+}
+
+}  // namespace
+
+ModelSource checkpoint_model_source(const std::string& model, const ckpt::Manifest& manifest,
+                                    const std::string& origin) {
+  ModelSource source;
+  source.step_dir = origin;
+  source.checkpoint = manifest;
+  source.config = manifest.model;
+  source.config.name = origin;
+  require_same_model(model, source);
+  return source;
+}
+
 ModelSource resolve_model_source(const std::string& model, const std::string& init) {
   ModelSource source;
   if (!init.empty()) {
     if (!ckpt::is_checkpoint(init) && is_hugging_face_dir(init)) {
       source = hugging_face_source(init);
-    } else {
-      source.step_dir = ckpt::resolve_checkpoint(init);
-      source.checkpoint = ckpt::read_manifest(source.step_dir);
-      source.config = source.checkpoint->model;
-      source.config.name = source.step_dir;
+      require_same_model(model, source);
+      return source;
     }
-    if (!model.empty()) {
-      const model::ModelConfig given = model::resolve_model(model);
-      if (given.to_hf_json() != source.config.to_hf_json()) {
-        throw core::usage_error(
-            fmt::format("--model {} does not describe the model of {} (leave --model out to use "
-                        "its own)",
-                        model, source.origin()));
-      }
-    }
-    return source;
+    const std::string step_dir = ckpt::resolve_checkpoint(init);
+    return checkpoint_model_source(model, ckpt::read_manifest(step_dir), step_dir);
   }
   source.config = model::resolve_model(model);
   return source;

@@ -50,6 +50,10 @@ struct ModelSource {
 // empty when `init` is given; when both are given they must describe the same model.
 // usage/bad_input Errors name the path.
 [[nodiscard]] ModelSource resolve_model_source(const std::string& model, const std::string& init);
+// The same for a checkpoint's manifest read elsewhere (the node-local level); `origin` names it.
+[[nodiscard]] ModelSource checkpoint_model_source(const std::string& model,
+                                                  const ckpt::Manifest& manifest,
+                                                  const std::string& origin);
 
 // This process alone: reads the initial weights of `source` (checkpoint or Hugging Face; none
 // for a random start) into `flat`, laid out by `layout`, with the checks described below.

@@ -1,28 +1,75 @@
 #include "train/run_checkpoints.hpp"
 
+#include <fmt/format.h>
+#include <mpi.h>
+
 #include <algorithm>
 #include <exception>
 
 #include "ckpt/checkpoint_reader.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "core/trace_range.hpp"
 #include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
+#include "dist/node_map.hpp"
 #include "train/data_parallel.hpp"
 #include "train/progress_bar.hpp"
+#include "train/train_config.hpp"
 
 namespace l3::train {
 
+std::optional<LocalLevel> plan_local_level(const dist::World& world, const core::Logger& log,
+                                           const TrainConfig& config) {
+  if (config.ckpt_local.empty()) return std::nullopt;
+  const dist::NodeMap nodes = dist::NodeMap::of(world);
+  LocalLevel level;
+  level.node = nodes.name_of_rank(world.rank());
+  level.directory = ckpt::local_level_directory(config.ckpt_local, level.node, config.ckpt_dir);
+  level.every = config.checkpoint_every_local;
+  level.flush_every = config.flush_every;
+  level.plan = ckpt::plan_redundancy(config.ckpt_redundancy, nodes, config.xor_set_size);
+  std::exception_ptr failure;
+  try {
+    core::check_writable_directory(level.directory, "--ckpt-local");
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+  if (!level.plan.downgraded.empty() && config.ckpt_redundancy != ckpt::Redundancy::none) {
+    log.warn("--ckpt-redundancy {}: {}", ckpt::redundancy_name(config.ckpt_redundancy),
+             level.plan.downgraded);
+  }
+  log.info("node-local checkpoints every {} steps in {} ({} node{}{}), {}; {}", level.every,
+           config.ckpt_local, nodes.nodes(), nodes.nodes() == 1 ? "" : "s",
+           nodes.pretended ? ", pretended by L3_PRETEND_NODES" : "", level.plan.describe(),
+           level.flush_every > 0
+               ? fmt::format("every {}th also to {}", level.flush_every, config.ckpt_dir)
+               : fmt::format("only the final one to {}", config.ckpt_dir));
+  return level;
+}
+
 RunCheckpoints::RunCheckpoints(const dist::World& world, const core::Logger& log,
                                ProgressBar& progress, const std::string& ckpt_dir,
-                               ckpt::WriterPolicy policy, const DataParallel& parallel)
-    : log_(log), progress_(progress) {
+                               ckpt::WriterPolicy policy, const DataParallel& parallel,
+                               std::optional<LocalLevel> local)
+    : log_(log), progress_(progress), local_(std::move(local)) {
   if (ckpt_dir.empty()) return;
   writer_ = std::make_unique<ckpt::CheckpointWriter>(world, ckpt_dir, policy);
   ckpt::RankState spare;
   spare.allocate(parallel.write_ranges());
   writer_->provide_spare(std::move(spare));
+  if (!local_) return;
+  local_writer_ = std::make_unique<ckpt::LocalCheckpointWriter>(
+      world, ckpt::LocalLevelConfig{.directory = local_->directory,
+                                    .node = local_->node,
+                                    .plan = local_->plan,
+                                    .async = policy.async});
+  ckpt::RankState local_spare;
+  local_spare.allocate(parallel.optimizer().state_ranges());
+  local_writer_->provide_spare(std::move(local_spare));
 }
 
 RunCheckpoints::~RunCheckpoints() = default;
@@ -30,7 +77,7 @@ RunCheckpoints::~RunCheckpoints() = default;
 void RunCheckpoints::start(const ckpt::RunFacts& run, DataParallel& parallel,
                            const model::ParameterLayout& layout) {
   if (!writer_) throw core::usage_error("no --ckpt-dir: nowhere to write a checkpoint");
-  finish();  // the previous one first
+  finish();  // the previous ones first (a flush of the node-local level writes here too)
   const core::Stopwatch watch;
   ckpt::Manifest manifest = ckpt::describe_checkpoint(run);
   // The host snapshot: this rank's pieces of the master weights and moments, in the previous
@@ -47,33 +94,114 @@ void RunCheckpoints::start(const ckpt::RunFacts& run, DataParallel& parallel,
   if (!writer_->busy()) finish();
 }
 
+void RunCheckpoints::start_local(const ckpt::RunFacts& run, DataParallel& parallel,
+                                 const model::ParameterLayout& layout, bool allow_flush) {
+  if (!local_writer_) return;
+  finish();
+  const core::Stopwatch watch;
+  const bool flush = allow_flush && local_->flush_every > 0 &&
+                     (run.step / local_->every) % local_->flush_every == 0;
+  ckpt::Manifest manifest = ckpt::describe_checkpoint(run);
+  const core::TraceRange range("node-local checkpoint snapshot");
+  ckpt::RankState state = local_writer_->take_spare();
+  const std::vector<model::FlatRange> mine = parallel.optimizer().state_ranges();
+  state.allocate(mine);
+  parallel.optimizer().save_master(mine, state.master);
+  parallel.optimizer().save_moments(mine, state.exp_avg, state.exp_avg_sq);
+  local_writer_->write(layout, std::move(manifest), std::move(state),
+                       flush ? writer_.get() : nullptr, parallel.write_ranges());
+  local_snapshot_seconds_ = watch.seconds();
+  pending_local_step_ = run.step;
+  if (flush) pending_step_ = run.step;
+  if (!local_writer_->busy()) finish();
+}
+
 void RunCheckpoints::finish_if_ready() {
-  if (writer_ && writer_->ready()) finish();
+  if ((writer_ && writer_->ready()) || (local_writer_ && local_writer_->ready())) finish();
 }
 
 void RunCheckpoints::finish() {
+  finish_local();
+  finish_global();
+}
+
+void RunCheckpoints::finish_global() {
   if (!writer_ || !writer_->busy()) return;
   const std::optional<ckpt::WriteReport> report = writer_->wait();
+  if (report) committed(*report, pending_step_, snapshot_seconds_);
+}
+
+void RunCheckpoints::finish_local() {
+  if (!local_writer_ || !local_writer_->busy()) return;
+  const std::optional<ckpt::LocalWriteReport> report = local_writer_->wait();
   if (!report) return;
   progress_.clear();
-  log_.info(
-      "checkpoint {} committed: {:.1f} MB in {:.2f} s (training paused {:.3f} s for the "
-      "snapshot)",
-      report->directory, static_cast<double>(report->bytes) / 1e6, report->seconds,
-      snapshot_seconds_);
-  longest_seconds_ = std::max(longest_seconds_, report->seconds);
-  last_directory_ = report->directory;
-  last_step_ = pending_step_;
-  last_report_ = {.step = pending_step_,
-                  .directory = report->directory,
-                  .bytes = report->bytes,
-                  .seconds = report->seconds};
+  if (report->failure.empty()) {
+    log_.info(
+        "node-local checkpoint of step {} complete: {:.1f} MB on the nodes in {:.2f} s (training "
+        "paused {:.3f} s for the snapshot)",
+        report->step, static_cast<double>(report->bytes) / 1e6, report->seconds,
+        local_snapshot_seconds_);
+  } else {
+    log_.warn("node-local checkpoint of step {} failed, the run goes on: {}", report->step,
+              report->failure);
+  }
+  if (report->flushed) committed(*report->flushed, report->step, 0);
+}
+
+void RunCheckpoints::committed(const ckpt::WriteReport& report, std::int64_t step, double paused) {
+  progress_.clear();
+  if (paused > 0) {
+    log_.info(
+        "checkpoint {} committed: {:.1f} MB in {:.2f} s (training paused {:.3f} s for the "
+        "snapshot)",
+        report.directory, static_cast<double>(report.bytes) / 1e6, report.seconds, paused);
+  } else {
+    log_.info(
+        "checkpoint {} committed (flushed from the node-local snapshot): {:.1f} MB in {:.2f} s",
+        report.directory, static_cast<double>(report.bytes) / 1e6, report.seconds);
+  }
+  longest_seconds_ = std::max(longest_seconds_, report.seconds);
+  last_directory_ = report.directory;
+  last_step_ = step;
+  last_report_ = {.step = step,
+                  .directory = report.directory,
+                  .bytes = report.bytes,
+                  .seconds = report.seconds};
   for (const auto& callback : callbacks_) callback(last_report_);
+}
+
+void RunCheckpoints::resumed_from_local(std::int64_t step) {
+  if (local_writer_) local_writer_->resumed_at(step);
 }
 
 void RunCheckpoints::resumed_from(const std::string& step_dir, std::int64_t step) {
   last_directory_ = step_dir;
   last_step_ = step;
+}
+
+std::optional<ResumedState> restore_local_state(const dist::World& world, const core::Logger& log,
+                                                const ckpt::LocalState& local,
+                                                const std::string& origin, DataParallel& parallel) {
+  int fits = local.state.ranges == parallel.optimizer().state_ranges() ? 1 : 0;
+  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, world.comm()),
+                  "MPI_Allreduce(local ranges)");
+  if (fits == 0) return std::nullopt;
+  const ckpt::RankState& state = local.state;
+  const ckpt::Manifest& manifest = local.manifest;
+  parallel.optimizer().load_master(state.ranges, state.master);
+  parallel.optimizer().load_moments(state.ranges, state.exp_avg, state.exp_avg_sq);
+  parallel.optimizer().set_adamw_steps(manifest.adamw_step);
+  parallel.gather_parameters();
+  const ResumedState resumed{.step = manifest.step,
+                             .position = {manifest.data_epoch, manifest.data_step},
+                             .skipped_steps = manifest.skipped_steps,
+                             .trained_tokens = manifest.trained_tokens,
+                             .trained_seconds = manifest.trained_seconds};
+  log.info(
+      "resumed at step {} (data epoch {} step {}, {} AdamW updates) from the node-local level: {}",
+      resumed.step, resumed.position.epoch, resumed.position.step, manifest.adamw_step, origin);
+  return resumed;
 }
 
 ResumedState restore_checkpoint(const dist::World& world, const core::Logger& log,

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "ckpt/checkpoint_writer.hpp"
+#include "ckpt/local_checkpoint_writer.hpp"
+#include "ckpt/local_files.hpp"
 #include "ckpt/manifest.hpp"
 #include "io/data/data_loader.hpp"
 #include "l3/l3.hpp"
@@ -26,15 +28,34 @@ class DataParallel;
 class ProgressBar;
 using CheckpointReport = l3::CheckpointInfo;
 
+struct TrainConfig;
+
+// The node-local level of a run (--ckpt-local): this rank's directory of it, its node, and how
+// the level survives a lost node.
+struct LocalLevel {
+  std::string directory;
+  std::string node;
+  ckpt::RedundancyPlan plan;
+  std::int64_t every = 0;        // steps between node-local checkpoints
+  std::int64_t flush_every = 0;  // every this many of them also to --ckpt-dir (0: never)
+};
+// Collective. Nothing without --ckpt-local. Creates this rank's directory; a rank that cannot
+// write it fails every rank (bad_input naming --ckpt-local and the directory). Logs the plan,
+// and warns when the redundancy asked for cannot be had (a single node).
+[[nodiscard]] std::optional<LocalLevel> plan_local_level(const dist::World& world,
+                                                         const core::Logger& log,
+                                                         const TrainConfig& config);
+
 class RunCheckpoints {
  public:
   // Without a directory (`ckpt_dir` empty) nothing is written: enabled() is false. Collective.
   // The snapshot buffer (this rank's share of the weights and both moments: 12 bytes per
   // parameter / ranks) is allocated and touched now instead of in the first checkpoint's
   // pause, and reused by every checkpoint.
+  // With `local`, node-local checkpoints too (start_local), with their own snapshot buffer.
   RunCheckpoints(const dist::World& world, const core::Logger& log, ProgressBar& progress,
                  const std::string& ckpt_dir, ckpt::WriterPolicy policy,
-                 const DataParallel& parallel);
+                 const DataParallel& parallel, std::optional<LocalLevel> local = std::nullopt);
   ~RunCheckpoints();
   RunCheckpoints(const RunCheckpoints&) = delete;
   RunCheckpoints& operator=(const RunCheckpoints&) = delete;
@@ -47,17 +68,26 @@ class RunCheckpoints {
   // first). usage Error when not enabled.
   void start(const ckpt::RunFacts& run, DataParallel& parallel,
              const model::ParameterLayout& layout);
-  // Waits for the checkpoint in flight, if any, and reports it (log, callbacks).
+  // Starts a node-local checkpoint of the state now (every rank its own state ranges), flushed
+  // to --ckpt-dir as well when it is the flush_every-th; the previous checkpoint is finished
+  // first. Without a local level: nothing.
+  void start_local(const ckpt::RunFacts& run, DataParallel& parallel,
+                   const model::ParameterLayout& layout, bool allow_flush = true);
+  [[nodiscard]] bool local_enabled() const noexcept { return local_writer_ != nullptr; }
+  [[nodiscard]] std::int64_t local_every() const noexcept { return local_ ? local_->every : 0; }
+  // Waits for the checkpoints in flight, if any, and reports them (log, callbacks).
   void finish();
   // finish() when the checkpoint in flight is done, without waiting.
   void finish_if_ready();
-  // Whether a checkpoint of `step` is committed or being written.
+  // Whether a checkpoint of `step` is committed or being written in --ckpt-dir.
   [[nodiscard]] bool has(std::int64_t step) const noexcept {
     return last_step_ == step || pending_step_ == step;
   }
 
   // The run resumed from `step_dir` at `step`: it counts as the last checkpoint.
   void resumed_from(const std::string& step_dir, std::int64_t step);
+  // The run resumed from the node-local level at `step`.
+  void resumed_from_local(std::int64_t step);
   [[nodiscard]] const std::string& last_directory() const noexcept { return last_directory_; }
   [[nodiscard]] std::int64_t last_step() const noexcept { return last_step_; }
   // The last report given to the callbacks (empty before the first commit).
@@ -70,9 +100,17 @@ class RunCheckpoints {
   }
 
  private:
+  void finish_global();
+  void finish_local();
+  void committed(const ckpt::WriteReport& report, std::int64_t step, double paused);
+
   const core::Logger& log_;
   ProgressBar& progress_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
+  std::optional<LocalLevel> local_;
+  std::unique_ptr<ckpt::LocalCheckpointWriter> local_writer_;
+  std::int64_t pending_local_step_ = -1;
+  double local_snapshot_seconds_ = 0;
   std::int64_t pending_step_ = -1;
   double snapshot_seconds_ = 0;
   double longest_seconds_ = 0;
@@ -99,5 +137,13 @@ struct ResumedState {
                                               const ckpt::Manifest& manifest,
                                               DataParallel& parallel,
                                               const model::ParameterLayout& layout);
+// The same from this rank's state of the node-local level (read by ckpt::resume_from_local_level):
+// its ranges must be this rank's state ranges now; false on every rank when they are not on
+// some rank (another partition of the optimizer state: --bucket-mb changed), nothing loaded.
+[[nodiscard]] std::optional<ResumedState> restore_local_state(const dist::World& world,
+                                                              const core::Logger& log,
+                                                              const ckpt::LocalState& local,
+                                                              const std::string& origin,
+                                                              DataParallel& parallel);
 
 }  // namespace l3::train

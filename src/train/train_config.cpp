@@ -27,6 +27,11 @@ void TrainConfig::validate() const {
   require(global_batch > 0, "--global-batch is required and must be positive");
   require(!(steps > 0 && epochs > 0), "give --steps or --epochs, not both");
   require(checkpoint_every == 0 || !ckpt_dir.empty(), "--checkpoint-every needs --ckpt-dir");
+  require(ckpt_local.empty() || !ckpt_dir.empty(),
+          "--ckpt-local needs --ckpt-dir (where the node-local level is flushed, and the final "
+          "checkpoint goes)");
+  require(ckpt_local.empty() == (checkpoint_every_local == 0),
+          "--ckpt-local and --checkpoint-every-local go together (where and how often)");
   require(resume.mode != ckpt::ResumeMode::path || !resume.path.empty(),
           "--resume takes auto, none or a checkpoint path");
   require(resume.mode != ckpt::ResumeMode::path || !ckpt_dir.empty(),
@@ -154,6 +159,11 @@ nlohmann::json TrainConfig::to_json() const {
           {"metrics", metrics},
           {"ckpt_dir", ckpt_dir},
           {"checkpoint_every", checkpoint_every},
+          {"ckpt_local", ckpt_local},
+          {"checkpoint_every_local", checkpoint_every_local},
+          {"ckpt_redundancy", ckpt::redundancy_name(ckpt_redundancy)},
+          {"flush_every", flush_every},
+          {"ckpt_xor_set", xor_set_size},
           {"max_bad_steps", max_bad_steps},
           {"keep_last", keep_last},
           {"peak_tflops", peak_tflops}};

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "ckpt/local_redundancy.hpp"
 #include "ckpt/resume.hpp"
 #include "kernels/backends.hpp"
 #include "l3/l3.hpp"
@@ -91,6 +92,14 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string metrics;   // JSONL file, appended to; empty: none
   std::string ckpt_dir;  // empty: no checkpoints
   std::int64_t checkpoint_every = 0;
+  // The node-local level (docs/HPC.md): every checkpoint_every_local steps each rank's state to
+  // ckpt_local ("%h": the node's name) with copies on other nodes; every flush_every-th of those
+  // also to ckpt_dir.
+  std::string ckpt_local;  // empty: no node-local level
+  std::int64_t checkpoint_every_local = 0;
+  ckpt::Redundancy ckpt_redundancy = ckpt::Redundancy::partner;
+  std::int64_t flush_every = 10;  // 0: never (the final and requested checkpoints still are)
+  int xor_set_size = 8;
   ckpt::ResumeChoice resume;         // the newest good one in ckpt_dir, none, or a path
   bool verify_resume = true;         // check every checksum before resuming (else structure)
   int keep_last = 3;                 // complete checkpoints kept (at least 2)

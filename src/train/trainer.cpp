@@ -49,6 +49,7 @@ struct Trainer::Impl {
       prior_tokens = r->trained_tokens;
       prior_seconds = r->trained_seconds;
     }
+    if (parts->reprotect_local) local_checkpoint(false);
   }
 
   // One optimizer step: the data, forward and backward over the micro-batches (the gradient
@@ -211,36 +212,46 @@ struct Trainer::Impl {
   // --checkpoint-sync), unless one of this step exists.
   void checkpoint() {
     if (checkpoints.has(done)) return;
+    checkpoints.start(facts(), parallel, model.trainable_layout());
+  }
+
+  // Starts a node-local checkpoint of the state after `done` steps (flushed to --ckpt-dir when
+  // it is the flush_every-th, unless `allow_flush` is false).
+  void local_checkpoint(bool allow_flush = true) {
+    checkpoints.start_local(facts(), parallel, model.trainable_layout(), allow_flush);
+  }
+
+  // What a checkpoint of the state after `done` steps records.
+  ckpt::RunFacts facts() const {
     nlohmann::json metrics = nlohmann::json::object();
     if (last_step) metrics["last_step"] = to_json(*last_step);
     if (last_eval) metrics["last_eval"] = to_json(*last_eval);
     const LrSchedule& s = parts->schedule;
-    checkpoints.start({.step = done,
-                       .phase = std::string(phase_name(config.phase)),
-                       .head = model.layout().head(),
-                       .model = model.config(),
-                       .world_size = world.size(),
-                       .data_epoch = position.epoch,
-                       .data_step = position.step,
-                       .finished = done >= total,
-                       .tokenizer_sha256 = parts->index.tokenizer_sha256,
-                       .tokenizer = parts->index.tokenizer_name,
-                       .config = config.to_json(),
-                       .adamw_step = parallel.optimizer().adamw_steps(),
-                       .skipped_steps = skipped,
-                       .trained_tokens = prior_tokens + run_tokens,
-                       .trained_seconds = prior_seconds + run_seconds,
-                       .schedule = {.lr = s.lr,
-                                    .min_lr = s.min_lr,
-                                    .warmup = s.warmup,
-                                    .total_steps = s.total,
-                                    .next_lr = s.at(done)},
-                       .seed = config.seed,
-                       .metrics = std::move(metrics),
-                       .lora = model.has_adapters() ? std::optional(config.lora) : std::nullopt,
-                       .base = parts->lora_base,
-                       .base_xxh64 = parts->lora_base_xxh64},
-                      parallel, model.trainable_layout());
+    return ckpt::RunFacts{.step = done,
+                          .phase = std::string(phase_name(config.phase)),
+                          .head = model.layout().head(),
+                          .model = model.config(),
+                          .world_size = world.size(),
+                          .data_epoch = position.epoch,
+                          .data_step = position.step,
+                          .finished = done >= total,
+                          .tokenizer_sha256 = parts->index.tokenizer_sha256,
+                          .tokenizer = parts->index.tokenizer_name,
+                          .config = config.to_json(),
+                          .adamw_step = parallel.optimizer().adamw_steps(),
+                          .skipped_steps = skipped,
+                          .trained_tokens = prior_tokens + run_tokens,
+                          .trained_seconds = prior_seconds + run_seconds,
+                          .schedule = {.lr = s.lr,
+                                       .min_lr = s.min_lr,
+                                       .warmup = s.warmup,
+                                       .total_steps = s.total,
+                                       .next_lr = s.at(done)},
+                          .seed = config.seed,
+                          .metrics = std::move(metrics),
+                          .lora = model.has_adapters() ? std::optional(config.lora) : std::nullopt,
+                          .base = parts->lora_base,
+                          .base_xxh64 = parts->lora_base_xxh64};
   }
 
   // The step boundary's decision, agreed by every rank: false when the run stops here.
@@ -317,6 +328,9 @@ bool Trainer::step() {
   s.checkpoints.finish_if_ready();
   if (s.config.checkpoint_every > 0 && s.done % s.config.checkpoint_every == 0 && s.done < s.total)
     s.checkpoint();
+  if (const std::int64_t every = s.checkpoints.local_every();
+      every > 0 && s.done % every == 0 && s.done < s.total && !s.checkpoints.has(s.done))
+    s.local_checkpoint();
   if (s.config.eval_every > 0 && s.done % s.config.eval_every == 0 && s.done < s.total)
     s.evaluate();
   return true;

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checksum.hpp"
+#include "ckpt/local_restore.hpp"
 #include "ckpt/peft_adapter.hpp"
 #include "ckpt/resume.hpp"
 #include "core/error.hpp"
@@ -235,6 +237,43 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
       p.parallel->exchange_name());
 }
 
+// --resume with the node-local level: auto takes its newest step every rank can be restored
+// from, when it is not older than --ckpt-dir's (`resume_dir`); steps after the one resumed are
+// discarded (a crashed run's), as are all of them when resuming from a path. none refuses to
+// start over where an earlier run left node-local checkpoints. Collective.
+std::optional<ckpt::LocalResume> resume_local_level(const dist::World& world,
+                                                    const core::Logger& log, const TrainConfig& c,
+                                                    const std::string& directory,
+                                                    const std::string& resume_dir) {
+  switch (c.resume.mode) {
+    case ckpt::ResumeMode::automatic: {
+      const std::int64_t global = resume_dir.empty() ? -1 : ckpt::read_manifest(resume_dir).step;
+      std::optional<ckpt::LocalResume> r =
+          ckpt::resume_from_local_level(world, log, directory, global, c.verify_resume);
+      ckpt::discard_local_steps_after(world, directory, r ? r->step : global);
+      if (r) {
+        log.info("resuming from the node-local level at step {}{}: {}", r->step,
+                 global >= 0 ? fmt::format(" (--ckpt-dir's newest is step {})", global) : "",
+                 r->description);
+      }
+      return r;
+    }
+    case ckpt::ResumeMode::none:
+      if (ckpt::local_level_has_steps(world, directory)) {
+        throw core::usage_error(fmt::format(
+            "--resume none: the node-local level (--ckpt-local {}) holds checkpoints of an "
+            "earlier run into {}; a new run would mix its checkpoints with them: choose another "
+            "--ckpt-dir, remove them, or resume (--resume auto)",
+            c.ckpt_local, c.ckpt_dir));
+      }
+      return std::nullopt;
+    case ckpt::ResumeMode::path:
+      ckpt::discard_local_steps_after(world, directory, -1);
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const core::Logger& log,
@@ -253,15 +292,26 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
       {.device = c.device, .attention = c.attention, .deterministic = c.deterministic});
   check_outputs_writable(world, c);
 
-  // The model: resumed, from --init, or a preset/config.json with fresh weights.
+  // The model: resumed (from the node-local level or --ckpt-dir, whichever is newer), from
+  // --init, or a preset/config.json with fresh weights.
+  std::optional<LocalLevel> level = plan_local_level(world, log, c);
   const std::string resume_dir = ckpt::choose_resume(
       world, log,
       {.ckpt_dir = c.ckpt_dir, .choice = c.resume, .verify_checksums = c.verify_resume});
-  p.source = resolve_model_source(c.model, resume_dir.empty() ? c.init : resume_dir);
+  std::optional<ckpt::LocalResume> local_resume;
+  if (level) local_resume = resume_local_level(world, log, c, level->directory, resume_dir);
+  const std::string local_origin = local_resume
+                                       ? fmt::format("{}/{} (node-local)", level->directory,
+                                                     ckpt::step_dir_name(local_resume->step))
+                                       : std::string();
+  const bool resuming = !resume_dir.empty() || local_resume;
+  p.source = local_resume
+                 ? checkpoint_model_source(c.model, local_resume->state.manifest, local_origin)
+                 : resolve_model_source(c.model, resume_dir.empty() ? c.init : resume_dir);
   // A LoRA checkpoint holds the adapters: the weights come from the frozen model it recorded.
   std::optional<ckpt::Manifest> resumed_manifest;
   std::string resumed_step_dir;
-  if (!resume_dir.empty()) {
+  if (resuming) {
     resumed_manifest = p.source.checkpoint;
     resumed_step_dir = p.source.step_dir;
     check_lora_resume(*resumed_manifest, resumed_step_dir, c.lora);
@@ -284,7 +334,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     throw core::usage_error(
         fmt::format("--init {} is a reward model; SFT needs a language model", p.source.origin()));
   }
-  if (!resume_dir.empty()) {
+  if (resuming) {
     ckpt::check_resume_compatible(*resumed_manifest,
                                   {.phase = phase_name(c.phase),
                                    .config = c.to_json(),
@@ -331,7 +381,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     p.model->set_parameter_window(p.parallel->parameter_window());
   }
   data::Position position{0, 0};
-  if (resume_dir.empty() && zero3 && !frozen_sharded) {
+  if (!resuming && zero3 && !frozen_sharded) {
     // Each rank reads and initialises its own pieces: no rank ever holds the whole model.
     ShardedOptimizer& optimizer = p.parallel->optimizer();
     const std::vector<model::FlatRange> mine = optimizer.state_ranges();
@@ -365,20 +415,49 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
       p.model->load_adapters(adapters);
       if (shard_master) p.parallel->optimizer().load_master_from_whole(adapters);
     }
-  } else if (resume_dir.empty()) {
+  } else if (!resuming) {
     const std::vector<float> initial = initialize_model(world, *p.model, p.source, c.seed);
     if (shard_master) p.parallel->optimizer().load_master_from_whole(initial);
   }
-  if (!resume_dir.empty()) {
-    p.resumed = restore_checkpoint(world, log, resume_dir, *resumed_manifest, *p.parallel, trained);
+  if (local_resume) {
+    p.resumed = restore_local_state(world, log, local_resume->state, local_origin, *p.parallel);
+    if (!p.resumed) {
+      if (resume_dir.empty()) {
+        throw core::usage_error(fmt::format(
+            "the node-local level's states ({}) were written with another partition of the "
+            "optimizer state (other sharding or --bucket-mb), and --ckpt-dir holds no "
+            "checkpoint: resume with the options of the run that wrote them",
+            local_origin));
+      }
+      log.warn(
+          "the node-local level's states do not fit this run's partition of the optimizer "
+          "state (other sharding or --bucket-mb): resuming from {} instead",
+          resume_dir);
+      local_resume.reset();
+    }
+  }
+  if (!local_resume && !resume_dir.empty()) {
+    p.resumed = restore_checkpoint(world, log, resume_dir, ckpt::read_manifest(resume_dir),
+                                   *p.parallel, trained);
+  }
+  if (p.resumed) {
     p.ops->synchronize();
     position = p.resumed->position;
   }
   p.progress = std::make_unique<ProgressBar>(c.progress && world.is_root());
   p.checkpoints = std::make_unique<RunCheckpoints>(
       world, log, *p.progress, c.ckpt_dir,
-      ckpt::WriterPolicy{.keep_last = c.keep_last, .async = !c.checkpoint_sync}, *p.parallel);
-  if (p.resumed) p.checkpoints->resumed_from(resume_dir, p.resumed->step);
+      ckpt::WriterPolicy{.keep_last = c.keep_last, .async = !c.checkpoint_sync}, *p.parallel,
+      std::move(level));
+  if (!resume_dir.empty()) {
+    p.checkpoints->resumed_from(resume_dir, ckpt::read_manifest(resume_dir).step);
+  }
+  if (local_resume) {
+    p.checkpoints->resumed_from_local(local_resume->step);
+    // States that came from other nodes: the level is written again at once, so that it
+    // survives the next lost node as well as the last one.
+    p.reprotect_local = local_resume->rebuilt;
+  }
 
   // The data, from where the run continues.
   data::LoaderConfig lc;

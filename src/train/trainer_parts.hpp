@@ -47,6 +47,8 @@ struct TrainerParts {
   double peak_tflops = 0;  // per rank, for MFU; 0: unknown
   std::int64_t total_steps = 0;
   std::optional<ResumedState> resumed;  // where a resumed run continues
+  // Resumed from the node-local level with states from other nodes: write the level again now.
+  bool reprotect_local = false;
   // LoRA: the frozen model the adapters train on (the --init it was read from) and its digest
   // (base_digest), recorded in every checkpoint and checked on resume.
   std::string lora_base;

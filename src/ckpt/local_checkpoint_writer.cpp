@@ -1,0 +1,342 @@
+#include "ckpt/local_checkpoint_writer.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/checksum.hpp"
+#include "ckpt/local_files.hpp"
+#include "core/error.hpp"
+#include "core/fault_injection.hpp"
+#include "core/path_safety.hpp"
+#include "core/timer.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
+
+namespace l3::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::int64_t kPieceBytes = std::int64_t{16} << 20;  // per MPI message
+constexpr int kCopyTag = 7301;
+
+// Runs `work` unless an earlier step failed; keeps the first failure. File work of the level
+// goes through this so that a rank whose disk fails still takes part in every exchange (the
+// others would wait for it forever) and the ranks then agree on the failure.
+struct FirstFailure {
+  std::string text;
+  void run(const std::function<void()>& work) {
+    if (!text.empty()) return;
+    try {
+      work();
+    } catch (...) {
+      text = core::summarize(std::current_exception()).text;
+    }
+  }
+};
+
+}  // namespace
+
+std::string local_level_directory(const std::string& pattern, const std::string& node,
+                                  const std::string& ckpt_dir) {
+  const std::string key = fs::absolute(ckpt_dir).lexically_normal().string();
+  const std::uint64_t hash = xxh64(std::as_bytes(std::span(key.data(), key.size())));
+  return (fs::path(dist::expand_node_pattern(pattern, node)) / ("llama3-hpc." + to_hex(hash)))
+      .string();
+}
+
+std::vector<std::int64_t> local_steps(const std::string& directory) {
+  std::vector<std::int64_t> steps;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(directory, ec)) {
+    if (!e.is_directory(ec) || e.is_symlink(ec)) continue;
+    if (const auto step = parse_step_dir_name(e.path().filename().string())) steps.push_back(*step);
+  }
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  return steps;
+}
+
+void remove_local_steps(const std::string& directory,
+                        const std::function<bool(std::int64_t)>& remove) {
+  for (const std::int64_t step : local_steps(directory)) {
+    if (remove(step)) core::remove_tree(fs::path(directory) / step_dir_name(step));
+  }
+}
+
+bool prunes_directory(MPI_Comm comm, const std::string& directory) {
+  int rank = 0;
+  dist::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  const std::vector<std::string> all = dist::gather_strings(comm, directory);
+  json firsts = json::array();
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const auto first = std::find(all.begin(), all.end(), all[r]) - all.begin();
+    firsts.push_back(first == static_cast<std::ptrdiff_t>(r));
+  }
+  const json agreed = json::parse(dist::broadcast_string(comm, firsts.dump()));
+  return agreed.at(static_cast<std::size_t>(rank)).get<bool>();
+}
+
+struct LocalCheckpointWriter::Impl {
+  Impl(const dist::World& w, LocalLevelConfig c)
+      : world(w), config(std::move(c)), comm(w.duplicate_comm()) {
+    if (world.thread_level() != MPI_THREAD_MULTIPLE) config.async = false;
+    pruner = prunes_directory(comm.get(), config.directory);
+    if (config.plan.kind == Redundancy::xor_parity) {
+      const auto me = static_cast<std::size_t>(world.rank());
+      MPI_Comm set = MPI_COMM_NULL;
+      dist::check_mpi(
+          MPI_Comm_split(comm.get(), config.plan.set_of[me], config.plan.position_in_set[me], &set),
+          "MPI_Comm_split(XOR sets)");
+      set_comm = dist::UniqueComm(set);
+    }
+  }
+
+  void settle() const {
+    if (config.async) dist::quiet_barrier(comm.get());
+  }
+
+  // The partner exchange: this rank's state to its holder, its source's state from it.
+  std::int64_t exchange_copies(const StateImage& image, const fs::path& dir,
+                               FirstFailure& f) const {
+    const auto me = static_cast<std::size_t>(world.rank());
+    const int holder = config.plan.copy_holder[me];
+    const int source = config.plan.copy_source[me];
+    std::int64_t mine = image.size();
+    std::int64_t theirs = 0;
+    dist::check_mpi(MPI_Sendrecv(&mine, 1, MPI_INT64_T, holder, kCopyTag, &theirs, 1, MPI_INT64_T,
+                                 source, kCopyTag, comm.get(), MPI_STATUS_IGNORE),
+                    "MPI_Sendrecv(local copy sizes)");
+    std::unique_ptr<LocalFileWriter> out;
+    f.run([&] {
+      out = std::make_unique<LocalFileWriter>(
+          (dir / local_file_name(LocalFileKind::copy, source)).string());
+    });
+    std::vector<std::byte> send(
+        static_cast<std::size_t>(std::min(kPieceBytes, std::max<std::int64_t>(mine, 1))));
+    std::vector<std::byte> receive(
+        static_cast<std::size_t>(std::min(kPieceBytes, std::max<std::int64_t>(theirs, 1))));
+    for (std::int64_t at = 0; at < std::max(mine, theirs); at += kPieceBytes) {
+      const auto out_n = static_cast<int>(std::clamp<std::int64_t>(mine - at, 0, kPieceBytes));
+      const auto in_n = static_cast<int>(std::clamp<std::int64_t>(theirs - at, 0, kPieceBytes));
+      if (out_n > 0) image.copy(at, std::span(send.data(), static_cast<std::size_t>(out_n)));
+      dist::check_mpi(MPI_Sendrecv(send.data(), out_n, MPI_BYTE, holder, kCopyTag, receive.data(),
+                                   in_n, MPI_BYTE, source, kCopyTag, comm.get(), MPI_STATUS_IGNORE),
+                      "MPI_Sendrecv(local copy)");
+      if (in_n > 0 && out)
+        f.run(
+            [&] { out->write_at(at, std::span(receive.data(), static_cast<std::size_t>(in_n))); });
+    }
+    if (out) f.run([&] { out->commit(); });
+    return theirs;
+  }
+
+  // XOR parity over this rank's set (ckpt/local_redundancy.hpp): a reduce-scatter of every
+  // member's chunks with bitwise XOR, in pieces, into this rank's segment.
+  std::int64_t exchange_parity(const StateImage& image, const fs::path& dir, std::int64_t step,
+                               FirstFailure& f) const {
+    const auto me = static_cast<std::size_t>(world.rank());
+    const std::vector<int>& members =
+        config.plan.sets[static_cast<std::size_t>(config.plan.set_of[me])];
+    const int g = static_cast<int>(members.size());
+    const int p = config.plan.position_in_set[me];
+    std::int64_t mine = image.size();
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(g));
+    dist::check_mpi(
+        MPI_Allgather(&mine, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, set_comm.get()),
+        "MPI_Allgather(XOR set sizes)");
+    const std::int64_t chunk =
+        xor_chunk_bytes(*std::max_element(lengths.begin(), lengths.end()), g);
+    const json header = {{"format", "llama3-hpc/local-parity"},
+                         {"version", 1},
+                         {"step", step},
+                         {"rank", world.rank()},
+                         {"world_size", world.size()},
+                         {"node", config.node},
+                         {"set", members},
+                         {"position", p},
+                         {"lengths", lengths},
+                         {"chunk", chunk}};
+    std::unique_ptr<ParityFileWriter> out;
+    f.run([&] {
+      out = std::make_unique<ParityFileWriter>(
+          (dir / local_file_name(LocalFileKind::parity, world.rank())).string(), header);
+    });
+    // Pieces of each block: a multiple of 8 bytes, all G blocks within kPieceBytes.
+    const std::int64_t piece = std::min(chunk, std::max<std::int64_t>(8, kPieceBytes / g / 8 * 8));
+    std::vector<std::byte> send(static_cast<std::size_t>(piece * g));
+    std::vector<std::byte> segment(static_cast<std::size_t>(piece));
+    for (std::int64_t at = 0; at < chunk; at += piece) {
+      const std::int64_t n = std::min(piece, chunk - at);
+      for (int k = 0; k < g; ++k) {
+        const std::span<std::byte> block(send.data() + static_cast<std::ptrdiff_t>(k * n),
+                                         static_cast<std::size_t>(n));
+        if (k == p) {
+          std::fill(block.begin(), block.end(), std::byte{0});
+        } else {
+          image.copy(xor_chunk(p, k, g) * chunk + at, block);
+        }
+      }
+      dist::check_mpi(MPI_Reduce_scatter_block(send.data(), segment.data(), static_cast<int>(n / 8),
+                                               MPI_UINT64_T, MPI_BXOR, set_comm.get()),
+                      "MPI_Reduce_scatter_block(XOR parity)");
+      if (out) f.run([&] { out->append(std::span(segment.data(), static_cast<std::size_t>(n))); });
+    }
+    if (out) f.run([&] { out->commit(); });
+    return chunk;
+  }
+
+  LocalWriteReport run(const model::ParameterLayout& layout, const Manifest& manifest,
+                       const RankState& state, CheckpointWriter* flush,
+                       const std::vector<model::FlatRange>& flush_ranges,
+                       const core::Stopwatch& started) {
+    const int rank = world.rank();
+    LocalWriteReport out;
+    out.step = manifest.step;
+    const fs::path dir = fs::path(config.directory) / step_dir_name(manifest.step);
+    FirstFailure f;
+    const StateImage image(layout, manifest, state, rank, world.size(), config.node);
+    std::int64_t bytes = 0;
+    f.run([&] {
+      fs::create_directories(dir);
+      core::fault_point("ckpt.local.write", rank);
+      image.write_file((dir / local_file_name(LocalFileKind::state, rank)).string());
+      bytes += image.size();
+    });
+    settle();
+    if (config.plan.kind == Redundancy::partner) bytes += exchange_copies(image, dir, f);
+    if (config.plan.kind == Redundancy::xor_parity)
+      bytes += exchange_parity(image, dir, manifest.step, f);
+    core::fault_point("ckpt.local.exchanged", rank);
+
+    // Agreement: the step is complete on every rank, or the first failure is everyone's.
+    settle();
+    const std::vector<std::string> failures = dist::gather_strings(comm.get(), f.text);
+    std::string first;
+    for (const std::string& text : failures) {
+      if (!text.empty()) {
+        first = text;
+        break;
+      }
+    }
+    out.failure = dist::broadcast_string(comm.get(), first);
+    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_INT64_T, MPI_SUM, comm.get()),
+                    "MPI_Allreduce(local bytes)");
+    out.bytes = bytes;
+    if (out.failure.empty()) {
+      complete(manifest.step);
+    }
+    out.seconds = started.seconds();
+    if (flush != nullptr) {
+      Manifest copy = manifest;
+      out.flushed =
+          flush_ranges == state.ranges
+              ? flush->write_here(layout, std::move(copy), state)
+              : flush->write_here(layout, std::move(copy), restrict_state(state, flush_ranges));
+    }
+    return out;
+  }
+
+  // `step` is complete: keep it and the one before, remove the others (the pruning rank of
+  // each directory; a removal that fails is retried next time).
+  void complete(std::int64_t step) {
+    if (completed.empty() || completed.back() != step) completed.push_back(step);
+    while (completed.size() > 2) completed.pop_front();
+    if (!pruner) return;
+    try {
+      remove_local_steps(config.directory, [&](std::int64_t s) {
+        return std::find(completed.begin(), completed.end(), s) == completed.end();
+      });
+    } catch (const core::Error&) {  // NOLINT(bugprone-empty-catch): retried at the next step
+    }
+  }
+
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+
+  const dist::World& world;
+  LocalLevelConfig config;
+  dist::UniqueComm comm;
+  dist::UniqueComm set_comm;
+  bool pruner = false;
+  std::deque<std::int64_t> completed;  // the newest complete steps, oldest first
+  std::thread thread;
+  bool in_flight = false;
+  std::atomic<bool> finished{false};
+  std::optional<LocalWriteReport> report;
+  std::exception_ptr error;
+  RankState spare;
+};
+
+LocalCheckpointWriter::LocalCheckpointWriter(const dist::World& world, LocalLevelConfig config)
+    : impl_(std::make_unique<Impl>(world, std::move(config))) {}
+
+LocalCheckpointWriter::~LocalCheckpointWriter() { impl_->join(); }
+
+RankState LocalCheckpointWriter::take_spare() {
+  if (impl_->in_flight) return {};
+  return std::exchange(impl_->spare, RankState{});
+}
+
+void LocalCheckpointWriter::provide_spare(RankState spare) {
+  if (!impl_->in_flight) impl_->spare = std::move(spare);
+}
+
+bool LocalCheckpointWriter::busy() const noexcept { return impl_->in_flight; }
+bool LocalCheckpointWriter::ready() const noexcept {
+  return impl_->in_flight && impl_->finished.load();
+}
+const LocalLevelConfig& LocalCheckpointWriter::config() const noexcept { return impl_->config; }
+
+void LocalCheckpointWriter::resumed_at(std::int64_t step) {
+  impl_->completed.clear();
+  impl_->completed.push_back(step);
+}
+
+std::optional<LocalWriteReport> LocalCheckpointWriter::wait() {
+  Impl& s = *impl_;
+  if (!s.in_flight) return std::nullopt;
+  s.join();
+  s.in_flight = false;
+  if (s.error) std::rethrow_exception(std::exchange(s.error, nullptr));
+  return std::exchange(s.report, std::nullopt);
+}
+
+void LocalCheckpointWriter::write(const model::ParameterLayout& layout, Manifest manifest,
+                                  RankState state, CheckpointWriter* flush,
+                                  std::vector<model::FlatRange> flush_ranges) {
+  (void)wait();
+  Impl& s = *impl_;
+  s.in_flight = true;
+  s.finished = false;
+  s.report.reset();
+  s.error = nullptr;
+  auto job = [&s, layout, manifest = std::move(manifest), state = std::move(state), flush,
+              flush_ranges = std::move(flush_ranges), started = core::Stopwatch()]() mutable {
+    try {
+      s.report = s.run(layout, manifest, state, flush, flush_ranges, started);
+    } catch (...) {
+      s.error = std::current_exception();
+    }
+    s.spare = std::move(state);
+    s.finished = true;
+  };
+  if (s.config.async) {
+    s.thread = std::thread(std::move(job));
+  } else {
+    job();
+  }
+}
+
+}  // namespace l3::ckpt

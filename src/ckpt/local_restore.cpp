@@ -1,0 +1,427 @@
+#include "ckpt/local_restore.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/local_checkpoint_writer.hpp"
+#include "ckpt/local_redundancy.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "dist/collectives.hpp"
+#include "dist/communicator.hpp"
+#include "dist/world.hpp"
+
+namespace l3::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::int64_t kPieceBytes = std::int64_t{16} << 20;
+constexpr int kSendTag = 7311;
+constexpr int kXorTag = 7312;
+
+// Every rank's text, on every rank.
+std::vector<std::string> all_strings(const dist::World& world, const std::string& mine) {
+  const std::vector<std::string> gathered = dist::gather_strings(world.comm(), mine);
+  json all = json::array();
+  for (const std::string& s : gathered) all.push_back(s);
+  const json agreed = json::parse(dist::broadcast_string(world.comm(), all.dump()));
+  return agreed.get<std::vector<std::string>>();
+}
+
+struct FirstFailure {
+  std::string text;
+  void run(const std::function<void()>& work) {
+    if (!text.empty()) return;
+    try {
+      work();
+    } catch (...) {
+      text = core::summarize(std::current_exception()).text;
+    }
+  }
+};
+
+// This rank's part of the inventory: the files of its directory, those it checks (the ranks
+// sharing a directory split the checking) with the verdict.
+json inventory(const std::string& directory, int rank, int share, int shares, bool checksums) {
+  json found = json::array();
+  std::vector<std::pair<std::int64_t, std::string>> files;
+  for (const std::int64_t step : local_steps(directory)) {
+    std::error_code ec;
+    std::vector<std::string> names;
+    for (const fs::directory_entry& e :
+         fs::directory_iterator(fs::path(directory) / step_dir_name(step), ec))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names) files.emplace_back(step, n);
+  }
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (static_cast<int>(i % static_cast<std::size_t>(shares)) != share) continue;
+    LocalFileKind kind{};
+    int owner = 0;
+    if (!parse_local_file_name(files[i].second, kind, owner)) continue;  // temporaries and strays
+    const std::string path =
+        (fs::path(directory) / step_dir_name(files[i].first) / files[i].second).string();
+    const LocalFileCheck check = check_local_file(path, checksums);
+    json e = {{"step", files[i].first},  {"kind", local_kind_name(kind)},
+              {"owner", owner},          {"path", path},
+              {"reader", rank},          {"ok", check.ok},
+              {"problem", check.problem}};
+    if (check.ok) {
+      e["world_size"] = check.header.value("world_size", 0);
+      if (check.header.value("step", std::int64_t{-1}) != files[i].first ||
+          check.header.value("rank", -1) != owner) {
+        e["ok"] = false;
+        e["problem"] = fmt::format("{}: its header is of another step or rank", path);
+      }
+      if (kind == LocalFileKind::parity) {
+        e["set"] = check.header.at("set");
+        e["position"] = check.header.at("position");
+        e["lengths"] = check.header.at("lengths");
+        e["chunk"] = check.header.at("chunk");
+        e["payload"] = check.payload_offset;
+      }
+    }
+    found.push_back(std::move(e));
+  }
+  return found;
+}
+
+// Rank 0: the newest step every rank can be restored from, and how; {} when none.
+json plan_restore(const std::vector<json>& inventories, const std::vector<std::string>& directories,
+                  int world_size, std::int64_t not_before, std::vector<std::string>& notes) {
+  std::map<std::int64_t, std::vector<json>, std::greater<>> by_step;
+  for (const json& part : inventories) {
+    for (const json& e : part) {
+      if (!e.at("ok").get<bool>()) {
+        notes.push_back(fmt::format("damaged, not used: {}", e.at("problem").get<std::string>()));
+        continue;
+      }
+      if (e.at("world_size").get<int>() != world_size) continue;
+      by_step[e.at("step").get<std::int64_t>()].push_back(e);
+    }
+  }
+  const auto dir_of = [&](int rank) -> const std::string& {
+    return directories[static_cast<std::size_t>(rank)];
+  };
+  for (const auto& [step, entries] : by_step) {
+    if (step < not_before) break;
+    const auto find = [&](std::string_view kind, int owner) -> const json* {
+      for (const json& e : entries)
+        if (e.at("kind") == kind && e.at("owner").get<int>() == owner) return &e;
+      return nullptr;
+    };
+    json ranks = json::array();
+    std::string missing;
+    for (int x = 0; x < world_size && missing.empty(); ++x) {
+      if (const json* own = find("state", x);
+          own && dir_of(own->at("reader").get<int>()) == dir_of(x)) {
+        ranks.push_back({{"mode", "direct"}, {"path", own->at("path")}});
+      } else if (const json* any = own ? own : find("copy", x)) {
+        ranks.push_back({{"mode", own ? "moved" : "copy"},
+                         {"reader", any->at("reader")},
+                         {"path", any->at("path")}});
+      } else if (const json* parity = [&]() -> const json* {
+                   for (const json& e : entries) {
+                     if (e.at("kind") != "xor") continue;
+                     const auto set = e.at("set").get<std::vector<int>>();
+                     if (std::find(set.begin(), set.end(), x) != set.end()) return &e;
+                   }
+                   return nullptr;
+                 }()) {
+        const auto set = parity->at("set").get<std::vector<int>>();
+        json contributors = json::array();
+        for (std::size_t m = 0; m < set.size() && missing.empty(); ++m) {
+          if (set[m] == x) continue;
+          const json* p = find("xor", set[m]);
+          const json* s = find("state", set[m]);
+          if (!p || !s ||
+              dir_of(p->at("reader").get<int>()) != dir_of(s->at("reader").get<int>())) {
+            missing = fmt::format(
+                "rank {}'s state is lost and its XOR set misses rank {}'s files too", x, set[m]);
+            break;
+          }
+          contributors.push_back({{"position", m},
+                                  {"reader", p->at("reader")},
+                                  {"state", s->at("path")},
+                                  {"parity", p->at("path")},
+                                  {"payload", p->at("payload")}});
+        }
+        const auto position = std::find(set.begin(), set.end(), x) - set.begin();
+        ranks.push_back({{"mode", "xor"},
+                         {"position", position},
+                         {"members", set.size()},
+                         {"length", parity->at("lengths").at(static_cast<std::size_t>(position))},
+                         {"chunk", parity->at("chunk")},
+                         {"contributors", contributors}});
+      } else {
+        missing = fmt::format("rank {}'s state is on no node (no file, copy or parity)", x);
+      }
+    }
+    if (missing.empty()) return {{"step", step}, {"ranks", ranks}};
+    notes.push_back(fmt::format("node-local step {} cannot be restored: {}", step, missing));
+  }
+  return {};
+}
+
+// Rank r sends the file at `path` to `target` in pieces; a read failure sends zeros (the
+// target must not wait forever) and is remembered.
+void send_file(const std::string& path, std::int64_t bytes, int target, MPI_Comm comm,
+               FirstFailure& f) {
+  std::vector<std::byte> piece(
+      static_cast<std::size_t>(std::min(kPieceBytes, std::max<std::int64_t>(bytes, 1))));
+  for (std::int64_t at = 0; at < bytes; at += kPieceBytes) {
+    const std::int64_t n = std::min(kPieceBytes, bytes - at);
+    const std::span<std::byte> part(piece.data(), static_cast<std::size_t>(n));
+    f.run([&] { read_file_bytes(path, at, part); });
+    dist::check_mpi(MPI_Send(piece.data(), static_cast<int>(n), MPI_BYTE, target, kSendTag, comm),
+                    "MPI_Send(local state)");
+  }
+}
+
+std::string own_path(const std::string& directory, std::int64_t step, int rank) {
+  return (fs::path(directory) / step_dir_name(step) / local_file_name(LocalFileKind::state, rank))
+      .string();
+}
+
+// Executes the plan's transfers, in rank order on every rank; returns this rank's state file.
+std::string carry_out(const dist::World& world, const json& plan, const std::string& directory,
+                      FirstFailure& f) {
+  const int me = world.rank();
+  const std::int64_t step = plan.at("step").get<std::int64_t>();
+  const MPI_Comm comm = world.comm();
+  std::string mine;
+  for (int x = 0; x < world.size(); ++x) {
+    const json& how = plan.at("ranks").at(static_cast<std::size_t>(x));
+    const std::string mode = how.at("mode").get<std::string>();
+    if (mode == "direct") {
+      if (x == me) mine = how.at("path").get<std::string>();
+      continue;
+    }
+    const std::string target = own_path(directory, step, x);
+    if (mode == "moved" || mode == "copy") {
+      const int reader = how.at("reader").get<int>();
+      const std::string path = how.at("path").get<std::string>();
+      std::int64_t bytes = 0;
+      if (me == reader) {
+        f.run([&] { bytes = static_cast<std::int64_t>(fs::file_size(path)); });
+        if (reader != x)
+          dist::check_mpi(MPI_Send(&bytes, 1, MPI_INT64_T, x, kSendTag, comm), "MPI_Send");
+        if (reader != x) send_file(path, bytes, x, comm, f);
+      }
+      if (me == x) {
+        if (reader != x)
+          dist::check_mpi(
+              MPI_Recv(&bytes, 1, MPI_INT64_T, reader, kSendTag, comm, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+        std::unique_ptr<LocalFileWriter> out;
+        f.run([&] {
+          fs::create_directories(fs::path(target).parent_path());
+          out = std::make_unique<LocalFileWriter>(target);
+        });
+        std::vector<std::byte> piece(
+            static_cast<std::size_t>(std::min(kPieceBytes, std::max<std::int64_t>(bytes, 1))));
+        for (std::int64_t at = 0; at < bytes; at += kPieceBytes) {
+          const std::int64_t n = std::min(kPieceBytes, bytes - at);
+          const std::span<std::byte> part(piece.data(), static_cast<std::size_t>(n));
+          if (reader == x) {
+            f.run([&] { read_file_bytes(path, at, part); });
+          } else {
+            dist::check_mpi(MPI_Recv(piece.data(), static_cast<int>(n), MPI_BYTE, reader, kSendTag,
+                                     comm, MPI_STATUS_IGNORE),
+                            "MPI_Recv(local state)");
+          }
+          if (out) f.run([&] { out->write_at(at, part); });
+        }
+        if (out) f.run([&] { out->commit(); });
+        mine = target;
+      }
+      continue;
+    }
+    // XOR: every contributor sends its G blocks of each piece; x XORs them
+    // (ckpt/local_redundancy.hpp).
+    const int g = how.at("members").get<int>();
+    const int lost = how.at("position").get<int>();
+    const std::int64_t chunk = how.at("chunk").get<std::int64_t>();
+    const std::int64_t piece = std::min(chunk, std::max<std::int64_t>(8, kPieceBytes / g / 8 * 8));
+    std::vector<std::byte> blocks(static_cast<std::size_t>(piece * g));
+    std::vector<std::byte> sum(static_cast<std::size_t>(piece * g));
+    std::unique_ptr<LocalFileWriter> out;
+    if (me == x) {
+      f.run([&] {
+        fs::create_directories(fs::path(target).parent_path());
+        out = std::make_unique<LocalFileWriter>(target);
+      });
+    }
+    for (std::int64_t at = 0; at < chunk; at += piece) {
+      const std::int64_t n = std::min(piece, chunk - at);
+      const auto bytes = static_cast<std::size_t>(n * g);
+      if (me == x) std::fill(sum.begin(), sum.end(), std::byte{0});
+      for (const json& c : how.at("contributors")) {
+        const int reader = c.at("reader").get<int>();
+        if (me != reader && me != x) continue;
+        if (me == reader) {
+          const int m = c.at("position").get<int>();
+          for (int k = 0; k < g; ++k) {
+            const std::span<std::byte> block(blocks.data() + static_cast<std::ptrdiff_t>(k * n),
+                                             static_cast<std::size_t>(n));
+            std::fill(block.begin(), block.end(), std::byte{0});
+            if (k == lost) continue;
+            f.run([&] {
+              if (k == m) {
+                read_file_bytes(c.at("parity").get<std::string>(),
+                                c.at("payload").get<std::int64_t>() + at, block);
+              } else {
+                read_file_bytes(c.at("state").get<std::string>(), xor_chunk(m, k, g) * chunk + at,
+                                block);
+              }
+            });
+          }
+          if (reader != x)
+            dist::check_mpi(
+                MPI_Send(blocks.data(), static_cast<int>(bytes), MPI_BYTE, x, kXorTag, comm),
+                "MPI_Send(XOR)");
+        }
+        if (me == x) {
+          if (reader != x)
+            dist::check_mpi(MPI_Recv(blocks.data(), static_cast<int>(bytes), MPI_BYTE, reader,
+                                     kXorTag, comm, MPI_STATUS_IGNORE),
+                            "MPI_Recv(XOR)");
+          xor_into(std::span(sum.data(), bytes), std::span(blocks.data(), bytes));
+        }
+      }
+      if (me == x && out) {
+        for (int k = 0; k < g; ++k) {
+          if (k == lost) continue;
+          f.run([&] {
+            out->write_at(xor_chunk(lost, k, g) * chunk + at,
+                          std::span(sum.data() + static_cast<std::ptrdiff_t>(k * n),
+                                    static_cast<std::size_t>(n)));
+          });
+        }
+      }
+    }
+    if (me == x) {
+      if (out) {
+        f.run([&] {
+          out->truncate(how.at("length").get<std::int64_t>());
+          out->commit();
+        });
+      }
+      mine = target;
+    }
+  }
+  return mine;
+}
+
+std::string describe(const json& plan) {
+  std::map<std::string, std::vector<int>> by_mode;
+  const json& ranks = plan.at("ranks");
+  for (std::size_t x = 0; x < ranks.size(); ++x)
+    by_mode[ranks[x].at("mode").get<std::string>()].push_back(static_cast<int>(x));
+  std::string text;
+  const auto list = [](const std::vector<int>& r) { return fmt::format("{}", fmt::join(r, ", ")); };
+  for (const auto& [mode, which] : by_mode) {
+    if (!text.empty()) text += "; ";
+    if (mode == "direct")
+      text +=
+          fmt::format("{} rank{} from their own files", which.size(), which.size() == 1 ? "" : "s");
+    if (mode == "moved")
+      text += fmt::format("rank{} {} from their files on another node",
+                          which.size() == 1 ? "" : "s", list(which));
+    if (mode == "copy")
+      text +=
+          fmt::format("rank{} {} from partner copies", which.size() == 1 ? "" : "s", list(which));
+    if (mode == "xor")
+      text += fmt::format("rank{} {} rebuilt from XOR parity", which.size() == 1 ? "" : "s",
+                          list(which));
+  }
+  return text;
+}
+
+}  // namespace
+
+bool local_level_has_steps(const dist::World& world, const std::string& directory) {
+  int has = local_steps(directory).empty() ? 0 : 1;
+  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &has, 1, MPI_INT, MPI_MAX, world.comm()),
+                  "MPI_Allreduce");
+  return has != 0;
+}
+
+void discard_local_steps_after(const dist::World& world, const std::string& directory,
+                               std::int64_t step) {
+  std::exception_ptr failure;
+  if (prunes_directory(world.comm(), directory)) {
+    try {
+      remove_local_steps(directory, [step](std::int64_t s) { return s > step; });
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world, failure);
+}
+
+std::optional<LocalResume> resume_from_local_level(const dist::World& world,
+                                                   const core::Logger& log,
+                                                   const std::string& directory,
+                                                   std::int64_t not_before, bool checksums) {
+  const std::vector<std::string> directories = all_strings(world, directory);
+  int share = 0;
+  int shares = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    if (directories[static_cast<std::size_t>(r)] != directory) continue;
+    if (r < world.rank()) ++share;
+    ++shares;
+  }
+  const json mine = inventory(directory, world.rank(), share, shares, checksums);
+  const std::vector<std::string> gathered = dist::gather_strings(world.comm(), mine.dump());
+  json plan;
+  std::vector<std::string> notes;
+  if (world.is_root()) {
+    std::vector<json> parts;
+    parts.reserve(gathered.size());
+    for (const std::string& text : gathered) parts.push_back(json::parse(text));
+    plan = plan_restore(parts, directories, world.size(), not_before, notes);
+  }
+  for (const std::string& n : notes) log.warn("{}", n);
+  plan = json::parse(dist::broadcast_string(world.comm(), plan.dump()));
+  if (plan.is_null()) return std::nullopt;
+
+  FirstFailure f;
+  const std::string path = carry_out(world, plan, directory, f);
+  LocalResume resume;
+  f.run([&] { resume.state = read_local_state(path); });
+  std::string problem = f.text;
+  if (problem.empty() &&
+      (resume.state.rank != world.rank() || resume.state.world_size != world.size() ||
+       resume.state.manifest.step != plan.at("step").get<std::int64_t>()))
+    problem = fmt::format("{}: holds rank {} of {} at step {}", path, resume.state.rank,
+                          resume.state.world_size, resume.state.manifest.step);
+  const std::vector<std::string> problems = dist::gather_strings(world.comm(), problem);
+  std::string first;
+  for (const std::string& p : problems)
+    if (first.empty() && !p.empty()) first = p;
+  first = dist::broadcast_string(world.comm(), first);
+  if (!first.empty()) {
+    log.warn("the node-local level could not be restored ({}); using --ckpt-dir", first);
+    return std::nullopt;
+  }
+  resume.step = plan.at("step").get<std::int64_t>();
+  resume.description = describe(plan);
+  resume.rebuilt = std::any_of(plan.at("ranks").begin(), plan.at("ranks").end(),
+                               [](const json& r) { return r.at("mode") != "direct"; });
+  return resume;
+}
+
+}  // namespace l3::ckpt
