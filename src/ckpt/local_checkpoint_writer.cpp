@@ -235,6 +235,7 @@ struct LocalCheckpointWriter::Impl {
     out.bytes = bytes;
     if (out.failure.empty()) {
       complete(manifest.step);
+      core::fault_point("ckpt.local.complete", rank);
     }
     out.seconds = started.seconds();
     if (flush != nullptr) {

@@ -95,7 +95,7 @@ std::string choose_resume(const dist::World& world, const core::Logger& log,
   if (!failure.empty()) throw core::bad_input(failure);
   const std::string chosen = dist::broadcast_string(world.comm(), d.chosen);
   for (const std::string& r : d.rejected) log.warn("checkpoint {} is damaged, set aside", r);
-  if (!chosen.empty()) log.info("resuming from {}", chosen);
+  if (!chosen.empty() && request.announce) log.info("resuming from {}", chosen);
   return chosen;
 }
 

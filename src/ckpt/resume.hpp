@@ -31,6 +31,7 @@ struct ResumeRequest {
   std::string ckpt_dir;  // empty: no checkpoints, nothing to resume
   ResumeChoice choice;
   bool verify_checksums = true;  // every checksum (else the structure only)
+  bool announce = true;          // log "resuming from ..." (the caller may have a newer level)
 };
 
 // The step directory to resume from, the same on every rank; empty: start fresh. Collective.

@@ -255,6 +255,8 @@ std::optional<ckpt::LocalResume> resume_local_level(const dist::World& world,
         log.info("resuming from the node-local level at step {}{}: {}", r->step,
                  global >= 0 ? fmt::format(" (--ckpt-dir's newest is step {})", global) : "",
                  r->description);
+      } else if (!resume_dir.empty()) {
+        log.info("resuming from {}", resume_dir);
       }
       return r;
     }
@@ -269,6 +271,7 @@ std::optional<ckpt::LocalResume> resume_local_level(const dist::World& world,
       return std::nullopt;
     case ckpt::ResumeMode::path:
       ckpt::discard_local_steps_after(world, directory, -1);
+      log.info("resuming from {}", resume_dir);
       return std::nullopt;
   }
   return std::nullopt;
@@ -295,9 +298,11 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   // The model: resumed (from the node-local level or --ckpt-dir, whichever is newer), from
   // --init, or a preset/config.json with fresh weights.
   std::optional<LocalLevel> level = plan_local_level(world, log, c);
-  const std::string resume_dir = ckpt::choose_resume(
-      world, log,
-      {.ckpt_dir = c.ckpt_dir, .choice = c.resume, .verify_checksums = c.verify_resume});
+  const std::string resume_dir = ckpt::choose_resume(world, log,
+                                                     {.ckpt_dir = c.ckpt_dir,
+                                                      .choice = c.resume,
+                                                      .verify_checksums = c.verify_resume,
+                                                      .announce = !level});
   std::optional<ckpt::LocalResume> local_resume;
   if (level) local_resume = resume_local_level(world, log, c, level->directory, resume_dir);
   const std::string local_origin = local_resume
