@@ -50,7 +50,9 @@ struct FirstFailure {
 
 std::string local_level_directory(const std::string& pattern, const std::string& node,
                                   const std::string& ckpt_dir) {
-  const std::string key = fs::absolute(ckpt_dir).lexically_normal().string();
+  fs::path normal = fs::absolute(ckpt_dir).lexically_normal();
+  if (!normal.has_filename()) normal = normal.parent_path();  // "a/" is "a"
+  const std::string key = normal.string();
   const std::uint64_t hash = xxh64(std::as_bytes(std::span(key.data(), key.size())));
   return (fs::path(dist::expand_node_pattern(pattern, node)) / ("llama3-hpc." + to_hex(hash)))
       .string();
