@@ -54,7 +54,10 @@ struct FirstFailure {
 
 // This rank's part of the inventory: the files of its directory, those it checks (the ranks
 // sharing a directory split the checking) with the verdict.
-json inventory(const std::string& directory, int rank, int share, int shares, bool checksums) {
+}  // namespace
+
+json local_inventory(const std::string& directory, int rank, int share, int shares,
+                     bool checksums) {
   json found = json::array();
   std::vector<std::pair<std::int64_t, std::string>> files;
   for (const std::int64_t step : local_steps(directory)) {
@@ -98,6 +101,72 @@ json inventory(const std::string& directory, int rank, int share, int shares, bo
   return found;
 }
 
+
+// How every rank's state of `step` can be had from `entries` (good files of that step), or why
+// not (`missing`).
+json plan_local_step(const std::vector<json>& entries, const std::vector<std::string>& directories,
+                     int world_size, std::string& missing) {
+  static const std::string none;
+  const auto dir_of = [&](int rank) -> const std::string& {
+    return rank >= 0 && rank < static_cast<int>(directories.size())
+               ? directories[static_cast<std::size_t>(rank)]
+               : none;
+  };
+  const auto find = [&](std::string_view kind, int owner) -> const json* {
+    for (const json& e : entries)
+      if (e.at("kind") == kind && e.at("owner").get<int>() == owner) return &e;
+    return nullptr;
+  };
+  json ranks = json::array();
+  for (int x = 0; x < world_size && missing.empty(); ++x) {
+    if (const json* own = find("state", x);
+        own && dir_of(own->at("reader").get<int>()) == dir_of(x)) {
+      ranks.push_back({{"mode", "direct"}, {"path", own->at("path")}});
+    } else if (const json* any = own ? own : find("copy", x)) {
+      ranks.push_back({{"mode", own ? "moved" : "copy"},
+                       {"reader", any->at("reader")},
+                       {"path", any->at("path")}});
+    } else if (const json* parity = [&]() -> const json* {
+                 for (const json& e : entries) {
+                   if (e.at("kind") != "xor") continue;
+                   const auto set = e.at("set").get<std::vector<int>>();
+                   if (std::find(set.begin(), set.end(), x) != set.end()) return &e;
+                 }
+                 return nullptr;
+               }()) {
+      const auto set = parity->at("set").get<std::vector<int>>();
+      json contributors = json::array();
+      for (std::size_t m = 0; m < set.size() && missing.empty(); ++m) {
+        if (set[m] == x) continue;
+        const json* p = find("xor", set[m]);
+        const json* s = find("state", set[m]);
+        if (!p || !s || dir_of(p->at("reader").get<int>()) != dir_of(s->at("reader").get<int>())) {
+          missing = fmt::format(
+              "rank {}'s state is lost and its XOR set misses rank {}'s files too", x, set[m]);
+          break;
+        }
+        contributors.push_back({{"position", m},
+                                {"reader", p->at("reader")},
+                                {"state", s->at("path")},
+                                {"parity", p->at("path")},
+                                {"payload", p->at("payload")}});
+      }
+      const auto position = std::find(set.begin(), set.end(), x) - set.begin();
+      ranks.push_back({{"mode", "xor"},
+                       {"position", position},
+                       {"members", set.size()},
+                       {"length", parity->at("lengths").at(static_cast<std::size_t>(position))},
+                       {"chunk", parity->at("chunk")},
+                       {"contributors", contributors}});
+    } else {
+      missing = fmt::format("rank {}'s state is on no node (no file, copy or parity)", x);
+    }
+  }
+  return ranks;
+}
+
+namespace {
+
 // Rank 0: the newest step every rank can be restored from, and how; {} when none.
 json plan_restore(const std::vector<json>& inventories, const std::vector<std::string>& directories,
                   int world_size, std::int64_t not_before, std::vector<std::string>& notes) {
@@ -112,63 +181,10 @@ json plan_restore(const std::vector<json>& inventories, const std::vector<std::s
       by_step[e.at("step").get<std::int64_t>()].push_back(e);
     }
   }
-  const auto dir_of = [&](int rank) -> const std::string& {
-    return directories[static_cast<std::size_t>(rank)];
-  };
   for (const auto& [step, entries] : by_step) {
     if (step < not_before) break;
-    const auto find = [&](std::string_view kind, int owner) -> const json* {
-      for (const json& e : entries)
-        if (e.at("kind") == kind && e.at("owner").get<int>() == owner) return &e;
-      return nullptr;
-    };
-    json ranks = json::array();
     std::string missing;
-    for (int x = 0; x < world_size && missing.empty(); ++x) {
-      if (const json* own = find("state", x);
-          own && dir_of(own->at("reader").get<int>()) == dir_of(x)) {
-        ranks.push_back({{"mode", "direct"}, {"path", own->at("path")}});
-      } else if (const json* any = own ? own : find("copy", x)) {
-        ranks.push_back({{"mode", own ? "moved" : "copy"},
-                         {"reader", any->at("reader")},
-                         {"path", any->at("path")}});
-      } else if (const json* parity = [&]() -> const json* {
-                   for (const json& e : entries) {
-                     if (e.at("kind") != "xor") continue;
-                     const auto set = e.at("set").get<std::vector<int>>();
-                     if (std::find(set.begin(), set.end(), x) != set.end()) return &e;
-                   }
-                   return nullptr;
-                 }()) {
-        const auto set = parity->at("set").get<std::vector<int>>();
-        json contributors = json::array();
-        for (std::size_t m = 0; m < set.size() && missing.empty(); ++m) {
-          if (set[m] == x) continue;
-          const json* p = find("xor", set[m]);
-          const json* s = find("state", set[m]);
-          if (!p || !s ||
-              dir_of(p->at("reader").get<int>()) != dir_of(s->at("reader").get<int>())) {
-            missing = fmt::format(
-                "rank {}'s state is lost and its XOR set misses rank {}'s files too", x, set[m]);
-            break;
-          }
-          contributors.push_back({{"position", m},
-                                  {"reader", p->at("reader")},
-                                  {"state", s->at("path")},
-                                  {"parity", p->at("path")},
-                                  {"payload", p->at("payload")}});
-        }
-        const auto position = std::find(set.begin(), set.end(), x) - set.begin();
-        ranks.push_back({{"mode", "xor"},
-                         {"position", position},
-                         {"members", set.size()},
-                         {"length", parity->at("lengths").at(static_cast<std::size_t>(position))},
-                         {"chunk", parity->at("chunk")},
-                         {"contributors", contributors}});
-      } else {
-        missing = fmt::format("rank {}'s state is on no node (no file, copy or parity)", x);
-      }
-    }
+    const json ranks = plan_local_step(entries, directories, world_size, missing);
     if (missing.empty()) return {{"step", step}, {"ranks", ranks}};
     notes.push_back(fmt::format("node-local step {} cannot be restored: {}", step, missing));
   }
@@ -384,7 +400,7 @@ std::optional<LocalResume> resume_from_local_level(const dist::World& world,
     if (r < world.rank()) ++share;
     ++shares;
   }
-  const json mine = inventory(directory, world.rank(), share, shares, checksums);
+  const json mine = local_inventory(directory, world.rank(), share, shares, checksums);
   const std::vector<std::string> gathered = dist::gather_strings(world.comm(), mine.dump());
   json plan;
   std::vector<std::string> notes;

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/local_files.hpp"
 
@@ -37,6 +39,21 @@ struct LocalResume {
                                                                  const std::string& directory,
                                                                  std::int64_t not_before,
                                                                  bool checksums);
+
+// The files of one rank's directory of the level, checked, for the inventory: those with index
+// i where i % shares == share (the ranks sharing a directory split the checking). Each entry:
+// {"step", "kind" (state, copy, xor), "owner" (the rank whose state it is), "path", "reader"
+// (`reader`: who can read it), "ok", "problem", and from its header "world_size" and, for
+// parity, "set", "position", "lengths", "chunk", "payload"}.
+[[nodiscard]] nlohmann::json local_inventory(const std::string& directory, int reader, int share,
+                                             int shares, bool checksums);
+// How every rank of `world_size` can get its state from `entries` (the good files of one step;
+// `directories[reader]` says where each reader is: a state read in its own rank's directory is
+// read in place): one entry per rank ({"mode": direct, moved, copy, xor, ...}), or `missing`
+// set to why not.
+[[nodiscard]] nlohmann::json plan_local_step(const std::vector<nlohmann::json>& entries,
+                                             const std::vector<std::string>& directories,
+                                             int world_size, std::string& missing);
 
 // Collective: whether any rank's directory of the level holds a step.
 [[nodiscard]] bool local_level_has_steps(const dist::World& world, const std::string& directory);

@@ -6,13 +6,21 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/checkpoint_writer.hpp"
+#include "ckpt/local_checkpoint_writer.hpp"
+#include "ckpt/local_restore.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
+#include "dist/collectives.hpp"
+#include "dist/node_map.hpp"
+#include "dist/world.hpp"
 
 namespace l3::cli {
 
@@ -78,7 +86,137 @@ std::vector<Entry> entries_of(const std::string& dir) {
   return entries;
 }
 
-int list(const std::string& dir, bool as_json) {
+// The node names a --ckpt-local pattern has directories for, found by matching the first path
+// component holding "%h" against what its parent directory holds (a shared file system, or
+// this node's own storage).
+std::vector<std::string> nodes_matching(const std::string& pattern) {
+  const fs::path p(pattern);
+  fs::path parent;
+  for (const fs::path& part : p) {
+    const std::string text = part.string();
+    if (text.find("%h") == std::string::npos) {
+      parent /= part;
+      continue;
+    }
+    // The component as a regex: "%h" any name, everything else literal.
+    std::string re;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      if (text.compare(i, 2, "%h") == 0) {
+        re += "(.+)";
+        ++i;
+      } else if (std::string_view("\\^$.|?*+()[]{}").find(text[i]) != std::string_view::npos) {
+        re += std::string("\\") + text[i];
+      } else {
+        re += text[i];
+      }
+    }
+    const std::regex component(re);
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+      std::smatch m;
+      const std::string name = e.path().filename().string();
+      if (std::regex_match(name, m, component)) names.push_back(m[1].str());
+    }
+    return names;
+  }
+  return {""};  // no %h: one directory for every node
+}
+
+// ranges "0-3, 5" of sorted ranks.
+std::string rank_list(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out +=
+        fmt::format("{}{}", out.empty() ? "" : ",",
+                    i == j ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+// The node-local level of the run writing `dir`: each directory's steps and files, and whether
+// each step can be restored on the ranks that wrote it.
+json list_local_level(const std::vector<std::string>& directories, std::string& text) {
+  std::map<std::int64_t, std::vector<json>, std::greater<>> by_step;
+  json out = json::array();
+  for (std::size_t d = 0; d < directories.size(); ++d) {
+    for (json& e : ckpt::local_inventory(directories[d], static_cast<int>(d), 0, 1, false))
+      by_step[e.at("step").get<std::int64_t>()].push_back(std::move(e));
+  }
+  for (const auto& [step, entries] : by_step) {
+    json step_json = {{"step", step}, {"directories", json::array()}};
+    int world_size = 0;
+    std::vector<json> good;
+    for (std::size_t d = 0; d < directories.size(); ++d) {
+      std::map<std::string, std::vector<int>> kinds;
+      std::int64_t bytes = 0;
+      std::vector<std::string> damaged;
+      for (const json& e : entries) {
+        if (e.at("reader").get<std::size_t>() != d) continue;
+        if (!e.at("ok").get<bool>()) {
+          damaged.push_back(e.at("problem").get<std::string>());
+          continue;
+        }
+        good.push_back(e);
+        world_size = std::max(world_size, e.at("world_size").get<int>());
+        kinds[e.at("kind").get<std::string>()].push_back(e.at("owner").get<int>());
+        std::error_code ec;
+        bytes += static_cast<std::int64_t>(fs::file_size(e.at("path").get<std::string>(), ec));
+      }
+      if (kinds.empty() && damaged.empty()) continue;
+      std::string files;
+      for (const auto& [kind, owners] : kinds)
+        files += fmt::format("{}{} {}", files.empty() ? "" : "; ",
+                             kind == "state"  ? "states"
+                             : kind == "copy" ? "copies"
+                                              : "parity",
+                             rank_list(owners));
+      if (!damaged.empty()) files += fmt::format("; {} damaged", damaged.size());
+      text += fmt::format("  {:<14} {:>8.1f}MB  {}  in {}\n", ckpt::step_dir_name(step),
+                          static_cast<double>(bytes) / 1e6, files, directories[d]);
+      for (const std::string& why : damaged) text += fmt::format("      damaged: {}\n", why);
+      step_json["directories"].push_back({{"path", directories[d]},
+                                          {"states", kinds["state"]},
+                                          {"copies", kinds["copy"]},
+                                          {"parity", kinds["xor"]},
+                                          {"damaged", damaged},
+                                          {"bytes", bytes}});
+    }
+    std::string missing;
+    if (world_size > 0) (void)ckpt::plan_local_step(good, directories, world_size, missing);
+    if (world_size == 0) missing = "no good file";
+    step_json["world_size"] = world_size;
+    step_json["restorable"] = missing.empty();
+    step_json["problem"] = missing;
+    text += missing.empty()
+                ? fmt::format("  step {}: every one of the {} ranks' states can be had\n", step,
+                              world_size)
+                : fmt::format("  step {}: cannot be restored: {}\n", step, missing);
+    out.push_back(std::move(step_json));
+  }
+  if (out.empty()) text += "  (no steps)\n";
+  return out;
+}
+
+int list(const std::string& dir, bool as_json, const std::vector<std::string>& local_dirs,
+         const std::string& local_pattern) {
+  std::string local_text;
+  json local = json::array();
+  if (!local_dirs.empty()) {
+    local_text = fmt::format("node-local level (--ckpt-local {}), {} director{}:\n", local_pattern,
+                             local_dirs.size(), local_dirs.size() == 1 ? "y" : "ies");
+    local = list_local_level(local_dirs, local_text);
+    if (!fs::is_directory(dir) || ckpt::step_directories(dir).empty()) {
+      std::cout << (as_json ? json{{"checkpoints", json::array()}, {"local", local}}.dump() + "\n"
+                            : fmt::format("no checkpoints in {}\n{}", dir, local_text))
+                << std::flush;
+      return core::kExitOk;
+    }
+  }
   const std::string latest = ckpt::read_latest(dir);
   json out = json::array();
   std::string text = fmt::format("{:<26} {:>10} {:<7} {:>6} {:>10}  {}\n", "checkpoint", "step",
@@ -110,7 +248,13 @@ int list(const std::string& dir, bool as_json) {
                         ranks == 0 ? std::string("-") : std::to_string(ranks),
                         static_cast<double>(bytes) / 1e6, state);
   }
-  std::cout << (as_json ? out.dump() + "\n" : text) << std::flush;
+  if (local_dirs.empty()) {
+    std::cout << (as_json ? out.dump() + "\n" : text) << std::flush;
+  } else {
+    std::cout << (as_json ? json{{"checkpoints", out}, {"local", local}}.dump() + "\n"
+                          : text + local_text)
+              << std::flush;
+  }
   return core::kExitOk;
 }
 
@@ -187,7 +331,10 @@ void declare_ckpt_options(po::options_description& options,
       "quick", po::bool_switch(), "verify: manifest, files, sizes and structure, no checksums")(
       "keep-last", core::number<int>(core::between(2, 1e6))->default_value(3)->value_name("K"),
       "prune: keep the newest K complete checkpoints (at least 2)")(
-      "json", po::bool_switch(), "list/verify: one JSON document (verify: with digests)");
+      "json", po::bool_switch(), "list/verify: one JSON document (verify: with digests)")(
+      "ckpt-local", po::value<std::string>()->value_name("DIR"),
+      "list: also the node-local level of the run (its --ckpt-local; the directories of every "
+      "node name found for %h, and of each rank's node under mpiexec/srun)");
   positional.add("action", 1).add("dir", 1);
 }
 
@@ -200,9 +347,24 @@ int run_ckpt(const CommandContext& context) {
         fmt::format("unknown ckpt action '{}' (use list, verify or prune)", action));
   }
   if (o.count("dir") == 0) throw core::usage_error(fmt::format("ckpt {} needs a DIR", action));
-  if (!context.world.is_root()) return core::kExitOk;
   const std::string dir = o["dir"].as<std::string>();
-  if (action == "list") return list(dir, o["json"].as<bool>());
+  std::vector<std::string> local_dirs;
+  const std::string pattern = o.count("ckpt-local") != 0 ? o["ckpt-local"].as<std::string>() : "";
+  if (!pattern.empty()) {
+    if (action != "list") throw core::usage_error("--ckpt-local goes with ckpt list");
+    // Each rank's own node, and every node name found under the pattern's parent.
+    const dist::NodeMap nodes = dist::NodeMap::of(context.world);
+    const std::vector<std::string> all = dist::gather_strings(
+        context.world.comm(),
+        ckpt::local_level_directory(pattern, nodes.name_of_rank(context.world.rank()), dir));
+    std::set<std::string> unique(all.begin(), all.end());
+    for (const std::string& node : nodes_matching(pattern))
+      unique.insert(ckpt::local_level_directory(pattern, node, dir));
+    for (const std::string& d : unique)
+      if (fs::is_directory(d)) local_dirs.push_back(d);
+  }
+  if (!context.world.is_root()) return core::kExitOk;
+  if (action == "list") return list(dir, o["json"].as<bool>(), local_dirs, pattern);
   if (action == "verify") return verify(dir, o["quick"].as<bool>(), o["json"].as<bool>());
   return prune(dir, o["keep-last"].as<int>());
 }
