@@ -7,7 +7,9 @@
 #   requeue   --time=2 with USR1 60 s ahead: the job checkpoints, exits 75, requeues itself and
 #             finishes with the weights of an uninterrupted run
 #   restart   a rank killed with SIGKILL mid-run: the restart loop resumes and the job finishes
-#             with the uninterrupted run's weights; a job failing on every attempt fails loudly
+#             with the uninterrupted run's weights; the same from the node-local level
+#             (--ckpt-local) when it is newer than ckpt-dir; a job failing on every attempt fails
+#             loudly
 #   pipeline  jobs/pipeline.sh: prep -> sft -> reward end to end; a failed stage cancels the rest
 #
 #   slurm_test.sh CASE LLAMA3_HPC SOURCE_DIR MPIEXEC
@@ -205,6 +207,23 @@ restart)
   check "the second attempt resumed from a checkpoint" grep -q "resumed at step" "$out"
   check "the final weights equal an uninterrupted run's" \
     test -n "$(digest ref/step-00002500)" -a "$(digest ckpt/step-00002500)" = "$(digest ref/step-00002500)"
+  [[ $failures -eq 0 ]] || show_output "$out" 40
+  # With node-local checkpoints (every 50 steps, every 2nd flushed to ckpt-dir): rank 1 killed
+  # right after the node-local checkpoint of step 150; the restart loop resumes from it, not
+  # from ckpt-dir's step 100.
+  sft_config local.ini "$work/ckpt-local" 200 log-every=50 "ckpt-local=$work/local/%h" \
+    checkpoint-every-local=50 flush-every=2
+  reference local.ini 2 "$work/ref-local"
+  id=$(L3_FAULT="ckpt.local.complete@1#3=kill" \
+    sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" local.ini)
+  state=$(wait_job "$id" 240)
+  out=l3-sft-$id.out
+  check "node-local level: job $id completes ($state)" test "$state" = COMPLETED
+  check "... after a second attempt" grep -q "attempt 2/3: .* --resume auto" "$out"
+  check "... which resumed from the node-local step 150 (ckpt-dir's newest: 100)" \
+    grep -q "resuming from the node-local level at step 150 (--ckpt-dir's newest is step 100)" "$out"
+  check "... and ends with the uninterrupted run's weights" \
+    test -n "$(digest ref-local/step-00000200)" -a "$(digest ckpt-local/step-00000200)" = "$(digest ref-local/step-00000200)"
   [[ $failures -eq 0 ]] || show_output "$out" 40
   # A job whose every attempt crashes: N attempts, then a loud failure with the last error.
   sft_config crash.ini "$work/ckpt-crash" 20 log-every=5
