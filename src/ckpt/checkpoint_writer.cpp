@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "ckpt/background_write.hpp"
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checksum.hpp"
 #include "ckpt/tensor_file.hpp"
@@ -98,7 +99,11 @@ PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDir
 
 struct CheckpointWriter::Impl {
   Impl(const dist::World& w, std::string r, WriterPolicy p)
-      : world(w), root(std::move(r)), policy(p), comm(w.duplicate_comm()) {
+      : world(w),
+        root(std::move(r)),
+        policy(p),
+        comm(w.duplicate_comm()),
+        background(p.async && w.thread_level() == MPI_THREAD_MULTIPLE) {
     policy.keep_last = std::max(policy.keep_last, 2);
     if (world.thread_level() != MPI_THREAD_MULTIPLE) policy.async = false;
   }
@@ -235,53 +240,31 @@ struct CheckpointWriter::Impl {
     if (policy.async) dist::quiet_barrier(comm.get());
   }
 
-  void join() {
-    if (thread.joinable()) thread.join();
-  }
-
   const dist::World& world;
   std::string root;
   WriterPolicy policy;
   dist::UniqueComm comm;
-  std::thread thread;
-  bool in_flight = false;
-  std::atomic<bool> finished{false};
-  std::optional<WriteReport> report;
-  std::exception_ptr error;
-  RankState spare;  // the last write's snapshot, once it is done
+  BackgroundWrite<WriteReport> background;
 };
 
 CheckpointWriter::CheckpointWriter(const dist::World& world, std::string root, WriterPolicy policy)
     : impl_(std::make_unique<Impl>(world, std::move(root), policy)) {}
 
-CheckpointWriter::~CheckpointWriter() { impl_->join(); }
+CheckpointWriter::~CheckpointWriter() = default;
 
-RankState CheckpointWriter::take_spare() {
-  if (impl_->in_flight) return {};
-  return std::exchange(impl_->spare, RankState{});
-}
-
+RankState CheckpointWriter::take_spare() { return impl_->background.take_spare(); }
 void CheckpointWriter::provide_spare(RankState spare) {
-  if (!impl_->in_flight) impl_->spare = std::move(spare);
+  impl_->background.provide_spare(std::move(spare));
 }
-
-bool CheckpointWriter::busy() const noexcept { return impl_->in_flight; }
-bool CheckpointWriter::ready() const noexcept { return impl_->in_flight && impl_->finished.load(); }
+bool CheckpointWriter::busy() const noexcept { return impl_->background.busy(); }
+bool CheckpointWriter::ready() const noexcept { return impl_->background.ready(); }
 const std::string& CheckpointWriter::root() const noexcept { return impl_->root; }
 
-std::optional<WriteReport> CheckpointWriter::wait() {
-  Impl& s = *impl_;
-  if (!s.in_flight) return std::nullopt;
-  s.join();
-  s.in_flight = false;
-  if (s.error) std::rethrow_exception(std::exchange(s.error, nullptr));
-  return std::exchange(s.report, std::nullopt);
-}
+std::optional<WriteReport> CheckpointWriter::wait() { return impl_->background.wait(); }
 
 WriteReport CheckpointWriter::write_here(const model::ParameterLayout& layout, Manifest manifest,
                                          const RankState& state) {
-  if (impl_->in_flight)
-    throw core::internal_error("CheckpointWriter::write_here with a write in flight");
+  if (busy()) throw core::internal_error("CheckpointWriter::write_here with a write in flight");
   return impl_->run(layout, manifest, state, core::Stopwatch());
 }
 
@@ -289,25 +272,10 @@ void CheckpointWriter::write(const model::ParameterLayout& layout, Manifest mani
                              RankState state) {
   (void)wait();
   Impl& s = *impl_;
-  s.in_flight = true;
-  s.finished = false;
-  s.report.reset();
-  s.error = nullptr;
-  auto job = [&s, layout, manifest = std::move(manifest), state = std::move(state),
-              started = core::Stopwatch()]() mutable {
-    try {
-      s.report = s.run(layout, manifest, state, started);
-    } catch (...) {
-      s.error = std::current_exception();
-    }
-    s.spare = std::move(state);
-    s.finished = true;
-  };
-  if (s.policy.async) {
-    s.thread = std::thread(std::move(job));
-  } else {
-    job();
-  }
+  s.background.start(
+      [&s, layout, manifest = std::move(manifest), started = core::Stopwatch()](
+          const RankState& snapshot) mutable { return s.run(layout, manifest, snapshot, started); },
+      std::move(state));
 }
 
 }  // namespace l3::ckpt

@@ -11,11 +11,13 @@
 #include <functional>
 #include <thread>
 
+#include "ckpt/background_write.hpp"
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checksum.hpp"
 #include "ckpt/local_files.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
+#include "core/first_failure.hpp"
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
@@ -28,23 +30,10 @@ using nlohmann::json;
 
 namespace {
 
+using core::FirstFailure;
+
 constexpr std::int64_t kPieceBytes = std::int64_t{16} << 20;  // per MPI message
 constexpr int kCopyTag = 7301;
-
-// Runs `work` unless an earlier step failed; keeps the first failure. File work of the level
-// goes through this so that a rank whose disk fails still takes part in every exchange (the
-// others would wait for it forever) and the ranks then agree on the failure.
-struct FirstFailure {
-  std::string text;
-  void run(const std::function<void()>& work) {
-    if (!text.empty()) return;
-    try {
-      work();
-    } catch (...) {
-      text = core::summarize(std::current_exception()).text;
-    }
-  }
-};
 
 }  // namespace
 
@@ -89,9 +78,21 @@ bool prunes_directory(MPI_Comm comm, const std::string& directory) {
   return agreed.at(static_cast<std::size_t>(rank)).get<bool>();
 }
 
+namespace {
+
+// `name` in the older step's directory `old`, to be written over; "" when there is none.
+std::string recycled(const fs::path& old, const std::string& name) {
+  return old.empty() ? std::string() : (old / name).string();
+}
+
+}  // namespace
+
 struct LocalCheckpointWriter::Impl {
   Impl(const dist::World& w, LocalLevelConfig c)
-      : world(w), config(std::move(c)), comm(w.duplicate_comm()) {
+      : world(w),
+        config(std::move(c)),
+        comm(w.duplicate_comm()),
+        background(config.async && w.thread_level() == MPI_THREAD_MULTIPLE) {
     if (world.thread_level() != MPI_THREAD_MULTIPLE) config.async = false;
     pruner = prunes_directory(comm.get(), config.directory);
     if (config.plan.kind == Redundancy::xor_parity) {
@@ -109,7 +110,7 @@ struct LocalCheckpointWriter::Impl {
   }
 
   // The partner exchange: this rank's state to its holder, its source's state from it.
-  std::int64_t exchange_copies(const StateImage& image, const fs::path& dir,
+  std::int64_t exchange_copies(const StateImage& image, const fs::path& dir, const fs::path& old,
                                FirstFailure& f) const {
     const auto me = static_cast<std::size_t>(world.rank());
     const int holder = config.plan.copy_holder[me];
@@ -121,8 +122,8 @@ struct LocalCheckpointWriter::Impl {
                     "MPI_Sendrecv(local copy sizes)");
     std::unique_ptr<LocalFileWriter> out;
     f.run([&] {
-      out = std::make_unique<LocalFileWriter>(
-          (dir / local_file_name(LocalFileKind::copy, source)).string());
+      const std::string name = local_file_name(LocalFileKind::copy, source);
+      out = std::make_unique<LocalFileWriter>((dir / name).string(), recycled(old, name));
     });
     std::vector<std::byte> send(
         static_cast<std::size_t>(std::min(kPieceBytes, std::max<std::int64_t>(mine, 1))));
@@ -139,14 +140,18 @@ struct LocalCheckpointWriter::Impl {
         f.run(
             [&] { out->write_at(at, std::span(receive.data(), static_cast<std::size_t>(in_n))); });
     }
-    if (out) f.run([&] { out->commit(); });
+    if (out)
+      f.run([&] {
+        out->truncate(theirs);
+        out->commit();
+      });
     return theirs;
   }
 
   // XOR parity over this rank's set (ckpt/local_redundancy.hpp): a reduce-scatter of every
   // member's chunks with bitwise XOR, in pieces, into this rank's segment.
-  std::int64_t exchange_parity(const StateImage& image, const fs::path& dir, std::int64_t step,
-                               FirstFailure& f) const {
+  std::int64_t exchange_parity(const StateImage& image, const fs::path& dir, const fs::path& old,
+                               std::int64_t step, FirstFailure& f) const {
     const auto me = static_cast<std::size_t>(world.rank());
     const std::vector<int>& members =
         config.plan.sets[static_cast<std::size_t>(config.plan.set_of[me])];
@@ -171,8 +176,8 @@ struct LocalCheckpointWriter::Impl {
                          {"chunk", chunk}};
     std::unique_ptr<ParityFileWriter> out;
     f.run([&] {
-      out = std::make_unique<ParityFileWriter>(
-          (dir / local_file_name(LocalFileKind::parity, world.rank())).string(), header);
+      const std::string name = local_file_name(LocalFileKind::parity, world.rank());
+      out = std::make_unique<ParityFileWriter>((dir / name).string(), header, recycled(old, name));
     });
     // Pieces of each block: a multiple of 8 bytes, all G blocks within kPieceBytes.
     const std::int64_t piece = std::min(chunk, std::max<std::int64_t>(8, kPieceBytes / g / 8 * 8));
@@ -206,19 +211,31 @@ struct LocalCheckpointWriter::Impl {
     LocalWriteReport out;
     out.step = manifest.step;
     const fs::path dir = fs::path(config.directory) / step_dir_name(manifest.step);
+    // With two complete steps, the older one's files are written over (LocalFileWriter): at
+    // most two steps are ever on the node, the newest complete one always among them.
+    fs::path old;
+    if (completed.size() == 2 && completed.front() != manifest.step) {
+      old = fs::path(config.directory) / step_dir_name(completed.front());
+      completed.pop_front();
+    }
     FirstFailure f;
+    const core::Stopwatch phase;
     const StateImage image(layout, manifest, state, rank, world.size(), config.node);
     std::int64_t bytes = 0;
     f.run([&] {
       fs::create_directories(dir);
       core::fault_point("ckpt.local.write", rank);
-      image.write_file((dir / local_file_name(LocalFileKind::state, rank)).string());
+      const std::string name = local_file_name(LocalFileKind::state, rank);
+      image.write_file((dir / name).string(), recycled(old, name));
       bytes += image.size();
     });
+    out.state_seconds = phase.seconds();
     settle();
-    if (config.plan.kind == Redundancy::partner) bytes += exchange_copies(image, dir, f);
+    const core::Stopwatch exchange;
+    if (config.plan.kind == Redundancy::partner) bytes += exchange_copies(image, dir, old, f);
     if (config.plan.kind == Redundancy::xor_parity)
-      bytes += exchange_parity(image, dir, manifest.step, f);
+      bytes += exchange_parity(image, dir, old, manifest.step, f);
+    out.redundancy_seconds = exchange.seconds();
     core::fault_point("ckpt.local.exchanged", rank);
 
     // Agreement: the step is complete on every rank, or the first failure is everyone's.
@@ -264,42 +281,26 @@ struct LocalCheckpointWriter::Impl {
     }
   }
 
-  void join() {
-    if (thread.joinable()) thread.join();
-  }
-
   const dist::World& world;
   LocalLevelConfig config;
   dist::UniqueComm comm;
   dist::UniqueComm set_comm;
   bool pruner = false;
   std::deque<std::int64_t> completed;  // the newest complete steps, oldest first
-  std::thread thread;
-  bool in_flight = false;
-  std::atomic<bool> finished{false};
-  std::optional<LocalWriteReport> report;
-  std::exception_ptr error;
-  RankState spare;
+  BackgroundWrite<LocalWriteReport> background;
 };
 
 LocalCheckpointWriter::LocalCheckpointWriter(const dist::World& world, LocalLevelConfig config)
     : impl_(std::make_unique<Impl>(world, std::move(config))) {}
 
-LocalCheckpointWriter::~LocalCheckpointWriter() { impl_->join(); }
+LocalCheckpointWriter::~LocalCheckpointWriter() = default;
 
-RankState LocalCheckpointWriter::take_spare() {
-  if (impl_->in_flight) return {};
-  return std::exchange(impl_->spare, RankState{});
-}
-
+RankState LocalCheckpointWriter::take_spare() { return impl_->background.take_spare(); }
 void LocalCheckpointWriter::provide_spare(RankState spare) {
-  if (!impl_->in_flight) impl_->spare = std::move(spare);
+  impl_->background.provide_spare(std::move(spare));
 }
-
-bool LocalCheckpointWriter::busy() const noexcept { return impl_->in_flight; }
-bool LocalCheckpointWriter::ready() const noexcept {
-  return impl_->in_flight && impl_->finished.load();
-}
+bool LocalCheckpointWriter::busy() const noexcept { return impl_->background.busy(); }
+bool LocalCheckpointWriter::ready() const noexcept { return impl_->background.ready(); }
 const LocalLevelConfig& LocalCheckpointWriter::config() const noexcept { return impl_->config; }
 
 void LocalCheckpointWriter::resumed_at(std::int64_t step) {
@@ -307,39 +308,19 @@ void LocalCheckpointWriter::resumed_at(std::int64_t step) {
   impl_->completed.push_back(step);
 }
 
-std::optional<LocalWriteReport> LocalCheckpointWriter::wait() {
-  Impl& s = *impl_;
-  if (!s.in_flight) return std::nullopt;
-  s.join();
-  s.in_flight = false;
-  if (s.error) std::rethrow_exception(std::exchange(s.error, nullptr));
-  return std::exchange(s.report, std::nullopt);
-}
+std::optional<LocalWriteReport> LocalCheckpointWriter::wait() { return impl_->background.wait(); }
 
 void LocalCheckpointWriter::write(const model::ParameterLayout& layout, Manifest manifest,
                                   RankState state, CheckpointWriter* flush,
                                   std::vector<model::FlatRange> flush_ranges) {
   (void)wait();
   Impl& s = *impl_;
-  s.in_flight = true;
-  s.finished = false;
-  s.report.reset();
-  s.error = nullptr;
-  auto job = [&s, layout, manifest = std::move(manifest), state = std::move(state), flush,
-              flush_ranges = std::move(flush_ranges), started = core::Stopwatch()]() mutable {
-    try {
-      s.report = s.run(layout, manifest, state, flush, flush_ranges, started);
-    } catch (...) {
-      s.error = std::current_exception();
-    }
-    s.spare = std::move(state);
-    s.finished = true;
-  };
-  if (s.config.async) {
-    s.thread = std::thread(std::move(job));
-  } else {
-    job();
-  }
+  s.background.start(
+      [&s, layout, manifest = std::move(manifest), flush, flush_ranges = std::move(flush_ranges),
+       started = core::Stopwatch()](const RankState& snapshot) {
+        return s.run(layout, manifest, snapshot, flush, flush_ranges, started);
+      },
+      std::move(state));
 }
 
 }  // namespace l3::ckpt

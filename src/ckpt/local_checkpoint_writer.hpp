@@ -9,9 +9,11 @@
 //
 // Asynchronous like CheckpointWriter: write() hands over a host snapshot and returns; a
 // background thread on its own communicator does the rest. A step of the level is complete
-// when every rank has written its files (the ranks agree); the newest two complete steps are
-// kept, older ones removed. A failure of the level (a full local disk) is reported, not thrown:
-// the run goes on, protected by --ckpt-dir; a failed flush throws like a failed checkpoint.
+// when every rank has written its files (the ranks agree). A node holds at most two steps: the
+// newest complete one and the one being written, whose files take over (are written over)
+// those of the complete step before it; other steps are removed. A failure of the level (a full
+// local disk) is reported, not thrown: the run goes on, protected by --ckpt-dir; a failed flush
+// throws like a failed checkpoint.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,8 @@ struct LocalLevelConfig {
 struct LocalWriteReport {
   std::int64_t step = 0;
   double seconds = 0;                  // from the snapshot to the agreement
+  double state_seconds = 0;            // this rank: checksumming and writing its own file
+  double redundancy_seconds = 0;       // this rank: the copy or parity exchange and its file
   std::int64_t bytes = 0;              // written by all ranks: states and their copies or parity
   std::string failure;                 // the level was not completed: why (the same on every rank)
   std::optional<WriteReport> flushed;  // the flush to --ckpt-dir, when there was one

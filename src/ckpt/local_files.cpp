@@ -161,21 +161,30 @@ void StateImage::copy(std::int64_t offset, std::span<std::byte> out) const {
   std::fill(out.begin() + static_cast<std::ptrdiff_t>(done), out.end(), std::byte{0});
 }
 
-void StateImage::write_file(const std::string& path) const {
-  LocalFileWriter file(path);
+void StateImage::write_file(const std::string& path, const std::string& recycle) const {
+  LocalFileWriter file(path, recycle);
   file.write_at(0, std::as_bytes(std::span(prefix_.data(), prefix_.size())));
   auto at = static_cast<std::int64_t>(prefix_.size());
   for (const std::vector<float>* a : {&state_.master, &state_.exp_avg, &state_.exp_avg_sq}) {
     file.write_at(at, bytes_of(*a));
     at += static_cast<std::int64_t>(a->size() * sizeof(float));
   }
+  file.truncate(size_);
   file.commit();
 }
 
 // ---- LocalFileWriter, ParityFileWriter ------------------------------------------------------
 
-LocalFileWriter::LocalFileWriter(std::string path)
+LocalFileWriter::LocalFileWriter(std::string path, const std::string& recycle)
     : path_(std::move(path)), temporary_(core::temporary_name_for(path_)) {
+  std::error_code ec;
+  if (!recycle.empty() && fs::is_regular_file(fs::symlink_status(recycle, ec)) &&
+      std::rename(recycle.c_str(), temporary_.c_str()) == 0) {
+    fd_ = ::open(temporary_.c_str(),  // NOLINT(cppcoreguidelines-pro-type-vararg)
+                 O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd_ >= 0) return;
+    ::unlink(temporary_.c_str());
+  }
   fd_ = core::create_exclusive(temporary_);
 }
 
@@ -222,7 +231,9 @@ void LocalFileWriter::commit() {
   }
 }
 
-ParityFileWriter::ParityFileWriter(const std::string& path, const json& header) : file_(path) {
+ParityFileWriter::ParityFileWriter(const std::string& path, const json& header,
+                                   const std::string& recycle)
+    : file_(path, recycle) {
   const std::string prefix = prefixed(kParityMagic, header);
   file_.write_at(0, std::as_bytes(std::span(prefix.data(), prefix.size())));
   at_ = static_cast<std::int64_t>(prefix.size());
@@ -238,6 +249,7 @@ void ParityFileWriter::commit() {
   std::string tail;
   put_u64(tail, hash_.digest());
   file_.write_at(at_, std::as_bytes(std::span(tail.data(), tail.size())));
+  file_.truncate(at_ + static_cast<std::int64_t>(tail.size()));
   file_.commit();
 }
 

@@ -41,8 +41,8 @@ class StateImage {
   [[nodiscard]] std::int64_t size() const noexcept { return size_; }
   // Bytes [offset, offset + out.size()), zeros past the end.
   void copy(std::int64_t offset, std::span<std::byte> out) const;
-  // Writes the .state file at `path` (temporary name, then rename).
-  void write_file(const std::string& path) const;
+  // Writes the .state file at `path` (temporary name, then rename), over `recycle` (below).
+  void write_file(const std::string& path, const std::string& recycle = {}) const;
 
  private:
   std::string prefix_;  // magic, lengths, header
@@ -51,10 +51,13 @@ class StateImage {
 };
 
 // A file written under a temporary name at any offsets, renamed to its name by commit();
-// removed if destroyed before.
+// removed if destroyed before. With `recycle` naming an existing regular file (an older step's
+// file of the same rank and kind, about the same size), that file is renamed to the temporary
+// name and written over: on tmpfs and on SSDs, writing over allocated pages is several times
+// faster than allocating new ones (measured on /dev/shm: 0.19 s against 1.1 s for 307 MB).
 class LocalFileWriter {
  public:
-  explicit LocalFileWriter(std::string path);
+  explicit LocalFileWriter(std::string path, const std::string& recycle = {});
   ~LocalFileWriter();
   LocalFileWriter(const LocalFileWriter&) = delete;
   LocalFileWriter& operator=(const LocalFileWriter&) = delete;
@@ -74,7 +77,8 @@ class LocalFileWriter {
 // constructor, then its segment piece by piece in order, then commit() appends the checksum.
 class ParityFileWriter {
  public:
-  ParityFileWriter(const std::string& path, const nlohmann::json& header);
+  ParityFileWriter(const std::string& path, const nlohmann::json& header,
+                   const std::string& recycle = {});
   void append(std::span<const std::byte> bytes);
   void commit();
 

@@ -15,6 +15,7 @@
 #include "ckpt/local_checkpoint_writer.hpp"
 #include "ckpt/local_redundancy.hpp"
 #include "core/error.hpp"
+#include "core/first_failure.hpp"
 #include "core/log.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
@@ -26,6 +27,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+using core::FirstFailure;
 
 constexpr std::int64_t kPieceBytes = std::int64_t{16} << 20;
 constexpr int kSendTag = 7311;
@@ -39,18 +42,6 @@ std::vector<std::string> all_strings(const dist::World& world, const std::string
   const json agreed = json::parse(dist::broadcast_string(world.comm(), all.dump()));
   return agreed.get<std::vector<std::string>>();
 }
-
-struct FirstFailure {
-  std::string text;
-  void run(const std::function<void()>& work) {
-    if (!text.empty()) return;
-    try {
-      work();
-    } catch (...) {
-      text = core::summarize(std::current_exception()).text;
-    }
-  }
-};
 
 // This rank's part of the inventory: the files of its directory, those it checks (the ranks
 // sharing a directory split the checking) with the verdict.
@@ -100,7 +91,6 @@ json local_inventory(const std::string& directory, int rank, int share, int shar
   }
   return found;
 }
-
 
 // How every rank's state of `step` can be had from `entries` (good files of that step), or why
 // not (`missing`).

@@ -21,6 +21,35 @@
 
 namespace l3::train {
 
+namespace {
+
+// This rank's master weights and AdamW moments over `ranges`, copied into `state` (a previous
+// snapshot's buffers when it has them: their pages are mapped already).
+ckpt::RankState snapshot(DataParallel& parallel, std::vector<model::FlatRange> ranges,
+                         ckpt::RankState state) {
+  state.allocate(std::move(ranges));
+  parallel.optimizer().save_master(state.ranges, state.master);
+  parallel.optimizer().save_moments(state.ranges, state.exp_avg, state.exp_avg_sq);
+  return state;
+}
+
+// Loads `state` (this rank's state ranges) and the AdamW count into the optimizer, and the
+// weights the model computes with; what the run continues from.
+ResumedState load_state(DataParallel& parallel, const ckpt::RankState& state,
+                        const ckpt::Manifest& manifest) {
+  parallel.optimizer().load_master(state.ranges, state.master);
+  parallel.optimizer().load_moments(state.ranges, state.exp_avg, state.exp_avg_sq);
+  parallel.optimizer().set_adamw_steps(manifest.adamw_step);
+  parallel.gather_parameters();
+  return {.step = manifest.step,
+          .position = {manifest.data_epoch, manifest.data_step},
+          .skipped_steps = manifest.skipped_steps,
+          .trained_tokens = manifest.trained_tokens,
+          .trained_seconds = manifest.trained_seconds};
+}
+
+}  // namespace
+
 std::optional<LocalLevel> plan_local_level(const dist::World& world, const core::Logger& log,
                                            const TrainConfig& config) {
   if (config.ckpt_local.empty()) return std::nullopt;
@@ -83,11 +112,7 @@ void RunCheckpoints::start(const ckpt::RunFacts& run, DataParallel& parallel,
   // The host snapshot: this rank's pieces of the master weights and moments, in the previous
   // checkpoint's buffers when there was one.
   const core::TraceRange range("checkpoint snapshot");
-  ckpt::RankState state = writer_->take_spare();
-  const std::vector<model::FlatRange> mine = parallel.write_ranges();
-  state.allocate(mine);
-  parallel.optimizer().save_master(mine, state.master);
-  parallel.optimizer().save_moments(mine, state.exp_avg, state.exp_avg_sq);
+  ckpt::RankState state = snapshot(parallel, parallel.write_ranges(), writer_->take_spare());
   writer_->write(layout, std::move(manifest), std::move(state));
   snapshot_seconds_ = watch.seconds();
   pending_step_ = run.step;
@@ -103,11 +128,8 @@ void RunCheckpoints::start_local(const ckpt::RunFacts& run, DataParallel& parall
                      (run.step / local_->every) % local_->flush_every == 0;
   ckpt::Manifest manifest = ckpt::describe_checkpoint(run);
   const core::TraceRange range("node-local checkpoint snapshot");
-  ckpt::RankState state = local_writer_->take_spare();
-  const std::vector<model::FlatRange> mine = parallel.optimizer().state_ranges();
-  state.allocate(mine);
-  parallel.optimizer().save_master(mine, state.master);
-  parallel.optimizer().save_moments(mine, state.exp_avg, state.exp_avg_sq);
+  ckpt::RankState state =
+      snapshot(parallel, parallel.optimizer().state_ranges(), local_writer_->take_spare());
   local_writer_->write(layout, std::move(manifest), std::move(state),
                        flush ? writer_.get() : nullptr, parallel.write_ranges());
   local_snapshot_seconds_ = watch.seconds();
@@ -138,9 +160,13 @@ void RunCheckpoints::finish_local() {
   progress_.clear();
   if (report->failure.empty()) {
     log_.info(
-        "node-local checkpoint of step {} complete: {:.1f} MB on the nodes in {:.2f} s (training "
-        "paused {:.3f} s for the snapshot)",
+        "node-local checkpoint of step {} complete: {:.1f} MB on the nodes in {:.2f} s (rank 0: "
+        "{:.2f} s its state, {:.2f} s {}; training paused {:.3f} s for the snapshot)",
         report->step, static_cast<double>(report->bytes) / 1e6, report->seconds,
+        report->state_seconds, report->redundancy_seconds,
+        local_->plan.kind == ckpt::Redundancy::partner      ? "the partner copies"
+        : local_->plan.kind == ckpt::Redundancy::xor_parity ? "the XOR parity"
+                                                            : "no redundancy",
         local_snapshot_seconds_);
   } else {
     log_.warn("node-local checkpoint of step {} failed, the run goes on: {}", report->step,
@@ -187,17 +213,8 @@ std::optional<ResumedState> restore_local_state(const dist::World& world, const 
   dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, world.comm()),
                   "MPI_Allreduce(local ranges)");
   if (fits == 0) return std::nullopt;
-  const ckpt::RankState& state = local.state;
   const ckpt::Manifest& manifest = local.manifest;
-  parallel.optimizer().load_master(state.ranges, state.master);
-  parallel.optimizer().load_moments(state.ranges, state.exp_avg, state.exp_avg_sq);
-  parallel.optimizer().set_adamw_steps(manifest.adamw_step);
-  parallel.gather_parameters();
-  const ResumedState resumed{.step = manifest.step,
-                             .position = {manifest.data_epoch, manifest.data_step},
-                             .skipped_steps = manifest.skipped_steps,
-                             .trained_tokens = manifest.trained_tokens,
-                             .trained_seconds = manifest.trained_seconds};
+  const ResumedState resumed = load_state(parallel, local.state, manifest);
   log.info(
       "resumed at step {} (data epoch {} step {}, {} AdamW updates) from the node-local level: {}",
       resumed.step, resumed.position.epoch, resumed.position.step, manifest.adamw_step, origin);
@@ -216,15 +233,7 @@ ResumedState restore_checkpoint(const dist::World& world, const core::Logger& lo
     failure = std::current_exception();
   }
   dist::agree_on_failure(world, failure);
-  parallel.optimizer().load_master(state.ranges, state.master);
-  parallel.optimizer().load_moments(state.ranges, state.exp_avg, state.exp_avg_sq);
-  parallel.optimizer().set_adamw_steps(manifest.adamw_step);
-  parallel.gather_parameters();
-  const ResumedState resumed{.step = manifest.step,
-                             .position = {manifest.data_epoch, manifest.data_step},
-                             .skipped_steps = manifest.skipped_steps,
-                             .trained_tokens = manifest.trained_tokens,
-                             .trained_seconds = manifest.trained_seconds};
+  const ResumedState resumed = load_state(parallel, state, manifest);
   log.info(
       "resumed at step {} (data epoch {} step {}, {} AdamW updates) from {} written by {} "
       "rank{} in {:.2f} s",

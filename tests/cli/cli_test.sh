@@ -457,6 +457,22 @@ run "ckpt verify: a step without its manifest" 2 "$bin" ckpt verify "$work/ck-no
 expect "is damaged" contains "$out" "DAMAGED  step-00000006: no manifest.json"
 run "ckpt verify of that step directory" 2 "$bin" ckpt verify "$work/ck-no-manifest/step-00000006"
 expect "says the same" contains "$out" "DAMAGED  step-00000006"
+# The node-local level's options: one-line usage errors.
+local_run=(sft --model tiny --data "$work/train" --seq-len 64 --global-batch 4 --micro-batch 1 --steps 2 --no-progress)
+run "--ckpt-local without --ckpt-dir" 2 "$bin" "${local_run[@]}" --ckpt-local "$work/loc" --checkpoint-every-local 1
+expect "says it needs --ckpt-dir" contains "$err" "--ckpt-local needs --ckpt-dir"
+run "--ckpt-local without --checkpoint-every-local" 2 "$bin" "${local_run[@]}" --ckpt-dir "$work/ck-loc" --ckpt-local "$work/loc"
+expect "says they go together" contains "$err" "go together"
+run "--ckpt-redundancy of an unknown kind" 2 "$bin" "${local_run[@]}" --ckpt-dir "$work/ck-loc" --ckpt-local "$work/loc" --checkpoint-every-local 1 --ckpt-redundancy raid6
+expect "names the option" contains "$err" "--ckpt-redundancy must be partner, xor or none"
+: >"$work/not-a-dir"
+run "--ckpt-local under a file" 2 "$bin" "${local_run[@]}" --ckpt-dir "$work/ck-loc" --ckpt-local "$work/not-a-dir/%h" --checkpoint-every-local 1
+expect "names the option" contains "$err" "--ckpt-local"
+expect "one error line" [ "$(error_lines "$err")" = 1 ]
+run "a run with the node-local level on one node" 0 "$bin" "${local_run[@]}" --ckpt-dir "$work/ck-loc" --ckpt-local "$work/loc/%h" --checkpoint-every-local 1
+expect "warns that partner copies need another node" contains "$err" "single node"
+run "ckpt list --ckpt-local" 0 "$bin" ckpt list "$work/ck-loc" --ckpt-local "$work/loc/%h"
+expect "lists the node-local step 1" contains "$out" "step 1: every one of the 1 ranks' states can be had"
 cp -r "$work/ck" "$work/ck-prune" && mkdir "$work/ck-prune/step-00000008.partial"
 run "ckpt prune --keep-last 1 is refused" 2 "$bin" ckpt prune "$work/ck-prune" --keep-last 1
 run "ckpt prune" 0 "$bin" ckpt prune "$work/ck-prune" --keep-last 2

@@ -9,7 +9,7 @@
 #   xor, 4 ranks as 4 nodes: the same with one node lost (rebuilt from parity) and with two
 #   nodes of the set lost (fallback to step 12);
 #   a truncated state file and a bit-flipped copy -> reported as damaged, the next level used,
-#   bit for bit at the end;
+#   bit for bit at the end; a restart with the ranks on other nodes: the states are sent to them;
 #   --resume none where the node-local level has steps -> exit 2.
 #
 #   local_level_test.sh LLAMA3_HPC MPIEXEC
@@ -47,12 +47,12 @@ run 1 "${args[@]}" --ckpt-dir "$work/ref" || {
 }
 ref=$(digest "$work/ref/step-00000024")
 
-# scenario NAME NODES REDUNDANCY EXPECTED DAMAGE...: a run killed after the node-local
+# scenario NAME NODES[:RESTART_NODES] REDUNDANCY EXPECTED DAMAGE...: a run killed after the node-local
 # checkpoint of step 15, the DAMAGE command run in its node-local directory, then resumed: it
 # must resume from EXPECTED (local-15, local-12: the node-local level at that step; flushed-12:
 # --ckpt-dir's step 12) and end as the reference.
 scenario() {
-  local name=$1 nodes=$2 redundancy=$3 expect=$4
+  local name=$1 nodes=${2%:*} renodes=${2#*:} redundancy=$3 expect=$4
   shift 4
   local dir="$work/$name"
   local level=(--ckpt-dir "$dir/ckpt" --ckpt-local "$dir/local/%h" --checkpoint-every-local 3
@@ -67,7 +67,7 @@ scenario() {
     fail "$name: damaging the node-local level"
     return
   }
-  run "$nodes" "${args[@]}" "${level[@]}"
+  run "$renodes" "${args[@]}" "${level[@]}"
   rc=$?
   cp "$work/last.err" "$work/$name.log"
   if [[ $rc -ne 0 ]]; then
@@ -104,6 +104,14 @@ scenario partner-one-node-lost 2 partner local-15 lose 1
 scenario partner-both-halves-lost 2 partner flushed-12 lose 0 1
 scenario xor-one-node-lost 4 xor local-15 lose 2
 scenario xor-two-nodes-of-a-set-lost 4 xor flushed-12 lose 1 3
+# The restart places the ranks on other nodes (4 instead of 2): the states on node 1 are read
+# there and sent to their ranks, now on nodes 2 and 3.
+scenario ranks-on-other-nodes 2:4 partner local-15 true
+if grep -q "from their files on another node" "$work/ranks-on-other-nodes.log" 2>/dev/null; then
+  pass "ranks-on-other-nodes: states sent to ranks on other nodes"
+else
+  fail "ranks-on-other-nodes: states sent to ranks on other nodes"
+fi
 scenario truncated-state 2 partner local-15 truncate_state
 if grep -q "damaged, not used: .*rank-00000.state" "$work/truncated-state.log" 2>/dev/null; then
   pass "truncated-state: the truncated file is reported and its partner copy used"
