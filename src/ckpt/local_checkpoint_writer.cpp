@@ -301,7 +301,6 @@ void LocalCheckpointWriter::provide_spare(RankState spare) {
 }
 bool LocalCheckpointWriter::busy() const noexcept { return impl_->background.busy(); }
 bool LocalCheckpointWriter::ready() const noexcept { return impl_->background.ready(); }
-const LocalLevelConfig& LocalCheckpointWriter::config() const noexcept { return impl_->config; }
 
 void LocalCheckpointWriter::resumed_at(std::int64_t step) {
   impl_->completed.clear();

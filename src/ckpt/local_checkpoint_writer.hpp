@@ -72,7 +72,6 @@ class LocalCheckpointWriter {
   [[nodiscard]] bool ready() const noexcept;
   // A run resumed at `step` (from any level): it counts as complete for pruning.
   void resumed_at(std::int64_t step);
-  [[nodiscard]] const LocalLevelConfig& config() const noexcept;
 
  private:
   struct Impl;

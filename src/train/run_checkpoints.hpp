@@ -73,7 +73,6 @@ class RunCheckpoints {
   // first. Without a local level: nothing.
   void start_local(const ckpt::RunFacts& run, DataParallel& parallel,
                    const model::ParameterLayout& layout, bool allow_flush = true);
-  [[nodiscard]] bool local_enabled() const noexcept { return local_writer_ != nullptr; }
   [[nodiscard]] std::int64_t local_every() const noexcept { return local_ ? local_->every : 0; }
   // Waits for the checkpoints in flight, if any, and reports them (log, callbacks).
   void finish();

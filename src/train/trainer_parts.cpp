@@ -238,16 +238,16 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
 }
 
 // --resume with the node-local level: auto takes its newest step every rank can be restored
-// from, when it is not older than --ckpt-dir's (`resume_dir`); steps after the one resumed are
-// discarded (a crashed run's), as are all of them when resuming from a path. none refuses to
-// start over where an earlier run left node-local checkpoints. Collective.
+// from, when it is not older than --ckpt-dir's (`resume_dir`, at step `global`; -1: none); steps
+// after the one resumed are discarded (a crashed run's), as are all of them when resuming from a
+// path. none refuses to start over where an earlier run left node-local checkpoints. Collective.
 std::optional<ckpt::LocalResume> resume_local_level(const dist::World& world,
                                                     const core::Logger& log, const TrainConfig& c,
                                                     const std::string& directory,
-                                                    const std::string& resume_dir) {
+                                                    const std::string& resume_dir,
+                                                    std::int64_t global) {
   switch (c.resume.mode) {
     case ckpt::ResumeMode::automatic: {
-      const std::int64_t global = resume_dir.empty() ? -1 : ckpt::read_manifest(resume_dir).step;
       std::optional<ckpt::LocalResume> r =
           ckpt::resume_from_local_level(world, log, directory, global, c.verify_resume);
       ckpt::discard_local_steps_after(world, directory, r ? r->step : global);
@@ -303,8 +303,14 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
                                                       .choice = c.resume,
                                                       .verify_checksums = c.verify_resume,
                                                       .announce = !level});
+  // The --ckpt-dir checkpoint chosen, read once.
+  const std::optional<ckpt::Manifest> global_manifest =
+      resume_dir.empty() ? std::nullopt : std::optional(ckpt::read_manifest(resume_dir));
+  const std::int64_t global_step = global_manifest ? global_manifest->step : -1;
   std::optional<ckpt::LocalResume> local_resume;
-  if (level) local_resume = resume_local_level(world, log, c, level->directory, resume_dir);
+  if (level) {
+    local_resume = resume_local_level(world, log, c, level->directory, resume_dir, global_step);
+  }
   const std::string local_origin = local_resume
                                        ? fmt::format("{}/{} (node-local)", level->directory,
                                                      ckpt::step_dir_name(local_resume->step))
@@ -442,8 +448,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     }
   }
   if (!local_resume && !resume_dir.empty()) {
-    p.resumed = restore_checkpoint(world, log, resume_dir, ckpt::read_manifest(resume_dir),
-                                   *p.parallel, trained);
+    p.resumed = restore_checkpoint(world, log, resume_dir, *global_manifest, *p.parallel, trained);
   }
   if (p.resumed) {
     p.ops->synchronize();
@@ -455,7 +460,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
       ckpt::WriterPolicy{.keep_last = c.keep_last, .async = !c.checkpoint_sync}, *p.parallel,
       std::move(level));
   if (!resume_dir.empty()) {
-    p.checkpoints->resumed_from(resume_dir, ckpt::read_manifest(resume_dir).step);
+    p.checkpoints->resumed_from(resume_dir, global_step);
   }
   if (local_resume) {
     p.checkpoints->resumed_from_local(local_resume->step);
