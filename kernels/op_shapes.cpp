@@ -215,7 +215,9 @@ LmHeadDims lm_head_dims(const LmHeadCrossEntropyArgs& a) {
       .n = a.h.rows(), .counted = a.rows.numel(), .vocab = a.w.rows(), .hidden = a.h.row_size()};
   check.matrix("w", a.w, d.vocab, d.hidden);
   check.numel("targets", a.targets, d.counted);
-  check.numel("loss_sum", a.loss_sum, 1);
+  if (!a.loss_sum.empty()) check.numel("loss_sum", a.loss_sum, 1);
+  if (!a.row_loss.empty()) check.numel("row_loss", a.row_loss, d.counted);
+  if (!a.row_scale.empty()) check.numel("row_scale", a.row_scale, d.counted);
   if (!a.dh.empty()) {
     check.matrix("dh", a.dh, d.n, d.hidden);
     if (!a.dw.empty()) check.matrix("dw", a.dw, d.vocab, d.hidden);
@@ -248,6 +250,23 @@ std::int64_t bradley_terry_pairs(const BradleyTerryArgs& a) {
   check.numel("sums", a.sums, 3);
   if (!a.margins.empty()) check.numel("margins", a.margins, pairs);
   if (!a.d_scores.empty()) check.numel("d_scores", a.d_scores, 2 * pairs);
+  return pairs;
+}
+
+std::int64_t sequence_count(const SequenceLogProbsArgs& a) {
+  const ShapeCheck check("sequence_log_probs");
+  const std::int64_t sequences = a.logps.numel();
+  check.numel("ranges", a.ranges, 2 * sequences);
+  return sequences;
+}
+
+std::int64_t dpo_pairs(const DpoLossArgs& a) {
+  const ShapeCheck check("dpo_loss");
+  const std::int64_t pairs = a.reference.numel() / 2;
+  check.numel("reference", a.reference, 2 * pairs);
+  check.numel("ranges", a.ranges, 4 * pairs);
+  check.numel("sums", a.sums, 4);
+  if (!a.d_rows.empty()) check.numel("d_rows", a.d_rows, a.row_loss.numel());
   return pairs;
 }
 

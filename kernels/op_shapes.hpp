@@ -54,5 +54,8 @@ struct GatherDims {
 [[nodiscard]] GatherDims gather_dot_dims(const GatherDotBackwardArgs& a);
 
 [[nodiscard]] std::int64_t bradley_terry_pairs(const BradleyTerryArgs& a);
+// Sequences (S) of a sequence_log_probs call; pairs (P) of a dpo_loss call.
+[[nodiscard]] std::int64_t sequence_count(const SequenceLogProbsArgs& a);
+[[nodiscard]] std::int64_t dpo_pairs(const DpoLossArgs& a);
 
 }  // namespace l3::kernels

@@ -158,10 +158,12 @@ struct DropoutArgs {
 // backend with a queue does not wait here. Logits are built a block of tokens at a time, never
 // for the whole batch. With dh (N, H) non-empty, also dh = grad_scale * d(sum CE)/dh
 // (overwritten; uncounted rows 0) and dw (V, H) += grad_scale * d/dw (skipped when dw is empty:
-// a frozen lm_head, LoRA).
+// a frozen lm_head, LoRA). loss_sum may be empty (nothing added). row_loss (C) f32, when
+// non-empty, receives each counted row's CE; row_scale (C) f32, when non-empty, weighs each
+// row's gradient (grad_scale * row_scale[c]): DPO's tokens count with their sequence's weight.
 struct LmHeadCrossEntropyArgs {
-  TensorView loss_sum, dh, dw;
-  ConstTensorView h, w, rows, targets;
+  TensorView loss_sum, dh, dw, row_loss;
+  ConstTensorView h, w, rows, targets, row_scale;
   float grad_scale = 1.0F;
 };
 
@@ -187,6 +189,39 @@ struct BradleyTerryArgs {
   TensorView sums, d_scores;
   ConstTensorView scores, margins;
   double center = 0.0;
+  float grad_scale = 1.0F;
+};
+
+// ---- sequences' log-probabilities and direct preference optimisation (DPO) ---------------
+// row_loss (C) f32: the counted rows' cross-entropies (lm_head_cross_entropy's row_loss);
+// ranges (S, 2) i32: each sequence's counted rows [begin, end) in that list. A sequence's
+// log-probability is -(sum of its rows' losses), added in row order in fp64; `mean` divides it
+// by its row count (IPO's per-token average).
+struct SequenceLogProbsArgs {
+  TensorView logps;  // (S) f64
+  ConstTensorView row_loss, ranges;
+  bool mean = false;
+};
+
+enum class PreferenceLoss : std::uint8_t { sigmoid, ipo };
+
+// DPO on P pairs whose 2P sequences (ranges, as above) are the chosen ones, then the rejected
+// ones; reference (2P) f64: the reference model's log-probabilities of the same sequences (as
+// sequence_log_probs computes them). With l = the policy's (means for IPO),
+//   rewards c_p = beta (l(chosen) - ref(chosen)), r_p = beta (l(rejected) - ref(rejected)),
+//   h_p = (c_p - r_p) / beta,
+//   sigmoid: loss_p = -(1 - eps) log sigmoid(beta h_p) - eps log sigmoid(-beta h_p)
+//   ipo:     loss_p = (h_p - 1 / (2 beta))^2
+// in fp64 (eps: label smoothing). Adds {sum of loss_p, pairs with c_p > r_p, sum of c_p - r_p,
+// sum of c_p} to sums (4) f64 in backend memory; with d_rows (C) f32 non-empty, d_rows =
+// grad_scale * d loss / d row_loss (0 for rows of no sequence): lm_head_cross_entropy's
+// row_scale for the backward.
+struct DpoLossArgs {
+  TensorView sums, d_rows;
+  ConstTensorView row_loss, ranges, reference;
+  double beta = 0.1;
+  double label_smoothing = 0.0;
+  PreferenceLoss loss = PreferenceLoss::sigmoid;
   float grad_scale = 1.0F;
 };
 
@@ -275,6 +310,8 @@ class Ops {
   virtual void gather_dot(const GatherDotArgs& a) = 0;
   virtual void gather_dot_backward(const GatherDotBackwardArgs& a) = 0;
   virtual void bradley_terry(const BradleyTerryArgs& a) = 0;
+  virtual void sequence_log_probs(const SequenceLogProbsArgs& a) = 0;
+  virtual void dpo_loss(const DpoLossArgs& a) = 0;
   virtual void adamw(const AdamWArgs& a) = 0;
 
   // ---- reductions ------------------------------------------------------------------------

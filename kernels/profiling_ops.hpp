@@ -120,6 +120,12 @@ class ProfilingOps final : public Ops {
   void bradley_terry(const BradleyTerryArgs& a) override {
     timed("bradley_terry", [&] { inner_.bradley_terry(a); });
   }
+  void sequence_log_probs(const SequenceLogProbsArgs& a) override {
+    timed("sequence_log_probs", [&] { inner_.sequence_log_probs(a); });
+  }
+  void dpo_loss(const DpoLossArgs& a) override {
+    timed("dpo_loss", [&] { inner_.dpo_loss(a); });
+  }
   void adamw(const AdamWArgs& a) override {
     timed("adamw", [&] { inner_.adamw(a); });
   }

@@ -52,8 +52,8 @@ typedef struct l3_step_metrics {
   int64_t tokens;
   double tokens_per_s;
   double mfu;      /* NaN when the peak is not known */
-  double accuracy; /* reward runs; NaN for SFT */
-  double margin;   /* reward runs; NaN for SFT */
+  double accuracy; /* reward and DPO runs; NaN for SFT */
+  double margin;   /* reward and DPO runs; NaN for SFT */
   double step_ms;
   double data_wait_ms;
   int skipped; /* non-finite loss or gradient: no update */
@@ -61,11 +61,11 @@ typedef struct l3_step_metrics {
 
 typedef struct l3_eval_metrics {
   int64_t step;
-  double loss; /* SFT */
+  double loss; /* SFT and DPO */
   double perplexity;
-  double accuracy; /* reward */
+  double accuracy; /* reward and DPO */
   double margin;
-  int64_t samples; /* tokens (SFT) or pairs (reward) evaluated */
+  int64_t samples; /* tokens (SFT) or pairs (reward, DPO) evaluated */
 } l3_eval_metrics;
 
 typedef struct l3_checkpoint_info {
@@ -107,9 +107,9 @@ L3_EXPORT const char* l3_version(void);
  * failing call. */
 L3_EXPORT const char* l3_last_error(void);
 
-/* argv: the phase ("sft" or "reward") then options, as on the command line. */
+/* argv: the phase ("sft", "reward" or "dpo") then options, as on the command line. */
 L3_EXPORT int l3_config_from_args(int argc, const char* const* argv, l3_config** out);
-/* phase: "sft" or "reward"; path: 'key = value' lines. */
+/* phase: "sft", "reward" or "dpo"; path: 'key = value' lines. */
 L3_EXPORT int l3_config_from_file(const char* path, const char* phase, l3_config** out);
 /* One option, as on the command line ("lr", "1e-5"; switches take "true" or "false"). */
 L3_EXPORT int l3_config_set(l3_config* config, const char* option, const char* value);

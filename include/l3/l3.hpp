@@ -46,7 +46,9 @@ namespace l3 {
 // the headers a host was built with).
 [[nodiscard]] L3_API std::string version();
 
-enum class Phase { sft, reward };
+// Supervised fine-tuning, a reward model (Bradley-Terry), or direct preference optimisation of
+// the policy itself (DPO) on preference pairs.
+enum class Phase { sft, reward, dpo };
 
 // A failure, with the exit code the CLI would give it: 2 bad usage or input (a wrong option, a
 // missing or malformed file: fix and retry), 1 anything else. what() is one line naming the file,
@@ -69,12 +71,13 @@ struct StepMetrics {
   std::int64_t step = 0;  // steps done, this one included (1-based)
   std::int64_t total_steps = 0;
   std::int64_t epoch = 0;
-  double loss = 0;  // SFT: mean cross-entropy per loss token; reward: mean Bradley-Terry loss
+  // SFT: mean cross-entropy per loss token; reward: mean Bradley-Terry loss; DPO: mean DPO loss
+  double loss = 0;
   double lr = 0;
   double grad_norm = 0;          // before clipping
   std::int64_t tokens = 0;       // document tokens of the global batch (padding not counted)
   std::int64_t loss_tokens = 0;  // SFT: tokens in the loss
-  std::int64_t pairs = 0;        // reward: preference pairs
+  std::int64_t pairs = 0;        // reward, DPO: preference pairs
   double tokens_per_s = 0;
   std::optional<double> mfu;  // model FLOPs utilisation, when the peak is known
   double data_wait_ms = 0;    // the training thread waited for data
@@ -89,19 +92,25 @@ struct StepMetrics {
   std::int64_t gathers_prefetched = 0;
   double eta_seconds = 0;
   bool skipped = false;            // loss or gradient norm not finite: no update
-  std::optional<double> accuracy;  // reward: pairs with r_chosen > r_rejected
-  std::optional<double> margin;    // reward: mean r_chosen - r_rejected
+  std::optional<double> accuracy;  // reward, DPO: pairs with r_chosen > r_rejected
+  std::optional<double> margin;    // reward, DPO: mean r_chosen - r_rejected
+  // DPO: the mean implicit rewards beta (log pi(y) - log pi_ref(y)) of the chosen and of the
+  // rejected responses (TRL's rewards/chosen, rewards/rejected).
+  std::optional<double> chosen_reward;
+  std::optional<double> rejected_reward;
 };
 
 // An evaluation on the validation data.
 struct EvalMetrics {
   std::int64_t step = 0;
   Phase phase = Phase::sft;
-  double loss = 0;  // SFT: mean cross-entropy per loss token
+  double loss = 0;  // SFT: mean cross-entropy per loss token; DPO: mean DPO loss
   double perplexity = 0;
   std::int64_t tokens = 0;
-  double accuracy = 0;  // reward: pairs ranked correctly
+  double accuracy = 0;  // reward, DPO: pairs ranked correctly
   double margin = 0;
+  double chosen_reward = 0;  // DPO: mean implicit rewards
+  double rejected_reward = 0;
   double reward_mean = 0;
   double reward_std = 0;
   std::int64_t pairs = 0;

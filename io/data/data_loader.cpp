@@ -66,6 +66,7 @@ struct DataLoader::Impl {
       std::vector<std::uint32_t> tokens;
       std::vector<std::uint8_t> mask;
       std::vector<std::uint32_t> rejected;
+      std::vector<std::uint8_t> rejected_mask;
     };
     std::vector<std::vector<std::vector<Sample>>> micro(
         static_cast<std::size_t>(micro_count));  // [micro][row][sample]
@@ -74,7 +75,7 @@ struct DataLoader::Impl {
       for (const auto& unit : plan.micro_batch(position.step, world.rank(), m)) {
         auto& row = micro[static_cast<std::size_t>(m)].emplace_back();
         row.reserve(unit.size());
-        for (const std::int64_t id : unit) row.push_back({id, {}, {}, {}});
+        for (const std::int64_t id : unit) row.push_back({id, {}, {}, {}, {}});
       }
     }
     for (auto& rows : micro) {
@@ -95,6 +96,14 @@ struct DataLoader::Impl {
                 {shard, Field::chosen_tokens, index.offset[i], index.length[i], s.tokens.data()});
             requests.push_back({shard, Field::rejected_tokens, index.rejected_offset[i],
                                 index.rejected_length[i], s.rejected.data()});
+            if (config.reader.response_masks) {
+              s.mask.resize(s.tokens.size());
+              s.rejected_mask.resize(s.rejected.size());
+              requests.push_back(
+                  {shard, Field::chosen_mask, index.offset[i], index.length[i], s.mask.data()});
+              requests.push_back({shard, Field::rejected_mask, index.rejected_offset[i],
+                                  index.rejected_length[i], s.rejected_mask.data()});
+            }
           }
           ++out.samples;
         }
@@ -115,21 +124,27 @@ struct DataLoader::Impl {
       shards.assign(all.begin(), all.end());
     }
     reader.read(std::move(requests), shards);
-    if (index.kind == SampleKind::sft) {
-      // A token is a target or not: a mask byte other than 0 or 1 is a damaged or foreign
-      // shard, not a weight to train with.
-      for (const auto& rows : micro) {
-        for (const auto& row : rows) {
-          for (const Sample& s : row) {
-            const auto bad =
-                std::find_if(s.mask.begin(), s.mask.end(), [](std::uint8_t m) { return m > 1; });
-            if (bad == s.mask.end()) continue;
-            const auto i = static_cast<std::size_t>(s.id);
-            throw core::bad_input(
-                fmt::format("value {} at token {}: a loss mask is 0 or 1", *bad,
-                            index.offset[i] + (bad - s.mask.begin())),
-                {.file = index.shards[static_cast<std::size_t>(index.shard[i])].path,
-                 .tensor = "/loss_mask"});
+    // A token is a target or not: a mask byte other than 0 or 1 is a damaged or foreign
+    // shard, not a weight to train with.
+    auto check_mask = [&](const std::vector<std::uint8_t>& mask, std::int64_t offset,
+                          std::int64_t id, const char* dataset) {
+      const auto bad = std::find_if(mask.begin(), mask.end(), [](std::uint8_t m) { return m > 1; });
+      if (bad == mask.end()) return;
+      const auto i = static_cast<std::size_t>(id);
+      throw core::bad_input(
+          fmt::format("value {} at token {}: a loss mask is 0 or 1", *bad,
+                      offset + (bad - mask.begin())),
+          {.file = index.shards[static_cast<std::size_t>(index.shard[i])].path, .tensor = dataset});
+    };
+    for (const auto& rows : micro) {
+      for (const auto& row : rows) {
+        for (const Sample& s : row) {
+          const auto i = static_cast<std::size_t>(s.id);
+          if (index.kind == SampleKind::sft) {
+            check_mask(s.mask, index.offset[i], s.id, "/loss_mask");
+          } else if (config.reader.response_masks) {
+            check_mask(s.mask, index.offset[i], s.id, "/chosen/loss_mask");
+            check_mask(s.rejected_mask, index.rejected_offset[i], s.id, "/rejected/loss_mask");
           }
         }
       }
@@ -168,7 +183,8 @@ struct DataLoader::Impl {
             config.margins_from_data ? index.margin[static_cast<std::size_t>(s.id)] : 0.0F;
         if (builder.row_space() < index.sample_tokens(s.id))
           builder.end_row();  // a pair shares a row
-        if (!builder.add_pair(ids(s.tokens, s.id), ids(s.rejected, s.id), margin)) {
+        if (!builder.add_pair(ids(s.tokens, s.id), ids(s.rejected, s.id), margin, s.id, s.mask,
+                              s.rejected_mask)) {
           throw core::internal_error("reward rows and batch builder disagree");
         }
       }

@@ -30,6 +30,11 @@ std::int64_t DatasetIndex::total_tokens() const noexcept {
   return total;
 }
 
+bool DatasetIndex::has_response_masks() const noexcept {
+  return !shards.empty() &&
+         std::ranges::all_of(shards, [](const ShardEntry& s) { return s.has_response_masks; });
+}
+
 bool DatasetIndex::has_margin() const noexcept {
   return std::ranges::any_of(shards, [](const ShardEntry& s) { return s.has_margin; });
 }
@@ -164,6 +169,17 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
       }
       shard.samples = static_cast<std::int64_t>(c.size()) - 1;
       shard.has_margin = h5::exists(file, "margin");
+      shard.has_response_masks =
+          h5::exists(file, "chosen/loss_mask") && h5::exists(file, "rejected/loss_mask");
+      if (shard.has_response_masks) {
+        for (const auto& [group, offsets] : {std::pair{"chosen", &c}, std::pair{"rejected", &r}}) {
+          const std::string name = fmt::format("{}/loss_mask", group);
+          if (h5::dataset_length(file, name.c_str(), shard.path) != offsets->back()) {
+            throw core::bad_input("loss_mask and tokens differ in length",
+                                  {.file = shard.path, .tensor = "/" + name});
+          }
+        }
+      }
       if (shard.has_margin && h5::dataset_length(file, "margin", shard.path) != shard.samples) {
         throw core::bad_input("one margin per pair expected",
                               {.file = shard.path, .tensor = "/margin"});
@@ -228,7 +244,8 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
             {"sha", d.tokenizer_sha256}, {"tokenizer", d.tokenizer_name},
             {"vocab", d.vocab_size},     {"shards", json::array()}};
     for (const ShardEntry& s : d.shards) {
-      head["shards"].push_back({s.path, s.first_sample, s.samples, s.has_margin});
+      head["shards"].push_back(
+          {s.path, s.first_sample, s.samples, s.has_margin, s.has_response_masks});
     }
   }
   head = json::parse(
@@ -241,7 +258,7 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
     d.vocab_size = head.at("vocab").get<std::int64_t>();
     for (const json& s : head.at("shards")) {
       d.shards.push_back({s[0].get<std::string>(), s[1].get<std::int64_t>(),
-                          s[2].get<std::int64_t>(), s[3].get<bool>()});
+                          s[2].get<std::int64_t>(), s[3].get<bool>(), s[4].get<bool>()});
     }
   }
   dist::broadcast_vector(world.comm(), d.shard);

@@ -22,6 +22,9 @@ struct ShardEntry {
   std::int64_t first_sample = 0;
   std::int64_t samples = 0;
   bool has_margin = false;
+  // Preference: /chosen/loss_mask and /rejected/loss_mask (the responses' tokens; what DPO
+  // counts), written by prep since DPO came.
+  bool has_response_masks = false;
 };
 
 struct DatasetIndex {
@@ -46,6 +49,8 @@ struct DatasetIndex {
   [[nodiscard]] std::int64_t sample_tokens(std::int64_t sample) const noexcept;
   [[nodiscard]] std::int64_t total_tokens() const noexcept;
   [[nodiscard]] bool has_margin() const noexcept;
+  // Every shard has its pairs' response masks.
+  [[nodiscard]] bool has_response_masks() const noexcept;
 };
 
 // What the model expects of its data.

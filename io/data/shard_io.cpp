@@ -129,8 +129,10 @@ void write_preference_shard(const std::string& path, const PreferencePairs& pair
                             const ShardAttributes& attributes) {
   write_atomically(path, [&](const h5::Handle& file, const std::string& name) {
     write_attributes(file, attributes, name);
-    write_group(h5::create_group(file, "chosen", name), pairs.chosen, false, name);
-    write_group(h5::create_group(file, "rejected", name), pairs.rejected, false, name);
+    // The responses' masks when every pair has them (prep's); older readers ignore them.
+    const bool masks = !pairs.chosen.loss_mask.empty() || pairs.chosen.count() == 0;
+    write_group(h5::create_group(file, "chosen", name), pairs.chosen, masks, name);
+    write_group(h5::create_group(file, "rejected", name), pairs.rejected, masks, name);
     if (pairs.has_margin) h5::write_dataset<float>(file, "margin", pairs.margins, name);
   });
 }
@@ -165,8 +167,9 @@ PreferenceShard read_preference_shard(const std::string& path) {
   }
   const h5::Handle chosen(H5Gopen2(file.get(), "chosen", H5P_DEFAULT), H5Gclose);
   const h5::Handle rejected(H5Gopen2(file.get(), "rejected", H5P_DEFAULT), H5Gclose);
-  shard.pairs.chosen = read_group(chosen, false, path, "/chosen/");
-  shard.pairs.rejected = read_group(rejected, false, path, "/rejected/");
+  const bool masks = h5::exists(chosen, "loss_mask") && h5::exists(rejected, "loss_mask");
+  shard.pairs.chosen = read_group(chosen, masks, path, "/chosen/");
+  shard.pairs.rejected = read_group(rejected, masks, path, "/rejected/");
   if (shard.pairs.chosen.count() != shard.pairs.rejected.count()) {
     throw core::bad_input(fmt::format("{} chosen and {} rejected sequences",
                                       shard.pairs.chosen.count(), shard.pairs.rejected.count()),

@@ -14,9 +14,10 @@ namespace l3::data {
 struct ShardReader::OpenShard {
   std::string path;
   h5::Handle file;
-  h5::Handle tokens;     // /tokens or /chosen/tokens
-  h5::Handle loss_mask;  // SFT
-  h5::Handle rejected;   // /rejected/tokens
+  h5::Handle tokens;                      // /tokens or /chosen/tokens
+  h5::Handle loss_mask;                   // SFT
+  h5::Handle rejected;                    // /rejected/tokens
+  h5::Handle chosen_mask, rejected_mask;  // preference, for DPO
 };
 
 namespace {
@@ -50,6 +51,10 @@ ShardReader::ShardReader(const dist::World& world, const DatasetIndex& index, Re
     } else {
       shard->tokens = open_dataset(shard->file, "chosen/tokens", entry.path);
       shard->rejected = open_dataset(shard->file, "rejected/tokens", entry.path);
+      if (options.response_masks) {
+        shard->chosen_mask = open_dataset(shard->file, "chosen/loss_mask", entry.path);
+        shard->rejected_mask = open_dataset(shard->file, "rejected/loss_mask", entry.path);
+      }
     }
     shards_.push_back(std::move(shard));
   }
@@ -66,6 +71,8 @@ ShardReader::~ShardReader() {
       shard->tokens.release();
       shard->loss_mask.release();
       shard->rejected.release();
+      shard->chosen_mask.release();
+      shard->rejected_mask.release();
       shard->file.release();
     }
     return;
@@ -75,18 +82,33 @@ ShardReader::~ShardReader() {
 
 void ShardReader::read_group(OpenShard& shard, Field field,
                              std::span<const ReadRequest> requests) const {
-  const h5::Handle& set = field == Field::tokens || field == Field::chosen_tokens ? shard.tokens
-                          : field == Field::loss_mask                             ? shard.loss_mask
-                                                                                  : shard.rejected;
-  const hid_t memory_type = field == Field::loss_mask ? H5T_NATIVE_UINT8 : H5T_NATIVE_UINT32;
-  const std::size_t element = field == Field::loss_mask ? 1 : 4;
-  const char* name = field == Field::loss_mask         ? "loss_mask"
-                     : field == Field::rejected_tokens ? "rejected/tokens"
-                                                       : "tokens";
+  const h5::Handle* set = &shard.tokens;
+  const char* name = "tokens";
+  switch (field) {
+    case Field::tokens:
+    case Field::chosen_tokens:
+      break;
+    case Field::loss_mask:
+      set = &shard.loss_mask, name = "loss_mask";
+      break;
+    case Field::rejected_tokens:
+      set = &shard.rejected, name = "rejected/tokens";
+      break;
+    case Field::chosen_mask:
+      set = &shard.chosen_mask, name = "chosen/loss_mask";
+      break;
+    case Field::rejected_mask:
+      set = &shard.rejected_mask, name = "rejected/loss_mask";
+      break;
+  }
+  const bool bytes =
+      field == Field::loss_mask || field == Field::chosen_mask || field == Field::rejected_mask;
+  const hid_t memory_type = bytes ? H5T_NATIVE_UINT8 : H5T_NATIVE_UINT32;
+  const std::size_t element = bytes ? 1 : 4;
 
   // The union of the ranges (sorted, none overlapping), read into one buffer in file order.
   std::int64_t total = 0;
-  const h5::Handle file_space(H5Dget_space(set.get()), H5Sclose);
+  const h5::Handle file_space(H5Dget_space(set->get()), H5Sclose);
   H5Sselect_none(file_space.get());
   std::int64_t previous_end = -1;
   for (const ReadRequest& r : requests) {
@@ -112,7 +134,7 @@ void ShardReader::read_group(OpenShard& shard, Field field,
   const h5::Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(dxpl.get(),
                    options_.collective_transfers ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
-  if (H5Dread(set.get(), memory_type, memory_space.get(), file_space.get(), dxpl.get(),
+  if (H5Dread(set->get(), memory_type, memory_space.get(), file_space.get(), dxpl.get(),
               buffer.data()) < 0) {
     throw core::bad_input(
         fmt::format("cannot read {} elements (truncated or corrupt shard?)", total),
@@ -132,10 +154,14 @@ void ShardReader::read(std::vector<ReadRequest> requests,
     return std::tie(a.shard, a.field, a.offset) < std::tie(b.shard, b.field, b.offset);
   });
   const std::scoped_lock guard(h5::library_lock());
-  const std::vector<Field> fields =
+  std::vector<Field> fields =
       index_.kind == SampleKind::sft
           ? std::vector<Field>{Field::tokens, Field::loss_mask}
           : std::vector<Field>{Field::chosen_tokens, Field::rejected_tokens};
+  if (index_.kind == SampleKind::preference && options_.response_masks) {
+    fields.push_back(Field::chosen_mask);
+    fields.push_back(Field::rejected_mask);
+  }
   auto group_of = [&](std::int32_t shard, Field field) {
     const auto lo =
         std::lower_bound(requests.begin(), requests.end(), std::pair{shard, field},

@@ -20,16 +20,25 @@ namespace l3::data {
 struct ReaderOptions {
   bool collective_transfers = false;
   bool file_locking = false;
+  // Preference: read the responses' masks too (DPO; every shard must have them).
+  bool response_masks = false;
 };
 
-enum class Field : std::uint8_t { tokens, loss_mask, chosen_tokens, rejected_tokens };
+enum class Field : std::uint8_t {
+  tokens,
+  loss_mask,
+  chosen_tokens,
+  rejected_tokens,
+  chosen_mask,
+  rejected_mask
+};
 
 struct ReadRequest {
   std::int32_t shard = 0;
   Field field = Field::tokens;
   std::int64_t offset = 0;  // elements
   std::int64_t count = 0;
-  void* out = nullptr;  // count elements: uint32 for tokens, uint8 for loss_mask
+  void* out = nullptr;  // count elements: uint32 for tokens, uint8 for masks
 };
 
 class ShardReader {

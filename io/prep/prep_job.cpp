@@ -44,8 +44,8 @@ class ShardSink {
     if (sft_.token_count() >= shard_tokens_) flush();
   }
   void add(const PreferenceExample& p) {
-    pairs_.chosen.add(p.chosen.tokens, {});
-    pairs_.rejected.add(p.rejected.tokens, {});
+    pairs_.chosen.add(p.chosen.tokens, p.chosen.mask);
+    pairs_.rejected.add(p.rejected.tokens, p.rejected.mask);
     pairs_.margins.push_back(p.margin.value_or(0.0F));
     pairs_.has_margin = pairs_.has_margin || p.margin.has_value();
     if (pairs_.chosen.token_count() + pairs_.rejected.token_count() >= shard_tokens_) flush();

@@ -8,6 +8,7 @@
 #include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/cpu/checks.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/dpo_loss.hpp"
 #include "kernels/cpu/dropout.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gather_dot.hpp"
@@ -159,8 +160,36 @@ void CpuOps::lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) {
   const LmHeadDims d = lm_head_dims(a);
   const cpu::CrossEntropySum sum = cpu::lm_head_cross_entropy(
       f32(a.dh), a.dh.empty() || a.dw.empty() ? std::span<float>{} : f32(a.dw), f32(a.h), f32(a.w),
-      i32(a.rows), i32(a.targets), d.vocab, d.hidden, a.grad_scale);
-  a.loss_sum.as<double>()[0] += sum.loss;
+      i32(a.rows), i32(a.targets), d.vocab, d.hidden, a.grad_scale,
+      {.loss = f32(a.row_loss), .scale = f32(a.row_scale)});
+  if (!a.loss_sum.empty()) a.loss_sum.as<double>()[0] += sum.loss;
+}
+
+namespace {
+std::span<const cpu::RowRange> row_ranges(ConstTensorView ranges) {
+  const std::span<const std::int32_t> flat = ranges.as<std::int32_t>();
+  static_assert(sizeof(cpu::RowRange) == 2 * sizeof(std::int32_t));
+  // (S, 2) i32 is an array of {begin, end} pairs.
+  return {reinterpret_cast<const cpu::RowRange*>(flat.data()), flat.size() / 2};
+}
+}  // namespace
+
+void CpuOps::sequence_log_probs(const SequenceLogProbsArgs& a) {
+  (void)sequence_count(a);
+  cpu::sequence_log_probs(a.logps.as<double>(), f32(a.row_loss), row_ranges(a.ranges), a.mean);
+}
+
+void CpuOps::dpo_loss(const DpoLossArgs& a) {
+  (void)dpo_pairs(a);
+  const cpu::DpoStats stats = cpu::dpo_loss(
+      f32(a.row_loss), row_ranges(a.ranges), a.reference.as<double>(), a.beta, a.label_smoothing,
+      a.loss == PreferenceLoss::ipo ? cpu::DpoKind::ipo : cpu::DpoKind::sigmoid, a.grad_scale,
+      f32(a.d_rows));
+  const std::span<double> out = a.sums.as<double>();
+  out[0] += stats.loss;
+  out[1] += static_cast<double>(stats.correct);
+  out[2] += stats.margin;
+  out[3] += stats.chosen;
 }
 
 void CpuOps::bradley_terry(const BradleyTerryArgs& a) {

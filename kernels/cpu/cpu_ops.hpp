@@ -42,6 +42,8 @@ class CpuOps final : public Ops {
   void gather_dot(const GatherDotArgs& a) override;
   void gather_dot_backward(const GatherDotBackwardArgs& a) override;
   void bradley_terry(const BradleyTerryArgs& a) override;
+  void sequence_log_probs(const SequenceLogProbsArgs& a) override;
+  void dpo_loss(const DpoLossArgs& a) override;
   void adamw(const AdamWArgs& a) override;
   void add_into(TensorView dst, ConstTensorView src) override;
   [[nodiscard]] double sum_squares(ConstTensorView x) override;

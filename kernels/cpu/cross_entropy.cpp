@@ -18,13 +18,18 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
                                       std::span<const std::int32_t> rows,
                                       std::span<const std::int32_t> targets, std::int64_t vocab,
                                       std::int64_t hidden, float grad_scale,
-                                      std::int64_t block_bytes) {
+                                      CrossEntropyRows per_row, std::int64_t block_bytes) {
   const auto n = static_cast<std::int64_t>(h.size()) / std::max<std::int64_t>(hidden, 1);
   const bool backward = !dh.empty();
   require_size(h.size(), n * hidden, "lm_head_cross_entropy", "h");
   require_size(w.size(), vocab * hidden, "lm_head_cross_entropy", "w");
   require_size(targets.size(), static_cast<std::int64_t>(rows.size()), "lm_head_cross_entropy",
                "targets");
+  const auto counted = static_cast<std::int64_t>(rows.size());
+  if (!per_row.loss.empty())
+    require_size(per_row.loss.size(), counted, "lm_head_cross_entropy", "row_loss");
+  if (!per_row.scale.empty())
+    require_size(per_row.scale.size(), counted, "lm_head_cross_entropy", "row_scale");
   if (backward) {
     require_size(dh.size(), n * hidden, "lm_head_cross_entropy", "dh");
     if (!dw.empty()) require_size(dw.size(), vocab * hidden, "lm_head_cross_entropy", "dw");
@@ -77,12 +82,21 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
       const double lse = static_cast<double>(s.max) + std::log(static_cast<double>(s.sum));
       row_loss[static_cast<std::size_t>(r)] = lse - static_cast<double>(target_logit);
       if (backward) {
-        // dlogits = grad_scale * (softmax - onehot(target)), in place
-        scale_row(row, vocab, grad_scale / s.sum);
-        row[target] -= grad_scale;
+        // dlogits = scale * (softmax - onehot(target)), in place
+        const float scale = per_row.scale.empty()
+                                ? grad_scale
+                                : grad_scale * per_row.scale[static_cast<std::size_t>(begin + r)];
+        scale_row(row, vocab, scale / s.sum);
+        row[target] -= scale;
       }
     }
-    for (std::int64_t r = 0; r < count; ++r) result.loss += row_loss[static_cast<std::size_t>(r)];
+    for (std::int64_t r = 0; r < count; ++r) {
+      result.loss += row_loss[static_cast<std::size_t>(r)];
+      if (!per_row.loss.empty()) {
+        per_row.loss[static_cast<std::size_t>(begin + r)] =
+            static_cast<float>(row_loss[static_cast<std::size_t>(r)]);
+      }
+    }
     if (!backward) continue;
     // dhb (count, H) = dlogits (count, V) . w (V, H)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ir, ih, iv, 1.0F, logits.data(), iv,

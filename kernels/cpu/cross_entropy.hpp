@@ -20,11 +20,18 @@ inline constexpr std::int64_t kLogitBlockBytes = 64LL << 20U;
 // h (N, H); w (V, H); rows (C): the counted positions, in the order their losses are summed;
 // targets (C): the token each predicts. With dh non-empty: dh (N, H) = grad_scale * d(loss)/dh
 // (rows not counted are 0) and dw (V, H) += grad_scale * d(loss)/dw (skipped when dw is empty).
+// row_loss (C), when non-empty, receives each counted row's loss; row_scale (C), when non-empty,
+// weighs each row's gradient (grad_scale * row_scale[c]).
+struct CrossEntropyRows {
+  std::span<float> loss{};
+  std::span<const float> scale{};
+};
 CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
                                       std::span<const float> h, std::span<const float> w,
                                       std::span<const std::int32_t> rows,
                                       std::span<const std::int32_t> targets, std::int64_t vocab,
                                       std::int64_t hidden, float grad_scale,
+                                      CrossEntropyRows per_row = {},
                                       std::int64_t block_bytes = kLogitBlockBytes);
 
 }  // namespace l3::kernels::cpu

@@ -76,7 +76,7 @@ l3_step_metrics to_c(const l3::StepMetrics& m) {
 l3_eval_metrics to_c(const l3::EvalMetrics& m) {
   const bool sft = m.phase == l3::Phase::sft;
   return {.step = m.step,
-          .loss = sft ? m.loss : kNaN,
+          .loss = sft || m.phase == l3::Phase::dpo ? m.loss : kNaN,
           .perplexity = sft ? m.perplexity : kNaN,
           .accuracy = sft ? kNaN : m.accuracy,
           .margin = sft ? kNaN : m.margin,

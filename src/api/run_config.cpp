@@ -25,6 +25,7 @@ namespace po = boost::program_options;
 train::Phase phase_from_name(std::string_view name) {
   if (name == "sft") return train::Phase::sft;
   if (name == "reward") return train::Phase::reward;
+  if (name == "dpo") return train::Phase::dpo;
   throw core::usage_error(
       fmt::format("a run is 'sft' or 'reward' (the first word of the arguments), not '{}'", name));
 }

@@ -30,6 +30,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "init", po::value<std::string>()->value_name("CKPT"),
       sft ? "start from this checkpoint (a step directory, or a checkpoint root: its latest) or "
             "Hugging Face model directory (LlamaForCausalLM)"
+      : phase == train::Phase::dpo
+          ? "the SFT checkpoint or Hugging Face model (LlamaForCausalLM) the policy starts from; "
+            "it is also the reference model"
           : "the SFT checkpoint or Hugging Face model directory whose backbone the reward model "
             "starts from (or a LlamaForSequenceClassification model, head included)")(
       "data", po::value<std::string>()->value_name("DIR"),
@@ -257,6 +260,25 @@ void declare_train_options(po::options_description& options, train::Phase phase)
         core::number<double>(core::at_least(0))->default_value(0)->value_name("COEF"),
         "add COEF x (r_chosen + r_rejected)^2 to keep rewards centred at 0 (TRL uses 0.01)");
   }
+  if (phase == train::Phase::dpo) {
+    const model::DpoSettings d;
+    options.add_options()("beta",
+                          core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true})
+                              ->default_value(d.beta)
+                              ->value_name("B"),
+                          "how far the policy may move from the reference: the loss is "
+                          "-log sigmoid(B [(log pi(c) - log ref(c)) - (log pi(r) - log ref(r))])")(
+        "label-smoothing",
+        core::number<double>(core::Domain{.lowest = 0, .highest = 0.5, .highest_excluded = true})
+            ->default_value(d.label_smoothing)
+            ->value_name("EPS"),
+        "conservative DPO: the share of pairs assumed mislabelled (sigmoid loss only)")(
+        "loss", po::value<std::string>()->default_value("sigmoid")->value_name("sigmoid|ipo"),
+        "sigmoid (DPO) or ipo ((h - 1/(2B))^2 on per-token mean log-probabilities)")(
+        "reference-dir", po::value<std::string>()->value_name("DIR"),
+        "full fine-tuning: where the reference model's log-probabilities of the pairs are "
+        "stored (default: CKPT_DIR/reference; without --ckpt-dir, in memory only)");
+  }
 }
 
 void declare_config_and_log_options(po::options_description& options) {
@@ -381,6 +403,14 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   if (phase == train::Phase::reward) {
     c.margin_from_data = get<bool>(o, "margin-from-data");
     c.center_rewards = get<double>(o, "center-rewards");
+  }
+  if (phase == train::Phase::dpo) {
+    c.dpo.beta = get<double>(o, "beta");
+    c.dpo.label_smoothing = get<double>(o, "label-smoothing");
+    c.dpo.loss = train::parse_preference_loss(get<std::string>(o, "loss"));
+    if (c.dpo.loss == kernels::PreferenceLoss::ipo && c.dpo.label_smoothing > 0)
+      throw core::usage_error("--label-smoothing applies to --loss sigmoid only");
+    c.reference_dir = optional_string(o, "reference-dir");
   }
   c.data_from_host = data_may_come_from_host && c.data.empty();
   if (get<bool>(o, "dry-run-memory")) {

@@ -65,6 +65,7 @@ Manifest describe_checkpoint(const RunFacts& run) {
   m.lora = run.lora;
   m.base = run.base;
   m.base_xxh64 = run.base_xxh64;
+  m.reference = run.reference;
   return m;
 }
 
@@ -101,6 +102,7 @@ json Manifest::to_json() const {
               {"metrics", metrics},
               {"files", files},
               {"tensors", tensors}};
+  if (!reference.empty()) out["reference"] = reference;
   if (lora) {
     out["lora"] = {{"r", lora->rank},
                    {"alpha", lora->alpha},
@@ -175,6 +177,9 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
       // Empty for the whole-buffer digest ("weights_xxh64") of earlier versions: not comparable.
       m.base_xxh64 = base.value("tensors_xxh64", "");
     }
+    m.reference = j.value("reference", json::object());
+    if (!m.reference.is_object())
+      throw core::bad_input("malformed manifest: \"reference\" is not an object", {.file = origin});
     m.tensors = j.value("tensors", json::array());
     if (!m.tensors.is_array())
       throw core::bad_input("malformed manifest: \"tensors\" is not a list", {.file = origin});

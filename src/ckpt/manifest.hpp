@@ -54,6 +54,9 @@ struct Manifest {
   // Its digest as loaded (train::base_digest: the xxHash64 of its tensors' xxHash64s), checked
   // wherever the base is read again.
   std::string base_xxh64;
+  // DPO: the reference model ({"kind": "base model without adapters"} for LoRA; full
+  // fine-tuning: {"kind": "precomputed", "model", "model_xxh64", "file", ...}); empty otherwise.
+  nlohmann::json reference = nlohmann::json::object();
 
   [[nodiscard]] bool resumable() const noexcept { return !tensors.empty(); }
   // What the tensor table and the files hold: the model's layout, or a LoRA run's adapters.
@@ -95,6 +98,7 @@ struct RunFacts {
   std::optional<model::LoraConfig> lora;  // LoRA runs: the adapters and their frozen base
   std::string base;
   std::string base_xxh64;
+  nlohmann::json reference = nlohmann::json::object();  // DPO (Manifest::reference)
 };
 
 // The manifest of a checkpoint of that run: the facts, plus what the program knows (its

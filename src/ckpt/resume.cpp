@@ -107,10 +107,28 @@ void check_resume_compatible(const Manifest& manifest, const ResumedRun& run,
   }
   if (run.allow_config_change) return;
   std::string changed;
-  for (const char* key :
-       {"data", "seq_len", "global_batch", "drop_long", "lr", "min_lr", "warmup", "beta1", "beta2",
-        "eps", "weight_decay", "grad_clip", "seed", "margin_from_data", "center_rewards", "epochs",
-        "lora_alpha", "lora_rslora", "lora_dropout"}) {
+  for (const char* key : {"data",
+                          "seq_len",
+                          "global_batch",
+                          "drop_long",
+                          "lr",
+                          "min_lr",
+                          "warmup",
+                          "beta1",
+                          "beta2",
+                          "eps",
+                          "weight_decay",
+                          "grad_clip",
+                          "seed",
+                          "margin_from_data",
+                          "center_rewards",
+                          "epochs",
+                          "lora_alpha",
+                          "lora_rslora",
+                          "lora_dropout",
+                          "beta",
+                          "label_smoothing",
+                          "loss"}) {
     if (manifest.config.contains(key) && manifest.config[key] != run.config[key]) {
       // The config keys are the option names with '_' for '-'.
       std::string option = std::string(key) == "eps" ? "adam-eps" : key;

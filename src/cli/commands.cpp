@@ -46,6 +46,18 @@ constexpr std::array kCommands = {
                            "[- margin]). See docs/TRAINING.md.",
             .declare = declare_reward_options,
             .run = run_reward},
+    Command{.name = "dpo",
+            .summary = "Direct preference optimisation of the policy on preference pairs",
+            .usage = "dpo --init SFT_CKPT --data DIR --ckpt-dir DIR [options]",
+            .description =
+                "Trains the policy (a causal LM, from an SFT checkpoint or Hugging Face model, "
+                "which is also the reference) on preference shards with the DPO loss, "
+                "-log sigmoid(beta [(log pi(c) - log ref(c)) - (log pi(r) - log ref(r))]) over "
+                "the responses' tokens. With LoRA the base model is the reference; otherwise "
+                "the reference's log-probabilities are computed once and stored. See "
+                "docs/TRAINING.md.",
+            .declare = declare_dpo_options,
+            .run = run_dpo},
     Command{.name = "eval",
             .summary = "Evaluate a model: loss/perplexity or reward accuracy/margin",
             .usage = "eval --init CKPT --data DIR [options]",

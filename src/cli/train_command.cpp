@@ -160,4 +160,11 @@ void declare_reward_options(po::options_description& options,
 int run_sft(const CommandContext& context) { return run_phase(context, l3::Phase::sft); }
 int run_reward(const CommandContext& context) { return run_phase(context, l3::Phase::reward); }
 
+void declare_dpo_options(po::options_description& options,
+                         po::positional_options_description& /*positional*/) {
+  api::declare_train_options(options, train::Phase::dpo);
+}
+
+int run_dpo(const CommandContext& context) { return run_phase(context, l3::Phase::dpo); }
+
 }  // namespace l3::cli

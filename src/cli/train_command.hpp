@@ -15,6 +15,9 @@ void declare_reward_options(po::options_description& options,
                             po::positional_options_description& positional);
 int run_sft(const CommandContext& context);
 int run_reward(const CommandContext& context);
+void declare_dpo_options(po::options_description& options,
+                         po::positional_options_description& positional);
+int run_dpo(const CommandContext& context);
 
 // At the start of a training run on the CPU backend (`backend`: cpu, or auto without a visible
 // CUDA device): one line naming the OpenBLAS core, and a warning when it is a generic fallback

@@ -114,15 +114,21 @@ std::int64_t BatchBuilder::add(const std::vector<std::int32_t>& tokens,
 }
 
 bool BatchBuilder::add_pair(const std::vector<std::int32_t>& chosen,
-                            const std::vector<std::int32_t>& rejected, float margin) {
-  const std::int64_t c = add(chosen, std::vector<std::uint8_t>(chosen.size(), 0));
+                            const std::vector<std::int32_t>& rejected, float margin,
+                            std::int64_t id, const std::vector<std::uint8_t>& chosen_mask,
+                            const std::vector<std::uint8_t>& rejected_mask) {
+  const std::int64_t c =
+      add(chosen, chosen_mask.empty() ? std::vector<std::uint8_t>(chosen.size(), 0) : chosen_mask);
   if (c < 0) return false;
-  const std::int64_t r = add(rejected, std::vector<std::uint8_t>(rejected.size(), 0));
+  const std::int64_t r =
+      add(rejected,
+          rejected_mask.empty() ? std::vector<std::uint8_t>(rejected.size(), 0) : rejected_mask);
   if (r < 0)
     throw core::internal_error("BatchBuilder: the rejected sequence of a pair did not fit");
   batch_.chosen_last.push_back(static_cast<std::int32_t>(c));
   batch_.rejected_last.push_back(static_cast<std::int32_t>(r));
   batch_.margins.push_back(margin);
+  batch_.pair_ids.push_back(id);
   return true;
 }
 

@@ -25,6 +25,7 @@ struct Batch {
   std::vector<std::int32_t> chosen_last{};
   std::vector<std::int32_t> rejected_last{};
   std::vector<float> margins{};
+  std::vector<std::int64_t> pair_ids{};  // the pairs' sample numbers in their dataset (or -1)
   std::int64_t document_tokens = 0;  // tokens of documents (not padding): throughput counts these
 
   [[nodiscard]] std::int64_t tokens_count() const noexcept { return rows * seq_len; }
@@ -53,9 +54,12 @@ class BatchBuilder {
   // the remaining rows. A document longer than seq_len is an internal Error (truncate first).
   std::int64_t add(const std::vector<std::int32_t>& tokens,
                    const std::vector<std::uint8_t>& loss_mask);
-  // A preference pair: both sequences are added and their last tokens recorded.
+  // A preference pair: both sequences are added and their last tokens recorded. The masks
+  // (DPO: the responses' tokens) are those of add(); empty: no token counts (reward models).
   bool add_pair(const std::vector<std::int32_t>& chosen, const std::vector<std::int32_t>& rejected,
-                float margin = 0.0F);
+                float margin = 0.0F, std::int64_t id = -1,
+                const std::vector<std::uint8_t>& chosen_mask = {},
+                const std::vector<std::uint8_t>& rejected_mask = {});
 
   // Ends the current row here (the rest is padding); the next document starts a new row.
   void end_row();

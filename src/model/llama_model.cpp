@@ -55,6 +55,8 @@ struct InputBuffers {
   Buffer loss_rows, loss_targets;  // (C) the counted positions and the tokens they predict
   Buffer score_rows;               // (2P) the chosen, then the rejected last tokens (reward)
   Buffer margins;                  // (P) the pairs' margins (reward)
+  Buffer ranges;                   // (2P, 2) each sequence's counted rows [begin, end) (DPO)
+  Buffer reference;                // (2P) f64 the reference's log-probabilities (DPO)
 };
 
 struct LlamaModel::Workspace {
@@ -76,6 +78,8 @@ struct LlamaModel::Workspace {
   // backward
   Buffer d_resid, d_final, d_ln, d_att, d_q, d_k, d_v, d_act, d_gate, d_up, scratch_out;
   Buffer scores, d_scores;
+  // DPO: the counted rows' losses and their gradients (C), sequences' log-probabilities (2P)
+  Buffer row_loss, d_rows, logps;
   // LoRA: an adapter's dropped input (forward) or its input gradient (backward), (N, max in),
   // with dropout only; and d(u) (N, r)
   Buffer lora_x, d_lora;
@@ -204,7 +208,7 @@ TensorView LlamaModel::score_grad() const {
 
 BlockAdapters LlamaModel::layer_adapters(int layer) const {
   BlockAdapters ad;
-  if (!adapters_) return ad;
+  if (!adapters_ || without_adapters_) return ad;
   const LoraConfig& lora = options_.lora;
   const AdapterOffsets& o = adapters_->adapter(layer);
   const std::int64_t r = lora.rank;
@@ -346,7 +350,7 @@ void LlamaModel::zero_gradients() {
   if (options_.own_gradients) ops_.zero(grads_.view());
 }
 
-void LlamaModel::prepare(const Batch& batch) {
+void LlamaModel::prepare(const Batch& batch, std::span<const double> reference) {
   const core::TraceRange range("batch upload");
   const ModelConfig& c = config();
   batch.validate(c.vocab_size);
@@ -364,10 +368,14 @@ void LlamaModel::prepare(const Batch& batch) {
     const Shape kv_heads{n, c.n_kv_heads, c.head_dim};  // (N, n_kv_heads, head_dim)
     const Shape intermediate{n, c.intermediate_size};   // (N, I)
     for (InputBuffers& set : fresh.input_sets) {
-      set = {alloc(DType::i32, n),    alloc(DType::i32, n), alloc(DType::i32, n + 1),
-             alloc(DType::i32, n),    alloc(DType::i32, n), alloc(DType::i32, n),
-             alloc(DType::f32, n / 2)};
+      // A sequence has a token at least: 2P <= N.
+      set = {alloc(DType::i32, n),     alloc(DType::i32, n),     alloc(DType::i32, n + 1),
+             alloc(DType::i32, n),     alloc(DType::i32, n),     alloc(DType::i32, n),
+             alloc(DType::f32, n / 2), alloc(DType::i32, 2 * n), alloc(DType::f64, n)};
     }
+    fresh.row_loss = alloc(DType::f32, n);
+    fresh.d_rows = alloc(DType::f32, n);
+    fresh.logps = alloc(DType::f64, n);
     fresh.current = ws.current;
     fresh.scores = alloc(DType::f32, n);
     fresh.d_scores = alloc(DType::f32, n);
@@ -429,6 +437,26 @@ void LlamaModel::prepare(const Batch& batch) {
   ws.counted = static_cast<std::int64_t>(rows.size());
   std::vector<std::int32_t> score_rows(batch.chosen_last);  // chosen, then rejected
   score_rows.insert(score_rows.end(), batch.rejected_last.begin(), batch.rejected_last.end());
+  // Each sequence's counted rows: those of the segment that ends with its last token (its own:
+  // a document is a segment), a contiguous run of the ascending `rows`.
+  std::vector<std::int32_t> ranges;
+  ranges.reserve(2 * score_rows.size());
+  for (const std::int32_t last : score_rows) {
+    const auto end_it = std::upper_bound(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), last);
+    if (end_it == batch.cu_seqlens.begin() || end_it == batch.cu_seqlens.end())
+      throw core::internal_error(fmt::format("a sequence's last token {} is in no segment", last));
+    const std::int32_t begin = *(end_it - 1);
+    const std::int32_t end = *end_it;
+    ranges.push_back(static_cast<std::int32_t>(std::lower_bound(rows.begin(), rows.end(), begin) -
+                                               rows.begin()));
+    ranges.push_back(
+        static_cast<std::int32_t>(std::lower_bound(rows.begin(), rows.end(), end) - rows.begin()));
+  }
+  if (!reference.empty() && reference.size() != score_rows.size()) {
+    throw core::internal_error(fmt::format("{} reference log-probabilities for {} sequences",
+                                           reference.size(), score_rows.size()));
+  }
+  const std::vector<double> reference_values(reference.begin(), reference.end());
 
   ws.current = 1 - ws.current;
   const InputBuffers& in = ws.in();
@@ -436,11 +464,12 @@ void LlamaModel::prepare(const Batch& batch) {
     return kernels::HostUpload{dst.slice(0, static_cast<std::int64_t>(host.size())),
                                host_view(host)};
   };
-  const std::array<kernels::HostUpload, 7> uploads{
+  const std::array<kernels::HostUpload, 9> uploads{
       upload(in.tokens, batch.tokens),         upload(in.positions, batch.positions),
       upload(in.cu_seqlens, batch.cu_seqlens), upload(in.loss_rows, rows),
       upload(in.loss_targets, targets),        upload(in.score_rows, score_rows),
-      upload(in.margins, batch.margins)};
+      upload(in.margins, batch.margins),       upload(in.ranges, ranges),
+      upload(in.reference, reference_values)};
   ops_.upload_inputs(ws.current, uploads);
   ws.host_cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
   ws.segments = {.cu_seqlens = in.cu_seqlens.first_rows(batch.segments() + 1),
@@ -633,7 +662,7 @@ TensorView LlamaModel::sum_slot(int slot) const {
 LossSums LlamaModel::read_sums(int slot) const {
   std::array<double, kSumValues> host{};
   ops_.copy(TensorView(std::span<double>(host)), sum_slot(slot));
-  return {host[0], host[1], host[2]};
+  return {host[0], host[1], host[2], host[3]};
 }
 
 void LlamaModel::zero_loss_sums() { ops_.zero(sum_slot(kStepSlot)); }
@@ -713,7 +742,7 @@ void LlamaModel::reward(const Batch& batch, float grad_scale, double center, boo
                      .w = score_weight(),
                      .rows = rows});
     ops_.bradley_terry(
-        {.sums = sums,
+        {.sums = sums.slice(0, 3),
          .d_scores = backward ? ws.d_scores.first_rows(count) : TensorView{},
          .scores = ws.scores.first_rows(count),
          .margins = batch.margins.empty() ? TensorView{} : ws.in().margins.first_rows(pairs),
@@ -762,6 +791,123 @@ RewardOutput LlamaModel::reward_forward_backward(const Batch& batch, float grad_
 
 RewardOutput LlamaModel::reward_forward(const Batch& batch, double center_coefficient) {
   return reward_call(batch, 1.0F, center_coefficient, false);
+}
+
+void LlamaModel::sequence_log_probs_into(std::int64_t sequences, bool mean, TensorView logps) {
+  const ModelConfig& c = config();
+  Workspace& ws = *ws_;
+  const std::int64_t n = ws.n;
+  const core::TraceRange range("lm_head + sequence log-probabilities");
+  const HeldGroup held = hold(layout_.lm_head(), Pass::forward);
+  ops_.lm_head_cross_entropy({.row_loss = ws.row_loss.first_rows(ws.counted),
+                              .h = ws.final_out.first_rows(n),
+                              .w = weight(layout_.lm_head(), {c.vocab_size, c.hidden_size}),
+                              .rows = ws.in().loss_rows.first_rows(ws.counted),
+                              .targets = ws.in().loss_targets.first_rows(ws.counted)});
+  if (logps.empty()) return;
+  ops_.sequence_log_probs({.logps = logps,
+                           .row_loss = ws.row_loss.first_rows(ws.counted),
+                           .ranges = ws.in().ranges.first(Shape{sequences, 2}),
+                           .mean = mean});
+}
+
+void LlamaModel::dpo(const Batch& batch, float grad_scale, const DpoSettings& settings,
+                     std::span<const double> reference, bool backward, TensorView sums) {
+  if (layout_.head() != HeadKind::language_model) {
+    throw core::internal_error("DPO pass on a model without a language-model head");
+  }
+  if (reference.empty() && !adapters_) {
+    throw core::internal_error("DPO pass without reference log-probabilities or LoRA adapters");
+  }
+  if (parameter_window_ != nullptr) {
+    throw core::internal_error("DPO pass on a model whose parameters are sharded (ZeRO-3)");
+  }
+  prepare(batch, reference);
+  Workspace& ws = *ws_;
+  const std::int64_t pairs = batch.pairs();
+  const std::int64_t sequences = 2 * pairs;
+  const bool mean = settings.loss == kernels::PreferenceLoss::ipo;
+  ConstTensorView reference_logps = ws.in().reference.first_rows(sequences);
+  if (reference.empty()) {
+    // LoRA: the frozen model without its adapters is the reference, no second copy of it.
+    const core::TraceRange range("DPO reference (the base model)");
+    without_adapters_ = true;
+    ws.training = false;
+    try {
+      forward_backbone();
+      sequence_log_probs_into(sequences, mean, ws.logps.first_rows(sequences));
+    } catch (...) {
+      without_adapters_ = false;
+      throw;
+    }
+    without_adapters_ = false;
+    reference_logps = ws.logps.first_rows(sequences);
+  }
+  ws.training = backward;
+  forward_backbone();
+  sequence_log_probs_into(sequences, mean, TensorView{});
+  const ModelConfig& c = config();
+  const ConstTensorView row_loss = ws.row_loss.first_rows(ws.counted);
+  const ConstTensorView ranges = ws.in().ranges.first(Shape{sequences, 2});
+  ops_.dpo_loss({.sums = sums,
+                 .d_rows = backward ? ws.d_rows.first_rows(ws.counted) : TensorView{},
+                 .row_loss = row_loss,
+                 .ranges = ranges,
+                 .reference = reference_logps,
+                 .beta = settings.beta,
+                 .label_smoothing = settings.label_smoothing,
+                 .loss = settings.loss,
+                 .grad_scale = grad_scale});
+  if (!backward) return;
+  {
+    // The lm_head's backward with each row weighted by its sequence's share of the loss (the
+    // logits are built again, a block at a time, rather than kept for the whole batch).
+    const core::TraceRange range("lm_head backward (DPO)");
+    const std::int64_t n = ws.n;
+    const std::int64_t v = c.vocab_size;
+    const std::int64_t h = c.hidden_size;
+    ops_.lm_head_cross_entropy({.dh = ws.d_final.first_rows(n),
+                                .dw = base_grad(layout_.lm_head(), {v, h}),
+                                .h = ws.final_out.first_rows(n),
+                                .w = weight(layout_.lm_head(), {v, h}),
+                                .rows = ws.in().loss_rows.first_rows(ws.counted),
+                                .targets = ws.in().loss_targets.first_rows(ws.counted),
+                                .row_scale = ws.d_rows.first_rows(ws.counted),
+                                .grad_scale = 1.0F});
+  }
+  backward_backbone();
+}
+
+void LlamaModel::dpo_accumulate(const Batch& batch, float grad_scale, const DpoSettings& settings,
+                                std::span<const double> reference) {
+  dpo(batch, grad_scale, settings, reference, true, sum_slot(kStepSlot));
+}
+
+void LlamaModel::dpo_eval_accumulate(const Batch& batch, const DpoSettings& settings,
+                                     std::span<const double> reference) {
+  dpo(batch, 1.0F, settings, reference, false, sum_slot(kEvalSlot));
+}
+
+std::vector<double> LlamaModel::sequence_log_probs(const Batch& batch, bool mean, bool adapters) {
+  if (layout_.head() != HeadKind::language_model) {
+    throw core::internal_error("log-probabilities of a model without a language-model head");
+  }
+  prepare(batch);
+  Workspace& ws = *ws_;
+  ws.training = false;
+  const std::int64_t sequences = 2 * batch.pairs();
+  without_adapters_ = !adapters;
+  try {
+    forward_backbone();
+    sequence_log_probs_into(sequences, mean, ws.logps.first_rows(sequences));
+  } catch (...) {
+    without_adapters_ = false;
+    throw;
+  }
+  without_adapters_ = false;
+  std::vector<double> host(static_cast<std::size_t>(sequences));
+  ops_.copy(TensorView(std::span<double>(host)), ws.logps.first_rows(sequences));
+  return host;
 }
 
 std::vector<float> LlamaModel::logits(const Batch& batch) {

@@ -24,6 +24,7 @@
 #include "kernels/ops.hpp"
 #include "model/batch.hpp"
 #include "model/decoder_block.hpp"
+#include "model/dpo_settings.hpp"
 #include "model/gradient_window.hpp"
 #include "model/lora_config.hpp"
 #include "model/parameter_layout.hpp"
@@ -56,11 +57,12 @@ struct ModelOptions {
   LoraConfig lora{};
 };
 
-// What training micro-batches add up (the last two for reward models only).
+// What training micro-batches add up (the last three for preference pairs only).
 struct LossSums {
   double loss = 0.0;     // summed cross-entropy of counted tokens, or summed pair losses
-  double correct = 0.0;  // pairs whose chosen score is the higher
-  double margin = 0.0;   // summed chosen - rejected scores
+  double correct = 0.0;  // pairs whose chosen score (DPO: reward) is the higher
+  double margin = 0.0;   // summed chosen - rejected scores (DPO: rewards)
+  double chosen = 0.0;   // DPO: summed chosen rewards
 };
 
 struct RewardOutput {
@@ -175,16 +177,31 @@ class LlamaModel {
   void zero_loss_sums();
   void sft_accumulate(const Batch& batch, float grad_scale);
   void reward_accumulate(const Batch& batch, float grad_scale, double center_coefficient);
+  // DPO: a language model on preference pairs whose masks mark the responses. `reference`: the
+  // reference model's log-probabilities of the 2P sequences (chosen, then rejected; as
+  // sequence_log_probs gives them), or empty with LoRA: then the model without its adapters is
+  // the reference (a forward pass more). The loss is summed over pairs; the gradients are those
+  // of grad_scale * loss (grad_scale = 1 / pairs of the global batch).
+  void dpo_accumulate(const Batch& batch, float grad_scale, const DpoSettings& settings,
+                      std::span<const double> reference);
   [[nodiscard]] LossSums loss_sums() const;
 
   // Evaluation, likewise: forward passes whose losses add up in backend memory, read once.
   void zero_eval_sums();
   void sft_eval_accumulate(const Batch& batch);
+  void dpo_eval_accumulate(const Batch& batch, const DpoSettings& settings,
+                           std::span<const double> reference);
   [[nodiscard]] LossSums eval_sums() const;
+
+  // The log-probabilities of a preference batch's 2P sequences' counted tokens (chosen, then
+  // rejected), summed in fp64 (`mean`: divided by their counts, IPO's), by a forward pass of
+  // the model as it is, or of its frozen base (`adapters` false, LoRA): DPO's reference.
+  [[nodiscard]] std::vector<double> sequence_log_probs(const Batch& batch, bool mean,
+                                                       bool adapters = true);
 
   // The loss sums' slots in backend memory (f64): the training step's, evaluation's and single
   // calls'.
-  static constexpr int kSumValues = 3;
+  static constexpr int kSumValues = 4;
   static constexpr int kSumSlotCount = 3;
   static constexpr std::int64_t kLossSumElements = std::int64_t{kSumSlotCount} * kSumValues;
 
@@ -202,7 +219,8 @@ class LlamaModel {
  private:
   struct Workspace;
 
-  void prepare(const Batch& batch);
+  // Uploads the batch (and DPO's reference log-probabilities, when given).
+  void prepare(const Batch& batch, std::span<const double> reference = {});
   void forward_backbone();
   void block_forward(int layer, kernels::ConstTensorView x_in, kernels::TensorView x_out, int slot);
   void backward_backbone();  // from d(final norm output) in d_final_ to the embedding
@@ -217,6 +235,11 @@ class LlamaModel {
   void reward(const Batch& batch, float grad_scale, double center, bool backward,
               kernels::TensorView sums);
   RewardOutput reward_call(const Batch& batch, float grad_scale, double center, bool backward);
+  void dpo(const Batch& batch, float grad_scale, const DpoSettings& settings,
+           std::span<const double> reference, bool backward, kernels::TensorView sums);
+  // The prepared batch's counted rows' cross-entropies into the workspace's row_loss (a
+  // forward pass from final_out) and its sequences' log-probabilities into `logps` (2P).
+  void sequence_log_probs_into(std::int64_t sequences, bool mean, kernels::TensorView logps);
   // The parameter (or its gradient) at `offset`, viewed as `shape`.
   [[nodiscard]] kernels::ConstTensorView weight(std::int64_t offset, kernels::Shape shape) const;
   [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, kernels::Shape shape) const;
@@ -260,7 +283,8 @@ class LlamaModel {
   kernels::Buffer master_;          // of the trainable layout; empty when the compute dtype is f32
   kernels::Buffer grads_;           // of the trainable layout
   std::uint64_t dropout_seed_ = 0;
-  kernels::Buffer sums_;  // (kSumSlotCount, kSumValues) f64
+  bool without_adapters_ = false;  // a pass of the frozen base model (DPO's LoRA reference)
+  kernels::Buffer sums_;           // (kSumSlotCount, kSumValues) f64
   std::unique_ptr<Workspace> ws_;
   GradientReadyHook gradient_ready_;
   GradientWindow* window_ = nullptr;

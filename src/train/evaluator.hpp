@@ -6,8 +6,10 @@
 #include <cstdint>
 
 #include "dist/world.hpp"
+#include "io/data/data_loader.hpp"
 #include "io/data/dataset_index.hpp"
 #include "model/llama_model.hpp"
+#include "train/dpo_reference.hpp"
 #include "train/metrics.hpp"
 
 namespace l3::train {
@@ -18,10 +20,21 @@ struct EvalConfig {
   bool margin_from_data = false;
   bool drop_long = false;  // SFT: samples longer than seq_len are dropped (else truncated)
   int prefetch_depth = 2;
+  // DPO (a language model on preference data): the loss, and the reference's log-probabilities
+  // of the dataset's pairs (computed over this evaluation's batches: evaluation_loader), or
+  // null with LoRA (the model without its adapters is the reference).
+  std::optional<model::DpoSettings> dpo;
+  const ReferenceTable* reference = nullptr;
 };
 
-// Collective over `world`. The phase follows from the dataset's kind (it must suit the
-// model's head: the caller checks).
+// The data plan of an evaluation (every pair once, split over the ranks).
+[[nodiscard]] data::LoaderConfig evaluation_loader(const dist::World& world,
+                                                   const model::LlamaModel& model,
+                                                   const data::DatasetIndex& index,
+                                                   const EvalConfig& config);
+
+// Collective over `world`. The phase follows from the dataset's kind and config.dpo (it must
+// suit the model's head: the caller checks).
 [[nodiscard]] EvalMetrics evaluate(const dist::World& world, model::LlamaModel& model,
                                    const data::DatasetIndex& index, const EvalConfig& config);
 

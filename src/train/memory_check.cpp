@@ -29,13 +29,16 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
                                          bool cuda, int ranks) {
   model::MemoryPlanInput in;
   in.model = model;
-  in.head = config.phase == Phase::sft ? model::HeadKind::language_model : model::HeadKind::reward;
+  in.head =
+      config.phase == Phase::reward ? model::HeadKind::reward : model::HeadKind::language_model;
   in.compute = cuda ? kernels::DType::bf16 : kernels::DType::f32;
   in.recompute = config.recompute;
   in.seq_len = config.seq_len;
   // Reward: a pair's two sequences share a row when they fit in one; planned for the worst
   // case, each a row of its own.
   in.micro_batch_rows = config.phase == Phase::sft ? config.micro_batch : 2 * config.micro_batch;
+  // DPO: LoRA's reference is the same model without its adapters, full fine-tuning's is
+  // precomputed: no second model either way.
   in.ranks = ranks;
   in.shard_optimizer = config.shard_optimizer;
   in.shard_gradients = config.shard_gradients;

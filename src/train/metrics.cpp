@@ -45,7 +45,13 @@ json to_json(const StepMetrics& m) {
     j["gathers"] = m.gathers;
     j["gathers_prefetched"] = m.gathers_prefetched;
   }
-  if (m.accuracy) {
+  if (m.chosen_reward) {  // DPO, with TRL's names
+    j["rewards/accuracies"] = *m.accuracy;
+    j["rewards/margins"] = optional_number(m.margin);
+    j["rewards/chosen"] = optional_number(m.chosen_reward);
+    j["rewards/rejected"] = optional_number(m.rejected_reward);
+    j["pairs"] = m.pairs;
+  } else if (m.accuracy) {
     j["accuracy"] = *m.accuracy;
     j["margin"] = optional_number(m.margin);
     j["pairs"] = m.pairs;
@@ -60,6 +66,11 @@ json eval_result_json(const EvalMetrics& m) {
     return {{"loss", finite_or_null(m.loss)},
             {"perplexity", finite_or_null(m.perplexity)},
             {"tokens", m.tokens}};
+  }
+  if (m.phase == Phase::dpo) {
+    return {{"loss", finite_or_null(m.loss)},        {"rewards/accuracies", m.accuracy},
+            {"rewards/margins", m.margin},           {"rewards/chosen", m.chosen_reward},
+            {"rewards/rejected", m.rejected_reward}, {"pairs", m.pairs}};
   }
   return {{"accuracy", m.accuracy},
           {"margin", m.margin},
@@ -88,6 +99,9 @@ std::string format_duration(double seconds) {
 std::string format_step_line(const StepMetrics& m) {
   std::string line = fmt::format("step {}/{} | loss {:.4f}", m.step, m.total_steps, m.loss);
   if (m.accuracy) line += fmt::format(" | acc {:.3f} | margin {:.3f}", *m.accuracy, *m.margin);
+  if (m.chosen_reward) {
+    line += fmt::format(" | chosen {:.3f} | rejected {:.3f}", *m.chosen_reward, *m.rejected_reward);
+  }
   line +=
       fmt::format(" | lr {:.3e} | grad {:.3f} | {:.0f} tok/s", m.lr, m.grad_norm, m.tokens_per_s);
   if (m.mfu) line += fmt::format(" | mfu {:.1f}%", 100.0 * *m.mfu);
@@ -101,6 +115,13 @@ std::string format_eval_line(const EvalMetrics& m) {
   if (m.phase == Phase::sft) {
     return fmt::format("eval @ step {} | loss {:.4f} | ppl {:.3f} | {} tokens | {:.1f} s", m.step,
                        m.loss, m.perplexity, m.tokens, m.seconds);
+  }
+  if (m.phase == Phase::dpo) {
+    return fmt::format(
+        "eval @ step {} | loss {:.4f} | accuracy {:.4f} | margin {:.4f} | chosen {:.4f} | "
+        "rejected {:.4f} | {} pairs | {:.1f} s",
+        m.step, m.loss, m.accuracy, m.margin, m.chosen_reward, m.rejected_reward, m.pairs,
+        m.seconds);
   }
   return fmt::format(
       "eval @ step {} | accuracy {:.4f} | margin {:.4f} | reward {:.4f} +- {:.4f} | {} pairs | "

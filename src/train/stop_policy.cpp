@@ -49,7 +49,7 @@ BoundaryDecision StopPolicy::agree(const BoundaryTiming& timing) {
 void StopPolicy::check(const StepMetrics& step, Phase phase) const {
   if (bad_in_a_row_ < rules_.max_bad_steps) return;
   const bool sft = phase == Phase::sft;
-  if ((sft ? step.loss_tokens : step.pairs) == 0) {
+  if ((sft ? step.loss_tokens : step.pairs) == 0) {  // DPO as reward: pairs
     // Not a divergence: nothing to learn from (every answer cut off by --seq-len, or no pair
     // fits), which no --lr fixes. The data and options are what must change: exit 2.
     throw core::bad_input(fmt::format(

@@ -8,7 +8,15 @@
 namespace l3::train {
 
 std::string_view phase_name(Phase phase) noexcept {
-  return phase == Phase::reward ? "reward" : "sft";
+  switch (phase) {
+    case Phase::reward:
+      return "reward";
+    case Phase::dpo:
+      return "dpo";
+    case Phase::sft:
+      break;
+  }
+  return "sft";
 }
 
 void TrainConfig::validate() const {
@@ -45,6 +53,10 @@ void TrainConfig::validate() const {
   lora.validate();
   require(init_adapter.empty() || lora.enabled(),
           "--init-adapter needs LoRA: --lora-rank R (the adapter's rank)");
+  require(phase != Phase::dpo || !shard_parameters,
+          "dpo does not shard parameters yet (--shard-parameters): use --shard-gradients (ZeRO-2) "
+          "or LoRA");
+  require(reference_dir.empty() || phase == Phase::dpo, "--reference-dir is for dpo runs");
   require(!lora.enabled() || shard_group_size == 0,
           "--lora-rank with --shard-group-size: LoRA shards its frozen model over all ranks "
           "(drop --shard-group-size)");
@@ -111,62 +123,79 @@ ckpt::ResumeChoice parse_resume_choice(std::string_view value) {
 }
 
 nlohmann::json TrainConfig::to_json() const {
-  return {{"phase", phase_name(phase)},
-          {"model", model},
-          {"init", init},
-          {"data", data_from_host ? std::string("(host DataSource)") : data},
-          {"val_data", val_data},
-          {"backend", kernels::backend_name(backend)},
-          {"seq_len", seq_len},
-          {"global_batch", global_batch},
-          {"micro_batch", micro_batch},
-          {"steps", steps},
-          {"epochs", epochs},
-          {"drop_long", drop_long},
-          {"lr", lr},
-          {"min_lr", min_lr < 0 ? 0.1 * lr : min_lr},
-          {"warmup", warmup},
-          {"beta1", adamw.beta1},
-          {"beta2", adamw.beta2},
-          {"eps", adamw.eps},
-          {"weight_decay", adamw.weight_decay},
-          {"grad_clip", grad_clip},
-          {"seed", seed},
-          {"recompute", recompute},
-          {"lora_rank", lora.rank},
-          {"lora_alpha", lora.alpha},
-          {"lora_rslora", lora.rslora},
-          {"lora_dropout", lora.dropout},
-          {"lora_targets", lora.targets_text()},
-          {"init_adapter", init_adapter},
-          {"margin_from_data", margin_from_data},
-          {"center_rewards", center_rewards},
-          {"shard_optimizer", shard_optimizer},
-          {"shard_gradients", shard_gradients},
-          {"shard_parameters", shard_parameters},
-          {"prefetch_gathers", prefetch_gathers},
-          {"shard_group_size", shard_group_size},
-          {"grad_accum_dtype", grad_accum_dtype_name(grad_accum_dtype)},
-          {"bucket_mb", bucket_mb},
-          {"overlap_reduction", overlap_reduction},
-          {"grad_exchange", exchange_choice_name(grad_exchange)},
-          {"deterministic", deterministic},
-          {"device", device},
-          {"attention", kernels::attention_name(attention)},
-          {"prefetch_depth", prefetch_depth},
-          {"eval_every", eval_every},
-          {"log_every", log_every},
-          {"metrics", metrics},
-          {"ckpt_dir", ckpt_dir},
-          {"checkpoint_every", checkpoint_every},
-          {"ckpt_local", ckpt_local},
-          {"checkpoint_every_local", checkpoint_every_local},
-          {"ckpt_redundancy", ckpt::redundancy_name(ckpt_redundancy)},
-          {"flush_every", flush_every},
-          {"ckpt_xor_set", xor_set_size},
-          {"max_bad_steps", max_bad_steps},
-          {"keep_last", keep_last},
-          {"peak_tflops", peak_tflops}};
+  nlohmann::json j = {{"phase", phase_name(phase)},
+                      {"model", model},
+                      {"init", init},
+                      {"data", data_from_host ? std::string("(host DataSource)") : data},
+                      {"val_data", val_data},
+                      {"backend", kernels::backend_name(backend)},
+                      {"seq_len", seq_len},
+                      {"global_batch", global_batch},
+                      {"micro_batch", micro_batch},
+                      {"steps", steps},
+                      {"epochs", epochs},
+                      {"drop_long", drop_long},
+                      {"lr", lr},
+                      {"min_lr", min_lr < 0 ? 0.1 * lr : min_lr},
+                      {"warmup", warmup},
+                      {"beta1", adamw.beta1},
+                      {"beta2", adamw.beta2},
+                      {"eps", adamw.eps},
+                      {"weight_decay", adamw.weight_decay},
+                      {"grad_clip", grad_clip},
+                      {"seed", seed},
+                      {"recompute", recompute},
+                      {"lora_rank", lora.rank},
+                      {"lora_alpha", lora.alpha},
+                      {"lora_rslora", lora.rslora},
+                      {"lora_dropout", lora.dropout},
+                      {"lora_targets", lora.targets_text()},
+                      {"init_adapter", init_adapter},
+                      {"margin_from_data", margin_from_data},
+                      {"center_rewards", center_rewards},
+                      {"shard_optimizer", shard_optimizer},
+                      {"shard_gradients", shard_gradients},
+                      {"shard_parameters", shard_parameters},
+                      {"prefetch_gathers", prefetch_gathers},
+                      {"shard_group_size", shard_group_size},
+                      {"grad_accum_dtype", grad_accum_dtype_name(grad_accum_dtype)},
+                      {"bucket_mb", bucket_mb},
+                      {"overlap_reduction", overlap_reduction},
+                      {"grad_exchange", exchange_choice_name(grad_exchange)},
+                      {"deterministic", deterministic},
+                      {"device", device},
+                      {"attention", kernels::attention_name(attention)},
+                      {"prefetch_depth", prefetch_depth},
+                      {"eval_every", eval_every},
+                      {"log_every", log_every},
+                      {"metrics", metrics},
+                      {"ckpt_dir", ckpt_dir},
+                      {"checkpoint_every", checkpoint_every},
+                      {"ckpt_local", ckpt_local},
+                      {"checkpoint_every_local", checkpoint_every_local},
+                      {"ckpt_redundancy", ckpt::redundancy_name(ckpt_redundancy)},
+                      {"flush_every", flush_every},
+                      {"ckpt_xor_set", xor_set_size},
+                      {"max_bad_steps", max_bad_steps},
+                      {"keep_last", keep_last},
+                      {"peak_tflops", peak_tflops}};
+  if (phase == Phase::dpo) {
+    j["beta"] = dpo.beta;
+    j["label_smoothing"] = dpo.label_smoothing;
+    j["loss"] = preference_loss_name(dpo.loss);
+    j["reference_dir"] = reference_dir;
+  }
+  return j;
+}
+
+kernels::PreferenceLoss parse_preference_loss(std::string_view name) {
+  if (name == "sigmoid") return kernels::PreferenceLoss::sigmoid;
+  if (name == "ipo") return kernels::PreferenceLoss::ipo;
+  throw core::usage_error("--loss takes sigmoid or ipo");
+}
+
+std::string_view preference_loss_name(kernels::PreferenceLoss loss) noexcept {
+  return loss == kernels::PreferenceLoss::ipo ? "ipo" : "sigmoid";
 }
 
 }  // namespace l3::train

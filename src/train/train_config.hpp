@@ -12,6 +12,7 @@
 #include "ckpt/resume.hpp"
 #include "kernels/backends.hpp"
 #include "l3/l3.hpp"
+#include "model/dpo_settings.hpp"
 #include "model/lora_config.hpp"
 #include "train/adamw_optimizer.hpp"
 #include "train/run_choices.hpp"
@@ -61,6 +62,10 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // Reward phase.
   bool margin_from_data = false;
   double center_rewards = 0.0;
+  // DPO phase: the loss, and where the reference model's precomputed log-probabilities go
+  // (full fine-tuning; empty: <ckpt_dir>/reference; with LoRA the base model is the reference).
+  model::DpoSettings dpo{};
+  std::string reference_dir;
 
   // Data parallelism.
   bool shard_optimizer = true;
@@ -137,6 +142,8 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
 [[nodiscard]] ExchangeChoice parse_exchange_choice(std::string_view name);
 [[nodiscard]] std::string_view exchange_choice_name(ExchangeChoice choice) noexcept;
 [[nodiscard]] GradAccumDtype parse_grad_accum_dtype(std::string_view name);
+[[nodiscard]] kernels::PreferenceLoss parse_preference_loss(std::string_view name);
+[[nodiscard]] std::string_view preference_loss_name(kernels::PreferenceLoss loss) noexcept;
 [[nodiscard]] std::string_view grad_accum_dtype_name(GradAccumDtype dtype) noexcept;
 // --resume: "auto", "none", or a checkpoint path.
 [[nodiscard]] ckpt::ResumeChoice parse_resume_choice(std::string_view value);

@@ -58,6 +58,7 @@ struct Trainer::Impl {
     const core::Stopwatch watch;
     const core::TraceRange step_range("step {}", done + 1);
     const bool sft = config.phase == Phase::sft;
+    const bool dpo = config.phase == Phase::dpo;
     // A source failing on some ranks only (a host's DataSource, a read error) must not leave
     // the others waiting in the step's collectives: the ranks agree first.
     const data::StepData* next = nullptr;
@@ -107,6 +108,10 @@ struct Trainer::Impl {
       }
       if (sft && batch.document_tokens > 0) {
         model.sft_accumulate(batch, scale);
+      } else if (dpo && batch.pairs() > 0) {
+        model.dpo_accumulate(
+            batch, scale, config.dpo,
+            parts->reference.empty() ? std::vector<double>{} : parts->reference.of(batch));
       } else if (!sft && batch.pairs() > 0) {
         model.reward_accumulate(batch, scale, config.center_rewards);
       } else {
@@ -128,8 +133,8 @@ struct Trainer::Impl {
     // The step's one read of its losses (the micro-batches added them up in backend memory);
     // the queue is empty by now, so it costs a small copy, not a second wait.
     const model::LossSums local = model.loss_sums();
-    std::array<double, 3> sums{local.loss, local.correct, local.margin};
-    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 3, MPI_DOUBLE, MPI_SUM, world.comm()),
+    std::array<double, 4> sums{local.loss, local.correct, local.margin, local.chosen};
+    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 4, MPI_DOUBLE, MPI_SUM, world.comm()),
                     "MPI_Allreduce (step loss)");
 
     StepMetrics m;
@@ -147,6 +152,10 @@ struct Trainer::Impl {
       m.pairs = counts[0];
       m.accuracy = counts[0] > 0 ? sums[1] / denominator : 0.0;
       m.margin = counts[0] > 0 ? sums[2] / denominator : 0.0;
+      if (dpo) {
+        m.chosen_reward = counts[0] > 0 ? sums[3] / denominator : 0.0;
+        m.rejected_reward = counts[0] > 0 ? (sums[3] - sums[2]) / denominator : 0.0;
+      }
     }
     m.skipped = !std::isfinite(m.loss) || !std::isfinite(norm);
     core::fault_point("train.update", world.rank());  // gradients reduced, weights not updated
@@ -196,12 +205,15 @@ struct Trainer::Impl {
 
   std::optional<EvalMetrics> evaluate() {
     if (config.val_data.empty()) return std::nullopt;
-    EvalMetrics m = train::evaluate(world, model, parts->val_index,
-                                    {.seq_len = config.seq_len,
-                                     .micro_batch = config.micro_batch,
-                                     .margin_from_data = config.margin_from_data,
-                                     .drop_long = config.drop_long,
-                                     .prefetch_depth = config.prefetch_depth});
+    EvalMetrics m = train::evaluate(
+        world, model, parts->val_index,
+        {.seq_len = config.seq_len,
+         .micro_batch = config.micro_batch,
+         .margin_from_data = config.margin_from_data,
+         .drop_long = config.drop_long,
+         .prefetch_depth = config.prefetch_depth,
+         .dpo = config.phase == Phase::dpo ? std::optional(config.dpo) : std::nullopt,
+         .reference = parts->val_reference.empty() ? nullptr : &parts->val_reference});
     m.step = done;
     reporter.eval(m);
     last_eval = m;
@@ -251,7 +263,8 @@ struct Trainer::Impl {
                           .metrics = std::move(metrics),
                           .lora = model.has_adapters() ? std::optional(config.lora) : std::nullopt,
                           .base = parts->lora_base,
-                          .base_xxh64 = parts->lora_base_xxh64};
+                          .base_xxh64 = parts->lora_base_xxh64,
+                          .reference = parts->reference_record};
   }
 
   // The step boundary's decision, agreed by every rank: false when the run stops here.

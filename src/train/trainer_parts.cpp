@@ -15,10 +15,12 @@
 #include "ckpt/resume.hpp"
 #include "core/error.hpp"
 #include "core/path_safety.hpp"
+#include "core/timer.hpp"
 #include "dist/collectives.hpp"
 #include "io/data/data_loader.hpp"
 #include "io/tokenizer/special_tokens.hpp"
 #include "kernels/backends.hpp"
+#include "train/evaluator.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
 
@@ -36,10 +38,20 @@ data::DatasetIndex open_data(const dist::World& world, const std::string& direct
                              bool ignore_tokenizer_mismatch) {
   data::DatasetExpectations expect;
   expect.kind = phase == Phase::sft ? data::SampleKind::sft : data::SampleKind::preference;
+  // DPO counts the responses' tokens: shards of an earlier prep have no masks for them.
+  auto require_masks = [&](const data::DatasetIndex& index) {
+    if (phase == Phase::dpo && !index.has_response_masks()) {
+      throw core::bad_input(
+          "its pairs have no response masks (/chosen/loss_mask: prepared by an earlier "
+          "llama3-hpc); run 'llama3-hpc prep preference' on it again to train DPO",
+          {.file = directory});
+    }
+    return index;
+  };
   expect.model_vocab = model.vocab_size;
   if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;
   expect.ignore_tokenizer_mismatch = ignore_tokenizer_mismatch;
-  return data::open_dataset(world, directory, expect);
+  return require_masks(data::open_dataset(world, directory, expect));
 }
 
 // The shards of config.data through the prefetching loader (created once the start position
@@ -277,6 +289,104 @@ std::optional<ckpt::LocalResume> resume_local_level(const dist::World& world,
   return std::nullopt;
 }
 
+// DPO's reference. LoRA: the base model without adapters (nothing to prepare). Full
+// fine-tuning: the initial model's log-probabilities of every training (and validation) pair,
+// read from the reference directory when they were computed from the same data and model
+// (a restart), else computed now and stored there. A resumed run reads the ones its checkpoint
+// recorded: the initial model is gone. Collective.
+void prepare_dpo_reference(const dist::World& world, const core::Logger& log, TrainerParts& p,
+                           const data::LoaderConfig& training,
+                           const std::optional<ckpt::Manifest>& resumed,
+                           const std::string& initial_digest) {
+  const TrainConfig& c = p.config;
+  if (c.lora.enabled()) {
+    p.reference_record = {{"kind", "base model without adapters"},
+                          {"model", p.lora_base},
+                          {"model_xxh64", p.lora_base_xxh64}};
+    log.info(
+        "DPO reference: the base model without the adapters (a forward pass more per "
+        "micro-batch, no second copy of the weights)");
+    return;
+  }
+  std::string model_xxh64 = initial_digest;
+  std::string model_origin = p.source.origin();
+  if (resumed) {
+    model_xxh64 = resumed->reference.value("model_xxh64", "");
+    model_origin = resumed->reference.value("model", "");
+    if (model_xxh64.empty()) {
+      throw core::bad_input("the checkpoint records no DPO reference (\"reference\")",
+                            {.file = p.source.step_dir});
+    }
+  }
+  const bool mean = c.dpo.loss == kernels::PreferenceLoss::ipo;
+  const std::string directory = !c.reference_dir.empty() ? c.reference_dir
+                                : !c.ckpt_dir.empty()
+                                    ? (std::filesystem::path(c.ckpt_dir) / "reference").string()
+                                    : std::string();
+  struct Part {
+    const char* name;
+    const data::DatasetIndex* index;
+    data::LoaderConfig loader;
+    ReferenceTable* table;
+  };
+  std::vector<Part> parts{{"train", &p.index, training, &p.reference}};
+  if (!c.val_data.empty()) {
+    const EvalConfig eval{.seq_len = c.seq_len,
+                          .micro_batch = c.micro_batch,
+                          .margin_from_data = c.margin_from_data,
+                          .drop_long = c.drop_long,
+                          .prefetch_depth = c.prefetch_depth,
+                          .dpo = c.dpo};
+    parts.push_back({"val", &p.val_index, evaluation_loader(world, *p.model, p.val_index, eval),
+                     &p.val_reference});
+  }
+  nlohmann::json files = nlohmann::json::object();
+  for (Part& part : parts) {
+    const ReferenceKey key{
+        .data_xxh64 = data_digest(*part.index), .model_xxh64 = model_xxh64, .mean = mean};
+    const std::string file =
+        directory.empty()
+            ? std::string()
+            : (std::filesystem::path(directory) / fmt::format("{}.h5", part.name)).string();
+    std::string why = "no --ckpt-dir or --reference-dir: kept in memory";
+    if (!file.empty()) {
+      if (std::optional<ReferenceTable> t =
+              read_reference(world, file, key, part.index->samples(), why)) {
+        *part.table = std::move(*t);
+        log.info("DPO reference ({} pairs): read from {}", part.name, file);
+        files[part.name] = file;
+        continue;
+      }
+    }
+    if (resumed) {
+      throw core::bad_input(
+          fmt::format("the DPO reference log-probabilities of the {} pairs are {}: the run "
+                      "cannot resume without them (its initial model is {})",
+                      part.name, why, model_origin.empty() ? "unknown" : model_origin),
+          {.file = file});
+    }
+    const core::Stopwatch watch;
+    *part.table = compute_reference(world, *p.model, *part.index, part.loader, key);
+    if (!file.empty()) {
+      write_reference(world, file, *part.table);
+      files[part.name] = file;
+    }
+    log.info(
+        "DPO reference ({} pairs): the initial model's log-probabilities of {} pairs, "
+        "computed in {:.1f} s ({}){}",
+        part.name, part.index->samples(), watch.seconds(), why,
+        file.empty() ? "" : fmt::format("; stored in {}", file));
+  }
+  p.reference_record = {
+      {"kind", "precomputed"},
+      {"model", model_origin.empty()
+                    ? std::string()
+                    : std::filesystem::absolute(model_origin).lexically_normal().string()},
+      {"model_xxh64", model_xxh64},
+      {"mean", mean},
+      {"files", files}};
+}
+
 }  // namespace
 
 std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const core::Logger& log,
@@ -341,9 +451,9 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     throw core::usage_error(fmt::format("--seq-len {} is longer than the model's {} positions",
                                         c.seq_len, mc.max_position_embeddings));
   }
-  if (c.phase == Phase::sft && p.source.initial_head() == model::HeadKind::reward) {
-    throw core::usage_error(
-        fmt::format("--init {} is a reward model; SFT needs a language model", p.source.origin()));
+  if (c.phase != Phase::reward && p.source.initial_head() == model::HeadKind::reward) {
+    throw core::usage_error(fmt::format("--init {} is a reward model; {} needs a language model",
+                                        p.source.origin(), c.phase == Phase::sft ? "SFT" : "DPO"));
   }
   if (resuming) {
     ckpt::check_resume_compatible(*resumed_manifest,
@@ -359,6 +469,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   require_training_memory(world, *p.ops, c, mc);
 
   const bool zero3 = c.shard_parameters;
+  std::string initial_digest;  // DPO with full fine-tuning, a fresh run: the reference's
   // LoRA with --shard-parameters: the frozen model is what is sharded (1/N on each rank in the
   // compute dtype, gathered a layer group at a time for both passes: ShardedWeights); the
   // adapters are small and get ZeRO-1/2 as without it.
@@ -368,7 +479,8 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   const bool shard_master =
       p.ops->compute_dtype() != kernels::DType::f32 || c.master_in_optimizer || zero3;
   p.model = std::make_unique<model::LlamaModel>(
-      mc, c.phase == Phase::sft ? model::HeadKind::language_model : model::HeadKind::reward, *p.ops,
+      mc, c.phase == Phase::reward ? model::HeadKind::reward : model::HeadKind::language_model,
+      *p.ops,
       model::ModelOptions{.recompute = c.recompute,
                           .keep_master = !shard_master,
                           .own_gradients = !c.shard_gradients,
@@ -429,6 +541,8 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   } else if (!resuming) {
     const std::vector<float> initial = initialize_model(world, *p.model, p.source, c.seed);
     if (shard_master) p.parallel->optimizer().load_master_from_whole(initial);
+    // DPO: the initial model is the reference; its digest identifies the reference's table.
+    if (c.phase == Phase::dpo) initial_digest = base_digest(p.model->layout(), initial);
   }
   if (local_resume) {
     p.resumed = restore_local_state(world, log, local_resume->state, local_origin, *p.parallel);
@@ -485,6 +599,14 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     throw core::usage_error(fmt::format(
         "--margin-from-data: the dataset {} has no margins (its records had no \"margin\")",
         c.data));
+  }
+  lc.reader.response_masks = c.phase == Phase::dpo;
+  if (c.phase == Phase::dpo) {
+    if (data) {
+      throw core::usage_error(
+          "dpo reads its pairs from --data shards (a host DataSource gives no response masks)");
+    }
+    prepare_dpo_reference(world, log, p, lc, resumed_manifest, initial_digest);
   }
   if (data) {
     p.data = std::move(data);

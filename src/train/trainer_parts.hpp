@@ -14,6 +14,7 @@
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
 #include "train/data_parallel.hpp"
+#include "train/dpo_reference.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics.hpp"
 #include "train/model_source.hpp"
@@ -53,6 +54,12 @@ struct TrainerParts {
   // (base_digest), recorded in every checkpoint and checked on resume.
   std::string lora_base;
   std::string lora_base_xxh64;
+  // DPO with full fine-tuning: the reference model's log-probabilities of the training and the
+  // validation pairs (empty with LoRA: the base model is the reference); what checkpoints record
+  // of the reference (both kinds).
+  ReferenceTable reference;
+  ReferenceTable val_reference;
+  nlohmann::json reference_record = nlohmann::json::object();
 };
 
 // Collective over `world`: checks the options and the outputs, chooses the checkpoint to

@@ -67,7 +67,7 @@ TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
   std::vector<float> dh1(dh.size());
   std::vector<float> dw1(dw.size(), 0.0F);
   const auto one = l3::kernels::cpu::lm_head_cross_entropy(dh1, dw1, h, w, c.rows, c.targets, vocab,
-                                                           hidden, scale, vocab * 4);
+                                                           hidden, scale, {}, vocab * 4);
   CHECK(one.loss == Approx(sum.loss).epsilon(1e-12));
   CHECK(rel_error(dh1, dh) < 1e-6);
   CHECK(rel_error(dw1, dw) < 1e-6);

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# DPO through the real program under mpiexec, on the reversal task's preference pairs, from a
+# small SFT checkpoint:
+#   step 1's loss is exactly log 2 and its reward accuracy 0 (the policy is the reference), for
+#   full fine-tuning (precomputed reference, stored under --ckpt-dir) and LoRA (the base model);
+#   2 ranks give the losses of 1 rank; the loss falls and the accuracy rises;
+#   rank 1 killed at step 7 and restarted: the weights (and LoRA's adapters, with dropout) bit
+#   for bit those of the uninterrupted run, the stored reference read back, not recomputed;
+#   killed on 2 ranks and resumed on 1: the same losses within reduction-order tolerance;
+#   eval of the final checkpoint gives the DPO metrics with TRL's names.
+#
+#   dpo_test.sh LLAMA3_HPC MPIEXEC
+set -uo pipefail
+bin=$1
+mpiexec=$2
+work=$(mktemp -d "${TMPDIR:-/tmp}/l3-dpo-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+failures=0
+export OMP_NUM_THREADS=1
+
+fail() {
+  echo "FAIL [$1]"
+  failures=$((failures + 1))
+}
+pass() { echo "ok   [$1]"; }
+
+# shellcheck source=tests/support/reversal_data.sh
+source "$(dirname "$0")/../support/reversal_data.sh"
+prep_reversal_data "$bin" "$work" || {
+  echo "prep failed"
+  exit 1
+}
+
+run() {
+  local ranks=$1
+  shift
+  timeout -k 5 120 "$mpiexec" -n "$ranks" "$bin" "$@" >"$work/last.out" 2>"$work/last.err"
+  local rc=$?
+  [[ $rc -eq 124 || $rc -eq 137 ]] && fail "a run hung (stopped after 120 s): L3_FAULT='${L3_FAULT:-}' $*"
+  return $rc
+}
+digest() { "$bin" ckpt verify --json "$1" 2>/dev/null | sed "s|$work/[^/\"]*||g"; }
+# first_step FILE KEY: KEY's value in step 1's record of metrics FILE.
+first_step() { grep '"step":1,' "$1" | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }
+worst_loss_difference() {
+  paste <(grep '"kind":"train"' "$1" | grep -o '"loss":[^,]*' | tail -"$3" | cut -d: -f2) \
+    <(grep '"kind":"train"' "$2" | grep -o '"loss":[^,]*' | cut -d: -f2) |
+    awk '{d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d} END {printf "%g", m}'
+}
+
+run 1 sft --model tiny --data "$work/sft" --steps 16 --seq-len 128 --global-batch 8 --lr 3e-3 \
+  --ckpt-dir "$work/sft-ckpt" --log-every 0 --no-progress || {
+  cat "$work/last.err"
+  echo "the SFT run failed"
+  exit 1
+}
+dpo_args=(dpo --init "$work/sft-ckpt" --data "$work/pref" --steps 12 --seq-len 128 --global-batch 8
+  --micro-batch 2 --lr 2e-3 --warmup 1 --beta 0.2 --checkpoint-every 4 --log-every 0 --no-progress)
+log2=0.6931471805599453
+
+# --- full fine-tuning: the reference precomputed ---
+run 2 "${dpo_args[@]}" --ckpt-dir "$work/ref" --metrics "$work/ref.jsonl" --val-data "$work/pref" ||
+  fail "the DPO reference run (rc $?): $(tail -2 "$work/last.err")"
+if [[ "$(first_step "$work/ref.jsonl" loss)" == "$log2" &&
+  "$(first_step "$work/ref.jsonl" 'rewards/accuracies')" == 0.0 ]]; then
+  pass "step 1: loss exactly log 2, reward accuracy 0"
+else
+  fail "step 1: loss exactly log 2, reward accuracy 0 (got $(first_step "$work/ref.jsonl" loss))"
+fi
+last_loss=$(grep '"kind":"train"' "$work/ref.jsonl" | tail -1 | grep -o '"loss":[^,]*' | cut -d: -f2)
+eval_accuracy=$(grep '"kind":"eval"' "$work/ref.jsonl" | tail -1 | grep -o '"rewards/accuracies":[^,]*' | cut -d: -f2)
+if awk -v l="$last_loss" -v a="$eval_accuracy" -v z=$log2 'BEGIN {exit !(l < z && a > 0.5)}'; then
+  pass "the loss falls (step 12: $last_loss) and the validation reward accuracy rises ($eval_accuracy)"
+else
+  fail "the loss falls and the accuracy rises (loss $last_loss, accuracy '$eval_accuracy')"
+fi
+if [[ -f "$work/ref/reference/train.h5" && -f "$work/ref/reference/val.h5" ]] &&
+  grep -q '"kind": "precomputed"' "$work/ref/step-00000012/manifest.json"; then
+  pass "the reference's log-probabilities stored under --ckpt-dir, recorded in the checkpoint"
+else
+  fail "the reference's log-probabilities stored under --ckpt-dir, recorded in the checkpoint"
+fi
+ref=$(digest "$work/ref/step-00000012")
+
+run 1 "${dpo_args[@]}" --ckpt-dir "$work/one" --metrics "$work/one.jsonl"
+worst=$(worst_loss_difference "$work/ref.jsonl" "$work/one.jsonl" 12)
+if awk -v w="$worst" 'BEGIN {exit !(w < 1e-5)}'; then
+  pass "1 rank gives the losses of 2 (worst relative difference $worst)"
+else
+  fail "1 rank gives the losses of 2 (worst relative difference '$worst')"
+fi
+
+L3_FAULT="train.update@1#7=kill" run 2 "${dpo_args[@]}" --ckpt-dir "$work/killed" --val-data "$work/pref" --checkpoint-sync
+first=$?
+run 2 "${dpo_args[@]}" --ckpt-dir "$work/killed" --val-data "$work/pref"
+rc=$?
+if [[ $first -ne 0 && $rc -eq 0 && -n "$ref" && "$(digest "$work/killed/step-00000012")" == "$ref" ]] &&
+  grep -q "DPO reference (train pairs): read from" "$work/last.err"; then
+  pass "rank 1 killed at step 7, resumed: the weights bit for bit, the reference read back"
+else
+  fail "rank 1 killed at step 7, resumed: the weights bit for bit (first rc $first, rc $rc)"
+  tail -3 "$work/last.err"
+fi
+
+L3_FAULT="train.update@0#7=kill" run 2 "${dpo_args[@]}" --ckpt-dir "$work/reshard" --checkpoint-sync
+run 1 "${dpo_args[@]}" --ckpt-dir "$work/reshard" --metrics "$work/reshard.jsonl"
+rc=$?
+worst=$(worst_loss_difference "$work/ref.jsonl" "$work/reshard.jsonl" 8)
+if [[ $rc -eq 0 ]] && grep -q "written by 2 ranks" "$work/last.err" &&
+  awk -v w="$worst" 'BEGIN {exit !(w < 1e-4)}'; then
+  pass "killed on 2 ranks, resumed on 1: the same losses (worst relative difference $worst)"
+else
+  fail "killed on 2 ranks, resumed on 1 (rc $rc, worst '$worst')"
+  tail -3 "$work/last.err"
+fi
+
+# --- LoRA: the base model without its adapters is the reference ---
+lora_args=("${dpo_args[@]}" --lora-rank 4 --lora-dropout 0.1)
+run 2 "${lora_args[@]}" --ckpt-dir "$work/lora" --metrics "$work/lora.jsonl" ||
+  fail "the LoRA DPO run (rc $?): $(tail -2 "$work/last.err")"
+if [[ "$(first_step "$work/lora.jsonl" loss)" == "$log2" ]] &&
+  grep -q "DPO reference: the base model without the adapters" "$work/last.err" &&
+  [[ ! -e "$work/lora/reference" ]]; then
+  pass "LoRA: step 1's loss exactly log 2, the base model the reference (nothing stored)"
+else
+  fail "LoRA: step 1's loss exactly log 2, the base model the reference"
+fi
+L3_FAULT="train.update@1#7=kill" run 2 "${lora_args[@]}" --ckpt-dir "$work/lora-killed" --checkpoint-sync
+first=$?
+run 2 "${lora_args[@]}" --ckpt-dir "$work/lora-killed"
+rc=$?
+lora_ref=$(digest "$work/lora/step-00000012")
+if [[ $first -ne 0 && $rc -eq 0 && -n "$lora_ref" &&
+  "$(digest "$work/lora-killed/step-00000012")" == "$lora_ref" ]]; then
+  pass "LoRA with dropout: rank 1 killed at step 7, resumed: the adapters bit for bit"
+else
+  fail "LoRA with dropout: killed and resumed bit for bit (first rc $first, rc $rc)"
+fi
+
+# --- options that cannot work: one-line errors, exit 2 ---
+run 1 "${dpo_args[@]}" --ckpt-dir "$work/bad" --loss ipo --label-smoothing 0.1
+rc=$?
+if [[ $rc -eq 2 ]] && grep -q "label-smoothing applies to --loss sigmoid only" "$work/last.err"; then
+  pass "--label-smoothing with --loss ipo: exit 2"
+else
+  fail "--label-smoothing with --loss ipo: exit 2 (rc $rc)"
+fi
+run 1 "${dpo_args[@]}" --ckpt-dir "$work/bad2" --shard-gradients --shard-parameters
+rc=$?
+if [[ $rc -eq 2 ]] && grep -q "dpo does not shard parameters yet" "$work/last.err"; then
+  pass "--shard-parameters: exit 2 with a one-line reason"
+else
+  fail "--shard-parameters: exit 2 (rc $rc)"
+fi
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all DPO checks passed"
