@@ -101,10 +101,10 @@ void ShardReader::read_group(OpenShard& shard, Field field,
       set = &shard.rejected_mask, name = "rejected/loss_mask";
       break;
   }
-  const bool bytes =
+  const bool mask_field =
       field == Field::loss_mask || field == Field::chosen_mask || field == Field::rejected_mask;
-  const hid_t memory_type = bytes ? H5T_NATIVE_UINT8 : H5T_NATIVE_UINT32;
-  const std::size_t element = bytes ? 1 : 4;
+  const hid_t memory_type = mask_field ? H5T_NATIVE_UINT8 : H5T_NATIVE_UINT32;
+  const std::size_t element = mask_field ? 1 : 4;
 
   // The union of the ranges (sorted, none overlapping), read into one buffer in file order.
   std::int64_t total = 0;

@@ -50,9 +50,10 @@ struct alignas(8) Bf16x4 {
 
 // One block per row of logits. Rows whose logits (and gradient) allow it are read as float4 and
 // written four bf16 at a time (vocab % 4 == 0 and the row 16-byte aligned: Llama 3's 128256).
+// row_scale (may be null) weighs each row's gradient.
 __global__ void softmax_cross_entropy_kernel(float* loss, bf16* dlogits, const float* logits,
-                                             const std::int32_t* targets, std::int64_t vocab,
-                                             float grad_scale) {
+                                             const std::int32_t* targets, const float* row_scale,
+                                             std::int64_t vocab, float grad_scale) {
   const std::int64_t row = blockIdx.x;
   const float* z = logits + row * vocab;
   bf16* d = dlogits == nullptr ? nullptr : dlogits + row * vocab;
@@ -76,11 +77,12 @@ __global__ void softmax_cross_entropy_kernel(float* loss, bf16* dlogits, const f
   const std::int32_t target = targets[row];
   if (threadIdx.x == 0) loss[row] = stats.max + logf(stats.sum) - z[target];
   if (d == nullptr) return;
-  // dlogits = grad_scale * (softmax - onehot(target))
-  const float factor = grad_scale / stats.sum;
+  // dlogits = scale * (softmax - onehot(target)), scale = grad_scale (* row_scale[row])
+  const float scale = row_scale == nullptr ? grad_scale : grad_scale * row_scale[row];
+  const float factor = scale / stats.sum;
   auto grad = [&](std::int64_t j, float x) {
     const float p = __expf(x - stats.max) * factor;
-    return to_bf16(j == target ? p - grad_scale : p);
+    return to_bf16(j == target ? p - scale : p);
   };
   for (std::int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
     const float4 v = z4[q];
@@ -110,11 +112,11 @@ void scatter_rows(BFloat16* h, const BFloat16* in, const std::int32_t* rows, std
 }
 
 void softmax_cross_entropy(float* loss, BFloat16* dlogits, const float* logits,
-                           const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
-                           float grad_scale, cudaStream_t stream) {
+                           const std::int32_t* targets, const float* row_scale, std::int64_t rows,
+                           std::int64_t vocab, float grad_scale, cudaStream_t stream) {
   if (rows == 0) return;
   softmax_cross_entropy_kernel<<<static_cast<unsigned int>(rows), kThreads * 4, 0, stream>>>(
-      loss, dlogits == nullptr ? nullptr : device_cast(dlogits), logits, targets, vocab,
+      loss, dlogits == nullptr ? nullptr : device_cast(dlogits), logits, targets, row_scale, vocab,
       grad_scale);
   check_launch("softmax cross-entropy");
 }

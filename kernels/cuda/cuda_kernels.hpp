@@ -83,10 +83,11 @@ void gather_rows(BFloat16* out, const BFloat16* h, const std::int32_t* rows, std
 void scatter_rows(BFloat16* h, const BFloat16* in, const std::int32_t* rows, std::int64_t count,
                   std::int64_t hidden, cudaStream_t stream);
 // Per row of logits (rows, V) fp32: loss[r] = logsumexp - logit[target[r]]; with dlogits
-// non-null, dlogits = grad_scale * (softmax - onehot) in bf16.
+// non-null, dlogits = grad_scale * row_scale[r] * (softmax - onehot) in bf16 (row_scale may be
+// null: 1).
 void softmax_cross_entropy(float* loss, BFloat16* dlogits, const float* logits,
-                           const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
-                           float grad_scale, cudaStream_t stream);
+                           const std::int32_t* targets, const float* row_scale, std::int64_t rows,
+                           std::int64_t vocab, float grad_scale, cudaStream_t stream);
 // *result += the sum of n floats (fp64, fixed order): the loss stays on the device
 void add_sum_f32(double* result, const float* x, std::int64_t n, cudaStream_t stream);
 
@@ -120,6 +121,23 @@ void gather_dot_backward(BFloat16* dh, float* dw, const float* dscores, const BF
 // d loss / d score. fp64, one block, a fixed summation order.
 void bradley_terry(double* sums, float* d_scores, const float* scores, const float* margins,
                    std::int64_t pairs, double center, float grad_scale, cudaStream_t stream);
+
+// dpo_loss.cu. ranges (S, 2) i32: {begin, end} of each sequence in the C counted rows (clipped
+// to [0, C) on the device: nothing outside is read or written; the CPU backend throws instead).
+// logps[s] = -(sum of row_loss over ranges[s]) in fp64, in row order (one thread a sequence),
+// divided by the row count when `mean` (0 for an empty range).
+void sequence_log_probs(double* logps, const float* row_loss, std::int64_t rows,
+                        const std::int32_t* ranges, std::int64_t sequences, bool mean,
+                        cudaStream_t stream);
+// DPO over P pairs (ranges: the chosen sequences, then the rejected; reference (2P) f64), as
+// kernels::DpoLossArgs: sums[0..3] += {loss, pairs with chosen reward > rejected, sum of reward
+// margins, sum of chosen rewards}; d_rows (C, may be null) = grad_scale * d loss / d row_loss, 0
+// for rows of no sequence, written sequence after sequence in the CPU reference's order. fp64, one
+// block, a fixed summation order.
+void dpo_loss(double* sums, float* d_rows, const float* row_loss, std::int64_t rows,
+              const std::int32_t* ranges, const double* reference, std::int64_t pairs, double beta,
+              double label_smoothing, kernels::PreferenceLoss loss, float grad_scale,
+              cudaStream_t stream);
 
 // adamw.cu: master f32, grads bf16 or f32 (ZeRO-2's accumulated shard), moments f32, copy bf16
 // (may be null)

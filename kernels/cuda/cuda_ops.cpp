@@ -633,7 +633,9 @@ void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
   const std::int64_t vocab = d.vocab;
   const std::int64_t hidden = d.hidden;
   const bool backward = !a.dh.empty();
-  auto* sum = out<double>(a.loss_sum);
+  auto* sum = a.loss_sum.empty() ? nullptr : out<double>(a.loss_sum);
+  auto* row_loss = a.row_loss.empty() ? nullptr : out<float>(a.row_loss);
+  const auto* row_scale = a.row_scale.empty() ? nullptr : in<float>(a.row_scale);
   const auto* hd = in<BFloat16>(a.h);
   const auto* wd = in<BFloat16>(a.w);
   const auto* rd = in<std::int32_t>(a.rows);
@@ -656,8 +658,9 @@ void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
     lt_->run(gemm(block, vocab, hidden, hb, hidden, false, wd, hidden, true, logits, vocab, 0.0F,
                   DType::f32),
              stream_);
-    softmax_cross_entropy(losses + begin, dlogits, logits, td + begin, block, vocab, a.grad_scale,
-                          stream_);
+    softmax_cross_entropy(losses + begin, dlogits, logits, td + begin,
+                          row_scale == nullptr ? nullptr : row_scale + begin, block, vocab,
+                          a.grad_scale, stream_);
     if (!backward) continue;
     // dhb (block, H) = dlogits (block, V) w (V, H), then into dh's counted rows
     lt_->run(
@@ -672,7 +675,13 @@ void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
                stream_);
     });
   }
-  add_sum_f32(sum, losses, counted, stream_);  // stays on the device: no synchronisation
+  if (row_loss != nullptr) {
+    check(cudaMemcpyAsync(row_loss, losses, static_cast<std::size_t>(counted) * sizeof(float),
+                          cudaMemcpyDeviceToDevice, stream_),
+          "lm_head_cross_entropy: row losses");
+  }
+  // stays on the device: no synchronisation
+  if (sum != nullptr) add_sum_f32(sum, losses, counted, stream_);
 }
 
 void CudaOps::bradley_terry(const kernels::BradleyTerryArgs& a) {
@@ -680,6 +689,25 @@ void CudaOps::bradley_terry(const kernels::BradleyTerryArgs& a) {
   cuda::bradley_terry(out<double>(a.sums), a.d_scores.empty() ? nullptr : out<float>(a.d_scores),
                       in<float>(a.scores), a.margins.empty() ? nullptr : in<float>(a.margins),
                       pairs, a.center, a.grad_scale, stream_);
+}
+
+void CudaOps::sequence_log_probs(const kernels::SequenceLogProbsArgs& a) {
+  const std::int64_t sequences = kernels::sequence_count(a);
+  if (sequences == 0) return;
+  const auto* row_loss = a.row_loss.empty() ? nullptr : in<float>(a.row_loss);
+  cuda::sequence_log_probs(out<double>(a.logps), row_loss, a.row_loss.numel(),
+                           in<std::int32_t>(a.ranges), sequences, a.mean, stream_);
+}
+
+void CudaOps::dpo_loss(const kernels::DpoLossArgs& a) {
+  const std::int64_t pairs = kernels::dpo_pairs(a);
+  auto* d_rows = a.d_rows.empty() ? nullptr : out<float>(a.d_rows);
+  if (pairs == 0 && d_rows == nullptr) return;  // nothing to add, nothing to zero
+  const auto* row_loss = a.row_loss.empty() ? nullptr : in<float>(a.row_loss);
+  const auto* ranges = pairs == 0 ? nullptr : in<std::int32_t>(a.ranges);
+  const auto* reference = pairs == 0 ? nullptr : in<double>(a.reference);
+  cuda::dpo_loss(out<double>(a.sums), d_rows, row_loss, a.row_loss.numel(), ranges, reference,
+                 pairs, a.beta, a.label_smoothing, a.loss, a.grad_scale, stream_);
 }
 
 void CudaOps::gather_dot(const kernels::GatherDotArgs& a) {

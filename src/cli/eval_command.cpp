@@ -15,10 +15,13 @@
 #include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
 #include "model/llama_model.hpp"
+#include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
+#include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
 #include "train/model_source.hpp"
 #include "train/sharded_weights.hpp"
+#include "train/train_config.hpp"
 
 namespace l3::cli {
 
@@ -113,9 +116,12 @@ int run_eval(const CommandContext& context) {
     }
   }
 
+  // A DPO checkpoint (a language model) is evaluated on preference data against the reference
+  // its manifest records.
+  const bool dpo = source.checkpoint && source.checkpoint->phase == "dpo" && adapter.empty();
   data::DatasetExpectations expect;
   expect.kind =
-      head == model::HeadKind::reward ? data::SampleKind::preference : data::SampleKind::sft;
+      head == model::HeadKind::reward || dpo ? data::SampleKind::preference : data::SampleKind::sft;
   expect.model_vocab = source.config.vocab_size;
   if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;
   expect.ignore_tokenizer_mismatch = o["ignore-tokenizer-mismatch"].as<bool>();
@@ -127,6 +133,50 @@ int run_eval(const CommandContext& context) {
   config.micro_batch = micro;
   config.drop_long = o["drop-long"].as<bool>();
   config.margin_from_data = o["margin-from-data"].as<bool>();
+  train::ReferenceTable reference;
+  if (dpo) {
+    if (sharded)
+      throw core::usage_error("eval of a DPO checkpoint does not take --shard-parameters");
+    if (!index.has_response_masks()) {
+      throw core::bad_input(
+          "its pairs have no response masks (prepared by an earlier llama3-hpc): run 'llama3-hpc "
+          "prep preference' on it again to evaluate a DPO model",
+          {.file = o["data"].as<std::string>()});
+    }
+    const nlohmann::json& settings = source.checkpoint->config;
+    model::DpoSettings dpo_settings;
+    dpo_settings.beta = settings.value("beta", dpo_settings.beta);
+    dpo_settings.label_smoothing = settings.value("label_smoothing", 0.0);
+    dpo_settings.loss = train::parse_preference_loss(settings.value("loss", "sigmoid"));
+    config.dpo = dpo_settings;
+    // The reference's log-probabilities of these pairs, by the reference model loaded into the
+    // same buffers first (checked against the digest the checkpoint recorded), then the policy.
+    const nlohmann::json& recorded = source.checkpoint->reference;
+    const std::string reference_model = recorded.value("model", "");
+    const std::string reference_digest = recorded.value("model_xxh64", "");
+    if (reference_model.empty() || reference_digest.empty()) {
+      throw core::bad_input("the DPO checkpoint records no reference model (\"reference\")",
+                            {.file = source.step_dir});
+    }
+    const train::ModelSource reference_source = train::resolve_model_source("", reference_model);
+    const std::vector<float> weights =
+        train::initialize_model(context.world, model, reference_source, 0);
+    if (train::base_digest(model.layout(), weights) != reference_digest) {
+      throw core::bad_input(
+          fmt::format("is not the reference model {} was trained against (its digest differs)",
+                      source.step_dir),
+          {.file = reference_model});
+    }
+    reference = train::compute_reference(
+        context.world, model, index, train::evaluation_loader(context.world, model, index, config),
+        {.data_xxh64 = train::data_digest(index),
+         .model_xxh64 = reference_digest,
+         .mean = dpo_settings.loss == kernels::PreferenceLoss::ipo});
+    config.reference = &reference;
+    (void)train::initialize_model(context.world, model, source, 0);
+    context.log.info("DPO reference: {} ({} pairs' log-probabilities computed)", reference_model,
+                     index.samples());
+  }
   const train::EvalMetrics m = train::evaluate(context.world, model, index, config);
   context.log.info("{} (model {}{}, {} rank{})", train::format_eval_line(m), source.origin(),
                    adapter.empty() ? "" : " with the adapter " + adapter, context.world.size(),

@@ -137,6 +137,28 @@ else
   fail "LoRA with dropout: killed and resumed bit for bit (first rc $first, rc $rc)"
 fi
 
+# --- eval of DPO checkpoints: the reference the manifest records, found without options ---
+train_eval=$(grep '"kind":"eval"' "$work/ref.jsonl" | tail -1 | grep -o '"loss":[^,]*' | cut -d: -f2)
+run 2 eval --init "$work/ref/step-00000012" --data "$work/pref" --micro-batch 2
+rc=$?
+eval_loss=$(grep -o '"loss":[^,]*' "$work/last.out" | cut -d: -f2)
+if [[ $rc -eq 0 ]] && grep -q '"rewards/accuracies"' "$work/last.out" &&
+  awk -v a="$eval_loss" -v b="$train_eval" 'BEGIN {d = (a - b) / b; if (d < 0) d = -d; exit !(d < 1e-5)}'; then
+  pass "eval of the DPO checkpoint: the training's validation loss ($eval_loss), TRL's names"
+else
+  fail "eval of the DPO checkpoint (rc $rc, loss '$eval_loss', training's '$train_eval')"
+  tail -3 "$work/last.err"
+fi
+run 1 eval --init "$work/lora/step-00000012" --data "$work/pref"
+rc=$?
+eval_accuracy=$(grep -o '"rewards/accuracies":[^,]*' "$work/last.out" | cut -d: -f2)
+if [[ $rc -eq 0 ]] && awk -v a="$eval_accuracy" 'BEGIN {exit !(a > 0.5)}'; then
+  pass "eval of the LoRA DPO checkpoint against its base (reward accuracy $eval_accuracy)"
+else
+  fail "eval of the LoRA DPO checkpoint (rc $rc, accuracy '$eval_accuracy')"
+  tail -3 "$work/last.err"
+fi
+
 # --- options that cannot work: one-line errors, exit 2 ---
 run 1 "${dpo_args[@]}" --ckpt-dir "$work/bad" --loss ipo --label-smoothing 0.1
 rc=$?

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "catch.hpp"
 #include "gpu_test_support.hpp"
@@ -15,6 +17,7 @@
 #include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/dpo_loss.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gather_dot.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -574,6 +577,95 @@ TEST_CASE("fused lm_head + masked cross-entropy", "[gpu]") {
   CHECK(std::all_of(zeros.begin(), zeros.end(), [](float x) { return x == 0.0F; }));
 }
 
+TEST_CASE("fused lm_head cross-entropy: per-row losses and gradient weights", "[gpu]") {
+  // DPO's use of the op: each counted row's loss read out (row_loss), each row's gradient weighed
+  // by its sequence's (row_scale: of either sign, some 0), the summed loss optional.
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  const std::int64_t vocab = GENERATE(5000, 5001);
+  const std::int64_t hidden = vocab == 5000 ? 128 : 100;
+  INFO("vocab " << vocab << ", hidden " << hidden);
+  const std::int64_t n = 200;
+  l3::test::Random rnd(112);
+  const auto h = round_bf16(rnd.normal(n * hidden)),
+             w = round_bf16(rnd.normal(vocab * hidden, 0.1F));
+  const auto targets = rnd.integers(n, static_cast<std::int32_t>(vocab));
+  std::vector<std::int32_t> rows, row_targets;  // every third position is not counted
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % 3 == 0) continue;
+    rows.push_back(static_cast<std::int32_t>(i));
+    row_targets.push_back(targets[i]);
+  }
+  const auto counted = static_cast<std::int64_t>(rows.size());
+  auto row_scale = rnd.uniform(counted, -2.0F, 2.0F);
+  for (std::size_t c = 0; c < row_scale.size(); c += 7) row_scale[c] = 0.0F;
+  const float scale = 0.01F;
+  std::vector<float> dh(n * hidden), dw(vocab * hidden, 0.0F), row_loss(counted);
+  const auto cpu =
+      l3::kernels::cpu::lm_head_cross_entropy(dh, dw, h, w, rows, row_targets, vocab, hidden, scale,
+                                              {.loss = row_loss, .scale = row_scale});
+
+  const auto gh = upload(gpu, h, {n, hidden}), gw = upload(gpu, w, {vocab, hidden});
+  const auto gr = upload_raw(gpu, rows), gt = upload_raw(gpu, row_targets);
+  const auto gscale = upload(gpu, row_scale, DType::f32);
+  const auto gdh = poisoned(gpu, {n, hidden});
+  const auto gdw = upload(gpu, std::vector<float>(vocab * hidden, 0.0F), {vocab, hidden});
+  const auto gloss = poisoned(gpu, counted, DType::f32);
+  // No loss_sum: the row losses only.
+  gpu.lm_head_cross_entropy({.dh = gdh.view(),
+                             .dw = gdw.view(),
+                             .row_loss = gloss.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.view(),
+                             .targets = gt.view(),
+                             .row_scale = gscale.view(),
+                             .grad_scale = scale});
+  const auto got = download(gpu, gloss.view());
+  expect_close("row_loss", got, row_loss, 1e-4);
+  double total = 0.0;
+  for (const float x : got) total += static_cast<double>(x);
+  CHECK(total == Approx(cpu.loss).epsilon(1e-4));
+  expect_close("dh (weighted rows)", download(gpu, gdh.view()), dh, 2e-2);
+  expect_close("dw (weighted rows)", download(gpu, gdw.view()), dw, 2e-2);
+  // Rows weighed 0 give nothing to dh.
+  const auto gdh_host = download(gpu, gdh.view());
+  for (std::size_t c = 0; c < row_scale.size(); c += 7) {
+    const auto at = static_cast<std::size_t>(rows[c]) * static_cast<std::size_t>(hidden);
+    CHECK(std::all_of(gdh_host.begin() + static_cast<std::ptrdiff_t>(at),
+                      gdh_host.begin() + static_cast<std::ptrdiff_t>(at + hidden),
+                      [](float x) { return x == 0.0F; }));
+  }
+
+  // The forward with both the sum and the row losses: row_scale does not weigh the loss.
+  const auto gsum = upload_raw(gpu, std::vector<double>{1.5});
+  const auto gloss2 = poisoned(gpu, counted, DType::f32);
+  gpu.lm_head_cross_entropy({.loss_sum = gsum.view(),
+                             .row_loss = gloss2.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.view(),
+                             .targets = gt.view(),
+                             .row_scale = gscale.view()});
+  CHECK(download_raw<double>(gpu, gsum.view()).at(0) - 1.5 == Approx(cpu.loss).epsilon(1e-4));
+  CHECK((download(gpu, gloss2.view()) == got));  // the same kernels: the same values
+  // Without row_scale: the unweighted gradient, as before.
+  std::vector<float> dh1(n * hidden), dw1(vocab * hidden, 0.0F);
+  (void)l3::kernels::cpu::lm_head_cross_entropy(dh1, dw1, h, w, rows, row_targets, vocab, hidden,
+                                                scale);
+  const auto gdw1 = upload(gpu, std::vector<float>(vocab * hidden, 0.0F), {vocab, hidden});
+  gpu.lm_head_cross_entropy({.dh = gdh.view(),
+                             .dw = gdw1.view(),
+                             .row_loss = gloss2.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.view(),
+                             .targets = gt.view(),
+                             .grad_scale = scale});
+  expect_close("dh (unweighted)", download(gpu, gdh.view()), dh1, 2e-2);
+  expect_close("dw (unweighted)", download(gpu, gdw1.view()), dw1, 2e-2);
+}
+
 TEST_CASE("weight gradients add into fp32 buffers without a bf16 rounding", "[gpu]") {
   // --grad-accum-dtype fp32: every op that adds into a weight gradient (GEMM dW, embedding,
   // RMSNorm, score head, lm_head) takes an fp32 buffer too. Each buffer starts at values bf16
@@ -723,6 +815,165 @@ TEST_CASE("Bradley-Terry loss on the device", "[gpu]") {
   const auto psums = download_raw<double>(gpu, gp.view());
   CHECK(psums[0] == Approx(plain.loss).epsilon(1e-12));
   CHECK(psums[1] == static_cast<double>(plain.correct));
+}
+
+namespace {
+
+// Counted rows for 2P sequences of DPO: segments of 0 to 8 rows with gaps of 0 or 1 rows between
+// them (rows of no sequence) and sequence 5 empty; the sequences take the segments in a shuffled
+// order (chosen and rejected need not be neighbours). Returns the ranges; `rows` gets C.
+std::vector<l3::kernels::cpu::RowRange> dpo_ranges(l3::test::Random& rnd, std::int64_t sequences,
+                                                   std::int64_t& rows) {
+  const auto lengths = rnd.integers(sequences, 9);
+  const auto gaps = rnd.integers(sequences, 2);
+  std::vector<l3::kernels::cpu::RowRange> segments;
+  std::int32_t at = 0;
+  for (std::int64_t s = 0; s < sequences; ++s) {
+    at += gaps[s];
+    const std::int32_t length = s == 5 ? 0 : lengths[s];
+    segments.push_back({at, at + length});
+    at += length;
+  }
+  rows = at + 3;  // and a tail of rows of no sequence
+  const auto order = rnd.integers(sequences, 1 << 30);
+  std::vector<std::size_t> index(segments.size());
+  for (std::size_t i = 0; i < index.size(); ++i) index[i] = i;
+  std::sort(index.begin(), index.end(), [&](std::size_t a, std::size_t b) {
+    return std::pair(order[a], a) < std::pair(order[b], b);
+  });
+  std::vector<l3::kernels::cpu::RowRange> ranges;
+  for (const std::size_t i : index) ranges.push_back(segments[i]);
+  return ranges;
+}
+
+l3::kernels::Buffer upload_ranges(l3::cuda::CudaOps& gpu,
+                                  const std::vector<l3::kernels::cpu::RowRange>& ranges) {
+  std::vector<std::int32_t> flat;
+  for (const auto& r : ranges) {
+    flat.push_back(r.begin);
+    flat.push_back(r.end);
+  }
+  auto b = upload_raw(gpu, flat);
+  b.reshape({static_cast<std::int64_t>(ranges.size()), 2});
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("sequence log-probabilities and the DPO loss on the device", "[gpu]") {
+  INFO("seed " << l3::test::test_seed());
+  namespace cpu = l3::kernels::cpu;
+  l3::cuda::CudaOps gpu;
+  const std::int64_t pairs = 300;  // more than one chunk of the block's threads
+  l3::test::Random rnd(113);
+  std::int64_t rows = 0;
+  const auto ranges = dpo_ranges(rnd, 2 * pairs, rows);
+  INFO(rows << " counted rows");
+  const auto row_loss = rnd.uniform(rows, 0.0F, 6.0F);
+  const auto gloss = upload(gpu, row_loss, DType::f32);
+  const auto granges = upload_ranges(gpu, ranges);
+  const std::vector<double> nan_logps(2 * pairs, std::numeric_limits<double>::quiet_NaN());
+
+  // Log-probabilities: sums and per-token means (an empty range: 0).
+  for (const bool mean : {false, true}) {
+    INFO("mean " << mean);
+    std::vector<double> want(2 * pairs);
+    cpu::sequence_log_probs(want, row_loss, ranges, mean);
+    const auto glogps = upload_raw(gpu, nan_logps);
+    gpu.sequence_log_probs(
+        {.logps = glogps.view(), .row_loss = gloss.view(), .ranges = granges.view(), .mean = mean});
+    const auto got = download_raw<double>(gpu, glogps.view());
+    std::int64_t empty = 0;
+    for (std::size_t s = 0; s < got.size(); ++s) {
+      INFO("sequence " << s);
+      REQUIRE(got[s] == Approx(want[s]).epsilon(1e-12));
+      if (ranges[s].begin == ranges[s].end) {
+        ++empty;
+        CHECK(got[s] == 0.0);
+      }
+    }
+    CHECK(empty >= 1);
+  }
+
+  // The reference model's log-probabilities: those of other row losses near the policy's.
+  const auto kind = GENERATE(cpu::DpoKind::sigmoid, cpu::DpoKind::ipo);
+  const bool ipo = kind == cpu::DpoKind::ipo;
+  INFO((ipo ? "ipo" : "sigmoid"));
+  auto ref_loss = row_loss;
+  const auto noise = rnd.uniform(rows, -0.5F, 0.5F);
+  for (std::size_t i = 0; i < ref_loss.size(); ++i) ref_loss[i] += noise[i];
+  std::vector<double> reference(2 * pairs);
+  cpu::sequence_log_probs(reference, ref_loss, ranges, ipo);
+  const auto greference = upload_raw(gpu, reference);
+  const double beta = 0.1;
+  const double smoothing = ipo ? 0.0 : 0.1;
+  const float scale = 1.0F / 300.0F;
+  const auto loss = ipo ? l3::kernels::PreferenceLoss::ipo : l3::kernels::PreferenceLoss::sigmoid;
+
+  std::vector<float> d_rows(rows);
+  const auto want =
+      cpu::dpo_loss(row_loss, ranges, reference, beta, smoothing, kind, scale, d_rows);
+  // The sums add to what they hold.
+  const auto gsums = upload_raw(gpu, std::vector<double>{1.0, 2.0, 3.0, 4.0});
+  const auto gd = poisoned(gpu, rows, DType::f32);
+  gpu.dpo_loss({.sums = gsums.view(),
+                .d_rows = gd.view(),
+                .row_loss = gloss.view(),
+                .ranges = granges.view(),
+                .reference = greference.view(),
+                .beta = beta,
+                .label_smoothing = smoothing,
+                .loss = loss,
+                .grad_scale = scale});
+  const auto sums = download_raw<double>(gpu, gsums.view());
+  CHECK(sums[0] - 1.0 == Approx(want.loss).epsilon(1e-12));
+  CHECK(sums[1] - 2.0 == static_cast<double>(want.correct));
+  CHECK(sums[2] - 3.0 == Approx(want.margin).epsilon(1e-12));
+  CHECK(sums[3] - 4.0 == Approx(want.chosen).epsilon(1e-12));
+  const auto got = download(gpu, gd.view());
+  expect_close("d_rows", got, d_rows, 1e-6);
+  // Rows of no sequence: 0 (the output started as NaN).
+  std::vector<bool> covered(static_cast<std::size_t>(rows), false);
+  for (const auto& r : ranges)
+    for (std::int32_t i = r.begin; i < r.end; ++i) covered[static_cast<std::size_t>(i)] = true;
+  std::int64_t uncovered = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (covered[i]) continue;
+    ++uncovered;
+    REQUIRE(got[i] == 0.0F);
+  }
+  CHECK(uncovered >= 3);
+
+  // Without d_rows: the same sums.
+  const auto gplain = upload_raw(gpu, std::vector<double>{0.0, 0.0, 0.0, 0.0});
+  gpu.dpo_loss({.sums = gplain.view(),
+                .row_loss = gloss.view(),
+                .ranges = granges.view(),
+                .reference = greference.view(),
+                .beta = beta,
+                .label_smoothing = smoothing,
+                .loss = loss,
+                .grad_scale = scale});
+  const auto plain = download_raw<double>(gpu, gplain.view());
+  CHECK(plain[0] == Approx(want.loss).epsilon(1e-12));
+  CHECK(plain[1] == static_cast<double>(want.correct));
+  CHECK(plain[2] == Approx(want.margin).epsilon(1e-12));
+  CHECK(plain[3] == Approx(want.chosen).epsilon(1e-12));
+
+  // No pairs: d_rows all 0, the sums unchanged.
+  const auto gnone = poisoned(gpu, rows, DType::f32);
+  gpu.dpo_loss({.sums = gplain.view(),
+                .d_rows = gnone.view(),
+                .row_loss = gloss.view(),
+                .ranges = granges.first(0),
+                .reference = greference.first(0),
+                .beta = beta,
+                .label_smoothing = smoothing,
+                .loss = loss,
+                .grad_scale = scale});
+  CHECK((download_raw<double>(gpu, gplain.view()) == plain));
+  const auto zeros = download(gpu, gnone.view());
+  CHECK(std::all_of(zeros.begin(), zeros.end(), [](float x) { return x == 0.0F; }));
 }
 
 TEST_CASE("add_into: bf16 sums taken in fp32 and rounded once, or kept in fp32", "[gpu]") {
