@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Submit the whole pipeline as chained Slurm jobs: prep -> sft -> reward, each starting only when
-# the previous one finished successfully (--dependency=afterok; a failed stage cancels the rest).
-#
-#   jobs/pipeline.sh [--prep DATA.ini]... [--sft SFT.ini] [--reward REWARD.ini] [-- SBATCH_OPTIONS]
+# Submit the whole pipeline as chained Slurm jobs: prep -> sft -> reward and/or dpo, each starting
+# when the one it needs finished successfully (--dependency=afterok; a failed stage cancels the rest).
+# dpo needs the SFT stage only: it runs beside the reward stage when both are given.
+#   jobs/pipeline.sh [--prep DATA.ini]... [--sft SFT.ini] [--reward RM.ini] [--dpo DPO.ini] [-- SBATCH]
 #
 # Stages not given are left out (at least one is needed). SBATCH_OPTIONS go to every sbatch, e.g.
 #   jobs/pipeline.sh --prep sft-data.ini --prep pairs.ini --sft sft.ini --reward rm.ini \
@@ -19,21 +19,24 @@ usage() {
 preps=()
 sft=""
 reward=""
+dpo=""
 while (($#)); do
   case $1 in
     --prep) preps+=("${2:?--prep needs a config file}"); shift 2 ;;
     --sft) sft=${2:?--sft needs a config file}; shift 2 ;;
     --reward) reward=${2:?--reward needs a config file}; shift 2 ;;
+    --dpo) dpo=${2:?--dpo needs a config file}; shift 2 ;;
     -h | --help) usage 0 ;;
     --) shift; break ;;
     *) echo "pipeline.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
 done
 sbatch_options=("$@")
-((${#preps[@]})) || [[ -n $sft || -n $reward ]] || { echo "pipeline.sh: no stage given" >&2; usage 2; }
+((${#preps[@]})) || [[ -n $sft || -n $reward || -n $dpo ]] || { echo "pipeline.sh: no stage given" >&2; usage 2; }
 stages=("${preps[@]}")
 [[ -n $sft ]] && stages+=("$sft")
 [[ -n $reward ]] && stages+=("$reward")
+[[ -n $dpo ]] && stages+=("$dpo")
 for config in "${stages[@]}"; do
   [[ -f $config && -r $config ]] || { echo "pipeline.sh: config file '$config' not found or not readable" >&2; exit 2; }
 done
@@ -53,5 +56,10 @@ submit() {
 
 ((${#preps[@]})) && submit prep prep.sbatch "${preps[@]}"
 [[ -n $sft ]] && submit sft sft.sbatch "$sft"
+after_sft=$previous
 [[ -n $reward ]] && submit reward reward.sbatch "$reward"
+if [[ -n $dpo ]]; then
+  previous=$after_sft
+  submit dpo dpo.sbatch "$dpo"
+fi
 exit 0

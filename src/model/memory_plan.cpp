@@ -38,11 +38,13 @@ Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_
   const std::int64_t kv = c.kv_size();
   Workspace w;
   // Two sets of inputs (alternating micro-batches): tokens, positions, counted rows, their
-  // targets, score rows; the segment table; margins (at most N / 2 pairs). Then the scores,
-  // their gradients and the loss sums.
-  const std::int64_t input_set =
-      bytes_of(DType::i32, n) * 5 + bytes_of(DType::i32, n + 1) + bytes_of(DType::f32, n / 2);
-  w.inputs = input_set * 2 + bytes_of(DType::f32, n) * 2 +
+  // targets, score rows; the segment table; margins (at most N / 2 pairs); DPO's sequences'
+  // row ranges and reference log-probabilities. Then the scores and their gradients, DPO's
+  // per-row losses, their gradients and the sequences' log-probabilities, and the loss sums.
+  const std::int64_t input_set = bytes_of(DType::i32, n) * 5 + bytes_of(DType::i32, n + 1) +
+                                 bytes_of(DType::f32, n / 2) + bytes_of(DType::i32, 2 * n) +
+                                 bytes_of(DType::f64, n);
+  w.inputs = input_set * 2 + bytes_of(DType::f32, n) * 4 + bytes_of(DType::f64, n) +
              bytes_of(DType::f64, LlamaModel::kLossSumElements);
   w.residual = bytes_of(act, n * h) * (c.n_layers + 1);
   const std::int64_t block = bytes_of(act, n * h) * 3 + bytes_of(DType::f32, n) * 2 +
