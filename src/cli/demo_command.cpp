@@ -90,6 +90,17 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
     add({"--model", o["model"].as<std::string>(), "--data", root + "/sft/train", "--val-data",
          root + "/sft/val", "--steps", std::to_string(o["sft-steps"].as<std::int64_t>()), "--lr",
          "3e-3", "--warmup", "20"});
+  } else if (phase == l3::Phase::dpo) {
+    // The policy itself on the same pairs, from the SFT checkpoint (also the reference).
+    add({"--init", root + "/ckpt/sft", "--data", root + "/preferences/train", "--val-data",
+         root + "/preferences/val", "--steps", std::to_string(o["dpo-steps"].as<std::int64_t>()),
+         "--warmup", "10", "--beta", "0.1"});
+    if (o["lora"].as<bool>()) {
+      add({"--lr", "3e-3", "--lora-rank", std::to_string(kDemoLoraRank), "--lora-alpha",
+           std::to_string(2 * kDemoLoraRank)});
+    } else {
+      add({"--lr", "3e-4"});
+    }
   } else {
     add({"--init", root + "/ckpt/sft", "--data", root + "/preferences/train", "--val-data",
          root + "/preferences/val", "--steps", std::to_string(o["reward-steps"].as<std::int64_t>()),
@@ -141,9 +152,12 @@ void declare_demo_options(po::options_description& options,
       "reward-steps",
       core::number<std::int64_t>(core::between(1, 1e9))->default_value(400)->value_name("N"),
       "reward-model optimizer steps")(
+      "dpo-steps",
+      core::number<std::int64_t>(core::between(0, 1e9))->default_value(100)->value_name("N"),
+      "DPO optimizer steps of the policy on the same pairs (0: no DPO stage)")(
       "lora", po::bool_switch(),
-      "train the reward model as LoRA adapters (rank 8 on every projection) and its score head on "
-      "the frozen SFT model, and write them as a PEFT adapter directory");
+      "train the reward model (and the DPO policy) as LoRA adapters (rank 8 on every projection) "
+      "on the frozen SFT model, and write the reward model's as a PEFT adapter directory");
 }
 
 int run_demo(const CommandContext& context) {
@@ -162,8 +176,8 @@ int run_demo(const CommandContext& context) {
       fs::create_directories(root + "/input");
       core::write_file_atomically((fs::path(root) / ".llama3-hpc-demo").string(),
                                   "a llama3-hpc demo directory: the demo replaces what is here\n");
-      for (const char* old :
-           {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl", "reward-adapter"})
+      for (const char* old : {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl",
+                              "metrics-dpo.jsonl", "reward-adapter"})
         core::remove_tree(fs::path(root) / old);
       write_demo_sft(root + "/input/instructions.jsonl", kRecords);
       write_demo_preferences(root + "/input/preferences.jsonl", kRecords);
@@ -193,6 +207,15 @@ int run_demo(const CommandContext& context) {
     l3::Session session(world.comm(), demo_config(context, l3::Phase::reward, root));
     reward = session.run();
   }
+  const bool with_dpo = context.options["dpo-steps"].as<std::int64_t>() > 0;
+  l3::RunSummary dpo;
+  if (with_dpo) {
+    context.log.info("demo: DPO of the SFT model on the same pairs{}",
+                     lora ? " (LoRA adapters; the frozen SFT model is the reference)"
+                          : " (the SFT model is the reference)");
+    l3::Session session(world.comm(), demo_config(context, l3::Phase::dpo, root));
+    dpo = session.run();
+  }
 
   if (world.is_root()) {
     const std::string samples = generation_samples(sft.checkpoint, context.log);
@@ -208,12 +231,23 @@ int run_demo(const CommandContext& context) {
     }
     const l3::EvalMetrics& s = *sft.last_eval;
     const l3::EvalMetrics& r = *reward.last_eval;
+    std::string dpo_line;
+    if (with_dpo && dpo.last_eval) {
+      const l3::EvalMetrics& d = *dpo.last_eval;
+      dpo_line = fmt::format(
+          "  DPO     {} steps: validation reward accuracy {:.1f}% (margin {:.2f}; chosen {:.2f}, "
+          "rejected {:.2f}; loss {:.3f}, log 2 at the start) on {} pairs\n"
+          "          checkpoint {}\n",
+          dpo.steps, 100.0 * d.accuracy, d.margin, d.chosen_reward, d.rejected_reward, d.loss,
+          d.pairs, dpo.checkpoint);
+    }
     std::cout << fmt::format(
         "\nllama3-hpc demo: done in {} on {} rank{}\n"
         "  SFT     {} steps: validation loss {:.3f} (perplexity {:.2f}) on {} answer tokens\n"
         "          checkpoint {}, which answers:\n{}"
         "  reward  {} steps: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
         "          checkpoint {}{}\n"
+        "{}"
         "  data, metrics (metrics-*.jsonl) and checkpoints are in {}\n\n"
         "Next, with your own data (JSONL records as in docs/FORMAT.md) and Meta's tokenizer:\n"
         "  llama3-hpc prep sft --input my-sft.jsonl --tokenizer tokenizer.model --output sft "
@@ -225,10 +259,12 @@ int run_demo(const CommandContext& context) {
         "  mpiexec -n 4 llama3-hpc reward --init ckpt/sft --data pairs/train --val-data "
         "pairs/val \\\n      --global-batch 64 --steps 500 --ckpt-dir ckpt/reward\n"
         "  llama3-hpc eval --init ckpt/reward --data pairs/val\n"
+        "  mpiexec -n 4 llama3-hpc dpo --init ckpt/sft --data pairs/train --val-data pairs/val "
+        "\\\n      --global-batch 64 --steps 500 --lr 5e-7 --ckpt-dir ckpt/dpo\n"
         "See docs/TRAINING.md for every option.\n",
         train::format_duration(watch.seconds()), world.size(), world.size() == 1 ? "" : "s",
         sft.steps, s.loss, s.perplexity, s.tokens, sft.checkpoint, samples, reward.steps,
-        100.0 * r.accuracy, r.margin, r.pairs, reward.checkpoint, lora_note, root);
+        100.0 * r.accuracy, r.margin, r.pairs, reward.checkpoint, lora_note, dpo_line, root);
   }
   return core::kExitOk;
 }

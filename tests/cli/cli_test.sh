@@ -13,7 +13,7 @@ source "$(dirname "$0")/../support/cli_checks.sh"
 
 # --- help and version: no MPI needed ---
 run "top-level help" 0 "$bin" --help
-for cmd in prep sft reward eval generate score export tokenize ckpt demo info; do
+for cmd in prep sft reward dpo eval generate score export tokenize ckpt demo info; do
   expect "help lists $cmd" contains "$out" "  $cmd "
 done
 run "no arguments is a usage error" 2 "$bin"
@@ -33,6 +33,8 @@ run "sft help" 0 "$bin" sft --help
 expect "shows the batch options" contains "$out" "--global-batch"
 run "reward help" 0 "$bin" reward --help
 expect "shows the reward options" contains "$out" "--center-rewards"
+run "dpo help" 0 "$bin" dpo --help
+expect "shows the DPO options" contains "$out" "--label-smoothing"
 
 # --- usage errors: one line, exit 2 ---
 run "unknown command" 2 "$bin" train
@@ -102,8 +104,9 @@ expect "names the missing file" contains "$err" "$work/missing.ini: cannot read:
 run "info on 2 ranks" 0 "$mpiexec" -n 2 "$bin" info
 expect "2 ranks" contains "$out" "world:     2 ranks on 1 node"
 expect "printed once" [ "$(printf '%s\n' "$out" | grep -c '^world:')" = 1 ]
-run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" --sft-steps 20 --reward-steps 10
-expect "reports both phases" contains "$out" "reward  10 steps: validation accuracy"
+run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" --sft-steps 20 --reward-steps 10 --dpo-steps 5
+expect "reports the reward phase" contains "$out" "reward  10 steps: validation accuracy"
+expect "reports the DPO phase" contains "$out" "DPO     5 steps: validation reward accuracy"
 expect "says what to run next" contains "$out" "llama3-hpc prep sft --input my-sft.jsonl"
 run "score --json of the demo's reward model" 0 "$bin" score --init "$work/demo/ckpt/reward" --prompt "Reverse abc." --response "cba" --json
 expect "the reward, the token count and the ids scored" python3 -c '
@@ -126,7 +129,8 @@ expect "printed once" [ "$(lines "$out")" = 1 ]
 printf '%s\n' '{"prompt":"a","response":"b"}' 'not json' >"$work/score-bad.jsonl"
 run "a bad record with sharded parameters" 2 "$mpiexec" -n 2 "$bin" score --init "$work/demo/ckpt/reward" --input "$work/score-bad.jsonl" --shard-parameters
 expect "names file:line" contains "$err" "score-bad.jsonl:2"
-run "demo --lora" 0 "$bin" demo --lora --workdir "$work/demo-lora" --sft-steps 20 --reward-steps 10
+run "demo --lora" 0 "$bin" demo --lora --workdir "$work/demo-lora" --sft-steps 20 --reward-steps 10 --dpo-steps 0
+expect "no DPO stage with --dpo-steps 0" [ "$(grep -c "^  DPO  " <<<"$out")" = 0 ]
 expect "reports the adapters" contains "$out" "(LoRA: "
 expect "the PEFT adapter" contains "$(cat "$work/demo-lora/reward-adapter/adapter_config.json")" '"task_type": "SEQ_CLS"'
 run "score of the LoRA reward checkpoint" 0 "$bin" score --init "$work/demo-lora/ckpt/reward" --prompt "Reverse abc." --response "cba" --json

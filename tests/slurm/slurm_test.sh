@@ -10,7 +10,8 @@
 #             with the uninterrupted run's weights; the same from the node-local level
 #             (--ckpt-local) when it is newer than ckpt-dir; a job failing on every attempt fails
 #             loudly
-#   pipeline  jobs/pipeline.sh: prep -> sft -> reward end to end; a failed stage cancels the rest
+#   pipeline  jobs/pipeline.sh: prep -> sft -> reward and dpo end to end; a failed stage cancels
+#             the rest
 #
 #   slurm_test.sh CASE LLAMA3_HPC SOURCE_DIR MPIEXEC
 set -uo pipefail
@@ -250,18 +251,28 @@ pipeline)
     echo "ckpt-dir = $work/ckpt-rm"
     echo "no-progress = true"
   } >reward.ini
+  {
+    sed -e "s|ckpt-rm|ckpt-dpo|" reward.ini
+    echo "log-every = 1"
+  } >dpo.ini
   mapfile -t jobs < <("$source_dir/jobs/pipeline.sh" --prep prep-sft.ini --prep prep-pref.ini \
-    --sft sft.ini --reward reward.ini -- --ntasks-per-node=2)
-  check "pipeline.sh submits 3 jobs (${jobs[*]})" test "${#jobs[@]}" = 3
+    --sft sft.ini --reward reward.ini --dpo dpo.ini -- --ntasks-per-node=2)
+  check "pipeline.sh submits 4 jobs (${jobs[*]})" test "${#jobs[@]}" = 4
   sft_id=${jobs[1]#sft }
   check "sft waits for prep (afterok)" grep -q "afterok:${jobs[0]#prep }" <<<"$(job_field "$sft_id" Dependency)"
   reward_id=${jobs[2]#reward }
+  dpo_id=${jobs[3]#dpo }
+  check "dpo waits for sft, not for reward" grep -q "afterok:$sft_id" <<<"$(job_field "$dpo_id" Dependency)"
   state=$(wait_job "$reward_id" 240)
+  state=$(wait_job "$dpo_id" 240)
   for job in "${jobs[@]}"; do
     check "stage ${job% *} (job ${job#* }) completed" test "$(job_state "${job#* }")" = COMPLETED
   done
   check "the reward model's checkpoint verifies" "$bin" ckpt verify --quick ckpt-rm
   check "... and started from the SFT model" grep -q "model from $work/ckpt-sft" "l3-reward-$reward_id.out"
+  check "the DPO policy's checkpoint verifies" "$bin" ckpt verify --quick ckpt-dpo
+  check "... its first step's loss log 2 against the SFT model" \
+    grep -q "step 1/8 | loss 0.6931 | acc 0.000" "l3-dpo-$dpo_id.out"
   [[ $failures -eq 0 ]] || for f in l3-*.out; do show_output "$f"; done
   # A failing first stage: the later ones are cancelled, not left pending.
   printf 'kind = sft\ninput = %s/missing.jsonl\ntokenizer = bytes\noutput = %s/x\n' "$work" "$work" >bad-prep.ini
