@@ -71,8 +71,8 @@ def ours(binary, variant, settings, workdir, log, steps):
     demo = os.path.join(work, "demo")
     lora = "LoRA" in variant
     run([binary, "demo", "--workdir", demo, "--model", config, "--sft-steps", str(steps[0]),
-         "--reward-steps", str(steps[1]), "--log-level", "warn"] + (["--lora"] if lora else []),
-        log)
+         "--reward-steps", str(steps[1]), "--dpo-steps", "0", "--log-level", "warn"]
+        + (["--lora"] if lora else []), log)
     row = {"variant": variant}
     for phase in ("sft", "reward"):
         export = os.path.join(work, f"hf-{phase}")
