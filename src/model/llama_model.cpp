@@ -245,18 +245,40 @@ void LlamaModel::adapter_backward(int layer, const BlockAdapters& adapters, Lora
 
 void LlamaModel::idle_pass(bool backward) {
   if (parameter_window_ == nullptr) return;
-  const ModelConfig& c = config();
-  const auto use = [&](std::int64_t offset, Pass pass) {
-    const HeldGroup held = hold(offset, pass);
-  };
   // forward_backbone, then the head's loss (sft, reward), then backward_backbone.
-  use(layout_.embedding(), Pass::forward);
-  for (int l = 0; l < c.n_layers; ++l) use(layout_.block(l).q_proj, Pass::forward);
-  use(layout_.final_norm(), Pass::forward);
+  idle_forward();
   const bool language_model = layout_.head() == HeadKind::language_model;
-  use(language_model ? layout_.lm_head() : layout_.score(),
-      backward ? Pass::backward : Pass::forward);
+  idle_use(language_model ? layout_.lm_head() : layout_.score(),
+           backward ? Pass::backward : Pass::forward);
+  if (backward) idle_backward();
+}
+
+void LlamaModel::idle_dpo_pass(bool backward, bool reference_pass) {
+  if (parameter_window_ == nullptr) return;
+  // dpo(): the reference's forward and log-probabilities (LoRA), the policy's, then the
+  // lm_head's backward and backward_backbone.
+  for (int pass = reference_pass ? 0 : 1; pass < 2; ++pass) {
+    idle_forward();
+    idle_use(layout_.lm_head(), Pass::forward);
+  }
   if (!backward) return;
+  idle_use(layout_.lm_head(), Pass::backward);
+  idle_backward();
+}
+
+void LlamaModel::idle_use(std::int64_t offset, Pass pass) const {
+  const HeldGroup held = hold(offset, pass);
+}
+
+void LlamaModel::idle_forward() const {
+  idle_use(layout_.embedding(), Pass::forward);
+  for (int l = 0; l < config().n_layers; ++l) idle_use(layout_.block(l).q_proj, Pass::forward);
+  idle_use(layout_.final_norm(), Pass::forward);
+}
+
+void LlamaModel::idle_backward() {
+  const ModelConfig& c = config();
+  const auto use = [&](std::int64_t offset, Pass pass) { idle_use(offset, pass); };
   // The gradients are reported complete where backward_backbone reports them, so that the
   // gradient window's reductions keep the same order relative to the gathers on every rank.
   use(layout_.final_norm(), Pass::backward);
@@ -819,9 +841,6 @@ void LlamaModel::dpo(const Batch& batch, float grad_scale, const DpoSettings& se
   if (reference.empty() && !adapters_) {
     throw core::internal_error("DPO pass without reference log-probabilities or LoRA adapters");
   }
-  if (parameter_window_ != nullptr) {
-    throw core::internal_error("DPO pass on a model whose parameters are sharded (ZeRO-3)");
-  }
   prepare(batch, reference);
   Workspace& ws = *ws_;
   const std::int64_t pairs = batch.pairs();
@@ -863,6 +882,7 @@ void LlamaModel::dpo(const Batch& batch, float grad_scale, const DpoSettings& se
     // The lm_head's backward with each row weighted by its sequence's share of the loss (the
     // logits are built again, a block at a time, rather than kept for the whole batch).
     const core::TraceRange range("lm_head backward (DPO)");
+    const HeldGroup held = hold(layout_.lm_head(), Pass::backward);
     const std::int64_t n = ws.n;
     const std::int64_t v = c.vocab_size;
     const std::int64_t h = c.hidden_size;

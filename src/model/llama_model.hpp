@@ -165,6 +165,9 @@ class LlamaModel {
   // so that a window gathering weights collectively stays in step with the other ranks; with a
   // backward, the gradients are reported complete (untouched) where a backward reports them.
   void idle_pass(bool backward);
+  // The same for a DPO micro-batch (dpo_accumulate, dpo_eval_accumulate): `reference_pass`
+  // when the model computes its reference itself (LoRA: no reference log-probabilities given).
+  void idle_dpo_pass(bool backward, bool reference_pass);
 
   // SFT. The loss is the summed cross-entropy of the counted tokens; gradients are those of
   // grad_scale * loss (grad_scale = 1 / counted tokens of the whole global batch).
@@ -268,6 +271,10 @@ class LlamaModel {
   [[nodiscard]] std::int64_t block_ready_offset(int layer) const;
   [[nodiscard]] std::size_t group_at(std::int64_t offset) const;
   void require_own_parameters(std::string_view what) const;  // internal Error without
+  // idle_pass's pieces: one group held and released; forward_backbone's; backward_backbone's.
+  void idle_use(std::int64_t offset, Pass pass) const;
+  void idle_forward() const;
+  void idle_backward();
   [[nodiscard]] HeldGroup hold(std::int64_t offset, Pass pass) const {
     return {parameter_window_, group_at(offset), pass};
   }

@@ -78,7 +78,10 @@ ReferenceTable compute_reference(const dist::World& world, model::LlamaModel& mo
   for (std::int64_t s = 0; s < steps; ++s) {
     const data::StepData& step = source.next();
     for (const model::Batch& batch : step.micro) {
-      if (batch.pairs() == 0) continue;
+      if (batch.pairs() == 0) {
+        model.idle_pass(false);  // ZeRO-3: the other ranks' gathers need this rank
+        continue;
+      }
       const std::vector<double> logps = model.sequence_log_probs(batch, key.mean);
       const std::size_t p_count = batch.pair_ids.size();
       for (std::size_t p = 0; p < p_count; ++p) {

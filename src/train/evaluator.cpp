@@ -56,7 +56,12 @@ EvalMetrics evaluate(const dist::World& world, model::LlamaModel& model,
     const data::StepData& step = loader.next();
     for (const model::Batch& batch : step.micro) {
       if (sft ? batch.document_tokens == 0 : batch.pairs() == 0) {
-        model.idle_pass(false);  // ZeRO-3: the other ranks' gathers need this rank
+        // ZeRO-3: the other ranks' gathers need this rank
+        if (dpo) {
+          model.idle_dpo_pass(false, config.reference == nullptr);
+        } else {
+          model.idle_pass(false);
+        }
         continue;
       }
       if (sft) {

@@ -53,9 +53,6 @@ void TrainConfig::validate() const {
   lora.validate();
   require(init_adapter.empty() || lora.enabled(),
           "--init-adapter needs LoRA: --lora-rank R (the adapter's rank)");
-  require(phase != Phase::dpo || !shard_parameters,
-          "dpo does not shard parameters yet (--shard-parameters): use --shard-gradients (ZeRO-2) "
-          "or LoRA");
   require(reference_dir.empty() || phase == Phase::dpo, "--reference-dir is for dpo runs");
   require(!lora.enabled() || shard_group_size == 0,
           "--lora-rank with --shard-group-size: LoRA shards its frozen model over all ranks "

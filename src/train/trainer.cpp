@@ -114,6 +114,8 @@ struct Trainer::Impl {
             parts->reference.empty() ? std::vector<double>{} : parts->reference.of(batch));
       } else if (!sft && batch.pairs() > 0) {
         model.reward_accumulate(batch, scale, config.center_rewards);
+      } else if (dpo) {
+        model.idle_dpo_pass(true, parts->reference.empty());  // ZeRO-3 (else nothing)
       } else {
         model.idle_pass(true);  // ZeRO-3: the other ranks' gathers need this rank (else nothing)
       }

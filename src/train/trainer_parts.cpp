@@ -511,6 +511,9 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     optimizer.load_master(
         mine, initial_weights_of_ranges(world, p.model->layout(), p.source, c.seed, mine));
     p.parallel->gather_parameters();
+    // DPO: the initial model is the reference (read once more, by the ranks in turn).
+    if (c.phase == Phase::dpo)
+      initial_digest = base_digest(world, p.source, p.model->layout(), c.seed);
   } else if (c.lora.enabled()) {
     // The frozen model, identified by its digest (read once more, by the ranks in turn, when it
     // is sharded); then fresh adapters, or the resumed ones (restored below).

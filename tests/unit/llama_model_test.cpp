@@ -466,4 +466,49 @@ TEST_CASE("a parameter window serves every weight the passes read, one group at 
   window.events.clear();
   windowed.idle_pass(true);
   CHECK(window.events == pass);
+
+  // DPO: the lm_head read twice (the rows' losses, then their weighted backward); with LoRA the
+  // reference's forward pass first. An idle rank makes the same calls.
+  for (const bool lora : {false, true}) {
+    INFO("DPO, LoRA " << lora);
+    l3::model::ModelOptions options;
+    if (lora) {
+      options.lora.rank = 2;
+      options.lora.targets = l3::model::parse_lora_targets("q,v");
+    }
+    LlamaModel dpo_served(c, HeadKind::language_model, ops, options);
+    LlamaModel dpo_windowed(c, HeadKind::language_model, ops, options);
+    dpo_served.initialize(13);
+    dpo_windowed.initialize(14);
+    if (lora) {  // the same adapters, away from zero
+      auto a = dpo_served.trainable_parameters().as<float>();
+      auto b = dpo_windowed.trainable_parameters().as<float>();
+      for (std::size_t i = 0; i < a.size(); ++i) b[i] = a[i] = 0.01F * static_cast<float>(i % 7);
+    }
+    RecordingWindow dpo_window(dpo_served.parameters().as<float>(),
+                               dpo_served.layout().gradient_groups());
+    dpo_windowed.set_parameter_window(&dpo_window);
+    BatchBuilder dpo_builder(2, 10, 0);
+    const std::vector<std::uint8_t> m5 = {0, 0, 1, 1, 1};
+    const std::vector<std::uint8_t> m4 = {0, 1, 1, 1};
+    REQUIRE(dpo_builder.add_pair(tokens_of(rnd, 5, c.vocab_size), tokens_of(rnd, 4, c.vocab_size),
+                                 0.0F, 0, m5, m4));
+    const Batch dpo_pairs = dpo_builder.finish();
+    const std::vector<double> reference =
+        lora ? std::vector<double>{} : std::vector<double>{-20.0, -15.0};
+    for (LlamaModel* m : {&dpo_served, &dpo_windowed}) {
+      m->zero_gradients();
+      m->zero_loss_sums();
+      m->dpo_accumulate(dpo_pairs, 0.5F, {}, reference);
+    }
+    CHECK(dpo_windowed.loss_sums().loss == dpo_served.loss_sums().loss);
+    const auto de = dpo_served.gradients().as<float>();
+    const auto dw = dpo_windowed.gradients().as<float>();
+    CHECK(std::equal(de.begin(), de.end(), dw.begin()));
+    CHECK(dpo_window.reads_outside == 0);
+    const std::vector<std::string> dpo_pass = dpo_window.events;
+    dpo_window.events.clear();
+    dpo_windowed.idle_dpo_pass(true, lora);
+    CHECK(dpo_window.events == dpo_pass);
+  }
 }
