@@ -121,6 +121,17 @@ int main(int argc, char** argv) {
     CHECK(strstr(l3_last_error(), "pretrain") != NULL);
     CHECK(l3_config_from_args(0, NULL, NULL) == L3_ERROR_INPUT);
     CHECK(strstr(l3_last_error(), "out is NULL") != NULL);
+    /* The DPO phase and its options. */
+    {
+      const char* dpo[] = {"dpo", "--init", "ckpt", "--data", "pairs", "--global-batch", "4",
+                           "--beta", "0.25"};
+      l3_config* dpo_config = NULL;
+      CHECK(l3_config_from_args(9, dpo, &dpo_config) == L3_OK);
+      CHECK(dpo_config != NULL && strcmp(l3_config_get(dpo_config, "beta"), "0.25") == 0);
+      CHECK(dpo_config != NULL && l3_config_set(dpo_config, "loss", "ipo") == L3_OK);
+      CHECK(dpo_config != NULL && l3_config_set(dpo_config, "loss", "kto") == L3_ERROR_INPUT);
+      l3_config_free(dpo_config);
+    }
     CHECK(l3_config_from_file("/no/such/file.ini", "sft", &config) == L3_ERROR_INPUT);
     CHECK(strstr(l3_last_error(), "/no/such/file.ini") != NULL);
 

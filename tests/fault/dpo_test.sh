@@ -184,6 +184,15 @@ else
   tail -3 "$work/last.err"
 fi
 
+# --- export: the result is a causal LM ---
+run 1 export --ckpt "$work/ref/step-00000012" --output "$work/hf-dpo"
+rc=$?
+if [[ $rc -eq 0 ]] && grep -q LlamaForCausalLM "$work/hf-dpo/config.json"; then
+  pass "export of the DPO checkpoint: a LlamaForCausalLM"
+else
+  fail "export of the DPO checkpoint (rc $rc): $(tail -1 "$work/last.err")"
+fi
+
 # --- options that cannot work: one-line errors, exit 2 ---
 run 1 "${dpo_args[@]}" --ckpt-dir "$work/bad" --loss ipo --label-smoothing 0.1
 rc=$?

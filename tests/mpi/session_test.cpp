@@ -131,6 +131,21 @@ TEST_CASE("RunConfig takes the CLI's options, config files and setters, with its
   CHECK(reward.get("center-rewards") == "0.01");
   CHECK(reward.get("global-batch") == "4");
 
+  // DPO: the phase and its options, and what does not go with it.
+  const l3::RunConfig dpo = l3::RunConfig::from_args(
+      {"dpo", "--init", "ckpt", "--data", "pairs", "--global-batch", "4", "--beta", "0.25"});
+  CHECK(dpo.phase() == l3::Phase::dpo);
+  CHECK(dpo.get("beta") == "0.25");
+  CHECK(dpo.get("loss") == "sigmoid");
+  CHECK(expect_error([&] {
+          (void)l3::RunConfig::from_args({"dpo", "--init", "ckpt", "--data", "pairs",
+                                          "--global-batch", "4", "--loss", "kto"});
+        }) == 2);
+  CHECK(expect_error([&] {
+          (void)l3::RunConfig::from_args(
+              {"reward", "--init", "ckpt", "--data", "pairs", "--global-batch", "4", "--beta", "1"});
+        }) == 2);  // a DPO option in a reward run
+
   // Every mistake is an l3::Error with exit code 2, and leaves the config as it was.
   const std::string before = config.to_json();
   CHECK(expect_error([&] { config.set("no-such-option", "1"); }) == 2);
