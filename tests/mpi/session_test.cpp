@@ -138,12 +138,12 @@ TEST_CASE("RunConfig takes the CLI's options, config files and setters, with its
   CHECK(dpo.get("beta") == "0.25");
   CHECK(dpo.get("loss") == "sigmoid");
   CHECK(expect_error([&] {
-          (void)l3::RunConfig::from_args({"dpo", "--init", "ckpt", "--data", "pairs",
-                                          "--global-batch", "4", "--loss", "kto"});
+          (void)l3::RunConfig::from_args(
+              {"dpo", "--init", "ckpt", "--data", "pairs", "--global-batch", "4", "--loss", "kto"});
         }) == 2);
   CHECK(expect_error([&] {
-          (void)l3::RunConfig::from_args(
-              {"reward", "--init", "ckpt", "--data", "pairs", "--global-batch", "4", "--beta", "1"});
+          (void)l3::RunConfig::from_args({"reward", "--init", "ckpt", "--data", "pairs",
+                                          "--global-batch", "4", "--beta", "1"});
         }) == 2);  // a DPO option in a reward run
 
   // Every mistake is an l3::Error with exit code 2, and leaves the config as it was.
