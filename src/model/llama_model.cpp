@@ -850,16 +850,7 @@ void LlamaModel::dpo(const Batch& batch, float grad_scale, const DpoSettings& se
   if (reference.empty()) {
     // LoRA: the frozen model without its adapters is the reference, no second copy of it.
     const core::TraceRange range("DPO reference (the base model)");
-    without_adapters_ = true;
-    ws.training = false;
-    try {
-      forward_backbone();
-      sequence_log_probs_into(sequences, mean, ws.logps.first_rows(sequences));
-    } catch (...) {
-      without_adapters_ = false;
-      throw;
-    }
-    without_adapters_ = false;
+    forward_log_probs(sequences, mean, /*adapters=*/false);
     reference_logps = ws.logps.first_rows(sequences);
   }
   ws.training = backward;
@@ -913,21 +904,24 @@ std::vector<double> LlamaModel::sequence_log_probs(const Batch& batch, bool mean
     throw core::internal_error("log-probabilities of a model without a language-model head");
   }
   prepare(batch);
-  Workspace& ws = *ws_;
-  ws.training = false;
   const std::int64_t sequences = 2 * batch.pairs();
+  forward_log_probs(sequences, mean, adapters);
+  std::vector<double> host(static_cast<std::size_t>(sequences));
+  ops_.copy(TensorView(std::span<double>(host)), ws_->logps.first_rows(sequences));
+  return host;
+}
+
+void LlamaModel::forward_log_probs(std::int64_t sequences, bool mean, bool adapters) {
+  ws_->training = false;
   without_adapters_ = !adapters;
   try {
     forward_backbone();
-    sequence_log_probs_into(sequences, mean, ws.logps.first_rows(sequences));
+    sequence_log_probs_into(sequences, mean, ws_->logps.first_rows(sequences));
   } catch (...) {
     without_adapters_ = false;
     throw;
   }
   without_adapters_ = false;
-  std::vector<double> host(static_cast<std::size_t>(sequences));
-  ops_.copy(TensorView(std::span<double>(host)), ws.logps.first_rows(sequences));
-  return host;
 }
 
 std::vector<float> LlamaModel::logits(const Batch& batch) {

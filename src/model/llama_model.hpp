@@ -243,6 +243,9 @@ class LlamaModel {
   // The prepared batch's counted rows' cross-entropies into the workspace's row_loss (a
   // forward pass from final_out) and its sequences' log-probabilities into `logps` (2P).
   void sequence_log_probs_into(std::int64_t sequences, bool mean, kernels::TensorView logps);
+  // A forward pass without dropout (of the frozen base when !adapters) and its sequences'
+  // log-probabilities into the workspace's logps (2P).
+  void forward_log_probs(std::int64_t sequences, bool mean, bool adapters);
   // The parameter (or its gradient) at `offset`, viewed as `shape`.
   [[nodiscard]] kernels::ConstTensorView weight(std::int64_t offset, kernels::Shape shape) const;
   [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, kernels::Shape shape) const;

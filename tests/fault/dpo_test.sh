@@ -193,6 +193,17 @@ else
   fail "export of the DPO checkpoint (rc $rc): $(tail -1 "$work/last.err")"
 fi
 
+# --- from a Hugging Face model (the SFT model exported): the same start ---
+run 1 export --ckpt "$work/sft-ckpt" --output "$work/hf-sft" --dtype fp32 &&
+  run 1 dpo --init "$work/hf-sft" --data "$work/pref" --steps 2 --seq-len 128 --global-batch 8 \
+    --micro-batch 2 --ckpt-dir "$work/from-hf" --metrics "$work/from-hf.jsonl" --no-progress
+rc=$?
+if [[ $rc -eq 0 && "$(first_step "$work/from-hf.jsonl" loss)" == "$log2" ]]; then
+  pass "from a Hugging Face model: step 1 exactly log 2"
+else
+  fail "from a Hugging Face model (rc $rc): $(tail -1 "$work/last.err")"
+fi
+
 # --- options that cannot work: one-line errors, exit 2 ---
 run 1 "${dpo_args[@]}" --ckpt-dir "$work/bad" --loss ipo --label-smoothing 0.1
 rc=$?
