@@ -159,9 +159,9 @@ int run_eval(const CommandContext& context) {
                             {.file = source.step_dir});
     }
     const train::ModelSource reference_source = train::resolve_model_source("", reference_model);
-    const std::vector<float> weights =
+    const std::vector<float> reference_weights =
         train::initialize_model(context.world, model, reference_source, 0);
-    if (train::base_digest(model.layout(), weights) != reference_digest) {
+    if (train::base_digest(model.layout(), reference_weights) != reference_digest) {
       throw core::bad_input(
           fmt::format("is not the reference model {} was trained against (its digest differs)",
                       source.step_dir),

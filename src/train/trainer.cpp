@@ -207,15 +207,9 @@ struct Trainer::Impl {
 
   std::optional<EvalMetrics> evaluate() {
     if (config.val_data.empty()) return std::nullopt;
-    EvalMetrics m = train::evaluate(
-        world, model, parts->val_index,
-        {.seq_len = config.seq_len,
-         .micro_batch = config.micro_batch,
-         .margin_from_data = config.margin_from_data,
-         .drop_long = config.drop_long,
-         .prefetch_depth = config.prefetch_depth,
-         .dpo = config.phase == Phase::dpo ? std::optional(config.dpo) : std::nullopt,
-         .reference = parts->val_reference.empty() ? nullptr : &parts->val_reference});
+    EvalConfig eval = validation_config(config);
+    eval.reference = parts->val_reference.empty() ? nullptr : &parts->val_reference;
+    EvalMetrics m = train::evaluate(world, model, parts->val_index, eval);
     m.step = done;
     reporter.eval(m);
     last_eval = m;

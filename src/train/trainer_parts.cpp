@@ -331,13 +331,8 @@ void prepare_dpo_reference(const dist::World& world, const core::Logger& log, Tr
   };
   std::vector<Part> parts{{"train", &p.index, training, &p.reference}};
   if (!c.val_data.empty()) {
-    const EvalConfig eval{.seq_len = c.seq_len,
-                          .micro_batch = c.micro_batch,
-                          .margin_from_data = c.margin_from_data,
-                          .drop_long = c.drop_long,
-                          .prefetch_depth = c.prefetch_depth,
-                          .dpo = c.dpo};
-    parts.push_back({"val", &p.val_index, evaluation_loader(world, *p.model, p.val_index, eval),
+    parts.push_back({"val", &p.val_index,
+                     evaluation_loader(world, *p.model, p.val_index, validation_config(c)),
                      &p.val_reference});
   }
   nlohmann::json files = nlohmann::json::object();
@@ -388,6 +383,15 @@ void prepare_dpo_reference(const dist::World& world, const core::Logger& log, Tr
 }
 
 }  // namespace
+
+EvalConfig validation_config(const TrainConfig& c) {
+  return {.seq_len = c.seq_len,
+          .micro_batch = c.micro_batch,
+          .margin_from_data = c.margin_from_data,
+          .drop_long = c.drop_long,
+          .prefetch_depth = c.prefetch_depth,
+          .dpo = c.phase == Phase::dpo ? std::optional(c.dpo) : std::nullopt};
+}
 
 std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const core::Logger& log,
                                                TrainConfig config,

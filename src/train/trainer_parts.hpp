@@ -15,6 +15,7 @@
 #include "model/llama_model.hpp"
 #include "train/data_parallel.hpp"
 #include "train/dpo_reference.hpp"
+#include "train/evaluator.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics.hpp"
 #include "train/model_source.hpp"
@@ -61,6 +62,10 @@ struct TrainerParts {
   ReferenceTable val_reference;
   nlohmann::json reference_record = nlohmann::json::object();
 };
+
+// How a run evaluates its --val-data: the batches the DPO reference's validation table is
+// computed over are those the evaluations read (its table itself is the caller's to add).
+[[nodiscard]] EvalConfig validation_config(const TrainConfig& config);
 
 // Collective over `world`: checks the options and the outputs, chooses the checkpoint to
 // resume from, resolves the model, opens the data, refuses a run that cannot fit in memory,
