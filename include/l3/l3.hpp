@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -256,6 +257,13 @@ class L3_API Session {
   Session(MPI_Comm comm, const RunConfig& config);
   // The same, with the training data from `data` (see DataSource); --val-data still works.
   Session(MPI_Comm comm, const RunConfig& config, std::shared_ptr<DataSource> data);
+  // With a stop flag the host owns (`data` may be null): setting it, from a signal handler
+  // (std::atomic<bool> is lock-free) or another thread, before or while this constructor runs,
+  // stops building the run at its next safe point (between loading, resuming and DPO's
+  // reference steps, every rank agreeing) with an l3::Error of exit code 75 and nothing to save;
+  // afterwards it asks to stop as request_stop() does. The flag must outlive the Session.
+  Session(MPI_Comm comm, const RunConfig& config, std::shared_ptr<DataSource> data,
+          const std::atomic<bool>* stop);
   ~Session();  // waits for a checkpoint still being written
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -189,6 +190,10 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
                            : std::vector<float>(static_cast<std::size_t>(shard.samples), 0.0F);
       for (std::int64_t k = 0; k < shard.samples; ++k) {
         const auto i = static_cast<std::size_t>(k);
+        if (!std::isfinite(margins[i])) {  // prep refuses them: a shard made otherwise
+          throw core::bad_input(fmt::format("pair {}: margin {} is not finite", k, margins[i]),
+                                {.file = shard.path, .tensor = "/margin"});
+        }
         d.margin.push_back(margins[i]);
         d.shard.push_back(shard_number);
         d.offset.push_back(c[i]);

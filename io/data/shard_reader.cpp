@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "io/h5/h5.hpp"
 
 namespace l3::data {
@@ -42,6 +43,7 @@ ShardReader::ShardReader(const dist::World& world, const DatasetIndex& index, Re
   for (const ShardEntry& entry : index.shards) {
     auto shard = std::make_unique<OpenShard>();
     shard->path = entry.path;
+    core::require_regular_file(entry.path, "a dataset shard");
     shard->file = h5::Handle(H5Fopen(entry.path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
     if (!shard->file.valid())
       throw core::bad_input("cannot open with the MPI-IO driver", {.file = entry.path});

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/hdf5_lock.hpp"
+#include "core/input_file.hpp"
 
 namespace l3::h5 {
 
@@ -107,6 +108,7 @@ Handle create_new_file(const std::string& path) {
 }
 
 Handle open_file_read(const std::string& path) {
+  core::require_regular_file(path, "an HDF5 file");
   quiet_errors();
   const std::scoped_lock guard(library_lock());
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -289,6 +291,13 @@ void write_attribute(const Handle& object, const std::string& name, std::int64_t
   if (!attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0) {
     throw core::internal_error("cannot write attribute", {.file = file, .tensor = name});
   }
+}
+
+bool has_attribute(const Handle& object, const std::string& name, const std::string& file) {
+  const std::scoped_lock guard(library_lock());
+  const htri_t exists = H5Aexists(object.get(), name.c_str());
+  if (exists < 0) throw failure("cannot look for attribute '" + name + "'", file);
+  return exists > 0;
 }
 
 std::string read_string_attribute(const Handle& object, const std::string& name,

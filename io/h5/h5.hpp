@@ -90,6 +90,8 @@ void write_attribute(const Handle& object, const std::string& name, const std::s
                      const std::string& file);
 void write_attribute(const Handle& object, const std::string& name, std::int64_t value,
                      const std::string& file);
+[[nodiscard]] bool has_attribute(const Handle& object, const std::string& name,
+                                 const std::string& file);
 [[nodiscard]] std::string read_string_attribute(const Handle& object, const std::string& name,
                                                 const std::string& file);
 [[nodiscard]] std::int64_t read_int_attribute(const Handle& object, const std::string& name,

@@ -13,6 +13,7 @@
 
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
+#include "io/prep/gzip_reader.hpp"
 
 namespace l3::prep {
 
@@ -94,10 +95,6 @@ std::vector<FileRange> ranges_for_rank(const std::vector<InputFile>& inputs, int
 
 namespace {
 
-struct GzCloser {
-  void operator()(gzFile_s* f) const noexcept { gzclose(f); }
-};
-
 void emit(const std::string& text, std::int64_t offset,
           const std::function<void(std::string_view, std::int64_t)>& line) {
   std::string_view view(text);
@@ -111,27 +108,9 @@ void for_each_line(const InputFile& input, const FileRange& range,
                    const std::function<void(std::string_view, std::int64_t)>& line) {
   std::string text;
   if (input.gzip) {
-    const std::unique_ptr<gzFile_s, GzCloser> gz(gzopen(input.path.c_str(), "rb"));
-    if (!gz) throw core::bad_input("cannot open gzip file", {.file = input.path});
-    gzbuffer(gz.get(), 1 << 20);
-    core::LineReader lines(
-        [&](char* buffer, std::size_t n) {
-          const int got = gzread(gz.get(), buffer, static_cast<unsigned int>(n));
-          int code = Z_OK;
-          const char* message = gzerror(gz.get(), &code);
-          if (got < 0 || (got == 0 && code != Z_OK)) {
-            // zlib ends a cut stream with 0 bytes and Z_BUF_ERROR ("unexpected end of file"),
-            // not with an error return: taken as the end, the records after the cut would
-            // silently be lost.
-            std::string_view why(message != nullptr ? message : "");
-            if (why.starts_with(input.path + ": ")) why.remove_prefix(input.path.size() + 2);
-            throw core::bad_input(
-                fmt::format("{} gzip data: {}", code == Z_BUF_ERROR ? "truncated" : "corrupt", why),
-                {.file = input.path});
-          }
-          return static_cast<std::size_t>(got);
-        },
-        input.path);
+    GzipReader gz(input.path);  // a cut stream or trailing garbage is an error, never the end
+    core::LineReader lines([&](char* buffer, std::size_t n) { return gz.read(buffer, n); },
+                           input.path);
     std::int64_t offset = 0;
     while (lines.next(text)) {
       const std::int64_t start = offset;
@@ -171,11 +150,14 @@ std::int64_t line_number_at(const InputFile& input, std::int64_t offset) {
   };
   std::vector<char> buffer(1 << 16);
   if (input.gzip) {
-    const std::unique_ptr<gzFile_s, GzCloser> gz(gzopen(input.path.c_str(), "rb"));
-    while (gz && seen < offset) {
-      const int n = gzread(gz.get(), buffer.data(), static_cast<unsigned int>(buffer.size()));
-      if (n <= 0) break;
-      count(buffer.data(), n);
+    try {
+      GzipReader gz(input.path);
+      while (seen < offset) {
+        const std::size_t n = gz.read(buffer.data(), buffer.size());
+        if (n == 0) break;
+        count(buffer.data(), static_cast<std::int64_t>(n));
+      }
+    } catch (const core::Error&) {  // counted up to the damage: for a message only
     }
     return number;
   }

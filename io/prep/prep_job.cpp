@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "core/bounded_read.hpp"
 #include "core/build_info.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
@@ -216,12 +217,7 @@ PrepSummary run_prep(const dist::World& world, const core::Logger& log,
                 ? 1
                 : 0;
         try {
-          json record;
-          try {
-            record = json::parse(line);
-          } catch (const json::exception& e) {
-            throw core::bad_input(fmt::format("not valid JSON: {}", e.what()));
-          }
+          const json record = core::parse_json(line, "", {});
           Verdict verdict = Verdict::keep;
           if (options.kind == DatasetKind::sft) {
             Example example = formatter.sft(record);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
@@ -14,6 +15,9 @@ using nlohmann::json;
 using tokenizer::Special;
 
 namespace {
+
+// The largest margin a preference record may carry (docs/FORMAT.md).
+constexpr double kMaxMargin = 1e6;
 
 const std::string& string_field(const json& record, const char* field) {
   const auto it = record.find(field);
@@ -187,7 +191,14 @@ PreferenceExample RecordFormatter::preference(const json& record) const {
   PreferenceExample pair{side("chosen"), side("rejected"), std::nullopt};
   if (const auto m = record.find("margin"); m != record.end() && !m->is_null()) {
     if (!m->is_number()) throw core::bad_input(R"("margin" must be a number)");
-    pair.margin = m->get<float>();
+    // Stored as fp32: a margin beyond its range would be stored as inf, and training on it
+    // diverge (reward --margin-from-data).
+    const double margin = m->get<double>();
+    if (!std::isfinite(margin) || std::abs(margin) > kMaxMargin) {
+      throw core::bad_input(fmt::format(
+          R"("margin" {} is out of range: a finite number within +-{:g})", margin, kMaxMargin));
+    }
+    pair.margin = static_cast<float>(margin);
   }
   return pair;
 }

@@ -15,6 +15,7 @@
 
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "io/safetensors/float_formats.hpp"
 
 namespace l3::safetensors {
@@ -35,14 +36,11 @@ std::uint16_t le16(const std::byte* p) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw core::bad_input(fmt::format("cannot open: {}", core::errno_text(errno)), {.file = path});
-  }
+  const int fd = core::open_regular_file(path, "a safetensors file");
   struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+  if (::fstat(fd, &info) != 0) {
     ::close(fd);
-    throw core::bad_input("not a regular file", {.file = path});
+    throw core::bad_input("cannot look at the file", {.file = path});
   }
   size_ = static_cast<std::size_t>(info.st_size);
   if (size_ < 8) {

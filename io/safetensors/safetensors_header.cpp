@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 
 namespace l3::safetensors {
@@ -168,6 +169,9 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> prefix,
     }
     return true;
   };
+  if (core::json_nesting_depth(header) > core::kMaxJsonDepth) {
+    fail(origin, "", fmt::format("header nested deeper than {} levels", core::kMaxJsonDepth));
+  }
   json document;
   try {
     document = json::parse(header, on_event);

@@ -13,6 +13,7 @@
 
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "io/tokenizer/bpe.hpp"
 #include "io/tokenizer/pretokenizer.hpp"
 #include "io/tokenizer/utf8.hpp"
@@ -97,6 +98,7 @@ std::array<char32_t, 256> bytes_to_unicode() {
 }  // namespace
 
 std::string sha256_file(const std::string& path) {
+  core::require_regular_file(path, "a file to hash");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw core::bad_input("cannot read file to hash", {.file = path});
   Sha256 sha;
@@ -197,12 +199,7 @@ Tokenizer Tokenizer::load(const std::string& spec) try {
   }
 
   // Hugging Face tokenizer.json with a byte-level BPE model.
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
-    throw core::bad_input(fmt::format("not valid JSON: {}", e.what()), {.file = spec});
-  }
+  const json doc = core::parse_json(text, "a tokenizer file", {.file = spec});
   const json& model = doc.value("model", json::object());
   if (model.value("type", "") != "BPE" || !model.contains("vocab") || !model.contains("merges")) {
     throw core::bad_input(

@@ -32,11 +32,11 @@ train::TrainConfig with_host_data(train::TrainConfig config, bool from_host) {
 struct Session::Impl {
   // `train` already says whether the data comes from the host (with_host_data).
   Impl(MPI_Comm comm, const RunConfig::Parsed& parsed, train::TrainConfig train,
-       std::unique_ptr<train::StepSource> host_data)
+       std::unique_ptr<train::StepSource> host_data, const std::atomic<bool>* stop)
       : world(comm),
         log(world.rank(), world.size(), parsed.log),
         threads(dist::apply_thread_budget(world)),
-        trainer(world, log, std::move(train), std::move(host_data)) {}
+        trainer(world, log, std::move(train), std::move(host_data), stop) {}
 
   dist::World world;
   core::Logger log;
@@ -46,12 +46,17 @@ struct Session::Impl {
 
 Session::Session(MPI_Comm comm, const RunConfig& config) : Session(comm, config, nullptr) {}
 
-Session::Session(MPI_Comm comm, const RunConfig& config, std::shared_ptr<DataSource> data) {
+Session::Session(MPI_Comm comm, const RunConfig& config, std::shared_ptr<DataSource> data)
+    : Session(comm, config, std::move(data), nullptr) {}
+
+Session::Session(MPI_Comm comm, const RunConfig& config, std::shared_ptr<DataSource> data,
+                 const std::atomic<bool>* stop) {
   api::rethrow_as_public([&] {
     std::unique_ptr<train::StepSource> host_data;
     if (data) host_data = api::host_step_source(std::move(data));
     train::TrainConfig train = with_host_data(config.parsed_->train, host_data != nullptr);
-    impl_ = std::make_unique<Impl>(comm, *config.parsed_, std::move(train), std::move(host_data));
+    impl_ =
+        std::make_unique<Impl>(comm, *config.parsed_, std::move(train), std::move(host_data), stop);
   });
 }
 

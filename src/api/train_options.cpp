@@ -19,6 +19,8 @@ namespace {
 constexpr double kMaxSeqLen = 1 << 24;  // model::kMaxPositions
 constexpr double kMaxBatch = 1 << 24;
 constexpr double kMaxSteps = 1e15;
+constexpr double kMinBeta = 1e-6;  // DPO's --beta
+constexpr double kMaxBeta = 1e6;
 const core::Domain kUnitInterval{.lowest = 0, .highest = 1, .highest_excluded = true};
 
 void declare_common(po::options_description& o, train::Phase phase) {
@@ -94,7 +96,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "lora-rank", core::number<int>(core::between(0, 65536))->default_value(0)->value_name("R"),
       "train LoRA adapters of rank R (PEFT's), the model's weights frozen; 0: full fine-tuning")(
       "lora-alpha",
-      core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true, .highest = 1e6})
+      core::number<double>(core::Domain{.lowest = 0,
+                                        .lowest_excluded = true,
+                                        .highest = model::LoraConfig::kMaxAlpha})
           ->default_value(8.0)
           ->value_name("A"),
       "LoRA: adapters scaled by A / R (PEFT's lora_alpha; default 8, as PEFT)")(
@@ -245,8 +249,43 @@ T get(const po::variables_map& o, const char* name) {
   return o[name].as<T>();
 }
 
+// An option naming a file or directory: "" when not given. Given empty (`--ckpt-dir ""`, a config
+// line `ckpt-dir =`) it is refused, never read as "not given": a run that silently saved
+// nothing would be the result.
 std::string optional_string(const po::variables_map& o, const char* name) {
-  return o.count(name) != 0 ? o[name].as<std::string>() : std::string();
+  if (o.count(name) == 0) return {};
+  std::string value = o[name].as<std::string>();
+  if (value.empty()) {
+    throw core::usage_error(
+        fmt::format("--{} is empty: give a value, or leave the option out", name));
+  }
+  return value;
+}
+
+bool given(const po::variables_map& o, const char* name) {
+  return o.count(name) != 0 && !o[name].defaulted();
+}
+
+// Options that only mean something with another one: refused without it, never ignored.
+void require_companions(const po::variables_map& o, const train::TrainConfig& c) {
+  if (!c.lora.enabled()) {
+    for (const char* name : {"lora-alpha", "lora-rslora", "lora-dropout", "lora-targets"}) {
+      if (given(o, name) && (std::string_view(name) != "lora-rslora" || o[name].as<bool>())) {
+        throw core::usage_error(fmt::format(
+            "--{} is a LoRA option: it needs --lora-rank R (or --init-adapter DIR)", name));
+      }
+    }
+  }
+  if (c.ckpt_local.empty()) {
+    for (const char* name : {"ckpt-redundancy", "flush-every", "ckpt-xor-set"}) {
+      if (given(o, name)) {
+        throw core::usage_error(fmt::format(
+            "--{} is an option of the node-local level: it needs --ckpt-local DIR", name));
+      }
+    }
+  }
+  if (c.ckpt_redundancy != ckpt::Redundancy::xor_parity && given(o, "ckpt-xor-set"))
+    throw core::usage_error("--ckpt-xor-set needs --ckpt-redundancy xor");
 }
 
 }  // namespace
@@ -262,8 +301,10 @@ void declare_train_options(po::options_description& options, train::Phase phase)
   }
   if (phase == train::Phase::dpo) {
     const model::DpoSettings d;
+    // Bounded so that the losses stay finite: B x (a difference of log-probabilities) for the
+    // sigmoid loss, (h - 1/(2B))^2 for IPO.
     options.add_options()("beta",
-                          core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true})
+                          core::number<double>(core::between(kMinBeta, kMaxBeta))
                               ->default_value(d.beta)
                               ->value_name("B"),
                           "how far the policy may move from the reference: the loss is "
@@ -396,9 +437,11 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     if (c.ckpt_dir.empty())
       throw core::usage_error("--deadline needs --ckpt-dir (it checkpoints before the deadline)");
     c.deadline_unix = core::parse_deadline(get<std::string>(o, "deadline"), core::unix_now());
-  } else if (const auto slurm = core::slurm_end_time(std::getenv("SLURM_JOB_END_TIME"));
-             slurm && !c.ckpt_dir.empty()) {
-    c.deadline_unix = *slurm;
+  } else if (const core::SlurmEndTime slurm =
+                 core::slurm_end_time(std::getenv("SLURM_JOB_END_TIME"));
+             !c.ckpt_dir.empty()) {
+    if (slurm.time) c.deadline_unix = *slurm.time;
+    if (!slurm.problem.empty()) c.warnings.push_back(slurm.problem);
   }
   if (phase == train::Phase::reward) {
     c.margin_from_data = get<bool>(o, "margin-from-data");
@@ -412,6 +455,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
       throw core::usage_error("--label-smoothing applies to --loss sigmoid only");
     c.reference_dir = optional_string(o, "reference-dir");
   }
+  require_companions(o, c);
   c.data_from_host = data_may_come_from_host && c.data.empty();
   if (get<bool>(o, "dry-run-memory")) {
     // A memory plan needs the model and the micro-batch, not the data or the batch over ranks.

@@ -46,14 +46,42 @@ std::vector<DatasetSpec> optim_datasets(const model::ParameterLayout& layout) {
 
 std::uint64_t hash_of(std::span<const float> values) { return xxh64(std::as_bytes(values)); }
 
-// The complete checkpoints under root (real directories with a manifest), newest first.
-std::vector<std::string> complete_checkpoints(const std::string& root) {
+// The complete checkpoints under root, newest first: real directories whose manifest reads
+// and is of the step the directory is named for. The others, with the reason, in `ignored`:
+// a copy or a rename under another step's name is no checkpoint of that step, and counting it
+// would push a real one out.
+std::vector<std::string> complete_checkpoints(const std::string& root,
+                                              std::vector<std::string>& ignored) {
   std::vector<std::string> found = step_directories(root);
   std::erase_if(found, [&](const std::string& name) {
-    return !core::is_real_directory(fs::path(root) / name) ||
-           !fs::exists(fs::path(root) / name / kManifestFile);
+    const fs::path dir = fs::path(root) / name;
+    if (!core::is_real_directory(dir)) return true;
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(dir / kManifestFile, ec))) return true;  // incomplete
+    try {
+      (void)read_manifest(dir.string());
+      return false;
+    } catch (const core::Error& e) {
+      ignored.push_back(fmt::format("{}: {} (left as it is)", name, e.message()));
+      return true;
+    }
   });
   return found;
+}
+
+// Whether a stale directory of the writer's (step-N.partial, step-N.replaced) holds only what
+// the writer puts there: then it is ours to remove; anything else is left alone.
+bool holds_only_checkpoint_files(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool regular = it->symlink_status(ec).type() == fs::file_type::regular;
+    const bool known = name == kModelFile || name == kOptimFile || name == kManifestFile ||
+                       name == "why-damaged.txt" || core::is_temporary_name(name);
+    if (!regular || !known) return false;
+  }
+  return !ec;
 }
 
 }  // namespace
@@ -76,7 +104,7 @@ PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDir
     report.failed.push_back(e.what());
     return report;
   }
-  const auto complete = complete_checkpoints(root);
+  const auto complete = complete_checkpoints(root, report.ignored);
   for (auto i = static_cast<std::size_t>(keep_last); i < complete.size(); ++i) {
     if (complete[i] != latest) remove(complete[i]);
   }
@@ -88,7 +116,8 @@ PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDir
     const fs::file_type type = e.symlink_status(ec).type();
     const bool step = parse_step_dir_name(name.substr(0, name.find('.'))).has_value();
     if ((type == fs::file_type::directory && step &&
-         (name.ends_with(kPartialSuffix) || name.ends_with(".replaced"))) ||
+         (name.ends_with(kPartialSuffix) || name.ends_with(".replaced")) &&
+         holds_only_checkpoint_files(e.path())) ||
         (type == fs::file_type::regular && name.starts_with(kLatestFile) &&
          core::is_temporary_name(name)))
       stale.push_back(name);

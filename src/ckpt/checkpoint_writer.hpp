@@ -87,6 +87,9 @@ enum class PartialDirectories { remove, keep };
 struct PruneReport {
   std::vector<std::string> removed;
   std::vector<std::string> failed;  // "step-00000004: cannot remove: Permission denied"
+  // Step directories not counted as checkpoints and left alone, with the reason ("step-00000009:
+  // the directory is named for step 9, its manifest is of step 2 ... (left as it is)").
+  std::vector<std::string> ignored;
 };
 PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDirectories partial);
 

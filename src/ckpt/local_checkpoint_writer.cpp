@@ -173,7 +173,8 @@ struct LocalCheckpointWriter::Impl {
                          {"set", members},
                          {"position", p},
                          {"lengths", lengths},
-                         {"chunk", chunk}};
+                         {"chunk", chunk},
+                         {"run_key", config.run_key}};
     std::unique_ptr<ParityFileWriter> out;
     f.run([&] {
       const std::string name = local_file_name(LocalFileKind::parity, world.rank());
@@ -223,7 +224,7 @@ struct LocalCheckpointWriter::Impl {
     const StateImage image(layout, manifest, state, rank, world.size(), config.node);
     std::int64_t bytes = 0;
     f.run([&] {
-      fs::create_directories(dir);
+      core::make_real_directory(dir, "--ckpt-local");
       core::fault_point("ckpt.local.write", rank);
       const std::string name = local_file_name(LocalFileKind::state, rank);
       image.write_file((dir / name).string(), recycled(old, name));

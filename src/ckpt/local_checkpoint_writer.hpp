@@ -35,6 +35,7 @@ struct LocalLevelConfig {
   std::string directory;  // this rank's directory of the level (node name expanded, run key)
   std::string node;       // this rank's node, recorded in its files
   RedundancyPlan plan;
+  std::string run_key;  // recorded in parity files (state files have it in their manifest)
   bool async = true;
 };
 

@@ -11,8 +11,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/bounded_read.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace l3::ckpt {
 
@@ -177,9 +179,11 @@ void StateImage::write_file(const std::string& path, const std::string& recycle)
 
 LocalFileWriter::LocalFileWriter(std::string path, const std::string& recycle)
     : path_(std::move(path)), temporary_(core::temporary_name_for(path_)) {
-  std::error_code ec;
-  if (!recycle.empty() && fs::is_regular_file(fs::symlink_status(recycle, ec)) &&
-      std::rename(recycle.c_str(), temporary_.c_str()) == 0) {
+  // Only a file of one name is written over: with a second hard link (a user's backup of an
+  // older step), writing in place would change the backup too.
+  struct stat info {};
+  if (!recycle.empty() && ::lstat(recycle.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+      info.st_nlink == 1 && std::rename(recycle.c_str(), temporary_.c_str()) == 0) {
     fd_ = ::open(temporary_.c_str(),  // NOLINT(cppcoreguidelines-pro-type-vararg)
                  O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd_ >= 0) return;
@@ -256,10 +260,7 @@ void ParityFileWriter::commit() {
 // ---- reading -------------------------------------------------------------------------------
 
 void read_file_bytes(const std::string& path, std::int64_t offset, std::span<std::byte> out) {
-  const Fd f(
-      ::open(path.c_str(), O_RDONLY | O_CLOEXEC));  // NOLINT(cppcoreguidelines-pro-type-vararg)
-  if (f.fd < 0)
-    throw core::internal_error(fmt::format("cannot open: {}", errno_text()), {.file = path});
+  const Fd f(core::open_regular_file(path, "a node-local checkpoint file"));
   pread_all(f.fd, path, offset, out);
 }
 
@@ -292,11 +293,7 @@ json read_header(int fd, const std::string& path, std::int64_t file_bytes,
   if (xxh64(std::as_bytes(std::span(text.data(), text.size()))) != hash)
     throw core::bad_input("header checksum mismatch", {.file = path});
   payload_offset = kPrefixBytes + static_cast<std::int64_t>(length);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw core::bad_input(fmt::format("header is not JSON: {}", e.what()), {.file = path});
-  }
+  return core::parse_json(text, "a node-local checkpoint header", {.file = path});
 }
 
 std::int64_t file_size_of(int fd, const std::string& path) {
@@ -362,14 +359,36 @@ void check_state_file_slices(int fd, const std::string& path, const json& header
   }
 }
 
+// The header's count of values per array, checked against the file's size before anything is
+// allocated for them: a state takes three arrays of `values` floats after the header.
+std::int64_t checked_values(const json& header, const std::string& path, std::int64_t bytes,
+                            std::int64_t payload) {
+  const std::int64_t values = header.at("values").get<std::int64_t>();
+  const std::int64_t room = bytes - payload;
+  if (values < 0 || room < 0 || values > room / 12 || 12 * values != room) {
+    throw core::bad_input(
+        fmt::format("{} bytes, its header says {} values per array ({} bytes)", bytes, values,
+                    values >= 0 && values <= room ? payload + 12 * values : -1),
+        {.file = path});
+  }
+  return values;
+}
+
 RankState state_from(int fd, const std::string& path, const json& header, std::int64_t payload) {
   RankState s;
   std::vector<model::FlatRange> ranges;
-  for (const json& r : header.at("ranges"))
-    ranges.push_back({r.at(0).get<std::int64_t>(), r.at(1).get<std::int64_t>()});
-  s.allocate(std::move(ranges));
-  if (s.values() != header.at("values").get<std::int64_t>())
+  const std::int64_t values = header.at("values").get<std::int64_t>();
+  std::int64_t total = 0;  // checked before allocating: the ranges must hold `values` in all
+  for (const json& r : header.at("ranges")) {
+    const model::FlatRange range{r.at(0).get<std::int64_t>(), r.at(1).get<std::int64_t>()};
+    if (range.begin < 0 || range.end < range.begin || range.end - range.begin > values - total)
+      throw core::bad_input("its ranges do not add up to its values", {.file = path});
+    total += range.end - range.begin;
+    ranges.push_back(range);
+  }
+  if (total != values)
     throw core::bad_input("its ranges do not add up to its values", {.file = path});
+  s.allocate(std::move(ranges));
   std::int64_t at = payload;
   for (std::vector<float>* a : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
     pread_all(fd, path, at, std::as_writable_bytes(std::span(*a)));
@@ -383,27 +402,20 @@ RankState state_from(int fd, const std::string& path, const json& header, std::i
 LocalFileCheck check_local_file(const std::string& path, bool checksums) {
   LocalFileCheck c;
   try {
-    const Fd f(
-        ::open(path.c_str(), O_RDONLY | O_CLOEXEC));  // NOLINT(cppcoreguidelines-pro-type-vararg)
-    if (f.fd < 0)
-      throw core::bad_input(fmt::format("cannot open: {}", errno_text()), {.file = path});
+    const Fd f(core::open_regular_file(path, "a node-local checkpoint file"));
     c.bytes = file_size_of(f.fd, path);
     std::string_view magic;
     c.header = read_header(f.fd, path, c.bytes, magic, c.payload_offset);
     if (magic == kStateMagic) {
       if (c.header.value("format", "") != kStateFormat || c.header.value("version", 0) != 1)
         throw core::bad_input("unknown format or version", {.file = path});
-      const std::int64_t values = c.header.at("values").get<std::int64_t>();
-      if (c.bytes != c.payload_offset + 3 * values * 4)
-        throw core::bad_input(
-            fmt::format("{} bytes, its header says {}", c.bytes, c.payload_offset + 3 * values * 4),
-            {.file = path});
+      (void)checked_values(c.header, path, c.bytes, c.payload_offset);
       if (checksums) check_state_file_slices(f.fd, path, c.header, c.payload_offset);
     } else {
       if (c.header.value("format", "") != kParityFormat || c.header.value("version", 0) != 1)
         throw core::bad_input("unknown format or version", {.file = path});
       const std::int64_t chunk = c.header.at("chunk").get<std::int64_t>();
-      if (c.bytes != c.payload_offset + chunk + 8)
+      if (chunk < 0 || chunk > c.bytes || c.bytes != c.payload_offset + chunk + 8)
         throw core::bad_input(
             fmt::format("{} bytes, its header says {}", c.bytes, c.payload_offset + chunk + 8),
             {.file = path});
@@ -435,9 +447,7 @@ LocalFileCheck check_local_file(const std::string& path, bool checksums) {
 }
 
 LocalState read_local_state(const std::string& path) {
-  const Fd f(
-      ::open(path.c_str(), O_RDONLY | O_CLOEXEC));  // NOLINT(cppcoreguidelines-pro-type-vararg)
-  if (f.fd < 0) throw core::bad_input(fmt::format("cannot open: {}", errno_text()), {.file = path});
+  const Fd f(core::open_regular_file(path, "a node-local checkpoint file"));
   const std::int64_t bytes = file_size_of(f.fd, path);
   std::string_view magic;
   std::int64_t payload = 0;
@@ -446,11 +456,7 @@ LocalState read_local_state(const std::string& path) {
     throw core::bad_input("not a node-local state file", {.file = path});
   try {
     LocalState out;
-    const std::int64_t values = header.at("values").get<std::int64_t>();
-    if (bytes != payload + 3 * values * 4)
-      throw core::bad_input(
-          fmt::format("{} bytes, its header says {}", bytes, payload + 3 * values * 4),
-          {.file = path});
+    (void)checked_values(header, path, bytes, payload);
     out.state = state_from(f.fd, path, header, payload);
     check_state_slices(header, out.state, path);
     out.rank = header.at("rank").get<int>();

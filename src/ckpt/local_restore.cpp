@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/first_failure.hpp"
 #include "core/log.hpp"
+#include "core/path_safety.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
 #include "dist/world.hpp"
@@ -74,6 +75,10 @@ json local_inventory(const std::string& directory, int rank, int share, int shar
               {"problem", check.problem}};
     if (check.ok) {
       e["world_size"] = check.header.value("world_size", 0);
+      // Whose run the file is of: a state's manifest says, a parity file its own header.
+      e["run_key"] = kind == LocalFileKind::parity
+                         ? check.header.value("run_key", "")
+                         : check.header.value("manifest", json::object()).value("run_key", "");
       if (check.header.value("step", std::int64_t{-1}) != files[i].first ||
           check.header.value("rank", -1) != owner) {
         e["ok"] = false;
@@ -159,17 +164,30 @@ namespace {
 
 // Rank 0: the newest step every rank can be restored from, and how; {} when none.
 json plan_restore(const std::vector<json>& inventories, const std::vector<std::string>& directories,
-                  int world_size, std::int64_t not_before, std::vector<std::string>& notes) {
+                  int world_size, std::int64_t not_before, const std::string& run_key,
+                  std::vector<std::string>& notes) {
   std::map<std::int64_t, std::vector<json>, std::greater<>> by_step;
+  std::vector<std::string> foreign;  // files of another run
   for (const json& part : inventories) {
     for (const json& e : part) {
       if (!e.at("ok").get<bool>()) {
         notes.push_back(fmt::format("damaged, not used: {}", e.at("problem").get<std::string>()));
         continue;
       }
+      if (e.at("run_key").get<std::string>() != run_key) {
+        foreign.push_back(e.at("path").get<std::string>());
+        continue;
+      }
       if (e.at("world_size").get<int>() != world_size) continue;
       by_step[e.at("step").get<std::int64_t>()].push_back(e);
     }
+  }
+  if (!foreign.empty()) {
+    notes.push_back(fmt::format(
+        "{} node-local file{} of another run (its --init, --seed, --model, --data or LoRA "
+        "options differ, or an earlier version wrote {}), not used: {}{}",
+        foreign.size(), foreign.size() == 1 ? "" : "s", foreign.size() == 1 ? "it" : "them",
+        foreign.front(), foreign.size() > 1 ? ", ..." : ""));
   }
   for (const auto& [step, entries] : by_step) {
     if (step < not_before) break;
@@ -233,7 +251,7 @@ std::string carry_out(const dist::World& world, const json& plan, const std::str
               "MPI_Recv");
         std::unique_ptr<LocalFileWriter> out;
         f.run([&] {
-          fs::create_directories(fs::path(target).parent_path());
+          core::make_real_directory(fs::path(target).parent_path(), "--ckpt-local");
           out = std::make_unique<LocalFileWriter>(target);
         });
         std::vector<std::byte> piece(
@@ -266,7 +284,7 @@ std::string carry_out(const dist::World& world, const json& plan, const std::str
     std::unique_ptr<LocalFileWriter> out;
     if (me == x) {
       f.run([&] {
-        fs::create_directories(fs::path(target).parent_path());
+        core::make_real_directory(fs::path(target).parent_path(), "--ckpt-local");
         out = std::make_unique<LocalFileWriter>(target);
       });
     }
@@ -381,7 +399,8 @@ void discard_local_steps_after(const dist::World& world, const std::string& dire
 std::optional<LocalResume> resume_from_local_level(const dist::World& world,
                                                    const core::Logger& log,
                                                    const std::string& directory,
-                                                   std::int64_t not_before, bool checksums) {
+                                                   std::int64_t not_before, bool checksums,
+                                                   const std::string& run_key) {
   const std::vector<std::string> directories = all_strings(world, directory);
   int share = 0;
   int shares = 0;
@@ -398,7 +417,7 @@ std::optional<LocalResume> resume_from_local_level(const dist::World& world,
     std::vector<json> parts;
     parts.reserve(gathered.size());
     for (const std::string& text : gathered) parts.push_back(json::parse(text));
-    plan = plan_restore(parts, directories, world.size(), not_before, notes);
+    plan = plan_restore(parts, directories, world.size(), not_before, run_key, notes);
   }
   for (const std::string& n : notes) log.warn("{}", n);
   plan = json::parse(dist::broadcast_string(world.comm(), plan.dump()));

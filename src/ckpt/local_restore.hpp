@@ -33,12 +33,11 @@ struct LocalResume {
 // Collective. The newest step of the level at `directory` (this rank's) not older than
 // `not_before` (-1: any) that every rank can be restored from, or nothing (logged: why not).
 // `checksums`: check every byte of every file first (else headers and sizes; the states read
-// are checked whole in any case).
-[[nodiscard]] std::optional<LocalResume> resume_from_local_level(const dist::World& world,
-                                                                 const core::Logger& log,
-                                                                 const std::string& directory,
-                                                                 std::int64_t not_before,
-                                                                 bool checksums);
+// are checked whole in any case). Only files of the run `run_key` (train/run_identity.hpp) are
+// used; those of another run are left unused, with a warning: a node's storage outlives jobs.
+[[nodiscard]] std::optional<LocalResume> resume_from_local_level(
+    const dist::World& world, const core::Logger& log, const std::string& directory,
+    std::int64_t not_before, bool checksums, const std::string& run_key);
 
 // The files of one rank's directory of the level, checked, for the inventory: those with index
 // i where i % shares == share (the ranks sharing a directory split the checking). Each entry:

@@ -18,6 +18,12 @@ using nlohmann::json;
 
 namespace {
 
+// A manifest's size: its tensor table has a slice per tensor and rank boundary, some 100,000
+// values for a 405B model on 16,384 ranks; anything far beyond is not a manifest of ours, and is
+// refused before it takes the memory its parsed form would.
+constexpr std::size_t kMaxManifestBytes = std::size_t{64} << 20U;
+constexpr std::int64_t kMaxManifestValues = std::int64_t{1} << 22U;
+
 std::string utc_now() {
   const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm tm{};
@@ -66,6 +72,7 @@ Manifest describe_checkpoint(const RunFacts& run) {
   m.base = run.base;
   m.base_xxh64 = run.base_xxh64;
   m.reference = run.reference;
+  m.run_key = run.run_key;
   return m;
 }
 
@@ -103,6 +110,7 @@ json Manifest::to_json() const {
               {"files", files},
               {"tensors", tensors}};
   if (!reference.empty()) out["reference"] = reference;
+  if (!run_key.empty()) out["run_key"] = run_key;
   if (lora) {
     out["lora"] = {{"r", lora->rank},
                    {"alpha", lora->alpha},
@@ -177,6 +185,7 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
       // Empty for the whole-buffer digest ("weights_xxh64") of earlier versions: not comparable.
       m.base_xxh64 = base.value("tensors_xxh64", "");
     }
+    m.run_key = j.value("run_key", "");
     m.reference = j.value("reference", json::object());
     if (!m.reference.is_object())
       throw core::bad_input("malformed manifest: \"reference\" is not an object", {.file = origin});
@@ -201,8 +210,9 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
 
 Manifest read_manifest(const std::string& step_dir) {
   const std::string path = (std::filesystem::path(step_dir) / kManifestFile).string();
-  Manifest manifest =
-      Manifest::from_json(core::read_json_object(path, "a checkpoint manifest"), path);
+  Manifest manifest = Manifest::from_json(
+      core::read_json_object(path, "a checkpoint manifest", kMaxManifestBytes, kMaxManifestValues),
+      path);
   // A step directory's name is its step: a copy or a rename under another step's name would be
   // taken for that step (resuming picks the highest, then overwrites the real later ones).
   std::filesystem::path dir = std::filesystem::path(step_dir).lexically_normal();

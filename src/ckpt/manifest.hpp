@@ -57,6 +57,9 @@ struct Manifest {
   // DPO: the reference model ({"kind": "base model without adapters"} for LoRA; full
   // fine-tuning: {"kind": "precomputed", "model", "model_xxh64", "file", ...}); empty otherwise.
   nlohmann::json reference = nlohmann::json::object();
+  // The run's key (train/run_identity.hpp): which run the state belongs to; "" in checkpoints
+  // of earlier versions.
+  std::string run_key;
 
   [[nodiscard]] bool resumable() const noexcept { return !tensors.empty(); }
   // What the tensor table and the files hold: the model's layout, or a LoRA run's adapters.
@@ -99,6 +102,7 @@ struct RunFacts {
   std::string base;
   std::string base_xxh64;
   nlohmann::json reference = nlohmann::json::object();  // DPO (Manifest::reference)
+  std::string run_key;                                  // Manifest::run_key
 };
 
 // The manifest of a checkpoint of that run: the facts, plus what the program knows (its

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -148,7 +149,7 @@ void write_peft_adapter(const std::string& directory, const model::ParameterLayo
   safetensors::write_safetensors(
       (staging.path() / kTensorFile).string(), tensors,
       options.bf16 ? safetensors::SafetensorsDType::bf16 : safetensors::SafetensorsDType::f32,
-      {{"format", "pt"}});
+      {{"format", "pt"}, {core::kAdapterMetadataKey, "export --adapter"}});
   core::write_file_atomically((staging.path() / kConfigFile).string(),
                               config_json(adapters, options).dump(2) + "\n");
   core::fsync_path(staging.path().string());
@@ -189,8 +190,17 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& directory) {
                              rank == nullptr ? "missing" : rank->dump()));
   }
   out.lora.rank = static_cast<int>(rank->get<std::int64_t>());
+  // The same domains as --lora-alpha and --lora-dropout: a file is no more trusted than an option.
   out.lora.alpha = number_of("lora_alpha", 8.0);
+  if (!(out.lora.alpha > 0 && out.lora.alpha <= model::LoraConfig::kMaxAlpha)) {
+    refuse(file, fmt::format("lora_alpha {} is outside (0, {:g}]", config.at("lora_alpha").dump(),
+                             model::LoraConfig::kMaxAlpha));
+  }
   out.lora.dropout = number_of("lora_dropout", 0.0);
+  if (!(out.lora.dropout >= 0 && out.lora.dropout < 1)) {
+    refuse(file,
+           fmt::format("lora_dropout {} is outside [0, 1)", config.at("lora_dropout").dump()));
+  }
   out.lora.rslora = flag_of("use_rslora");
   out.lora.targets = targets_of(file, field(config, "target_modules"));
   // What this model does not compute refuses the adapter rather than changing what it means.
@@ -256,8 +266,15 @@ std::vector<float> read_peft_adapter(const std::string& directory,
                       fmt::join(t.shape, ", "), adapters.lora().rank),
           {.file = path, .tensor = name});
     }
-    file.read(name, std::span<float>(values).subspan(static_cast<std::size_t>(t.offset),
-                                                     static_cast<std::size_t>(t.numel)));
+    const std::span<float> read = std::span<float>(values).subspan(
+        static_cast<std::size_t>(t.offset), static_cast<std::size_t>(t.numel));
+    file.read(name, read);
+    if (const auto bad = std::ranges::find_if(read, [](float v) { return !std::isfinite(v); });
+        bad != read.end()) {
+      throw core::bad_input(
+          fmt::format("element {} is {}: adapter weights must be finite", bad - read.begin(), *bad),
+          {.file = path, .tensor = name});
+    }
   }
   for (const safetensors::SafetensorsTensor& t : file.header().tensors) {
     if (!expected.contains(t.name)) {

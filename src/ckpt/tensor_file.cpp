@@ -15,6 +15,7 @@
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "io/h5/h5.hpp"
 
 namespace l3::ckpt {
@@ -238,10 +239,7 @@ struct TensorFileReader::Impl {
 TensorFileReader::TensorFileReader(const std::string& path)
     : path_(path), impl_(std::make_unique<Impl>()) {
   impl_->file = h5::open_file_read(path);
-  impl_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (impl_->fd < 0) {
-    throw core::bad_input(fmt::format("cannot open: {}", core::errno_text(errno)), {.file = path});
-  }
+  impl_->fd = core::open_regular_file(path, "a checkpoint tensor file");
 }
 
 TensorFileReader::~TensorFileReader() = default;

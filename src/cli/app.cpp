@@ -12,6 +12,7 @@
 #include "api/train_options.hpp"
 #include "cli/command.hpp"
 #include "cli/run_outcome.hpp"
+#include "cli/stop_signals.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
@@ -195,6 +196,7 @@ int run_cli(int argc, char** argv) {
       print_once(std::cout, command_help(*command));
       return core::kExitOk;
     }
+    if (command->stops_cleanly) install_stop_signals();  // before MPI and everything else
     return run_under_mpi(*command, args, argc, argv);
   } catch (...) {
     const core::ErrorSummary summary = core::summarize(std::current_exception());

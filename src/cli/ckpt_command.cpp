@@ -33,14 +33,18 @@ struct Entry {
   std::string name;
   fs::path path;
   std::int64_t step = -1;
-  std::string state;  // complete, partial, damaged
+  std::string state;  // complete, incomplete, partial, damaged, link
 };
 
 std::int64_t directory_bytes(const fs::path& dir) {
   std::int64_t total = 0;
   std::error_code ec;
-  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
-    if (e.is_regular_file(ec)) total += static_cast<std::int64_t>(e.file_size(ec));
+  // Links are not followed; an unreadable entry ends the count (it is a size for display).
+  for (fs::recursive_directory_iterator it(dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code entry_ec;
+    if (it->symlink_status(entry_ec).type() == fs::file_type::regular)
+      total += static_cast<std::int64_t>(it->file_size(entry_ec));
   }
   return total;
 }
@@ -59,9 +63,18 @@ std::vector<Entry> entries_of(const std::string& dir) {
     entries.push_back({own_name, p, *step, "incomplete"});
     return entries;
   }
-  for (const fs::directory_entry& e : fs::directory_iterator(p)) {
-    if (!e.is_directory()) continue;
+  std::error_code ec;
+  for (fs::directory_iterator it(p, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const fs::directory_entry& e = *it;
+    std::error_code type_ec;
+    const fs::file_type type = e.symlink_status(type_ec).type();
     const std::string name = e.path().filename().string();
+    if (type == fs::file_type::symlink) {  // never followed: a loop, or a link to "/"
+      if (const auto step = ckpt::parse_step_dir_name(name.substr(0, name.find('.'))))
+        entries.push_back({name, e.path(), *step, "link"});
+      continue;
+    }
+    if (type != fs::file_type::directory) continue;
     std::string base = name;
     std::string state = "complete";
     if (const auto dot = name.find('.'); dot != std::string::npos) {
@@ -77,6 +90,9 @@ std::vector<Entry> entries_of(const std::string& dir) {
       state = "incomplete";
     entries.push_back({name, e.path(), *step, state});
   }
+  if (ec)
+    throw core::bad_input(fmt::format("cannot read the directory: {}", ec.message()),
+                          {.file = dir});
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.step != b.step ? a.step > b.step : a.name < b.name;
   });
@@ -236,8 +252,9 @@ int list(const std::string& dir, bool as_json, const std::vector<std::string>& l
         state = fmt::format("unreadable manifest: {}", error.message());
       }
     }
+    if (e.state == "link") state = "a symbolic link, not a checkpoint (not followed)";
     if (e.name == latest) state += ", latest";
-    const std::int64_t bytes = directory_bytes(e.path);
+    const std::int64_t bytes = e.state == "link" ? 0 : directory_bytes(e.path);
     out.push_back({{"name", e.name},
                    {"step", e.step},
                    {"phase", phase},
@@ -262,8 +279,10 @@ int verify(const std::string& dir, bool quick, bool as_json) {
   json out = json::array();
   std::string damaged;
   for (const Entry& e : entries_of(dir)) {
-    if (e.state == "incomplete") {  // committed once (no suffix), its manifest is gone
-      const std::string problem = fmt::format("no {}", ckpt::kManifestFile);
+    if (e.state == "incomplete" || e.state == "link") {  // its manifest is gone, or no directory
+      const std::string problem = e.state == "link"
+                                      ? "a symbolic link, not a checkpoint (not followed)"
+                                      : fmt::format("no {}", ckpt::kManifestFile);
       out.push_back({{"name", e.name}, {"ok", false}, {"bytes_checked", 0}, {"problem", problem}});
       damaged += fmt::format("{}{}", damaged.empty() ? "" : ", ", e.name);
       if (!as_json) std::cout << fmt::format("DAMAGED  {}: {}\n", e.name, problem);
@@ -308,6 +327,7 @@ int prune(const std::string& dir, int keep_last) {
   const ckpt::PruneReport report =
       ckpt::prune_checkpoints(dir, keep_last, ckpt::PartialDirectories::keep);
   for (const std::string& name : report.removed) std::cout << "removed " << name << '\n';
+  for (const std::string& why : report.ignored) std::cout << "not a checkpoint: " << why << '\n';
   std::cout << fmt::format("kept the newest {} complete checkpoints; {} removed\n", keep_last,
                            report.removed.size())
             << std::flush;

@@ -33,6 +33,9 @@ struct Command {
   std::string_view description;  // a paragraph for `llama3-hpc NAME --help`
   DeclareFunction declare = nullptr;
   RunFunction run = nullptr;  // every registered command has one
+  // SIGTERM, SIGUSR1 and SIGINT stop it cleanly with exit 75 (cli/stop_signals.hpp), from
+  // before MPI starts: the training commands.
+  bool stops_cleanly = false;
 };
 
 [[nodiscard]] std::span<const Command> command_table() noexcept;

@@ -37,7 +37,8 @@ constexpr std::array kCommands = {
                 "with data parallelism over the MPI ranks and a ZeRO-1 sharded AdamW; evaluates "
                 "on --val-data, writes metrics.jsonl and checkpoints. See docs/TRAINING.md.",
             .declare = declare_sft_options,
-            .run = run_sft},
+            .run = run_sft,
+            .stops_cleanly = true},
     Command{.name = "reward",
             .summary = "Reward-model training (Bradley-Terry on preference pairs)",
             .usage = "reward --init SFT_CKPT --data DIR --ckpt-dir DIR [options]",
@@ -45,7 +46,8 @@ constexpr std::array kCommands = {
                            "shards with the Bradley-Terry loss, -log sigmoid(r_chosen - r_rejected "
                            "[- margin]). See docs/TRAINING.md.",
             .declare = declare_reward_options,
-            .run = run_reward},
+            .run = run_reward,
+            .stops_cleanly = true},
     Command{.name = "dpo",
             .summary = "Direct preference optimisation of the policy on preference pairs",
             .usage = "dpo --init SFT_CKPT --data DIR --ckpt-dir DIR [options]",
@@ -57,7 +59,8 @@ constexpr std::array kCommands = {
                 "the reference's log-probabilities are computed once and stored. See "
                 "docs/TRAINING.md.",
             .declare = declare_dpo_options,
-            .run = run_dpo},
+            .run = run_dpo,
+            .stops_cleanly = true},
     Command{.name = "eval",
             .summary = "Evaluate a model: loss/perplexity or reward accuracy/margin",
             .usage = "eval --init CKPT --data DIR [options]",

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <exception>
 #include <filesystem>
 #include <iostream>
@@ -31,6 +32,45 @@ namespace {
 
 constexpr int kRecords = 2000;
 constexpr int kDemoLoraRank = 8;
+
+// What the demo writes into its --workdir: these names, and nothing else. A directory is
+// replaced by the next demo only when it holds the marker (with this text) and nothing but
+// these entries; the code below writes through these names.
+constexpr std::string_view kMarker = ".llama3-hpc-demo";
+constexpr std::string_view kMarkerText =
+    "a llama3-hpc demo directory: the demo replaces what is here\n";
+constexpr std::string_view kInputDir = "input";                // the JSONL records it writes
+constexpr std::string_view kSftData = "sft";                   // prep's dataset of them
+constexpr std::string_view kPairData = "preferences";          // prep's dataset of the pairs
+constexpr std::string_view kCheckpoints = "ckpt";              // ckpt/<phase>/
+constexpr std::string_view kRewardAdapter = "reward-adapter";  // with --lora
+constexpr std::array kDemoPhases{l3::Phase::sft, l3::Phase::reward, l3::Phase::dpo};
+
+std::string metrics_file_name(l3::Phase phase) {
+  return fmt::format("metrics-{}.jsonl", train::phase_name(phase));
+}
+
+// Every entry the demo writes directly in its workdir.
+std::vector<core::KnownEntry> demo_entries(const std::vector<std::string>& metrics_names) {
+  std::vector<core::KnownEntry> entries{{kMarker, false},     {kInputDir, true},
+                                        {kSftData, true},     {kPairData, true},
+                                        {kCheckpoints, true}, {kRewardAdapter, true}};
+  for (const std::string& name : metrics_names) entries.push_back({name, false});
+  return entries;
+}
+
+// Why `dir` is not a demo directory (a sentence), or "".
+std::string why_not_demo(const fs::path& dir) {
+  if (!core::is_real_directory(dir)) return "it is not a directory (or is a symbolic link)";
+  std::vector<std::string> metrics;
+  for (const l3::Phase phase : kDemoPhases) metrics.push_back(metrics_file_name(phase));
+  const std::vector<core::KnownEntry> entries = demo_entries(metrics);
+  if (fs::is_empty(dir)) return {};
+  if (std::string why = core::unknown_entry(dir, entries, "the demo"); !why.empty()) return why;
+  if (core::read_small_regular_file(dir / kMarker) != kMarkerText)
+    return fmt::format("it has no {} marker of the demo's: not a demo directory", kMarker);
+  return {};
+}
 
 // Bytes of the files directly in a directory (a checkpoint step directory).
 std::uintmax_t directory_bytes(const std::string& dir) {
@@ -77,23 +117,27 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
                                 "--seed",
                                 "1",
                                 "--metrics",
-                                fmt::format("{}/metrics-{}.jsonl", root, name),
+                                fmt::format("{}/{}", root, metrics_file_name(phase)),
                                 "--ckpt-dir",
-                                fmt::format("{}/ckpt/{}", root, name),
+                                fmt::format("{}/{}/{}", root, kCheckpoints, name),
                                 "--log-level",
                                 o["log-level"].as<std::string>()};
   if (o["log-all-ranks"].as<bool>()) args.emplace_back("--log-all-ranks");
   const auto add = [&](std::initializer_list<std::string> more) {
     args.insert(args.end(), more.begin(), more.end());
   };
+  const auto under = [&](std::string_view dir, std::string_view leaf) {
+    return fmt::format("{}/{}/{}", root, dir, leaf);
+  };
+  const std::string sft_checkpoint = under(kCheckpoints, train::phase_name(l3::Phase::sft));
   if (phase == l3::Phase::sft) {
-    add({"--model", o["model"].as<std::string>(), "--data", root + "/sft/train", "--val-data",
-         root + "/sft/val", "--steps", std::to_string(o["sft-steps"].as<std::int64_t>()), "--lr",
-         "3e-3", "--warmup", "20"});
+    add({"--model", o["model"].as<std::string>(), "--data", under(kSftData, "train"), "--val-data",
+         under(kSftData, "val"), "--steps", std::to_string(o["sft-steps"].as<std::int64_t>()),
+         "--lr", "3e-3", "--warmup", "20"});
   } else if (phase == l3::Phase::dpo) {
     // The policy itself on the same pairs, from the SFT checkpoint (also the reference).
-    add({"--init", root + "/ckpt/sft", "--data", root + "/preferences/train", "--val-data",
-         root + "/preferences/val", "--steps", std::to_string(o["dpo-steps"].as<std::int64_t>()),
+    add({"--init", sft_checkpoint, "--data", under(kPairData, "train"), "--val-data",
+         under(kPairData, "val"), "--steps", std::to_string(o["dpo-steps"].as<std::int64_t>()),
          "--warmup", "10", "--beta", "0.1"});
     if (o["lora"].as<bool>()) {
       add({"--lr", "3e-3", "--lora-rank", std::to_string(kDemoLoraRank), "--lora-alpha",
@@ -102,8 +146,8 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
       add({"--lr", "3e-4"});
     }
   } else {
-    add({"--init", root + "/ckpt/sft", "--data", root + "/preferences/train", "--val-data",
-         root + "/preferences/val", "--steps", std::to_string(o["reward-steps"].as<std::int64_t>()),
+    add({"--init", sft_checkpoint, "--data", under(kPairData, "train"), "--val-data",
+         under(kPairData, "val"), "--steps", std::to_string(o["reward-steps"].as<std::int64_t>()),
          "--warmup", "10"});
     // LoRA learns with a larger rate than full fine-tuning: the adapters start at zero.
     if (o["lora"].as<bool>()) {
@@ -171,25 +215,36 @@ int run_demo(const CommandContext& context) {
   if (world.is_root()) {
     try {
       // The demo replaces what an earlier demo wrote there, and nothing else: a directory that
-      // holds anything the demo does not write is left alone (exit 2).
-      if (core::entry_exists(root)) core::require_ours(root, core::OwnedKind::demo, "--workdir");
-      fs::create_directories(root + "/input");
-      core::write_file_atomically((fs::path(root) / ".llama3-hpc-demo").string(),
-                                  "a llama3-hpc demo directory: the demo replaces what is here\n");
-      for (const char* old : {"ckpt", "metrics-sft.jsonl", "metrics-reward.jsonl",
-                              "metrics-dpo.jsonl", "reward-adapter"})
-        core::remove_tree(fs::path(root) / old);
-      write_demo_sft(root + "/input/instructions.jsonl", kRecords);
-      write_demo_preferences(root + "/input/preferences.jsonl", kRecords);
+      // holds anything the demo does not write, or lacks its marker, is left alone (exit 2).
+      if (core::entry_exists(root)) {
+        if (const std::string why = why_not_demo(root); !why.empty()) {
+          throw core::bad_input(
+              fmt::format("--workdir names a directory that is not a llama3-hpc demo directory, "
+                          "so it is left as it is: {}",
+                          why),
+              {.file = root});
+        }
+      }
+      fs::create_directories(fs::path(root) / kInputDir);
+      core::write_file_atomically((fs::path(root) / kMarker).string(), kMarkerText);
+      // What the runs below write anew (the datasets are replaced by prep --overwrite).
+      core::remove_tree(fs::path(root) / kCheckpoints);
+      core::remove_tree(fs::path(root) / kRewardAdapter);
+      for (const l3::Phase phase : kDemoPhases)
+        core::remove_tree(fs::path(root) / metrics_file_name(phase));
+      write_demo_sft((fs::path(root) / kInputDir / "instructions.jsonl").string(), kRecords);
+      write_demo_preferences((fs::path(root) / kInputDir / "preferences.jsonl").string(), kRecords);
     } catch (...) {
       failure = std::current_exception();
     }
   }
   dist::agree_on_failure(world, failure);
 
-  prepare(context, prep::DatasetKind::sft, root + "/input/instructions.jsonl", root + "/sft");
-  prepare(context, prep::DatasetKind::preference, root + "/input/preferences.jsonl",
-          root + "/preferences");
+  const fs::path input = fs::path(root) / kInputDir;
+  prepare(context, prep::DatasetKind::sft, (input / "instructions.jsonl").string(),
+          (fs::path(root) / kSftData).string());
+  prepare(context, prep::DatasetKind::preference, (input / "preferences.jsonl").string(),
+          (fs::path(root) / kPairData).string());
 
   log_blas_core(context, "cpu");  // the demo's runs are --backend cpu
   context.log.info("demo: supervised fine-tuning");
@@ -221,7 +276,7 @@ int run_demo(const CommandContext& context) {
     const std::string samples = generation_samples(sft.checkpoint, context.log);
     std::string lora_note;
     if (lora) {
-      const std::string adapter = root + "/reward-adapter";
+      const std::string adapter = (fs::path(root) / kRewardAdapter).string();
       context.log.info("demo: {}", export_lora_adapter(reward.checkpoint, adapter, false, true));
       lora_note = fmt::format(
           "\n          (LoRA: {:.2f} MB beside the SFT checkpoint's {:.2f} MB; as a PEFT adapter "

@@ -68,7 +68,14 @@ int run_eval(const CommandContext& context) {
   std::int64_t seq_len = source.checkpoint
                              ? source.checkpoint->config.value("seq_len", std::int64_t{2048})
                              : std::int64_t{2048};
-  if (o.count("seq-len") != 0) seq_len = o["seq-len"].as<std::int64_t>();
+  if (o.count("seq-len") != 0 && !o["seq-len"].defaulted()) {
+    seq_len = o["seq-len"].as<std::int64_t>();
+    if (seq_len > source.config.max_position_embeddings) {
+      throw core::usage_error(
+          fmt::format("--seq-len {} is beyond the model's {} positions (max_position_embeddings)",
+                      seq_len, source.config.max_position_embeddings));
+    }
+  }
   seq_len = std::min(seq_len, source.config.max_position_embeddings);
   if (seq_len <= 0) throw core::usage_error("--seq-len must be positive");
   const std::int64_t micro = o["micro-batch"].as<std::int64_t>();

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <vector>
 
@@ -10,10 +12,13 @@
 #include "ckpt/manifest.hpp"
 #include "ckpt/peft_adapter.hpp"
 #include "core/error.hpp"
+#include "core/path_safety.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/model_source.hpp"
 
 namespace l3::cli {
+
+namespace fs = std::filesystem;
 
 void declare_export_options(po::options_description& options,
                             po::positional_options_description& /*positional*/) {
@@ -50,6 +55,39 @@ void print_model_report(const std::string& checkpoint, const ckpt::HfExportRepor
                                : " (no tokenizer file to copy: the data was prepared "
                                  "with the bytes tokenizer or its file is gone)")
             << std::flush;
+}
+
+// The models a checkpoint still reads (a LoRA checkpoint's frozen base, a DPO checkpoint's
+// reference) must never be the output: replaced, they would make the checkpoint unusable.
+void refuse_models_the_checkpoint_needs(const ckpt::Manifest& manifest, const std::string& step_dir,
+                                        const std::string& output) {
+  std::vector<std::pair<std::string, std::string>> needed;  // (path, what it is)
+  if (manifest.lora && !manifest.base.empty()) needed.emplace_back(manifest.base, "its LoRA base");
+  if (const auto model = manifest.reference.find("model");
+      model != manifest.reference.end() && model->is_string() && !model->get<std::string>().empty())
+    needed.emplace_back(model->get<std::string>(), "its DPO reference model");
+  // Compared with links resolved, without a trailing separator.
+  const auto resolved = [](const fs::path& p, std::error_code& ec) {
+    fs::path r = fs::weakly_canonical(fs::absolute(p, ec).lexically_normal(), ec);
+    while (!r.has_filename() && r != r.root_path()) r = r.parent_path();
+    return r;
+  };
+  std::error_code ec;
+  const fs::path out = resolved(core::output_directory("--output", output), ec);
+  for (const auto& [path, what] : needed) {
+    std::error_code ec2;
+    const fs::path model = resolved(path, ec2);
+    if (ec || ec2) continue;
+    // The same directory, or one that holds it (a checkpoint root above a step directory).
+    const auto [model_end, out_end] =
+        std::mismatch(model.begin(), model.end(), out.begin(), out.end());
+    if (out_end == out.end()) {
+      throw core::usage_error(fmt::format(
+          "--output {} is {} of {} (recorded in its manifest as {}): replacing it would leave "
+          "the checkpoint unusable; choose another --output",
+          output, what, step_dir, path));
+    }
+  }
 }
 
 }  // namespace
@@ -113,6 +151,7 @@ int run_export(const CommandContext& context) {
                                       merge ? "merge" : "adapter", merge ? "merge" : "adapter"),
                           {.file = step_dir});
   }
+  refuse_models_the_checkpoint_needs(manifest, step_dir, output);
   if (adapter) {
     std::cout << export_lora_adapter(step_dir, output, options.bf16, options.overwrite) << "\n"
               << std::flush;

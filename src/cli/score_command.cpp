@@ -12,6 +12,7 @@
 #include "cli/inference_model.hpp"
 #include "cli/prompt_format.hpp"
 #include "cli/record_scoring.hpp"
+#include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
@@ -67,9 +68,7 @@ void score_file(const dist::World& world, const std::string& path, model::LlamaM
       try {
         const core::ErrorContext where{.file = file, .line = mine.line};
         try {
-          input = prepare_record(formatter, json::parse(round[r].second));
-        } catch (const json::exception& e) {
-          throw core::bad_input(fmt::format("not JSON: {}", e.what()), where);
+          input = prepare_record(formatter, core::parse_json(round[r].second, "", where));
         } catch (core::Error& e) {
           e.add_context(where);
           throw;

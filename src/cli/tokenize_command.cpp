@@ -32,12 +32,7 @@ int run_tokenize(const CommandContext& context) {
   while (lines.next(line)) {
     const core::ErrorContext where{.file = "stdin", .line = lines.line_number()};
     if (line.empty() || line == "\r") continue;
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw core::bad_input(fmt::format("not JSON: {}", e.what()), where);
-    }
+    const nlohmann::json record = core::parse_json(line, "", where);
     const auto text = record.find("text");
     if (!record.is_object() || text == record.end() || !text->is_string()) {
       throw core::bad_input(R"(expected an object with a string "text")", where);

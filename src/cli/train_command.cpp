@@ -6,9 +6,11 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "api/train_options.hpp"
+#include "cli/stop_signals.hpp"
 #include "core/error.hpp"
 #include "kernels/backends.hpp"
 #include "kernels/cpu/blas_core.hpp"
@@ -18,53 +20,6 @@
 namespace l3::cli {
 
 namespace {
-
-// SIGUSR1 / SIGTERM: the handler asks the running session to checkpoint and stop (an atomic store,
-// async-signal-safe); the ranks agree before the next step, write a checkpoint and exit 75. A
-// signal handler can only reach process-wide state, hence the globals.
-// NOLINTBEGIN(cppcoreguidelines-avoid-non-const-global-variables)
-std::atomic<int> g_stop_signal{0};
-std::atomic<l3::Session*> g_session{nullptr};
-// NOLINTEND(cppcoreguidelines-avoid-non-const-global-variables)
-
-extern "C" void on_stop_signal(int signal) {
-  g_stop_signal.store(signal);
-  if (l3::Session* session = g_session.load(); session != nullptr) session->request_stop();
-}
-
-// Installs the handlers for the scope of a run, then puts the previous ones back.
-class StopSignals {
- public:
-  explicit StopSignals(l3::Session& session) {
-    g_stop_signal.store(0);
-    g_session.store(&session);
-    struct sigaction action {};
-    action.sa_handler = on_stop_signal;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGUSR1, &action, &old_usr1_);
-    sigaction(SIGTERM, &action, &old_term_);
-    // Past RLIMIT_FSIZE, a write must fail with EFBIG (reported, the previous checkpoint kept),
-    // not kill the process.
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    sigaction(SIGXFSZ, &ignore, &old_xfsz_);
-  }
-  ~StopSignals() {
-    sigaction(SIGUSR1, &old_usr1_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-    sigaction(SIGXFSZ, &old_xfsz_, nullptr);
-    g_session.store(nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  StopSignals(StopSignals&&) = delete;
-  StopSignals& operator=(StopSignals&&) = delete;
-
- private:
-  struct sigaction old_usr1_ {};
-  struct sigaction old_term_ {};
-  struct sigaction old_xfsz_ {};
-};
 
 // --dry-run-memory: the plan, printed by rank 0; nothing is allocated or trained.
 int print_memory_plan(const CommandContext& context, const l3::RunConfig& config) {
@@ -106,16 +61,37 @@ int run_phase(const CommandContext& context, l3::Phase phase) {
   const l3::RunConfig config = l3::RunConfig::from_args(args);
   if (config.get("dry-run-memory") == "true") return print_memory_plan(context, config);
   const bool has_checkpoints = !config.get("ckpt-dir").empty();
-  l3::Session session(context.world.comm(), config);
-  const StopSignals signals(session);
+  const auto stopped_before_start = [&] {
+    if (context.world.is_root()) {
+      std::cout << fmt::format(
+                       "{} stopped by {} before its first step, with nothing to save; run the "
+                       "same command again to continue (exit 75)\n",
+                       train::phase_name(phase),
+                       stop_signal_name().empty() ? "a signal to another rank" : stop_signal_name())
+                << std::flush;
+    }
+    return core::kExitCheckpointed;
+  };
+  // The signal handlers were installed before MPI started (app.cpp): a signal that came while
+  // the run is being built stops it there.
+  std::optional<l3::Session> session;
+  try {
+    session.emplace(context.world.comm(), config, nullptr, &stop_flag());
+  } catch (const l3::Error& e) {
+    if (e.exit_code() == core::kExitCheckpointed) return stopped_before_start();
+    throw;
+  }
   log_blas_core(context, config.get("backend"));
-  session.on_step([&](const l3::StepMetrics& /*metrics*/) {
-    if (const int signal = g_stop_signal.exchange(0); signal != 0) {
+  bool announced = false;
+  session->on_step([&](const l3::StepMetrics& /*metrics*/) {
+    if (!announced && stop_flag().load()) {
+      announced = true;
       context.log.local(core::LogLevel::warn, "received {}: checkpointing and stopping",
-                        signal == SIGTERM ? "SIGTERM" : "SIGUSR1");
+                        stop_signal_name());
     }
   });
-  const l3::RunSummary s = session.run();
+  const l3::RunSummary s = session->run();
+  if (s.stopped && s.steps == 0) return stopped_before_start();
   if (s.stopped && !has_checkpoints) {
     throw core::internal_error(fmt::format(
         "{} stopped by a signal at step {} with nothing saved (no --ckpt-dir): running it again "

@@ -1,6 +1,7 @@
 #include "core/bounded_read.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace l3::core {
 
@@ -102,36 +104,110 @@ std::int64_t LineReader::skip_line() {
 }
 
 std::string read_text_file(const std::string& path, std::string_view what, std::size_t limit) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw bad_input(fmt::format("is a directory, not {}", what), {.file = path});
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw bad_input(fmt::format("cannot read: {}", errno_text(errno)), {.file = path});
+  const int fd = open_regular_file(path, what);
   std::string text;
   std::vector<char> chunk(kChunk);
   while (true) {
-    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    const auto n = static_cast<std::size_t>(in.gcount());
-    if (in.bad()) throw bad_input("read error", {.file = path});
-    if (text.size() + n > limit) {
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      throw bad_input(fmt::format("read error: {}", errno_text(error)), {.file = path});
+    }
+    if (n == 0) break;
+    if (text.size() + static_cast<std::size_t>(n) > limit) {
+      ::close(fd);
       throw bad_input(fmt::format("longer than {}: not {}", byte_size_text(limit), what),
                       {.file = path});
     }
-    text.append(chunk.data(), n);
-    if (n < chunk.size()) break;
+    text.append(chunk.data(), static_cast<std::size_t>(n));
   }
+  ::close(fd);
   return text;
 }
 
-nlohmann::json read_json_object(const std::string& path, std::string_view what, std::size_t limit) {
-  const std::string text = read_text_file(path, what, limit);
-  nlohmann::json value;
-  try {
-    value = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input(fmt::format("not valid JSON ({}): {}", what, e.what()), {.file = path});
+int json_nesting_depth(std::string_view text, int stop) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > stop) return deepest;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
   }
+  return deepest;
+}
+
+std::int64_t json_value_bound(std::string_view text) {
+  std::int64_t bound = 1;
+  bool in_string = false;
+  bool escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == ',' || c == '[' || c == '{') {
+      ++bound;
+    }
+  }
+  return bound;
+}
+
+nlohmann::json parse_json(std::string_view text, std::string_view what, const ErrorContext& where,
+                          std::int64_t max_values) {
+  const std::string noun = what.empty() ? std::string() : fmt::format(" ({})", what);
+  if (json_nesting_depth(text) > kMaxJsonDepth) {
+    throw bad_input(
+        fmt::format("JSON nested deeper than {} levels{}: refused", kMaxJsonDepth, noun), where);
+  }
+  if (const std::int64_t values = json_value_bound(text); values > max_values) {
+    throw bad_input(fmt::format("JSON of some {} values{}, more than the {} allowed: refused",
+                                values, noun, max_values),
+                    where);
+  }
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw bad_input(fmt::format("not valid JSON{}: {}", noun, e.what()), where);
+  }
+}
+
+nlohmann::json parse_json_or_discard(std::string_view text) {
+  if (json_nesting_depth(text) > kMaxJsonDepth || json_value_bound(text) > kMaxJsonValues)
+    return nlohmann::json::value_t::discarded;
+  return nlohmann::json::parse(text, nullptr, false);
+}
+
+nlohmann::json read_json_object(const std::string& path, std::string_view what, std::size_t limit,
+                                std::int64_t max_values) {
+  const std::string text = read_text_file(path, what, limit);
+  nlohmann::json value = parse_json(text, what, {.file = path}, max_values);
   if (!value.is_object()) {
     throw bad_input(fmt::format("holds a JSON {}, not an object: not {}", value.type_name(), what),
                     {.file = path});

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace l3::core {
@@ -12,9 +13,15 @@ namespace l3::core {
 // usage Error for anything else.
 [[nodiscard]] double parse_deadline(std::string_view text, double now_unix);
 
-// SLURM_JOB_END_TIME when set and valid (a positive integer), else nullopt. `value` is the
-// variable's text (the caller reads the environment).
-[[nodiscard]] std::optional<double> slurm_end_time(const char* value);
+// SLURM_JOB_END_TIME: the time when set and valid (a positive integer); when set to anything
+// else, no time and a warning to log (the job still runs, without the deadline; it may be
+// killed at the time limit instead of checkpointing before it). `value` is the variable's text
+// (the caller reads the environment).
+struct SlurmEndTime {
+  std::optional<double> time;
+  std::string problem;  // "" when unset or valid
+};
+[[nodiscard]] SlurmEndTime slurm_end_time(const char* value);
 
 [[nodiscard]] double unix_now();
 

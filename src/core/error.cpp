@@ -3,6 +3,7 @@
 #include <array>
 #include <boost/program_options/errors.hpp>
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <system_error>
 
@@ -19,7 +20,16 @@ Error::Error(ErrorKind kind, std::string message, ErrorContext context)
 }
 
 int Error::exit_code() const noexcept {
-  return kind_ == ErrorKind::internal ? kExitInternal : kExitBadInput;
+  switch (kind_) {
+    case ErrorKind::internal:
+      return kExitInternal;
+    case ErrorKind::stopped:
+      return kExitCheckpointed;
+    case ErrorKind::usage:
+    case ErrorKind::bad_input:
+      break;
+  }
+  return kExitBadInput;
 }
 
 Error& Error::add_context(const ErrorContext& outer) {
@@ -53,6 +63,8 @@ Error internal_error(std::string message, ErrorContext context) {
   return {ErrorKind::internal, std::move(message), std::move(context)};
 }
 
+Error stopped_before_start(std::string message) { return {ErrorKind::stopped, std::move(message)}; }
+
 std::string one_line(std::string_view text) {
   // A run of control characters (the newlines of a multi-line library message), together with
   // the blanks around it, becomes one space; other spaces are kept as they are.
@@ -77,6 +89,37 @@ std::string one_line(std::string_view text) {
   return out.substr(first, out.find_last_not_of(' ') - first + 1);
 }
 
+namespace {
+
+// A file system call that failed on a path the user gave: a link loop, a name too long, a
+// missing or unreadable entry, a file where a directory should be, are the input's problems
+// (exit 2) and are said so, naming the path; anything else (an I/O error, a full disk) is not.
+ErrorSummary filesystem_summary(const std::filesystem::filesystem_error& e) {
+  const std::error_code code = e.code();
+  std::string_view why;
+  if (code == std::errc::too_many_symbolic_link_levels) {
+    why = "too many levels of symbolic links (a link loop?)";
+  } else if (code == std::errc::filename_too_long) {
+    why = "the name is too long for the file system";
+  } else if (code == std::errc::not_a_directory) {
+    why = "a part of the path is not a directory";
+  } else if (code == std::errc::no_such_file_or_directory) {
+    why = "no such file or directory";
+  } else if (code == std::errc::permission_denied || code == std::errc::operation_not_permitted) {
+    why = "permission denied";
+  } else if (code == std::errc::read_only_file_system) {
+    why = "read-only file system";
+  } else if (code == std::errc::is_a_directory) {
+    why = "is a directory";
+  }
+  const std::string path = e.path1().string();
+  if (why.empty()) return {kExitInternal, one_line(e.what())};
+  return {kExitBadInput,
+          one_line(path.empty() ? std::string(why) : path + ": " + std::string(why))};
+}
+
+}  // namespace
+
 ErrorSummary summarize(const std::exception_ptr& error) noexcept {
   try {
     try {
@@ -91,6 +134,8 @@ ErrorSummary summarize(const std::exception_ptr& error) noexcept {
       return {kExitBadInput, one_line(e.what())};
     } catch (const std::bad_alloc&) {
       return {kExitInternal, "out of memory"};
+    } catch (const std::filesystem::filesystem_error& e) {
+      return filesystem_summary(e);
     } catch (const std::system_error& e) {
       return {kExitInternal, one_line(e.what())};
     } catch (const std::exception& e) {

@@ -20,7 +20,8 @@ enum ExitCode : int {
 enum class ErrorKind {
   usage,      // the command line or a config file is wrong            -> exit 2
   bad_input,  // a data, model or checkpoint file is wrong/unreadable  -> exit 2
-  internal    // anything else: a failed system/MPI/CUDA call, a bug    -> exit 1
+  internal,   // anything else: a failed system/MPI/CUDA call, a bug    -> exit 1
+  stopped     // stopped on request before there was anything to save     -> exit 75
 };
 
 // Where the problem is. Every field is optional; what() puts the present ones in front of the
@@ -72,6 +73,9 @@ class PeerFailure : public std::exception {
 [[nodiscard]] Error usage_error(std::string message);
 [[nodiscard]] Error bad_input(std::string message, ErrorContext context = {});
 [[nodiscard]] Error internal_error(std::string message, ErrorContext context = {});
+// A run asked to stop (SIGTERM, SIGUSR1, the host) before its first step: nothing is lost, the
+// job is requeued as after a checkpoint (exit 75).
+[[nodiscard]] Error stopped_before_start(std::string message);
 
 // The text of an errno value, safe on any thread (strerror is not).
 [[nodiscard]] std::string errno_text(int error);

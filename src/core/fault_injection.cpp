@@ -43,18 +43,19 @@ void perform(std::string_view action, std::string_view point, int rank, std::str
     std::signal(SIGXFSZ, SIG_IGN);
     return;
   }
-  if (action == "raise:USR1" || action == "raise:TERM") {
-    std::raise(action == "raise:USR1" ? SIGUSR1 : SIGTERM);
+  if (action == "raise:USR1" || action == "raise:TERM" || action == "raise:INT") {
+    std::raise(action == "raise:USR1" ? SIGUSR1 : action == "raise:TERM" ? SIGTERM : SIGINT);
     return;
   }
   if (action.starts_with("sleep:")) {
     std::this_thread::sleep_for(std::chrono::seconds(parse_int(action.substr(6), entry)));
     return;
   }
-  throw usage_error(fmt::format(
-      "L3_FAULT: unknown action '{}' in '{}' (use throw-internal, "
-      "throw-input, exit:CODE, kill, raise:USR1, raise:TERM, fsize:BYTES, sleep:SECONDS)",
-      action, entry));
+  throw usage_error(
+      fmt::format("L3_FAULT: unknown action '{}' in '{}' (use throw-internal, "
+                  "throw-input, exit:CODE, kill, raise:USR1, raise:TERM, raise:INT, fsize:BYTES, "
+                  "sleep:SECONDS)",
+                  action, entry));
 }
 
 // How many times each point has been reached in this process (for "#N" entries).

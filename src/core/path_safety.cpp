@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <regex>
 #include <system_error>
 
+#include "core/bounded_read.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 
@@ -21,7 +23,10 @@ namespace l3::core {
 
 namespace {
 
-constexpr std::string_view kDemoMarker = ".llama3-hpc-demo";
+// Inside every staging and set-aside directory while it exists: what proves that this program
+// made it, naming the directory itself, its host and its process (a copy or a rename of it
+// under another name proves nothing).
+constexpr std::string_view kStagingMarker = ".llama3-hpc-staging";
 constexpr std::uintmax_t kLargestMarkerFile = 64U << 20U;  // index.json, config.json
 
 // An Error for a failed file-system call on `path`: exit 2 when the system refused it for
@@ -54,9 +59,12 @@ nlohmann::json read_marker(const fs::path& file) {
     return nlohmann::json::value_t::discarded;
   const std::uintmax_t size = fs::file_size(file, ec);
   if (ec || size > kLargestMarkerFile) return nlohmann::json::value_t::discarded;
-  std::ifstream in(file, std::ios::binary);
-  const nlohmann::json value = nlohmann::json::parse(in, nullptr, false);
-  return value.is_object() ? value : nlohmann::json(nlohmann::json::value_t::discarded);
+  try {
+    nlohmann::json value = parse_json_or_discard(read_text_file(file.string(), "a marker file"));
+    if (value.is_object()) return value;
+  } catch (const Error&) {  // unreadable: not a marker of ours
+  }
+  return nlohmann::json::value_t::discarded;
 }
 
 bool is_dataset_index(const fs::path& file) {
@@ -161,40 +169,49 @@ std::string export_problem(const fs::path& dir, const std::vector<Entry>& entrie
   return {};
 }
 
-// A PEFT LoRA adapter directory (ours or PEFT's): its two files and PEFT's model card only.
+// The "__metadata__" of a safetensors file's header (a regular file, not a link), or a
+// discarded value.
+nlohmann::json safetensors_metadata(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(file, ec)) || ec)
+    return nlohmann::json::value_t::discarded;
+  std::ifstream in(file, std::ios::binary);
+  std::array<unsigned char, 8> prefix{};
+  if (!in.read(reinterpret_cast<char*>(prefix.data()), 8))  // NOLINT: bytes
+    return nlohmann::json::value_t::discarded;
+  std::uint64_t length = 0;
+  for (std::size_t i = 0; i < 8; ++i) length |= static_cast<std::uint64_t>(prefix.at(i)) << (8 * i);
+  if (length == 0 || length > kLargestMarkerFile) return nlohmann::json::value_t::discarded;
+  std::string header(static_cast<std::size_t>(length), '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(length)))
+    return nlohmann::json::value_t::discarded;
+  nlohmann::json parsed = parse_json_or_discard(header);
+  if (!parsed.is_object() || !parsed.contains("__metadata__") ||
+      !parsed["__metadata__"].is_object())
+    return nlohmann::json::value_t::discarded;
+  return parsed["__metadata__"];
+}
+
+// A LoRA adapter directory written by llama3-hpc: its two files only, adapter_config.json of a
+// LoRA adapter, and the adapter's safetensors metadata naming llama3-hpc. A directory PEFT
+// wrote (its model card, no such metadata) is not ours, whatever it holds.
 std::string adapter_problem(const fs::path& dir, const std::vector<Entry>& entries) {
   for (const Entry& e : entries) {
     if (e.type != fs::file_type::regular ||
-        (e.name != "adapter_config.json" && e.name != "adapter_model.safetensors" &&
-         e.name != "README.md")) {
-      return fmt::format("it holds {}, {} that a LoRA adapter does not", e.name,
+        (e.name != "adapter_config.json" && e.name != "adapter_model.safetensors")) {
+      return fmt::format("it holds {}, {} that llama3-hpc does not write into an adapter", e.name,
                          entry_kind(e.type));
     }
   }
   const nlohmann::json config = read_marker(dir / "adapter_config.json");
   if (config.is_discarded() || !config.is_object() || config.value("peft_type", "") != "LORA")
     return "its adapter_config.json is missing or not a LoRA adapter's";
-  return {};
-}
-
-std::string demo_problem(const fs::path& dir, const std::vector<Entry>& entries) {
-  bool marker = false;
-  for (const Entry& e : entries) {
-    const bool file = e.type == fs::file_type::regular;
-    const bool directory = e.type == fs::file_type::directory;
-    if (e.name == kDemoMarker && file) {
-      marker = true;
-    } else if (!((directory && (e.name == "input" || e.name == "sft" || e.name == "preferences" ||
-                                e.name == "ckpt")) ||
-                 (file && (e.name == "metrics-sft.jsonl" || e.name == "metrics-reward.jsonl")))) {
-      return fmt::format("it holds {}, {} that the demo does not write", e.name,
-                         entry_kind(e.type));
-    }
-  }
-  // A demo directory of an earlier version has no marker but the demo's input.
-  std::error_code ec;
-  if (!marker && !fs::is_regular_file(fs::symlink_status(dir / "input/instructions.jsonl", ec)))
-    return fmt::format("it has no {} marker: not a demo directory", kDemoMarker);
+  const nlohmann::json metadata = safetensors_metadata(dir / "adapter_model.safetensors");
+  if (metadata.is_discarded() || !metadata.contains(kAdapterMetadataKey))
+    return fmt::format(
+        "its adapter_model.safetensors is missing or was not written by "
+        "llama3-hpc export (no \"{}\" in its metadata)",
+        kAdapterMetadataKey);
   return {};
 }
 
@@ -204,8 +221,6 @@ std::string_view kind_name(OwnedKind kind) {
       return "a dataset written by llama3-hpc prep";
     case OwnedKind::hf_export:
       return "a model written by llama3-hpc export";
-    case OwnedKind::demo:
-      return "a llama3-hpc demo directory";
     case OwnedKind::peft_adapter:
       return "a LoRA adapter directory";
   }
@@ -219,23 +234,53 @@ fs::path sibling_name(const fs::path& target, std::string_view what) {
                                             host_name(), ::getpid(), counter++);
 }
 
-// The pid in a staging name's tail "<host>-<pid>-<n>" (or the older "<pid>-<n>"), when the host
-// is this one (or not recorded).
+// The pid in a staging name's tail "<host>-<pid>-<n>" when the host is this one.
 std::optional<pid_t> local_pid(std::string_view tail) {
   const std::size_t last = tail.rfind('-');
   if (last == std::string_view::npos) return std::nullopt;
   const std::string_view head = tail.substr(0, last);
   const std::size_t before = head.rfind('-');
-  const std::string_view pid_text =
-      before == std::string_view::npos ? head : head.substr(before + 1);
-  const std::string_view host = before == std::string_view::npos ? "" : head.substr(0, before);
-  if (!host.empty() && host != host_name()) return std::nullopt;
+  if (before == std::string_view::npos || head.substr(0, before) != host_name())
+    return std::nullopt;
+  const std::string_view pid_text = head.substr(before + 1);
   pid_t pid = 0;
   const auto [end, error] =
       std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
   if (error != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0)
     return std::nullopt;
   return pid;
+}
+
+// Creates `dir` exclusively (false: something is there already) with its staging marker.
+bool create_marked_directory(const fs::path& dir, std::error_code& ec) {
+  if (!fs::create_directory(dir, ec) || ec) return false;
+  const nlohmann::json marker = {
+      {"staging", dir.filename().string()}, {"host", host_name()}, {"pid", ::getpid()}};
+  const int fd = create_exclusive((dir / kStagingMarker).string());
+  const std::string text = marker.dump() + "\n";
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!written) {
+    ec = std::make_error_code(std::errc::io_error);
+    fs::remove_all(dir);
+    return false;
+  }
+  return true;
+}
+
+// Whether `dir` (a real directory) holds the marker this host's process `pid` wrote into it
+// under this very name.
+bool marked_as_ours(const fs::path& dir, pid_t pid) {
+  const nlohmann::json marker = read_marker(dir / kStagingMarker);
+  if (marker.is_discarded()) return false;
+  const auto text = [&](const char* key) {
+    const auto it = marker.find(key);
+    return it != marker.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const auto recorded = marker.find("pid");
+  return text("staging") == dir.filename().string() && text("host") == host_name() &&
+         recorded != marker.end() && recorded->is_number_integer() &&
+         recorded->get<std::int64_t>() == pid;
 }
 
 }  // namespace
@@ -280,8 +325,6 @@ std::string why_not_ours(const fs::path& dir, OwnedKind kind) {
       return dataset_problem(dir, entries);
     case OwnedKind::hf_export:
       return export_problem(dir, entries);
-    case OwnedKind::demo:
-      return demo_problem(dir, entries);
     case OwnedKind::peft_adapter:
       return adapter_problem(dir, entries);
   }
@@ -315,6 +358,34 @@ void remove_tree(const fs::path& path) {
   std::error_code ec;
   fs::remove_all(path, ec);  // never follows links: a link is removed itself
   if (ec) throw filesystem_failure(ec, "cannot remove", path);
+}
+
+void make_real_directory(const fs::path& dir, std::string_view option) {
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(dir, ec))) {
+    // unlink() removes a link (or a file), never a directory another process made meanwhile.
+    if (::unlink(dir.c_str()) != 0 && errno != ENOENT && errno != EISDIR) {
+      throw bad_input(fmt::format("{}: cannot remove a symbolic link planted here: {}", option,
+                                  errno_text(errno)),
+                      {.file = dir.string()});
+    }
+  }
+  fs::create_directory(dir, ec);  // false, no error: it exists
+  if (!is_real_directory(dir)) {
+    throw bad_input(fmt::format("{}: cannot make a directory here ({})", option,
+                                ec ? ec.message() : "something else is in the way"),
+                    {.file = dir.string()});
+  }
+}
+
+void refuse_link(const fs::path& path, std::string_view option) {
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(path, ec))) {
+    throw bad_input(fmt::format("{}: is a symbolic link; llama3-hpc never writes through a link "
+                                "it did not create (remove it)",
+                                option),
+                    {.file = path.string()});
+  }
 }
 
 void check_writable_directory(const fs::path& dir, std::string_view option) {
@@ -363,7 +434,7 @@ StagingDirectory::StagingDirectory(fs::path target, OwnedKind kind, std::string 
   }
   for (int attempt = 0;; ++attempt) {
     const fs::path candidate = sibling_name(target_, "partial");
-    if (fs::create_directory(candidate, ec) && !ec) {  // false: it existed (not ours): next name
+    if (create_marked_directory(candidate, ec)) {  // false: it existed (not ours): next name
       path_ = candidate;
       return;
     }
@@ -384,20 +455,37 @@ StagingDirectory::~StagingDirectory() {
 }
 
 void StagingDirectory::install(bool replace) {
+  // The replaced directory is moved into a marked directory of its own, so that what a crash
+  // leaves of it can be proved ours and removed by a later run.
   fs::path old;
+  fs::path previous;
   if (entry_exists(target_)) {
     if (!replace) {
       throw usage_error(fmt::format("{} {} exists; choose another one or add --overwrite", option_,
                                     target_.string()));
     }
     require_ours(target_, kind_, option_);
-    old = sibling_name(target_, "old");
-    rename_path(target_.string(), old.string());
+    std::error_code ec;
+    for (int attempt = 0; old.empty(); ++attempt) {
+      const fs::path candidate = sibling_name(target_, "old");
+      if (create_marked_directory(candidate, ec)) old = candidate;
+      if (ec || attempt > 100) {
+        throw bad_input(fmt::format("{}: cannot create a directory next to {}: {}", option_,
+                                    target_.filename().string(),
+                                    ec ? ec.message() : std::string("every name is taken")),
+                        {.file = target_.parent_path().string()});
+      }
+    }
+    previous = old / target_.filename();
+    rename_path(target_.string(), previous.string());
   }
   try {
+    if (::unlink((path_ / kStagingMarker).c_str()) != 0 && errno != ENOENT)
+      throw internal_error(fmt::format("cannot remove: {}", errno_text(errno)),
+                           {.file = (path_ / kStagingMarker).string()});
     rename_path(path_.string(), target_.string());
   } catch (...) {
-    if (!old.empty()) (void)std::rename(old.c_str(), target_.c_str());  // put it back
+    if (!old.empty()) (void)std::rename(previous.c_str(), target_.c_str());  // put it back
     throw;
   }
   installed_ = true;
@@ -422,9 +510,10 @@ std::vector<std::string> remove_abandoned_staging(const fs::path& target) {
         tail = std::string_view(entry).substr(name.size() + what.size());
     }
     if (tail.empty() || !is_real_directory(it->path())) continue;
-    if (tail.ends_with(".old")) tail.remove_suffix(4);  // an earlier version's set-aside name
     const std::optional<pid_t> pid = local_pid(tail);
     if (!pid || *pid == ::getpid() || ::kill(*pid, 0) == 0 || errno != ESRCH) continue;
+    // The name alone proves nothing (a user's "out.old-2024-06"): the marker must name it.
+    if (!marked_as_ours(it->path(), *pid)) continue;
     abandoned.push_back(it->path());
   }
   std::vector<std::string> removed;
@@ -434,6 +523,32 @@ std::vector<std::string> remove_abandoned_staging(const fs::path& target) {
     if (!removal) removed.push_back(path.filename().string());
   }
   return removed;
+}
+
+std::string unknown_entry(const fs::path& dir, std::span<const KnownEntry> known,
+                          std::string_view owner) {
+  for (const Entry& e : list_entries(dir)) {
+    const bool listed = std::ranges::any_of(known, [&](const KnownEntry& k) {
+      return k.name == e.name &&
+             (k.directory ? e.type == fs::file_type::directory : e.type == fs::file_type::regular);
+    });
+    if (!listed)
+      return fmt::format("it holds {}, {} that {} does not write", e.name, entry_kind(e.type),
+                         owner);
+  }
+  return {};
+}
+
+std::string read_small_regular_file(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(file, ec)) || ec) return {};
+  const std::uintmax_t size = fs::file_size(file, ec);
+  if (ec || size > kLargestMarkerFile) return {};
+  try {
+    return read_text_file(file.string(), "a marker file");
+  } catch (const Error&) {
+    return {};
+  }
 }
 
 }  // namespace l3::core

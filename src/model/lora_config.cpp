@@ -33,8 +33,9 @@ void LoraConfig::validate() const {
     throw core::usage_error(fmt::format("--lora-rank {} is outside [0, {}]", rank, kMaxRank));
   }
   if (!enabled()) return;
-  if (!(alpha > 0.0) || !std::isfinite(alpha)) {
-    throw core::usage_error(fmt::format("--lora-alpha {} must be a positive number", alpha));
+  if (!(alpha > 0.0 && alpha <= kMaxAlpha)) {
+    throw core::usage_error(
+        fmt::format("--lora-alpha {} is outside (0, {:g}]: not a LoRA scale", alpha, kMaxAlpha));
   }
   if (!(dropout >= 0.0 && dropout < 1.0)) {
     throw core::usage_error(fmt::format("--lora-dropout {} is outside [0, 1)", dropout));

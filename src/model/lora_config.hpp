@@ -23,6 +23,10 @@ inline constexpr std::array<LoraTarget, kLoraTargetCount> kLoraTargets{
 [[nodiscard]] std::string_view lora_target_module(LoraTarget t);
 
 struct LoraConfig {
+  // The largest alpha, from --lora-alpha or an adapter_config.json: a scale beyond it is a
+  // typo, and makes every loss non-finite.
+  static constexpr double kMaxAlpha = 1e6;
+
   int rank = 0;                 // r; 0: no adapters (full fine-tuning)
   double alpha = 8.0;           // PEFT's default
   bool rslora = false;          // scale alpha / sqrt(r) instead of alpha / r
@@ -35,7 +39,7 @@ struct LoraConfig {
   }
   [[nodiscard]] float scale() const;
   // A usage Error naming the option when a value is out of range (rank < 0 or over 65536, alpha
-  // not positive, dropout outside [0, 1), no target).
+  // outside (0, kMaxAlpha], dropout outside [0, 1), no target).
   void validate() const;
   // "q,k,v,o,gate,up,down" (the targets, in layout order).
   [[nodiscard]] std::string targets_text() const;

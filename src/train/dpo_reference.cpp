@@ -3,16 +3,19 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <exception>
 #include <filesystem>
 
 #include "ckpt/checksum.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/fault_injection.hpp"
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
 #include "io/h5/h5.hpp"
+#include "train/stop_policy.hpp"
 
 namespace l3::train {
 
@@ -23,6 +26,26 @@ constexpr std::string_view kFormat = "llama3-hpc/reference-logps";
 template <typename T>
 void feed(ckpt::Xxh64Stream& s, std::span<const T> values) {
   s.update(std::as_bytes(values));
+}
+
+// The checksum of a table's values as stored: the chosen ones, then the rejected ones.
+std::string values_digest(std::span<const double> chosen, std::span<const double> rejected) {
+  ckpt::Xxh64Stream s;
+  feed<double>(s, chosen);
+  feed<double>(s, rejected);
+  return fmt::format("{:016x}", s.digest());
+}
+
+// Why stored values cannot be log-probabilities of sequences (sums or means of log p <= 0,
+// finite), or "".
+std::string outside_domain(std::span<const double> values, std::string_view which) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i]) || values[i] > 0) {
+      return fmt::format("its {} value of pair {} is {}, not a log-probability (finite, <= 0)",
+                         which, i, values[i]);
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -69,13 +92,15 @@ std::vector<double> ReferenceTable::of(const model::Batch& batch) const {
 
 ReferenceTable compute_reference(const dist::World& world, model::LlamaModel& model,
                                  const data::DatasetIndex& index, const data::LoaderConfig& loader,
-                                 ReferenceKey key) {
+                                 ReferenceKey key, const std::atomic<bool>* stop) {
   const auto pairs = static_cast<std::size_t>(index.samples());
   // Each pair is computed by one rank; the others leave 0 there, and the sum is exact.
   std::vector<double> values(2 * pairs, 0.0);
   data::DataLoader source(world, index, loader, {0, 0});
   const std::int64_t steps = source.steps_in_epoch(0);
   for (std::int64_t s = 0; s < steps; ++s) {
+    core::fault_point("dpo.reference", world.rank());
+    stop_if_requested(world, stop, "while computing DPO's reference log-probabilities");
     const data::StepData& step = source.next();
     for (const model::Batch& batch : step.micro) {
       if (batch.pairs() == 0) {
@@ -104,7 +129,8 @@ void write_reference(const dist::World& world, const std::string& path, const Re
   if (world.is_root()) {
     try {
       const std::scoped_lock guard(h5::library_lock());
-      std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+      // The directory was checked by check_reference_directory: a real one, or none yet.
+      std::filesystem::create_directory(std::filesystem::path(path).parent_path());
       const std::string temporary = core::temporary_name_for(path);
       {
         const h5::Handle file = h5::create_new_file(temporary);
@@ -114,6 +140,8 @@ void write_reference(const dist::World& world, const std::string& path, const Re
         h5::write_attribute(file, "mean", std::int64_t{t.key().mean ? 1 : 0}, temporary);
         h5::write_dataset<double>(file, "chosen", t.chosen(), temporary);
         h5::write_dataset<double>(file, "rejected", t.rejected(), temporary);
+        h5::write_attribute(file, "values_xxh64", values_digest(t.chosen(), t.rejected()),
+                            temporary);
         h5::flush_file(file, temporary);
       }
       core::fsync_path(temporary);
@@ -133,7 +161,8 @@ std::optional<ReferenceTable> read_reference(const dist::World& world, const std
   int found = 0;
   if (world.is_root()) {
     try {
-      if (!std::filesystem::exists(path)) {
+      std::error_code ec;
+      if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
         why = "not computed yet";
       } else {
         const std::scoped_lock guard(h5::library_lock());
@@ -159,8 +188,24 @@ std::optional<ReferenceTable> read_reference(const dist::World& world, const std
                 fmt::format("{} and {} values for {} pairs", values.size(), rejected.size(), pairs),
                 {.file = path});
           }
-          values.insert(values.end(), rejected.begin(), rejected.end());
-          found = 1;
+          // Like every stored tensor, the values are checked against their checksum, and
+          // against their domain (a table written before checksums were stored has only that).
+          const std::string digest = values_digest(values, rejected);
+          std::string damage;
+          if (h5::has_attribute(file, "values_xxh64", path) &&
+              h5::read_string_attribute(file, "values_xxh64", path) != digest) {
+            damage = "damaged: its values do not match their checksum";
+          } else if (std::string w = outside_domain(values, "chosen"); !w.empty()) {
+            damage = "damaged: " + w;
+          } else if (std::string r = outside_domain(rejected, "rejected"); !r.empty()) {
+            damage = "damaged: " + r;
+          }
+          if (damage.empty()) {
+            values.insert(values.end(), rejected.begin(), rejected.end());
+            found = 1;
+          } else {
+            why = fmt::format("{} ({})", damage, path);
+          }
         }
       }
     } catch (...) {
@@ -176,6 +221,43 @@ std::optional<ReferenceTable> read_reference(const dist::World& world, const std
   std::vector<double> rejected(values.begin() + pairs, values.end());
   values.resize(static_cast<std::size_t>(pairs));
   return ReferenceTable(key, std::move(values), std::move(rejected));
+}
+
+void check_reference_directory(const dist::World& world, const std::string& directory,
+                               std::string_view option) {
+  std::exception_ptr failure;
+  if (world.is_root()) {
+    try {
+      namespace fs = std::filesystem;
+      std::error_code ec;
+      const fs::file_status status = fs::symlink_status(directory, ec);
+      if (fs::is_symlink(status)) {
+        throw core::bad_input(
+            fmt::format("{}: is a symbolic link; name the directory itself (llama3-hpc never "
+                        "writes through a link it did not create)",
+                        option),
+            {.file = directory});
+      }
+      if (fs::exists(status) && !fs::is_directory(status)) {
+        throw core::bad_input(fmt::format("{}: exists and is not a directory", option),
+                              {.file = directory});
+      }
+      for (const char* name : {"train.h5", "val.h5"}) {
+        const fs::path file = fs::path(directory) / name;
+        const fs::file_status s = fs::symlink_status(file, ec);
+        if (fs::exists(s) && !fs::is_regular_file(s)) {
+          throw core::bad_input(
+              fmt::format("{}: {} is not a regular file (a link, a directory or a device is "
+                          "never read or replaced)",
+                          option, name),
+              {.file = file.string()});
+        }
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world, failure);
 }
 
 }  // namespace l3::train

@@ -7,6 +7,7 @@
 // reused on resume, checked against the data and the model they came from.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -53,18 +54,27 @@ class ReferenceTable {
 
 // Collective: every pair's log-probabilities under `model` as it is, by forward passes over
 // epoch 0 of `loader` (its plan: the training's, or evaluation's), split over the ranks as
-// that plan splits them; every rank gets the whole table.
+// that plan splits them; every rank gets the whole table. `stop`: a host's stop flag, agreed
+// after every step of the pass (train/stop_policy.hpp: stop_if_requested).
 [[nodiscard]] ReferenceTable compute_reference(const dist::World& world, model::LlamaModel& model,
                                                const data::DatasetIndex& index,
-                                               const data::LoaderConfig& loader, ReferenceKey key);
+                                               const data::LoaderConfig& loader, ReferenceKey key,
+                                               const std::atomic<bool>* stop = nullptr);
 
 // The file: rank 0 writes it (under a temporary name, renamed) and reads it; read_reference
-// returns nothing when the file is missing or was computed from something else (`why` says
-// what), and throws bad_input for a damaged one. Collective.
+// returns nothing when the file is missing, was computed from something else, or its values do
+// not match their checksum or are not log-probabilities (`why` says which), and throws
+// bad_input for a file that is not a table at all. Collective.
 void write_reference(const dist::World& world, const std::string& path, const ReferenceTable& t);
 [[nodiscard]] std::optional<ReferenceTable> read_reference(const dist::World& world,
                                                            const std::string& path,
                                                            const ReferenceKey& key,
                                                            std::int64_t pairs, std::string& why);
+
+// Before anything is computed: the directory the tables go to (`option` names where it came
+// from, "--reference-dir" or "--ckpt-dir") is a real directory or nothing yet, never a link
+// or a file, and the tables in it are regular files. bad_input Error naming it. Collective.
+void check_reference_directory(const dist::World& world, const std::string& directory,
+                               std::string_view option);
 
 }  // namespace l3::train

@@ -1,12 +1,17 @@
 #include "train/metrics.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
+#include "core/bounded_read.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace l3::train {
 
@@ -143,26 +148,82 @@ MetricsFile::MetricsFile(const std::string& path, std::optional<std::int64_t> re
         "did not create)",
         {.file = path});
   }
-  if (resumed_at && std::filesystem::is_regular_file(p)) {
-    std::ifstream in(path);
-    std::string kept;
-    std::string line;
-    bool dropped = false;
-    while (std::getline(in, line)) {
-      // A line the crash cut short, or a record of a step after the checkpoint: dropped.
-      const json record = json::parse(line, nullptr, false);
-      if (record.is_discarded() ||
-          (record.is_object() && record.value("step", std::int64_t{0}) > *resumed_at)) {
-        dropped = true;
-        continue;
-      }
-      kept += line + '\n';
-    }
-    in.close();
-    if (dropped) core::write_file_atomically(path, kept);
+  const std::filesystem::file_status status = std::filesystem::symlink_status(p, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw core::bad_input("exists and is not a regular file: not a metrics file to append to",
+                          {.file = path});
   }
+  if (resumed_at && std::filesystem::is_regular_file(status)) drop_records_after(*resumed_at);
   out_.open(path, std::ios::app);
   if (!out_) throw core::bad_input("cannot open for appending", {.file = path});
+}
+
+namespace {
+
+// Whether `record` is one this program writes (to_json above): an object of kind "train" or
+// "eval" with a whole step number.
+std::optional<std::int64_t> our_record_step(const json& record) {
+  if (!record.is_object()) return std::nullopt;
+  const auto kind = record.find("kind");
+  const auto step = record.find("step");
+  if (kind == record.end() || !kind->is_string() || step == record.end() ||
+      !step->is_number_integer())
+    return std::nullopt;
+  const std::string& k = kind->get_ref<const std::string&>();
+  if (k != "train" && k != "eval") return std::nullopt;
+  return step->get<std::int64_t>();
+}
+
+}  // namespace
+
+void MetricsFile::drop_records_after(std::int64_t step) {
+  // Dropped: our records of later steps, and a last line the crash cut short (a record of ours
+  // begins with '{' and was not finished). Every other line, the user's own notes included, is
+  // kept as it is.
+  const int fd = core::open_regular_file(path_, "a metrics file");
+  struct stat info {};
+  char last = '\n';
+  if (::fstat(fd, &info) == 0 && info.st_size > 0 && ::pread(fd, &last, 1, info.st_size - 1) != 1) {
+    last = '\n';
+  }
+  core::LineReader lines(
+      [fd](char* buffer, std::size_t n) {
+        const ssize_t got = ::read(fd, buffer, n);
+        if (got < 0) {
+          throw core::internal_error(fmt::format("read error: {}", core::errno_text(errno)));
+        }
+        return static_cast<std::size_t>(got);
+      },
+      path_);
+  const bool unterminated = last != '\n';
+  core::AtomicFile rewritten(path_);
+  bool dropped = unterminated;  // rewritten in any case: the last line needs its newline
+  const auto decide = [&](const std::string& text, bool is_last) {
+    const json record = core::parse_json_or_discard(text);
+    if (const std::optional<std::int64_t> at = our_record_step(record); at && *at > step) {
+      dropped = true;
+      return;
+    }
+    if (is_last && unterminated && record.is_discarded() && text.starts_with('{')) return;
+    rewritten.write(text);
+    rewritten.write("\n");
+  };
+  try {
+    // Each line is decided once the next is read: only the last may have been cut short.
+    std::optional<std::string> held;
+    std::string line;
+    while (lines.next(line)) {
+      if (held) decide(*held, false);
+      held = std::move(line);
+      line.clear();
+    }
+    if (held) decide(*held, true);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  if (dropped) rewritten.commit();
 }
 
 void MetricsFile::write(const json& record) {

@@ -31,11 +31,15 @@ class MetricsFile {
  public:
   // `resumed_at`: the step a resumed run continues from. The records of later steps (written
   // by the interrupted run after its last checkpoint, and about to be written again) are
-  // dropped first, so that the file reads like one uninterrupted run's.
+  // dropped first, so that the file reads like one uninterrupted run's. Only records of ours
+  // are dropped (objects of kind "train" or "eval"), and a last line the crash cut short:
+  // other lines, a user's notes, are kept as they are.
   explicit MetricsFile(const std::string& path, std::optional<std::int64_t> resumed_at = {});
   void write(const nlohmann::json& record);
 
  private:
+  void drop_records_after(std::int64_t step);
+
   std::string path_;
   std::ofstream out_;
 };

@@ -51,7 +51,7 @@ ResumedState load_state(DataParallel& parallel, const ckpt::RankState& state,
 }  // namespace
 
 std::optional<LocalLevel> plan_local_level(const dist::World& world, const core::Logger& log,
-                                           const TrainConfig& config) {
+                                           const TrainConfig& config, const std::string& run_key) {
   if (config.ckpt_local.empty()) return std::nullopt;
   const dist::NodeMap nodes = dist::NodeMap::of(world);
   LocalLevel level;
@@ -59,9 +59,11 @@ std::optional<LocalLevel> plan_local_level(const dist::World& world, const core:
   level.directory = ckpt::local_level_directory(config.ckpt_local, level.node, config.ckpt_dir);
   level.every = config.checkpoint_every_local;
   level.flush_every = config.flush_every;
+  level.run_key = run_key;
   level.plan = ckpt::plan_redundancy(config.ckpt_redundancy, nodes, config.xor_set_size);
   std::exception_ptr failure;
   try {
+    core::refuse_link(level.directory, "--ckpt-local");
     core::check_writable_directory(level.directory, "--ckpt-local");
   } catch (...) {
     failure = std::current_exception();
@@ -95,6 +97,7 @@ RunCheckpoints::RunCheckpoints(const dist::World& world, const core::Logger& log
       world, ckpt::LocalLevelConfig{.directory = local_->directory,
                                     .node = local_->node,
                                     .plan = local_->plan,
+                                    .run_key = local_->run_key,
                                     .async = policy.async});
   ckpt::RankState local_spare;
   local_spare.allocate(parallel.optimizer().state_ranges());

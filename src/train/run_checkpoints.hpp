@@ -38,13 +38,15 @@ struct LocalLevel {
   ckpt::RedundancyPlan plan;
   std::int64_t every = 0;        // steps between node-local checkpoints
   std::int64_t flush_every = 0;  // every this many of them also to --ckpt-dir (0: never)
+  std::string run_key;           // the run's (train/run_identity.hpp), in every file it writes
 };
 // Collective. Nothing without --ckpt-local. Creates this rank's directory; a rank that cannot
 // write it fails every rank (bad_input naming --ckpt-local and the directory). Logs the plan,
 // and warns when the redundancy asked for cannot be had (a single node).
 [[nodiscard]] std::optional<LocalLevel> plan_local_level(const dist::World& world,
                                                          const core::Logger& log,
-                                                         const TrainConfig& config);
+                                                         const TrainConfig& config,
+                                                         const std::string& run_key);
 
 class RunCheckpoints {
  public:

@@ -24,6 +24,7 @@ BoundaryDecision StopPolicy::agree(const BoundaryTiming& timing) {
   int local = stop_requested_.load() ? kStopNow : 0;
   if (checkpoint_requested_.exchange(false)) local |= kCheckpointNow;
   if (stop_check_ && stop_check_()) local |= kStopNow;
+  if (external_stop_ != nullptr && external_stop_->load()) local |= kStopNow;
   if (rules_.deadline_unix > 0 && timing.can_checkpoint && timing.steps_this_run > 0) {
     const double step_seconds = timing.run_seconds / static_cast<double>(timing.steps_this_run);
     const double needed =
@@ -44,6 +45,18 @@ BoundaryDecision StopPolicy::agree(const BoundaryTiming& timing) {
   dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_BOR, world_.comm()),
                   "MPI_Allreduce (step boundary agreement)");
   return {.stop = (local & kStopNow) != 0, .checkpoint = (local & kCheckpointNow) != 0};
+}
+
+void stop_if_requested(const dist::World& world, const std::atomic<bool>* flag,
+                       std::string_view where) {
+  if (flag == nullptr) return;
+  int stop = flag->load() ? 1 : 0;
+  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, world.comm()),
+                  "MPI_Allreduce (stop before the first step)");
+  if (stop != 0) {
+    throw core::stopped_before_start(
+        fmt::format("stopped on request {}, before the first step: nothing to save", where));
+  }
 }
 
 void StopPolicy::check(const StepMetrics& step, Phase phase) const {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <string_view>
 
 #include "train/metrics.hpp"
 
@@ -49,6 +50,9 @@ class StopPolicy {
   void request_checkpoint() noexcept { checkpoint_requested_.store(true); }
   // Polled on every rank at every boundary: true asks to stop.
   void set_stop_check(std::function<bool()> check) { stop_check_ = std::move(check); }
+  // A host's flag (set by its signal handler, maybe before the run was built), read at every
+  // boundary like a request; nullptr: none.
+  void set_external_stop(const std::atomic<bool>* flag) noexcept { external_stop_ = flag; }
 
   // What every rank does at this step boundary: stop when any rank was asked to or the
   // deadline is closer than two steps, a checkpoint and the margin; checkpoint when any rank
@@ -73,8 +77,15 @@ class StopPolicy {
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> checkpoint_requested_{false};
   std::function<bool()> stop_check_;
+  const std::atomic<bool>* external_stop_ = nullptr;
   bool deadline_hit_ = false;
   int bad_in_a_row_ = 0;
 };
+
+// Before the first step (building the run: loading the model, resuming, DPO's reference): the
+// ranks agree whether `flag` was set on any of them, and if so all throw core's "stopped" Error
+// (exit 75, nothing to save), saying `where`. Collective; nothing when `flag` is nullptr.
+void stop_if_requested(const dist::World& world, const std::atomic<bool>* flag,
+                       std::string_view where);
 
 }  // namespace l3::train

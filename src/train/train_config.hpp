@@ -116,6 +116,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   double peak_tflops = 0;  // per rank; 0: known GPUs by name, else no MFU
   bool ignore_tokenizer_mismatch = false;
   bool progress = true;  // a progress bar when stdout is a terminal
+  // What parsing the options had to warn about (an unusable SLURM_JOB_END_TIME): logged when
+  // the run starts.
+  std::vector<std::string> warnings;
 
   // usage Error for what cannot be right whatever the data and model.
   void validate() const;

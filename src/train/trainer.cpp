@@ -25,10 +25,11 @@
 namespace l3::train {
 
 struct Trainer::Impl {
-  Impl(const dist::World& w, const core::Logger& l, TrainConfig c, std::unique_ptr<StepSource> d)
+  Impl(const dist::World& w, const core::Logger& l, TrainConfig c, std::unique_ptr<StepSource> d,
+       const std::atomic<bool>* stop_flag)
       : world(w),
         log(l),
-        parts(assemble_trainer(w, l, std::move(c), std::move(d))),
+        parts(assemble_trainer(w, l, std::move(c), std::move(d), stop_flag)),
         config(parts->config),
         ops(*parts->ops),
         model(*parts->model),
@@ -49,6 +50,7 @@ struct Trainer::Impl {
       prior_tokens = r->trained_tokens;
       prior_seconds = r->trained_seconds;
     }
+    stop.set_external_stop(stop_flag);
     if (parts->reprotect_local) local_checkpoint(false);
   }
 
@@ -260,7 +262,8 @@ struct Trainer::Impl {
                           .lora = model.has_adapters() ? std::optional(config.lora) : std::nullopt,
                           .base = parts->lora_base,
                           .base_xxh64 = parts->lora_base_xxh64,
-                          .reference = parts->reference_record};
+                          .reference = parts->reference_record,
+                          .run_key = parts->run_key};
   }
 
   // The step boundary's decision, agreed by every rank: false when the run stops here.
@@ -271,10 +274,15 @@ struct Trainer::Impl {
                                                 .can_checkpoint = checkpoints.enabled()});
     if (agreed.stop) {
       progress.clear();
+      // Before the first step of this run the state is the one it started from (the checkpoint
+      // it resumed, or the initial weights the options give again): nothing new to save.
+      const bool nothing_new = done == first_step;
       log.warn("stopping at step {} of {} on request: {}", done, total,
-               checkpoints.enabled() ? "writing a checkpoint" : "no --ckpt-dir, nothing to save");
+               nothing_new             ? "no step run yet, nothing new to save"
+               : checkpoints.enabled() ? "writing a checkpoint"
+                                       : "no --ckpt-dir, nothing to save");
       stopped = true;
-      if (checkpoints.enabled()) checkpoint();
+      if (checkpoints.enabled() && !nothing_new) checkpoint();
       checkpoints.finish();
       return false;
     }
@@ -317,8 +325,8 @@ struct Trainer::Impl {
 };
 
 Trainer::Trainer(const dist::World& world, const core::Logger& log, TrainConfig config,
-                 std::unique_ptr<StepSource> data)
-    : impl_(std::make_unique<Impl>(world, log, std::move(config), std::move(data))) {}
+                 std::unique_ptr<StepSource> data, const std::atomic<bool>* stop)
+    : impl_(std::make_unique<Impl>(world, log, std::move(config), std::move(data), stop)) {}
 
 Trainer::~Trainer() = default;
 

@@ -11,6 +11,7 @@
 // clipping, AdamW on each rank's shard, and the all-gather of the parameters.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -39,8 +40,11 @@ class Trainer {
   // optimizer. Errors are core::Error (usage, bad_input) with context.
   // `data`: the training data, when it does not come from config.data's shards
   // (config.data_from_host must then be set).
+  // `stop`: a host's stop flag (set by a signal handler, maybe before the trainer exists):
+  // while the trainer is built, setting it stops every rank with core's "stopped" Error (exit
+  // 75); afterwards it asks to stop at the next boundary, as request_stop(). nullptr: none.
   Trainer(const dist::World& world, const core::Logger& log, TrainConfig config,
-          std::unique_ptr<StepSource> data = nullptr);
+          std::unique_ptr<StepSource> data = nullptr, const std::atomic<bool>* stop = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -23,6 +23,8 @@
 #include "train/evaluator.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
+#include "train/run_identity.hpp"
+#include "train/stop_policy.hpp"
 
 namespace l3::train {
 
@@ -256,12 +258,13 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
 std::optional<ckpt::LocalResume> resume_local_level(const dist::World& world,
                                                     const core::Logger& log, const TrainConfig& c,
                                                     const std::string& directory,
+                                                    const std::string& run_key,
                                                     const std::string& resume_dir,
                                                     std::int64_t global) {
   switch (c.resume.mode) {
     case ckpt::ResumeMode::automatic: {
       std::optional<ckpt::LocalResume> r =
-          ckpt::resume_from_local_level(world, log, directory, global, c.verify_resume);
+          ckpt::resume_from_local_level(world, log, directory, global, c.verify_resume, run_key);
       ckpt::discard_local_steps_after(world, directory, r ? r->step : global);
       if (r) {
         log.info("resuming from the node-local level at step {}{}: {}", r->step,
@@ -323,6 +326,10 @@ void prepare_dpo_reference(const dist::World& world, const core::Logger& log, Tr
                                 : !c.ckpt_dir.empty()
                                     ? (std::filesystem::path(c.ckpt_dir) / "reference").string()
                                     : std::string();
+  if (!directory.empty()) {
+    check_reference_directory(
+        world, directory, c.reference_dir.empty() ? "--ckpt-dir's reference/" : "--reference-dir");
+  }
   struct Part {
     const char* name;
     const data::DatasetIndex* index;
@@ -361,7 +368,7 @@ void prepare_dpo_reference(const dist::World& world, const core::Logger& log, Tr
           {.file = file});
     }
     const core::Stopwatch watch;
-    *part.table = compute_reference(world, *p.model, *part.index, part.loader, key);
+    *part.table = compute_reference(world, *p.model, *part.index, part.loader, key, p.stop);
     if (!file.empty()) {
       write_reference(world, file, *part.table);
       files[part.name] = file;
@@ -394,24 +401,28 @@ EvalConfig validation_config(const TrainConfig& c) {
 }
 
 std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const core::Logger& log,
-                                               TrainConfig config,
-                                               std::unique_ptr<StepSource> data) {
+                                               TrainConfig config, std::unique_ptr<StepSource> data,
+                                               const std::atomic<bool>* stop) {
   // In place, never moved: the data source holds a reference to `index`.
   auto parts = std::make_unique<TrainerParts>();
   TrainerParts& p = *parts;
+  p.stop = stop;
   p.config = std::move(config);
   const TrainConfig& c = p.config;
   c.validate();
+  for (const std::string& warning : c.warnings) log.warn("{}", warning);
   if (c.data_from_host != (data != nullptr))
     throw core::internal_error("Trainer: data_from_host and the data source disagree");
   p.ops = kernels::make_ops(
       c.backend, world.local_rank(),
       {.device = c.device, .attention = c.attention, .deterministic = c.deterministic});
   check_outputs_writable(world, c);
+  stop_if_requested(world, stop, "while starting");
 
   // The model: resumed (from the node-local level or --ckpt-dir, whichever is newer), from
   // --init, or a preset/config.json with fresh weights.
-  std::optional<LocalLevel> level = plan_local_level(world, log, c);
+  p.run_key = run_key(world, c);
+  std::optional<LocalLevel> level = plan_local_level(world, log, c, p.run_key);
   const std::string resume_dir = ckpt::choose_resume(world, log,
                                                      {.ckpt_dir = c.ckpt_dir,
                                                       .choice = c.resume,
@@ -423,8 +434,10 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   const std::int64_t global_step = global_manifest ? global_manifest->step : -1;
   std::optional<ckpt::LocalResume> local_resume;
   if (level) {
-    local_resume = resume_local_level(world, log, c, level->directory, resume_dir, global_step);
+    local_resume =
+        resume_local_level(world, log, c, level->directory, p.run_key, resume_dir, global_step);
   }
+  stop_if_requested(world, stop, "after choosing where to resume from");
   const std::string local_origin = local_resume
                                        ? fmt::format("{}/{} (node-local)", level->directory,
                                                      ckpt::step_dir_name(local_resume->step))
@@ -590,6 +603,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     p.reprotect_local = local_resume->rebuilt;
   }
 
+  stop_if_requested(world, stop, "after loading the model");
   // The data, from where the run continues.
   data::LoaderConfig lc;
   lc.plan.seq_len = c.seq_len;
@@ -642,6 +656,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
         c.metrics, p.resumed ? std::optional<std::int64_t>(p.resumed->step) : std::nullopt);
   }
   log_plan(world, log, p, lc);
+  stop_if_requested(world, stop, "while starting");
   return parts;
 }
 

@@ -4,6 +4,7 @@
 // step loop over these parts.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -61,6 +62,8 @@ struct TrainerParts {
   ReferenceTable reference;
   ReferenceTable val_reference;
   nlohmann::json reference_record = nlohmann::json::object();
+  std::string run_key;                      // train/run_identity.hpp
+  const std::atomic<bool>* stop = nullptr;  // the host's stop flag (assemble_trainer)
 };
 
 // How a run evaluates its --val-data: the batches the DPO reference's validation table is
@@ -72,10 +75,11 @@ struct TrainerParts {
 // builds the model and the optimizer, initialises or restores the weights, starts the data
 // source at its position, and counts the steps. `data`: the training data when it does not
 // come from config.data's shards (config.data_from_host must then be set). Errors are
-// core::Error (usage, bad_input) with context.
-[[nodiscard]] std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world,
-                                                             const core::Logger& log,
-                                                             TrainConfig config,
-                                                             std::unique_ptr<StepSource> data);
+// core::Error (usage, bad_input) with context. `stop`: a host's stop flag (a signal handler's),
+// agreed between the phases of the assembly and during DPO's reference precompute: once set on
+// any rank, every rank stops with core's "stopped" Error (exit 75); nullptr: none.
+[[nodiscard]] std::unique_ptr<TrainerParts> assemble_trainer(
+    const dist::World& world, const core::Logger& log, TrainConfig config,
+    std::unique_ptr<StepSource> data, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace l3::train

@@ -101,18 +101,33 @@ run "demo --workdir holding other files" 2 "$bin" demo --workdir "$work/demo-hom
 expect "names the file" contains "$err" "thesis.tex"
 expect "the file is intact" [ "$(cat "$work/demo-home/thesis.tex")" = keep ]
 # Staging directories left by killed runs (SIGTERM, SIGKILL) of this host are removed by the next
-# run; those of a live process, another host, or a link are not.
+# run, when their marker proves them that run's; nothing is removed by its name alone: the user's
+# own directories of such names, an earlier version's, a live process's, another host's, links.
 host=$(uname -n)
-mkdir -p "$work/ds2.partial-$host-99999999-0/train" "$work/ds2.partial-99999999-7" \
-  "$work/ds2.partial-$host-$$-0" "$work/ds2.partial-elsewhere.example-99999999-0"
+for d in "ds2.partial-$host-99999999-0" "ds2.partial-99999999-7" "ds2.partial-$host-$$-0" \
+  "ds2.partial-elsewhere.example-99999999-0" ds2.old-2024-06 ds2.partial-2024-11 ds2.old-1-2; do
+  mkdir -p "$work/$d/train" && echo keep >"$work/$d/notes.txt"
+done
+mkdir -p "$work/ds2.old-$host-99999999-4" && echo keep >"$work/ds2.old-$host-99999999-4/notes.txt"
+printf '{"staging": "ds2.old-%s-99999999-3", "host": "%s", "pid": 99999999}\n' "$host" "$host" \
+  >"$work/ds2.old-$host-99999999-4/.llama3-hpc-staging"  # a marker naming another directory
 ln -s "$work/OUT" "$work/ds2.partial-$host-99999998-0"
-run "prep next to abandoned staging directories" 0 \
+run "prep next to directories named like staging" 0 \
   "$bin" prep sft --input "$work/train.jsonl" --tokenizer bytes --output "$work/ds2"
-expect "a dead process's staging is gone" [ ! -e "$work/ds2.partial-$host-99999999-0" ]
-expect "so is an earlier version's" [ ! -e "$work/ds2.partial-99999999-7" ]
-expect "a live process's is kept" [ -d "$work/ds2.partial-$host-$$-0" ]
-expect "another host's is kept" [ -d "$work/ds2.partial-elsewhere.example-99999999-0" ]
+for d in "ds2.partial-$host-99999999-0" "ds2.partial-99999999-7" "ds2.partial-$host-$$-0" \
+  "ds2.partial-elsewhere.example-99999999-0" ds2.old-2024-06 ds2.partial-2024-11 ds2.old-1-2 \
+  "ds2.old-$host-99999999-4"; do
+  expect "$d, not provably ours, is kept" [ "$(cat "$work/$d/notes.txt")" = keep ]
+done
 expect "a link is kept, its target intact" [ "$(cat "$work/OUT/notes.txt")" = keep ]
+mkdir -p "$work/exp.old-2024-06" "$work/exp.partial-2024-11" && echo keep >"$work/exp.old-2024-06/x" \
+  && echo keep >"$work/exp.partial-2024-11/x"
+run "export next to the user's exp.old-2024-06 and exp.partial-2024-11" 0 \
+  "$bin" export --ckpt "$work/ck" --output "$work/exp" --dtype fp32
+expect "both are intact" [ "$(cat "$work/exp.old-2024-06/x")$(cat "$work/exp.partial-2024-11/x")" = keepkeep ]
+run "export --overwrite next to them" 0 \
+  "$bin" export --ckpt "$work/ck" --output "$work/exp" --dtype fp32 --overwrite
+expect "both are still intact" [ "$(cat "$work/exp.old-2024-06/x")$(cat "$work/exp.partial-2024-11/x")" = keepkeep ]
 # A prep stopped by SIGTERM (no handler: the process ends) leaves its staging directory; the next
 # run removes it.
 L3_FAULT="prep.shard@0=raise:TERM" run "prep stopped by SIGTERM" 143 \
@@ -221,7 +236,11 @@ run "eval with a micro-batch that cannot fit" 2 timeout 20 "$bin" eval --init "$
 expect "says what does not fit" contains "$err" "--micro-batch"
 run "generate --max-new 9223372036854775807" 2 timeout 20 "$bin" generate --init "$work/ck" --prompt hi --max-new 9223372036854775807
 run "--config /dev/zero" 2 timeout 20 "$bin" "${sft[@]}" --steps 1 --config /dev/zero
-expect "names the limit" contains "$err" "/dev/zero: longer than 16 MiB: not a config file"
+expect "says it is no file" contains "$err" "/dev/zero: is a character device, not a config file"
+head -c $((16 * 1024 * 1024 + 1)) /dev/zero | tr '\0' '#' >"$work/huge.ini"
+run "a config file over 16 MiB" 2 timeout 20 "$bin" "${sft[@]}" --steps 1 --config "$work/huge.ini"
+expect "names the limit" contains "$err" "$work/huge.ini: longer than 16 MiB: not a config file"
+rm -f "$work/huge.ini"
 run "--config naming a directory" 2 "$bin" "${sft[@]}" --steps 1 --config "$work"
 expect "says so" contains "$err" "is a directory, not a config file"
 run "tokenize < /dev/zero" 2 timeout 60 "$bin" tokenize --tokenizer bytes </dev/zero

@@ -1,6 +1,9 @@
 // Reading text of unknown size with a bound (core/bounded_read.hpp).
 #include "core/bounded_read.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -8,6 +11,7 @@
 
 #include "catch.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "temp_dir.hpp"
 
 namespace {
@@ -73,9 +77,52 @@ TEST_CASE("whole files are read with a bound, directories and non-objects are na
       kind_and_text([&] { (void)l3::core::read_json_object(broken, "a config"); });
   CHECK(kind == l3::core::ErrorKind::bad_input);
   CHECK(text.starts_with(broken + ": not valid JSON"));
-  // An endless source (/dev/zero) stops at the limit instead of filling the memory.
+  // A file over the limit is refused at the limit, not read whole.
+  const std::string big = dir.write("big.json", std::string((std::size_t{1} << 20U) + 1, ' '));
   std::tie(kind, text) = kind_and_text(
-      [&] { (void)l3::core::read_text_file("/dev/zero", "a config", std::size_t{1} << 20U); });
+      [&] { (void)l3::core::read_text_file(big, "a config", std::size_t{1} << 20U); });
   CHECK(kind == l3::core::ErrorKind::bad_input);
-  CHECK(text == "/dev/zero: longer than 1 MiB: not a config");
+  CHECK(text == big + ": longer than 1 MiB: not a config");
+  // An endless source (/dev/zero) or a FIFO is not a file: refused at once, never read (a FIFO
+  // without a writer would block the open forever).
+  std::tie(kind, text) =
+      kind_and_text([&] { (void)l3::core::read_text_file("/dev/zero", "a config"); });
+  CHECK(kind == l3::core::ErrorKind::bad_input);
+  CHECK(text == "/dev/zero: is a character device, not a config; inputs must be regular files");
+  const std::string fifo = (dir.path() / "fifo.json").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::tie(kind, text) = kind_and_text([&] { (void)l3::core::read_json_object(fifo, "a config"); });
+  CHECK(kind == l3::core::ErrorKind::bad_input);
+  CHECK(text == fifo + ": is a named pipe (FIFO), not a config; inputs must be regular files");
+  std::tie(kind, text) = kind_and_text([&] { l3::core::require_regular_file(fifo, "a shard"); });
+  CHECK(text == fifo + ": is a named pipe (FIFO), not a shard; inputs must be regular files");
+  const int fd = l3::core::open_regular_file(big, "a config");  // a regular file opens
+  CHECK(fd >= 0);
+  ::close(fd);
+}
+
+TEST_CASE("JSON nested deeper than the bound is refused before it is parsed", "[bounded-read]") {
+  using l3::core::kMaxJsonDepth;
+  CHECK(l3::core::json_nesting_depth(R"({"a": [1, {"b": "[[[{{{"}]})") == 3);
+  CHECK(l3::core::json_nesting_depth(R"("\"[[[")") == 0);  // brackets in strings do not count
+  const auto nested = [](std::size_t levels) {
+    return std::string(levels, '[') + std::string(levels, ']');
+  };
+  CHECK(l3::core::parse_json(nested(kMaxJsonDepth), "", {}).is_array());
+  // 200,000 levels (400 KB) overflowed the stack when the parsed value was copied or printed.
+  for (const std::size_t levels : {std::size_t{kMaxJsonDepth} + 1, std::size_t{200000}}) {
+    INFO(levels);
+    try {
+      (void)l3::core::parse_json(nested(levels), "a manifest", {.file = "m.json"});
+      FAIL("accepted");
+    } catch (const l3::core::Error& e) {
+      CHECK(std::string(e.what()) ==
+            "m.json: JSON nested deeper than 256 levels (a manifest): refused");
+    }
+    CHECK(l3::core::parse_json_or_discard(nested(levels)).is_discarded());
+  }
+  const l3::test::TempDir dir;
+  const std::string deep =
+      dir.write("deep.json", "{\"a\": " + std::string(60000, '[') + std::string(60000, ']') + "}");
+  CHECK_THROWS_AS(l3::core::read_json_object(deep, "a config"), l3::core::Error);
 }

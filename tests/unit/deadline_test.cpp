@@ -16,8 +16,14 @@ TEST_CASE("deadlines: seconds from now or ISO-8601 times", "[deadline]") {
   CHECK(parse_deadline("2026-11-30 12:00:00", 0) == 1796040000.0);
   CHECK(parse_deadline("2026-11-30T14:00:00+02:00", 0) == 1796040000.0);
   CHECK(parse_deadline("2026-11-30T07:30:00-04:30", 0) == 1796040000.0);
+  CHECK(parse_deadline("2028-02-29T00:00Z", 0) == 1835395200.0);  // a leap day
   for (const char* bad :
-       {"", "soon", "-5", "2026-13-01T00:00Z", "2026-11-30T12:00:00CET", "2026-11-30"}) {
+       {"", "soon", "-5", "2026-13-01T00:00Z", "2026-11-30T12:00:00CET", "2026-11-30",
+        // dates that do not exist, which timegm() would carry over into the next month
+        "2030-02-30T00:00Z", "2027-02-29T00:00Z", "2100-02-29T00:00Z", "2030-04-31T12:00Z",
+        "2030-01-00T00:00Z", "2030-01-01T24:00Z", "2030-01-01T00:60Z",
+        // time zone offsets that are not one
+        "2030-01-01T00:00+ab:cd", "2030-01-01T00:00+25:00", "2030-01-01T00:00+01:99"}) {
     INFO(bad);
     CHECK_THROWS_AS(parse_deadline(bad, 0), l3::core::Error);
   }
@@ -38,10 +44,16 @@ TEST_CASE("a deadline in the past or not a finite time is refused", "[deadline]"
   }
 }
 
-TEST_CASE("SLURM_JOB_END_TIME is read when it is a Unix time", "[deadline]") {
-  CHECK(l3::core::slurm_end_time("1796040000") == 1796040000.0);
-  CHECK_FALSE(l3::core::slurm_end_time(nullptr));
-  CHECK_FALSE(l3::core::slurm_end_time(""));
-  CHECK_FALSE(l3::core::slurm_end_time("0"));
-  CHECK_FALSE(l3::core::slurm_end_time("tomorrow"));
+TEST_CASE("SLURM_JOB_END_TIME is read when it is a Unix time, and warned about otherwise",
+          "[deadline]") {
+  using l3::core::slurm_end_time;
+  CHECK(slurm_end_time("1796040000").time == 1796040000.0);
+  CHECK(slurm_end_time("1796040000").problem.empty());
+  CHECK_FALSE(slurm_end_time(nullptr).time);
+  CHECK(slurm_end_time(nullptr).problem.empty());
+  for (const char* bad : {"", "0", "tomorrow", "-5", "1796040000x", "\x01\x02"}) {
+    INFO(bad);
+    CHECK_FALSE(slurm_end_time(bad).time);
+    CHECK(slurm_end_time(bad).problem.find("SLURM_JOB_END_TIME") != std::string::npos);
+  }
 }

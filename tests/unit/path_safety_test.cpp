@@ -175,35 +175,81 @@ TEST_CASE("a staging directory is new, next to its target, and removed unless in
   CHECK(entries == 1);
 }
 
-TEST_CASE("abandoned staging directories of dead processes of this host are removed",
+TEST_CASE("abandoned staging directories are removed only when their marker proves them ours",
           "[path-safety]") {
   const l3::test::TempDir tmp;
   const fs::path target = tmp.path() / "out";
   const std::string host = l3::core::host_name();
+  // What a killed run leaves: its directory with the marker naming it, this host and its pid.
+  const auto staged = [&](const std::string& name, const std::string& marked_name, long long pid) {
+    const fs::path dir = tmp.path() / name;
+    fs::create_directory(dir);
+    std::ofstream(dir / ".llama3-hpc-staging")
+        << R"({"staging": ")" << marked_name << R"(", "host": ")" << host << R"(", "pid": )" << pid
+        << "}\n";
+    std::ofstream(dir / "part-00000-00000.h5") << "data";
+    return dir;
+  };
   // A pid no process has (above the kernel's pid_max, 2^22 at most).
-  const fs::path dead = tmp.path() / ("out.partial-" + host + "-99999999-0");
-  const fs::path dead_old = tmp.path() / ("out.old-" + host + "-99999999-3");
+  const std::string dead_name = "out.partial-" + host + "-99999999-0";
+  const std::string dead_old_name = "out.old-" + host + "-99999999-3";
+  const fs::path dead = staged(dead_name, dead_name, 99999999);
+  const fs::path dead_old = staged(dead_old_name, dead_old_name, 99999999);
+  // Not provably ours: the user's own directories of such names, a copy of a staging directory
+  // under another name, an earlier version's (no marker), a live process's, another host's.
+  const fs::path users_old = tmp.path() / "out.old-2024-06";
+  const fs::path users_partial = tmp.path() / "out.partial-2024-11";
+  const fs::path users_hosted = tmp.path() / ("out.partial-" + host + "-99999999-7");
+  const fs::path copy = staged("out.partial-" + host + "-99999999-5", dead_name, 99999999);
+  const fs::path wrong_pid = staged("out.partial-" + host + "-99999999-6",
+                                    "out.partial-" + host + "-99999999-6", 99999998);
   const fs::path older_version = tmp.path() / "out.partial-99999999-12";
-  const fs::path alive =
-      tmp.path() / ("out.partial-" + host + "-" + std::to_string(::getppid()) + "-0");
+  const std::string alive_name = "out.partial-" + host + "-" + std::to_string(::getppid()) + "-0";
+  const fs::path alive = staged(alive_name, alive_name, ::getppid());
   const fs::path other_host = tmp.path() / "out.partial-elsewhere.example-99999999-0";
   const fs::path other_target = tmp.path() / ("outer.partial-" + host + "-99999999-0");
-  for (const fs::path& p : {dead, dead_old, older_version, alive, other_host, other_target})
+  for (const fs::path& p :
+       {users_old, users_partial, users_hosted, older_version, other_host, other_target}) {
     fs::create_directory(p);
+    std::ofstream(p / "keep") << "keep";
+  }
   fs::create_directory(tmp.path() / "victim");
   std::ofstream(tmp.path() / "victim" / "keep") << "keep";
   fs::create_directory_symlink(tmp.path() / "victim",
                                tmp.path() / ("out.partial-" + host + "-99999998-0"));
 
   const std::vector<std::string> removed = l3::core::remove_abandoned_staging(target);
-  CHECK(removed.size() == 3);
+  CHECK(removed.size() == 2);
   CHECK_FALSE(fs::exists(dead));
   CHECK_FALSE(fs::exists(dead_old));
-  CHECK_FALSE(fs::exists(older_version));
-  CHECK(fs::exists(alive));
-  CHECK(fs::exists(other_host));
-  CHECK(fs::exists(other_target));
+  for (const fs::path& p : {users_old, users_partial, users_hosted, older_version, other_host,
+                            other_target, copy, wrong_pid, alive}) {
+    INFO(p.filename().string());
+    CHECK(fs::exists(p));
+  }
   CHECK(read(tmp.path() / "victim" / "keep") == "keep");  // a link is never followed
+}
+
+TEST_CASE("a staging directory is marked while it is staged, and the target is not",
+          "[path-safety]") {
+  const l3::test::TempDir tmp;
+  const fs::path target = tmp.path() / "out";
+  {
+    l3::core::StagingDirectory s(target, OwnedKind::dataset, "--output");
+    CHECK(fs::is_regular_file(s.path() / ".llama3-hpc-staging"));
+    make_dataset(s.path());
+    s.install(false);
+  }
+  CHECK_FALSE(fs::exists(target / ".llama3-hpc-staging"));
+  CHECK(l3::core::why_not_ours(target, OwnedKind::dataset).empty());
+  {  // replaced: the old one goes through a marked directory and is gone afterwards
+    l3::core::StagingDirectory s(target, OwnedKind::dataset, "--output");
+    make_dataset(s.path());
+    s.install(true);
+  }
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(tmp.path())) ++entries;
+  CHECK(entries == 1);
 }
 
 TEST_CASE("removal never follows a link", "[path-safety]") {

@@ -3,8 +3,10 @@
 // tensor, another rank or a foreign target is refused naming the file and the tensor.
 #include "ckpt/peft_adapter.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "catch.hpp"
@@ -106,7 +108,9 @@ TEST_CASE("a LoRA adapter written for PEFT reads back bit for bit, with PEFT's n
           (reward ? nlohmann::json({"classifier", "score"}) : nlohmann::json(nullptr)));
 
     const l3::safetensors::SafetensorsFile file((dir / "adapter_model.safetensors").string());
-    CHECK(file.header().metadata == std::map<std::string, std::string>{{"format", "pt"}});
+    // PEFT's "format", and the key that proves the directory ours (core/path_safety.hpp).
+    CHECK(file.header().metadata ==
+          std::map<std::string, std::string>{{"format", "pt"}, {"llama3_hpc", "export --adapter"}});
     const auto* a =
         file.header().find("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
     REQUIRE(a != nullptr);
@@ -219,6 +223,26 @@ TEST_CASE("a PEFT adapter that does not fit is refused naming the file and the t
              Catch::Contains("r must be"));
   CHECK_THAT(config_error("ia3", [](nlohmann::json& c) { c["peft_type"] = "IA3"; }),
              Catch::Contains("only LoRA"));
+  // A file gets the domains of the options: --lora-alpha (0, 1e6], --lora-dropout [0, 1).
+  CHECK_THAT(config_error("alpha-huge", [](nlohmann::json& c) { c["lora_alpha"] = 1e39; }),
+             Catch::Contains("lora_alpha 1e+39 is outside (0, 1e+06]"));
+  CHECK_THAT(config_error("alpha-zero", [](nlohmann::json& c) { c["lora_alpha"] = 0; }),
+             Catch::Contains("lora_alpha 0 is outside"));
+  CHECK_THAT(config_error("alpha-negative", [](nlohmann::json& c) { c["lora_alpha"] = -8; }),
+             Catch::Contains("lora_alpha -8 is outside"));
+  CHECK_THAT(config_error("dropout-one", [](nlohmann::json& c) { c["lora_dropout"] = 1; }),
+             Catch::Contains("lora_dropout 1 is outside [0, 1)"));
+  // Weights that are not finite.
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    const auto dir = tmp.path() / (std::isnan(bad) ? "nan" : "inf");
+    std::vector<float> poisoned(static_cast<std::size_t>(4 * config.hidden_size), 0.25F);
+    poisoned[5] = bad;
+    rewrite(good, dir, no_edit, [&](const std::string& name) { return name != q1; },
+            {{.name = q1, .shape = {config.hidden_size, 4}, .values = poisoned}});
+    CHECK_THAT(fails(dir, layout), Catch::Contains(q1) && Catch::Contains("element 5 is") &&
+                                       Catch::Contains("must be finite"));
+  }
   // PEFT's own spellings that mean what this model computes are read as such.
   rewrite(
       good, tmp.path() / "all-linear",
@@ -254,4 +278,18 @@ TEST_CASE("an existing adapter directory is replaced only when asked and only wh
       l3::ckpt::write_peft_adapter(other.string(), layout, values, {.overwrite = true}),
       Catch::Contains("not a LoRA adapter directory"));
   CHECK(std::filesystem::exists(other / "todo.txt"));
+  // A directory PEFT wrote holds the same two files (and its model card), without our key in
+  // the safetensors metadata: it is not ours, with or without the card.
+  const auto keep_all = [](const std::string&) { return true; };
+  const auto edit_none = [](nlohmann::json&) {};
+  for (const bool card : {false, true}) {
+    const auto peft = tmp.path() / (card ? "peft-with-card" : "peft");
+    rewrite(dir, peft, edit_none, keep_all);
+    if (card) tmp.write((peft / "README.md").lexically_relative(tmp.path()).string(), "# card");
+    CHECK_THROWS_WITH(
+        l3::ckpt::write_peft_adapter(peft.string(), layout, values, {.overwrite = true}),
+        Catch::Contains("not a LoRA adapter directory") &&
+            Catch::Contains(card ? "README.md" : "was not written by llama3-hpc export"));
+    CHECK(l3::ckpt::read_peft_adapter(peft.string(), layout) == values);  // untouched
+  }
 }
