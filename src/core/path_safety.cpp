@@ -256,13 +256,19 @@ bool create_marked_directory(const fs::path& dir, std::error_code& ec) {
   if (!fs::create_directory(dir, ec) || ec) return false;
   const nlohmann::json marker = {
       {"staging", dir.filename().string()}, {"host", host_name()}, {"pid", ::getpid()}};
-  const int fd = create_exclusive((dir / kStagingMarker).string());
   const std::string text = marker.dump() + "\n";
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::close(fd);
+  bool written = false;
+  try {
+    const int fd = create_exclusive((dir / kStagingMarker).string());
+    written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+  } catch (const Error&) {  // a full disk, a quota: reported below as the directory's failure
+  }
   if (!written) {
+    // Without its marker it could never be proved ours later: not left behind.
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
     ec = std::make_error_code(std::errc::io_error);
-    fs::remove_all(dir);
     return false;
   }
   return true;
@@ -477,7 +483,12 @@ void StagingDirectory::install(bool replace) {
       }
     }
     previous = old / target_.filename();
-    rename_path(target_.string(), previous.string());
+    try {
+      rename_path(target_.string(), previous.string());
+    } catch (...) {
+      fs::remove_all(old, ec);  // empty but for its marker
+      throw;
+    }
   }
   try {
     if (::unlink((path_ / kStagingMarker).c_str()) != 0 && errno != ENOENT)

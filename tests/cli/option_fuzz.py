@@ -61,6 +61,9 @@ class Sandbox:
                 w = "w%d" % i
                 f.write('{"prompt":"Reverse %s.","chosen":"%s","rejected":"%s"}\n' % (w, w[::-1], w))
         open(self.input("empty.model"), "w").close()
+        os.mkfifo(self.input("fifo"))  # read as a file, it would block forever: refused at once
+        with open(self.input("deep.json"), "w") as f:  # JSON nested 100,000 levels (200 KB)
+            f.write('{"hidden_size": ' + "[" * 100000 + "]" * 100000 + "}")
         with open(self.input("run.ini"), "w") as f:
             f.write("log-every = 1\n")
         steps = [
@@ -118,23 +121,27 @@ class Generator:
     def dataset(self, kind):
         own = self.box.input("ds/train") if kind == "sft" else self.box.input("pairs")
         other = self.box.input("pairs") if kind == "sft" else self.box.input("ds/train")
-        return self.pick([own], [other, self.box.input("ds"), "missing", "", self.box.canary])
+        return self.pick([own], [other, self.box.input("ds"), "missing", "", self.box.canary,
+                                 self.box.input("fifo")])
 
     def model(self):
         return self.pick([self.box.input("ck"), self.box.input("hf")],
-                         ["missing", "", self.box.canary, self.box.input("ds")])
+                         ["missing", "", self.box.canary, self.box.input("ds"),
+                          self.box.input("fifo")])
 
     def training(self, phase):
         args = [phase]
         if phase == "sft":
             args += ["--model", self.pick(["tiny"], ["llama9", self.box.input("hf/config.json"),
-                                                     "/dev/zero", self.box.canary])]
+                                                     "/dev/zero", self.box.canary,
+                                                     self.box.input("fifo"),
+                                                     self.box.input("deep.json")])]
             if self.maybe(0.2):
                 args += ["--init", self.pick([self.box.input("ck")], [self.box.input("hf"), "missing"])]
         else:
             args += ["--init", self.model()]
-        args += ["--data", self.dataset(phase)]
-        args += ["--seq-len", self.number(["64", "32"])]
+        args += ["--data", self.dataset("sft" if phase == "sft" else "preference")]
+        args += ["--seq-len", self.number(["128"] if phase == "dpo" else ["64", "32"])]
         args += ["--global-batch", self.number(["2", "4"])]
         if self.maybe():
             args += ["--micro-batch", self.number(["1", "2"])]
@@ -159,18 +166,51 @@ class Generator:
             if self.maybe(0.1):
                 args += [option, self.pick(valid, invalid)]
         if self.maybe(0.3):
-            args += ["--val-data", self.dataset(phase)]
+            args += ["--val-data", self.dataset("sft" if phase == "sft" else "preference")]
+        # LoRA: its options with --lora-rank, or (hostile) without it: refused, never ignored.
+        lora = self.maybe(0.15)
+        if lora:
+            args += ["--lora-rank", self.pick(["2", "4"], ["0", "-1", "65537"])]
+        if lora or (self.hostile and self.maybe(0.1)):
+            for option, valid, invalid in [("--lora-alpha", ["16", "8"], ["0", "1e39", "nan"]),
+                                           ("--lora-targets", ["q,v", "all"], ["lm_head", ""]),
+                                           ("--lora-dropout", ["0", "0.1"], ["1", "-0.1"])]:
+                if self.maybe(0.4):
+                    args += [option, self.pick(valid, invalid)]
+        if phase == "dpo":
+            for option, valid, invalid in [("--beta", ["0.1", "0.5"], ["0", "1e300", "1e-30", "-1"]),
+                                           ("--loss", ["sigmoid", "ipo"], ["hinge", ""]),
+                                           ("--label-smoothing", ["0", "0.1"], ["0.5", "nan"])]:
+                if self.maybe(0.3):
+                    args += [option, self.pick(valid, invalid)]
+            if self.maybe(0.2):
+                args += ["--reference-dir", self.pick(["ref", "ref/"],
+                                                      ["file", "link-to-canary", "", self.box.canary])]
         if self.maybe(0.4):
             args += ["--ckpt-dir", self.pick(["ck", "new-ck"], ["file", "file/ck", "/dev/null", ""])]
             if self.maybe(0.4):
                 args += ["--checkpoint-every", self.number(["1", "2"])]
             if self.maybe(0.2):
-                args += ["--deadline", self.pick(["1", "3600"], ["2020-01-01T00:00Z", "inf", "soon"])]
+                args += ["--deadline", self.pick(["1", "3600"], ["2020-01-01T00:00Z", "inf", "soon",
+                                                               "2030-02-30T00:00Z",
+                                                               "2031-02-29T12:00Z"])]
             if self.maybe(0.2):
                 args += ["--resume", self.pick(["auto", self.box.input("ck")], ["none", "missing", ""])]
+        # The node-local level: its options with --ckpt-local (and --ckpt-dir), or without it.
+        if self.maybe(0.1):
+            if "--ckpt-dir" in args or self.hostile:
+                args += ["--ckpt-local", self.pick(["local", "local-%h"],
+                                                   ["link-to-canary", "file", ""]),
+                         "--checkpoint-every-local", self.number(["1", "2"])]
+            for option, valid, invalid in [("--ckpt-redundancy", ["partner", "none"], ["raid5"]),
+                                           ("--flush-every", ["0", "2"], SMALL_COUNTS),
+                                           ("--ckpt-xor-set", ["2", "4"], ["1", "1025"])]:
+                if self.maybe(0.3):
+                    args += [option, self.pick(valid, invalid)]
         if self.maybe(0.3):
             args += ["--metrics", self.pick(["m.jsonl", "sub/m.jsonl"],
-                                            ["link-to-victim.jsonl", ".", "file/m.jsonl"])]
+                                            ["link-to-victim.jsonl", ".", "file/m.jsonl", "",
+                                             self.box.input("fifo")])]
         if self.maybe(0.1):
             args += ["--dry-run-memory"]
             if self.maybe():
@@ -181,14 +221,15 @@ class Generator:
         if phase == "reward" and self.maybe(0.2):
             args += ["--center-rewards", self.pick(["0", "0.01"], RATES)]
         if self.maybe(0.1):
-            args += ["--config", self.pick([self.box.input("run.ini")], ["/dev/zero", ".", "missing"])]
+            args += ["--config", self.pick([self.box.input("run.ini")],
+                                           ["/dev/zero", ".", "missing", self.box.input("fifo")])]
         return args + ["--no-progress"]
 
     def command(self):
         r = self.rng
-        kind = r.choices(["sft", "reward", "eval", "generate", "score", "prep", "export", "ckpt",
-                          "tokenize"], weights=[30, 15, 10, 10, 5, 12, 10, 5, 3])[0]
-        if kind in ("sft", "reward"):
+        kind = r.choices(["sft", "reward", "dpo", "eval", "generate", "score", "prep", "export",
+                          "ckpt", "tokenize"], weights=[28, 12, 8, 10, 10, 5, 12, 10, 5, 3])[0]
+        if kind in ("sft", "reward", "dpo"):
             return self.training(kind)
         if kind == "eval":
             args = ["eval", "--init", self.model(), "--data", self.dataset("sft")]
@@ -196,6 +237,8 @@ class Generator:
                 args += ["--micro-batch", self.number(["1", "4"])]
             if self.maybe(0.4):
                 args += ["--seq-len", self.number(["64", "16"])]
+            if self.hostile and self.maybe(0.1):
+                args += ["--seq-len", self.pick(["16777216", "8193"])]  # beyond the model's positions
             return args
         if kind in ("generate", "score"):
             args = [kind, "--init", self.model(),
@@ -247,7 +290,9 @@ class Generator:
             if self.maybe(0.3):
                 args += ["--keep-last", self.pick(["2", "3"], ["1", "-1"])]
             return args
-        return ["tokenize", "--tokenizer", self.pick(["bytes"], [self.box.input("empty.model"), "nope"])]
+        return ["tokenize", "--tokenizer", self.pick(["bytes"], [self.box.input("empty.model"), "nope",
+                                                                self.box.input("fifo"),
+                                                                self.box.input("deep.json")])]
 
 
 def prepare_run_dir(box, run_dir):
@@ -297,9 +342,12 @@ def main():
             ranks = 2 if rng.random() < 0.1 else 1
             command = ([a.mpiexec, "-n", "2", binary] if ranks == 2 else [binary]) + args
             stdin = "{\"text\": \"hi\"}\n" if args[0] == "tokenize" else ""
+            run_env = env
+            if rng.random() < 0.05:  # a job environment whose end time is garbage: warned about
+                run_env = dict(env, SLURM_JOB_END_TIME=rng.choice(["garbage", "", "-5", "1e9"]))
             try:
                 done = subprocess.run(command, cwd=run_dir, input=stdin, capture_output=True,
-                                      text=True, errors="replace", timeout=60, env=env)
+                                      text=True, errors="replace", timeout=60, env=run_env)
                 code, err = done.returncode, done.stderr
             except subprocess.TimeoutExpired:
                 code, err = "time-out", ""

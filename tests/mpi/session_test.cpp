@@ -98,7 +98,10 @@ TEST_CASE("RunConfig takes the CLI's options, config files and setters, with its
   CHECK(nlohmann::json::parse(config.to_json())["lora_targets"] == "q,v");
   CHECK(expect_error([&] { config.set("lora-targets", "q,lm_head"); }) == 2);
   CHECK(expect_error([&] { config.set("lora-dropout", 1.0); }) == 2);
-  config.set("lora-rank", 0);
+  // Rank 0 (full fine-tuning) would leave the LoRA options set above unused: refused, never
+  // ignored, and the config stays as it was.
+  CHECK(expect_error([&] { config.set("lora-rank", 0); }) == 2);
+  CHECK(nlohmann::json::parse(config.to_json())["lora_rank"] == 16);
   // --init-adapter: the adapter's settings become the run's, through args() and back too.
   if (world.is_root()) {
     std::filesystem::create_directories(dir + "/adapter");

@@ -4,6 +4,7 @@
 // written at the end initialise the next phase.
 #include "train/trainer.hpp"
 
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include "model/llama_model.hpp"
 #include "relative_rms.hpp"
 #include "shared_directory.hpp"
+#include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/model_source.hpp"
@@ -577,6 +579,82 @@ TEST_CASE("non-finite steps are skipped and too many in a row stop the run", "[t
   CHECK(weights.as<float>()[poisoned + 1] == 1.0F);  // norms start at 1
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
+}
+
+// DPO's stored reference table: read back only when it is the run's (keys), whole (its values'
+// checksum) and made of log-probabilities (finite, <= 0); anything else is "why" it is not used.
+// Its directory must be a real one, never a link or a file.
+TEST_CASE("a stored DPO reference table is used only when its checksum and values hold",
+          "[train][dpo]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const std::string dir = shared_directory(world, "reference");
+  const std::string path = dir + "/train.h5";
+  const l3::train::ReferenceKey key{.data_xxh64 = "d", .model_xxh64 = "m", .mean = false};
+  const std::vector<double> chosen{-1.5, -2.25, -0.125};
+  const std::vector<double> rejected{-3.0, -0.5, -4.75};
+  const auto read = [&](std::string& why) {
+    return l3::train::read_reference(world, path, key, 3, why);
+  };
+  l3::train::check_reference_directory(world, dir, "--reference-dir");
+  l3::train::write_reference(world, path, l3::train::ReferenceTable(key, chosen, rejected));
+  std::string why;
+  const std::optional<l3::train::ReferenceTable> good = read(why);
+  REQUIRE(good);
+  CHECK(std::vector<double>(good->chosen().begin(), good->chosen().end()) == chosen);
+  CHECK(std::vector<double>(good->rejected().begin(), good->rejected().end()) == rejected);
+
+  // Values that cannot be log-probabilities, stored with a checksum that matches them.
+  for (const double bad : {0.5, std::numeric_limits<double>::quiet_NaN(), -1.0 / 0.0}) {
+    std::vector<double> values = rejected;
+    values[1] = bad;
+    l3::train::write_reference(world, path, l3::train::ReferenceTable(key, chosen, values));
+    std::string bad_why;
+    CHECK_FALSE(read(bad_why));
+    CHECK_THAT(bad_why, Catch::Matchers::Contains("its rejected value of pair 1 is") &&
+                            Catch::Matchers::Contains("not a log-probability"));
+  }
+
+  // Good values changed in the file after they were written: the checksum says so.
+  l3::train::write_reference(world, path, l3::train::ReferenceTable(key, chosen, rejected));
+  world.barrier();
+  if (world.is_root()) {
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(file >= 0);
+    const hid_t set = H5Dopen2(file, "chosen", H5P_DEFAULT);
+    std::vector<double> changed = chosen;
+    changed[0] = -1.25;  // still a log-probability
+    REQUIRE(H5Dwrite(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, changed.data()) >= 0);
+    H5Dclose(set);
+    H5Fclose(file);
+  }
+  world.barrier();
+  std::string changed_why;
+  CHECK_FALSE(read(changed_why));
+  CHECK_THAT(changed_why, Catch::Matchers::Contains("do not match their checksum"));
+
+  // The directory: a link or a file is refused before anything is computed.
+  world.barrier();
+  if (world.is_root()) {
+    fs::create_directory_symlink(dir, dir + "-link");
+    std::ofstream(dir + "-file") << "x";
+  }
+  world.barrier();
+  for (const std::string& bad : {dir + "-link", dir + "-file"}) {
+    // Rank 0 checks and reports (an Error naming it); the others stop with its failure.
+    if (world.is_root()) {
+      CHECK_THROWS_AS(l3::train::check_reference_directory(world, bad, "--reference-dir"),
+                      l3::core::Error);
+    } else {
+      CHECK_THROWS_AS(l3::train::check_reference_directory(world, bad, "--reference-dir"),
+                      l3::core::PeerFailure);
+    }
+  }
+  world.barrier();
+  if (world.is_root()) {
+    fs::remove(dir + "-link");
+    fs::remove(dir + "-file");
+    fs::remove_all(dir);
+  }
 }
 
 // LoRA through the trainer: the model's weights frozen (they end as they began), the adapters
