@@ -18,7 +18,6 @@
 
 namespace l3::ckpt {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {

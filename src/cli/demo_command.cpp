@@ -63,6 +63,7 @@ std::vector<core::KnownEntry> demo_entries(const std::vector<std::string>& metri
 std::string why_not_demo(const fs::path& dir) {
   if (!core::is_real_directory(dir)) return "it is not a directory (or is a symbolic link)";
   std::vector<std::string> metrics;
+  metrics.reserve(kDemoPhases.size());
   for (const l3::Phase phase : kDemoPhases) metrics.push_back(metrics_file_name(phase));
   const std::vector<core::KnownEntry> entries = demo_entries(metrics);
   if (fs::is_empty(dir)) return {};

@@ -127,9 +127,12 @@ std::string read_text_file(const std::string& path, std::string_view what, std::
   return text;
 }
 
-int json_nesting_depth(std::string_view text, int stop) {
-  int depth = 0;
-  int deepest = 0;
+namespace {
+
+// Calls `structural(c)` for every character of JSON text outside its strings (escapes
+// included); stops early when it returns false.
+template <typename Visit>
+void for_each_outside_strings(std::string_view text, Visit structural) {
   bool in_string = false;
   bool escaped = false;
   for (const char c : text) {
@@ -141,41 +144,36 @@ int json_nesting_depth(std::string_view text, int stop) {
       } else if (c == '"') {
         in_string = false;
       }
-      continue;
-    }
-    if (c == '"') {
+    } else if (c == '"') {
       in_string = true;
-    } else if (c == '[' || c == '{') {
+    } else if (!structural(c)) {
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+int json_nesting_depth(std::string_view text, int stop) {
+  int depth = 0;
+  int deepest = 0;
+  for_each_outside_strings(text, [&](char c) {
+    if (c == '[' || c == '{') {
       deepest = std::max(deepest, ++depth);
-      if (deepest > stop) return deepest;
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
     }
-  }
+    return deepest <= stop;
+  });
   return deepest;
 }
 
 std::int64_t json_value_bound(std::string_view text) {
   std::int64_t bound = 1;
-  bool in_string = false;
-  bool escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == ',' || c == '[' || c == '{') {
-      ++bound;
-    }
-  }
+  for_each_outside_strings(text, [&](char c) {
+    if (c == ',' || c == '[' || c == '{') ++bound;
+    return true;
+  });
   return bound;
 }
 

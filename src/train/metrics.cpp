@@ -169,7 +169,7 @@ std::optional<std::int64_t> our_record_step(const json& record) {
   if (kind == record.end() || !kind->is_string() || step == record.end() ||
       !step->is_number_integer())
     return std::nullopt;
-  const std::string& k = kind->get_ref<const std::string&>();
+  const auto& k = kind->get_ref<const std::string&>();
   if (k != "train" && k != "eval") return std::nullopt;
   return step->get<std::int64_t>();
 }
