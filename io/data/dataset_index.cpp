@@ -119,6 +119,7 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
   for (const json& entry : shards) {
     ShardEntry shard;
     shard.path = (dir / entry.at("file").get<std::string>()).string();
+    shard.content_xxh64 = entry.value("content_xxh64", "");
     shard.first_sample = d.samples();
     std::error_code ec;
     if (!fs::exists(shard.path, ec))
@@ -250,7 +251,7 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
             {"vocab", d.vocab_size},     {"shards", json::array()}};
     for (const ShardEntry& s : d.shards) {
       head["shards"].push_back(
-          {s.path, s.first_sample, s.samples, s.has_margin, s.has_response_masks});
+          {s.path, s.first_sample, s.samples, s.has_margin, s.has_response_masks, s.content_xxh64});
     }
   }
   head = json::parse(
@@ -263,7 +264,8 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
     d.vocab_size = head.at("vocab").get<std::int64_t>();
     for (const json& s : head.at("shards")) {
       d.shards.push_back({s[0].get<std::string>(), s[1].get<std::int64_t>(),
-                          s[2].get<std::int64_t>(), s[3].get<bool>(), s[4].get<bool>()});
+                          s[2].get<std::int64_t>(), s[3].get<bool>(), s[4].get<bool>(),
+                          s[5].get<std::string>()});
     }
   }
   dist::broadcast_vector(world.comm(), d.shard);
@@ -273,6 +275,42 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
   dist::broadcast_vector(world.comm(), d.rejected_length);
   dist::broadcast_vector(world.comm(), d.margin);
   return d;
+}
+
+std::vector<std::string> shard_content_digests(const dist::World& world,
+                                               const DatasetIndex& index) {
+  std::vector<std::string> digests;
+  for (const ShardEntry& s : index.shards) digests.push_back(s.content_xxh64);
+  std::exception_ptr failure;
+  std::string mine;  // "i digest;" for the missing shards this rank reads
+  try {
+    int missing = 0;
+    for (std::size_t i = 0; i < digests.size(); ++i) {
+      if (!digests[i].empty()) continue;
+      if (missing++ % world.size() != world.rank()) continue;
+      const std::string& path = index.shards[i].path;
+      const std::string digest = index.kind == SampleKind::sft
+                                     ? content_digest(read_sft_shard(path).documents)
+                                     : content_digest(read_preference_shard(path).pairs);
+      mine += fmt::format("{} {};", i, digest);
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+  for (const std::string& part : dist::gather_strings(world.comm(), mine)) {
+    std::size_t at = 0;
+    while (at < part.size()) {
+      const std::size_t space = part.find(' ', at);
+      const std::size_t end = part.find(';', space);
+      digests[std::stoul(part.substr(at, space - at))] = part.substr(space + 1, end - space - 1);
+      at = end + 1;
+    }
+  }
+  // gather_strings gives rank 0 every part: it tells the others.
+  json all = digests;
+  all = json::parse(dist::broadcast_string(world.comm(), all.dump()));
+  return all.get<std::vector<std::string>>();
 }
 
 }  // namespace l3::data

@@ -25,6 +25,9 @@ struct ShardEntry {
   // Preference: /chosen/loss_mask and /rejected/loss_mask (the responses' tokens; what DPO
   // counts), written by prep since DPO came.
   bool has_response_masks = false;
+  // data::content_digest of the shard as prep recorded it in index.json; "" for a dataset
+  // prepared before prep recorded it (shard_content_digests computes it then).
+  std::string content_xxh64;
 };
 
 struct DatasetIndex {
@@ -64,5 +67,10 @@ struct DatasetExpectations {
 // Collective over `world`. bad_input Errors name the directory or the shard (same on all ranks).
 [[nodiscard]] DatasetIndex open_dataset(const dist::World& world, const std::string& directory,
                                         const DatasetExpectations& expect);
+
+// Every shard's content digest, in shard order: index.json's, or for a shard that has none (an
+// earlier prep's) computed by reading it, the ranks sharing the reading. Collective.
+[[nodiscard]] std::vector<std::string> shard_content_digests(const dist::World& world,
+                                                             const DatasetIndex& index);
 
 }  // namespace l3::data

@@ -54,6 +54,14 @@ struct PreferencePairs {
   void clear();
 };
 
+// The xxHash64 (16 hex digits) of what a shard holds for training: every array the readers use
+// (tokens, loss masks, offsets; margins when present), in a fixed order, with their lengths.
+// prep records it for each shard in index.json ("content_xxh64"); tables computed from the
+// samples (DPO's reference) are keyed on it, so that other data of the same shape is never
+// taken for this data.
+[[nodiscard]] std::string content_digest(const Documents& documents);
+[[nodiscard]] std::string content_digest(const PreferencePairs& pairs);
+
 // Write a complete shard to path (under a fresh temporary name created exclusively, fsynced,
 // renamed: atomic; core/durable_file.hpp).
 void write_sft_shard(const std::string& path, const Documents& documents,

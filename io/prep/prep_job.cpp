@@ -59,12 +59,14 @@ class ShardSink {
     json entry = {{"file", name}};
     if (kind_ == DatasetKind::sft) {
       data::write_sft_shard(path, sft_, attributes_);
+      entry["content_xxh64"] = data::content_digest(sft_);
       entry["documents"] = sft_.count();
       entry["tokens"] = sft_.token_count();
       entry["loss_tokens"] = sft_.loss_tokens();
       sft_.clear();
     } else {
       data::write_preference_shard(path, pairs_, attributes_);
+      entry["content_xxh64"] = data::content_digest(pairs_);
       entry["pairs"] = pairs_.count();
       entry["tokens"] = pairs_.chosen.token_count() + pairs_.rejected.token_count();
       entry["has_margin"] = pairs_.has_margin;

@@ -176,7 +176,7 @@ int run_eval(const CommandContext& context) {
     }
     reference = train::compute_reference(
         context.world, model, index, train::evaluation_loader(context.world, model, index, config),
-        {.data_xxh64 = train::data_digest(index),
+        {.data_xxh64 = train::data_digest(context.world, index),
          .model_xxh64 = reference_digest,
          .mean = dpo_settings.loss == kernels::PreferenceLoss::ipo});
     config.reference = &reference;

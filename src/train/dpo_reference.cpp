@@ -54,13 +54,15 @@ nlohmann::json ReferenceKey::to_json() const {
   return {{"data_xxh64", data_xxh64}, {"model_xxh64", model_xxh64}, {"mean", mean}};
 }
 
-std::string data_digest(const data::DatasetIndex& index) {
+std::string data_digest(const dist::World& world, const data::DatasetIndex& index) {
   ckpt::Xxh64Stream s;
   feed<char>(s, index.tokenizer_sha256);
   const std::int64_t counts[2] = {index.samples(), index.vocab_size};
   feed<std::int64_t>(s, counts);
-  for (const data::ShardEntry& shard : index.shards) {
-    feed<char>(s, std::filesystem::path(shard.path).filename().string());
+  // The content (tokens, masks, offsets, margins) of every shard, in order: relabelled or
+  // regenerated data of the same shape is other data.
+  for (const std::string& digest : data::shard_content_digests(world, index)) {
+    feed<char>(s, digest);
     feed<char>(s, "\n");
   }
   feed<std::int32_t>(s, index.shard);

@@ -32,8 +32,10 @@ struct ReferenceKey {
   bool operator==(const ReferenceKey&) const = default;
 };
 
-// The dataset's identity for the table: its pairs' places and lengths, shards and tokenizer.
-[[nodiscard]] std::string data_digest(const data::DatasetIndex& index);
+// The dataset's identity for the table: the content of its shards (tokens, masks, offsets,
+// margins: data::content_digest), its pairs' places and lengths, and its tokenizer; not its
+// file names or directory. Collective (an earlier prep's shards are read to digest them).
+[[nodiscard]] std::string data_digest(const dist::World& world, const data::DatasetIndex& index);
 
 class ReferenceTable {
  public:

@@ -345,7 +345,7 @@ void prepare_dpo_reference(const dist::World& world, const core::Logger& log, Tr
   nlohmann::json files = nlohmann::json::object();
   for (Part& part : parts) {
     const ReferenceKey key{
-        .data_xxh64 = data_digest(*part.index), .model_xxh64 = model_xxh64, .mean = mean};
+        .data_xxh64 = data_digest(world, *part.index), .model_xxh64 = model_xxh64, .mean = mean};
     const std::string file =
         directory.empty()
             ? std::string()

@@ -204,6 +204,31 @@ else
   fail "from a Hugging Face model (rc $rc): $(tail -1 "$work/last.err")"
 fi
 
+# --- the stored reference is keyed on the data's content: relabelled pairs of the same shape ---
+# chosen and rejected of equal length, then swapped: the offsets and lengths are the same, the
+# tokens are not. With the reference directory kept, step 1 is log 2 again (the table recomputed,
+# not the first data's reused).
+for i in $(seq 1 24); do
+  w="pair$((i % 13))z$((i % 4))"
+  printf '{"prompt":"Reverse %s.","chosen":"%s","rejected":"%s"}\n' "$w" "$(echo "$w" | rev)" "$w"
+done >"$work/equal.jsonl"
+sed 's/"chosen":\("[^"]*"\),"rejected":\("[^"]*"\)/"chosen":\2,"rejected":\1/' "$work/equal.jsonl" >"$work/swapped.jsonl"
+swap_ok=1
+for data in equal swapped; do
+  "$bin" prep preference --input "$work/$data.jsonl" --tokenizer bytes --output "$work/pairs-$data" \
+    >/dev/null 2>&1 || swap_ok=0
+  run 1 dpo --init "$work/sft-ckpt" --data "$work/pairs-$data" --steps 1 --seq-len 128 \
+    --global-batch 8 --reference-dir "$work/kept-reference" --metrics "$work/$data.jsonl.out" \
+    --no-progress || swap_ok=0
+  [[ "$(first_step "$work/$data.jsonl.out" loss)" == "$log2" ]] || swap_ok=0
+done
+if [[ $swap_ok == 1 ]] && grep -q "(computed for other data)" "$work/last.err"; then
+  pass "chosen and rejected swapped, same lengths, reference directory kept: step 1 log 2 again"
+else
+  fail "chosen and rejected swapped: step 1 log 2 again (got $(first_step "$work/swapped.jsonl.out" loss))"
+  tail -3 "$work/last.err"
+fi
+
 # --- options that cannot work: one-line errors, exit 2 ---
 run 1 "${dpo_args[@]}" --ckpt-dir "$work/bad" --loss ipo --label-smoothing 0.1
 rc=$?
