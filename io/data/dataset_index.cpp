@@ -277,6 +277,22 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
   return d;
 }
 
+std::optional<SampleKind> dataset_kind(const dist::World& world, const std::string& directory) {
+  int kind = -1;  // 0 sft, 1 preference
+  if (world.is_root()) {
+    try {
+      const json index =
+          core::read_json_object((fs::path(directory) / "index.json").string(), "a dataset index");
+      const std::string format = index.value("format", "");
+      kind = format == kSftFormat ? 0 : format == kPreferenceFormat ? 1 : -1;
+    } catch (const std::exception&) {  // open_dataset reports it
+    }
+  }
+  dist::check_mpi(MPI_Bcast(&kind, 1, MPI_INT, 0, world.comm()), "MPI_Bcast(dataset kind)");
+  if (kind < 0) return std::nullopt;
+  return kind == 0 ? SampleKind::sft : SampleKind::preference;
+}
+
 std::vector<std::string> shard_content_digests(const dist::World& world,
                                                const DatasetIndex& index) {
   std::vector<std::string> digests;

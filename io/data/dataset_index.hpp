@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,12 @@ struct DatasetExpectations {
 // Collective over `world`. bad_input Errors name the directory or the shard (same on all ranks).
 [[nodiscard]] DatasetIndex open_dataset(const dist::World& world, const std::string& directory,
                                         const DatasetExpectations& expect);
+
+// The kind of the dataset at `directory` as its index.json's "format" says (rank 0 reads it,
+// every rank gets it); nullopt when it cannot be read or says neither (open_dataset then says
+// why). Collective.
+[[nodiscard]] std::optional<SampleKind> dataset_kind(const dist::World& world,
+                                                     const std::string& directory);
 
 // Every shard's content digest, in shard order: index.json's, or for a shard that has none (an
 // earlier prep's) computed by reading it, the ranks sharing the reading. Collective.

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "ckpt/peft_adapter.hpp"
+#include "cli/dpo_eval_reference.hpp"
 #include "cli/inference_model.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
@@ -32,7 +33,8 @@ void declare_eval_options(po::options_description& options,
       "the model to evaluate: a checkpoint (step directory or root) or a Hugging Face model "
       "directory")("ckpt", po::value<std::string>()->value_name("CKPT"), "the same as --init")(
       "data", po::value<std::string>()->value_name("DIR"),
-      "dataset: SFT data for a language model, preference data for a reward model")(
+      "dataset: SFT data for a language model, preference data for a reward model; a DPO "
+      "checkpoint takes either (SFT: loss and perplexity; preference: DPO's metrics)")(
       "seq-len", core::number<std::int64_t>(core::between(1, 1 << 24))->value_name("N"),
       "tokens per row (default: the checkpoint's training --seq-len)")(
       "micro-batch",
@@ -45,7 +47,11 @@ void declare_eval_options(po::options_description& options,
                          "evaluate even if the data was tokenized with another tokenizer")(
       "shard-parameters", po::bool_switch(),
       "hold 1/N of the weights per rank (a model larger than one rank's memory): each rank "
-      "reads only its share, and each layer's weights are all-gathered before use (CPU backend)");
+      "reads only its share, and each layer's weights are all-gathered before use")(
+      "reference-dir", po::value<std::string>()->value_name("DIR"),
+      "a DPO checkpoint on preference data: where its reference's log-probabilities of this data "
+      "are stored once computed, and read the next time (the tables the run stored are read "
+      "first)");
   declare_adapter_option(options);
 }
 
@@ -107,6 +113,54 @@ int run_eval(const CommandContext& context) {
   model::LlamaModel model(
       source.config, head, *ops,
       {.keep_master = false, .own_gradients = false, .own_parameters = !sharded});
+
+  // A DPO checkpoint is a language model: on preference data it is evaluated as DPO, against
+  // the reference its manifest records; on SFT data as any language model (loss, perplexity).
+  const bool dpo_checkpoint =
+      source.checkpoint && source.checkpoint->phase == "dpo" && adapter.empty();
+  const std::string data_dir = o["data"].as<std::string>();
+  data::DatasetExpectations expect;
+  expect.kind =
+      head == model::HeadKind::reward ? data::SampleKind::preference
+      : dpo_checkpoint
+          ? data::dataset_kind(context.world, data_dir).value_or(data::SampleKind::preference)
+          : data::SampleKind::sft;
+  const bool dpo = dpo_checkpoint && expect.kind == data::SampleKind::preference;
+  expect.model_vocab = source.config.vocab_size;
+  if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;
+  expect.ignore_tokenizer_mismatch = o["ignore-tokenizer-mismatch"].as<bool>();
+  const data::DatasetIndex index = data::open_dataset(context.world, data_dir, expect);
+  const std::string reference_dir =
+      o.count("reference-dir") != 0 ? o["reference-dir"].as<std::string>() : std::string();
+  if (!reference_dir.empty() && !dpo) {
+    throw core::usage_error(
+        "--reference-dir is for a DPO checkpoint on preference data (where its reference's "
+        "log-probabilities are kept)");
+  }
+
+  train::EvalConfig config;
+  config.seq_len = seq_len;
+  config.micro_batch = micro;
+  config.drop_long = o["drop-long"].as<bool>();
+  config.margin_from_data = o["margin-from-data"].as<bool>();
+  train::ReferenceTable reference;
+  if (dpo) {
+    if (!index.has_response_masks()) {
+      throw core::bad_input(
+          "its pairs have no response masks (prepared by an earlier llama3-hpc): run 'llama3-hpc "
+          "prep preference' on it again to evaluate a DPO model",
+          {.file = data_dir});
+    }
+    // Before the policy's weights: a reference computed now goes through the model's buffers.
+    DpoEvalReference r = dpo_eval_reference(context, *source.checkpoint, source.step_dir, model,
+                                            *ops, index, config, sharded, reference_dir);
+    config.dpo = r.settings;
+    reference = std::move(r.table);
+    config.reference = &reference;
+    context.log.info("DPO reference ({} pairs): {}", index.samples(), r.origin);
+  }
+
+  // The weights evaluated, whole or sharded, with the adapter folded in.
   std::unique_ptr<train::ShardedWeights> shards;
   if (sharded) {
     // Each rank folds the adapter, if any, into its share of the weights.
@@ -122,68 +176,6 @@ int run_eval(const CommandContext& context) {
       model.load_parameters(initial);
     }
   }
-
-  // A DPO checkpoint (a language model) is evaluated on preference data against the reference
-  // its manifest records.
-  const bool dpo = source.checkpoint && source.checkpoint->phase == "dpo" && adapter.empty();
-  data::DatasetExpectations expect;
-  expect.kind =
-      head == model::HeadKind::reward || dpo ? data::SampleKind::preference : data::SampleKind::sft;
-  expect.model_vocab = source.config.vocab_size;
-  if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;
-  expect.ignore_tokenizer_mismatch = o["ignore-tokenizer-mismatch"].as<bool>();
-  const data::DatasetIndex index =
-      data::open_dataset(context.world, o["data"].as<std::string>(), expect);
-
-  train::EvalConfig config;
-  config.seq_len = seq_len;
-  config.micro_batch = micro;
-  config.drop_long = o["drop-long"].as<bool>();
-  config.margin_from_data = o["margin-from-data"].as<bool>();
-  train::ReferenceTable reference;
-  if (dpo) {
-    if (sharded)
-      throw core::usage_error("eval of a DPO checkpoint does not take --shard-parameters");
-    if (!index.has_response_masks()) {
-      throw core::bad_input(
-          "its pairs have no response masks (prepared by an earlier llama3-hpc): run 'llama3-hpc "
-          "prep preference' on it again to evaluate a DPO model",
-          {.file = o["data"].as<std::string>()});
-    }
-    const nlohmann::json& settings = source.checkpoint->config;
-    model::DpoSettings dpo_settings;
-    dpo_settings.beta = settings.value("beta", dpo_settings.beta);
-    dpo_settings.label_smoothing = settings.value("label_smoothing", 0.0);
-    dpo_settings.loss = train::parse_preference_loss(settings.value("loss", "sigmoid"));
-    config.dpo = dpo_settings;
-    // The reference's log-probabilities of these pairs, by the reference model loaded into the
-    // same buffers first (checked against the digest the checkpoint recorded), then the policy.
-    const nlohmann::json& recorded = source.checkpoint->reference;
-    const std::string reference_model = recorded.value("model", "");
-    const std::string reference_digest = recorded.value("model_xxh64", "");
-    if (reference_model.empty() || reference_digest.empty()) {
-      throw core::bad_input("the DPO checkpoint records no reference model (\"reference\")",
-                            {.file = source.step_dir});
-    }
-    const train::ModelSource reference_source = train::resolve_model_source("", reference_model);
-    const std::vector<float> reference_weights =
-        train::initialize_model(context.world, model, reference_source, 0);
-    if (train::base_digest(model.layout(), reference_weights) != reference_digest) {
-      throw core::bad_input(
-          fmt::format("is not the reference model {} was trained against (its digest differs)",
-                      source.step_dir),
-          {.file = reference_model});
-    }
-    reference = train::compute_reference(
-        context.world, model, index, train::evaluation_loader(context.world, model, index, config),
-        {.data_xxh64 = train::data_digest(context.world, index),
-         .model_xxh64 = reference_digest,
-         .mean = dpo_settings.loss == kernels::PreferenceLoss::ipo});
-    config.reference = &reference;
-    (void)train::initialize_model(context.world, model, source, 0);
-    context.log.info("DPO reference: {} ({} pairs' log-probabilities computed)", reference_model,
-                     index.samples());
-  }
   const train::EvalMetrics m = train::evaluate(context.world, model, index, config);
   context.log.info("{} (model {}{}, {} rank{})", train::format_eval_line(m), source.origin(),
                    adapter.empty() ? "" : " with the adapter " + adapter, context.world.size(),
@@ -192,7 +184,11 @@ int run_eval(const CommandContext& context) {
     context.log.warn("{} samples longer than --seq-len {} were left out", m.skipped_samples,
                      seq_len);
   }
-  if (context.world.is_root()) std::cout << train::eval_result_json(m).dump() << '\n' << std::flush;
+  if (context.world.is_root()) {
+    nlohmann::json result = train::eval_result_json(m);
+    result["skipped_samples"] = m.skipped_samples;  // 0 when none: always there to read
+    std::cout << result.dump() << '\n' << std::flush;
+  }
   return core::kExitOk;
 }
 

@@ -229,6 +229,55 @@ else
   tail -3 "$work/last.err"
 fi
 
+# --- eval of a DPO checkpoint: stored tables first, the reference model only when needed ---
+cp -r "$work/sft-ckpt" "$work/init-copy"
+run 1 dpo --init "$work/init-copy" --data "$work/pref" --val-data "$work/pairs-equal" --steps 2 \
+  --seq-len 128 --global-batch 8 --ckpt-dir "$work/gone" --no-progress || fail "the DPO run to evaluate"
+rm -rf "$work/init-copy"  # its reference model is gone
+run 1 eval --init "$work/gone" --data "$work/pairs-equal"
+rc=$?
+if [[ $rc -eq 0 ]] && grep -q "DPO reference (24 pairs): read from $work/gone/reference/val.h5" "$work/last.err" &&
+  grep -q '"skipped_samples":0' "$work/last.out"; then
+  pass "eval of a DPO checkpoint whose reference model is gone: the validation table it stored"
+else
+  fail "eval with the stored validation table (rc $rc): $(tail -1 "$work/last.err")"
+fi
+run 1 eval --init "$work/gone" --data "$work/pairs-swapped"
+rc=$?
+if [[ $rc -eq 2 ]] && grep -q "the reference model .* cannot be read" "$work/last.err" &&
+  grep -q "reference/val.h5) was computed for this data" "$work/last.err"; then
+  pass "eval on other data with the reference model gone: exit 2 naming the model and the tables"
+else
+  fail "eval on other data with the reference model gone (rc $rc): $(tail -1 "$work/last.err")"
+fi
+run 1 eval --init "$work/gone" --data "$work/sft"
+rc=$?
+if [[ $rc -eq 0 ]] && grep -q '"perplexity"' "$work/last.out"; then
+  pass "eval of a DPO checkpoint on SFT data: loss and perplexity"
+else
+  fail "eval of a DPO checkpoint on SFT data (rc $rc): $(tail -1 "$work/last.err")"
+fi
+for attempt in computed read; do
+  run 1 eval --init "$work/ref/step-00000012" --data "$work/pairs-swapped" --reference-dir "$work/eval-ref"
+  rc=$?
+  if [[ $rc -eq 0 && $attempt == computed ]] && grep -q "computed with .*; stored in" "$work/last.err"; then
+    pass "eval --reference-dir: the reference computed and stored"
+  elif [[ $rc -eq 0 && $attempt == read ]] && grep -q "read from $work/eval-ref/eval-" "$work/last.err"; then
+    pass "eval --reference-dir again: read back, not computed"
+  else
+    fail "eval --reference-dir ($attempt, rc $rc): $(tail -1 "$work/last.err")"
+  fi
+done
+run 2 eval --init "$work/ref/step-00000012" --data "$work/pref" --micro-batch 2 --shard-parameters
+rc=$?
+sharded_loss=$(grep -o '"loss":[^,]*' "$work/last.out" | cut -d: -f2)
+if [[ $rc -eq 0 ]] && awk -v a="$sharded_loss" -v b="$train_eval" 'BEGIN {d = (a - b) / b; if (d < 0) d = -d; exit !(d < 1e-5)}'; then
+  pass "eval --shard-parameters of the DPO checkpoint on 2 ranks: the training's loss ($sharded_loss)"
+else
+  fail "eval --shard-parameters of the DPO checkpoint (rc $rc, loss '$sharded_loss')"
+  tail -3 "$work/last.err"
+fi
+
 # --- options that cannot work: one-line errors, exit 2 ---
 run 1 "${dpo_args[@]}" --ckpt-dir "$work/bad" --loss ipo --label-smoothing 0.1
 rc=$?
