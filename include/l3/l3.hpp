@@ -245,7 +245,9 @@ struct MemoryPlan {
   std::int64_t total_bytes = 0;
 };
 // The model is read from --model (preset or config.json) or --init (a checkpoint's manifest, a
-// Hugging Face config.json); --backend auto plans for CUDA when the library has it. Not collective.
+// Hugging Face config.json). --backend auto plans for what would run here: CUDA when the library
+// has it and a device is visible, else the CPU (--backend cuda plans for GPU nodes from a
+// machine without one). Not collective.
 [[nodiscard]] L3_API MemoryPlan plan_memory(const RunConfig& config, int ranks);
 
 // A training run on the ranks of `comm`: SFT or reward, as the config says. The constructor is

@@ -19,11 +19,11 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
     if (ranks < 1) throw core::usage_error(fmt::format("cannot plan for {} ranks", ranks));
     const train::TrainConfig& t = config.parsed_->train;
     const train::ModelSource source = train::resolve_model_source(t.model, t.init);
-    bool cuda = t.backend == kernels::Backend::cuda;
-    if (t.backend == kernels::Backend::automatic) {
-      for (const kernels::BackendReport& b : kernels::describe_backends())
-        if (b.backend == kernels::Backend::cuda) cuda = b.compiled;
-    }
+    // What would run here: --backend auto computes on CUDA only where a device is visible (a
+    // login node without a GPU plans for its CPU; --backend cuda plans for GPU nodes).
+    const bool cuda =
+        t.backend == kernels::Backend::cuda ||
+        (t.backend == kernels::Backend::automatic && kernels::visible_cuda_devices() > 0);
     const model::MemoryPlanInput in = train::memory_plan_input(t, source.config, cuda, ranks);
     const model::MemoryPlan plan = model::plan_training_memory(in);
     out.backend = cuda ? "cuda (bf16)" : "cpu (fp32)";

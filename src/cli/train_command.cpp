@@ -32,9 +32,11 @@ int print_memory_plan(const CommandContext& context, const l3::RunConfig& config
     text +=
         fmt::format("  {:<62} {:>9.2f} GiB\n", line.what, static_cast<double>(line.bytes) / kGiB);
   }
-  text +=
-      "  not included: the CUDA context (about 0.5 GiB), NCCL's buffers, the memory allocator's "
-      "fragmentation\n";
+  text += plan.backend.starts_with("cuda")
+              ? "  not included: the CUDA context (about 0.5 GiB), NCCL's buffers, the memory "
+                "allocator's fragmentation\n"
+              : "  not included: the program, the MPI library's buffers, the memory allocator's "
+                "fragmentation\n";
   // Last, so that scripts read the figure with `tail -1`.
   text +=
       fmt::format("  {:<62} {:>9.2f} GiB\n", "total", static_cast<double>(plan.total_bytes) / kGiB);

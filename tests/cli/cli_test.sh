@@ -223,6 +223,14 @@ expect "plans for 8 ranks in bf16" contains "$out" "sft on 8 ranks, cuda (bf16),
 expect "lists the master weights, sharded" contains "$out" "master weights (fp32, ZeRO-1: 1/8 of them)"
 expect "and a total" contains "$out" "total"
 expect "writes nothing" [ ! -e "$work/never" ]
+# --backend auto (the default) plans for what would run here: without a visible GPU, the CPU,
+# whether or not the CUDA backend is compiled in (the CI build has it).
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  run "--dry-run-memory with --backend auto on a machine without a GPU" 0 "$bin" sft --model tiny \
+    --seq-len 64 --dry-run-memory
+  expect "plans for the CPU" contains "$out" "cpu (fp32)"
+  expect "without the CUDA context" lacks "$out" "CUDA context"
+fi
 run "sft --dry-run-memory with ZeRO-2" 0 "$bin" sft --model llama3-8b --seq-len 8192 --dry-run-memory \
   --dry-run-ranks 8 --backend cuda --shard-gradients
 expect "two layer groups being computed" contains "$out" "gradients being computed (bf16, ZeRO-2: two layer groups)"

@@ -29,7 +29,6 @@ unset SLURM_JOB_END_TIME
 
 mkdir -p victim-dir && echo precious >victim-dir/keep
 victim_intact() { [[ "$(ls -A "$work/victim-dir")" == keep && "$(cat "$work/victim-dir/keep")" == precious ]]; }
-lacks() { [[ "$1" != *"$2"* ]]; }
 no_crash() { [[ $code -lt 124 ]] && ! contains "$err" "filesystem error"; }  # no signal, no hang
 
 # --- data, a checkpoint, an export, a LoRA checkpoint on the export, its adapter ------------------

@@ -33,6 +33,7 @@ expect() {
   fi
 }
 contains() { [[ "$1" == *"$2"* ]]; }
+lacks() { [[ "$1" != *"$2"* ]]; }
 lines() { if [[ -z "$1" ]]; then echo 0; else printf '%s\n' "$1" | wc -l; fi; }
 error_lines() { printf '%s\n' "$1" | grep -c '^error: ' || true; }
 
