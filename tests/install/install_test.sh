@@ -38,7 +38,10 @@ check "the headers" test -f "$prefix/include/l3/l3.hpp" -a -f "$prefix/include/l
 check "the CMake package" test -f "$prefix/$libdir/cmake/llama3_hpc/llama3_hpcConfig.cmake"
 check "the pkg-config file" test -f "$prefix/$libdir/pkgconfig/llama3_hpc.pc"
 check "the program" test -x "$prefix/bin/llama3-hpc"
-check "the job scripts" test -x "$prefix/share/llama3-hpc/jobs/sft.sbatch"
+for job in "$source_dir"/jobs/*; do
+  check "the job script $(basename "$job") is installed" test -f "$prefix/share/llama3-hpc/jobs/$(basename "$job")"
+done
+check "the job scripts are executable" test -x "$prefix/share/llama3-hpc/jobs/dpo.sbatch"
 check "the docs and examples" test -f "$prefix/share/doc/llama3_hpc/embedding.md" -a \
   -f "$prefix/share/doc/llama3_hpc/examples/two_sessions.cpp"
 soname=$(readelf -d "$prefix/$libdir/libllama3_hpc.so" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
@@ -57,6 +60,34 @@ cmake -S "$source_dir/examples" -B "$work/examples" -DCMAKE_PREFIX_PATH="$prefix
   cmake --build "$work/examples" -j2 >>"$work/examples.log" 2>&1
 check "the examples configure (find_package) and build" test -x "$work/examples/two_sessions"
 [[ $failures -eq 0 ]] || tail -30 "$work/examples.log"
+# docs/embedding.md's find_package lines, as written, in a C++-only and in a C-only project (a
+# C++ project has no C compiler for FindMPI's C component, and the other way round).
+snippet=$(sed -n '/^```cmake$/,/^```$/p' "$source_dir/docs/embedding.md" | sed '1d;$d' | head -n 2)
+for language in CXX C; do
+  project=$work/only-$language
+  mkdir -p "$project"
+  source_file=host.cpp
+  [[ $language == C ]] && source_file=host.c
+  {
+    echo "cmake_minimum_required(VERSION 3.24)"
+    echo "project(only_$language LANGUAGES $language)"
+    echo "add_executable(my_host $source_file)"
+    printf '%s\n' "$snippet"
+  } >"$project/CMakeLists.txt"
+  if [[ $language == CXX ]]; then
+    printf '#include <l3/l3.hpp>\n#include <iostream>\nint main() { std::cout << l3::version() << "\\n"; }\n' >"$project/host.cpp"
+  else
+    printf '#include <l3/l3.h>\n#include <stdio.h>\nint main(void) { printf("%%s\\n", l3_version()); return 0; }\n' >"$project/host.c"
+  fi
+  cmake -S "$project" -B "$project/build" -DCMAKE_PREFIX_PATH="$prefix" >"$project/log" 2>&1 &&
+    cmake --build "$project/build" >>"$project/log" 2>&1
+  check "embedding.md's find_package in a $language-only project" test -x "$project/build/my_host"
+  [[ -x $project/build/my_host ]] || tail -20 "$project/log"
+  if [[ -x $project/build/my_host ]]; then
+    check "it runs" test "$("$project/build/my_host" 2>/dev/null)" = "$("$prefix/bin/llama3-hpc" --version | head -1 | cut -d' ' -f2)"
+  fi
+done
+
 # The C host once more, with pkg-config and the MPI compiler wrapper.
 if command -v pkg-config >/dev/null && command -v mpicc >/dev/null; then
   # shellcheck disable=SC2046  # pkg-config's output is meant to be split
