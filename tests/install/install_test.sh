@@ -62,6 +62,7 @@ check "the examples configure (find_package) and build" test -x "$work/examples/
 [[ $failures -eq 0 ]] || tail -30 "$work/examples.log"
 # docs/embedding.md's find_package lines, as written, in a C++-only and in a C-only project (a
 # C++ project has no C compiler for FindMPI's C component, and the other way round).
+# shellcheck disable=SC2016  # backquotes and $ are sed's, not the shell's
 snippet=$(sed -n '/^```cmake$/,/^```$/p' "$source_dir/docs/embedding.md" | sed '1d;$d' | head -n 2)
 for language in CXX C; do
   project=$work/only-$language
