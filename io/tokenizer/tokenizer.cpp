@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "io/tokenizer/bpe.hpp"
+#include "io/tokenizer/byte_level.hpp"
 #include "io/tokenizer/pretokenizer.hpp"
 #include "io/tokenizer/utf8.hpp"
 
@@ -26,8 +27,6 @@ using nlohmann::json;
 namespace {
 
 constexpr std::string_view kBytesIdentity = "llama3-hpc:bytes-tokenizer:v1";
-constexpr std::string_view kLlama3SplitPattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 std::string hex(const unsigned char* data, unsigned int size) {
   std::string out;
@@ -81,18 +80,6 @@ bool base64_decode(std::string_view in, std::string& out) {
   buffer.resize(size);
   out = std::move(buffer);
   return true;
-}
-
-// GPT-2's byte <-> printable character mapping used by byte-level BPE vocabularies.
-std::array<char32_t, 256> bytes_to_unicode() {
-  std::array<char32_t, 256> table{};
-  char32_t extra = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable =
-        (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    table[static_cast<std::size_t>(b)] = printable ? static_cast<char32_t>(b) : extra++;
-  }
-  return table;
 }
 
 }  // namespace

@@ -88,4 +88,22 @@ bool python_isspace(char32_t c) noexcept {
   }
 }
 
+void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0U | (c >> 6U));
+    out += static_cast<char>(0x80U | (c & 0x3FU));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0U | (c >> 12U));
+    out += static_cast<char>(0x80U | ((c >> 6U) & 0x3FU));
+    out += static_cast<char>(0x80U | (c & 0x3FU));
+  } else {
+    out += static_cast<char>(0xF0U | (c >> 18U));
+    out += static_cast<char>(0x80U | ((c >> 12U) & 0x3FU));
+    out += static_cast<char>(0x80U | ((c >> 6U) & 0x3FU));
+    out += static_cast<char>(0x80U | (c & 0x3FU));
+  }
+}
+
 }  // namespace l3::tokenizer

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace l3::tokenizer {
@@ -14,6 +15,9 @@ namespace l3::tokenizer {
 
 // Decodes the code point starting at text[pos] (valid UTF-8 assumed) and advances pos.
 [[nodiscard]] char32_t next_code_point(std::string_view text, std::size_t& pos) noexcept;
+
+// Appends code point `c` (at most U+10FFFF, not a surrogate) to `out` in UTF-8.
+void append_utf8(std::string& out, char32_t c);
 
 // Python's str.isspace(): the characters Meta's tokenizer treats as whitespace when it splits
 // long runs (bidirectional class WS, B, S, or category Zs).

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checkpoint_reader.hpp"
@@ -16,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/path_safety.hpp"
 #include "io/safetensors/safetensors_writer.hpp"
+#include "io/tokenizer/hf_tokenizer_files.hpp"
 #include "io/tokenizer/special_tokens.hpp"
 #include "model/parameter_layout.hpp"
 
@@ -73,6 +75,31 @@ bool copy_tokenizer(const std::string& recorded, const fs::path& into) {
     }
   }
   return copied;
+}
+
+// Hugging Face's tokenizer files (io/tokenizer/hf_tokenizer_files.hpp) for the tokenizer the
+// data was prepared with: Meta's tokenizer.model (loaded again and checked against the sha256
+// the checkpoint recorded) or the built-in bytes one. What it did, for the report; "" when the
+// tokenizer is unknown or its file is gone or changed (the export then has no tokenizer files).
+std::string write_hf_tokenizer(const Manifest& manifest, const fs::path& into) {
+  if (manifest.tokenizer.empty()) return {};
+  std::optional<tokenizer::Tokenizer> t;
+  try {
+    t = tokenizer::Tokenizer::load(manifest.tokenizer);
+  } catch (const core::Error&) {
+    return {};  // moved or removed since prep: nothing to derive the files from
+  }
+  if (!manifest.tokenizer_sha256.empty() && t->sha256() != manifest.tokenizer_sha256) return {};
+  const tokenizer::HfTokenizerFiles files =
+      tokenizer::hugging_face_tokenizer_files(*t, manifest.model.max_position_embeddings);
+  core::write_file_atomically((into / "tokenizer.json").string(), files.tokenizer_json);
+  core::write_file_atomically((into / "tokenizer_config.json").string(),
+                              files.tokenizer_config_json);
+  core::write_file_atomically((into / "special_tokens_map.json").string(),
+                              files.special_tokens_map_json);
+  return fmt::format(
+      "tokenizer.json, tokenizer_config.json (with the chat template) written for {}",
+      manifest.tokenizer == "bytes" ? "the bytes tokenizer" : manifest.tokenizer);
 }
 
 }  // namespace
@@ -188,6 +215,16 @@ HfExportReport export_hugging_face(const Manifest& manifest, const std::string& 
     report.files.emplace_back("generation_config.json");
   }
   report.tokenizer_copied = copy_tokenizer(manifest.tokenizer, partial);
+  if (!fs::exists(partial / "tokenizer.json")) {
+    report.tokenizer = write_hf_tokenizer(manifest, partial);
+    if (!report.tokenizer.empty()) {
+      for (const char* name :
+           {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+        report.files.emplace_back(name);
+    }
+  } else {
+    report.tokenizer = "copied from beside " + manifest.tokenizer;
+  }
 
   core::fsync_path(partial.string());
   staging.install(options.overwrite);

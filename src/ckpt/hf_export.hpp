@@ -26,6 +26,9 @@ struct HfExportReport {
   std::vector<std::string> files;  // written, relative to the directory
   std::uint64_t tensor_bytes = 0;
   bool tokenizer_copied = false;
+  // The Hugging Face tokenizer files: "copied from beside ...", "... written for ...", or ""
+  // when there are none (the tokenizer the data was prepared with is unknown or gone).
+  std::string tokenizer;
 };
 
 // The values of one tensor of the model being exported (t: a tensor of its layout; out: its

@@ -38,6 +38,9 @@ void declare_export_options(po::options_description& options,
       "bf16, fp32 for --adapter (as PEFT saves)")(
       "shard-size", po::value<std::string>()->default_value("5GB")->value_name("SIZE"),
       "largest safetensors file, e.g. 5GB, 500MB (more: model-0000i-of-0000N + index)")(
+      "base-model", po::value<std::string>()->value_name("NAME|DIR"),
+      "--adapter: the adapter_config.json's base_model_name_or_path, what PEFT loads the adapter "
+      "on (a hub name or a Hugging Face directory; default: the run's base when it is one)")(
       "format", po::value<std::string>()->default_value("hf")->value_name("hf"),
       "output format (hf, the only one)")("overwrite", po::bool_switch(),
                                           "replace an existing output directory");
@@ -50,10 +53,10 @@ void print_model_report(const std::string& checkpoint, const ckpt::HfExportRepor
   std::cout << fmt::format("exported {}{} as {} to {}: {} files, {:.1f} MB of {} tensors{}\n",
                            checkpoint, what, r.architecture, r.directory, r.files.size(),
                            static_cast<double>(r.tensor_bytes) / 1e6, dtype,
-                           r.tokenizer_copied
-                               ? ", tokenizer copied"
-                               : " (no tokenizer file to copy: the data was prepared "
-                                 "with the bytes tokenizer or its file is gone)")
+                           r.tokenizer.empty()
+                               ? " (no tokenizer files: the tokenizer the data was prepared "
+                                 "with is unknown, gone or changed)"
+                               : "; tokenizer: " + r.tokenizer)
             << std::flush;
 }
 
@@ -94,20 +97,33 @@ void refuse_models_the_checkpoint_needs(const ckpt::Manifest& manifest, const st
 
 // Needs no base: the adapters alone.
 std::string export_lora_adapter(const std::string& step_dir, const std::string& output, bool bf16,
-                                bool overwrite) {
+                                bool overwrite, const std::string& base_model) {
   const ckpt::Manifest manifest = ckpt::read_manifest(step_dir);
   if (!manifest.lora) throw core::internal_error("export_lora_adapter: not a LoRA checkpoint");
   const std::vector<float> values = train::read_checkpoint_adapters(manifest, step_dir);
   const model::ParameterLayout layout = manifest.layout();
+  // PEFT loads base_model_name_or_path with transformers: a hub name or a Hugging Face
+  // directory, never a llama3-hpc checkpoint.
+  const bool base_is_hf = !ckpt::is_checkpoint(manifest.base) &&
+                          fs::is_regular_file(fs::path(manifest.base) / "config.json");
+  const std::string recorded = !base_model.empty() ? base_model : base_is_hf ? manifest.base : "";
   ckpt::write_peft_adapter(output, layout, values,
-                           {.bf16 = bf16, .overwrite = overwrite, .base_model = manifest.base});
-  return fmt::format(
+                           {.bf16 = bf16, .overwrite = overwrite, .base_model = recorded});
+  std::string line = fmt::format(
       "exported {} as a PEFT LoRA adapter ({}, r={}, alpha={}, targets {}) to {}: {:.2f} MB of "
       "{} tensors for the base model {}",
       step_dir, ckpt::adapter_kind(manifest.head), manifest.lora->rank, manifest.lora->alpha,
       manifest.lora->targets_text(), output,
       static_cast<double>(layout.parameter_count()) * (bf16 ? 2 : 4) / 1e6, bf16 ? "bf16" : "fp32",
       manifest.base);
+  if (recorded.empty()) {
+    line += fmt::format(
+        "; its base_model_name_or_path is left empty: the base is a llama3-hpc checkpoint, which "
+        "PEFT cannot load (llama3-hpc export --ckpt {} --output BASE_DIR makes one it can; then "
+        "export the adapter with --base-model BASE_DIR)",
+        manifest.base);
+  }
+  return line;
 }
 
 int run_export(const CommandContext& context) {
@@ -119,6 +135,8 @@ int run_export(const CommandContext& context) {
   if (o.count("output") == 0) throw core::usage_error("--output DIR is required");
   const bool merge = o["merge"].as<bool>();
   const bool adapter = o["adapter"].as<bool>();
+  if (o.count("base-model") != 0 && !adapter)
+    throw core::usage_error("--base-model goes with --adapter (the adapter's base model)");
   if (merge && adapter)
     throw core::usage_error("give --merge (a full model) or --adapter (a PEFT adapter), not both");
   const std::string dtype =
@@ -153,7 +171,10 @@ int run_export(const CommandContext& context) {
   }
   refuse_models_the_checkpoint_needs(manifest, step_dir, output);
   if (adapter) {
-    std::cout << export_lora_adapter(step_dir, output, options.bf16, options.overwrite) << "\n"
+    std::cout << export_lora_adapter(
+                     step_dir, output, options.bf16, options.overwrite,
+                     o.count("base-model") != 0 ? o["base-model"].as<std::string>() : std::string())
+              << "\n"
               << std::flush;
     return core::kExitOk;
   }

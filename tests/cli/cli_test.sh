@@ -133,6 +133,13 @@ run "demo --lora" 0 "$bin" demo --lora --workdir "$work/demo-lora" --sft-steps 2
 expect "no DPO stage with --dpo-steps 0" [ "$(grep -c "^  DPO  " <<<"$out")" = 0 ]
 expect "reports the adapters" contains "$out" "(LoRA: "
 expect "the PEFT adapter" contains "$(cat "$work/demo-lora/reward-adapter/adapter_config.json")" '"task_type": "SEQ_CLS"'
+# PEFT loads base_model_name_or_path with transformers: never a llama3-hpc checkpoint.
+expect "no base PEFT could not load" contains "$(cat "$work/demo-lora/reward-adapter/adapter_config.json")" '"base_model_name_or_path": null'
+run "export the demo's SFT model for PEFT" 0 "$bin" export --ckpt "$work/demo-lora/ckpt/sft" --output "$work/demo-sft-hf"
+run "export --adapter --base-model it" 0 "$bin" export --ckpt "$work/demo-lora/ckpt/reward" --adapter \
+  --output "$work/adapter-on-hf" --base-model "$work/demo-sft-hf"
+expect "names it" contains "$(cat "$work/adapter-on-hf/adapter_config.json")" "\"base_model_name_or_path\": \"$work/demo-sft-hf\""
+run "--base-model without --adapter" 2 "$bin" export --ckpt "$work/demo-lora/ckpt/sft" --output "$work/x" --base-model y
 run "score of the LoRA reward checkpoint" 0 "$bin" score --init "$work/demo-lora/ckpt/reward" --prompt "Reverse abc." --response "cba" --json
 lora_score=$out
 run "score of the SFT model with the demo's PEFT adapter" 0 "$bin" score --init "$work/demo-lora/ckpt/sft" --adapter "$work/demo-lora/reward-adapter" --prompt "Reverse abc." --response "cba" --json

@@ -9,6 +9,7 @@
 
 #include "catch.hpp"
 #include "core/timer.hpp"
+#include "io/tokenizer/hf_tokenizer_files.hpp"
 #include "io/tokenizer/tokenizer.hpp"
 #include "numeric_support.hpp"
 #include "random_text.hpp"
@@ -37,66 +38,6 @@ std::vector<std::pair<std::string, std::vector<std::int32_t>>> golden() {
                        j.at("ids").get<std::vector<std::int32_t>>());
   }
   return cases;
-}
-
-// transformers' TikTokenConverter: vocab in GPT-2's byte alphabet, merges from every split of
-// every token into two tokens, ordered by the merged token's rank, then the parts' ranks.
-std::string convert_to_tokenizer_json(const Tokenizer& t) {
-  std::array<std::string, 256> alphabet;
-  char32_t extra = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable =
-        (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    l3::test::append_utf8(alphabet[static_cast<std::size_t>(b)],
-                          printable ? static_cast<char32_t>(b) : extra++);
-  }
-  auto to_string = [&](const std::string& bytes) {
-    std::string s;
-    for (const char c : bytes) s += alphabet[static_cast<unsigned char>(c)];
-    return s;
-  };
-  std::unordered_map<std::string, std::int32_t> ranks;
-  std::vector<std::string> tokens;
-  for (std::int32_t id = 0; id < t.first_special(); ++id) {
-    const std::vector<std::int32_t> one = {id};
-    tokens.push_back(t.decode(one));
-    ranks.emplace(tokens.back(), id);
-  }
-  json vocab = json::object();
-  std::vector<std::tuple<std::int32_t, std::int32_t, std::int32_t, std::string, std::string>>
-      merges;
-  for (std::int32_t id = 0; id < t.first_special(); ++id) {
-    const std::string& token = tokens[static_cast<std::size_t>(id)];
-    vocab[to_string(token)] = id;
-    for (std::size_t cut = 1; cut < token.size(); ++cut) {
-      const auto l = ranks.find(token.substr(0, cut));
-      const auto r = ranks.find(token.substr(cut));
-      if (l != ranks.end() && r != ranks.end()) {
-        merges.emplace_back(id, l->second, r->second, l->first, r->first);
-      }
-    }
-  }
-  std::sort(merges.begin(), merges.end());
-  json merge_list = json::array();
-  for (const auto& [id, lr, rr, l, r] : merges)
-    merge_list.push_back(to_string(l) + " " + to_string(r));
-  json added = json::array();
-  for (int s = 0; s < 256; ++s) {
-    const std::vector<std::int32_t> one = {t.first_special() + s};
-    added.push_back({{"id", t.first_special() + s}, {"content", t.decode(one)}, {"special", true}});
-  }
-  const std::string pattern =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  const json doc = {
-      {"added_tokens", added},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers",
-         json::array(
-             {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}},
-              {{"type", "ByteLevel"}, {"add_prefix_space", false}}})}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}}};
-  return doc.dump();
 }
 
 }  // namespace
@@ -159,11 +100,15 @@ TEST_CASE("pathological inputs: Meta's 25,000-character run guard, no quadratic 
   CHECK(watch.seconds() < 60.0);  // generous: the heap BPE does this in well under a second
 }
 
+// The tokenizer.json `export` writes (io/tokenizer/hf_tokenizer_files.hpp), read back by our own
+// reader (tests/data/hf_tokenizer_test.sh reads it with Hugging Face's implementation).
 TEST_CASE("a tokenizer.json converted from tokenizer.model encodes identically", "[tokenizer]") {
   INFO("seed " << l3::test::test_seed());
   const Tokenizer& meta = llama3();
   const l3::test::TempDir dir;
-  const std::string path = dir.write("tokenizer.json", convert_to_tokenizer_json(meta));
+  const std::string path = dir.write(
+      "tokenizer.json", l3::tokenizer::hugging_face_tokenizer_files(meta, 8192).tokenizer_json);
+  CHECK(json::parse(std::ifstream(path)).at("model").at("merges").size() == 280147);  // HF's own
   const Tokenizer hf = Tokenizer::load(dir.path().string());  // a model directory
   CHECK(hf.vocab_size() == meta.vocab_size());
   CHECK(hf.name() == path);
