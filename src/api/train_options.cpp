@@ -175,7 +175,7 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "shard-parameters", po::bool_switch(),
       "ZeRO-3 (implies --shard-gradients): hold no whole copy of the weights either, only 1/N "
       "per rank; each layer's weights are all-gathered before its forward and backward, the "
-      "next layer's while this one computes (CPU backend so far)")(
+      "next layer's while this one computes")(
       "shard-group-size",
       core::number<int>(core::between(0, 1 << 24))->default_value(0)->value_name("G"),
       "--shard-parameters: shard within groups of G consecutive ranks (one node, say) and "

@@ -26,7 +26,8 @@ void declare_export_options(po::options_description& options,
                         "the checkpoint: a step directory or a checkpoint root (its latest)")(
       "init", po::value<std::string>()->value_name("CKPT"), "the same as --ckpt")(
       "output", po::value<std::string>()->value_name("DIR"),
-      "the Hugging Face model directory to write (must not exist)")(
+      "the Hugging Face model directory to write (new; an existing one only with --overwrite, "
+      "and only when export wrote it)")(
       "merge", po::bool_switch(),
       "a LoRA checkpoint: write its base model with the adapters folded into the weights (a "
       "full Hugging Face model)")(

@@ -73,7 +73,7 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // 1/N per rank (data_parallel.hpp).
   bool shard_gradients = false;
   // ZeRO-3: no whole copy of the weights either; each layer group's weights are all-gathered
-  // from their owners before use (needs shard_gradients; the CPU backend so far).
+  // from their owners before use (needs shard_gradients).
   bool shard_parameters = false;
   bool prefetch_gathers = true;  // ZeRO-3: gather the next layer group while one computes
   // ZeRO-3 hybrid sharding: shard within groups of this many consecutive ranks, replicate across
