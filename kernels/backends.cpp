@@ -6,6 +6,7 @@
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
+#include "core/words.hpp"
 #include "kernels/cpu/blas_core.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 
@@ -21,11 +22,14 @@ namespace {
 BackendReport cpu_backend() {
   const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
   const char* threading = parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential";
-  const cpu::BlasCore core = cpu::openblas_core();
-  return {Backend::cpu, true, true,
-          fmt::format("fp32, {} OpenMP threads, OpenBLAS {} {} threads, OpenBLAS core {}",
-                      omp_get_max_threads(), openblas_get_num_threads(), threading, core.name),
-          core.warning};
+  const cpu::BlasCore blas = cpu::openblas_core();
+  return {
+      Backend::cpu, true, true,
+      fmt::format("fp32, {}, OpenBLAS {}, OpenBLAS core {}",
+                  core::count_of(omp_get_max_threads(), "OpenMP thread"),
+                  core::count_of(openblas_get_num_threads(), fmt::format("{} thread", threading)),
+                  blas.name),
+      blas.warning};
 }
 
 BackendReport cuda_backend() {

@@ -60,11 +60,8 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "steps",
       core::number<std::int64_t>(core::between(0, kMaxSteps))->default_value(0)->value_name("N"),
       "optimizer steps (0: --epochs)")(
-      "epochs",
-      core::number<std::int64_t>(core::between(0, train::kMaxEpochs))
-          ->default_value(0)
-          ->value_name("N"),
-      "passes over the data when --steps is 0 (default 1)")(
+      "epochs", core::number<std::int64_t>(core::between(0, train::kMaxEpochs))->value_name("N"),
+      "passes over the data, when --steps is not given (then 1 by default)")(
       "drop-long", po::bool_switch(),
       "SFT: leave out documents longer than --seq-len instead of truncating them")(
       "lr",
@@ -378,7 +375,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.global_batch = o.count("global-batch") != 0 ? get<std::int64_t>(o, "global-batch") : 0;
   c.micro_batch = get<std::int64_t>(o, "micro-batch");
   c.steps = get<std::int64_t>(o, "steps");
-  c.epochs = get<std::int64_t>(o, "epochs");
+  c.epochs = o.count("epochs") != 0 ? get<std::int64_t>(o, "epochs") : 0;
   c.drop_long = get<bool>(o, "drop-long");
   c.lr = get<double>(o, "lr");
   c.min_lr = o.count("min-lr") != 0 ? get<double>(o, "min-lr") : -1.0;

@@ -359,14 +359,15 @@ std::string describe(const json& plan) {
   for (const auto& [mode, which] : by_mode) {
     if (!text.empty()) text += "; ";
     if (mode == "direct")
-      text +=
-          fmt::format("{} rank{} from their own files", which.size(), which.size() == 1 ? "" : "s");
+      text += which.size() == 1 ? "1 rank from its own file"
+                                : fmt::format("{} ranks from their own files", which.size());
     if (mode == "moved")
-      text += fmt::format("rank{} {} from their files on another node",
-                          which.size() == 1 ? "" : "s", list(which));
+      text += which.size() == 1
+                  ? fmt::format("rank {} from its file on another node", list(which))
+                  : fmt::format("ranks {} from their files on other nodes", list(which));
     if (mode == "copy")
-      text +=
-          fmt::format("rank{} {} from partner copies", which.size() == 1 ? "" : "s", list(which));
+      text += fmt::format("rank{} {} from partner cop{}", which.size() == 1 ? "" : "s", list(which),
+                          which.size() == 1 ? "y" : "ies");
     if (mode == "xor")
       text += fmt::format("rank{} {} rebuilt from XOR parity", which.size() == 1 ? "" : "s",
                           list(which));

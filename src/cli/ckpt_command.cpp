@@ -301,9 +301,12 @@ int verify(const std::string& dir, bool quick, bool as_json) {
     if (!v.digests.empty()) item["digests"] = v.digests;
     out.push_back(item);
     if (!as_json) {
-      std::cout << (v.ok ? fmt::format("ok       {} ({:.1f} MB checked)\n", e.name,
-                                       static_cast<double>(v.bytes) / 1e6)
-                         : fmt::format("DAMAGED  {}: {}\n", e.name, v.problem));
+      std::cout << (!v.ok   ? fmt::format("DAMAGED  {}: {}\n", e.name, v.problem)
+                    : quick ? fmt::format("ok       {} (manifest, files and sizes; no checksums "
+                                          "with --quick)\n",
+                                          e.name)
+                            : fmt::format("ok       {} ({:.1f} MB checked)\n", e.name,
+                                          static_cast<double>(v.bytes) / 1e6));
     }
   }
   if (as_json) std::cout << out.dump() << '\n';

@@ -29,16 +29,18 @@ constexpr std::array kCommands = {
                 R"({"prompt", "chosen", "rejected"[, "margin"]}. See docs/FORMAT.md.)",
             .declare = declare_prep_options,
             .run = run_prep},
-    Command{.name = "sft",
-            .summary = "Supervised fine-tuning (cross-entropy on response tokens)",
-            .usage = "sft (--init MODEL | --model PRESET|config.json) --data DIR [--ckpt-dir DIR] [options]",
-            .description =
-                "Trains a Llama 3 model on SFT shards (cross-entropy on the response tokens) "
-                "with data parallelism over the MPI ranks and a ZeRO-1 sharded AdamW; evaluates "
-                "on --val-data, writes metrics.jsonl and checkpoints. See docs/TRAINING.md.",
-            .declare = declare_sft_options,
-            .run = run_sft,
-            .stops_cleanly = true},
+    Command{
+        .name = "sft",
+        .summary = "Supervised fine-tuning (cross-entropy on response tokens)",
+        .usage =
+            "sft (--init MODEL | --model PRESET|config.json) --data DIR [--ckpt-dir DIR] [options]",
+        .description =
+            "Trains a Llama 3 model on SFT shards (cross-entropy on the response tokens) "
+            "with data parallelism over the MPI ranks and a ZeRO-1 sharded AdamW; evaluates "
+            "on --val-data, writes metrics.jsonl and checkpoints. See docs/TRAINING.md.",
+        .declare = declare_sft_options,
+        .run = run_sft,
+        .stops_cleanly = true},
     Command{.name = "reward",
             .summary = "Reward-model training (Bradley-Terry on preference pairs)",
             .usage = "reward --init SFT_MODEL --data DIR [--ckpt-dir DIR] [options]",
@@ -91,7 +93,8 @@ constexpr std::array kCommands = {
             .run = run_score},
     Command{.name = "export",
             .summary = "Export a checkpoint as a Hugging Face model directory",
-            .usage = "export --ckpt CKPT --output DIR [--merge|--adapter] [--dtype bf16|fp32] [--shard-size 5GB] [--overwrite]",
+            .usage = "export --ckpt CKPT --output DIR [--merge|--adapter] [--dtype bf16|fp32] "
+                     "[--shard-size 5GB] [--overwrite]",
             .description =
                 "Writes a Hugging Face model directory that transformers and vLLM load: an SFT "
                 "checkpoint as LlamaForCausalLM, a reward checkpoint as "
@@ -102,7 +105,8 @@ constexpr std::array kCommands = {
             .run = run_export},
     Command{.name = "tokenize",
             .summary = "Tokenize JSONL text on stdin into token ids on stdout",
-            .usage = "tokenize --tokenizer FILE|bytes [--bos] [--eos] [--prep sft|preference] < in.jsonl > out.jsonl",
+            .usage = "tokenize --tokenizer FILE|bytes [--bos] [--eos] [--prep sft|preference] < "
+                     "in.jsonl > out.jsonl",
             .description =
                 R"(Reads {"text": ...} lines and writes {"ids": [...]} lines, encoding the text )"
                 "exactly as Meta's Llama 3 tokenizer does (special-token text stays text).",

@@ -176,7 +176,8 @@ int run_eval(const CommandContext& context) {
       model.load_parameters(initial);
     }
   }
-  const train::EvalMetrics m = train::evaluate(context.world, model, index, config);
+  train::EvalMetrics m = train::evaluate(context.world, model, index, config);
+  if (source.checkpoint) m.step = source.checkpoint->step;  // the step the checkpoint holds
   context.log.info("{} (model {}{}, {} rank{})", train::format_eval_line(m), source.origin(),
                    adapter.empty() ? "" : " with the adapter " + adapter, context.world.size(),
                    context.world.size() == 1 ? "" : "s");

@@ -12,6 +12,7 @@
 #include "api/train_options.hpp"
 #include "cli/stop_signals.hpp"
 #include "core/error.hpp"
+#include "core/words.hpp"
 #include "kernels/backends.hpp"
 #include "kernels/cpu/blas_core.hpp"
 #include "l3/l3.hpp"
@@ -111,11 +112,13 @@ int run_phase(const CommandContext& context, l3::Phase phase) {
     return core::kExitCheckpointed;
   }
   if (context.world.is_root()) {
-    std::string line = fmt::format("{} done: {} steps in {}", train::phase_name(phase), s.steps,
-                                   train::format_duration(s.seconds));
+    std::string line =
+        fmt::format("{} done: {} in {}", train::phase_name(phase), core::count_of(s.steps, "step"),
+                    train::format_duration(s.seconds));
     if (s.last_step) line += fmt::format(", final loss {:.4f}", s.last_step->loss);
     line += fmt::format(", {:.0f} tokens/s", s.tokens_per_s);
-    if (s.skipped_steps > 0) line += fmt::format(", {} skipped steps", s.skipped_steps);
+    if (s.skipped_steps > 0)
+      line += fmt::format(", {}", core::count_of(s.skipped_steps, "skipped step"));
     if (s.last_eval) line += fmt::format("\n  {}", train::format_eval_line(*s.last_eval));
     if (!s.checkpoint.empty()) line += fmt::format("\n  checkpoint: {}", s.checkpoint);
     std::cout << line << '\n' << std::flush;

@@ -6,7 +6,9 @@
 //   options.add_options()("lr", core::number<double>(core::at_least(0))->default_value(1e-5), ..)
 #pragma once
 
+#include <array>
 #include <boost/program_options.hpp>
+#include <charconv>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -45,19 +47,37 @@ class DomainCheck {
   [[nodiscard]] virtual const Domain& domain() const noexcept = 0;
 };
 
+// The shortest text that reads back to the same value of type T (std::to_chars): 2e-05 for
+// the double 2e-5, 0.9 for the float 0.9f, where printing with all digits gives
+// 2.0000000000000002e-05 and 0.899999976.
+template <typename T>
+[[nodiscard]] std::string shortest_text(T value) {
+  std::array<char, 64> buffer{};
+  const auto [end, error] = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
+  return error == std::errc() ? std::string(buffer.data(), end) : std::string();
+}
+
 // po::value<T>() that carries its domain.
 template <typename T>
 class DomainValue final : public po::typed_value<T>, public DomainCheck {
  public:
   explicit DomainValue(Domain domain) : po::typed_value<T>(nullptr), domain_(domain) {}
   [[nodiscard]] const Domain& domain() const noexcept override { return domain_; }
+  // The default as --help shows it: shortest_text, not Boost's every digit. The value itself
+  // is kept as it is.
+  po::typed_value<T>* default_value(const T& value) {
+    return po::typed_value<T>::default_value(value, shortest_text(value));
+  }
+  po::typed_value<T>* default_value(const T& value, const std::string& text) {
+    return po::typed_value<T>::default_value(value, text);
+  }
 
  private:
   Domain domain_;
 };
 
 template <typename T>
-[[nodiscard]] po::typed_value<T>* number(Domain domain) {
+[[nodiscard]] DomainValue<T>* number(Domain domain) {
   static_assert(std::is_arithmetic_v<T>, "a domain is for numbers");
   return new DomainValue<T>(domain);  // NOLINT(cppcoreguidelines-owning-memory): Boost owns it
 }

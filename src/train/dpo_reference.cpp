@@ -165,7 +165,7 @@ std::optional<ReferenceTable> read_reference(const dist::World& world, const std
     try {
       std::error_code ec;
       if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
-        why = "not computed yet";
+        why = "none stored yet";
       } else {
         const std::scoped_lock guard(h5::library_lock());
         const h5::Handle file = h5::open_file_read(path);

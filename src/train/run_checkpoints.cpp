@@ -12,6 +12,7 @@
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "core/trace_range.hpp"
+#include "core/words.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
 #include "dist/node_map.hpp"
@@ -73,11 +74,15 @@ std::optional<LocalLevel> plan_local_level(const dist::World& world, const core:
     log.warn("--ckpt-redundancy {}: {}", ckpt::redundancy_name(config.ckpt_redundancy),
              level.plan.downgraded);
   }
-  log.info("node-local checkpoints every {} steps in {} ({} node{}{}), {}; {}", level.every,
+  log.info("node-local checkpoints every {} in {} ({} node{}{}), {}; {}",
+           level.every == 1 ? std::string("step") : core::count_of(level.every, "step"),
            config.ckpt_local, nodes.nodes(), nodes.nodes() == 1 ? "" : "s",
            nodes.pretended ? ", pretended by L3_PRETEND_NODES" : "", level.plan.describe(),
            level.flush_every > 0
-               ? fmt::format("every {}th also to {}", level.flush_every, config.ckpt_dir)
+               ? fmt::format(
+                     "every {} also to {}",
+                     level.flush_every == 1 ? std::string("one") : core::ordinal(level.flush_every),
+                     config.ckpt_dir)
                : fmt::format("only the final one to {}", config.ckpt_dir));
   return level;
 }

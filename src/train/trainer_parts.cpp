@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
+#include "core/words.hpp"
 #include "dist/collectives.hpp"
 #include "io/data/data_loader.hpp"
 #include "io/tokenizer/special_tokens.hpp"
@@ -221,7 +222,7 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
   const TrainConfig& config = p.config;
   const std::int64_t params = p.model->layout().parameter_count();
   log.info(
-      "{} on {} rank{} ({} backend): model {} ({:.2f}M parameters{}), {} steps of {} {}",
+      "{} on {} rank{} ({} backend): model {} ({:.2f}M parameters{}), {} of {} {}",
       phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s", p.ops->name(),
       p.source.initial_head() ? fmt::format("from {}", p.source.origin()) : p.source.config.name,
       static_cast<double>(params) / 1e6,
@@ -229,7 +230,9 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
           ? fmt::format(", frozen; trained: {}, {:.3f}M parameters", lora_description(config.lora),
                         static_cast<double>(p.model->trainable_layout().parameter_count()) / 1e6)
           : "",
-      p.total_steps, config.global_batch, config.phase == Phase::sft ? "rows" : "pairs");
+      core::count_of(p.total_steps, "step"), config.global_batch,
+      config.phase == Phase::sft ? (config.global_batch == 1 ? "row" : "rows")
+                                 : (config.global_batch == 1 ? "pair" : "pairs"));
   const std::size_t buckets = p.parallel->buckets().size();
   log.info(
       "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-{}, "

@@ -230,6 +230,11 @@ expect "plans for 8 ranks in bf16" contains "$out" "sft on 8 ranks, cuda (bf16),
 expect "lists the master weights, sharded" contains "$out" "master weights (fp32, ZeRO-1: 1/8 of them)"
 expect "and a total" contains "$out" "total"
 expect "writes nothing" [ ! -e "$work/never" ]
+# --help: defaults in the shortest form that reads back (not 2.0000000000000002e-05, 0.899999976).
+run "sft --help" 0 "$bin" sft --help
+expect "no float noise in the defaults" lacks "$out" "000000"
+expect "lr as written" contains "$out" "(=2e-05)"
+expect "beta1 as written" contains "$out" "(=0.9)"
 # --backend auto (the default) plans for what would run here: without a visible GPU, the CPU,
 # whether or not the CUDA backend is compiled in (the CI build has it).
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
