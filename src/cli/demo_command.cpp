@@ -17,6 +17,7 @@
 #include "core/option_domain.hpp"
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
+#include "core/words.hpp"
 #include "dist/collectives.hpp"
 #include "io/prep/prep_job.hpp"
 #include "io/tokenizer/special_tokens.hpp"
@@ -291,17 +292,17 @@ int run_demo(const CommandContext& context) {
     if (with_dpo && dpo.last_eval) {
       const l3::EvalMetrics& d = *dpo.last_eval;
       dpo_line = fmt::format(
-          "  DPO     {} steps: validation reward accuracy {:.1f}% (margin {:.2f}; chosen {:.2f}, "
+          "  DPO     {}: validation reward accuracy {:.1f}% (margin {:.2f}; chosen {:.2f}, "
           "rejected {:.2f}; loss {:.3f}, log 2 at the start) on {} pairs\n"
           "          checkpoint {}\n",
-          dpo.steps, 100.0 * d.accuracy, d.margin, d.chosen_reward, d.rejected_reward, d.loss,
-          d.pairs, dpo.checkpoint);
+          core::count_of(dpo.steps, "step"), 100.0 * d.accuracy, d.margin, d.chosen_reward,
+          d.rejected_reward, d.loss, d.pairs, dpo.checkpoint);
     }
     std::cout << fmt::format(
         "\nllama3-hpc demo: done in {} on {} rank{}\n"
-        "  SFT     {} steps: validation loss {:.3f} (perplexity {:.2f}) on {} answer tokens\n"
+        "  SFT     {}: validation loss {:.3f} (perplexity {:.2f}) on {} answer tokens\n"
         "          checkpoint {}, which answers:\n{}"
-        "  reward  {} steps: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
+        "  reward  {}: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
         "          checkpoint {}{}\n"
         "{}"
         "  data, metrics (metrics-*.jsonl) and checkpoints are in {}\n\n"
@@ -324,8 +325,9 @@ int run_demo(const CommandContext& context) {
         "random weights) and --seq-len 256 --global-batch 8 --steps 20 runs on a laptop.\n"
         "See docs/TRAINING.md for every option.\n",
         train::format_duration(watch.seconds()), world.size(), world.size() == 1 ? "" : "s",
-        sft.steps, s.loss, s.perplexity, s.tokens, sft.checkpoint, samples, reward.steps,
-        100.0 * r.accuracy, r.margin, r.pairs, reward.checkpoint, lora_note, dpo_line, root);
+        core::count_of(sft.steps, "step"), s.loss, s.perplexity, s.tokens, sft.checkpoint, samples,
+        core::count_of(reward.steps, "step"), 100.0 * r.accuracy, r.margin, r.pairs,
+        reward.checkpoint, lora_note, dpo_line, root);
   }
   return core::kExitOk;
 }

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/words.hpp"
 #include "dist/communicator.hpp"
 #include "dist/world.hpp"
 
@@ -66,15 +67,15 @@ void StopPolicy::check(const StepMetrics& step, Phase phase) const {
     // Not a divergence: nothing to learn from (every answer cut off by --seq-len, or no pair
     // fits), which no --lr fixes. The data and options are what must change: exit 2.
     throw core::bad_input(fmt::format(
-        "{} steps in a row had no {} (last: step {}): the samples are cut to --seq-len {} before "
+        "{} in a row had no {} (last: step {}): the samples are cut to --seq-len {} before "
         "their {}; raise --seq-len, or leave long samples out with --drop-long",
-        bad_in_a_row_, sft ? "target tokens" : "preference pairs", step.step, rules_.seq_len,
-        sft ? "answers" : "ends"));
+        core::count_of(bad_in_a_row_, "step"), sft ? "target tokens" : "preference pairs",
+        step.step, rules_.seq_len, sft ? "answers" : "ends"));
   }
-  throw core::internal_error(fmt::format(
-      "training diverged: {} steps in a row had a non-finite loss or gradient norm (last: "
-      "step {}, loss {}, grad norm {}); lower --lr, raise --warmup or check the data",
-      bad_in_a_row_, step.step, step.loss, step.grad_norm));
+  throw core::internal_error(
+      fmt::format("training diverged: {} in a row had a non-finite loss or gradient norm (last: "
+                  "step {}, loss {}, grad norm {}); lower --lr, raise --warmup or check the data",
+                  core::count_of(bad_in_a_row_, "step"), step.step, step.loss, step.grad_norm));
 }
 
 }  // namespace l3::train
