@@ -22,6 +22,7 @@
 #include "kernels/profiling_ops.hpp"
 #include "model/llama_model.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 namespace {
 
@@ -102,7 +103,7 @@ json run(const Shape& s, int steps, double sgemm, bool profile) {
     if (step == 1) profiled.clear();
     model.zero_gradients();
     const l3::core::Stopwatch watch;
-    (void)model.sft_forward_backward(batch, 1.0F / count);
+    (void)l3::train::LanguageModelLoss(model).forward_backward(batch, 1.0F / count);
     const double fb = watch.seconds();
     const l3::core::Stopwatch opt_watch;
     optimizer.step(model.master_weights(), model.weight_copy(), model.gradients(), 1e-4F, 1.0F);

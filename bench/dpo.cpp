@@ -26,6 +26,8 @@
 #include "kernels/backends.hpp"
 #include "mid_model_inputs.hpp"
 #include "model/llama_model.hpp"
+#include "train/objectives/dpo_loss.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 namespace {
 
@@ -74,21 +76,23 @@ double time_pass(const Shape& s, std::optional<LoraConfig> lora, Pass pass, int 
   const auto count = static_cast<float>(std::max<std::int64_t>(1, batch.counted_tokens()));
   // Full fine-tuning's reference: precomputed (here: the model's own, as at step 0).
   const std::vector<double> reference =
-      lora ? std::vector<double>{} : model.sequence_log_probs(batch, false);
+      lora ? std::vector<double>{} : l3::train::sequence_log_probs(model, batch, false);
+  l3::train::LanguageModelLoss sft(model);
+  l3::train::DpoLoss dpo(model, {}, nullptr);
   std::vector<double> times;
   for (int step = 0; step <= steps; ++step) {  // step 0 warms up
     model.zero_gradients();
-    model.zero_loss_sums();
+    sft.begin_step();
     const l3::core::Stopwatch watch;
     switch (pass) {
       case Pass::sft:
-        model.sft_accumulate(batch, 1.0F / count);
+        sft.train(batch, 1.0F / count);
         break;
       case Pass::dpo:
-        model.dpo_accumulate(batch, 1.0F / static_cast<float>(s.pairs), {}, reference);
+        (void)dpo.forward_backward(batch, 1.0F / static_cast<float>(s.pairs), reference);
         break;
       case Pass::reference:
-        (void)model.sequence_log_probs(batch, false, /*adapters=*/false);
+        (void)l3::train::sequence_log_probs(model, batch, false, /*adapters=*/false);
         break;
     }
     ops.synchronize();

@@ -28,6 +28,7 @@
 #include "mid_model_inputs.hpp"
 #include "model/llama_model.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 namespace {
 
@@ -82,7 +83,7 @@ Result run(const Shape& s, std::optional<LoraConfig> lora, int steps,
     model.set_dropout_seed(static_cast<std::uint64_t>(step));
     model.zero_gradients();
     const l3::core::Stopwatch watch;
-    (void)model.sft_forward_backward(batch, 1.0F / count);
+    (void)l3::train::LanguageModelLoss(model).forward_backward(batch, 1.0F / count);
     ops.synchronize();
     const double fb = watch.seconds();
     const l3::core::Stopwatch opt_watch;

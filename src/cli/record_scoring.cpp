@@ -7,7 +7,7 @@
 
 #include "cli/prompt_format.hpp"
 #include "core/error.hpp"
-#include "model/reward_scores.hpp"
+#include "train/reward_scores.hpp"
 
 namespace l3::cli {
 
@@ -42,9 +42,9 @@ ScoringInput prepare_record(const prep::RecordFormatter& formatter, const json& 
 RecordScore score_prepared(model::LlamaModel& model, const ScoringInput& input,
                            std::int32_t pad_id) {
   if (!input.pair) {
-    return {.pair = false, .chosen = model::sequence_reward(model, input.chosen, pad_id)};
+    return {.pair = false, .chosen = train::sequence_reward(model, input.chosen, pad_id)};
   }
-  const model::PairRewards r = model::pair_rewards(model, input.chosen, input.rejected, pad_id);
+  const train::PairRewards r = train::pair_rewards(model, input.chosen, input.rejected, pad_id);
   return {.pair = true, .chosen = r.chosen, .rejected = r.rejected};
 }
 

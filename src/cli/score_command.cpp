@@ -17,7 +17,7 @@
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
 #include "io/prep/input_split.hpp"
-#include "model/reward_scores.hpp"
+#include "train/reward_scores.hpp"
 
 namespace l3::cli {
 
@@ -84,7 +84,7 @@ void score_file(const dist::World& world, const std::string& path, model::LlamaM
       mine.chosen = score.chosen;
       mine.rejected = score.rejected;
     } else {
-      model.idle_pass(false);
+      train::score_nothing(model);
     }
     std::vector<ScoredRecord> all(world.is_root() ? static_cast<std::size_t>(world.size()) : 0);
     dist::check_mpi(MPI_Gather(&mine, sizeof(ScoredRecord), MPI_BYTE, all.data(),
@@ -154,10 +154,10 @@ int run_score(const CommandContext& context) {
                          {"response", o["response"].as<std::string>()}};
     const std::vector<std::int32_t> tokens = response_sequence(formatter, record);
     if (!context.world.is_root()) {
-      loaded.model->idle_pass(false);
+      train::score_nothing(*loaded.model);
       return core::kExitOk;
     }
-    const float reward = model::sequence_reward(*loaded.model, tokens, pad_id);
+    const float reward = train::sequence_reward(*loaded.model, tokens, pad_id);
     if (o["json"].as<bool>()) {
       std::cout << nlohmann::ordered_json{{"reward", json_number(reward)},
                                           {"tokens", tokens.size()},

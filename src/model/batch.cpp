@@ -20,6 +20,13 @@ std::int64_t Batch::counted_tokens() const noexcept {
   return std::count_if(loss_mask.begin(), loss_mask.end(), [](std::uint8_t m) { return m != 0; });
 }
 
+Batch Batch::none(std::int64_t seq_len) {
+  Batch batch;
+  batch.seq_len = seq_len;
+  batch.cu_seqlens = {0};
+  return batch;
+}
+
 void Batch::validate(std::int64_t vocab_size) const {
   const auto fail = [](const std::string& what) { throw core::internal_error("batch: " + what); };
   const std::int64_t n = tokens_count();

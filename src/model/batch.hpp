@@ -40,6 +40,10 @@ struct Batch {
 
   // Internal Error when the arrays disagree (sizes, segments crossing rows, positions).
   void validate(std::int64_t vocab_size) const;
+
+  // A batch of no rows: what a rank with no data for a micro-batch that the other ranks run
+  // passes through the model (LlamaModel::load_batch).
+  [[nodiscard]] static Batch none(std::int64_t seq_len);
 };
 
 // Fills rows of seq_len tokens with whole documents in the order given (a document that does

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "core/trace_range.hpp"
+#include "kernels/idle_ops.hpp"
 #include "model/decoder_block.hpp"
 #include "model/parameter_init.hpp"
 #include "model/rope_table.hpp"
@@ -69,6 +70,7 @@ struct LlamaModel::Workspace {
     return input_sets[static_cast<std::size_t>(current)];
   }
   std::int64_t counted = 0;                   // C
+  std::int64_t sequences = 0;                 // 2P: a preference batch's chosen and rejected
   std::vector<std::int32_t> host_cu_seqlens;  // the same segment table, for the attention
   RopeBuffers rope;
   // forward
@@ -77,9 +79,9 @@ struct LlamaModel::Workspace {
   Buffer final_out, final_rstd;
   // backward
   Buffer d_resid, d_final, d_ln, d_att, d_q, d_k, d_v, d_act, d_gate, d_up, scratch_out;
-  Buffer scores, d_scores;
-  // DPO: the counted rows' losses and their gradients (C), sequences' log-probabilities (2P)
-  Buffer row_loss, d_rows, logps;
+  // the objectives' head scratch (HeadInputs): four f32 and one f64 value per row
+  std::array<Buffer, 4> head_f32;
+  Buffer head_f64;
   // LoRA: an adapter's dropped input (forward) or its input gradient (backward), (N, max in),
   // with dropout only; and d(u) (N, r)
   Buffer lora_x, d_lora;
@@ -142,6 +144,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
                                 trainable_layout().total())
                  : Buffer{}),
       sums_(ops.allocate(DType::f64, kLossSumElements)),
+      idle_ops_(ops),
       ws_(std::make_unique<Workspace>()) {}
 
 LlamaModel::~LlamaModel() = default;
@@ -238,56 +241,9 @@ void LlamaModel::adapter_backward(int layer, const BlockAdapters& adapters, Lora
                                   const BlockViews& a) {
   if (!adapters.has(t)) return;
   const Workspace& ws = *ws_;
-  lora_backward(ops_, adapters, t, adapter_grads(layer, t), dx, dy, x,
+  lora_backward(pass_ops(), adapters, t, adapter_grads(layer, t), dx, dy, x,
                 a.lora_u[static_cast<std::size_t>(t)], ws.d_lora.first_rows(ws.n),
                 ws.lora_x.view());
-}
-
-void LlamaModel::idle_pass(bool backward) {
-  if (parameter_window_ == nullptr) return;
-  // forward_backbone, then the head's loss (sft, reward), then backward_backbone.
-  idle_forward();
-  const bool language_model = layout_.head() == HeadKind::language_model;
-  idle_use(language_model ? layout_.lm_head() : layout_.score(),
-           backward ? Pass::backward : Pass::forward);
-  if (backward) idle_backward();
-}
-
-void LlamaModel::idle_dpo_pass(bool backward, bool reference_pass) {
-  if (parameter_window_ == nullptr) return;
-  // dpo(): the reference's forward and log-probabilities (LoRA), the policy's, then the
-  // lm_head's backward and backward_backbone.
-  for (int pass = reference_pass ? 0 : 1; pass < 2; ++pass) {
-    idle_forward();
-    idle_use(layout_.lm_head(), Pass::forward);
-  }
-  if (!backward) return;
-  idle_use(layout_.lm_head(), Pass::backward);
-  idle_backward();
-}
-
-void LlamaModel::idle_use(std::int64_t offset, Pass pass) const {
-  const HeldGroup held = hold(offset, pass);
-}
-
-void LlamaModel::idle_forward() const {
-  idle_use(layout_.embedding(), Pass::forward);
-  for (int l = 0; l < config().n_layers; ++l) idle_use(layout_.block(l).q_proj, Pass::forward);
-  idle_use(layout_.final_norm(), Pass::forward);
-}
-
-void LlamaModel::idle_backward() {
-  const ModelConfig& c = config();
-  const auto use = [&](std::int64_t offset, Pass pass) { idle_use(offset, pass); };
-  // The gradients are reported complete where backward_backbone reports them, so that the
-  // gradient window's reductions keep the same order relative to the gathers on every rank.
-  use(layout_.final_norm(), Pass::backward);
-  if (const std::int64_t head = head_ready_offset(); head >= 0) gradients_ready(head);
-  for (int l = c.n_layers - 1; l >= 0; --l) {
-    use(layout_.block(l).q_proj, Pass::backward);
-    gradients_ready(block_ready_offset(l));
-  }
-  if (!adapters_) gradients_ready(0);  // the embedding's (an adapter layout has none)
 }
 
 void LlamaModel::require_own_parameters(std::string_view what) const {
@@ -378,51 +334,56 @@ void LlamaModel::prepare(const Batch& batch, std::span<const double> reference) 
   batch.validate(c.vocab_size);
   Workspace& ws = *ws_;
   const std::int64_t n = batch.tokens_count();
+  pass_ = n == 0 ? &idle_ops_ : &ops_;  // no rows: the same calls, nothing computed
   const DType act = ops_.compute_dtype();
-  if (n > ws.capacity) {
+  // At least one row: a pass over an empty batch (IdleOps) still names its views.
+  if (const std::int64_t cap = std::max<std::int64_t>(n, 1); cap > ws.capacity) {
     Workspace fresh;
-    fresh.capacity = n;
+    fresh.capacity = cap;
     auto alloc = [&](DType dtype, const Shape& shape) {
       return kernels::allocate(ops_, dtype, shape);
     };
-    const Shape hidden{n, c.hidden_size};               // (N, H)
-    const Shape heads{n, c.n_heads, c.head_dim};        // (N, n_heads, head_dim)
-    const Shape kv_heads{n, c.n_kv_heads, c.head_dim};  // (N, n_kv_heads, head_dim)
-    const Shape intermediate{n, c.intermediate_size};   // (N, I)
+    const Shape hidden{cap, c.hidden_size};               // (N, H)
+    const Shape heads{cap, c.n_heads, c.head_dim};        // (N, n_heads, head_dim)
+    const Shape kv_heads{cap, c.n_kv_heads, c.head_dim};  // (N, n_kv_heads, head_dim)
+    const Shape intermediate{cap, c.intermediate_size};   // (N, I)
     for (InputBuffers& set : fresh.input_sets) {
       // A sequence has a token at least: 2P <= N.
-      set = {alloc(DType::i32, n),     alloc(DType::i32, n),     alloc(DType::i32, n + 1),
-             alloc(DType::i32, n),     alloc(DType::i32, n),     alloc(DType::i32, n),
-             alloc(DType::f32, n / 2), alloc(DType::i32, 2 * n), alloc(DType::f64, n)};
+      set = {alloc(DType::i32, cap),
+             alloc(DType::i32, cap),
+             alloc(DType::i32, cap + 1),
+             alloc(DType::i32, cap),
+             alloc(DType::i32, cap),
+             alloc(DType::i32, cap),
+             alloc(DType::f32, std::max<std::int64_t>(cap / 2, 1)),
+             alloc(DType::i32, 2 * cap),
+             alloc(DType::f64, cap)};
     }
-    fresh.row_loss = alloc(DType::f32, n);
-    fresh.d_rows = alloc(DType::f32, n);
-    fresh.logps = alloc(DType::f64, n);
+    for (Buffer& b : fresh.head_f32) b = alloc(DType::f32, cap);
+    fresh.head_f64 = alloc(DType::f64, cap);
     fresh.current = ws.current;
-    fresh.scores = alloc(DType::f32, n);
-    fresh.d_scores = alloc(DType::f32, n);
     for (int l = 0; l <= c.n_layers; ++l) fresh.layer_inputs.push_back(alloc(act, hidden));
     const int slots = options_.recompute ? 1 : c.n_layers;
     for (int s = 0; s < slots; ++s) {
-      fresh.blocks.push_back({alloc(act, hidden), alloc(DType::f32, n), alloc(act, heads),
+      fresh.blocks.push_back({alloc(act, hidden), alloc(DType::f32, cap), alloc(act, heads),
                               alloc(act, kv_heads), alloc(act, kv_heads), alloc(act, heads),
-                              alloc(DType::f32, {c.n_heads, n}), alloc(act, hidden),
-                              alloc(act, hidden), alloc(DType::f32, n), alloc(act, intermediate),
+                              alloc(DType::f32, {c.n_heads, cap}), alloc(act, hidden),
+                              alloc(act, hidden), alloc(DType::f32, cap), alloc(act, intermediate),
                               alloc(act, intermediate), alloc(act, intermediate)});
       if (!adapters_) continue;
       for (const LoraTarget t : kLoraTargets) {
         if (options_.lora.targets_layer(t)) {
           fresh.blocks.back().lora_u[static_cast<std::size_t>(t)] =
-              alloc(act, {n, options_.lora.rank});
+              alloc(act, {cap, options_.lora.rank});
         }
       }
     }
     if (adapters_) {
-      fresh.d_lora = alloc(act, {n, options_.lora.rank});
-      if (options_.lora.dropout > 0.0) fresh.lora_x = alloc(act, n * widest_adapter_input(c));
+      fresh.d_lora = alloc(act, {cap, options_.lora.rank});
+      if (options_.lora.dropout > 0.0) fresh.lora_x = alloc(act, cap * widest_adapter_input(c));
     }
     fresh.final_out = alloc(act, hidden);
-    fresh.final_rstd = alloc(DType::f32, n);
+    fresh.final_rstd = alloc(DType::f32, cap);
     fresh.d_resid = alloc(act, hidden);
     fresh.d_final = alloc(act, hidden);
     fresh.d_ln = alloc(act, hidden);
@@ -459,6 +420,7 @@ void LlamaModel::prepare(const Batch& batch, std::span<const double> reference) 
   ws.counted = static_cast<std::int64_t>(rows.size());
   std::vector<std::int32_t> score_rows(batch.chosen_last);  // chosen, then rejected
   score_rows.insert(score_rows.end(), batch.rejected_last.begin(), batch.rejected_last.end());
+  ws.sequences = static_cast<std::int64_t>(score_rows.size());
   // Each sequence's counted rows: those of the segment that ends with its last token (its own:
   // a document is a segment), a contiguous run of the ascending `rows`.
   std::vector<std::int32_t> ranges;
@@ -492,7 +454,7 @@ void LlamaModel::prepare(const Batch& batch, std::span<const double> reference) 
       upload(in.loss_targets, targets),        upload(in.score_rows, score_rows),
       upload(in.margins, batch.margins),       upload(in.ranges, ranges),
       upload(in.reference, reference_values)};
-  ops_.upload_inputs(ws.current, uploads);
+  pass_ops().upload_inputs(ws.current, uploads);
   ws.host_cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
   ws.segments = {.cu_seqlens = in.cu_seqlens.first_rows(batch.segments() + 1),
                  .max_segment = static_cast<int>(batch.longest_segment()),
@@ -507,9 +469,9 @@ void LlamaModel::forward_backbone() {
   {
     const core::TraceRange range("embedding");
     const HeldGroup held = hold(layout_.embedding(), Pass::forward);
-    ops_.embedding({.out = ws.layer_inputs[0].first_rows(n),
-                    .tokens = ws.in().tokens.first_rows(n),
-                    .table = weight(layout_.embedding(), {c.vocab_size, h})});
+    pass_ops().embedding({.out = ws.layer_inputs[0].first_rows(n),
+                          .tokens = ws.in().tokens.first_rows(n),
+                          .table = weight(layout_.embedding(), {c.vocab_size, h})});
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const HeldGroup held = hold(layout_.block(l).q_proj, Pass::forward);
@@ -518,11 +480,11 @@ void LlamaModel::forward_backbone() {
                   options_.recompute ? 0 : l);
   }
   const HeldGroup held = hold(layout_.final_norm(), Pass::forward);
-  ops_.rmsnorm({.out = ws.final_out.first_rows(n),
-                .rstd = ws.final_rstd.first_rows(n),
-                .x = ws.layer_inputs.back().first_rows(n),
-                .w = weight(layout_.final_norm(), h),
-                .eps = static_cast<float>(c.rms_norm_eps)});
+  pass_ops().rmsnorm({.out = ws.final_out.first_rows(n),
+                      .rstd = ws.final_rstd.first_rows(n),
+                      .x = ws.layer_inputs.back().first_rows(n),
+                      .w = weight(layout_.final_norm(), h),
+                      .eps = static_cast<float>(c.rms_norm_eps)});
 }
 
 BlockWeights LlamaModel::layer_weights(int layer) const {
@@ -538,11 +500,11 @@ void LlamaModel::block_forward(int layer, ConstTensorView x_in, TensorView x_out
   const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], ws.n, c, ws.lora_x);
   const BlockAdapters adapters = layer_adapters(layer);
   decoder_block_forward(
-      ops_, c, layer_weights(layer),
+      pass_ops(), c, layer_weights(layer),
       {.positions = ws.in().positions.first_rows(ws.n), .cos = ws.rope.cos(), .sin = ws.rope.sin()},
       x_in, x_out, a,
       [&] {
-        ops_.attention(
+        pass_ops().attention(
             {.out = a.att, .lse = a.lse, .q = a.q, .k = a.k, .v = a.v, .segments = ws.segments});
       },
       adapters_ ? &adapters : nullptr);
@@ -559,15 +521,15 @@ void LlamaModel::backward_backbone() {
   const TensorView d_resid = ws.d_resid.first_rows(n);  // d(loss)/d(residual stream)
   const ConstTensorView positions = ws.in().positions.first_rows(n);
 
-  ops_.zero(d_resid);
+  pass_ops().zero(d_resid);
   {
     const HeldGroup held = hold(layout_.final_norm(), Pass::backward);
-    ops_.rmsnorm_backward({.dx = d_resid,
-                           .dw = base_grad(layout_.final_norm(), h),
-                           .dout = ws.d_final.first_rows(n),
-                           .x = ws.layer_inputs.back().first_rows(n),
-                           .w = weight(layout_.final_norm(), h),
-                           .rstd = ws.final_rstd.first_rows(n)});
+    pass_ops().rmsnorm_backward({.dx = d_resid,
+                                 .dw = base_grad(layout_.final_norm(), h),
+                                 .dout = ws.d_final.first_rows(n),
+                                 .x = ws.layer_inputs.back().first_rows(n),
+                                 .w = weight(layout_.final_norm(), h),
+                                 .rstd = ws.final_rstd.first_rows(n)});
   }
   // the head after it (a LoRA language model trains nothing there)
   if (const std::int64_t head = head_ready_offset(); head >= 0) gradients_ready(head);
@@ -592,336 +554,158 @@ void LlamaModel::backward_backbone() {
     const TensorView d_act = ws.d_act.first_rows(n);
     const TensorView d_gate = ws.d_gate.first_rows(n);
     const TensorView d_up = ws.d_up.first_rows(n);
-    ops_.matmul_backward({.dx = d_act,
-                          .dw = base_grad(w.down_proj, {h, i}),
-                          .dy = d_resid,
-                          .x = a.act,
-                          .w = bw.down_proj});
+    pass_ops().matmul_backward({.dx = d_act,
+                                .dw = base_grad(w.down_proj, {h, i}),
+                                .dy = d_resid,
+                                .x = a.act,
+                                .w = bw.down_proj});
     adapter(LoraTarget::down, d_act, d_resid, a.act);
-    ops_.swiglu_backward({.dgate = d_gate, .dup = d_up, .dout = d_act, .gate = a.gate, .up = a.up});
-    ops_.matmul_backward({.dx = d_ln,
-                          .dw = base_grad(w.gate_proj, {i, h}),
-                          .dy = d_gate,
-                          .x = a.ln2,
-                          .w = bw.gate_proj});
+    pass_ops().swiglu_backward(
+        {.dgate = d_gate, .dup = d_up, .dout = d_act, .gate = a.gate, .up = a.up});
+    pass_ops().matmul_backward({.dx = d_ln,
+                                .dw = base_grad(w.gate_proj, {i, h}),
+                                .dy = d_gate,
+                                .x = a.ln2,
+                                .w = bw.gate_proj});
     adapter(LoraTarget::gate, d_ln, d_gate, a.ln2);
-    ops_.matmul_backward({.dx = d_ln,
-                          .dw = base_grad(w.up_proj, {i, h}),
-                          .dy = d_up,
-                          .x = a.ln2,
-                          .w = bw.up_proj,
-                          .accumulate_dx = true});
+    pass_ops().matmul_backward({.dx = d_ln,
+                                .dw = base_grad(w.up_proj, {i, h}),
+                                .dy = d_up,
+                                .x = a.ln2,
+                                .w = bw.up_proj,
+                                .accumulate_dx = true});
     adapter(LoraTarget::up, d_ln, d_up, a.ln2);
-    ops_.rmsnorm_backward({.dx = d_resid,
-                           .dw = base_grad(w.post_attention_norm, h),
-                           .dout = d_ln,
-                           .x = a.h,
-                           .w = bw.post_attention_norm,
-                           .rstd = a.rstd2});
+    pass_ops().rmsnorm_backward({.dx = d_resid,
+                                 .dw = base_grad(w.post_attention_norm, h),
+                                 .dout = d_ln,
+                                 .x = a.h,
+                                 .w = bw.post_attention_norm,
+                                 .rstd = a.rstd2});
 
     // Attention half. d_resid holds d(h); the residual passes it on to d(x).
     const TensorView d_att = ws.d_att.first_rows(n);
     const TensorView d_q = ws.d_q.first_rows(n);
     const TensorView d_k = ws.d_k.first_rows(n);
     const TensorView d_v = ws.d_v.first_rows(n);
-    ops_.matmul_backward({.dx = d_att,
-                          .dw = base_grad(w.o_proj, {h, q}),
-                          .dy = d_resid,
-                          .x = a.att,
-                          .w = bw.o_proj});
+    pass_ops().matmul_backward({.dx = d_att,
+                                .dw = base_grad(w.o_proj, {h, q}),
+                                .dy = d_resid,
+                                .x = a.att,
+                                .w = bw.o_proj});
     adapter(LoraTarget::o, d_att, d_resid, a.att);
-    ops_.attention_backward({.dq = d_q,
-                             .dk = d_k,
-                             .dv = d_v,
-                             .dout = d_att,
-                             .out = a.att,
-                             .lse = a.lse,
-                             .q = a.q,
-                             .k = a.k,
-                             .v = a.v,
-                             .segments = ws.segments});
+    pass_ops().attention_backward({.dq = d_q,
+                                   .dk = d_k,
+                                   .dv = d_v,
+                                   .dout = d_att,
+                                   .out = a.att,
+                                   .lse = a.lse,
+                                   .q = a.q,
+                                   .k = a.k,
+                                   .v = a.v,
+                                   .segments = ws.segments});
     for (const TensorView d : {d_q, d_k}) {
-      ops_.rope_backward(
+      pass_ops().rope_backward(
           {.x = d, .positions = positions, .cos = ws.rope.cos(), .sin = ws.rope.sin()});
     }
-    ops_.matmul_backward(
+    pass_ops().matmul_backward(
         {.dx = d_ln, .dw = base_grad(w.q_proj, {q, h}), .dy = d_q, .x = a.ln1, .w = bw.q_proj});
     adapter(LoraTarget::q, d_ln, d_q, a.ln1);  // d_q: before RoPE, where the adapter added
-    ops_.matmul_backward({.dx = d_ln,
-                          .dw = base_grad(w.k_proj, {kv, h}),
-                          .dy = d_k,
-                          .x = a.ln1,
-                          .w = bw.k_proj,
-                          .accumulate_dx = true});
+    pass_ops().matmul_backward({.dx = d_ln,
+                                .dw = base_grad(w.k_proj, {kv, h}),
+                                .dy = d_k,
+                                .x = a.ln1,
+                                .w = bw.k_proj,
+                                .accumulate_dx = true});
     adapter(LoraTarget::k, d_ln, d_k, a.ln1);
-    ops_.matmul_backward({.dx = d_ln,
-                          .dw = base_grad(w.v_proj, {kv, h}),
-                          .dy = d_v,
-                          .x = a.ln1,
-                          .w = bw.v_proj,
-                          .accumulate_dx = true});
+    pass_ops().matmul_backward({.dx = d_ln,
+                                .dw = base_grad(w.v_proj, {kv, h}),
+                                .dy = d_v,
+                                .x = a.ln1,
+                                .w = bw.v_proj,
+                                .accumulate_dx = true});
     adapter(LoraTarget::v, d_ln, d_v, a.ln1);
-    ops_.rmsnorm_backward({.dx = d_resid,
-                           .dw = base_grad(w.input_norm, h),
-                           .dout = d_ln,
-                           .x = x_in,
-                           .w = bw.input_norm,
-                           .rstd = a.rstd1});
+    pass_ops().rmsnorm_backward({.dx = d_resid,
+                                 .dw = base_grad(w.input_norm, h),
+                                 .dout = d_ln,
+                                 .x = x_in,
+                                 .w = bw.input_norm,
+                                 .rstd = a.rstd1});
     gradients_ready(block_ready_offset(l));
   }
   if (adapters_) return;  // a frozen embedding: nothing to compute or report
   const core::TraceRange range("embedding backward");
-  ops_.embedding_backward({.dtable = weight_grad(layout_.embedding(), {c.vocab_size, h}),
-                           .tokens = ws.in().tokens.first_rows(n),
-                           .dout = d_resid});
+  pass_ops().embedding_backward({.dtable = weight_grad(layout_.embedding(), {c.vocab_size, h}),
+                                 .tokens = ws.in().tokens.first_rows(n),
+                                 .dout = d_resid});
   gradients_ready(0);
 }
 
-TensorView LlamaModel::sum_slot(int slot) const {
-  return sums_.slice(static_cast<std::int64_t>(slot) * kSumValues, kSumValues);
-}
-
-LossSums LlamaModel::read_sums(int slot) const {
-  std::array<double, kSumValues> host{};
-  ops_.copy(TensorView(std::span<double>(host)), sum_slot(slot));
-  return {host[0], host[1], host[2], host[3]};
-}
-
-void LlamaModel::zero_loss_sums() { ops_.zero(sum_slot(kStepSlot)); }
-
-LossSums LlamaModel::loss_sums() const { return read_sums(kStepSlot); }
-
-void LlamaModel::zero_eval_sums() { ops_.zero(sum_slot(kEvalSlot)); }
-
-void LlamaModel::sft_eval_accumulate(const Batch& batch) {
-  sft(batch, 1.0F, false, sum_slot(kEvalSlot));
-}
-
-LossSums LlamaModel::eval_sums() const { return read_sums(kEvalSlot); }
-
-void LlamaModel::sft(const Batch& batch, float grad_scale, bool backward, TensorView sums) {
-  if (layout_.head() != HeadKind::language_model) {
-    throw core::internal_error("SFT pass on a model without a language-model head");
-  }
-  prepare(batch);
-  ws_->training = backward;
-  forward_backbone();
-  const ModelConfig& c = config();
-  const Workspace& ws = *ws_;
-  const std::int64_t n = ws.n;
-  const std::int64_t v = c.vocab_size;
-  const std::int64_t h = c.hidden_size;
-  {
-    const core::TraceRange range("lm_head + cross-entropy");
-    const HeldGroup held = hold(layout_.lm_head(), backward ? Pass::backward : Pass::forward);
-    ops_.lm_head_cross_entropy(
-        {.loss_sum = sums.slice(0, 1),
-         .dh = backward ? ws.d_final.first_rows(n) : TensorView{},
-         .dw = backward ? base_grad(layout_.lm_head(), {v, h}) : TensorView{},
-         .h = ws.final_out.first_rows(n),
-         .w = weight(layout_.lm_head(), {v, h}),
-         .rows = ws.in().loss_rows.first_rows(ws.counted),
-         .targets = ws.in().loss_targets.first_rows(ws.counted),
-         .grad_scale = grad_scale});
-  }
-  if (backward) backward_backbone();
-}
-
-void LlamaModel::sft_accumulate(const Batch& batch, float grad_scale) {
-  sft(batch, grad_scale, true, sum_slot(kStepSlot));
-}
-
-kernels::LossSum LlamaModel::sft_forward_backward(const Batch& batch, float grad_scale) {
-  ops_.zero(sum_slot(kCallSlot));
-  sft(batch, grad_scale, true, sum_slot(kCallSlot));
-  return {read_sums(kCallSlot).loss, batch.counted_tokens()};
-}
-
-kernels::LossSum LlamaModel::sft_forward(const Batch& batch) {
-  ops_.zero(sum_slot(kCallSlot));
-  sft(batch, 1.0F, false, sum_slot(kCallSlot));
-  return {read_sums(kCallSlot).loss, batch.counted_tokens()};
-}
-
-void LlamaModel::reward(const Batch& batch, float grad_scale, double center, bool backward,
-                        TensorView sums) {
-  if (layout_.head() != HeadKind::reward) {
-    throw core::internal_error("reward pass on a model without a score head");
-  }
-  prepare(batch);
-  ws_->training = backward;
-  forward_backbone();
-  Workspace& ws = *ws_;
-  const std::int64_t n = ws.n;
-  const std::int64_t pairs = batch.pairs();
-  const std::int64_t count = 2 * pairs;
-
-  {
-    const ConstTensorView rows = ws.in().score_rows.first_rows(count);
-    const HeldGroup held = hold(layout_.score(), backward ? Pass::backward : Pass::forward);
-    ops_.gather_dot({.scores = ws.scores.first_rows(count),
-                     .h = ws.final_out.first_rows(n),
-                     .w = score_weight(),
-                     .rows = rows});
-    ops_.bradley_terry(
-        {.sums = sums.slice(0, 3),
-         .d_scores = backward ? ws.d_scores.first_rows(count) : TensorView{},
-         .scores = ws.scores.first_rows(count),
-         .margins = batch.margins.empty() ? TensorView{} : ws.in().margins.first_rows(pairs),
-         .center = center,
-         .grad_scale = grad_scale});
-    if (!backward) return;
-
-    ops_.zero(ws.d_final.first_rows(n));
-    ops_.gather_dot_backward({.dh = ws.d_final.first_rows(n),
-                              .dw = score_grad(),
-                              .dscores = ws.d_scores.first_rows(count),
-                              .h = ws.final_out.first_rows(n),
-                              .w = score_weight(),
-                              .rows = rows});
-  }
-  backward_backbone();
-}
-
-void LlamaModel::reward_accumulate(const Batch& batch, float grad_scale,
-                                   double center_coefficient) {
-  reward(batch, grad_scale, center_coefficient, true, sum_slot(kStepSlot));
-}
-
-RewardOutput LlamaModel::reward_call(const Batch& batch, float grad_scale, double center,
-                                     bool backward) {
-  ops_.zero(sum_slot(kCallSlot));
-  reward(batch, grad_scale, center, backward, sum_slot(kCallSlot));
-  const std::int64_t pairs = batch.pairs();
-  std::vector<float> scores(static_cast<std::size_t>(2 * pairs));
-  ops_.copy(TensorView(std::span<float>(scores)), ws_->scores.slice(0, 2 * pairs));
-  const LossSums sums = read_sums(kCallSlot);
-  RewardOutput out;
-  out.chosen.assign(scores.begin(), scores.begin() + pairs);
-  out.rejected.assign(scores.begin() + pairs, scores.end());
-  out.stats.loss = sums.loss;
-  out.stats.pairs = pairs;
-  out.stats.correct = static_cast<std::int64_t>(sums.correct);
-  out.stats.margin = sums.margin;
-  return out;
-}
-
-RewardOutput LlamaModel::reward_forward_backward(const Batch& batch, float grad_scale,
-                                                 double center_coefficient) {
-  return reward_call(batch, grad_scale, center_coefficient, true);
-}
-
-RewardOutput LlamaModel::reward_forward(const Batch& batch, double center_coefficient) {
-  return reward_call(batch, 1.0F, center_coefficient, false);
-}
-
-void LlamaModel::sequence_log_probs_into(std::int64_t sequences, bool mean, TensorView logps) {
-  const ModelConfig& c = config();
-  Workspace& ws = *ws_;
-  const std::int64_t n = ws.n;
-  const core::TraceRange range("lm_head + sequence log-probabilities");
-  const HeldGroup held = hold(layout_.lm_head(), Pass::forward);
-  ops_.lm_head_cross_entropy({.row_loss = ws.row_loss.first_rows(ws.counted),
-                              .h = ws.final_out.first_rows(n),
-                              .w = weight(layout_.lm_head(), {c.vocab_size, c.hidden_size}),
-                              .rows = ws.in().loss_rows.first_rows(ws.counted),
-                              .targets = ws.in().loss_targets.first_rows(ws.counted)});
-  if (logps.empty()) return;
-  ops_.sequence_log_probs({.logps = logps,
-                           .row_loss = ws.row_loss.first_rows(ws.counted),
-                           .ranges = ws.in().ranges.first(Shape{sequences, 2}),
-                           .mean = mean});
-}
-
-void LlamaModel::dpo(const Batch& batch, float grad_scale, const DpoSettings& settings,
-                     std::span<const double> reference, bool backward, TensorView sums) {
-  if (layout_.head() != HeadKind::language_model) {
-    throw core::internal_error("DPO pass on a model without a language-model head");
-  }
-  if (reference.empty() && !adapters_) {
-    throw core::internal_error("DPO pass without reference log-probabilities or LoRA adapters");
-  }
+void LlamaModel::load_batch(const Batch& batch, std::span<const double> reference) {
   prepare(batch, reference);
-  Workspace& ws = *ws_;
-  const std::int64_t pairs = batch.pairs();
-  const std::int64_t sequences = 2 * pairs;
-  const bool mean = settings.loss == kernels::PreferenceLoss::ipo;
-  ConstTensorView reference_logps = ws.in().reference.first_rows(sequences);
-  if (reference.empty()) {
-    // LoRA: the frozen model without its adapters is the reference, no second copy of it.
-    const core::TraceRange range("DPO reference (the base model)");
-    forward_log_probs(sequences, mean, /*adapters=*/false);
-    reference_logps = ws.logps.first_rows(sequences);
-  }
-  ws.training = backward;
-  forward_backbone();
-  sequence_log_probs_into(sequences, mean, TensorView{});
-  const ModelConfig& c = config();
-  const ConstTensorView row_loss = ws.row_loss.first_rows(ws.counted);
-  const ConstTensorView ranges = ws.in().ranges.first(Shape{sequences, 2});
-  ops_.dpo_loss({.sums = sums,
-                 .d_rows = backward ? ws.d_rows.first_rows(ws.counted) : TensorView{},
-                 .row_loss = row_loss,
-                 .ranges = ranges,
-                 .reference = reference_logps,
-                 .beta = settings.beta,
-                 .label_smoothing = settings.label_smoothing,
-                 .loss = settings.loss,
-                 .grad_scale = grad_scale});
-  if (!backward) return;
-  {
-    // The lm_head's backward with each row weighted by its sequence's share of the loss (the
-    // logits are built again, a block at a time, rather than kept for the whole batch).
-    const core::TraceRange range("lm_head backward (DPO)");
-    const HeldGroup held = hold(layout_.lm_head(), Pass::backward);
-    const std::int64_t n = ws.n;
-    const std::int64_t v = c.vocab_size;
-    const std::int64_t h = c.hidden_size;
-    ops_.lm_head_cross_entropy({.dh = ws.d_final.first_rows(n),
-                                .dw = base_grad(layout_.lm_head(), {v, h}),
-                                .h = ws.final_out.first_rows(n),
-                                .w = weight(layout_.lm_head(), {v, h}),
-                                .rows = ws.in().loss_rows.first_rows(ws.counted),
-                                .targets = ws.in().loss_targets.first_rows(ws.counted),
-                                .row_scale = ws.d_rows.first_rows(ws.counted),
-                                .grad_scale = 1.0F});
-  }
-  backward_backbone();
 }
 
-void LlamaModel::dpo_accumulate(const Batch& batch, float grad_scale, const DpoSettings& settings,
-                                std::span<const double> reference) {
-  dpo(batch, grad_scale, settings, reference, true, sum_slot(kStepSlot));
-}
-
-void LlamaModel::dpo_eval_accumulate(const Batch& batch, const DpoSettings& settings,
-                                     std::span<const double> reference) {
-  dpo(batch, 1.0F, settings, reference, false, sum_slot(kEvalSlot));
-}
-
-std::vector<double> LlamaModel::sequence_log_probs(const Batch& batch, bool mean, bool adapters) {
-  if (layout_.head() != HeadKind::language_model) {
-    throw core::internal_error("log-probabilities of a model without a language-model head");
-  }
-  prepare(batch);
-  const std::int64_t sequences = 2 * batch.pairs();
-  forward_log_probs(sequences, mean, adapters);
-  std::vector<double> host(static_cast<std::size_t>(sequences));
-  ops_.copy(TensorView(std::span<double>(host)), ws_->logps.first_rows(sequences));
-  return host;
-}
-
-void LlamaModel::forward_log_probs(std::int64_t sequences, bool mean, bool adapters) {
-  ws_->training = false;
-  without_adapters_ = !adapters;
+void LlamaModel::forward(const PassOptions& options) {
+  ws_->training = options.training;
+  without_adapters_ = !options.adapters;
   try {
     forward_backbone();
-    sequence_log_probs_into(sequences, mean, ws_->logps.first_rows(sequences));
   } catch (...) {
     without_adapters_ = false;
     throw;
   }
   without_adapters_ = false;
+}
+
+void LlamaModel::forward(const Batch& batch, const PassOptions& options) {
+  load_batch(batch);
+  forward(options);
+}
+
+void LlamaModel::backward() { backward_backbone(); }
+
+HeadInputs LlamaModel::head() const {
+  const Workspace& ws = *ws_;
+  const InputBuffers& in = ws.in();
+  const std::int64_t sequences = ws.sequences;
+  return {.rows = ws.n,
+          .counted = ws.counted,
+          .sequences = sequences,
+          .hidden = ws.final_out.first_rows(ws.n),
+          .d_hidden = ws.d_final.first_rows(ws.n),
+          .loss_rows = in.loss_rows.first_rows(ws.counted),
+          .loss_targets = in.loss_targets.first_rows(ws.counted),
+          .score_rows = in.score_rows.first_rows(sequences),
+          .margins = in.margins.first_rows(sequences / 2),
+          .ranges = in.ranges.first(Shape{sequences, 2}),
+          .reference = in.reference.first_rows(sequences),
+          .row_f32 = {ws.head_f32[0].first_rows(ws.n), ws.head_f32[1].first_rows(ws.n),
+                      ws.head_f32[2].first_rows(ws.n), ws.head_f32[3].first_rows(ws.n)},
+          .row_f64 = ws.head_f64.first_rows(ws.n)};
+}
+
+TensorView LlamaModel::sums(SumSlot slot) const {
+  return sums_.slice(static_cast<std::int64_t>(slot) * kSumValues, kSumValues);
+}
+
+void LlamaModel::zero_sums(SumSlot slot) { ops_.zero(sums(slot)); }
+
+std::array<double, LlamaModel::kSumValues> LlamaModel::read_sums(SumSlot slot) const {
+  std::array<double, kSumValues> host{};
+  ops_.copy(TensorView(std::span<double>(host)), sums(slot));
+  return host;
+}
+
+HeldGroup LlamaModel::hold_head(Pass pass) const {
+  return hold(layout_.head() == HeadKind::language_model ? layout_.lm_head() : layout_.score(),
+              pass);
+}
+
+ConstTensorView LlamaModel::lm_head_weight() const {
+  return weight(layout_.lm_head(), {config().vocab_size, config().hidden_size});
+}
+
+TensorView LlamaModel::lm_head_grad() const {
+  return base_grad(layout_.lm_head(), {config().vocab_size, config().hidden_size});
 }
 
 std::vector<float> LlamaModel::logits(const Batch& batch) {

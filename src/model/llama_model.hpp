@@ -1,5 +1,8 @@
-// The Llama 3 decoder written once against kernels::Ops: forward and backward of SFT
-// (lm_head + masked cross-entropy) and reward (score head + Bradley-Terry) micro-batches.
+// The Llama 3 decoder written once against kernels::Ops: the backbone's forward and backward
+// over a micro-batch, and its heads' weights. What is computed from the last hidden states (a
+// loss and its gradient: cross-entropy, Bradley-Terry, DPO) is an objective's
+// (src/train/objectives/): it reads head() and the head's weights, and writes head().d_hidden
+// for backward().
 //
 //   x0 = embed(tokens)
 //   block l:  h = x + o_proj(attn(rope(q), rope(k), v)) with q, k, v from rmsnorm(x)
@@ -12,6 +15,7 @@
 // adapter buffer, laid out by trainable_layout().
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,11 +24,10 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/cpu/bradley_terry.hpp"
+#include "kernels/idle_ops.hpp"
 #include "kernels/ops.hpp"
 #include "model/batch.hpp"
 #include "model/decoder_block.hpp"
-#include "model/dpo_settings.hpp"
 #include "model/gradient_window.hpp"
 #include "model/lora_config.hpp"
 #include "model/parameter_layout.hpp"
@@ -57,18 +60,34 @@ struct ModelOptions {
   LoraConfig lora{};
 };
 
-// What training micro-batches add up (the last three for preference pairs only).
-struct LossSums {
-  double loss = 0.0;     // summed cross-entropy of counted tokens, or summed pair losses
-  double correct = 0.0;  // pairs whose chosen score (DPO: reward) is the higher
-  double margin = 0.0;   // summed chosen - rejected scores (DPO: rewards)
-  double chosen = 0.0;   // DPO: summed chosen rewards
+// What an objective's head reads after forward(), and where its backward writes: views of the
+// loaded micro-batch (N rows, C counted positions, 2P sequences of P pairs).
+struct HeadInputs {
+  std::int64_t rows = 0;                    // N
+  std::int64_t counted = 0;                 // C
+  std::int64_t sequences = 0;               // 2P: the chosen sequences, then the rejected ones
+  kernels::TensorView hidden{};             // (N, H) the final norm's output
+  kernels::TensorView d_hidden{};           // (N, H) d(loss)/d(hidden): backward() reads it
+  kernels::ConstTensorView loss_rows{};     // (C) i32 the counted positions, ascending
+  kernels::ConstTensorView loss_targets{};  // (C) i32 the tokens they predict
+  kernels::ConstTensorView score_rows{};    // (2P) i32 each sequence's last token
+  kernels::ConstTensorView margins{};       // (P) f32 the pairs' margins (when the batch has them)
+  kernels::ConstTensorView ranges{};        // (2P, 2) i32 each sequence's counted rows [begin, end)
+  kernels::ConstTensorView reference{};     // (2P) f64 what load_batch was given with the batch
+  // Scratch a head may use for this pass (the memory plan counts it): four f32 and one f64
+  // value per row (scores and their gradients, per-row losses and theirs, log-probabilities).
+  std::array<kernels::TensorView, 4> row_f32{};  // (N) f32 each
+  kernels::TensorView row_f64{};                 // (N) f64
 };
 
-struct RewardOutput {
-  kernels::cpu::PreferenceStats stats;
-  std::vector<float> chosen;  // score of each pair's chosen sequence
-  std::vector<float> rejected{};
+// Where a head's losses add up in backend memory (LlamaModel::sums): a training step's
+// micro-batches, an evaluation's batches, or one call read back at once.
+enum class SumSlot : std::uint8_t { step, eval, call };
+
+// How forward() runs.
+struct PassOptions {
+  bool training = false;  // a backward follows: LoRA's dropout applies
+  bool adapters = true;   // false: the frozen base model without its LoRA adapters
 };
 
 class LlamaModel {
@@ -160,61 +179,44 @@ class LlamaModel {
   // group before reading it (ParameterWindow), in layout order forward and in reverse
   // backward. Initialisation, loading and the generator still use parameters().
   void set_parameter_window(ParameterWindow* window) noexcept { parameter_window_ = window; }
-  // On a rank with no data for a micro-batch that the other ranks run: the window calls that
-  // micro-batch's forward (and backward) would make, in the same order, with nothing computed,
-  // so that a window gathering weights collectively stays in step with the other ranks; with a
-  // backward, the gradients are reported complete (untouched) where a backward reports them.
-  void idle_pass(bool backward);
-  // The same for a DPO micro-batch (dpo_accumulate, dpo_eval_accumulate): `reference_pass`
-  // when the model computes its reference itself (LoRA: no reference log-probabilities given).
-  void idle_dpo_pass(bool backward, bool reference_pass);
-
-  // SFT. The loss is the summed cross-entropy of the counted tokens; gradients are those of
-  // grad_scale * loss (grad_scale = 1 / counted tokens of the whole global batch).
-  // Reward. Scores are read at each pair's last tokens; the loss is summed over pairs and the
-  // gradients are those of grad_scale * loss (grad_scale = 1 / pairs of the global batch).
+  // A pass over one micro-batch: load_batch() uploads it (with `reference`, 2P values an
+  // objective reads back from head().reference, or none), forward() runs the embedding, the
+  // blocks and the final norm into head().hidden, the objective's head reads it (holding
+  // hold_head() while it reads the head's weights) and, for a backward, writes head().d_hidden;
+  // backward() then runs from there to the embedding, adding into the gradients and reporting
+  // them complete. forward() may run again on the loaded batch (DPO with LoRA: the frozen base,
+  // then the policy).
   //
-  // Training steps: the micro-batches' losses add up in backend memory, so that a backend
-  // with a queue never waits inside a step: zero_loss_sums(), then sft_accumulate or
-  // reward_accumulate (forward + backward) per micro-batch, then loss_sums() once (it waits).
-  void zero_loss_sums();
-  void sft_accumulate(const Batch& batch, float grad_scale);
-  void reward_accumulate(const Batch& batch, float grad_scale, double center_coefficient);
-  // DPO: a language model on preference pairs whose masks mark the responses. `reference`: the
-  // reference model's log-probabilities of the 2P sequences (chosen, then rejected; as
-  // sequence_log_probs gives them), or empty with LoRA: then the model without its adapters is
-  // the reference (a forward pass more). The loss is summed over pairs; the gradients are those
-  // of grad_scale * loss (grad_scale = 1 / pairs of the global batch).
-  void dpo_accumulate(const Batch& batch, float grad_scale, const DpoSettings& settings,
-                      std::span<const double> reference);
-  [[nodiscard]] LossSums loss_sums() const;
+  // A batch of no rows (a rank with no data for a micro-batch that the other ranks run) takes
+  // the same path: its parameter-window and gradient-ready calls are those of a real pass, so
+  // that a window gathering weights collectively stays in step with the other ranks, and
+  // nothing is computed: pass_ops() is then an IdleOps.
+  void load_batch(const Batch& batch, std::span<const double> reference = {});
+  void forward(const PassOptions& options);
+  void forward(const Batch& batch, const PassOptions& options);  // load_batch, then forward
+  void backward();
+  [[nodiscard]] HeadInputs head() const;
+  // The backend for the loaded batch's head: ops(), or one that computes nothing on no rows.
+  [[nodiscard]] kernels::Ops& pass_ops() const noexcept { return *pass_; }
+  // The head's weight group held for a scope from the parameter window (nothing without one):
+  // the lm_head of a language model, the score head of a reward model.
+  [[nodiscard]] HeldGroup hold_head(Pass pass) const;
+  // The lm_head (V, H) and its gradient (empty when frozen: LoRA); read under hold_head().
+  [[nodiscard]] kernels::ConstTensorView lm_head_weight() const;
+  [[nodiscard]] kernels::TensorView lm_head_grad() const;
+  // The reward head's weight (H) and gradient (the adapter layout's with LoRA).
+  [[nodiscard]] kernels::ConstTensorView score_weight() const;
+  [[nodiscard]] kernels::TensorView score_grad() const;
 
-  // Evaluation, likewise: forward passes whose losses add up in backend memory, read once.
-  void zero_eval_sums();
-  void sft_eval_accumulate(const Batch& batch);
-  void dpo_eval_accumulate(const Batch& batch, const DpoSettings& settings,
-                           std::span<const double> reference);
-  [[nodiscard]] LossSums eval_sums() const;
-
-  // The log-probabilities of a preference batch's 2P sequences' counted tokens (chosen, then
-  // rejected), summed in fp64 (`mean`: divided by their counts, IPO's), by a forward pass of
-  // the model as it is, or of its frozen base (`adapters` false, LoRA): DPO's reference.
-  [[nodiscard]] std::vector<double> sequence_log_probs(const Batch& batch, bool mean,
-                                                       bool adapters = true);
-
-  // The loss sums' slots in backend memory (f64): the training step's, evaluation's and single
-  // calls'.
+  // Loss sums in backend memory, kSumValues f64 per slot, that heads add into, so that a
+  // backend with a queue never waits inside a step: zero_sums(), the passes, then read_sums()
+  // once (it waits). What the values mean is the objective's.
   static constexpr int kSumValues = 4;
   static constexpr int kSumSlotCount = 3;
   static constexpr std::int64_t kLossSumElements = std::int64_t{kSumSlotCount} * kSumValues;
-
-  // One micro-batch with its result read back at once (evaluation, tests); the sums of a
-  // training step in progress are left alone.
-  kernels::LossSum sft_forward_backward(const Batch& batch, float grad_scale);
-  [[nodiscard]] kernels::LossSum sft_forward(const Batch& batch);
-  RewardOutput reward_forward_backward(const Batch& batch, float grad_scale,
-                                       double center_coefficient);
-  [[nodiscard]] RewardOutput reward_forward(const Batch& batch, double center_coefficient);
+  [[nodiscard]] kernels::TensorView sums(SumSlot slot) const;
+  void zero_sums(SumSlot slot);
+  [[nodiscard]] std::array<double, kSumValues> read_sums(SumSlot slot) const;
 
   // Logits (N, V) of every position: for tests and generation on small inputs.
   [[nodiscard]] std::vector<float> logits(const Batch& batch);
@@ -228,24 +230,6 @@ class LlamaModel {
   void block_forward(int layer, kernels::ConstTensorView x_in, kernels::TensorView x_out, int slot);
   void backward_backbone();  // from d(final norm output) in d_final_ to the embedding
   void gradients_ready(std::int64_t offset);  // the hook and the window
-  // Loss sums in backend memory: one slot for the training step, one for single calls.
-  static constexpr int kStepSlot = 0;
-  static constexpr int kCallSlot = 1;
-  static constexpr int kEvalSlot = 2;
-  [[nodiscard]] kernels::TensorView sum_slot(int slot) const;
-  [[nodiscard]] LossSums read_sums(int slot) const;
-  void sft(const Batch& batch, float grad_scale, bool backward, kernels::TensorView sums);
-  void reward(const Batch& batch, float grad_scale, double center, bool backward,
-              kernels::TensorView sums);
-  RewardOutput reward_call(const Batch& batch, float grad_scale, double center, bool backward);
-  void dpo(const Batch& batch, float grad_scale, const DpoSettings& settings,
-           std::span<const double> reference, bool backward, kernels::TensorView sums);
-  // The prepared batch's counted rows' cross-entropies into the workspace's row_loss (a
-  // forward pass from final_out) and its sequences' log-probabilities into `logps` (2P).
-  void sequence_log_probs_into(std::int64_t sequences, bool mean, kernels::TensorView logps);
-  // A forward pass without dropout (of the frozen base when !adapters) and its sequences'
-  // log-probabilities into the workspace's logps (2P).
-  void forward_log_probs(std::int64_t sequences, bool mean, bool adapters);
   // The parameter (or its gradient) at `offset`, viewed as `shape`.
   [[nodiscard]] kernels::ConstTensorView weight(std::int64_t offset, kernels::Shape shape) const;
   [[nodiscard]] kernels::TensorView weight_grad(std::int64_t offset, kernels::Shape shape) const;
@@ -266,18 +250,11 @@ class LlamaModel {
   void adapter_backward(int layer, const BlockAdapters& adapters, LoraTarget t,
                         kernels::TensorView dx, kernels::ConstTensorView dy,
                         kernels::ConstTensorView x, const BlockViews& a);
-  // The reward head's weight and gradient (the adapter layout's with LoRA).
-  [[nodiscard]] kernels::ConstTensorView score_weight() const;
-  [[nodiscard]] kernels::TensorView score_grad() const;
   // Where the backward reports the head's gradients (-1: nothing trains there) and block l's.
   [[nodiscard]] std::int64_t head_ready_offset() const;
   [[nodiscard]] std::int64_t block_ready_offset(int layer) const;
   [[nodiscard]] std::size_t group_at(std::int64_t offset) const;
   void require_own_parameters(std::string_view what) const;  // internal Error without
-  // idle_pass's pieces: one group held and released; forward_backbone's; backward_backbone's.
-  void idle_use(std::int64_t offset, Pass pass) const;
-  void idle_forward() const;
-  void idle_backward();
   [[nodiscard]] HeldGroup hold(std::int64_t offset, Pass pass) const {
     return {parameter_window_, group_at(offset), pass};
   }
@@ -295,6 +272,8 @@ class LlamaModel {
   std::uint64_t dropout_seed_ = 0;
   bool without_adapters_ = false;  // a pass of the frozen base model (DPO's LoRA reference)
   kernels::Buffer sums_;           // (kSumSlotCount, kSumValues) f64
+  kernels::IdleOps idle_ops_;      // the loaded batch's backend when it has no rows
+  kernels::Ops* pass_ = &ops_;     // the loaded batch's backend
   std::unique_ptr<Workspace> ws_;
   GradientReadyHook gradient_ready_;
   GradientWindow* window_ = nullptr;

@@ -37,8 +37,8 @@
 // all-gathered into a gather slot before it is read (in the compute dtype: on the GPU each rank
 // rounds its pieces to bf16 as it puts them in, as the update rounds ZeRO-1's bf16 copy, so no
 // bf16 shard is kept beside the master), the next one while it computes. Every rank must acquire
-// the same groups in the same order: a rank without data for a micro-batch runs
-// LlamaModel::idle_pass.
+// the same groups in the same order: a rank without data for a micro-batch runs it with no
+// rows (LlamaModel::load_batch).
 //
 // Hybrid sharding (shard_group_size G < the W ranks, with ZeRO-3): the states are sharded over
 // groups of G consecutive ranks (a node, say) and each group holds them whole: the plan, the

@@ -15,6 +15,7 @@
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
 #include "io/h5/h5.hpp"
+#include "train/objectives/dpo_loss.hpp"
 #include "train/stop_policy.hpp"
 
 namespace l3::train {
@@ -100,16 +101,16 @@ ReferenceTable compute_reference(const dist::World& world, model::LlamaModel& mo
   std::vector<double> values(2 * pairs, 0.0);
   data::DataLoader source(world, index, loader, {0, 0});
   const std::int64_t steps = source.steps_in_epoch(0);
+  const model::Batch none = model::Batch::none(loader.plan.seq_len);
   for (std::int64_t s = 0; s < steps; ++s) {
     core::fault_point("dpo.reference", world.rank());
     stop_if_requested(world, stop, "while computing DPO's reference log-probabilities");
     const data::StepData& step = source.next();
     for (const model::Batch& batch : step.micro) {
-      if (batch.pairs() == 0) {
-        model.idle_pass(false);  // ZeRO-3: the other ranks' gathers need this rank
-        continue;
-      }
-      const std::vector<double> logps = model.sequence_log_probs(batch, key.mean);
+      // A micro-batch without pairs runs with no rows (ZeRO-3: the other ranks' gathers need
+      // this rank).
+      const std::vector<double> logps =
+          sequence_log_probs(model, batch.pairs() > 0 ? batch : none, key.mean);
       const std::size_t p_count = batch.pair_ids.size();
       for (std::size_t p = 0; p < p_count; ++p) {
         const auto id = static_cast<std::size_t>(batch.pair_ids[p]);

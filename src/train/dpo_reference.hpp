@@ -1,5 +1,5 @@
 // DPO's reference log-probabilities. With LoRA none are kept: the model without its adapters is
-// the reference, computed in each pass (LlamaModel::dpo_accumulate). With full fine-tuning the
+// the reference, computed in each pass (train::DpoLoss). With full fine-tuning the
 // reference is the initial model, and each pair's (chosen, rejected) log-probabilities under it
 // are computed once, before the first step, by forward passes over one epoch of the dataset
 // with the training's own micro-batches (so that at step 0 the policy's equal them bit for bit),

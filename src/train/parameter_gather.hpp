@@ -10,10 +10,10 @@
 // Prefetch: when a group is acquired, the group the pass reads next (the next one in a forward
 // pass, the previous one in a backward pass, down to the first block: the embedding's backward
 // reads no weight) is gathered into the other slot on a thread of its own while this one
-// computes. Every rank acquires the same groups in the same order (a rank without data runs
-// LlamaModel::idle_pass), so every rank predicts the same group and the gathers stay collective;
-// one gather at a time runs on the window's communicator (a duplicate of the shard group's),
-// which meets no other traffic.
+// computes. Every rank acquires the same groups in the same order (a rank without data runs a
+// batch of no rows, LlamaModel::load_batch), so every rank predicts the same group and the gathers
+// stay collective; one gather at a time runs on the window's communicator (a duplicate of the shard
+// group's), which meets no other traffic.
 //
 // How a gather runs depends on the exchange (gradient_exchange.hpp):
 //   - MPI on host memory (the CPU backend): on the acquiring thread, or for a prefetch on a thread

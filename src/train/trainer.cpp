@@ -33,6 +33,7 @@ struct Trainer::Impl {
         config(parts->config),
         ops(*parts->ops),
         model(*parts->model),
+        objective(*parts->objective),
         parallel(*parts->parallel),
         checkpoints(*parts->checkpoints),
         progress(*parts->progress),
@@ -59,8 +60,6 @@ struct Trainer::Impl {
   StepMetrics run_step() {
     const core::Stopwatch watch;
     const core::TraceRange step_range("step {}", done + 1);
-    const bool sft = config.phase == Phase::sft;
-    const bool dpo = config.phase == Phase::dpo;
     // A source failing on some ranks only (a host's DataSource, a read error) must not leave
     // the others waiting in the step's collectives: the ranks agree first.
     const data::StepData* next = nullptr;
@@ -78,9 +77,9 @@ struct Trainer::Impl {
 
     // The global denominators first: each rank's gradients are then already those of the
     // global mean.
-    std::array<std::int64_t, 2> counts{0, 0};  // loss tokens or pairs, document tokens
+    std::array<std::int64_t, 2> counts{0, 0};  // the objective's units (tokens, pairs), tokens
     for (const model::Batch& b : data.micro) {
-      counts[0] += sft ? b.counted_tokens() : b.pairs();
+      counts[0] += objective.units(b);
       counts[1] += b.document_tokens;
     }
     dist::check_mpi(
@@ -89,11 +88,10 @@ struct Trainer::Impl {
     const float scale = counts[0] > 0 ? 1.0F / static_cast<float>(counts[0]) : 0.0F;
 
     model.zero_gradients();
-    model.zero_loss_sums();
+    objective.begin_step();
     parallel.begin_step(model.gradients());
     const bool zero2 = parallel.shards_gradients();
     for (std::size_t m = 0; m < data.micro.size(); ++m) {
-      const model::Batch& batch = data.micro[m];
       // ZeRO-1 reduces during the last micro-batch's backward; ZeRO-2 during every one.
       const bool last = m + 1 == data.micro.size();
       const core::TraceRange range("micro-batch {}", m);
@@ -108,19 +106,9 @@ struct Trainer::Impl {
         model.set_gradient_ready_hook(
             [this](std::int64_t offset) { parallel.gradients_ready(offset); });
       }
-      if (sft && batch.document_tokens > 0) {
-        model.sft_accumulate(batch, scale);
-      } else if (dpo && batch.pairs() > 0) {
-        model.dpo_accumulate(
-            batch, scale, config.dpo,
-            parts->reference.empty() ? std::vector<double>{} : parts->reference.of(batch));
-      } else if (!sft && batch.pairs() > 0) {
-        model.reward_accumulate(batch, scale, config.center_rewards);
-      } else if (dpo) {
-        model.idle_dpo_pass(true, parts->reference.empty());  // ZeRO-3 (else nothing)
-      } else {
-        model.idle_pass(true);  // ZeRO-3: the other ranks' gathers need this rank (else nothing)
-      }
+      // A micro-batch with nothing for the objective runs with no rows: the same window and
+      // gradient-ready calls as the other ranks' (ZeRO-3 gathers need every rank).
+      objective.train(data.micro[m], scale);
       if (last && !zero2) model.set_gradient_ready_hook({});
       if (zero2) parallel.end_micro_batch();
     }
@@ -136,7 +124,7 @@ struct Trainer::Impl {
     }
     // The step's one read of its losses (the micro-batches added them up in backend memory);
     // the queue is empty by now, so it costs a small copy, not a second wait.
-    const model::LossSums local = model.loss_sums();
+    const LossSums local = objective.step_sums();
     std::array<double, 4> sums{local.loss, local.correct, local.margin, local.chosen};
     dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 4, MPI_DOUBLE, MPI_SUM, world.comm()),
                     "MPI_Allreduce (step loss)");
@@ -148,19 +136,8 @@ struct Trainer::Impl {
     m.lr = parts->schedule.at(done);
     m.grad_norm = norm;
     m.tokens = counts[1];
-    const auto denominator = static_cast<double>(counts[0]);
-    m.loss = counts[0] > 0 ? sums[0] / denominator : std::nan("");
-    if (sft) {
-      m.loss_tokens = counts[0];
-    } else {
-      m.pairs = counts[0];
-      m.accuracy = counts[0] > 0 ? sums[1] / denominator : 0.0;
-      m.margin = counts[0] > 0 ? sums[2] / denominator : 0.0;
-      if (dpo) {
-        m.chosen_reward = counts[0] > 0 ? sums[3] / denominator : 0.0;
-        m.rejected_reward = counts[0] > 0 ? (sums[3] - sums[2]) / denominator : 0.0;
-      }
-    }
+    objective.describe_step(
+        {.loss = sums[0], .correct = sums[1], .margin = sums[2], .chosen = sums[3]}, counts[0], m);
     m.skipped = !std::isfinite(m.loss) || !std::isfinite(norm);
     core::fault_point("train.update", world.rank());  // gradients reduced, weights not updated
     if (!m.skipped) {
@@ -303,6 +280,7 @@ struct Trainer::Impl {
   const TrainConfig& config;
   kernels::Ops& ops;
   model::LlamaModel& model;
+  Objective& objective;  // what the model is trained for (train/objectives/)
   DataParallel& parallel;
   RunCheckpoints& checkpoints;
   ProgressBar& progress;

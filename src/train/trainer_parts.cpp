@@ -24,6 +24,7 @@
 #include "train/evaluator.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
+#include "train/objectives/objective_registry.hpp"
 #include "train/run_identity.hpp"
 #include "train/stop_policy.hpp"
 
@@ -658,6 +659,10 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     p.metrics = std::make_unique<MetricsFile>(
         c.metrics, p.resumed ? std::optional<std::int64_t>(p.resumed->step) : std::nullopt);
   }
+  p.objective = make_objective(c.phase, *p.model,
+                               {.center_rewards = c.center_rewards,
+                                .dpo = c.dpo,
+                                .reference = p.reference.empty() ? nullptr : &p.reference});
   log_plan(world, log, p, lc);
   stop_if_requested(world, stop, "while starting");
   return parts;

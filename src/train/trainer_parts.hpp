@@ -20,6 +20,7 @@
 #include "train/lr_schedule.hpp"
 #include "train/metrics.hpp"
 #include "train/model_source.hpp"
+#include "train/objectives/objective.hpp"
 #include "train/progress_bar.hpp"
 #include "train/run_checkpoints.hpp"
 #include "train/sharded_weights.hpp"
@@ -41,6 +42,7 @@ struct TrainerParts {
   // by the model (declared first: the model holds the window).
   std::unique_ptr<ShardedWeights> frozen;
   std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<Objective> objective;  // what the model is trained for (train/objectives/)
   std::unique_ptr<StepSource> data;
   std::unique_ptr<DataParallel> parallel;
   std::unique_ptr<ProgressBar> progress;

@@ -6,6 +6,8 @@
 #include "model/llama_model.hpp"
 #include "numeric_support.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/objectives/bradley_terry_loss.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 using l3::model::BatchBuilder;
 using l3::model::HeadKind;
@@ -43,8 +45,8 @@ TEST_CASE("tiny model forward/backward matches the CPU backend", "[gpu][model]")
   const float scale = 1.0F / static_cast<float>(batch.counted_tokens());
   cpu.zero_gradients();
   gpu.zero_gradients();
-  const auto lc = cpu.sft_forward_backward(batch, scale);
-  const auto lg = gpu.sft_forward_backward(batch, scale);
+  const auto lc = l3::train::LanguageModelLoss(cpu).forward_backward(batch, scale);
+  const auto lg = l3::train::LanguageModelLoss(gpu).forward_backward(batch, scale);
   CHECK(lg.tokens == lc.tokens);
   CHECK(lg.loss == Approx(lc.loss).epsilon(1e-2));
   for (const auto& t : cpu.layout().tensors()) {
@@ -73,8 +75,8 @@ TEST_CASE("a few training steps follow the CPU loss trajectory", "[gpu][model]")
   for (int step = 0; step < 10; ++step) {
     cpu.zero_gradients();
     gpu.zero_gradients();
-    const double lc = cpu.sft_forward_backward(batch, scale).loss * scale;
-    const double lg = gpu.sft_forward_backward(batch, scale).loss * scale;
+    const double lc = l3::train::LanguageModelLoss(cpu).forward_backward(batch, scale).loss * scale;
+    const double lg = l3::train::LanguageModelLoss(gpu).forward_backward(batch, scale).loss * scale;
     INFO("step " << step << " cpu " << lc << " gpu " << lg);
     CHECK(lg == Approx(lc).epsilon(3e-2));
     cpu_opt.step(cpu.master_weights(), cpu.weight_copy(), cpu.gradients(), 1e-3F, 1.0F);
@@ -99,8 +101,8 @@ TEST_CASE("reward model forward/backward matches the CPU backend", "[gpu][model]
   const auto batch = b.finish();
   cpu.zero_gradients();
   gpu.zero_gradients();
-  const auto rc = cpu.reward_forward_backward(batch, 1.0F / 3.0F, 0.01);
-  const auto rg = gpu.reward_forward_backward(batch, 1.0F / 3.0F, 0.01);
+  const auto rc = l3::train::BradleyTerryLoss(cpu).forward_backward(batch, 1.0F / 3.0F, 0.01);
+  const auto rg = l3::train::BradleyTerryLoss(gpu).forward_backward(batch, 1.0F / 3.0F, 0.01);
   // All six scores at once: each alone may lie near zero (a tiny score head at initialisation),
   // where bf16's absolute error of a few 1e-4 is a large relative one (seed
   // 11242332353110254660: chosen scores of 0.008 to 0.03 off by 2.1%, all six by 0.7%).
@@ -149,8 +151,8 @@ TEST_CASE("LoRA adapters with dropout: forward/backward matches the CPU backend"
   gpu.zero_gradients();
   cpu.set_dropout_seed(21);
   gpu.set_dropout_seed(21);
-  const auto lc = cpu.sft_forward_backward(batch, scale);
-  const auto lg = gpu.sft_forward_backward(batch, scale);
+  const auto lc = l3::train::LanguageModelLoss(cpu).forward_backward(batch, scale);
+  const auto lg = l3::train::LanguageModelLoss(gpu).forward_backward(batch, scale);
   CHECK(lg.loss == Approx(lc.loss).epsilon(1e-2));
   for (const auto& t : cpu.trainable_layout().tensors()) {
     INFO(t.name);

@@ -16,6 +16,7 @@
 #include "model/llama_model.hpp"
 #include "relative_rms.hpp"
 #include "train/data_parallel.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 using l3::kernels::ConstTensorView;
 using l3::kernels::TensorView;
@@ -52,7 +53,7 @@ std::vector<double> exact_sum(l3::kernels::Ops& ops, LlamaModel& model,
   std::vector<double> sum(static_cast<std::size_t>(model.layout().total()), 0.0);
   for (const Batch& b : batches) {
     model.zero_gradients();
-    model.sft_accumulate(b, scale);
+    l3::train::LanguageModelLoss(model).train(b, scale);
     const std::vector<double> g = to_host(ops, model.gradients());
     for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
   }
@@ -81,7 +82,7 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   LlamaModel buffered(config, HeadKind::language_model, ops);
   buffered.initialize(7);
   buffered.zero_gradients();
-  for (const Batch& b : batches) buffered.sft_accumulate(b, kScale);
+  for (const Batch& b : batches) l3::train::LanguageModelLoss(buffered).train(b, kScale);
   const std::vector<double> zero1 = to_host(ops, buffered.gradients());
 
   // ZeRO-2: the model writes into the window's slots, each micro-batch's groups go through the
@@ -100,7 +101,7 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   parallel.begin_step(windowed.gradients());
   for (const Batch& b : batches) {
     parallel.begin_micro_batch();
-    windowed.sft_accumulate(b, kScale);
+    l3::train::LanguageModelLoss(windowed).train(b, kScale);
     parallel.end_micro_batch();
   }
   parallel.finish_reduction();
@@ -148,11 +149,11 @@ TEST_CASE("an fp32 gradient buffer on the GPU adds micro-batches up without roun
   LlamaModel accumulated(config, HeadKind::language_model, ops, fp32);
   accumulated.initialize(7);
   accumulated.zero_gradients();
-  for (const Batch& b : batches) accumulated.sft_accumulate(b, kScale);
+  for (const Batch& b : batches) l3::train::LanguageModelLoss(accumulated).train(b, kScale);
   LlamaModel buffered(config, HeadKind::language_model, ops);  // bf16, as before
   buffered.initialize(7);
   buffered.zero_gradients();
-  for (const Batch& b : batches) buffered.sft_accumulate(b, kScale);
+  for (const Batch& b : batches) l3::train::LanguageModelLoss(buffered).train(b, kScale);
 
   const double fp32_error = l3::test::relative_rms(exact, to_host(ops, accumulated.gradients()));
   const double bf16_error = l3::test::relative_rms(exact, to_host(ops, buffered.gradients()));

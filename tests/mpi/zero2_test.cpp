@@ -9,9 +9,10 @@
 // through DataParallel's parameter window, gathered from the optimizers' master pieces; the
 // same gradients, norms and weights bit for bit over two steps (the second reads the updated
 // weights), on any number of ranks, with ranks that have no data for a micro-batch taking part
-// in its gathers (LlamaModel::idle_pass).
+// in its gathers (a batch of no rows, LlamaModel::load_batch).
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -27,6 +28,8 @@
 #include "model/parameter_init.hpp"
 #include "relative_rms.hpp"
 #include "train/data_parallel.hpp"
+#include "train/objectives/bradley_terry_loss.hpp"
+#include "train/objectives/language_model_loss.hpp"
 #include "train/train_config.hpp"
 
 using l3::model::Batch;
@@ -151,6 +154,12 @@ Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head,
     CHECK(model.gradients().empty());
   }
   Outcome out;
+  std::unique_ptr<l3::train::Objective> objective;
+  if (head == HeadKind::reward) {
+    objective = std::make_unique<l3::train::BradleyTerryLoss>(model, 0.01);
+  } else {
+    objective = std::make_unique<l3::train::LanguageModelLoss>(model);
+  }
   for (int s = 0; s < steps; ++s) {
     model.zero_gradients();
     parallel.begin_step(model.gradients());
@@ -161,16 +170,10 @@ Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head,
         model.set_gradient_ready_hook(
             [&](std::int64_t offset) { parallel.gradients_ready(offset); });
       }
-      if (m != skip) {
-        const Batch batch = micro_batch(world, m + 10 * s, head, config.vocab_size);
-        if (head == HeadKind::reward) {
-          model.reward_accumulate(batch, 0.25F, 0.01);
-        } else {
-          model.sft_accumulate(batch, 0.05F);
-        }
-      } else {
-        model.idle_pass(true);  // ZeRO-3: this micro-batch's gathers (nothing otherwise)
-      }
+      // The skipped micro-batch runs with no rows: ZeRO-3's gathers need this rank.
+      const Batch batch =
+          m != skip ? micro_batch(world, m + 10 * s, head, config.vocab_size) : Batch::none(24);
+      objective->train(batch, head == HeadKind::reward ? 0.25F : 0.05F);
       if (last && !zero2) model.set_gradient_ready_hook({});
       if (zero2) parallel.end_micro_batch();
     }

@@ -11,6 +11,7 @@
 #include "model/llama_model.hpp"
 #include "numeric_support.hpp"
 #include "reference_model.hpp"
+#include "train/objectives/dpo_loss.hpp"
 
 using l3::kernels::cpu::DpoKind;
 using l3::kernels::cpu::RowRange;
@@ -234,9 +235,8 @@ TEST_CASE("DPO gradients of the whole model match finite differences", "[model][
                            ipo ? DpoKind::ipo : DpoKind::sigmoid);
     };
     model.zero_gradients();
-    model.zero_loss_sums();
-    model.dpo_accumulate(batch, 0.5F, settings, reference);
-    const l3::model::LossSums sums = model.loss_sums();
+    const l3::train::LossSums sums =
+        l3::train::DpoLoss(model, settings, nullptr).forward_backward(batch, 0.5F, reference);
     CHECK(sums.loss == Approx(fp64_loss(params)).epsilon(1e-5));
 
     const auto sample = l3::test::reference::sample_coordinates(model.layout(), rnd);
@@ -248,10 +248,9 @@ TEST_CASE("DPO gradients of the whole model match finite differences", "[model][
   }
 
   // The policy as its own reference: exactly log 2 per pair, no pair won.
-  const auto own = model.sequence_log_probs(batch, false);
-  model.zero_loss_sums();
-  model.dpo_accumulate(batch, 0.5F, {}, own);
-  const l3::model::LossSums at_start = model.loss_sums();
+  const auto own = l3::train::sequence_log_probs(model, batch, false);
+  const l3::train::LossSums at_start =
+      l3::train::DpoLoss(model, {}, nullptr).forward_backward(batch, 0.5F, own);
   CHECK(at_start.loss == 2 * std::log(2.0));
   CHECK(at_start.correct == 0.0);
 }
@@ -274,23 +273,19 @@ TEST_CASE("DPO with LoRA: the base model without adapters is the reference", "[m
   const Batch batch = builder.finish();
   // Fresh adapters (B = 0) change nothing: the loss is exactly log 2 per pair.
   model.zero_gradients();
-  model.zero_loss_sums();
-  model.dpo_accumulate(batch, 1.0F, {}, {});
-  CHECK(model.loss_sums().loss == 2 * std::log(2.0));
-  CHECK(model.loss_sums().correct == 0.0);
+  l3::train::DpoLoss dpo(model, {}, nullptr);
+  const l3::train::LossSums fresh = dpo.forward_backward(batch, 1.0F, {});
+  CHECK(fresh.loss == 2 * std::log(2.0));
+  CHECK(fresh.correct == 0.0);
   // With trained (non-zero) adapters the reference is still the base: the loss equals that
   // against the base's log-probabilities given explicitly, bit for bit.
   auto adapters = model.trainable_parameters().as<float>();
   const auto noise = rnd.normal(adapters.size(), 0.2F);
   for (std::size_t i = 0; i < adapters.size(); ++i) adapters[i] += noise[i];
-  const auto base = model.sequence_log_probs(batch, false, /*adapters=*/false);
-  const auto adapted = model.sequence_log_probs(batch, false);
+  const auto base = l3::train::sequence_log_probs(model, batch, false, /*adapters=*/false);
+  const auto adapted = l3::train::sequence_log_probs(model, batch, false);
   CHECK(base != adapted);
-  model.zero_loss_sums();
-  model.dpo_accumulate(batch, 1.0F, {}, {});
-  const double implicit = model.loss_sums().loss;
-  model.zero_loss_sums();
-  model.dpo_accumulate(batch, 1.0F, {}, base);
-  CHECK(model.loss_sums().loss == implicit);
+  const double implicit = dpo.forward_backward(batch, 1.0F, {}).loss;
+  CHECK(dpo.forward_backward(batch, 1.0F, base).loss == implicit);
   CHECK(implicit != 2 * std::log(2.0));
 }

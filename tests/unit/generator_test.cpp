@@ -7,9 +7,10 @@
 #include "catch.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
-#include "model/reward_scores.hpp"
 #include "model/token_sampler.hpp"
 #include "numeric_support.hpp"
+#include "train/objectives/bradley_terry_loss.hpp"
+#include "train/reward_scores.hpp"
 
 using l3::model::BatchBuilder;
 using l3::model::GenerationOptions;
@@ -306,17 +307,17 @@ TEST_CASE("sequence rewards equal the scores of a reward batch", "[generate][rew
   l3::test::Random rnd(49);
   const auto chosen = rnd.integers(11, 512);
   const auto rejected = rnd.integers(7, 512);
-  const auto pair = l3::model::pair_rewards(model, chosen, rejected, 4);
+  const auto pair = l3::train::pair_rewards(model, chosen, rejected, 4);
   // Different batch shapes sum in different orders: fp32 rounding of ~1e-6 in absolute terms,
   // which a relative tolerance alone misjudges when a reward happens to be near 0.
-  CHECK(l3::model::sequence_reward(model, chosen, 4) ==
+  CHECK(l3::train::sequence_reward(model, chosen, 4) ==
         Approx(pair.chosen).epsilon(1e-5).margin(1e-5));
-  CHECK(l3::model::sequence_reward(model, rejected, 4) ==
+  CHECK(l3::train::sequence_reward(model, rejected, 4) ==
         Approx(pair.rejected).epsilon(1e-5).margin(1e-5));
 
   BatchBuilder builder(2, 16, 4);
   builder.add_pair(chosen, rejected);
-  const auto out = model.reward_forward(builder.finish(), 0.0);
+  const auto out = l3::train::BradleyTerryLoss(model).forward(builder.finish(), 0.0);
   CHECK(out.chosen[0] == Approx(pair.chosen).epsilon(1e-5).margin(1e-5));
   CHECK(out.rejected[0] == Approx(pair.rejected).epsilon(1e-5).margin(1e-5));
   CHECK(pair.chosen != pair.rejected);

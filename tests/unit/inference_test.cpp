@@ -23,8 +23,10 @@
 #include "kernels/cpu/cpu_ops.hpp"
 #include "model/generator.hpp"
 #include "model/lora_config.hpp"
-#include "model/reward_scores.hpp"
 #include "temp_dir.hpp"
+#include "train/objectives/bradley_terry_loss.hpp"
+#include "train/objectives/language_model_loss.hpp"
+#include "train/reward_scores.hpp"
 
 using l3::cli::InferenceModel;
 using l3::model::HeadKind;
@@ -195,8 +197,8 @@ TEST_CASE("records are scored as the reward model was trained", "[score][ckpt]")
 
   const json pair = json::parse(R"({"prompt": "Q?", "chosen": "Yes.", "rejected": "No!"})");
   const auto example = formatter.preference(pair);
-  const float chosen = l3::model::sequence_reward(model, example.chosen.tokens, pad);
-  const float rejected = l3::model::sequence_reward(model, example.rejected.tokens, pad);
+  const float chosen = l3::train::sequence_reward(model, example.chosen.tokens, pad);
+  const float rejected = l3::train::sequence_reward(model, example.rejected.tokens, pad);
   const l3::cli::RecordScore scored = l3::cli::score_record(model, formatter, pair, pad);
   CHECK(scored.pair);
   CHECK(scored.chosen == Approx(chosen).epsilon(1e-5));
@@ -284,8 +286,8 @@ TEST_CASE("a PEFT adapter folds into the loaded model: the adapter model's score
     CHECK(loaded.manifest.head == head);
     CHECK_FALSE(loaded.model->has_adapters());  // folded in: a plain model
     if (head == HeadKind::reward) {
-      const auto expected = adapted.reward_forward(pairs, 0.0);
-      const auto got = loaded.model->reward_forward(pairs, 0.0);
+      const auto expected = l3::train::BradleyTerryLoss(adapted).forward(pairs, 0.0);
+      const auto got = l3::train::BradleyTerryLoss(*loaded.model).forward(pairs, 0.0);
       CHECK(got.chosen[0] == Approx(expected.chosen[0]).epsilon(1e-5));
       CHECK(got.rejected[0] == Approx(expected.rejected[0]).epsilon(1e-5));
     } else {
@@ -298,8 +300,8 @@ TEST_CASE("a PEFT adapter folds into the loaded model: the adapter model's score
                                     (1e-3 + std::abs(static_cast<double>(expected[i]))));
       }
       CHECK(worst < 1e-4);
-      CHECK(loaded.model->sft_forward(text).loss ==
-            Approx(adapted.sft_forward(text).loss).epsilon(1e-5));
+      CHECK(l3::train::LanguageModelLoss(*loaded.model).forward(text).loss ==
+            Approx(l3::train::LanguageModelLoss(adapted).forward(text).loss).epsilon(1e-5));
     }
   }
   // A language-model adapter cannot make a reward model, nor the reverse.

@@ -10,6 +10,9 @@
 #include "kernels/cpu/cpu_ops.hpp"
 #include "numeric_support.hpp"
 #include "reference_model.hpp"
+#include "train/objectives/bradley_terry_loss.hpp"
+#include "train/objectives/dpo_loss.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 using l3::model::Batch;
 using l3::model::BatchBuilder;
@@ -76,12 +79,14 @@ TEST_CASE("SFT forward equals the fp64 model and gradients match finite differen
     const Batch batch = sft_batch(rnd, c.vocab_size);
     const auto count = static_cast<double>(batch.counted_tokens());
     model.zero_gradients();
-    const auto loss = model.sft_forward_backward(batch, static_cast<float>(1.0 / count));
+    const auto loss = l3::train::LanguageModelLoss(model).forward_backward(
+        batch, static_cast<float>(1.0 / count));
     const std::vector<double> params = host_params(model);
     const double expected = l3::test::reference::sft_loss(params, model.layout(), batch);
     CHECK(loss.tokens == batch.counted_tokens());
     CHECK(loss.loss == Approx(expected).epsilon(1e-5));
-    CHECK(model.sft_forward(batch).loss == Approx(loss.loss).epsilon(1e-12));
+    CHECK(l3::train::LanguageModelLoss(model).forward(batch).loss ==
+          Approx(loss.loss).epsilon(1e-12));
 
     const auto sample = sample_coordinates(model.layout(), rnd);
     const auto fd = l3::test::finite_differences(
@@ -113,7 +118,7 @@ TEST_CASE("reward gradients match finite differences", "[model][reward]") {
   const Batch batch = builder.finish();
   const double center = 0.05;
   model.zero_gradients();
-  const auto out = model.reward_forward_backward(batch, 0.5F, center);
+  const auto out = l3::train::BradleyTerryLoss(model).forward_backward(batch, 0.5F, center);
   const std::vector<double> params = host_params(model);
   CHECK(out.stats.loss ==
         Approx(l3::test::reference::reward_loss(params, model.layout(), batch, center))
@@ -177,7 +182,7 @@ TEST_CASE("packing: documents packed in one row give the loss and gradients of e
   packed_builder.add(d2, m2);
   const Batch packed = packed_builder.finish();
   model.zero_gradients();
-  const auto together = model.sft_forward_backward(packed, 1.0F);
+  const auto together = l3::train::LanguageModelLoss(model).forward_backward(packed, 1.0F);
   const auto g = model.gradients().as<float>();
   const std::vector<float> packed_grads(g.begin(), g.end());
 
@@ -186,7 +191,9 @@ TEST_CASE("packing: documents packed in one row give the loss and gradients of e
   for (const auto& [d, m] : {std::pair{d1, m1}, std::pair{d2, m2}}) {
     BatchBuilder b(1, 64, 0);
     b.add(d, m);
-    alone += model.sft_forward_backward(b.finish(), 1.0F).loss;  // gradients add up
+    alone += l3::train::LanguageModelLoss(model)
+                 .forward_backward(b.finish(), 1.0F)
+                 .loss;  // gradients add up
   }
   CHECK(together.loss == Approx(alone).epsilon(1e-5));
   CHECK(rel_error(packed_grads, model.gradients().as<float>()) < 1e-5);
@@ -245,8 +252,8 @@ TEST_CASE("tied embeddings: the lm_head gradient lands in the embedding", "[mode
   const Batch batch = b.finish();
   tied.zero_gradients();
   untied.zero_gradients();
-  const auto lt = tied.sft_forward_backward(batch, 1.0F);
-  const auto lu = untied.sft_forward_backward(batch, 1.0F);
+  const auto lt = l3::train::LanguageModelLoss(tied).forward_backward(batch, 1.0F);
+  const auto lu = l3::train::LanguageModelLoss(untied).forward_backward(batch, 1.0F);
   CHECK(lt.loss == Approx(lu.loss).epsilon(1e-6));
   const auto ge = untied.gradient("model.embed_tokens.weight").as<float>();
   const auto gl = untied.gradient("lm_head.weight").as<float>();
@@ -267,8 +274,8 @@ TEST_CASE("activation recomputation gives bitwise identical gradients", "[model]
   const Batch batch = sft_batch(rnd, c.vocab_size);
   stored.zero_gradients();
   recomputed.zero_gradients();
-  const auto a = stored.sft_forward_backward(batch, 0.1F);
-  const auto b = recomputed.sft_forward_backward(batch, 0.1F);
+  const auto a = l3::train::LanguageModelLoss(stored).forward_backward(batch, 0.1F);
+  const auto b = l3::train::LanguageModelLoss(recomputed).forward_backward(batch, 0.1F);
   CHECK(a.loss == b.loss);
   const auto ga = stored.gradients().as<float>();
   const auto gb = recomputed.gradients().as<float>();
@@ -286,30 +293,34 @@ TEST_CASE("training micro-batches add their losses up in backend memory, read on
   LlamaModel single(c, HeadKind::language_model, ops);
   single.initialize(l3::test::test_seed());
   single.zero_gradients();
-  const double la = single.sft_forward_backward(a, 0.25F).loss;
-  const double lb = single.sft_forward_backward(b, 0.25F).loss;
+  const double la = l3::train::LanguageModelLoss(single).forward_backward(a, 0.25F).loss;
+  const double lb = l3::train::LanguageModelLoss(single).forward_backward(b, 0.25F).loss;
   const std::vector<double> single_grads(single.gradients().as<float>().begin(),
                                          single.gradients().as<float>().end());
 
   LlamaModel step(c, HeadKind::language_model, ops);
   step.initialize(l3::test::test_seed());
   step.zero_gradients();
-  step.zero_loss_sums();
-  step.sft_accumulate(a, 0.25F);
+  l3::train::LanguageModelLoss objective(step);
+  objective.begin_step();
+  objective.train(a, 0.25F);
   // A single call in between (evaluation) leaves the step's sums alone.
-  CHECK(step.sft_forward(b).loss == Approx(lb).epsilon(1e-12));
-  step.sft_accumulate(b, 0.25F);
-  CHECK(step.loss_sums().loss == la + lb);  // the same additions in the same order
+  CHECK(l3::train::LanguageModelLoss(step).forward(b).loss == Approx(lb).epsilon(1e-12));
+  objective.train(b, 0.25F);
+  CHECK(objective.step_sums().loss == la + lb);  // the same additions in the same order
   CHECK(rel_error(step.gradients().as<float>(), single_grads) == 0.0);
-  step.zero_loss_sums();
-  CHECK(step.loss_sums().loss == 0.0);
+  objective.begin_step();
+  CHECK(objective.step_sums().loss == 0.0);
   // Evaluation's forward passes add up in their own slot, the step's sums left alone.
-  step.sft_accumulate(a, 0.25F);
-  step.zero_eval_sums();
-  step.sft_eval_accumulate(a);
-  step.sft_eval_accumulate(b);
-  CHECK(step.eval_sums().loss == step.sft_forward(a).loss + step.sft_forward(b).loss);
-  CHECK(step.loss_sums().loss == la);
+  objective.train(a, 0.25F);
+  objective.begin_eval();
+  objective.evaluate(a);
+  objective.evaluate(b);
+  l3::train::EvalTotals totals = objective.eval_totals();
+  CHECK(totals.loss() == l3::train::LanguageModelLoss(step).forward(a).loss +
+                             l3::train::LanguageModelLoss(step).forward(b).loss);
+  CHECK(totals.units() == static_cast<double>(a.counted_tokens() + b.counted_tokens()));
+  CHECK(objective.step_sums().loss == la);
 
   // Reward: loss, correct pairs and margins add up the same way.
   LlamaModel reward(c, HeadKind::reward, ops);
@@ -318,11 +329,12 @@ TEST_CASE("training micro-batches add their losses up in backend memory, read on
   REQUIRE(builder.add_pair(tokens_of(rnd, 5, c.vocab_size), tokens_of(rnd, 4, c.vocab_size), 0.5F));
   REQUIRE(builder.add_pair(tokens_of(rnd, 3, c.vocab_size), tokens_of(rnd, 6, c.vocab_size), 0.0F));
   const Batch pairs = builder.finish();
-  const auto once = reward.reward_forward_backward(pairs, 0.5F, 0.01);
-  reward.zero_loss_sums();
-  reward.reward_accumulate(pairs, 0.5F, 0.01);
-  reward.reward_accumulate(pairs, 0.5F, 0.01);
-  const l3::model::LossSums sums = reward.loss_sums();
+  const auto once = l3::train::BradleyTerryLoss(reward).forward_backward(pairs, 0.5F, 0.01);
+  l3::train::BradleyTerryLoss reward_objective(reward, 0.01);
+  reward_objective.begin_step();
+  reward_objective.train(pairs, 0.5F);
+  reward_objective.train(pairs, 0.5F);
+  const l3::train::LossSums sums = reward_objective.step_sums();
   CHECK(sums.loss == once.stats.loss + once.stats.loss);
   CHECK(sums.correct == static_cast<double>(2 * once.stats.correct));
   CHECK(sums.margin == once.stats.margin + once.stats.margin);
@@ -414,8 +426,8 @@ TEST_CASE("a parameter window serves every weight the passes read, one group at 
       const Batch batch = sft_batch(rnd, c.vocab_size);
       served.zero_gradients();
       windowed.zero_gradients();
-      const auto expected = served.sft_forward_backward(batch, 0.5F);
-      const auto got = windowed.sft_forward_backward(batch, 0.5F);
+      const auto expected = l3::train::LanguageModelLoss(served).forward_backward(batch, 0.5F);
+      const auto got = l3::train::LanguageModelLoss(windowed).forward_backward(batch, 0.5F);
       CHECK(got.loss == expected.loss);
       const auto ge = served.gradients().as<float>();
       const auto gw = windowed.gradients().as<float>();
@@ -427,14 +439,27 @@ TEST_CASE("a parameter window serves every weight the passes read, one group at 
       CHECK(window.events == sft_events(c.n_layers, lm_head_group, true));
 
       window.events.clear();
-      CHECK(windowed.sft_forward(batch).loss == served.sft_forward(batch).loss);
+      CHECK(l3::train::LanguageModelLoss(windowed).forward(batch).loss ==
+            l3::train::LanguageModelLoss(served).forward(batch).loss);
       CHECK(window.events == sft_events(c.n_layers, lm_head_group, false));
 
-      // A rank without data makes the same calls, computing nothing.
+      // A rank without data runs a batch of no rows: the same calls, computing nothing.
       for (const bool backward : {true, false}) {
         window.events.clear();
-        windowed.idle_pass(backward);
+        l3::train::LanguageModelLoss idle(windowed);
+        const Batch none = Batch::none(batch.seq_len);
+        const std::vector<float> before(gw.begin(), gw.end());
+        if (backward) {
+          idle.begin_step();
+          idle.train(none, 0.5F);
+          CHECK(idle.step_sums().loss == 0.0);
+        } else {
+          idle.begin_eval();
+          idle.evaluate(none);
+          CHECK(idle.eval_totals().loss() == 0.0);
+        }
         CHECK(window.events == sft_events(c.n_layers, lm_head_group, backward));
+        CHECK(std::equal(before.begin(), before.end(), gw.begin()));  // gradients untouched
       }
     }
   }
@@ -453,8 +478,8 @@ TEST_CASE("a parameter window serves every weight the passes read, one group at 
   const Batch pairs = builder.finish();
   served.zero_gradients();
   windowed.zero_gradients();
-  const auto expected = served.reward_forward_backward(pairs, 0.5F, 0.01);
-  const auto got = windowed.reward_forward_backward(pairs, 0.5F, 0.01);
+  const auto expected = l3::train::BradleyTerryLoss(served).forward_backward(pairs, 0.5F, 0.01);
+  const auto got = l3::train::BradleyTerryLoss(windowed).forward_backward(pairs, 0.5F, 0.01);
   CHECK(got.stats.loss == expected.stats.loss);
   CHECK(got.chosen == expected.chosen);
   const auto ge = served.gradients().as<float>();
@@ -464,7 +489,7 @@ TEST_CASE("a parameter window serves every weight the passes read, one group at 
   CHECK(window.most_held == 1);
   const std::vector<std::string> pass = window.events;
   window.events.clear();
-  windowed.idle_pass(true);
+  l3::train::BradleyTerryLoss(windowed, 0.01).train(Batch::none(10), 0.5F);
   CHECK(window.events == pass);
 
   // DPO: the lm_head read twice (the rows' losses, then their weighted backward); with LoRA the
@@ -496,19 +521,23 @@ TEST_CASE("a parameter window serves every weight the passes read, one group at 
     const Batch dpo_pairs = dpo_builder.finish();
     const std::vector<double> reference =
         lora ? std::vector<double>{} : std::vector<double>{-20.0, -15.0};
-    for (LlamaModel* m : {&dpo_served, &dpo_windowed}) {
-      m->zero_gradients();
-      m->zero_loss_sums();
-      m->dpo_accumulate(dpo_pairs, 0.5F, {}, reference);
+    const l3::train::ReferenceTable table({}, {-20.0}, {-15.0});
+    std::array<double, 2> losses{};
+    for (std::size_t i = 0; i < 2; ++i) {
+      LlamaModel& m = i == 0 ? dpo_served : dpo_windowed;
+      m.zero_gradients();
+      losses.at(i) = l3::train::DpoLoss(m, {}, lora ? nullptr : &table)
+                         .forward_backward(dpo_pairs, 0.5F, reference)
+                         .loss;
     }
-    CHECK(dpo_windowed.loss_sums().loss == dpo_served.loss_sums().loss);
+    CHECK(losses[1] == losses[0]);
     const auto de = dpo_served.gradients().as<float>();
     const auto dw = dpo_windowed.gradients().as<float>();
     CHECK(std::equal(de.begin(), de.end(), dw.begin()));
     CHECK(dpo_window.reads_outside == 0);
     const std::vector<std::string> dpo_pass = dpo_window.events;
     dpo_window.events.clear();
-    dpo_windowed.idle_dpo_pass(true, lora);
+    l3::train::DpoLoss(dpo_windowed, {}, lora ? nullptr : &table).train(Batch::none(10), 0.5F);
     CHECK(dpo_window.events == dpo_pass);
   }
 }

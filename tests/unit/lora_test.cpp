@@ -18,6 +18,8 @@
 #include "model/lora_merge.hpp"
 #include "numeric_support.hpp"
 #include "reference_model.hpp"
+#include "train/objectives/bradley_terry_loss.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 using l3::model::Batch;
 using l3::model::BatchBuilder;
@@ -175,14 +177,15 @@ TEST_CASE("untrained adapters leave the model exactly as it was", "[model][lora]
         base.zero_gradients();
         adapted.zero_gradients();
         adapted.set_dropout_seed(5);
-        CHECK(adapted.sft_forward_backward(batch, 0.1F).loss ==
-              base.sft_forward_backward(batch, 0.1F).loss);
-        CHECK(adapted.sft_forward(batch).loss == base.sft_forward(batch).loss);
+        CHECK(l3::train::LanguageModelLoss(adapted).forward_backward(batch, 0.1F).loss ==
+              l3::train::LanguageModelLoss(base).forward_backward(batch, 0.1F).loss);
+        CHECK(l3::train::LanguageModelLoss(adapted).forward(batch).loss ==
+              l3::train::LanguageModelLoss(base).forward(batch).loss);
         CHECK(adapted.logits(batch) == base.logits(batch));
       } else {
         const Batch batch = pair_batch(rnd, c.vocab_size);
-        const auto a = adapted.reward_forward_backward(batch, 0.5F, 0.01);
-        const auto b = base.reward_forward_backward(batch, 0.5F, 0.01);
+        const auto a = l3::train::BradleyTerryLoss(adapted).forward_backward(batch, 0.5F, 0.01);
+        const auto b = l3::train::BradleyTerryLoss(base).forward_backward(batch, 0.5F, 0.01);
         CHECK(a.stats.loss == b.stats.loss);
         CHECK(a.chosen == b.chosen);
         CHECK(a.rejected == b.rejected);
@@ -244,7 +247,9 @@ TEST_CASE("adapter and score-head gradients match finite differences of the merg
     if (k.head == HeadKind::language_model) {
       const Batch batch = sft_batch(rnd, c.vocab_size);
       const auto count = static_cast<double>(batch.counted_tokens());
-      loss = model.sft_forward_backward(batch, static_cast<float>(1.0 / count)).loss;
+      loss = l3::train::LanguageModelLoss(model)
+                 .forward_backward(batch, static_cast<float>(1.0 / count))
+                 .loss;
       loss_of = [&, batch, count](const std::vector<double>& x) {
         const auto merged = l3::test::reference::merge_adapters(base, layout, x, adapter_layout);
         return l3::test::reference::sft_loss(merged, layout, batch) / count;
@@ -252,7 +257,7 @@ TEST_CASE("adapter and score-head gradients match finite differences of the merg
       CHECK(loss / count == Approx(loss_of(adapters)).epsilon(1e-5));
     } else {
       const Batch batch = pair_batch(rnd, c.vocab_size);
-      loss = model.reward_forward_backward(batch, 0.5F, 0.05).stats.loss;
+      loss = l3::train::BradleyTerryLoss(model).forward_backward(batch, 0.5F, 0.05).stats.loss;
       loss_of = [&, batch](const std::vector<double>& x) {
         const auto merged = l3::test::reference::merge_adapters(base, layout, x, adapter_layout);
         return 0.5 * l3::test::reference::reward_loss(merged, layout, batch, 0.05);
@@ -289,18 +294,21 @@ TEST_CASE("LoRA dropout: its backward follows the forward's masks, evaluation dr
   const auto count = static_cast<double>(batch.counted_tokens());
 
   // Evaluation is the model without dropout; a training pass draws masks from its seed.
-  CHECK(model.sft_forward(batch).loss == plain.sft_forward(batch).loss);
+  CHECK(l3::train::LanguageModelLoss(model).forward(batch).loss ==
+        l3::train::LanguageModelLoss(plain).forward(batch).loss);
   model.set_dropout_seed(11);
-  const double trained = model.sft_forward_backward(batch, 1.0F).loss;
-  CHECK(trained != plain.sft_forward(batch).loss);
+  const double trained = l3::train::LanguageModelLoss(model).forward_backward(batch, 1.0F).loss;
+  CHECK(trained != l3::train::LanguageModelLoss(plain).forward(batch).loss);
   model.set_dropout_seed(12);
-  CHECK(model.sft_forward_backward(batch, 1.0F).loss != trained);
+  CHECK(l3::train::LanguageModelLoss(model).forward_backward(batch, 1.0F).loss != trained);
 
   // The gradient of the loss with seed 11's masks against central differences of that loss
   // (fp32 model: a coarse step and tolerance, on coordinates with a clear gradient).
   model.set_dropout_seed(11);
   model.zero_gradients();
-  CHECK(model.sft_forward_backward(batch, static_cast<float>(1.0 / count)).loss == trained);
+  CHECK(l3::train::LanguageModelLoss(model)
+            .forward_backward(batch, static_cast<float>(1.0 / count))
+            .loss == trained);
   const std::vector<float> grads(model.gradients().as<float>().begin(),
                                  model.gradients().as<float>().end());
   auto values = model.trainable_parameters().as<float>();
@@ -312,9 +320,9 @@ TEST_CASE("LoRA dropout: its backward follows the forward's masks, evaluation dr
     const float original = values[i];
     const float h = 1e-2F;
     values[i] = original + h;
-    const double plus = model.sft_forward_backward(batch, 0.0F).loss;
+    const double plus = l3::train::LanguageModelLoss(model).forward_backward(batch, 0.0F).loss;
     values[i] = original - h;
-    const double minus = model.sft_forward_backward(batch, 0.0F).loss;
+    const double minus = l3::train::LanguageModelLoss(model).forward_backward(batch, 0.0F).loss;
     values[i] = original;
     analytic.push_back(grads[i]);
     numeric.push_back((plus - minus) / (2.0 * static_cast<double>(h)) / count);
@@ -340,7 +348,7 @@ TEST_CASE("activation recomputation with adapters and dropout gives identical gr
     add_noise(model.trainable_parameters(), rnd, 0.2F);
     model.set_dropout_seed(77);
     model.zero_gradients();
-    (void)model.sft_forward_backward(sft_batch(rnd, c.vocab_size), 0.05F);
+    (void)l3::train::LanguageModelLoss(model).forward_backward(sft_batch(rnd, c.vocab_size), 0.05F);
     const auto g = model.gradients().as<float>();
     results.emplace_back(g.begin(), g.end());
   }
@@ -367,11 +375,12 @@ TEST_CASE("merged adapters compute what the adapter model computes", "[model][lo
     plain.load_parameters(merged);
     if (head == HeadKind::language_model) {
       const Batch batch = sft_batch(rnd, c.vocab_size);
-      CHECK(plain.sft_forward(batch).loss == Approx(adapted.sft_forward(batch).loss).epsilon(1e-5));
+      CHECK(l3::train::LanguageModelLoss(plain).forward(batch).loss ==
+            Approx(l3::train::LanguageModelLoss(adapted).forward(batch).loss).epsilon(1e-5));
     } else {
       const Batch batch = pair_batch(rnd, c.vocab_size);
-      const auto a = adapted.reward_forward(batch, 0.0);
-      const auto b = plain.reward_forward(batch, 0.0);
+      const auto a = l3::train::BradleyTerryLoss(adapted).forward(batch, 0.0);
+      const auto b = l3::train::BradleyTerryLoss(plain).forward(batch, 0.0);
       CHECK(b.stats.loss == Approx(a.stats.loss).epsilon(1e-5));
       CHECK(l3::test::rel_error(b.chosen, l3::test::to_double(a.chosen)) < 1e-5);
     }

@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_ops.hpp"
 #include "model/batch.hpp"
 #include "model/llama_model.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 using l3::kernels::DType;
 using l3::model::HeadKind;
@@ -37,13 +38,13 @@ TEST_CASE("the memory plan is what the model allocates for a step", "[memory]") 
     l3::model::LlamaModel model(config, HeadKind::language_model, ops, {.recompute = recompute});
     const std::int64_t rows = 3;
     const std::int64_t seq_len = 32;
-    (void)model.sft_forward_backward(reversal_batch(rows, seq_len), 1.0F);
+    (void)l3::train::LanguageModelLoss(model).forward_backward(reversal_batch(rows, seq_len), 1.0F);
     CHECK(ops.allocated_bytes() == l3::model::model_bytes(config, HeadKind::language_model,
                                                           DType::f32, recompute, rows * seq_len,
                                                           seq_len));
     // A second step of the same shape allocates nothing more.
     const std::int64_t after_first = ops.allocated_bytes();
-    (void)model.sft_forward_backward(reversal_batch(rows, seq_len), 1.0F);
+    (void)l3::train::LanguageModelLoss(model).forward_backward(reversal_batch(rows, seq_len), 1.0F);
     CHECK(ops.allocated_bytes() == after_first);
   }
 }
@@ -237,7 +238,8 @@ TEST_CASE(
                                   {.recompute = recompute, .lora = lora});
       const std::int64_t rows = 3;
       const std::int64_t seq_len = 32;
-      (void)model.sft_forward_backward(reversal_batch(rows, seq_len), 1.0F);
+      (void)l3::train::LanguageModelLoss(model).forward_backward(reversal_batch(rows, seq_len),
+                                                                 1.0F);
       CHECK(ops.allocated_bytes() == l3::model::model_bytes(config, HeadKind::language_model,
                                                             DType::f32, recompute, rows * seq_len,
                                                             seq_len, true, lora));

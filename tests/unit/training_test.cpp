@@ -5,6 +5,8 @@
 #include "numeric_support.hpp"
 #include "train/adamw_optimizer.hpp"
 #include "train/lr_schedule.hpp"
+#include "train/objectives/bradley_terry_loss.hpp"
+#include "train/objectives/language_model_loss.hpp"
 
 using l3::model::Batch;
 using l3::model::BatchBuilder;
@@ -35,7 +37,7 @@ TEST_CASE("a tiny model overfits 8 fixed sequences (SFT loss < 0.05)", "[trainin
   double last = 0;
   for (int step = 0; step < steps; ++step) {
     model.zero_gradients();
-    const auto loss = model.sft_forward_backward(batch, 1.0F / count);
+    const auto loss = l3::train::LanguageModelLoss(model).forward_backward(batch, 1.0F / count);
     const double norm = l3::train::gradient_norm(ops, model.gradients());
     opt.step(model.master_weights(), model.weight_copy(), model.gradients(),
              static_cast<float>(lr.at(step)),
@@ -75,11 +77,13 @@ TEST_CASE("a tiny reward model separates a synthetic preference set (accuracy 1.
   double accuracy = 0;
   for (int step = 0; step < 200 && accuracy < 1.0; ++step) {
     model.zero_gradients();
-    const auto out = model.reward_forward_backward(batch, 1.0F / 8.0F, 0.0);
+    const auto out = l3::train::BradleyTerryLoss(model).forward_backward(batch, 1.0F / 8.0F, 0.0);
     opt.step(model.master_weights(), model.weight_copy(), model.gradients(), 1e-3F, 1.0F);
-    accuracy = static_cast<double>(model.reward_forward(batch, 0.0).stats.correct) / 8.0;
+    accuracy =
+        static_cast<double>(l3::train::BradleyTerryLoss(model).forward(batch, 0.0).stats.correct) /
+        8.0;
   }
   CHECK(accuracy == 1.0);
-  const auto final_out = model.reward_forward(batch, 0.0);
+  const auto final_out = l3::train::BradleyTerryLoss(model).forward(batch, 0.0);
   CHECK(final_out.stats.margin > 0);
 }
