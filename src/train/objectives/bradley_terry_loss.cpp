@@ -7,7 +7,7 @@ namespace l3::train {
 using kernels::TensorView;
 
 BradleyTerryLoss::BradleyTerryLoss(model::LlamaModel& model, double center)
-    : Objective(model), center_(center) {
+    : PreferenceObjective(model), center_(center) {
   if (model.layout().head() != model::HeadKind::reward) {
     throw core::internal_error("a Bradley-Terry loss for a model without a score head");
   }

@@ -18,18 +18,12 @@ struct RewardOutput {
   std::vector<float> rejected{};
 };
 
-class BradleyTerryLoss final : public Objective {
+class BradleyTerryLoss final : public PreferenceObjective {
  public:
   // `center`: the centring coefficient of training steps (evaluations use none).
   explicit BradleyTerryLoss(model::LlamaModel& model, double center = 0.0);
 
   [[nodiscard]] Phase phase() const noexcept override { return Phase::reward; }
-  [[nodiscard]] std::int64_t units(const model::Batch& batch) const override {
-    return batch.pairs();
-  }
-  [[nodiscard]] bool has_work(const model::Batch& batch) const override {
-    return batch.pairs() > 0;
-  }
   void describe_step(const LossSums& global, std::int64_t units, StepMetrics& m) const override;
   [[nodiscard]] EvalTotals eval_totals() const override { return host_; }
   [[nodiscard]] EvalMetrics eval_metrics(const EvalTotals& global) const override;

@@ -40,7 +40,7 @@ void require_language_model(const model::LlamaModel& model, const char* what) {
 
 DpoLoss::DpoLoss(model::LlamaModel& model, const model::DpoSettings& settings,
                  const ReferenceTable* reference)
-    : Objective(model), settings_(settings), reference_(reference) {
+    : PreferenceObjective(model), settings_(settings), reference_(reference) {
   require_language_model(model, "DPO");
 }
 

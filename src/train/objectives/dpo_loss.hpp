@@ -15,7 +15,7 @@
 
 namespace l3::train {
 
-class DpoLoss final : public Objective {
+class DpoLoss final : public PreferenceObjective {
  public:
   // `reference`: the reference's log-probabilities of the pairs (not owned), or null with LoRA:
   // then the model without its adapters is the reference (a forward pass more). (Null without
@@ -24,12 +24,6 @@ class DpoLoss final : public Objective {
           const ReferenceTable* reference);
 
   [[nodiscard]] Phase phase() const noexcept override { return Phase::dpo; }
-  [[nodiscard]] std::int64_t units(const model::Batch& batch) const override {
-    return batch.pairs();
-  }
-  [[nodiscard]] bool has_work(const model::Batch& batch) const override {
-    return batch.pairs() > 0;
-  }
   void describe_step(const LossSums& global, std::int64_t units, StepMetrics& m) const override;
   [[nodiscard]] EvalMetrics eval_metrics(const EvalTotals& global) const override;
 

@@ -90,8 +90,19 @@ class Objective {
   EvalTotals host_;  // what evaluation passes count on the host
 };
 
-// The shared halves of the preference objectives' metrics (reward, DPO): the step's accuracy
-// and margin, an evaluation's pairs, loss, accuracy, margin and reward statistics.
+// An objective on preference pairs (reward, DPO): a step is the mean over its pairs, a
+// micro-batch without pairs has nothing for it. The shared halves of their metrics: the step's
+// loss, accuracy and margin; an evaluation's pairs, loss, accuracy, margin and reward statistics.
+class PreferenceObjective : public Objective {
+ public:
+  using Objective::Objective;
+  [[nodiscard]] std::int64_t units(const model::Batch& batch) const override {
+    return batch.pairs();
+  }
+  [[nodiscard]] bool has_work(const model::Batch& batch) const override {
+    return batch.pairs() > 0;
+  }
+};
 void describe_pair_step(const LossSums& global, std::int64_t pairs, StepMetrics& m);
 [[nodiscard]] EvalMetrics pair_eval_metrics(EvalTotals global);
 
