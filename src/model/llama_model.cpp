@@ -328,7 +328,7 @@ void LlamaModel::zero_gradients() {
   if (options_.own_gradients) ops_.zero(grads_.view());
 }
 
-void LlamaModel::prepare(const Batch& batch, std::span<const double> reference) {
+void LlamaModel::load_batch(const Batch& batch, std::span<const double> reference) {
   const core::TraceRange range("batch upload");
   const ModelConfig& c = config();
   batch.validate(c.vocab_size);
@@ -640,10 +640,6 @@ void LlamaModel::backward_backbone() {
   gradients_ready(0);
 }
 
-void LlamaModel::load_batch(const Batch& batch, std::span<const double> reference) {
-  prepare(batch, reference);
-}
-
 void LlamaModel::forward(const PassOptions& options) {
   ws_->training = options.training;
   without_adapters_ = !options.adapters;
@@ -656,19 +652,13 @@ void LlamaModel::forward(const PassOptions& options) {
   without_adapters_ = false;
 }
 
-void LlamaModel::forward(const Batch& batch, const PassOptions& options) {
-  load_batch(batch);
-  forward(options);
-}
-
 void LlamaModel::backward() { backward_backbone(); }
 
 HeadInputs LlamaModel::head() const {
   const Workspace& ws = *ws_;
   const InputBuffers& in = ws.in();
   const std::int64_t sequences = ws.sequences;
-  return {.rows = ws.n,
-          .counted = ws.counted,
+  return {.counted = ws.counted,
           .sequences = sequences,
           .hidden = ws.final_out.first_rows(ws.n),
           .d_hidden = ws.d_final.first_rows(ws.n),
@@ -712,7 +702,7 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
   if (layout_.head() != HeadKind::language_model) {
     throw core::internal_error("logits of a model without a language-model head");
   }
-  prepare(batch);
+  load_batch(batch);
   ws_->training = false;
   forward_backbone();
   const ModelConfig& c = config();

@@ -63,7 +63,6 @@ struct ModelOptions {
 // What an objective's head reads after forward(), and where its backward writes: views of the
 // loaded micro-batch (N rows, C counted positions, 2P sequences of P pairs).
 struct HeadInputs {
-  std::int64_t rows = 0;                    // N
   std::int64_t counted = 0;                 // C
   std::int64_t sequences = 0;               // 2P: the chosen sequences, then the rejected ones
   kernels::TensorView hidden{};             // (N, H) the final norm's output
@@ -193,7 +192,6 @@ class LlamaModel {
   // nothing is computed: pass_ops() is then an IdleOps.
   void load_batch(const Batch& batch, std::span<const double> reference = {});
   void forward(const PassOptions& options);
-  void forward(const Batch& batch, const PassOptions& options);  // load_batch, then forward
   void backward();
   [[nodiscard]] HeadInputs head() const;
   // The backend for the loaded batch's head: ops(), or one that computes nothing on no rows.
@@ -224,8 +222,6 @@ class LlamaModel {
  private:
   struct Workspace;
 
-  // Uploads the batch (and DPO's reference log-probabilities, when given).
-  void prepare(const Batch& batch, std::span<const double> reference = {});
   void forward_backbone();
   void block_forward(int layer, kernels::ConstTensorView x_in, kernels::TensorView x_out, int slot);
   void backward_backbone();  // from d(final norm output) in d_final_ to the embedding
