@@ -442,7 +442,9 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
   }
   const std::vector<double> reference_values(reference.begin(), reference.end());
 
-  ws.current = 1 - ws.current;
+  // Alternate the input sets between the batches that upload: a batch of no rows uploads
+  // nothing, and must not make the next one copy into the set the last one still reads.
+  if (n > 0) ws.current = 1 - ws.current;
   const InputBuffers& in = ws.in();
   auto upload = [](const Buffer& dst, const auto& host) {
     return kernels::HostUpload{dst.slice(0, static_cast<std::int64_t>(host.size())),
