@@ -151,7 +151,7 @@ WriteFigures measure_writes(const l3::dist::World& world, const std::string& dir
     fs::remove(raw_path);
     l3::ckpt::Manifest manifest;
     manifest.step = r + 1;
-    manifest.phase = "sft";
+    manifest.phase = l3::Phase::sft;
     manifest.model = layout.config();
     manifest.world_size = world.size();
     l3::ckpt::RankState snapshot = state;  // the trainer's snapshot, taken before the write

@@ -80,7 +80,7 @@ Result run(const Shape& s, std::optional<LoraConfig> lora, int steps,
   std::vector<double> fwd_bwd;
   std::vector<double> adamw;
   for (int step = 0; step <= steps; ++step) {  // step 0 warms up (allocations, page faults)
-    model.set_dropout_seed(static_cast<std::uint64_t>(step));
+    model.set_dropout_draw({.seed = 1, .step = static_cast<std::uint64_t>(step)});
     model.zero_gradients();
     const l3::core::Stopwatch watch;
     (void)l3::train::LanguageModelLoss(model).forward_backward(batch, 1.0F / count);

@@ -153,7 +153,7 @@ struct DataLoader::Impl {
     out.micro.clear();
     for (auto& rows : micro) {
       if (index.kind == SampleKind::sft) {
-        model::BatchBuilder builder(config.plan.micro_batch, seq_len, config.pad_id);
+        BatchBuilder builder(config.plan.micro_batch, seq_len, config.pad_id);
         for (auto& row : rows) {
           for (Sample& s : row) {
             if (builder.add(ids(s.tokens, s.id), s.mask) < 0) {
@@ -176,7 +176,7 @@ struct DataLoader::Impl {
         }
         used += need;
       }
-      model::BatchBuilder builder(std::max<std::int64_t>(rows_needed, 1), seq_len, config.pad_id);
+      BatchBuilder builder(std::max<std::int64_t>(rows_needed, 1), seq_len, config.pad_id);
       for (auto& row : rows) {
         const Sample& s = row.front();
         const float margin =

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "dist/world.hpp"
+#include "io/data/batch.hpp"
 #include "io/data/dataset_index.hpp"
 #include "io/data/epoch_plan.hpp"
 #include "io/data/shard_reader.hpp"
-#include "model/batch.hpp"
 
 namespace l3::data {
 
@@ -36,7 +36,7 @@ struct LoaderConfig {
 struct StepData {
   Position position;  // of this step
   Position next;      // of the step after it
-  std::vector<model::Batch> micro;
+  std::vector<Batch> micro;
   std::int64_t samples = 0;     // samples (documents or pairs) this rank got
   double assemble_seconds = 0;  // read + pack time in the producer
 };

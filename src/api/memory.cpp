@@ -34,7 +34,7 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
         t.phase == Phase::sft
             ? fmt::format("{}", t.micro_batch)
             : fmt::format("{} pairs = at most {} rows", t.micro_batch, 2 * t.micro_batch),
-        t.seq_len, t.recompute ? "on" : "off", train::zero_stage_name(t, ranks));
+        t.seq_len, t.recompute ? "on" : "off", in.placement.stage_name());
     for (const model::MemoryLine& line : plan.lines) out.lines.push_back({line.what, line.bytes});
     out.total_bytes = plan.total();
   });

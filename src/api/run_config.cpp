@@ -14,6 +14,7 @@
 #include "api/train_options.hpp"
 #include "core/error.hpp"
 #include "core/options.hpp"
+#include "core/phase.hpp"
 #include "l3/l3.hpp"
 
 namespace l3 {
@@ -23,9 +24,7 @@ namespace {
 namespace po = boost::program_options;
 
 train::Phase phase_from_name(std::string_view name) {
-  if (name == "sft") return train::Phase::sft;
-  if (name == "reward") return train::Phase::reward;
-  if (name == "dpo") return train::Phase::dpo;
+  if (const std::optional<Phase> phase = core::parse_phase(name)) return *phase;
   throw core::usage_error(
       fmt::format("a run is 'sft' or 'reward' (the first word of the arguments), not '{}'", name));
 }

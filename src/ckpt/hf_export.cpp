@@ -196,7 +196,7 @@ HfExportReport export_hugging_face(const Manifest& manifest, const std::string& 
   }
   config["llama3_hpc"] = {{"checkpoint", fs::absolute(step_dir).string()},
                           {"step", manifest.step},
-                          {"phase", manifest.phase},
+                          {"phase", core::phase_name(manifest.phase)},
                           {"git_commit", manifest.git_commit}};
   if (manifest.lora) {
     config["llama3_hpc"]["merged_lora"] = {{"base", manifest.base},

@@ -88,7 +88,7 @@ json Manifest::to_json() const {
   json out = {{"format", kCheckpointFormat},
               {"version", kCheckpointVersion},
               {"step", step},
-              {"phase", phase},
+              {"phase", core::phase_name(phase)},
               {"head", head_name(head)},
               {"model", model.to_hf_json()},
               {"world_size", world_size},
@@ -136,7 +136,10 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
     }
     Manifest m;
     m.step = j.at("step").get<std::int64_t>();
-    m.phase = j.at("phase").get<std::string>();
+    const std::string phase = j.at("phase").get<std::string>();
+    const std::optional<Phase> parsed = core::parse_phase(phase);
+    if (!parsed) throw core::bad_input(fmt::format("unknown phase '{}'", phase), {.file = origin});
+    m.phase = *parsed;
     const std::string head = j.at("head").get<std::string>();
     if (head != "reward" && head != "language_model") {
       throw core::bad_input(fmt::format("unknown head '{}'", head), {.file = origin});

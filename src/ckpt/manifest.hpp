@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "core/phase.hpp"
 #include "model/model_config.hpp"
 #include "model/parameter_layout.hpp"
 
@@ -18,7 +19,7 @@ inline constexpr std::int64_t kCheckpointVersion = 1;
 
 struct Manifest {
   std::int64_t step = 0;  // optimizer steps completed
-  std::string phase;      // "sft" or "reward"
+  Phase phase = Phase::sft;
   model::HeadKind head = model::HeadKind::language_model;
   model::ModelConfig model;
   int world_size = 1;
@@ -73,7 +74,7 @@ struct Manifest {
 // What a training run knows of itself at a checkpoint, as plain data.
 struct RunFacts {
   std::int64_t step = 0;
-  std::string phase;
+  Phase phase = Phase::sft;
   model::HeadKind head = model::HeadKind::language_model;
   model::ModelConfig model;
   int world_size = 1;

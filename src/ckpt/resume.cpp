@@ -103,7 +103,8 @@ void check_resume_compatible(const Manifest& manifest, const ResumedRun& run,
                              const std::string& step_dir) {
   if (manifest.phase != run.phase) {
     throw core::usage_error(fmt::format("{} is a {} checkpoint; this is a {} run", step_dir,
-                                        manifest.phase, run.phase));
+                                        core::phase_name(manifest.phase),
+                                        core::phase_name(run.phase)));
   }
   if (run.allow_config_change) return;
   std::string changed;

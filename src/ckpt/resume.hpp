@@ -45,8 +45,8 @@ struct ResumeRequest {
 // The options whose change makes a resumed run do other math (the data, the batch, the
 // optimizer and its schedule, the seed, the reward loss): the manifest's config keys.
 struct ResumedRun {
-  std::string_view phase;  // "sft" or "reward"
-  nlohmann::json config;   // the run's options as TrainConfig::to_json writes them
+  Phase phase = Phase::sft;
+  nlohmann::json config;  // the run's options as TrainConfig::to_json writes them
   bool allow_config_change = false;
 };
 // usage Error naming the options that changed (as --option now (was before)) and the way

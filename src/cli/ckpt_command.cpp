@@ -18,6 +18,7 @@
 #include "ckpt/local_restore.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
+#include "core/phase.hpp"
 #include "dist/collectives.hpp"
 #include "dist/node_map.hpp"
 #include "dist/world.hpp"
@@ -244,7 +245,7 @@ int list(const std::string& dir, bool as_json, const std::vector<std::string>& l
     if (e.state == "complete") {
       try {
         const ckpt::Manifest m = ckpt::read_manifest(e.path.string());
-        phase = m.phase;
+        phase = core::phase_name(m.phase);
         ranks = m.world_size;
         if (!m.resumable()) state = "complete (model only)";
         if (m.finished) state += ", finished";

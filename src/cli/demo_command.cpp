@@ -164,7 +164,8 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
 
 // What the fine-tuned model answers to a few held-out-style prompts (greedy, rank 0).
 std::string generation_samples(const std::string& checkpoint, const core::Logger& log) {
-  const InferenceModel loaded = load_inference_model(checkpoint, model::HeadKind::language_model);
+  const InferenceModel loaded = load_inference_model(checkpoint, model::HeadKind::language_model,
+                                                     train::ModelPurpose::generate);
   const tokenizer::Tokenizer tok = load_inference_tokenizer(std::nullopt, loaded, false, log);
   model::Generator generator(*loaded.model);
   model::GenerationOptions options;

@@ -20,6 +20,7 @@
 #include "train/evaluator.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
+#include "train/model_assembly.hpp"
 #include "train/model_source.hpp"
 #include "train/sharded_weights.hpp"
 #include "train/train_config.hpp"
@@ -110,14 +111,17 @@ int run_eval(const CommandContext& context) {
                                              "on several ranks"});
   // Forward passes only: neither gradients nor (in bf16) an fp32 master copy, which would take
   // 2 + 4 bytes per parameter for nothing (48 GB for an 8B model).
-  model::LlamaModel model(
-      source.config, head, *ops,
-      {.keep_master = false, .own_gradients = false, .own_parameters = !sharded});
+  const train::ModelRecipe recipe{.purpose = train::ModelPurpose::evaluate,
+                                  .head = head,
+                                  .placement = model::Placement::frozen(sharded, ranks),
+                                  .adapter = adapter};
+  train::AssembledModel assembled = train::build_model(*ops, source.config, recipe);
+  model::LlamaModel& model = *assembled.model;
 
   // A DPO checkpoint is a language model: on preference data it is evaluated as DPO, against
   // the reference its manifest records; on SFT data as any language model (loss, perplexity).
   const bool dpo_checkpoint =
-      source.checkpoint && source.checkpoint->phase == "dpo" && adapter.empty();
+      source.checkpoint && source.checkpoint->phase == Phase::dpo && adapter.empty();
   const std::string data_dir = o["data"].as<std::string>();
   data::DatasetExpectations expect;
   expect.kind =
@@ -161,21 +165,7 @@ int run_eval(const CommandContext& context) {
   }
 
   // The weights evaluated, whole or sharded, with the adapter folded in.
-  std::unique_ptr<train::ShardedWeights> shards;
-  if (sharded) {
-    // Each rank folds the adapter, if any, into its share of the weights.
-    const std::optional<ckpt::PeftAdapter> peft =
-        load_adapter_on_every_rank(context.world, adapter, model.layout());
-    shards = std::make_unique<train::ShardedWeights>(context.world, *ops, model.layout(), source, 0,
-                                                     peft ? &peft->fold : nullptr);
-    model.set_parameter_window(&shards->window());
-  } else {
-    std::vector<float> initial = train::initialize_model(context.world, model, source, 0);
-    if (!adapter.empty()) {  // every rank folds it in (the same files, the same sums)
-      (void)ckpt::apply_peft_adapter(adapter, model.layout(), initial);
-      model.load_parameters(initial);
-    }
-  }
+  (void)train::load_frozen_weights(&context.world, *ops, source, recipe, assembled);
   train::EvalMetrics m = train::evaluate(context.world, model, index, config);
   if (source.checkpoint) m.step = source.checkpoint->step;  // the step the checkpoint holds
   context.log.info("{} (model {}{}, {} rank{})", train::format_eval_line(m), source.origin(),

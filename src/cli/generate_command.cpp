@@ -71,7 +71,8 @@ int run_generate(const CommandContext& context) {
 
   const core::Stopwatch load_time;
   const InferenceModel loaded =
-      load_inference_model(path, model::HeadKind::language_model, nullptr, adapter_option(o));
+      load_inference_model(path, model::HeadKind::language_model, train::ModelPurpose::generate,
+                           nullptr, adapter_option(o));
   const tokenizer::Tokenizer tokenizer = load_inference_tokenizer(o, loaded, context.log);
   context.log.info(
       "loaded {}{} (step {}, {:.1f} M parameters) in {:.1f} s", loaded.step_dir,

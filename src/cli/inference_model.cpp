@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
+#include "train/model_assembly.hpp"
 #include "train/model_source.hpp"
 
 namespace l3::cli {
@@ -54,20 +55,6 @@ std::string adapter_option(const po::variables_map& options) {
   return options.count("adapter") > 0 ? options["adapter"].as<std::string>() : std::string();
 }
 
-std::optional<ckpt::PeftAdapter> load_adapter_on_every_rank(const dist::World& world,
-                                                            const std::string& directory,
-                                                            const model::ParameterLayout& layout) {
-  std::optional<ckpt::PeftAdapter> adapter;
-  std::exception_ptr failure;
-  try {
-    if (!directory.empty()) adapter.emplace(ckpt::load_peft_adapter(directory, layout));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  dist::agree_on_failure(world, failure);
-  return adapter;
-}
-
 std::string model_path_option(const po::variables_map& options) {
   const bool init = options.count("init") > 0;
   const bool ckpt = options.count("ckpt") > 0;
@@ -80,7 +67,8 @@ std::string model_path_option(const po::variables_map& options) {
 }
 
 InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
-                                    const dist::World* shard_over, const std::string& adapter) {
+                                    train::ModelPurpose purpose, const dist::World* shard_over,
+                                    const std::string& adapter) {
   const bool adapted = !adapter.empty();
   train::ModelSource source = train::resolve_model_source("", path);
   InferenceModel loaded;
@@ -107,31 +95,21 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
   }
   m.model.validate();
   loaded.ops = std::make_unique<kernels::CpuOps>();
-  // Forward passes only: no gradient buffer (4 bytes per parameter of host memory).
-  loaded.model = std::make_unique<model::LlamaModel>(
-      m.model, head, *loaded.ops,
-      model::ModelOptions{.own_gradients = false, .own_parameters = shard_over == nullptr});
-  if (shard_over != nullptr) {
-    // Every rank reads the (small) adapter and folds it into its share of the weights.
-    const std::optional<ckpt::PeftAdapter> peft =
-        load_adapter_on_every_rank(*shard_over, adapter, loaded.model->layout());
-    loaded.shards = std::make_unique<train::ShardedWeights>(
-        *shard_over, *loaded.ops, loaded.model->layout(), source, 0, peft ? &peft->fold : nullptr);
-    loaded.model->set_parameter_window(&loaded.shards->window());
-    if (adapted) {
-      m.head = head;
-      loaded.adapter = adapter;
-    }
-    return loaded;
-  }
-  std::vector<float> host(static_cast<std::size_t>(loaded.model->layout().total()), 0.0F);
-  train::read_initial_weights(source, loaded.model->layout(), host);
+  // Forward passes only: no gradient buffer (4 bytes per parameter of host memory). Sharded over
+  // the ranks of `shard_over`, or whole on this process alone.
+  train::AssembledModel assembled = train::assemble_model(
+      shard_over, *loaded.ops, source,
+      {.purpose = purpose,
+       .head = head,
+       .placement = model::Placement::frozen(shard_over != nullptr,
+                                             shard_over != nullptr ? shard_over->size() : 1),
+       .adapter = adapter});
+  loaded.shards = std::move(assembled.frozen);
+  loaded.model = std::move(assembled.model);
   if (adapted) {
-    (void)ckpt::apply_peft_adapter(adapter, loaded.model->layout(), host);
     m.head = head;
     loaded.adapter = adapter;
   }
-  loaded.model->load_parameters(host);
   return loaded;
 }
 

@@ -14,6 +14,7 @@
 #include "io/tokenizer/tokenizer.hpp"
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
+#include "train/model_assembly.hpp"
 #include "train/sharded_weights.hpp"
 
 namespace l3::cli {
@@ -23,12 +24,6 @@ void declare_inference_model_options(po::options_description& options);
 // --adapter DIR alone (eval declares its own model options), and its value ("" when absent).
 void declare_adapter_option(po::options_description& options);
 [[nodiscard]] std::string adapter_option(const po::variables_map& options);
-
-// The PEFT adapter `directory` for a model of `layout`, read and checked on every rank of
-// `world` (collective: a bad adapter is the same error everywhere); nothing when `directory` is
-// empty. What each rank folds into its share of sharded weights.
-[[nodiscard]] std::optional<ckpt::PeftAdapter> load_adapter_on_every_rank(
-    const dist::World& world, const std::string& directory, const model::ParameterLayout& layout);
 
 // The checkpoint path of --init or --ckpt: a usage Error when neither or both are given.
 [[nodiscard]] std::string model_path_option(const po::variables_map& options);
@@ -51,7 +46,9 @@ struct InferenceModel {
 // weights (ckpt::apply_peft_adapter; with shard_over each rank folds it into its share), whose
 // SEQ_CLS score head lets a language model's checkpoint serve as a reward model's base; empty:
 // none.
+// `purpose`: what the model is for (train/model_assembly.hpp, which builds and loads it).
 [[nodiscard]] InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
+                                                  train::ModelPurpose purpose,
                                                   const dist::World* shard_over = nullptr,
                                                   const std::string& adapter = "");
 

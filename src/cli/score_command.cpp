@@ -127,8 +127,9 @@ int run_score(const CommandContext& context) {
   // An interactive tool: one rank works, unless the weights are spread over the ranks.
   if (!sharded && !context.world.is_root()) return core::kExitOk;
 
-  const InferenceModel loaded = load_inference_model(
-      path, model::HeadKind::reward, sharded ? &context.world : nullptr, adapter_option(o));
+  const InferenceModel loaded =
+      load_inference_model(path, model::HeadKind::reward, train::ModelPurpose::score,
+                           sharded ? &context.world : nullptr, adapter_option(o));
   const tokenizer::Tokenizer tokenizer = load_inference_tokenizer(o, loaded, context.log);
   context.log.info("loaded {}{} (step {}, {:.1f} M parameters)", loaded.step_dir,
                    loaded.adapter.empty() ? "" : " with the adapter " + loaded.adapter,

@@ -26,7 +26,10 @@ enum class RngPurpose : std::uint32_t {
   sampling = 3,          // generate: stream = request
   validation_split = 4,  // prep --val-fraction: stream = input file index
   demo_data = 5,         // the demo's built-in datasets: stream = dataset
-  test = 0x7e57,         // tests and benchmarks
+  adapter_init = 6,      // LoRA's initial adapters: stream = tensor index in the adapter layout
+  lora_dropout =
+      7,          // LoRA's dropout masks: stream = step, index = (rank, micro-batch, layer, target)
+  test = 0x7e57,  // tests and benchmarks
 };
 
 class CounterRng {

@@ -1,85 +1,11 @@
-// One micro-batch as the model consumes it: `rows` packed rows of `seq_len` tokens, flattened
-// to N = rows * seq_len positions.
-//
-// Targets follow the Hugging Face `labels` convention already shifted: position t predicts
-// targets[t] (the next token of its document) and counts in the loss when loss_mask[t] is 1.
-// Segments (documents, and the padding at the end of a row) are given by cu_seqlens; no token
-// attends across segments and RoPE positions restart at 0 in each.
+// The model's name for the micro-batch the data layer builds (io/data/batch.hpp).
 #pragma once
 
-#include <cstdint>
-#include <vector>
+#include "io/data/batch.hpp"
 
 namespace l3::model {
 
-struct Batch {
-  std::int64_t rows = 0;
-  std::int64_t seq_len = 0;
-  std::vector<std::int32_t> tokens{};      // (N)
-  std::vector<std::int32_t> targets{};     // (N); any valid id where loss_mask is 0
-  std::vector<std::uint8_t> loss_mask{};   // (N)
-  std::vector<std::int32_t> cu_seqlens{};  // (segments + 1), 0 .. N, boundaries of every row too
-  std::vector<std::int32_t> positions{};   // (N), index of the token within its segment
-  // Reward batches: per preference pair, the position of the last real token of the chosen
-  // and of the rejected sequence (where the score is read), and an optional margin.
-  std::vector<std::int32_t> chosen_last{};
-  std::vector<std::int32_t> rejected_last{};
-  std::vector<float> margins{};
-  std::vector<std::int64_t> pair_ids{};  // the pairs' sample numbers in their dataset (or -1)
-  std::int64_t document_tokens = 0;  // tokens of documents (not padding): throughput counts these
-
-  [[nodiscard]] std::int64_t tokens_count() const noexcept { return rows * seq_len; }
-  [[nodiscard]] std::int64_t segments() const noexcept {
-    return cu_seqlens.empty() ? 0 : static_cast<std::int64_t>(cu_seqlens.size()) - 1;
-  }
-  [[nodiscard]] std::int64_t longest_segment() const noexcept;
-  [[nodiscard]] std::int64_t counted_tokens() const noexcept;
-  [[nodiscard]] std::int64_t pairs() const noexcept {
-    return static_cast<std::int64_t>(chosen_last.size());
-  }
-
-  // Internal Error when the arrays disagree (sizes, segments crossing rows, positions).
-  void validate(std::int64_t vocab_size) const;
-
-  // A batch of no rows: what a rank with no data for a micro-batch that the other ranks run
-  // passes through the model (LlamaModel::load_batch).
-  [[nodiscard]] static Batch none(std::int64_t seq_len);
-};
-
-// Fills rows of seq_len tokens with whole documents in the order given (a document that does
-// not fit in the current row starts the next one), pads the rest of each row, and derives
-// targets, masks, segments and positions. loss_mask of a document marks its target tokens
-// (token t is predicted from the tokens before it); the first token is never a target.
-class BatchBuilder {
- public:
-  BatchBuilder(std::int64_t rows, std::int64_t seq_len, std::int32_t pad_id);
-
-  // Adds a document; returns the flat position of its last token, or -1 if it does not fit in
-  // the remaining rows. A document longer than seq_len is an internal Error (truncate first).
-  std::int64_t add(const std::vector<std::int32_t>& tokens,
-                   const std::vector<std::uint8_t>& loss_mask);
-  // A preference pair: both sequences are added and their last tokens recorded. The masks
-  // (DPO: the responses' tokens) are those of add(); empty: no token counts (reward models).
-  bool add_pair(const std::vector<std::int32_t>& chosen, const std::vector<std::int32_t>& rejected,
-                float margin = 0.0F, std::int64_t id = -1,
-                const std::vector<std::uint8_t>& chosen_mask = {},
-                const std::vector<std::uint8_t>& rejected_mask = {});
-
-  // Ends the current row here (the rest is padding); the next document starts a new row.
-  void end_row();
-  [[nodiscard]] std::int64_t rows_used() const noexcept { return used_ > 0 ? row_ + 1 : row_; }
-  // Tokens still free in the current row.
-  [[nodiscard]] std::int64_t row_space() const noexcept { return batch_.seq_len - used_; }
-
-  [[nodiscard]] Batch finish();
-
- private:
-  void close_row();
-
-  Batch batch_;
-  std::int32_t pad_id_;
-  std::int64_t row_ = 0;   // current row
-  std::int64_t used_ = 0;  // tokens used in the current row
-};
+using Batch = data::Batch;
+using BatchBuilder = data::BatchBuilder;
 
 }  // namespace l3::model

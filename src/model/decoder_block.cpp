@@ -12,7 +12,7 @@ kernels::TensorView matrix_of(kernels::TensorView buffer, std::int64_t rows, std
 }  // namespace
 
 std::uint64_t BlockAdapters::target_seed(LoraTarget t) const noexcept {
-  return core::splitmix64(seed + static_cast<std::uint64_t>(t) + 1U);
+  return dropout_rng.bits64(dropout_index + static_cast<std::uint64_t>(t));
 }
 
 void lora_forward(kernels::Ops& ops, const BlockAdapters& ad, LoraTarget t, kernels::TensorView y,
@@ -109,6 +109,58 @@ void decoder_block_forward(kernels::Ops& ops, const ModelConfig& c, const BlockW
   ops.swiglu({.out = a.act, .gate = a.gate, .up = a.up});
   ops.copy(x_out, a.h);
   project(LoraTarget::down, x_out, a.act, w.down_proj, true);
+}
+
+void decoder_block_backward(kernels::Ops& ops, const ModelConfig& /*config*/, const BlockWeights& w,
+                            const BlockGradients& g, const RopeViews& rope,
+                            kernels::ConstTensorView x_in, kernels::TensorView d_resid,
+                            const BlockViews& a, const BlockBackwardViews& d,
+                            const std::function<void()>& attend_backward,
+                            const BlockAdapters* adapters,
+                            const BlockAdapterGradients* adapter_grads) {
+  // dx (+)= dy W, dW += dy^T x; then the target's adapter, which fed the same y from x.
+  const auto project_backward = [&](LoraTarget t, kernels::TensorView dx,
+                                    kernels::ConstTensorView dy, kernels::ConstTensorView x,
+                                    kernels::ConstTensorView weight, kernels::TensorView dw,
+                                    bool accumulate) {
+    ops.matmul_backward(
+        {.dx = dx, .dw = dw, .dy = dy, .x = x, .w = weight, .accumulate_dx = accumulate});
+    if (adapters != nullptr && adapters->has(t)) {
+      const auto k = static_cast<std::size_t>(t);
+      lora_backward(ops, *adapters, t, adapter_grads->grads[k], dx, dy, x, a.lora_u[k],
+                    adapter_grads->du, adapter_grads->scratch);
+    }
+  };
+
+  // MLP half. d_resid holds d(x'); the residual passes it on to d(h) unchanged.
+  project_backward(LoraTarget::down, d.d_act, d_resid, a.act, w.down_proj, g.down_proj, false);
+  ops.swiglu_backward(
+      {.dgate = d.d_gate, .dup = d.d_up, .dout = d.d_act, .gate = a.gate, .up = a.up});
+  project_backward(LoraTarget::gate, d.d_ln, d.d_gate, a.ln2, w.gate_proj, g.gate_proj, false);
+  project_backward(LoraTarget::up, d.d_ln, d.d_up, a.ln2, w.up_proj, g.up_proj, true);
+  ops.rmsnorm_backward({.dx = d_resid,
+                        .dw = g.post_attention_norm,
+                        .dout = d.d_ln,
+                        .x = a.h,
+                        .w = w.post_attention_norm,
+                        .rstd = a.rstd2});
+
+  // Attention half. d_resid holds d(h); the residual passes it on to d(x).
+  project_backward(LoraTarget::o, d.d_att, d_resid, a.att, w.o_proj, g.o_proj, false);
+  attend_backward();
+  for (const kernels::TensorView dx : {d.d_q, d.d_k}) {
+    ops.rope_backward({.x = dx, .positions = rope.positions, .cos = rope.cos, .sin = rope.sin});
+  }
+  // d_q and d_k before RoPE, where the adapters added.
+  project_backward(LoraTarget::q, d.d_ln, d.d_q, a.ln1, w.q_proj, g.q_proj, false);
+  project_backward(LoraTarget::k, d.d_ln, d.d_k, a.ln1, w.k_proj, g.k_proj, true);
+  project_backward(LoraTarget::v, d.d_ln, d.d_v, a.ln1, w.v_proj, g.v_proj, true);
+  ops.rmsnorm_backward({.dx = d_resid,
+                        .dw = g.input_norm,
+                        .dout = d.d_ln,
+                        .x = x_in,
+                        .w = w.input_norm,
+                        .rstd = a.rstd1});
 }
 
 }  // namespace l3::model

@@ -1,15 +1,16 @@
-// One decoder block's forward, written once for training (LlamaModel) and generation
-// (Generator): x_out = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h), h = x + o_proj(att),
-// att = attention(rope(q), rope(k), v), q/k/v = projections of rmsnorm(x). Only the attention
-// differs: the training forward's packed causal segments, or the generator's KV cache. The
-// caller gives it as `attend`, which reads a.q, a.k, a.v (after RoPE) and writes a.att (and
-// a.lse).
+// One decoder block, forward and backward, written once for training (LlamaModel) and
+// generation (Generator, forward only): x_out = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h),
+// h = x + o_proj(att), att = attention(rope(q), rope(k), v), q/k/v = projections of rmsnorm(x),
+// each projection with its LoRA adapter where the block has one. Only the attention differs:
+// the training pass's packed causal segments, or the generator's KV cache. The caller gives it
+// as `attend` (reads a.q, a.k, a.v after RoPE, writes a.att and a.lse) and `attend_backward`.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
 
+#include "core/rng.hpp"
 #include "kernels/ops.hpp"
 #include "model/lora_config.hpp"
 #include "model/model_config.hpp"
@@ -35,8 +36,11 @@ using WeightLookup =
 struct BlockAdapters {
   std::array<kernels::ConstTensorView, kLoraTargetCount> a{}, b{};
   float scale = 0.0F;
-  float dropout = 0.0F;    // 0 outside training
-  std::uint64_t seed = 0;  // this block's dropout seed for this micro-batch
+  float dropout = 0.0F;  // 0 outside training
+  // This block's dropout masks in this micro-batch: target t's mask seed is
+  // dropout_rng.bits64(dropout_index + t) (LlamaModel::set_dropout_draw).
+  core::CounterRng dropout_rng{0, core::RngPurpose::lora_dropout};
+  std::uint64_t dropout_index = 0;
 
   [[nodiscard]] bool has(LoraTarget t) const noexcept {
     return !a[static_cast<std::size_t>(t)].empty();
@@ -95,11 +99,47 @@ struct RopeViews {
   kernels::ConstTensorView positions, cos, sin;
 };
 
+// A block's weight gradients, shaped as BlockWeights: views into the gradient buffer or a
+// GradientWindow's slot, added into. Empty views for frozen weights (LoRA), whose gradients are
+// not computed.
+struct BlockGradients {
+  kernels::TensorView input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm, gate_proj,
+      up_proj, down_proj;
+};
+
+// A block's adapters' gradients (empty where the block has no adapter on a target), and the
+// adapters' backward work buffers: du (n, r) and scratch (rows, widest input; dropout only).
+struct BlockAdapterGradients {
+  std::array<LoraGradients, kLoraTargetCount> grads{};
+  kernels::TensorView du, scratch;
+};
+
+// The backward's work buffers for n rows: the gradients of the block's activations.
+struct BlockBackwardViews {
+  kernels::TensorView d_ln;                 // (n, H)  of ln2, then of ln1
+  kernels::TensorView d_act, d_gate, d_up;  // (n, I)
+  kernels::TensorView d_att, d_q;           // (n, n_heads, head_dim)
+  kernels::TensorView d_k, d_v;             // (n, n_kv_heads, head_dim)
+};
+
 // x_in and x_out (n, H) may be the same buffer. adapters: null for none.
 void decoder_block_forward(kernels::Ops& ops, const ModelConfig& config, const BlockWeights& w,
                            const RopeViews& rope, kernels::ConstTensorView x_in,
                            kernels::TensorView x_out, const BlockViews& a,
                            const std::function<void()>& attend,
                            const BlockAdapters* adapters = nullptr);
+
+// The backward of decoder_block_forward, given its activations `a` and its input x_in:
+// d_resid holds d(loss)/d(x_out) and is turned into d(loss)/d(x_in); the weights' gradients are
+// added into `g`, the adapters' (with `adapters`) into `adapter_grads`. `attend_backward` reads
+// d.d_att and a's attention inputs and output, and writes d.d_q, d.d_k, d.d_v (before RoPE's
+// backward). Each adapter's backward follows its layer's, before that layer's dx is read on.
+void decoder_block_backward(kernels::Ops& ops, const ModelConfig& config, const BlockWeights& w,
+                            const BlockGradients& g, const RopeViews& rope,
+                            kernels::ConstTensorView x_in, kernels::TensorView d_resid,
+                            const BlockViews& a, const BlockBackwardViews& d,
+                            const std::function<void()>& attend_backward,
+                            const BlockAdapters* adapters = nullptr,
+                            const BlockAdapterGradients* adapter_grads = nullptr);
 
 }  // namespace l3::model

@@ -224,7 +224,9 @@ BlockAdapters LlamaModel::layer_adapters(int layer) const {
   }
   ad.scale = lora.scale();
   ad.dropout = ws_->training ? static_cast<float>(lora.dropout) : 0.0F;
-  ad.seed = core::splitmix64(core::splitmix64(dropout_seed_) + static_cast<std::uint64_t>(layer));
+  ad.dropout_rng = core::CounterRng(dropout_draw_.seed, core::RngPurpose::lora_dropout,
+                                    static_cast<std::uint32_t>(dropout_draw_.step));
+  ad.dropout_index = dropout_draw_.first_index(layer);
   return ad;
 }
 
@@ -236,14 +238,35 @@ LoraGradients LlamaModel::adapter_grads(int layer, LoraTarget t) const {
   return {.a = weight_grad(o.a[k], {r, in}), .b = weight_grad(o.b[k], {out, r})};
 }
 
-void LlamaModel::adapter_backward(int layer, const BlockAdapters& adapters, LoraTarget t,
-                                  TensorView dx, ConstTensorView dy, ConstTensorView x,
-                                  const BlockViews& a) {
-  if (!adapters.has(t)) return;
-  const Workspace& ws = *ws_;
-  lora_backward(pass_ops(), adapters, t, adapter_grads(layer, t), dx, dy, x,
-                a.lora_u[static_cast<std::size_t>(t)], ws.d_lora.first_rows(ws.n),
-                ws.lora_x.view());
+BlockAdapterGradients LlamaModel::layer_adapter_gradients(int layer,
+                                                          const BlockAdapters& adapters) const {
+  BlockAdapterGradients grads;
+  if (!adapters_) return grads;
+  for (std::size_t k = 0; k < kLoraTargetCount; ++k) {
+    const auto t = static_cast<LoraTarget>(k);
+    if (adapters.has(t)) grads.grads[k] = adapter_grads(layer, t);
+  }
+  grads.du = ws_->d_lora.first_rows(ws_->n);
+  grads.scratch = ws_->lora_x.view();
+  return grads;
+}
+
+BlockGradients LlamaModel::layer_gradients(int layer) const {
+  const ModelConfig& c = config();
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+  const BlockOffsets& w = layout_.block(layer);
+  return {.input_norm = base_grad(w.input_norm, h),
+          .q_proj = base_grad(w.q_proj, {q, h}),
+          .k_proj = base_grad(w.k_proj, {kv, h}),
+          .v_proj = base_grad(w.v_proj, {kv, h}),
+          .o_proj = base_grad(w.o_proj, {h, q}),
+          .post_attention_norm = base_grad(w.post_attention_norm, h),
+          .gate_proj = base_grad(w.gate_proj, {i, h}),
+          .up_proj = base_grad(w.up_proj, {i, h}),
+          .down_proj = base_grad(w.down_proj, {h, i})};
 }
 
 void LlamaModel::require_own_parameters(std::string_view what) const {
@@ -273,8 +296,8 @@ std::vector<float> LlamaModel::initial_adapter_values(std::uint64_t seed,
                                                       std::span<const float> score) const {
   if (!adapters_) throw core::internal_error("initial_adapter_values of a model without LoRA");
   std::vector<float> host(static_cast<std::size_t>(adapters_->total()));
-  // A seed of their own: the adapters' tensor i must not draw the model's tensor i's numbers.
-  initialize_parameters(host, *adapters_, core::splitmix64(seed ^ 0x4c6f5241'00000000ULL));
+  // A purpose of their own: the adapters' tensor i must not draw the model's tensor i's numbers.
+  initialize_parameters(host, *adapters_, seed, core::RngPurpose::adapter_init);
   if (layout_.head() == HeadKind::reward) {  // the trained score head starts as the model's
     const std::int64_t h = config().hidden_size;
     const TensorView into(std::span<float>(host).subspan(
@@ -517,9 +540,6 @@ void LlamaModel::backward_backbone() {
   Workspace& ws = *ws_;
   const std::int64_t n = ws.n;
   const std::int64_t h = c.hidden_size;
-  const std::int64_t i = c.intermediate_size;
-  const std::int64_t q = c.q_size();
-  const std::int64_t kv = c.kv_size();
   const TensorView d_resid = ws.d_resid.first_rows(n);  // d(loss)/d(residual stream)
   const ConstTensorView positions = ws.in().positions.first_rows(n);
 
@@ -543,95 +563,32 @@ void LlamaModel::backward_backbone() {
     const int slot = options_.recompute ? 0 : l;
     if (options_.recompute) block_forward(l, x_in, ws.scratch_out.first_rows(n), slot);
     const BlockViews a = block_views(ws.blocks[static_cast<std::size_t>(slot)], n, c, ws.lora_x);
-    const BlockOffsets& w = layout_.block(l);
-    const BlockWeights bw = layer_weights(l);  // read within the held group
     const BlockAdapters ad = layer_adapters(l);
-    // Each adapter's backward follows its layer's, before dx is read.
-    const auto adapter = [&](LoraTarget t, TensorView dx, ConstTensorView dy, ConstTensorView x) {
-      adapter_backward(l, ad, t, dx, dy, x, a);
-    };
-    const TensorView d_ln = ws.d_ln.first_rows(n);
-
-    // MLP half. d_resid holds d(x'); the residual passes it on to d(h) unchanged.
-    const TensorView d_act = ws.d_act.first_rows(n);
-    const TensorView d_gate = ws.d_gate.first_rows(n);
-    const TensorView d_up = ws.d_up.first_rows(n);
-    pass_ops().matmul_backward({.dx = d_act,
-                                .dw = base_grad(w.down_proj, {h, i}),
-                                .dy = d_resid,
-                                .x = a.act,
-                                .w = bw.down_proj});
-    adapter(LoraTarget::down, d_act, d_resid, a.act);
-    pass_ops().swiglu_backward(
-        {.dgate = d_gate, .dup = d_up, .dout = d_act, .gate = a.gate, .up = a.up});
-    pass_ops().matmul_backward({.dx = d_ln,
-                                .dw = base_grad(w.gate_proj, {i, h}),
-                                .dy = d_gate,
-                                .x = a.ln2,
-                                .w = bw.gate_proj});
-    adapter(LoraTarget::gate, d_ln, d_gate, a.ln2);
-    pass_ops().matmul_backward({.dx = d_ln,
-                                .dw = base_grad(w.up_proj, {i, h}),
-                                .dy = d_up,
-                                .x = a.ln2,
-                                .w = bw.up_proj,
-                                .accumulate_dx = true});
-    adapter(LoraTarget::up, d_ln, d_up, a.ln2);
-    pass_ops().rmsnorm_backward({.dx = d_resid,
-                                 .dw = base_grad(w.post_attention_norm, h),
-                                 .dout = d_ln,
-                                 .x = a.h,
-                                 .w = bw.post_attention_norm,
-                                 .rstd = a.rstd2});
-
-    // Attention half. d_resid holds d(h); the residual passes it on to d(x).
-    const TensorView d_att = ws.d_att.first_rows(n);
-    const TensorView d_q = ws.d_q.first_rows(n);
-    const TensorView d_k = ws.d_k.first_rows(n);
-    const TensorView d_v = ws.d_v.first_rows(n);
-    pass_ops().matmul_backward({.dx = d_att,
-                                .dw = base_grad(w.o_proj, {h, q}),
-                                .dy = d_resid,
-                                .x = a.att,
-                                .w = bw.o_proj});
-    adapter(LoraTarget::o, d_att, d_resid, a.att);
-    pass_ops().attention_backward({.dq = d_q,
-                                   .dk = d_k,
-                                   .dv = d_v,
-                                   .dout = d_att,
-                                   .out = a.att,
-                                   .lse = a.lse,
-                                   .q = a.q,
-                                   .k = a.k,
-                                   .v = a.v,
-                                   .segments = ws.segments});
-    for (const TensorView d : {d_q, d_k}) {
-      pass_ops().rope_backward(
-          {.x = d, .positions = positions, .cos = ws.rope.cos(), .sin = ws.rope.sin()});
-    }
-    pass_ops().matmul_backward(
-        {.dx = d_ln, .dw = base_grad(w.q_proj, {q, h}), .dy = d_q, .x = a.ln1, .w = bw.q_proj});
-    adapter(LoraTarget::q, d_ln, d_q, a.ln1);  // d_q: before RoPE, where the adapter added
-    pass_ops().matmul_backward({.dx = d_ln,
-                                .dw = base_grad(w.k_proj, {kv, h}),
-                                .dy = d_k,
-                                .x = a.ln1,
-                                .w = bw.k_proj,
-                                .accumulate_dx = true});
-    adapter(LoraTarget::k, d_ln, d_k, a.ln1);
-    pass_ops().matmul_backward({.dx = d_ln,
-                                .dw = base_grad(w.v_proj, {kv, h}),
-                                .dy = d_v,
-                                .x = a.ln1,
-                                .w = bw.v_proj,
-                                .accumulate_dx = true});
-    adapter(LoraTarget::v, d_ln, d_v, a.ln1);
-    pass_ops().rmsnorm_backward({.dx = d_resid,
-                                 .dw = base_grad(w.input_norm, h),
-                                 .dout = d_ln,
-                                 .x = x_in,
-                                 .w = bw.input_norm,
-                                 .rstd = a.rstd1});
+    const BlockAdapterGradients adapter_grads = layer_adapter_gradients(l, ad);
+    decoder_block_backward(
+        pass_ops(), c, layer_weights(l), layer_gradients(l),  // read within the held group
+        {.positions = positions, .cos = ws.rope.cos(), .sin = ws.rope.sin()}, x_in, d_resid, a,
+        {.d_ln = ws.d_ln.first_rows(n),
+         .d_act = ws.d_act.first_rows(n),
+         .d_gate = ws.d_gate.first_rows(n),
+         .d_up = ws.d_up.first_rows(n),
+         .d_att = ws.d_att.first_rows(n),
+         .d_q = ws.d_q.first_rows(n),
+         .d_k = ws.d_k.first_rows(n),
+         .d_v = ws.d_v.first_rows(n)},
+        [&] {
+          pass_ops().attention_backward({.dq = ws.d_q.first_rows(n),
+                                         .dk = ws.d_k.first_rows(n),
+                                         .dv = ws.d_v.first_rows(n),
+                                         .dout = ws.d_att.first_rows(n),
+                                         .out = a.att,
+                                         .lse = a.lse,
+                                         .q = a.q,
+                                         .k = a.k,
+                                         .v = a.v,
+                                         .segments = ws.segments});
+        },
+        adapters_ ? &ad : nullptr, adapters_ ? &adapter_grads : nullptr);
     gradients_ready(block_ready_offset(l));
   }
   if (adapters_) return;  // a frozen embedding: nothing to compute or report

@@ -32,6 +32,7 @@
 #include "model/lora_config.hpp"
 #include "model/parameter_layout.hpp"
 #include "model/parameter_window.hpp"
+#include "model/placement.hpp"
 
 namespace l3::model {
 
@@ -58,6 +59,33 @@ struct ModelOptions {
   // master copy beside bf16 ones) and the adapters, with a reward model's score head, train.
   // keep_master, own_gradients and fp32_gradients then apply to the adapter buffer.
   LoraConfig lora{};
+
+  // The buffers a model holds under `placement` (model/placement.hpp): no fp32 master copy
+  // where the optimizers keep it (or nothing trains), no whole gradient buffer where ZeRO-2's
+  // slots take the gradients (or nothing trains), no weights where they are sharded.
+  [[nodiscard]] static ModelOptions of(const Placement& placement, bool recompute = false,
+                                       const LoraConfig& lora = {}) noexcept {
+    return {.recompute = recompute,
+            .keep_master = !placement.forward_only && !placement.master_in_optimizer,
+            .own_gradients = !placement.forward_only && !placement.shards_gradients(),
+            .own_parameters = placement.model_holds_weights(),
+            .fp32_gradients = placement.fp32_gradients,
+            .lora = lora};
+  }
+};
+
+// Where one micro-batch's LoRA dropout masks are drawn: CounterRng(seed, lora_dropout, stream
+// step), block `layer`'s target t at index first_index(layer) + t. Every (rank, micro-batch,
+// layer, target) of a step draws its own mask seed, the same in a rerun or a restart.
+struct DropoutDraw {
+  std::uint64_t seed = 0;         // the run's --seed
+  std::uint64_t step = 0;         // optimizer steps done
+  std::uint64_t rank = 0;         // < 2^28
+  std::uint64_t micro_batch = 0;  // < 2^20
+
+  [[nodiscard]] std::uint64_t first_index(int layer) const noexcept {
+    return (((rank << 20U) + micro_batch) << 16U | static_cast<std::uint64_t>(layer)) << 4U;
+  }
 };
 
 // What an objective's head reads after forward(), and where its backward writes: views of the
@@ -158,10 +186,10 @@ class LlamaModel {
   // no master.
   [[nodiscard]] std::vector<float> master_to_host() const;
   void zero_gradients();
-  // LoRA's dropout masks in the training passes that follow are drawn from this seed (with the
-  // layer and the target); a trainer sets one per micro-batch so that a rerun or a restart draws
-  // the same masks. Evaluation passes draw none.
-  void set_dropout_seed(std::uint64_t seed) noexcept { dropout_seed_ = seed; }
+  // LoRA's dropout masks in the training passes that follow: drawn from CounterRng (purpose
+  // lora_dropout) at this draw's counters, with the layer and the target; a trainer sets one per
+  // micro-batch so that a rerun or a restart draws the same masks. Evaluation passes draw none.
+  void set_dropout_draw(const DropoutDraw& draw) noexcept { dropout_draw_ = draw; }
 
   // Called during a backward pass each time the gradients of [offset, layout().total()) are
   // complete for this micro-batch (after the lm_head/score head and each block, in reverse
@@ -241,11 +269,11 @@ class LlamaModel {
   }
   // The adapters of one target, as gradients of the trainable layout.
   [[nodiscard]] LoraGradients adapter_grads(int layer, LoraTarget t) const;
-  // The backward of block `layer`'s adapter on target t (if it has one), which fed y from x:
-  // its gradients, and its part of dx added to dx.
-  void adapter_backward(int layer, const BlockAdapters& adapters, LoraTarget t,
-                        kernels::TensorView dx, kernels::ConstTensorView dy,
-                        kernels::ConstTensorView x, const BlockViews& a);
+  // Block `layer`'s weight gradients (empty views where the weights are frozen), and its
+  // adapters' with their work buffers (for decoder_block_backward).
+  [[nodiscard]] BlockGradients layer_gradients(int layer) const;
+  [[nodiscard]] BlockAdapterGradients layer_adapter_gradients(int layer,
+                                                              const BlockAdapters& adapters) const;
   // Where the backward reports the head's gradients (-1: nothing trains there) and block l's.
   [[nodiscard]] std::int64_t head_ready_offset() const;
   [[nodiscard]] std::int64_t block_ready_offset(int layer) const;
@@ -265,7 +293,7 @@ class LlamaModel {
   kernels::Buffer adapter_params_;  // LoRA: (adapters_->total()) compute dtype
   kernels::Buffer master_;          // of the trainable layout; empty when the compute dtype is f32
   kernels::Buffer grads_;           // of the trainable layout
-  std::uint64_t dropout_seed_ = 0;
+  DropoutDraw dropout_draw_{};
   bool without_adapters_ = false;  // a pass of the frozen base model (DPO's LoRA reference)
   kernels::Buffer sums_;           // (kSumSlotCount, kSumValues) f64
   kernels::IdleOps idle_ops_;      // the loaded batch's backend when it has no rows

@@ -153,18 +153,21 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   const std::string dtype(kernels::dtype_name(in.compute));
   const Workspace w = workspace(c, in.compute, in.recompute, n, in.seq_len);
   const bool lora = in.lora.enabled();
-  const bool zero3 = in.shard_parameters && in.shard_gradients && in.shard_optimizer && !lora;
+  const Placement& place = in.placement;
+  const int ranks = place.ranks;
+  const bool zero3 = place.shards_trained_weights();
   // LoRA with --shard-parameters: the frozen weights are sharded over all ranks and gathered a
   // layer group at a time (train/sharded_weights.hpp); the adapters are not.
-  const bool frozen_sharded = in.shard_parameters && lora;
+  const bool frozen_sharded = place.shards_frozen_weights();
   // The ranks the states are sharded over: a shard group (ZeRO-3, hybrid), else all of them.
-  const int shards =
-      zero3 && in.shard_group_size > 0 ? std::min(in.shard_group_size, in.ranks) : in.ranks;
+  const int shards = zero3 ? place.shard_ranks() : ranks;
+  // Gradients add up in fp32 only where the backend computes in bf16.
+  const bool fp32_gradients = in.compute != DType::f32 && place.fp32_gradients;
   // What trains, and so has gradients, master weights and moments: the adapters with LoRA.
   const ParameterLayout layout =
       lora ? ParameterLayout(c, in.head, in.lora) : ParameterLayout(c, in.head);
   const std::int64_t trained = layout.total();
-  const std::int64_t owned = in.shard_optimizer ? (trained + shards - 1) / shards : trained;
+  const std::int64_t owned = place.shards_optimizer() ? (trained + shards - 1) / shards : trained;
 
   MemoryPlan plan;
   if (zero3) {
@@ -181,8 +184,8 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   } else if (frozen_sharded) {
     const ParameterLayout model_layout(c, in.head);
     plan.lines.push_back({fmt::format("weights ({}, {:.3f}B parameters, frozen, sharded: 1/{})",
-                                      dtype, static_cast<double>(params) / 1e9, in.ranks),
-                          bytes_of(in.compute, (params + in.ranks - 1) / in.ranks)});
+                                      dtype, static_cast<double>(params) / 1e9, ranks),
+                          bytes_of(in.compute, (params + ranks - 1) / ranks)});
     plan.lines.push_back({fmt::format("gathered frozen weights ({}, two layer groups{})", dtype,
                                       model_layout.lm_head_tied() ? " and the tied embedding" : ""),
                           bytes_of(in.compute, gradient_slot_elements(model_layout))});
@@ -202,28 +205,29 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   if (in.compute != DType::f32) {
     plan.lines.push_back(
         {zero3 ? fmt::format("master weights (fp32, ZeRO-3: 1/{}, the only copy)", shards)
-         : in.shard_optimizer ? fmt::format("master weights (fp32, ZeRO-1: 1/{} of them)", shards)
-                              : std::string("master weights (fp32, all of them)"),
+         : place.shards_optimizer()
+             ? fmt::format("master weights (fp32, ZeRO-1: 1/{} of them)", shards)
+             : std::string("master weights (fp32, all of them)"),
          bytes_of(DType::f32, owned)});
   }
-  if (in.shard_gradients && in.shard_optimizer) {
+  if (place.shards_gradients()) {
     plan.lines.push_back(
         {fmt::format("gradients being computed ({}, ZeRO-2: two layer groups{})", dtype,
                      layout.lm_head_tied() ? " and the tied embedding" : ""),
          bytes_of(in.compute, gradient_slot_elements(layout))});
     // In fp32 when micro-batches add up there (DataParallelConfig::fp32_reduced_gradients).
-    const DType reduced = in.fp32_gradients ? DType::f32 : in.compute;
+    const DType reduced = fp32_gradients ? DType::f32 : in.compute;
     plan.lines.push_back({fmt::format("reduced gradients ({}, ZeRO-2: 1/{} of them)",
                                       reduced == in.compute ? dtype : std::string("fp32"), shards),
                           bytes_of(reduced, owned)});
   } else {
-    const DType gradients = in.fp32_gradients ? DType::f32 : in.compute;
+    const DType gradients = fp32_gradients ? DType::f32 : in.compute;
     plan.lines.push_back(
-        {fmt::format("gradients ({}{})", in.fp32_gradients ? std::string("fp32") : dtype,
+        {fmt::format("gradients ({}{})", fp32_gradients ? std::string("fp32") : dtype,
                      lora ? ", of the adapters" : ""),
          bytes_of(gradients, trained)});
   }
-  plan.lines.push_back({in.shard_optimizer
+  plan.lines.push_back({place.shards_optimizer()
                             ? fmt::format("AdamW moments (fp32, ZeRO-1: 1/{} of them)", shards)
                             : std::string("AdamW moments (fp32, all of them)"),
                         bytes_of(DType::f32, owned) * 2});

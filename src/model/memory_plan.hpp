@@ -12,6 +12,7 @@
 #include "kernels/tensor.hpp"
 #include "model/model_config.hpp"
 #include "model/parameter_layout.hpp"
+#include "model/placement.hpp"
 
 namespace l3::model {
 
@@ -22,17 +23,13 @@ struct MemoryPlanInput {
   bool recompute = false;
   std::int64_t micro_batch_rows = 1;
   std::int64_t seq_len = 2048;
-  int ranks = 1;
-  bool shard_optimizer = true;   // ZeRO-1: AdamW moments of 1/ranks of the parameters
-  bool shard_gradients = false;  // ZeRO-2: gradients of two layer groups and 1/ranks reduced
-  // ZeRO-3 (with the two above): each rank holds 1/G of the weights and gathers two layer
-  // groups at a time (and the tied embedding) into gather buffers, G = shard_group_size
-  // (0: all ranks; hybrid sharding replicates the shards across the ranks / G groups). The
-  // master weights, moments and reduced gradients are then 1/G too.
-  bool shard_parameters = false;
-  int shard_group_size = 0;
-  // Gradients add up in fp32 (TrainConfig::fp32_gradients): the whole buffer, or ZeRO-2's 1/ranks.
-  bool fp32_gradients = false;
+  // Where the trained states live (model/placement.hpp): ZeRO-1 holds 1/G of the AdamW moments,
+  // ZeRO-2 the gradients of two layer groups and 1/G of them reduced, ZeRO-3 1/G of the weights
+  // too, gathered two layer groups at a time (and the tied embedding); G: all the ranks or a
+  // hybrid shard group. With LoRA's frozen model sharded, the frozen weights are 1/ranks.
+  // placement.fp32_gradients: gradients add up in fp32 (in bf16 only): the whole buffer, or
+  // ZeRO-2's 1/G.
+  Placement placement{};
   bool cudnn_attention = false;  // CUDA: --attention cudnn (its own workspace is not planned)
   // LoRA (rank > 0): the weights frozen (no gradients, no master copy); gradients, master
   // weights and moments are the adapters' (and a reward model's score head), and each adapter

@@ -12,13 +12,13 @@ namespace {
 
 // Elements [first, first + values.size()) of tensor i.
 void initialize_tensor_part(std::span<float> values, const ParameterLayout& layout, std::size_t i,
-                            std::int64_t first, std::uint64_t seed) {
+                            std::int64_t first, std::uint64_t seed, core::RngPurpose purpose) {
   const TensorInfo& t = layout.tensors()[i];
   if (t.shape.size() == 1) {  // RMSNorm weights
     std::fill(values.begin(), values.end(), 1.0F);
     return;
   }
-  const core::CounterRng rng(seed, core::RngPurpose::parameter_init, static_cast<std::uint32_t>(i));
+  const core::CounterRng rng(seed, purpose, static_cast<std::uint32_t>(i));
   if (t.name.ends_with("lora_B.weight")) {  // the adapter starts as no change at all
     std::fill(values.begin(), values.end(), 0.0F);
     return;
@@ -37,15 +37,16 @@ void initialize_tensor_part(std::span<float> values, const ParameterLayout& layo
 }  // namespace
 
 void initialize_parameters(std::span<float> params, const ParameterLayout& layout,
-                           std::uint64_t seed) {
+                           std::uint64_t seed, core::RngPurpose purpose) {
   if (static_cast<std::int64_t>(params.size()) != layout.total()) {
     throw core::internal_error("initialize_parameters: buffer size differs from the layout");
   }
-  initialize_parameter_ranges(params, layout, seed, {{0, layout.total()}});
+  initialize_parameter_ranges(params, layout, seed, {{0, layout.total()}}, purpose);
 }
 
 void initialize_parameter_ranges(std::span<float> values, const ParameterLayout& layout,
-                                 std::uint64_t seed, const std::vector<FlatRange>& ranges) {
+                                 std::uint64_t seed, const std::vector<FlatRange>& ranges,
+                                 core::RngPurpose purpose) {
   std::int64_t position = 0;
   for (const FlatRange& r : ranges) {
     if (position + r.size() > static_cast<std::int64_t>(values.size())) {
@@ -61,7 +62,7 @@ void initialize_parameter_ranges(std::span<float> values, const ParameterLayout&
       if (lo >= hi) continue;
       initialize_tensor_part(
           out.subspan(static_cast<std::size_t>(lo - r.begin), static_cast<std::size_t>(hi - lo)),
-          layout, i, lo - tensors[i].offset, seed);
+          layout, i, lo - tensors[i].offset, seed, purpose);
     }
     position += r.size();
   }

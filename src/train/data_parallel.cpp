@@ -18,38 +18,17 @@ namespace {
 
 ShardPlanInput plan_input(const model::ParameterLayout& layout, const DataParallelConfig& config,
                           int ranks, const GradientExchange* exchange) {
-  return {
-      .total = layout.total(),
-      // ZeRO-2 reduces group by group: its buckets never cross a group.
-      .groups = config.shard_gradients ? layout.gradient_groups() : std::vector<model::FlatRange>{},
-      .ranks = ranks,
-      .bucket_elements = config.bucket_elements,
-      .even_pieces = exchange != nullptr && exchange->prefers_even_pieces()};
+  return {.total = layout.total(),
+          // ZeRO-2 reduces group by group: its buckets never cross a group.
+          .groups = config.placement.shards_gradients() ? layout.gradient_groups()
+                                                        : std::vector<model::FlatRange>{},
+          .ranks = ranks,
+          .bucket_elements = config.bucket_elements,
+          .even_pieces = exchange != nullptr && exchange->prefers_even_pieces()};
 }
 
-// The options checked against the number of ranks (usage errors name the option).
-DataParallelConfig checked_config(DataParallelConfig config, int ranks) {
-  if (config.shard_gradients && !config.shard_optimizer) {
-    throw core::usage_error(
-        "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
-  }
-  const int g = config.shard_group_size;
-  if (g > 0) {
-    if (!config.shard_parameters) {
-      throw core::usage_error("--shard-group-size needs --shard-parameters (ZeRO-3)");
-    }
-    if (g > ranks || ranks % g != 0 || (g < 2 && ranks > 1)) {
-      throw core::usage_error(fmt::format(
-          "--shard-group-size {}: the {} ranks must split into groups of at least 2 ranks (a "
-          "divisor of {})",
-          g, ranks, ranks));
-    }
-  }
-  return config;
-}
-
-bool hybrid(const DataParallelConfig& config, int ranks) {
-  return config.shard_group_size > 0 && config.shard_group_size < ranks;
+bool hybrid(const DataParallelConfig& config) {
+  return config.placement.shards_trained_weights() && config.placement.hybrid();
 }
 
 }  // namespace
@@ -59,29 +38,29 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
                            AdamWConfig adamw, ModelWeights weights)
     : ops_(ops),
       layout_(layout),
-      config_(checked_config(config, world.size())),
-      shard_world_(hybrid(config_, world.size())
-                       ? world.split(world.rank() / config_.shard_group_size, world.rank())
+      config_(std::move(config)),
+      shard_world_(hybrid(config_)
+                       ? world.split(world.rank() / config_.placement.shard_group, world.rank())
                        : std::nullopt),
-      replica_world_(hybrid(config_, world.size())
-                         ? world.split(world.rank() % config_.shard_group_size, world.rank())
+      replica_world_(hybrid(config_)
+                         ? world.split(world.rank() % config_.placement.shard_group, world.rank())
                          : std::nullopt),
       shards_(shard_world_ ? *shard_world_ : world),
       size_(shards_.size()),
       rank_(shards_.rank()),
       replica_(replica_world_ ? replica_world_->rank() : 0),
-      scheduler_(shards_, ops, config.exchange, config.overlap),
+      scheduler_(shards_, ops, config_.exchange, config_.overlap),
       plan_(plan_input(layout, config_, size_, scheduler_.exchange())),
-      optimizer_(ops, layout, adamw, plan_, rank_,
-                 {.sharded = config.shard_optimizer,
-                  .shard_master = config.shard_master,
-                  .own_gradients = config.shard_gradients,
-                  .gradient_dtype =
-                      config.fp32_reduced_gradients ? kernels::DType::f32 : ops.compute_dtype(),
-                  .gathered = config.shard_parameters},
-                 weights) {
-  if (config_.shard_parameters &&
-      (!config_.shard_gradients || !config_.shard_master || !weights.compute.empty())) {
+      optimizer_(
+          ops, layout, adamw, plan_, rank_,
+          {.sharded = placement().shards_optimizer(),
+           .shard_master = placement().master_in_optimizer,
+           .own_gradients = placement().shards_gradients(),
+           .gradient_dtype = placement().fp32_gradients ? kernels::DType::f32 : ops.compute_dtype(),
+           .gathered = placement().shards_trained_weights()},
+          weights) {
+  if (shards_parameters() &&
+      (!shards_gradients() || !placement().master_in_optimizer || !weights.compute.empty())) {
     throw core::internal_error(
         "parameter sharding (ZeRO-3) needs ZeRO-2, the master weights in the optimizers, and a "
         "model that holds no weights");
@@ -101,8 +80,12 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
     // Queued right behind the group's reduce-scatter of each bucket (reduce_bucket).
     replica_exchange_ = scheduler_.exchange()->follower(*replica_world_);
   }
-  if (config_.shard_gradients) setup_gradient_slots();
-  if (config_.shard_parameters) {
+  if (shards_gradients()) {
+    slots_ = std::make_unique<GradientSlots>(
+        ops, plan_, scheduler_, optimizer_, rank_,
+        layout.lm_head_tied() ? std::size_t{0} : GradientSlots::kNoGroup);
+  }
+  if (shards_parameters()) {
     // Its gathers run on the training thread (or its prefetch thread) while reductions run on
     // the communication thread: each on a communicator of its own.
     gather_ = std::make_unique<ParameterGather>(
@@ -110,7 +93,7 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
         [this](std::size_t bucket) -> kernels::ConstTensorView {
           return optimizer_.of_bucket(bucket).own_master();
         },
-        config.exchange, config.prefetch_gathers,
+        config_.exchange, config_.prefetch_gathers,
         layout.lm_head_tied() ? std::size_t{0} : ParameterGather::kNoGroup);
   }
   scheduler_.start([this](std::size_t bucket) { reduce_bucket(bucket); });
@@ -119,11 +102,11 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
 DataParallel::~DataParallel() = default;
 
 void DataParallel::begin_step(kernels::TensorView grads) {
-  if (config_.shard_gradients
+  if (shards_gradients()
           ? !grads.empty()
           : grads.numel() != layout_.total() ||
                 (grads.dtype() != ops_.compute_dtype() && grads.dtype() != kernels::DType::f32)) {
-    throw core::internal_error(config_.shard_gradients
+    throw core::internal_error(shards_gradients()
                                    ? "DataParallel: with sharded gradients the model holds none"
                                    : "DataParallel: the gradients must be the model's flat buffer");
   }
@@ -133,11 +116,7 @@ void DataParallel::begin_step(kernels::TensorView grads) {
     gather_->forget();
     (void)gather_->take_times();
   }
-  if (config_.shard_gradients) {
-    for (AdamW& o : optimizer_.optimizers()) ops_.zero(o.own_gradients());
-    for (GroupState& g : group_state_) g = {};
-    slot_owner_.fill(kNoGroup);
-  }
+  if (slots_) slots_->begin_step();
   scheduler_.begin_step();
   next_launch_ = 0;
 }
@@ -160,8 +139,8 @@ void DataParallel::launch_until(std::int64_t offset) {
 
 void DataParallel::finish_reduction() {
   const core::Stopwatch watch;
-  if (config_.shard_gradients) {
-    finish_group_reductions();
+  if (shards_gradients()) {
+    slots_->finish();
   } else if (scheduler_.exchange() != nullptr) {
     launch_until(0);
     scheduler_.wait_all();
@@ -173,13 +152,12 @@ void DataParallel::finish_reduction() {
 }
 
 std::pair<kernels::TensorView, std::int64_t> DataParallel::bucket_storage(std::size_t b) const {
-  if (!config_.shard_gradients) return {grads_, 0};
-  const std::size_t g = plan_.group_of_bucket(b);
-  return {slot_view(g), plan_.groups()[g].begin};
+  if (slots_) return slots_->bucket_storage(b);
+  return {grads_, 0};
 }
 
 kernels::TensorView DataParallel::reduced_piece(std::size_t bucket, int rank) {
-  if (config_.shard_gradients) return optimizer_.of_bucket(bucket).own_gradients();
+  if (shards_gradients()) return optimizer_.of_bucket(bucket).own_gradients();
   const model::FlatRange p = plan_.piece(bucket, rank);
   return grads_.slice(p.begin, p.size());
 }
@@ -197,7 +175,7 @@ void DataParallel::reduce_bucket(std::size_t bucket) {
   // Hybrid sharding: the shard groups' sums of this piece added up (each group holds it once).
   if (replica_exchange_)
     replica_exchange_->all_reduce(values, pieces[static_cast<std::size_t>(rank_)]);
-  if (!config_.shard_optimizer) exchange.all_gather(values, b, pieces);
+  if (!sharded()) exchange.all_gather(values, b, pieces);
 }
 
 double DataParallel::gradient_norm() {
@@ -205,7 +183,7 @@ double DataParallel::gradient_norm() {
   const std::size_t nb = plan_.buckets().size();
   std::vector<double> table(nb * static_cast<std::size_t>(size_), 0.0);  // [rank][bucket]
   // The sums of the pieces this rank computes (all of them without sharding), in one call.
-  const bool mine_only = config_.shard_optimizer && size_ > 1;
+  const bool mine_only = sharded() && size_ > 1;
   std::vector<kernels::ConstTensorView> views;
   std::vector<std::size_t> slots;
   for (int r = 0; r < size_; ++r) {
@@ -249,7 +227,7 @@ void DataParallel::gather_parameters() {
     return;
   }
   GradientExchange* exchange = scheduler_.exchange();
-  if (!config_.shard_optimizer || exchange == nullptr) return;
+  if (!sharded() || exchange == nullptr) return;
   const ModelWeights& w = optimizer_.weights();
   const kernels::TensorView target = w.compute.empty() ? w.master : w.compute;
   for (std::size_t b = 0; b < plan_.buckets().size(); ++b)

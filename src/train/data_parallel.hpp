@@ -51,8 +51,8 @@
 // The parts: the ShardPlan (buckets, pieces, groups: arithmetic, tested without MPI), the
 // ReductionScheduler (the communication thread or stream, and the waits), the ShardedOptimizer
 // (the AdamW state and master weights of this rank, and their checkpoint copies). DataParallel
-// ties them to a step and holds the ZeRO-2 gradient slots (data_parallel_zero2.cpp) and the
-// ZeRO-3 ParameterGather.
+// ties them to a step and holds the ZeRO-2 GradientSlots and the ZeRO-3
+// ParameterGather.
 #pragma once
 
 #include <array>
@@ -69,7 +69,9 @@
 #include "model/gradient_window.hpp"
 #include "model/parameter_layout.hpp"
 #include "model/parameter_window.hpp"
+#include "model/placement.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/gradient_slots.hpp"
 #include "train/parameter_gather.hpp"
 #include "train/reduction_scheduler.hpp"
 #include "train/run_choices.hpp"
@@ -80,25 +82,18 @@ namespace l3::train {
 
 struct DataParallelConfig {
   std::int64_t bucket_elements = std::int64_t{8} << 20;  // 32 MiB of fp32 gradients
-  bool shard_optimizer = true;                           // ZeRO-1
-  bool shard_gradients = false;                          // ZeRO-2 (needs shard_optimizer)
-  bool shard_parameters = false;  // ZeRO-3 (needs shard_gradients and shard_master)
-  // Hybrid sharding (with shard_parameters): the states are sharded within groups of this many
-  // consecutive ranks (a divisor of the ranks, at least 2) and replicated across the groups;
-  // 0 or all the ranks: one group.
-  int shard_group_size = 0;
-  // ZeRO-2: the reduced gradients each rank keeps are fp32, so that several micro-batches per
-  // step add up without a bf16 rounding each; false: the compute dtype (one micro-batch per
-  // step has nothing to add up, and takes half the memory).
-  bool fp32_reduced_gradients = true;
+  // Where the trained values' weights, gradients and optimizer state live (model/placement.hpp,
+  // checked by train::choose_placement): ZeRO-1 shards the optimizer state, ZeRO-2 the
+  // gradients too (in groups, each reduced as it completes), ZeRO-3 the weights as well (only
+  // with the master weights in the optimizers and a model that holds none), in hybrid shard
+  // groups or over all the ranks. With LoRA's frozen model sharded, the adapters get ZeRO-2.
+  // ZeRO-2's reduced gradients are fp32 with placement.fp32_gradients (several micro-batches
+  // per step add up without a bf16 rounding each), else the compute dtype.
+  model::Placement placement{};
   bool overlap = true;  // reduce during the backward pass (thread or stream)
   // ZeRO-3: gather the group a pass will acquire next while the current one computes (on a
   // thread of its own); false: each group when acquired (for measurements).
   bool prefetch_gathers = true;
-  // Keep the fp32 master weights in the optimizers (this rank's pieces only when sharded)
-  // rather than whole in the model. Required when the model computes in bf16 (its weights are
-  // then a copy refreshed by the update); possible in f32, where it costs memory (tests).
-  bool shard_master = false;
   ExchangeChoice exchange = ExchangeChoice::automatic;  // make_gradient_exchange's choice
 };
 
@@ -112,12 +107,12 @@ struct ReductionTimes {
   std::int64_t gathers_prefetched = 0;  // of which started before they were acquired
 };
 
-class DataParallel final : public model::GradientWindow {
+class DataParallel {
  public:
   // Collective over `world` (the exchange duplicates its communicator).
   DataParallel(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
                DataParallelConfig config, AdamWConfig adamw, ModelWeights weights);
-  ~DataParallel() override;
+  ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
   DataParallel(DataParallel&&) = delete;
@@ -130,21 +125,30 @@ class DataParallel final : public model::GradientWindow {
   void gradients_ready(std::int64_t offset);
   void finish_reduction();
 
-  // ZeRO-2: the model writes its gradients into this (LlamaModel::set_gradient_window), and
+  // ZeRO-2: the model writes its gradients into gradient_window(), and
   // every micro-batch of a step, on every rank, sits between begin_micro_batch() and
   // end_micro_batch() (which completes the groups a micro-batch without a backward left
   // untouched, with zeros, so that every rank takes part in the same reductions).
-  [[nodiscard]] bool shards_gradients() const noexcept { return config_.shard_gradients; }
-  void begin_micro_batch();
-  void end_micro_batch() { ready(0); }
-  kernels::TensorView gradients(std::int64_t offset, std::int64_t numel) override;
-  void ready(std::int64_t offset) override;
+  [[nodiscard]] bool shards_gradients() const noexcept { return placement().shards_gradients(); }
+  void begin_micro_batch() {
+    if (slots_) slots_->begin_micro_batch();
+  }
+  void end_micro_batch() {
+    if (slots_) slots_->ready(0);
+  }
+  // The window the model writes its gradients into (LlamaModel::set_gradient_window); null
+  // without gradient sharding.
+  [[nodiscard]] model::GradientWindow* gradient_window() noexcept { return slots_.get(); }
   // Bytes of the ZeRO-2 slots (0 without).
-  [[nodiscard]] std::int64_t gradient_slot_bytes() const noexcept;
+  [[nodiscard]] std::int64_t gradient_slot_bytes() const noexcept {
+    return slots_ ? slots_->bytes() : 0;
+  }
 
   // ZeRO-3: the window the model reads its weights through (LlamaModel::set_parameter_window);
   // null without parameter sharding.
-  [[nodiscard]] bool shards_parameters() const noexcept { return config_.shard_parameters; }
+  [[nodiscard]] bool shards_parameters() const noexcept {
+    return placement().shards_trained_weights();
+  }
   [[nodiscard]] model::ParameterWindow* parameter_window() noexcept { return gather_.get(); }
   // Bytes of the ZeRO-3 gather slots (0 without).
   [[nodiscard]] std::int64_t gather_slot_bytes() const noexcept {
@@ -178,7 +182,8 @@ class DataParallel final : public model::GradientWindow {
   [[nodiscard]] model::FlatRange piece(std::size_t bucket, int rank) const {
     return plan_.piece(bucket, rank);
   }
-  [[nodiscard]] bool sharded() const noexcept { return config_.shard_optimizer; }
+  [[nodiscard]] bool sharded() const noexcept { return placement().shards_optimizer(); }
+  [[nodiscard]] const model::Placement& placement() const noexcept { return config_.placement; }
   [[nodiscard]] bool overlapping() const noexcept { return scheduler_.overlapping(); }
   // The exchange's name ("mpi", "nccl", ...); "none" on one rank.
   [[nodiscard]] std::string_view exchange_name() const noexcept { return scheduler_.name(); }
@@ -193,14 +198,6 @@ class DataParallel final : public model::GradientWindow {
   [[nodiscard]] kernels::TensorView reduced_piece(std::size_t bucket, int rank);
   // Where bucket b's gradients are: the buffer and the layout position of its element 0.
   [[nodiscard]] std::pair<kernels::TensorView, std::int64_t> bucket_storage(std::size_t b) const;
-
-  // ZeRO-2 (data_parallel_zero2.cpp).
-  void setup_gradient_slots();
-  void take_gradient_slot(std::size_t group);  // a slot for the group, zeroed
-  void launch_group(std::size_t group);        // its reductions launched
-  void retire(std::size_t group);              // its reductions done, added into the optimizers
-  void finish_group_reductions();
-  [[nodiscard]] kernels::TensorView slot_view(std::size_t group) const;
 
   kernels::Ops& ops_;
   const model::ParameterLayout& layout_;
@@ -221,22 +218,7 @@ class DataParallel final : public model::GradientWindow {
   // Buckets are launched from the last to the first: next_launch_ counts those launched.
   std::size_t next_launch_ = 0;
 
-  // ZeRO-2 state. A group is resident (in a slot, being written), released (its reductions
-  // launched: ticket) and retired (added into the optimizers, slot free) in each micro-batch.
-  struct GroupState {
-    int slot = -1;  // 0, 1, kPinnedSlot; -1: none
-    bool released = false;
-    bool pending = false;  // released, not yet retired
-    std::uint64_t ticket = 0;
-  };
-  static constexpr int kPinnedSlot = 2;
-  static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
-  std::vector<GroupState> group_state_;
-  std::array<kernels::Buffer, 3> slots_;  // two alternating, one for the pinned group
-  std::array<std::size_t, 3> slot_owner_{kNoGroup, kNoGroup, kNoGroup};
-  std::size_t pinned_group_ = kNoGroup;  // the tied embedding's group
-  int next_slot_ = 0;
-
+  std::unique_ptr<GradientSlots> slots_;                // ZeRO-2 and ZeRO-3
   std::unique_ptr<ParameterGather> gather_;             // ZeRO-3
   std::unique_ptr<GradientExchange> replica_exchange_;  // hybrid sharding: across the groups
 };

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "dist/collectives.hpp"
+#include "train/placement_choice.hpp"
 
 namespace l3::train {
 
@@ -39,12 +40,7 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
   in.micro_batch_rows = config.phase == Phase::sft ? config.micro_batch : 2 * config.micro_batch;
   // DPO: LoRA's reference is the same model without its adapters, full fine-tuning's is
   // precomputed: no second model either way.
-  in.ranks = ranks;
-  in.shard_optimizer = config.shard_optimizer;
-  in.shard_gradients = config.shard_gradients;
-  in.shard_parameters = config.shard_parameters;
-  in.shard_group_size = config.shard_group_size;
-  in.fp32_gradients = in.compute != kernels::DType::f32 && config.fp32_gradients(ranks);
+  in.placement = choose_placement(config, ranks, in.compute);
   in.cudnn_attention = config.attention == kernels::Attention::cudnn;
   in.lora = config.lora;
   return in;

@@ -60,17 +60,18 @@ void stop_if_requested(const dist::World& world, const std::atomic<bool>* flag,
   }
 }
 
-void StopPolicy::check(const StepMetrics& step, Phase phase) const {
+void StopPolicy::check(const StepMetrics& step) const {
   if (bad_in_a_row_ < rules_.max_bad_steps) return;
-  const bool sft = phase == Phase::sft;
-  if ((sft ? step.loss_tokens : step.pairs) == 0) {  // DPO as reward: pairs
+  // Language modelling counts target tokens, preference objectives pairs: a step with neither
+  // had nothing to learn from.
+  if (step.loss_tokens == 0 && step.pairs == 0) {
     // Not a divergence: nothing to learn from (every answer cut off by --seq-len, or no pair
     // fits), which no --lr fixes. The data and options are what must change: exit 2.
     throw core::bad_input(fmt::format(
         "{} in a row had no {} (last: step {}): the samples are cut to --seq-len {} before "
         "their {}; raise --seq-len, or leave long samples out with --drop-long",
-        core::count_of(bad_in_a_row_, "step"), sft ? "target tokens" : "preference pairs",
-        step.step, rules_.seq_len, sft ? "answers" : "ends"));
+        core::count_of(bad_in_a_row_, "step"), "target tokens or preference pairs", step.step,
+        rules_.seq_len, "answers or ends"));
   }
   throw core::internal_error(
       fmt::format("training diverged: {} in a row had a non-finite loss or gradient norm (last: "

@@ -66,7 +66,7 @@ class StopPolicy {
   void count(const StepMetrics& step) noexcept {
     bad_in_a_row_ = step.skipped ? bad_in_a_row_ + 1 : 0;
   }
-  void check(const StepMetrics& step, Phase phase) const;
+  void check(const StepMetrics& step) const;
   [[nodiscard]] int bad_in_a_row() const noexcept { return bad_in_a_row_; }
   [[nodiscard]] int max_bad_steps() const noexcept { return rules_.max_bad_steps; }
 

@@ -4,20 +4,9 @@
 
 #include "core/error.hpp"
 #include "kernels/backend_options.hpp"
+#include "train/placement_choice.hpp"
 
 namespace l3::train {
-
-std::string_view phase_name(Phase phase) noexcept {
-  switch (phase) {
-    case Phase::reward:
-      return "reward";
-    case Phase::dpo:
-      return "dpo";
-    case Phase::sft:
-      break;
-  }
-  return "sft";
-}
 
 void TrainConfig::validate() const {
   // Each option's own domain (positive sizes, finite rates, ...) is checked where options are
@@ -44,31 +33,11 @@ void TrainConfig::validate() const {
           "--resume takes auto, none or a checkpoint path");
   require(resume.mode != ckpt::ResumeMode::path || !ckpt_dir.empty(),
           "--resume CKPT needs --ckpt-dir (where the resumed run writes its checkpoints)");
-  require(shard_optimizer || !shard_gradients,
-          "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
-  require(shard_gradients || !shard_parameters,
-          "--shard-parameters (ZeRO-3) needs --shard-gradients (ZeRO-2) and the sharded optimizer");
-  require(shard_group_size == 0 || shard_parameters,
-          "--shard-group-size needs --shard-parameters (ZeRO-3)");
   lora.validate();
+  check_sharding_options(*this);
   require(init_adapter.empty() || lora.enabled(),
           "--init-adapter needs LoRA: --lora-rank R (the adapter's rank)");
   require(reference_dir.empty() || phase == Phase::dpo, "--reference-dir is for dpo runs");
-  require(!lora.enabled() || shard_group_size == 0,
-          "--lora-rank with --shard-group-size: LoRA shards its frozen model over all ranks "
-          "(drop --shard-group-size)");
-}
-
-std::string zero_stage_name(const TrainConfig& config, int ranks) {
-  if (!config.shard_optimizer) return "0 (off)";
-  if (config.shard_parameters && config.lora.enabled()) {
-    return fmt::format("2 over the adapters, the frozen model sharded (1/{} on each rank)", ranks);
-  }
-  if (config.shard_parameters) {
-    const int g = config.shard_group_size;
-    return g > 0 && g < ranks ? fmt::format("3 (hybrid: shard groups of {} ranks)", g) : "3";
-  }
-  return config.shard_gradients ? "2" : "1";
 }
 
 ExchangeChoice parse_exchange_choice(std::string_view name) {

@@ -10,6 +10,7 @@
 
 #include "ckpt/local_redundancy.hpp"
 #include "ckpt/resume.hpp"
+#include "core/phase.hpp"
 #include "kernels/backends.hpp"
 #include "l3/l3.hpp"
 #include "model/dpo_settings.hpp"
@@ -24,7 +25,7 @@ using Phase = l3::Phase;  // the public enum (include/l3/l3.hpp)
 // The most passes over the data one run plans (--epochs): its steps are counted epoch by epoch
 // before the first step, for the learning-rate schedule; longer runs give --steps.
 inline constexpr std::int64_t kMaxEpochs = 10000;
-[[nodiscard]] std::string_view phase_name(Phase phase) noexcept;
+using core::phase_name;
 
 // Fields are grouped by meaning, not by size: one instance per run.
 struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
@@ -139,9 +140,6 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
 };
 
 // The options' names of the enumerated choices, and back (usage Errors naming the option).
-// "0 (off)", "1", "2", "3" or "3 (hybrid: shard groups of G ranks)": the ZeRO stage of the
-// sharding options on `ranks` ranks, for logs and plans.
-[[nodiscard]] std::string zero_stage_name(const TrainConfig& config, int ranks);
 [[nodiscard]] ExchangeChoice parse_exchange_choice(std::string_view name);
 [[nodiscard]] std::string_view exchange_choice_name(ExchangeChoice choice) noexcept;
 [[nodiscard]] GradAccumDtype parse_grad_accum_dtype(std::string_view name);

@@ -11,7 +11,6 @@
 
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
-#include "core/rng.hpp"
 #include "core/timer.hpp"
 #include "core/trace_range.hpp"
 #include "dist/collectives.hpp"
@@ -95,13 +94,13 @@ struct Trainer::Impl {
       // ZeRO-1 reduces during the last micro-batch's backward; ZeRO-2 during every one.
       const bool last = m + 1 == data.micro.size();
       const core::TraceRange range("micro-batch {}", m);
-      if (zero2) parallel.begin_micro_batch();
+      parallel.begin_micro_batch();  // ZeRO-2's groups (nothing without)
       // LoRA's dropout masks: a function of the seed, the step, the rank and the micro-batch,
       // so that a rerun or a restart draws the same ones.
-      model.set_dropout_seed(core::splitmix64(core::splitmix64(config.seed ^ 0x64726f706f7574ULL) +
-                                              static_cast<std::uint64_t>(done)) +
-                             (static_cast<std::uint64_t>(world.rank()) << 20U) +
-                             static_cast<std::uint64_t>(m));
+      model.set_dropout_draw({.seed = config.seed,
+                              .step = static_cast<std::uint64_t>(done),
+                              .rank = static_cast<std::uint64_t>(world.rank()),
+                              .micro_batch = static_cast<std::uint64_t>(m)});
       if (last && !zero2) {
         model.set_gradient_ready_hook(
             [this](std::int64_t offset) { parallel.gradients_ready(offset); });
@@ -110,7 +109,7 @@ struct Trainer::Impl {
       // gradient-ready calls as the other ranks' (ZeRO-3 gathers need every rank).
       objective.train(data.micro[m], scale);
       if (last && !zero2) model.set_gradient_ready_hook({});
-      if (zero2) parallel.end_micro_batch();
+      parallel.end_micro_batch();
     }
     {
       const core::TraceRange range("gradient reduction wait");
@@ -215,7 +214,7 @@ struct Trainer::Impl {
     if (last_eval) metrics["last_eval"] = to_json(*last_eval);
     const LrSchedule& s = parts->schedule;
     return ckpt::RunFacts{.step = done,
-                          .phase = std::string(phase_name(config.phase)),
+                          .phase = config.phase,
                           .head = model.layout().head(),
                           .model = model.config(),
                           .world_size = world.size(),
@@ -319,7 +318,7 @@ bool Trainer::step() {
   const StepMetrics m = s.run_step();
   s.last_step = m;
   s.reporter.step(m, s.stop.bad_in_a_row(), s.stop.max_bad_steps());
-  s.stop.check(m, s.config.phase);
+  s.stop.check(m);
   s.checkpoints.finish_if_ready();
   if (s.config.checkpoint_every > 0 && s.done % s.config.checkpoint_every == 0 && s.done < s.total)
     s.checkpoint();

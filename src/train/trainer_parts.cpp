@@ -24,7 +24,10 @@
 #include "train/evaluator.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
+#include "train/model_assembly.hpp"
 #include "train/objectives/objective_registry.hpp"
+#include "train/placement_choice.hpp"
+#include "train/resume_point.hpp"
 #include "train/run_identity.hpp"
 #include "train/stop_policy.hpp"
 
@@ -118,20 +121,15 @@ void require_training_memory(const dist::World& world, const kernels::Ops& ops,
                  "model's config (--dry-run-memory prints the whole plan)"});
 }
 
-DataParallelConfig data_parallel_config(const TrainConfig& config, int ranks, bool shard_master) {
+DataParallelConfig data_parallel_config(const TrainConfig& config,
+                                        const model::Placement& placement) {
   return {
       .bucket_elements = std::max<std::int64_t>(
           model::ParameterLayout::kAlignment,
           static_cast<std::int64_t>(config.bucket_mb * 1024.0 * 1024.0 / sizeof(float))),
-      .shard_optimizer = config.shard_optimizer,
-      .shard_gradients = config.shard_gradients,
-      .shard_parameters = config.shard_parameters,
-      .shard_group_size = config.shard_group_size,
-      // Several micro-batches per step (gradient accumulation): add them up in fp32.
-      .fp32_reduced_gradients = config.fp32_gradients(ranks),
+      .placement = placement,
       .overlap = config.overlap_reduction,
       .prefetch_gathers = config.prefetch_gathers,
-      .shard_master = shard_master,
       .exchange = config.deterministic && config.grad_exchange == ExchangeChoice::automatic
                       ? ExchangeChoice::mpi
                       : config.grad_exchange,
@@ -242,58 +240,11 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
       config.data_from_host ? std::string("?") : fmt::format("{}", p.index.samples()),
       config.data_from_host ? std::string("?") : fmt::format("{}", p.index.total_tokens()),
       loader.plan.accumulation(), loader.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
-      zero_stage_name(config, world.size()),
+      p.placement.stage_name(),
       p.ops->compute_dtype() == kernels::DType::f32 || config.fp32_gradients(world.size()) ? "fp32"
                                                                                            : "bf16",
       buckets, buckets == 1 ? "" : "s",
-      config.shard_parameters && config.lora.enabled()
-          ? "of every micro-batch, the frozen weights all-gathered group by group"
-      : config.shard_parameters ? "of every micro-batch, weights all-gathered group by group"
-      : config.shard_gradients  ? "of every micro-batch"
-                                : (p.parallel->overlapping() ? "overlapped with the backward pass"
-                                                             : "after the backward"),
-      p.parallel->exchange_name());
-}
-
-// --resume with the node-local level: auto takes its newest step every rank can be restored
-// from, when it is not older than --ckpt-dir's (`resume_dir`, at step `global`; -1: none); steps
-// after the one resumed are discarded (a crashed run's), as are all of them when resuming from a
-// path. none refuses to start over where an earlier run left node-local checkpoints. Collective.
-std::optional<ckpt::LocalResume> resume_local_level(const dist::World& world,
-                                                    const core::Logger& log, const TrainConfig& c,
-                                                    const std::string& directory,
-                                                    const std::string& run_key,
-                                                    const std::string& resume_dir,
-                                                    std::int64_t global) {
-  switch (c.resume.mode) {
-    case ckpt::ResumeMode::automatic: {
-      std::optional<ckpt::LocalResume> r =
-          ckpt::resume_from_local_level(world, log, directory, global, c.verify_resume, run_key);
-      ckpt::discard_local_steps_after(world, directory, r ? r->step : global);
-      if (r) {
-        log.info("resuming from the node-local level at step {}{}: {}", r->step,
-                 global >= 0 ? fmt::format(" (--ckpt-dir's newest is step {})", global) : "",
-                 r->description);
-      } else if (!resume_dir.empty()) {
-        log.info("resuming from {}", resume_dir);
-      }
-      return r;
-    }
-    case ckpt::ResumeMode::none:
-      if (ckpt::local_level_has_steps(world, directory)) {
-        throw core::usage_error(fmt::format(
-            "--resume none: the node-local level (--ckpt-local {}) holds checkpoints of an "
-            "earlier run into {}; a new run would mix its checkpoints with them: choose another "
-            "--ckpt-dir, remove them, or resume (--resume auto)",
-            c.ckpt_local, c.ckpt_dir));
-      }
-      return std::nullopt;
-    case ckpt::ResumeMode::path:
-      ckpt::discard_local_steps_after(world, directory, -1);
-      log.info("resuming from {}", resume_dir);
-      return std::nullopt;
-  }
-  return std::nullopt;
+      p.placement.reduction_description(p.parallel->overlapping()), p.parallel->exchange_name());
 }
 
 // DPO's reference. LoRA: the base model without adapters (nothing to prepare). Full
@@ -404,6 +355,224 @@ EvalConfig validation_config(const TrainConfig& c) {
           .dpo = c.phase == Phase::dpo ? std::optional(c.dpo) : std::nullopt};
 }
 
+namespace {
+
+// The checkpoint a run resumes, as its model source read it (no value when starting fresh).
+struct ResumedCheckpoint {
+  std::optional<ckpt::Manifest> manifest;
+  std::string step_dir;
+};
+
+// The model the run trains: the resumed checkpoint's (either level), --init's, or a preset's
+// with fresh weights; a LoRA checkpoint holds adapters, whose frozen model is the base it
+// recorded. Checks what the model must be for this run.
+ResumedCheckpoint resolve_model(TrainerParts& p, const ResumePoint& resume) {
+  const TrainConfig& c = p.config;
+  p.source =
+      resume.local
+          ? checkpoint_model_source(c.model, resume.local->state.manifest, resume.local_origin)
+          : resolve_model_source(c.model,
+                                 resume.checkpoint_dir.empty() ? c.init : resume.checkpoint_dir);
+  ResumedCheckpoint resumed;
+  if (resume.resuming()) {
+    resumed = {p.source.checkpoint, p.source.step_dir};
+    check_lora_resume(*resumed.manifest, resumed.step_dir, c.lora);
+    if (resumed.manifest->lora) p.source = resolve_model_source(c.model, resumed.manifest->base);
+  }
+  if (c.lora.enabled()) {
+    p.lora_base = resumed.manifest ? resumed.manifest->base : p.source.origin();
+    if (p.lora_base.empty()) {
+      throw core::usage_error("--lora-rank needs the model to adapt: --init CKPT|HF_DIR");
+    }
+    // An absolute path: the checkpoint names its base for runs started anywhere.
+    p.lora_base = std::filesystem::absolute(p.lora_base).lexically_normal().string();
+  }
+  if (c.seq_len > p.source.config.max_position_embeddings) {
+    throw core::usage_error(fmt::format("--seq-len {} is longer than the model's {} positions",
+                                        c.seq_len, p.source.config.max_position_embeddings));
+  }
+  if (c.phase != Phase::reward && p.source.initial_head() == model::HeadKind::reward) {
+    throw core::usage_error(fmt::format("--init {} is a reward model; {} needs a language model",
+                                        p.source.origin(), c.phase == Phase::sft ? "SFT" : "DPO"));
+  }
+  if (resumed.manifest) {
+    ckpt::check_resume_compatible(
+        *resumed.manifest,
+        {.phase = c.phase, .config = c.to_json(), .allow_config_change = c.allow_config_change},
+        resumed.step_dir);
+  }
+  return resumed;
+}
+
+// The weights that train, before a resumed run restores its own: the model's (each rank its
+// pieces with ZeRO-3: no rank ever holds the whole model), or LoRA's adapters (fresh, or
+// --init-adapter's) over the frozen base `base` (empty when sharded). Returns the initial
+// model's digest where DPO's reference is that model (full fine-tuning, a fresh run). Collective.
+std::string initialize_trained_weights(const dist::World& world, const core::Logger& log,
+                                       TrainerParts& p, const ResumedCheckpoint& resumed,
+                                       const std::vector<float>& base) {
+  const TrainConfig& c = p.config;
+  const model::ParameterLayout& layout = p.model->layout();
+  const bool dpo = c.phase == Phase::dpo;
+  ShardedOptimizer& optimizer = p.parallel->optimizer();
+  if (c.lora.enabled()) {
+    // The frozen model is identified by its digest (read once more, by the ranks in turn, when
+    // it is sharded); a resumed run's adapters are restored later.
+    p.lora_base_xxh64 =
+        base.empty() ? base_digest(world, p.source, layout, c.seed) : base_digest(layout, base);
+    if (resumed.manifest && resumed.manifest->base_xxh64 != p.lora_base_xxh64) {
+      throw core::bad_input(
+          fmt::format("the model at {} is not the one these adapters were trained on (its "
+                      "weights' digest is {}, the checkpoint's base had {})",
+                      p.lora_base, p.lora_base_xxh64,
+                      resumed.manifest->base_xxh64.empty()
+                          ? "none this version reads (written by an earlier llama3-hpc)"
+                          : resumed.manifest->base_xxh64),
+          {.file = resumed.step_dir});
+    }
+    if (resumed.manifest) return {};
+    std::vector<float> score;  // a reward model's score head as loaded, when sharded
+    if (base.empty() && c.phase == Phase::reward)
+      score = initial_tensor(world, p.source, layout, c.seed, "score.weight");
+    const std::vector<float> adapters = starting_adapters(world, log, c, *p.model, score);
+    p.model->load_adapters(adapters);
+    if (p.placement.master_in_optimizer) optimizer.load_master_from_whole(adapters);
+    return {};
+  }
+  if (resumed.manifest) return {};
+  if (p.placement.shards_trained_weights()) {
+    const std::vector<model::FlatRange> mine = optimizer.state_ranges();
+    optimizer.load_master(mine, initial_weights_of_ranges(world, layout, p.source, c.seed, mine));
+    p.parallel->gather_parameters();
+    // DPO: the initial model is the reference (read once more, by the ranks in turn).
+    return dpo ? base_digest(world, p.source, layout, c.seed) : std::string();
+  }
+  const std::vector<float> initial = initialize_model(world, *p.model, p.source, c.seed);
+  if (p.placement.master_in_optimizer) optimizer.load_master_from_whole(initial);
+  // DPO: the initial model is the reference; its digest identifies the reference's table.
+  return dpo ? base_digest(layout, initial) : std::string();
+}
+
+// The model (model_assembly.hpp), the data-parallel optimizer over what trains, and the initial
+// weights. Returns initialize_trained_weights's digest. Collective.
+std::string build_training_model(const dist::World& world, const core::Logger& log, TrainerParts& p,
+                                 const ResumedCheckpoint& resumed) {
+  const TrainConfig& c = p.config;
+  const ModelRecipe recipe{
+      .purpose = ModelPurpose::train,
+      .head = c.phase == Phase::reward ? model::HeadKind::reward : model::HeadKind::language_model,
+      .placement = p.placement,
+      .recompute = c.recompute,
+      .lora = c.lora,
+      .seed = c.seed};
+  AssembledModel assembled = build_model(*p.ops, p.source.config, recipe);
+  std::vector<float> base;  // LoRA's frozen model, when held whole
+  if (c.lora.enabled()) base = load_frozen_weights(&world, *p.ops, p.source, recipe, assembled);
+  p.frozen = std::move(assembled.frozen);
+  p.model = std::move(assembled.model);
+  // What trains: the model's weights, or with LoRA the adapters (and a reward model's score).
+  const ModelWeights weights =
+      p.placement.master_in_optimizer
+          ? ModelWeights{.master = {}, .compute = p.model->trainable_parameters()}
+          : ModelWeights{.master = p.model->master_weights(), .compute = p.model->weight_copy()};
+  p.parallel =
+      std::make_unique<DataParallel>(world, *p.ops, p.model->trainable_layout(),
+                                     data_parallel_config(c, p.placement), c.adamw, weights);
+  attach_parallel(*p.model, *p.parallel);
+  return initialize_trained_weights(world, log, p, resumed, base);
+}
+
+// A resumed run's state (the node-local level's, or --ckpt-dir's when those states do not fit
+// this run's partition of the optimizer state), and the checkpoints the run writes. Collective.
+void restore_and_plan_checkpoints(const dist::World& world, const core::Logger& log,
+                                  TrainerParts& p, ResumePoint& resume,
+                                  std::optional<LocalLevel> level) {
+  const TrainConfig& c = p.config;
+  if (resume.local) {
+    p.resumed =
+        restore_local_state(world, log, resume.local->state, resume.local_origin, *p.parallel);
+    if (!p.resumed) {
+      resume.fall_back_to_checkpoint();
+      log.warn(
+          "the node-local level's states do not fit this run's partition of the optimizer "
+          "state (other sharding or --bucket-mb): resuming from {} instead",
+          resume.checkpoint_dir);
+    }
+  }
+  if (resume.level == ResumePoint::Level::checkpoint) {
+    p.resumed = restore_checkpoint(world, log, resume.checkpoint_dir, *resume.checkpoint_manifest,
+                                   *p.parallel, p.model->trainable_layout());
+  }
+  if (p.resumed) p.ops->synchronize();
+  p.progress = std::make_unique<ProgressBar>(c.progress && world.is_root());
+  p.checkpoints = std::make_unique<RunCheckpoints>(
+      world, log, *p.progress, c.ckpt_dir,
+      ckpt::WriterPolicy{.keep_last = c.keep_last, .async = !c.checkpoint_sync}, *p.parallel,
+      std::move(level));
+  if (!resume.checkpoint_dir.empty())
+    p.checkpoints->resumed_from(resume.checkpoint_dir, resume.checkpoint_step());
+  if (resume.local) {
+    p.checkpoints->resumed_from_local(resume.local->step);
+    // States that came from other nodes: the level is written again at once, so that it
+    // survives the next lost node as well as the last one.
+    p.reprotect_local = resume.local->rebuilt;
+  }
+}
+
+data::LoaderConfig training_loader(const dist::World& world, const TrainerParts& p) {
+  const TrainConfig& c = p.config;
+  data::LoaderConfig lc;
+  lc.plan.seq_len = c.seq_len;
+  lc.plan.global_batch = c.global_batch;
+  lc.plan.micro_batch = c.micro_batch;
+  lc.plan.world_size = world.size();
+  lc.plan.seed = c.seed;
+  lc.plan.long_samples = c.drop_long ? data::LongSamples::drop : data::LongSamples::truncate;
+  lc.depth = c.prefetch_depth;
+  lc.pad_id = pad_token(c.data_from_host ? p.source.config.vocab_size : p.index.vocab_size);
+  lc.model_vocab = p.source.config.vocab_size;
+  lc.margins_from_data = c.margin_from_data;
+  if (c.margin_from_data && !c.data_from_host && !p.index.has_margin()) {
+    throw core::usage_error(fmt::format(
+        "--margin-from-data: the dataset {} has no margins (its records had no \"margin\")",
+        c.data));
+  }
+  lc.reader.response_masks = c.phase == Phase::dpo;
+  return lc;
+}
+
+// The data from where the run continues: the host's source or config.data's shards (after
+// DPO's reference, which reads them too), and the steps it gives. Collective.
+void start_data(const dist::World& world, const core::Logger& log, TrainerParts& p,
+                std::unique_ptr<StepSource> data, const ResumedCheckpoint& resumed,
+                const std::string& initial_digest) {
+  const TrainConfig& c = p.config;
+  data::LoaderConfig lc = training_loader(world, p);
+  if (c.phase == Phase::dpo) {
+    if (data) {
+      throw core::usage_error(
+          "dpo reads its pairs from --data shards (a host DataSource gives no response masks)");
+    }
+    prepare_dpo_reference(world, log, p, lc, resumed.manifest, initial_digest);
+  }
+  p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(world, p.index, lc);
+  lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
+  p.data->start(StepShape{.phase = c.phase,
+                          .seq_len = c.seq_len,
+                          .per_rank = c.global_batch / world.size(),
+                          .micro_batch = c.micro_batch,
+                          .pad_id = lc.pad_id,
+                          .vocab_size = p.source.config.vocab_size,
+                          .margins_from_data = c.margin_from_data,
+                          .rank = world.rank(),
+                          .ranks = world.size()},
+                p.resumed ? p.resumed->position : data::Position{0, 0});
+  p.total_steps = count_steps(c, *p.data);
+  log_plan(world, log, p, lc);
+}
+
+}  // namespace
+
 std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const core::Logger& log,
                                                TrainConfig config, std::unique_ptr<StepSource> data,
                                                const std::atomic<bool>* stop) {
@@ -420,237 +589,29 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   p.ops = kernels::make_ops(
       c.backend, world.local_rank(),
       {.device = c.device, .attention = c.attention, .deterministic = c.deterministic});
+  p.placement = choose_placement(c, world.size(), p.ops->compute_dtype());
   check_outputs_writable(world, c);
   stop_if_requested(world, stop, "while starting");
 
-  // The model: resumed (from the node-local level or --ckpt-dir, whichever is newer), from
-  // --init, or a preset/config.json with fresh weights.
+  // Where the run continues from (the newer of the node-local level and --ckpt-dir), and the
+  // model it trains.
   p.run_key = run_key(world, c);
   std::optional<LocalLevel> level = plan_local_level(world, log, c, p.run_key);
-  const std::string resume_dir = ckpt::choose_resume(world, log,
-                                                     {.ckpt_dir = c.ckpt_dir,
-                                                      .choice = c.resume,
-                                                      .verify_checksums = c.verify_resume,
-                                                      .announce = !level});
-  // The --ckpt-dir checkpoint chosen, read once.
-  const std::optional<ckpt::Manifest> global_manifest =
-      resume_dir.empty() ? std::nullopt : std::optional(ckpt::read_manifest(resume_dir));
-  const std::int64_t global_step = global_manifest ? global_manifest->step : -1;
-  std::optional<ckpt::LocalResume> local_resume;
-  if (level) {
-    local_resume =
-        resume_local_level(world, log, c, level->directory, p.run_key, resume_dir, global_step);
-  }
+  ResumePoint resume = choose_resume_point(world, log, c, level);
   stop_if_requested(world, stop, "after choosing where to resume from");
-  const std::string local_origin = local_resume
-                                       ? fmt::format("{}/{} (node-local)", level->directory,
-                                                     ckpt::step_dir_name(local_resume->step))
-                                       : std::string();
-  const bool resuming = !resume_dir.empty() || local_resume;
-  p.source = local_resume
-                 ? checkpoint_model_source(c.model, local_resume->state.manifest, local_origin)
-                 : resolve_model_source(c.model, resume_dir.empty() ? c.init : resume_dir);
-  // A LoRA checkpoint holds the adapters: the weights come from the frozen model it recorded.
-  std::optional<ckpt::Manifest> resumed_manifest;
-  std::string resumed_step_dir;
-  if (resuming) {
-    resumed_manifest = p.source.checkpoint;
-    resumed_step_dir = p.source.step_dir;
-    check_lora_resume(*resumed_manifest, resumed_step_dir, c.lora);
-    if (resumed_manifest->lora) p.source = resolve_model_source(c.model, resumed_manifest->base);
-  }
-  if (c.lora.enabled()) {
-    p.lora_base = resumed_manifest ? resumed_manifest->base : p.source.origin();
-    if (p.lora_base.empty()) {
-      throw core::usage_error("--lora-rank needs the model to adapt: --init CKPT|HF_DIR");
-    }
-    // An absolute path: the checkpoint names its base for runs started anywhere.
-    p.lora_base = std::filesystem::absolute(p.lora_base).lexically_normal().string();
-  }
+  const ResumedCheckpoint resumed = resolve_model(p, resume);
   const model::ModelConfig& mc = p.source.config;
-  if (c.seq_len > mc.max_position_embeddings) {
-    throw core::usage_error(fmt::format("--seq-len {} is longer than the model's {} positions",
-                                        c.seq_len, mc.max_position_embeddings));
-  }
-  if (c.phase != Phase::reward && p.source.initial_head() == model::HeadKind::reward) {
-    throw core::usage_error(fmt::format("--init {} is a reward model; {} needs a language model",
-                                        p.source.origin(), c.phase == Phase::sft ? "SFT" : "DPO"));
-  }
-  if (resuming) {
-    ckpt::check_resume_compatible(*resumed_manifest,
-                                  {.phase = phase_name(c.phase),
-                                   .config = c.to_json(),
-                                   .allow_config_change = c.allow_config_change},
-                                  resumed_step_dir);
-  }
   if (!c.data_from_host)
     p.index = open_data(world, c.data, c.phase, mc, p.source, c.ignore_tokenizer_mismatch);
   if (!c.val_data.empty())
     p.val_index = open_data(world, c.val_data, c.phase, mc, p.source, c.ignore_tokenizer_mismatch);
   require_training_memory(world, *p.ops, c, mc);
 
-  const bool zero3 = c.shard_parameters;
-  std::string initial_digest;  // DPO with full fine-tuning, a fresh run: the reference's
-  // LoRA with --shard-parameters: the frozen model is what is sharded (1/N on each rank in the
-  // compute dtype, gathered a layer group at a time for both passes: ShardedWeights); the
-  // adapters are small and get ZeRO-1/2 as without it.
-  const bool frozen_sharded = zero3 && c.lora.enabled();
-  // In bf16 the fp32 master weights live in the optimizer, this rank's ZeRO-1 pieces only; with
-  // ZeRO-3 those pieces are the only copy of the weights (the bf16 ones exist only gathered).
-  const bool shard_master =
-      p.ops->compute_dtype() != kernels::DType::f32 || c.master_in_optimizer || zero3;
-  p.model = std::make_unique<model::LlamaModel>(
-      mc, c.phase == Phase::reward ? model::HeadKind::reward : model::HeadKind::language_model,
-      *p.ops,
-      model::ModelOptions{.recompute = c.recompute,
-                          .keep_master = !shard_master,
-                          .own_gradients = !c.shard_gradients,
-                          .own_parameters = !zero3,
-                          .fp32_gradients = c.fp32_gradients(world.size()),
-                          .lora = c.lora});
-  // What trains: the model's weights, or with LoRA the adapters (and a reward model's score).
-  const model::ParameterLayout& trained = p.model->trainable_layout();
-  const ModelWeights weights =
-      shard_master
-          ? ModelWeights{.master = {}, .compute = p.model->trainable_parameters()}
-          : ModelWeights{.master = p.model->master_weights(), .compute = p.model->weight_copy()};
-  DataParallelConfig parallel = data_parallel_config(c, world.size(), shard_master);
-  if (frozen_sharded) parallel.shard_parameters = false;  // the adapters are held whole
-  p.parallel = std::make_unique<DataParallel>(world, *p.ops, trained, parallel, c.adamw, weights);
-  if (c.shard_gradients) p.model->set_gradient_window(p.parallel.get());
-  if (frozen_sharded) {
-    p.frozen = std::make_unique<ShardedWeights>(world, *p.ops, p.model->layout(), p.source, c.seed);
-    p.model->set_parameter_window(&p.frozen->window());
-  } else if (zero3) {
-    p.model->set_parameter_window(p.parallel->parameter_window());
-  }
-  data::Position position{0, 0};
-  if (!resuming && zero3 && !frozen_sharded) {
-    // Each rank reads and initialises its own pieces: no rank ever holds the whole model.
-    ShardedOptimizer& optimizer = p.parallel->optimizer();
-    const std::vector<model::FlatRange> mine = optimizer.state_ranges();
-    optimizer.load_master(
-        mine, initial_weights_of_ranges(world, p.model->layout(), p.source, c.seed, mine));
-    p.parallel->gather_parameters();
-    // DPO: the initial model is the reference (read once more, by the ranks in turn).
-    if (c.phase == Phase::dpo)
-      initial_digest = base_digest(world, p.source, p.model->layout(), c.seed);
-  } else if (c.lora.enabled()) {
-    // The frozen model, identified by its digest (read once more, by the ranks in turn, when it
-    // is sharded); then fresh adapters, or the resumed ones (restored below).
-    std::vector<float> score;  // a reward model's score head as loaded, when sharded
-    if (frozen_sharded) {
-      p.lora_base_xxh64 = base_digest(world, p.source, p.model->layout(), c.seed);
-      if (c.phase == Phase::reward)
-        score = initial_tensor(world, p.source, p.model->layout(), c.seed, "score.weight");
-    } else {
-      const std::vector<float> base = initialize_model(world, *p.model, p.source, c.seed);
-      p.lora_base_xxh64 = base_digest(p.model->layout(), base);
-    }
-    if (resumed_manifest && resumed_manifest->base_xxh64 != p.lora_base_xxh64) {
-      throw core::bad_input(
-          fmt::format("the model at {} is not the one these adapters were trained on (its "
-                      "weights' digest is {}, the checkpoint's base had {})",
-                      p.lora_base, p.lora_base_xxh64,
-                      resumed_manifest->base_xxh64.empty()
-                          ? "none this version reads (written by an earlier llama3-hpc)"
-                          : resumed_manifest->base_xxh64),
-          {.file = resumed_step_dir});
-    }
-    if (!resumed_manifest) {
-      const std::vector<float> adapters = starting_adapters(world, log, c, *p.model, score);
-      p.model->load_adapters(adapters);
-      if (shard_master) p.parallel->optimizer().load_master_from_whole(adapters);
-    }
-  } else if (!resuming) {
-    const std::vector<float> initial = initialize_model(world, *p.model, p.source, c.seed);
-    if (shard_master) p.parallel->optimizer().load_master_from_whole(initial);
-    // DPO: the initial model is the reference; its digest identifies the reference's table.
-    if (c.phase == Phase::dpo) initial_digest = base_digest(p.model->layout(), initial);
-  }
-  if (local_resume) {
-    p.resumed = restore_local_state(world, log, local_resume->state, local_origin, *p.parallel);
-    if (!p.resumed) {
-      if (resume_dir.empty()) {
-        throw core::usage_error(fmt::format(
-            "the node-local level's states ({}) were written with another partition of the "
-            "optimizer state (other sharding or --bucket-mb), and --ckpt-dir holds no "
-            "checkpoint: resume with the options of the run that wrote them",
-            local_origin));
-      }
-      log.warn(
-          "the node-local level's states do not fit this run's partition of the optimizer "
-          "state (other sharding or --bucket-mb): resuming from {} instead",
-          resume_dir);
-      local_resume.reset();
-    }
-  }
-  if (!local_resume && !resume_dir.empty()) {
-    p.resumed = restore_checkpoint(world, log, resume_dir, *global_manifest, *p.parallel, trained);
-  }
-  if (p.resumed) {
-    p.ops->synchronize();
-    position = p.resumed->position;
-  }
-  p.progress = std::make_unique<ProgressBar>(c.progress && world.is_root());
-  p.checkpoints = std::make_unique<RunCheckpoints>(
-      world, log, *p.progress, c.ckpt_dir,
-      ckpt::WriterPolicy{.keep_last = c.keep_last, .async = !c.checkpoint_sync}, *p.parallel,
-      std::move(level));
-  if (!resume_dir.empty()) {
-    p.checkpoints->resumed_from(resume_dir, global_step);
-  }
-  if (local_resume) {
-    p.checkpoints->resumed_from_local(local_resume->step);
-    // States that came from other nodes: the level is written again at once, so that it
-    // survives the next lost node as well as the last one.
-    p.reprotect_local = local_resume->rebuilt;
-  }
-
+  const std::string initial_digest = build_training_model(world, log, p, resumed);
+  restore_and_plan_checkpoints(world, log, p, resume, std::move(level));
   stop_if_requested(world, stop, "after loading the model");
-  // The data, from where the run continues.
-  data::LoaderConfig lc;
-  lc.plan.seq_len = c.seq_len;
-  lc.plan.global_batch = c.global_batch;
-  lc.plan.micro_batch = c.micro_batch;
-  lc.plan.world_size = world.size();
-  lc.plan.seed = c.seed;
-  lc.plan.long_samples = c.drop_long ? data::LongSamples::drop : data::LongSamples::truncate;
-  lc.depth = c.prefetch_depth;
-  lc.pad_id = pad_token(c.data_from_host ? mc.vocab_size : p.index.vocab_size);
-  lc.model_vocab = mc.vocab_size;
-  lc.margins_from_data = c.margin_from_data;
-  if (c.margin_from_data && !c.data_from_host && !p.index.has_margin()) {
-    throw core::usage_error(fmt::format(
-        "--margin-from-data: the dataset {} has no margins (its records had no \"margin\")",
-        c.data));
-  }
-  lc.reader.response_masks = c.phase == Phase::dpo;
-  if (c.phase == Phase::dpo) {
-    if (data) {
-      throw core::usage_error(
-          "dpo reads its pairs from --data shards (a host DataSource gives no response masks)");
-    }
-    prepare_dpo_reference(world, log, p, lc, resumed_manifest, initial_digest);
-  }
-  if (data) {
-    p.data = std::move(data);
-  } else {
-    p.data = std::make_unique<ShardStepSource>(world, p.index, lc);
-  }
-  lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
-  p.data->start(StepShape{.phase = c.phase,
-                          .seq_len = c.seq_len,
-                          .per_rank = c.global_batch / world.size(),
-                          .micro_batch = c.micro_batch,
-                          .pad_id = lc.pad_id,
-                          .vocab_size = mc.vocab_size,
-                          .margins_from_data = c.margin_from_data,
-                          .rank = world.rank(),
-                          .ranks = world.size()},
-                position);
 
-  p.total_steps = count_steps(c, *p.data);
+  start_data(world, log, p, std::move(data), resumed, initial_digest);
   p.schedule = {c.lr, c.min_lr < 0 ? 0.1 * c.lr : c.min_lr, c.warmup, p.total_steps};
   p.peak_tflops = c.peak_tflops > 0
                       ? c.peak_tflops
@@ -663,7 +624,6 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
                                {.center_rewards = c.center_rewards,
                                 .dpo = c.dpo,
                                 .reference = p.reference.empty() ? nullptr : &p.reference});
-  log_plan(world, log, p, lc);
   stop_if_requested(world, stop, "while starting");
   return parts;
 }

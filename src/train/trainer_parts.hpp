@@ -14,6 +14,7 @@
 #include "io/data/dataset_index.hpp"
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
+#include "model/placement.hpp"
 #include "train/data_parallel.hpp"
 #include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
@@ -35,6 +36,7 @@ namespace l3::train {
 struct TrainerParts {
   TrainConfig config;
   std::unique_ptr<kernels::Ops> ops;
+  model::Placement placement;  // where the weights, gradients and optimizer state live
   ModelSource source;
   data::DatasetIndex index;      // the training shards (empty when the host gives the data)
   data::DatasetIndex val_index;  // empty without --val-data

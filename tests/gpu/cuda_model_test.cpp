@@ -149,8 +149,8 @@ TEST_CASE("LoRA adapters with dropout: forward/backward matches the CPU backend"
   const float scale = 1.0F / static_cast<float>(batch.counted_tokens());
   cpu.zero_gradients();
   gpu.zero_gradients();
-  cpu.set_dropout_seed(21);
-  gpu.set_dropout_seed(21);
+  cpu.set_dropout_draw({.seed = 21});
+  gpu.set_dropout_draw({.seed = 21});
   const auto lc = l3::train::LanguageModelLoss(cpu).forward_backward(batch, scale);
   const auto lg = l3::train::LanguageModelLoss(gpu).forward_backward(batch, scale);
   CHECK(lg.loss == Approx(lc.loss).epsilon(1e-2));

@@ -91,12 +91,13 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   windowed.initialize(7);
   l3::train::DataParallelConfig dp;
   dp.bucket_elements = 3000;
-  dp.shard_gradients = true;
+  dp.placement = {
+      .stage = l3::model::ZeroStage::gradients, .ranks = world.size(), .fp32_gradients = true};
   dp.exchange = l3::train::ExchangeChoice::mpi_staged;
   l3::train::DataParallel parallel(
       world, ops, windowed.layout(), dp, {},
       {.master = windowed.master_weights(), .compute = windowed.weight_copy()});
-  windowed.set_gradient_window(&parallel);
+  windowed.set_gradient_window(parallel.gradient_window());
   windowed.zero_gradients();
   parallel.begin_step(windowed.gradients());
   for (const Batch& b : batches) {

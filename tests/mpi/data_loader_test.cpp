@@ -81,7 +81,7 @@ LoaderConfig config(std::int64_t micro, int depth = 2) {
 json rows_of(const l3::data::StepData& step, std::vector<int>& doc_ids) {
   json rows = json::array();
   static const std::regex doc(R"(doc (\d{5}))");
-  for (const l3::model::Batch& b : step.micro) {
+  for (const l3::data::Batch& b : step.micro) {
     for (std::int64_t r = 0; r < b.rows; ++r) {
       rows.push_back(std::vector<std::int32_t>(b.tokens.begin() + r * b.seq_len,
                                                b.tokens.begin() + (r + 1) * b.seq_len));
@@ -187,7 +187,7 @@ TEST_CASE("preference pairs: chosen and rejected of a pair in one row, scores re
   DataLoader loader(world, index, c, {0, 0});
   std::int64_t pairs = 0;
   for (std::int64_t s = 0; s < loader.steps_in_epoch(0); ++s) {
-    for (const l3::model::Batch& b : loader.next().micro) {
+    for (const l3::data::Batch& b : loader.next().micro) {
       b.validate(512);
       for (std::size_t p = 0; p < b.chosen_last.size(); ++p) {
         ++pairs;

@@ -163,7 +163,7 @@ TEST_CASE("a sharded load from a checkpoint reads this rank's ranges and checks 
     l3::ckpt::CheckpointWriter writer(world, dir, {.keep_last = 2, .async = false});
     writer.write(layout,
                  l3::ckpt::describe_checkpoint({.step = 1,
-                                                .phase = "sft",
+                                                .phase = l3::Phase::sft,
                                                 .head = l3::model::HeadKind::language_model,
                                                 .model = config,
                                                 .world_size = world.size()}),
@@ -252,7 +252,7 @@ TEST_CASE("export holds one tensor at a time, not the model", "[train][memory]")
     l3::ckpt::CheckpointWriter writer(world, dir + "/ckpt", {.keep_last = 2, .async = false});
     writer.write(layout,
                  l3::ckpt::describe_checkpoint({.step = 1,
-                                                .phase = "sft",
+                                                .phase = l3::Phase::sft,
                                                 .head = l3::model::HeadKind::language_model,
                                                 .model = config,
                                                 .world_size = world.size()}),

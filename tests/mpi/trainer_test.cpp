@@ -507,7 +507,7 @@ TEST_CASE("SFT learns a synthetic task, then a reward model from its checkpoint 
     const std::string step = l3::ckpt::resolve_checkpoint(c.ckpt_dir);
     CHECK(fs::path(step).filename() == "step-00000120");
     const l3::ckpt::Manifest m = l3::ckpt::read_manifest(step);
-    CHECK(m.phase == "sft");
+    CHECK(m.phase == l3::Phase::sft);
     CHECK(m.finished);
     CHECK(m.tokenizer == "bytes");
     // metrics.jsonl: one train object per step, then the eval object.

@@ -130,9 +130,12 @@ Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head,
   if (!zero3) model.initialize(7);
   l3::train::DataParallelConfig dp;
   dp.bucket_elements = 3000;  // several buckets per group, uneven pieces
-  dp.shard_gradients = zero2;
-  dp.shard_parameters = zero3;
-  dp.shard_master = zero3;
+  dp.placement = {.stage = zero3   ? l3::model::ZeroStage::parameters
+                           : zero2 ? l3::model::ZeroStage::gradients
+                                   : l3::model::ZeroStage::optimizer,
+                  .ranks = world.size(),
+                  .master_in_optimizer = zero3,
+                  .fp32_gradients = true};
   dp.exchange = l3::train::parse_exchange_choice(exchange);
   dp.overlap = overlap;
   DataParallel parallel(world, ops, model.layout(), dp, {},
@@ -148,7 +151,7 @@ Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head,
     CHECK(parallel.gather_slot_bytes() == l3::model::gradient_slot_elements(model.layout()) * 4);
   }
   if (zero2) {
-    model.set_gradient_window(&parallel);
+    model.set_gradient_window(parallel.gradient_window());
     // The slots are what the memory plan says they are.
     CHECK(parallel.gradient_slot_bytes() == l3::model::gradient_slot_elements(model.layout()) * 4);
     CHECK(model.gradients().empty());

@@ -134,7 +134,7 @@ TEST_CASE("export then --init gives back the checkpoint's weights bit for bit", 
       l3::ckpt::write_model_file((step / "model.h5").string(), layout, flat);
       l3::ckpt::Manifest manifest;
       manifest.step = 7;
-      manifest.phase = head == HeadKind::reward ? "reward" : "sft";
+      manifest.phase = head == HeadKind::reward ? l3::Phase::reward : l3::Phase::sft;
       manifest.head = head;
       manifest.model = config;
       manifest.tokenizer = "bytes";

@@ -49,7 +49,7 @@ std::vector<float> write_checkpoint(const fs::path& root, HeadKind head, std::ui
                                     const std::string& tokenizer_sha256) {
   l3::ckpt::Manifest manifest;
   manifest.step = 5;
-  manifest.phase = head == HeadKind::reward ? "reward" : "sft";
+  manifest.phase = head == HeadKind::reward ? l3::Phase::reward : l3::Phase::sft;
   manifest.head = head;
   manifest.model = l3::model::preset("tiny");
   manifest.tokenizer = "bytes";
@@ -89,13 +89,13 @@ TEST_CASE("a checkpoint loads for generation with its tokenizer", "[generate][ck
       write_checkpoint(root, HeadKind::language_model, 17, bytes().sha256());
 
   // the root (through `latest`) and the step directory both work
-  const InferenceModel loaded =
-      l3::cli::load_inference_model(root.string(), HeadKind::language_model);
+  const InferenceModel loaded = l3::cli::load_inference_model(
+      root.string(), HeadKind::language_model, l3::train::ModelPurpose::generate);
   CHECK(loaded.step_dir == (root / "step-00000005").string());
   CHECK(loaded.manifest.step == 5);
   CHECK(loaded.model->master_to_host() == weights);
-  const InferenceModel again =
-      l3::cli::load_inference_model(loaded.step_dir, HeadKind::language_model);
+  const InferenceModel again = l3::cli::load_inference_model(
+      loaded.step_dir, HeadKind::language_model, l3::train::ModelPurpose::generate);
   CHECK(again.model->master_to_host() == weights);
 
   const l3::core::Logger log;
@@ -122,21 +122,30 @@ TEST_CASE("checkpoint loading refuses what it cannot use", "[generate][ckpt]") {
   write_checkpoint(lm, HeadKind::language_model, 1, bytes().sha256());
   write_checkpoint(rm, HeadKind::reward, 2, std::string(64, '0'));
 
-  auto e =
-      error_of([&] { (void)l3::cli::load_inference_model(rm.string(), HeadKind::language_model); });
+  auto e = error_of([&] {
+    (void)l3::cli::load_inference_model(rm.string(), HeadKind::language_model,
+                                        l3::train::ModelPurpose::generate);
+  });
   CHECK(e.kind() == l3::core::ErrorKind::bad_input);
   CHECK(contains(e.what(), "reward model"));
-  e = error_of([&] { (void)l3::cli::load_inference_model(lm.string(), HeadKind::reward); });
+  e = error_of([&] {
+    (void)l3::cli::load_inference_model(lm.string(), HeadKind::reward,
+                                        l3::train::ModelPurpose::generate);
+  });
   CHECK(e.kind() == l3::core::ErrorKind::bad_input);
 
   const fs::path plain = dir.path() / "plain";
   fs::create_directories(plain);
-  e = error_of([&] { (void)l3::cli::load_inference_model(plain.string(), HeadKind::reward); });
+  e = error_of([&] {
+    (void)l3::cli::load_inference_model(plain.string(), HeadKind::reward,
+                                        l3::train::ModelPurpose::generate);
+  });
   CHECK(e.kind() == l3::core::ErrorKind::bad_input);
   CHECK(contains(e.what(), plain.string()));
   CHECK(contains(e.what(), "not a checkpoint"));
   e = error_of([&] {
-    (void)l3::cli::load_inference_model((dir.path() / "missing").string(), HeadKind::reward);
+    (void)l3::cli::load_inference_model((dir.path() / "missing").string(), HeadKind::reward,
+                                        l3::train::ModelPurpose::generate);
   });
   CHECK(contains(e.what(), "missing"));
 
@@ -144,12 +153,16 @@ TEST_CASE("checkpoint loading refuses what it cannot use", "[generate][ckpt]") {
   fs::create_directories(hf);
   std::ofstream(hf / "config.json") << "{}";
   std::ofstream(hf / "model.safetensors") << "";
-  e = error_of([&] { (void)l3::cli::load_inference_model(hf.string(), HeadKind::language_model); });
+  e = error_of([&] {
+    (void)l3::cli::load_inference_model(hf.string(), HeadKind::language_model,
+                                        l3::train::ModelPurpose::generate);
+  });
   CHECK(e.kind() == l3::core::ErrorKind::bad_input);  // no architectures: not a Llama model
   CHECK(contains(e.what(), "only LlamaForCausalLM and LlamaForSequenceClassification"));
 
   // The reward checkpoint records another tokenizer's sha256.
-  const InferenceModel loaded = l3::cli::load_inference_model(rm.string(), HeadKind::reward);
+  const InferenceModel loaded = l3::cli::load_inference_model(rm.string(), HeadKind::reward,
+                                                              l3::train::ModelPurpose::generate);
   const l3::core::Logger quiet(0, 1, l3::core::LogConfig{.level = l3::core::LogLevel::off});
   e = error_of(
       [&] { (void)l3::cli::load_inference_tokenizer(std::nullopt, loaded, false, quiet); });
@@ -189,8 +202,8 @@ TEST_CASE("generation prompts follow the training template", "[generate]") {
 TEST_CASE("records are scored as the reward model was trained", "[score][ckpt]") {
   const l3::test::TempDir dir;
   write_checkpoint(dir.path(), HeadKind::reward, 3, bytes().sha256());
-  const InferenceModel loaded =
-      l3::cli::load_inference_model(dir.path().string(), HeadKind::reward);
+  const InferenceModel loaded = l3::cli::load_inference_model(dir.path().string(), HeadKind::reward,
+                                                              l3::train::ModelPurpose::generate);
   const l3::prep::RecordFormatter formatter(bytes(), l3::prep::FormatOptions{});
   const std::int32_t pad = bytes().special(Special::finetune_right_pad);
   LlamaModel& model = *loaded.model;
@@ -280,8 +293,9 @@ TEST_CASE("a PEFT adapter folds into the loaded model: the adapter model's score
     l3::ckpt::write_peft_adapter(adapter.string(), adapted.trainable_layout(),
                                  adapted.trainable_parameters().as<float>(), {});
 
-    const InferenceModel loaded = l3::cli::load_inference_model((dir.path() / "sft").string(), head,
-                                                                nullptr, adapter.string());
+    const InferenceModel loaded =
+        l3::cli::load_inference_model((dir.path() / "sft").string(), head,
+                                      l3::train::ModelPurpose::generate, nullptr, adapter.string());
     CHECK(loaded.adapter == adapter.string());
     CHECK(loaded.manifest.head == head);
     CHECK_FALSE(loaded.model->has_adapters());  // folded in: a plain model
@@ -306,7 +320,8 @@ TEST_CASE("a PEFT adapter folds into the loaded model: the adapter model's score
   }
   // A language-model adapter cannot make a reward model, nor the reverse.
   const l3::core::Error wrong = error_of([&] {
-    (void)l3::cli::load_inference_model((dir.path() / "sft").string(), HeadKind::reward, nullptr,
+    (void)l3::cli::load_inference_model((dir.path() / "sft").string(), HeadKind::reward,
+                                        l3::train::ModelPurpose::generate, nullptr,
                                         (dir.path() / "adapter").string());
   });
   CHECK(wrong.exit_code() == 2);
@@ -316,6 +331,7 @@ TEST_CASE("a PEFT adapter folds into the loaded model: the adapter model's score
                  "SEQ_CLS adapter (reward model)"));
   CHECK(error_of([&] {
           (void)l3::cli::load_inference_model((dir.path() / "sft").string(), HeadKind::reward,
-                                              nullptr, (dir.path() / "absent").string());
+                                              l3::train::ModelPurpose::generate, nullptr,
+                                              (dir.path() / "absent").string());
         }).exit_code() == 2);
 }

@@ -129,7 +129,7 @@ TEST_CASE("node-local files: round trip, and damage caught", "[local]") {
   const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
   l3::ckpt::RunFacts facts;
   facts.step = 12;
-  facts.phase = "sft";
+  facts.phase = l3::Phase::sft;
   facts.model = config;
   facts.world_size = 2;
   facts.data_epoch = 1;

@@ -176,7 +176,7 @@ TEST_CASE("untrained adapters leave the model exactly as it was", "[model][lora]
         const Batch batch = sft_batch(rnd, c.vocab_size);
         base.zero_gradients();
         adapted.zero_gradients();
-        adapted.set_dropout_seed(5);
+        adapted.set_dropout_draw({.seed = 5});
         CHECK(l3::train::LanguageModelLoss(adapted).forward_backward(batch, 0.1F).loss ==
               l3::train::LanguageModelLoss(base).forward_backward(batch, 0.1F).loss);
         CHECK(l3::train::LanguageModelLoss(adapted).forward(batch).loss ==
@@ -296,15 +296,17 @@ TEST_CASE("LoRA dropout: its backward follows the forward's masks, evaluation dr
   // Evaluation is the model without dropout; a training pass draws masks from its seed.
   CHECK(l3::train::LanguageModelLoss(model).forward(batch).loss ==
         l3::train::LanguageModelLoss(plain).forward(batch).loss);
-  model.set_dropout_seed(11);
+  model.set_dropout_draw({.seed = 11});
   const double trained = l3::train::LanguageModelLoss(model).forward_backward(batch, 1.0F).loss;
   CHECK(trained != l3::train::LanguageModelLoss(plain).forward(batch).loss);
-  model.set_dropout_seed(12);
+  model.set_dropout_draw({.seed = 12});
   CHECK(l3::train::LanguageModelLoss(model).forward_backward(batch, 1.0F).loss != trained);
 
   // The gradient of the loss with seed 11's masks against central differences of that loss
-  // (fp32 model: a coarse step and tolerance, on coordinates with a clear gradient).
-  model.set_dropout_seed(11);
+  // (fp32 model: a loose tolerance, on coordinates with a clear gradient; a step of 1e-3: the
+  // noisy adapters make the loss curved enough that 1e-2's truncation error failed on most
+  // test seeds).
+  model.set_dropout_draw({.seed = 11});
   model.zero_gradients();
   CHECK(l3::train::LanguageModelLoss(model)
             .forward_backward(batch, static_cast<float>(1.0 / count))
@@ -318,7 +320,7 @@ TEST_CASE("LoRA dropout: its backward follows the forward's masks, evaluation dr
        l3::test::reference::sample_coordinates(model.trainable_layout(), rnd)) {
     if (std::abs(grads[i]) < 1e-3F) continue;
     const float original = values[i];
-    const float h = 1e-2F;
+    const float h = 1e-3F;
     values[i] = original + h;
     const double plus = l3::train::LanguageModelLoss(model).forward_backward(batch, 0.0F).loss;
     values[i] = original - h;
@@ -346,7 +348,7 @@ TEST_CASE("activation recomputation with adapters and dropout gives identical gr
     model.initialize(9);
     l3::test::Random rnd(43);
     add_noise(model.trainable_parameters(), rnd, 0.2F);
-    model.set_dropout_seed(77);
+    model.set_dropout_draw({.seed = 77});
     model.zero_gradients();
     (void)l3::train::LanguageModelLoss(model).forward_backward(sft_batch(rnd, c.vocab_size), 0.05F);
     const auto g = model.gradients().as<float>();

@@ -90,7 +90,7 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   in.compute = DType::bf16;
   in.seq_len = 8192;
   in.micro_batch_rows = 1;
-  in.ranks = 8;
+  in.placement.ranks = 8;
   const l3::model::ParameterLayout layout(in.model, HeadKind::language_model);
   const std::int64_t p = layout.total();
   CHECK(p > 8'000'000'000);  // 8.03B parameters
@@ -145,7 +145,7 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   // norm and the 128256 x 4096 lm_head) and 1/8 of all of them, instead of all of them; that
   // 1/8 in bf16 with one micro-batch per step, in fp32 when micro-batches add up there.
   const l3::model::MemoryPlan zero1 = l3::model::plan_training_memory(in);
-  in.shard_gradients = true;
+  in.placement.stage = l3::model::ZeroStage::gradients;
   const l3::model::MemoryPlan zero2 = l3::model::plan_training_memory(in);
   std::int64_t gradient_bytes = 0;
   for (const auto& line : zero2.lines) {
@@ -154,12 +154,12 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   }
   CHECK(gradient_bytes == 2 * 2 * (std::int64_t{128256} * 4096 + 4096) + 2 * ((p + 7) / 8));
   CHECK(zero1.total() - zero2.total() == 2 * p - gradient_bytes);
-  in.fp32_gradients = true;
+  in.placement.fp32_gradients = true;
   CHECK(l3::model::plan_training_memory(in).total() - zero2.total() == 2 * ((p + 7) / 8));
   // ZeRO-1's whole buffer in fp32: 2 more bytes per parameter.
-  in.shard_gradients = false;
+  in.placement.stage = l3::model::ZeroStage::optimizer;
   CHECK(l3::model::plan_training_memory(in).total() - zero1.total() == 2 * p);
-  in.fp32_gradients = false;
+  in.placement.fp32_gradients = false;
   // The CPU backend has none of it.
   in.compute = DType::f32;
   CHECK(scratch_of(l3::model::plan_training_memory(in)).what.empty());
@@ -172,16 +172,17 @@ TEST_CASE("ZeRO-3 plans 1/G of the weights and two gathered layer groups", "[mem
   in.compute = DType::bf16;
   in.seq_len = 8192;
   in.micro_batch_rows = 1;
-  in.ranks = 64;
+  in.placement.ranks = 64;
   in.recompute = true;
-  in.shard_gradients = true;
-  in.fp32_gradients = true;  // several micro-batches per step: the larger reduced gradients
+  in.placement.stage = l3::model::ZeroStage::gradients;
+  in.placement.fp32_gradients =
+      true;  // several micro-batches per step: the larger reduced gradients
   const l3::model::ParameterLayout layout(in.model, HeadKind::language_model);
   const std::int64_t p = layout.total();
   CHECK(p > 70'000'000'000);  // 70.55B parameters
   CHECK(p < 71'000'000'000);
   const std::int64_t zero2 = l3::model::plan_training_memory(in).total();
-  in.shard_parameters = true;
+  in.placement.stage = l3::model::ZeroStage::parameters;
   const l3::model::MemoryPlan plan = l3::model::plan_training_memory(in);
   std::string text;
   for (const auto& line : plan.lines) text += fmt::format("{}: {}\n", line.what, line.bytes);
@@ -202,21 +203,21 @@ TEST_CASE("ZeRO-3 plans 1/G of the weights and two gathered layer groups", "[mem
   CHECK(zero2 - plan.total() == 2 * p - plan.lines[0].bytes);
 
   // Hybrid sharding over groups of 8 ranks: the states are 1/8, whatever the number of ranks.
-  in.shard_group_size = 8;
+  in.placement.shard_group = 8;
   const l3::model::MemoryPlan hybrid = l3::model::plan_training_memory(in);
   CHECK(hybrid.lines[1].bytes == 4 * ((p + 7) / 8));
-  in.ranks = 512;
+  in.placement.ranks = 512;
   CHECK(l3::model::plan_training_memory(in).total() == hybrid.total());
   // Groups larger than the run: one group of all the ranks.
-  in.ranks = 4;
-  in.shard_group_size = 0;
+  in.placement.ranks = 4;
+  in.placement.shard_group = 0;
   const std::int64_t flat4 = l3::model::plan_training_memory(in).total();
-  in.shard_group_size = 8;
+  in.placement.shard_group = 8;
   CHECK(l3::model::plan_training_memory(in).total() == flat4);
-  // Without ZeRO-2 there is no parameter sharding: the plan is ZeRO-1's.
-  in.shard_gradients = false;
-  in.shard_group_size = 0;
-  in.ranks = 64;
+  // ZeRO-1 holds every weight.
+  in.placement.stage = l3::model::ZeroStage::optimizer;
+  in.placement.shard_group = 0;
+  in.placement.ranks = 64;
   const l3::model::MemoryPlan no_zero2 = l3::model::plan_training_memory(in);
   CHECK(no_zero2.lines[0].bytes == 2 * p);
 }
@@ -249,7 +250,8 @@ TEST_CASE(
   l3::model::MemoryPlanInput in;
   in.model = l3::model::preset("llama3.1-8b");
   in.seq_len = 8192;
-  in.ranks = 8;
+  in.placement.ranks = 8;
+  in.placement.frozen_model = true;
   in.recompute = true;
   in.lora.rank = 16;
   const l3::model::MemoryPlan plan = l3::model::plan_training_memory(in);
@@ -259,5 +261,6 @@ TEST_CASE(
                        Catch::Contains("LoRA adapters (bf16, rank 16: 41.94M parameters)") &&
                        Catch::Contains("gradients (bf16, of the adapters)"));
   in.lora = {};
+  in.placement.frozen_model = false;
   CHECK(plan.total() < l3::model::plan_training_memory(in).total() / 2);
 }

@@ -1,20 +1,22 @@
-// DataParallel's ZeRO-2 half: the gradient window the model writes into (two alternating slots
-// and one for the tied embedding), the per-group reductions, and the reduced pieces added into
-// the optimizers' gradients. See data_parallel.hpp.
+#include "train/gradient_slots.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <mutex>
 
 #include "core/error.hpp"
-#include "train/data_parallel.hpp"
 
 namespace l3::train {
 
-void DataParallel::setup_gradient_slots() {
-  if (layout_.lm_head_tied()) {
-    pinned_group_ = 0;  // the lm_head's gradients land in the embedding's group first
-  }
+GradientSlots::GradientSlots(kernels::Ops& ops, const ShardPlan& plan,
+                             ReductionScheduler& scheduler, ShardedOptimizer& optimizer, int rank,
+                             std::size_t pinned_group)
+    : ops_(ops),
+      plan_(plan),
+      scheduler_(scheduler),
+      optimizer_(optimizer),
+      rank_(rank),
+      pinned_group_(pinned_group) {
   std::int64_t largest = 0;
   const std::vector<model::FlatRange>& groups = plan_.groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -27,26 +29,33 @@ void DataParallel::setup_gradient_slots() {
   group_state_.assign(groups.size(), GroupState{});
 }
 
-std::int64_t DataParallel::gradient_slot_bytes() const noexcept {
+void GradientSlots::begin_step() {
+  for (AdamW& o : optimizer_.optimizers()) ops_.zero(o.own_gradients());
+  for (GroupState& g : group_state_) g = {};
+  slot_owner_.fill(kNoGroup);
+}
+
+std::pair<kernels::TensorView, std::int64_t> GradientSlots::bucket_storage(std::size_t b) const {
+  const std::size_t g = plan_.group_of_bucket(b);
+  return {slot_view(g), plan_.groups()[g].begin};
+}
+
+std::int64_t GradientSlots::bytes() const noexcept {
   std::int64_t bytes = 0;
   for (const kernels::Buffer& s : slots_) bytes += static_cast<std::int64_t>(s.view().bytes());
   return bytes;
 }
 
-kernels::TensorView DataParallel::slot_view(std::size_t group) const {
+kernels::TensorView GradientSlots::slot_view(std::size_t group) const {
   const int slot = group_state_[group].slot;
   return slots_.at(static_cast<std::size_t>(slot)).slice(0, plan_.groups()[group].size());
 }
 
-void DataParallel::begin_micro_batch() {
-  if (!config_.shard_gradients) return;
+void GradientSlots::begin_micro_batch() {
   for (GroupState& g : group_state_) g.released = false;
 }
 
-kernels::TensorView DataParallel::gradients(std::int64_t offset, std::int64_t numel) {
-  if (!config_.shard_gradients) {
-    throw core::internal_error("DataParallel: a gradient window without --shard-gradients");
-  }
+kernels::TensorView GradientSlots::gradients(std::int64_t offset, std::int64_t numel) {
   const std::vector<model::FlatRange>& groups = plan_.groups();
   const std::size_t g = plan_.group_at(offset);
   if (g == groups.size() || offset + numel > groups[g].end) {
@@ -60,24 +69,21 @@ kernels::TensorView DataParallel::gradients(std::int64_t offset, std::int64_t nu
                     offset + numel));
   }
   // Not resident in this micro-batch yet (perhaps still pending from the previous one).
-  if (state.slot < 0 || state.pending) take_gradient_slot(g);
+  if (state.slot < 0 || state.pending) take_slot(g);
   return slot_view(g).slice(offset - groups[g].begin, numel);
 }
 
-void DataParallel::ready(std::int64_t offset) {
-  if (!config_.shard_gradients) return;
-  // Every rank releases every group once per micro-batch, from the last to the first, so the
-  // reductions match across ranks whatever each rank's backward touched.
+void GradientSlots::ready(std::int64_t offset) {
   const std::vector<model::FlatRange>& groups = plan_.groups();
   for (std::size_t g = groups.size(); g-- > 0;) {
     if (groups[g].begin < offset) break;
     if (group_state_[g].released) continue;
-    if (group_state_[g].slot < 0 || group_state_[g].pending) take_gradient_slot(g);
-    launch_group(g);
+    if (group_state_[g].slot < 0 || group_state_[g].pending) take_slot(g);
+    launch(g);
   }
 }
 
-void DataParallel::take_gradient_slot(std::size_t group) {
+void GradientSlots::take_slot(std::size_t group) {
   // Still pending from the previous micro-batch: its reduced pieces go into the optimizers
   // before its slot, or another, takes this micro-batch's gradients.
   if (group_state_[group].pending) retire(group);
@@ -100,7 +106,7 @@ void DataParallel::take_gradient_slot(std::size_t group) {
   ops_.zero(slot_view(group));
 }
 
-void DataParallel::launch_group(std::size_t group) {
+void GradientSlots::launch(std::size_t group) {
   GroupState& state = group_state_[group];
   state.released = true;
   state.pending = true;
@@ -112,7 +118,7 @@ void DataParallel::launch_group(std::size_t group) {
   state.ticket = scheduler_.ticket();
 }
 
-void DataParallel::retire(std::size_t group) {
+void GradientSlots::retire(std::size_t group) {
   GroupState& state = group_state_[group];
   scheduler_.wait(state.ticket);
   // This rank's reduced pieces, added into what the optimizers keep for the step.
@@ -129,7 +135,7 @@ void DataParallel::retire(std::size_t group) {
   state.pending = false;
 }
 
-void DataParallel::finish_group_reductions() {
+void GradientSlots::finish() {
   for (std::size_t g = 0; g < group_state_.size(); ++g) {
     if (group_state_[g].slot >= 0 && !group_state_[g].pending) {
       throw core::internal_error(

@@ -1,4 +1,4 @@
-#include "model/batch.hpp"
+#include "io/data/batch.hpp"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 
-namespace l3::model {
+namespace l3::data {
 
 std::int64_t Batch::longest_segment() const noexcept {
   std::int64_t longest = 0;
@@ -150,4 +150,4 @@ Batch BatchBuilder::finish() {
   return out;
 }
 
-}  // namespace l3::model
+}  // namespace l3::data

@@ -1,0 +1,59 @@
+#include "train/placement_choice.hpp"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "core/error.hpp"
+#include "train/train_config.hpp"
+
+namespace l3::train {
+
+namespace {
+
+void require(bool ok, std::string_view message) {
+  if (!ok) throw core::usage_error(std::string(message));
+}
+
+}  // namespace
+
+void check_sharding_options(const TrainConfig& c) {
+  require(c.shard_optimizer || !c.shard_gradients,
+          "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
+  require(c.shard_gradients || !c.shard_parameters,
+          "--shard-parameters (ZeRO-3) needs --shard-gradients (ZeRO-2) and the sharded optimizer");
+  require(c.shard_group_size == 0 || c.shard_parameters,
+          "--shard-group-size needs --shard-parameters (ZeRO-3)");
+  require(!c.lora.enabled() || c.shard_group_size == 0,
+          "--lora-rank with --shard-group-size: LoRA shards its frozen model over all ranks "
+          "(drop --shard-group-size)");
+}
+
+model::Placement choose_placement(const TrainConfig& c, int ranks, kernels::DType compute) {
+  check_sharding_options(c);
+  const int g = c.shard_group_size;
+  if (g > 0 && (g > ranks || ranks % g != 0 || (g < 2 && ranks > 1))) {
+    throw core::usage_error(fmt::format(
+        "--shard-group-size {}: the {} ranks must split into groups of at least 2 ranks (a "
+        "divisor of {})",
+        g, ranks, ranks));
+  }
+  using model::ZeroStage;
+  const ZeroStage stage = c.shard_parameters  ? ZeroStage::parameters
+                          : c.shard_gradients ? ZeroStage::gradients
+                          : c.shard_optimizer ? ZeroStage::optimizer
+                                              : ZeroStage::replicated;
+  return {
+      .stage = stage,
+      .ranks = ranks,
+      .shard_group = g,
+      .frozen_model = c.lora.enabled(),
+      // In bf16 the fp32 master weights live in the optimizer (this rank's ZeRO-1 pieces only);
+      // at stage parameters those pieces are the only copy of the weights.
+      .master_in_optimizer =
+          compute != kernels::DType::f32 || c.master_in_optimizer || c.shard_parameters,
+      .fp32_gradients = c.fp32_gradients(ranks),
+  };
+}
+
+}  // namespace l3::train
