@@ -1,7 +1,6 @@
 #include "ckpt/local_checkpoint_writer.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +21,7 @@
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
+#include "dist/point_to_point.hpp"
 
 namespace l3::ckpt {
 
@@ -66,8 +66,7 @@ void remove_local_steps(const std::string& directory,
 }
 
 bool prunes_directory(MPI_Comm comm, const std::string& directory) {
-  int rank = 0;
-  dist::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  const int rank = dist::comm_rank(comm);
   const std::vector<std::string> all = dist::gather_strings(comm, directory);
   json firsts = json::array();
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -97,11 +96,8 @@ struct LocalCheckpointWriter::Impl {
     pruner = prunes_directory(comm.get(), config.directory);
     if (config.plan.kind == Redundancy::xor_parity) {
       const auto me = static_cast<std::size_t>(world.rank());
-      MPI_Comm set = MPI_COMM_NULL;
-      dist::check_mpi(
-          MPI_Comm_split(comm.get(), config.plan.set_of[me], config.plan.position_in_set[me], &set),
-          "MPI_Comm_split(XOR sets)");
-      set_comm = dist::UniqueComm(set);
+      set_comm = dist::split(comm.get(), config.plan.set_of[me], config.plan.position_in_set[me],
+                             "XOR sets");
     }
   }
 
@@ -115,11 +111,9 @@ struct LocalCheckpointWriter::Impl {
     const auto me = static_cast<std::size_t>(world.rank());
     const int holder = config.plan.copy_holder[me];
     const int source = config.plan.copy_source[me];
-    std::int64_t mine = image.size();
-    std::int64_t theirs = 0;
-    dist::check_mpi(MPI_Sendrecv(&mine, 1, MPI_INT64_T, holder, kCopyTag, &theirs, 1, MPI_INT64_T,
-                                 source, kCopyTag, comm.get(), MPI_STATUS_IGNORE),
-                    "MPI_Sendrecv(local copy sizes)");
+    const std::int64_t mine = image.size();
+    const std::int64_t theirs =
+        dist::send_receive_value(comm.get(), mine, holder, source, kCopyTag, "local copy sizes");
     std::unique_ptr<LocalFileWriter> out;
     f.run([&] {
       const std::string name = local_file_name(LocalFileKind::copy, source);
@@ -130,15 +124,15 @@ struct LocalCheckpointWriter::Impl {
     std::vector<std::byte> receive(
         static_cast<std::size_t>(std::min(kPieceBytes, std::max<std::int64_t>(theirs, 1))));
     for (std::int64_t at = 0; at < std::max(mine, theirs); at += kPieceBytes) {
-      const auto out_n = static_cast<int>(std::clamp<std::int64_t>(mine - at, 0, kPieceBytes));
-      const auto in_n = static_cast<int>(std::clamp<std::int64_t>(theirs - at, 0, kPieceBytes));
-      if (out_n > 0) image.copy(at, std::span(send.data(), static_cast<std::size_t>(out_n)));
-      dist::check_mpi(MPI_Sendrecv(send.data(), out_n, MPI_BYTE, holder, kCopyTag, receive.data(),
-                                   in_n, MPI_BYTE, source, kCopyTag, comm.get(), MPI_STATUS_IGNORE),
-                      "MPI_Sendrecv(local copy)");
-      if (in_n > 0 && out)
-        f.run(
-            [&] { out->write_at(at, std::span(receive.data(), static_cast<std::size_t>(in_n))); });
+      const auto out_n =
+          static_cast<std::size_t>(std::clamp<std::int64_t>(mine - at, 0, kPieceBytes));
+      const auto in_n =
+          static_cast<std::size_t>(std::clamp<std::int64_t>(theirs - at, 0, kPieceBytes));
+      const std::span<std::byte> outgoing(send.data(), out_n);
+      const std::span<std::byte> incoming(receive.data(), in_n);
+      if (out_n > 0) image.copy(at, outgoing);
+      dist::send_receive(comm.get(), outgoing, holder, incoming, source, kCopyTag, "local copy");
+      if (in_n > 0 && out) f.run([&] { out->write_at(at, incoming); });
     }
     if (out)
       f.run([&] {
@@ -157,11 +151,8 @@ struct LocalCheckpointWriter::Impl {
         config.plan.sets[static_cast<std::size_t>(config.plan.set_of[me])];
     const int g = static_cast<int>(members.size());
     const int p = config.plan.position_in_set[me];
-    std::int64_t mine = image.size();
-    std::vector<std::int64_t> lengths(static_cast<std::size_t>(g));
-    dist::check_mpi(
-        MPI_Allgather(&mine, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, set_comm.get()),
-        "MPI_Allgather(XOR set sizes)");
+    const std::vector<std::int64_t> lengths =
+        dist::all_gather(set_comm.get(), image.size(), "XOR set sizes");
     const std::int64_t chunk =
         xor_chunk_bytes(*std::max_element(lengths.begin(), lengths.end()), g);
     const json header = {{"format", "llama3-hpc/local-parity"},
@@ -180,25 +171,28 @@ struct LocalCheckpointWriter::Impl {
       const std::string name = local_file_name(LocalFileKind::parity, world.rank());
       out = std::make_unique<ParityFileWriter>((dir / name).string(), header, recycled(old, name));
     });
-    // Pieces of each block: a multiple of 8 bytes, all G blocks within kPieceBytes.
+    // Pieces of each block: a multiple of 8 bytes (chunks are), all G blocks within kPieceBytes;
+    // XORed as 64-bit words.
     const std::int64_t piece = std::min(chunk, std::max<std::int64_t>(8, kPieceBytes / g / 8 * 8));
-    std::vector<std::byte> send(static_cast<std::size_t>(piece * g));
-    std::vector<std::byte> segment(static_cast<std::size_t>(piece));
+    std::vector<std::uint64_t> send(static_cast<std::size_t>(piece / 8 * g));
+    std::vector<std::uint64_t> segment(static_cast<std::size_t>(piece / 8));
     for (std::int64_t at = 0; at < chunk; at += piece) {
       const std::int64_t n = std::min(piece, chunk - at);
+      const auto words = static_cast<std::size_t>(n / 8);
+      const std::span<std::byte> blocks = std::as_writable_bytes(std::span(send));
       for (int k = 0; k < g; ++k) {
-        const std::span<std::byte> block(send.data() + static_cast<std::ptrdiff_t>(k * n),
-                                         static_cast<std::size_t>(n));
+        const std::span<std::byte> block =
+            blocks.subspan(static_cast<std::size_t>(k * n), static_cast<std::size_t>(n));
         if (k == p) {
           std::fill(block.begin(), block.end(), std::byte{0});
         } else {
           image.copy(xor_chunk(p, k, g) * chunk + at, block);
         }
       }
-      dist::check_mpi(MPI_Reduce_scatter_block(send.data(), segment.data(), static_cast<int>(n / 8),
-                                               MPI_UINT64_T, MPI_BXOR, set_comm.get()),
-                      "MPI_Reduce_scatter_block(XOR parity)");
-      if (out) f.run([&] { out->append(std::span(segment.data(), static_cast<std::size_t>(n))); });
+      const std::span<std::uint64_t> mine(segment.data(), words);
+      dist::reduce_scatter_block(set_comm.get(), std::span(send).first(words * g), mine,
+                                 dist::ReduceOp::bitwise_xor, "XOR parity");
+      if (out) f.run([&] { out->append(std::as_bytes(mine)); });
     }
     if (out) f.run([&] { out->commit(); });
     return chunk;
@@ -250,9 +244,7 @@ struct LocalCheckpointWriter::Impl {
       }
     }
     out.failure = dist::broadcast_string(comm.get(), first);
-    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_INT64_T, MPI_SUM, comm.get()),
-                    "MPI_Allreduce(local bytes)");
-    out.bytes = bytes;
+    out.bytes = dist::all_reduce(comm.get(), bytes, dist::ReduceOp::sum, "local bytes");
     if (out.failure.empty()) {
       complete(manifest.step);
       core::fault_point("ckpt.local.complete", rank);

@@ -2,14 +2,16 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <utility>
 
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/local_checkpoint_writer.hpp"
@@ -19,7 +21,7 @@
 #include "core/log.hpp"
 #include "core/path_safety.hpp"
 #include "dist/collectives.hpp"
-#include "dist/communicator.hpp"
+#include "dist/point_to_point.hpp"
 #include "dist/world.hpp"
 
 namespace l3::ckpt {
@@ -48,7 +50,7 @@ std::vector<std::string> all_strings(const dist::World& world, const std::string
 // sharing a directory split the checking) with the verdict.
 }  // namespace
 
-json local_inventory(const std::string& directory, int rank, int share, int shares,
+json local_inventory(const std::string& directory, int reader, int share, int shares,
                      bool checksums) {
   json found = json::array();
   std::vector<std::pair<std::int64_t, std::string>> files;
@@ -71,7 +73,7 @@ json local_inventory(const std::string& directory, int rank, int share, int shar
     const LocalFileCheck check = check_local_file(path, checksums);
     json e = {{"step", files[i].first},  {"kind", local_kind_name(kind)},
               {"owner", owner},          {"path", path},
-              {"reader", rank},          {"ok", check.ok},
+              {"reader", reader},        {"ok", check.ok},
               {"problem", check.problem}};
     if (check.ok) {
       e["world_size"] = check.header.value("world_size", 0);
@@ -99,8 +101,9 @@ json local_inventory(const std::string& directory, int rank, int share, int shar
 
 // How every rank's state of `step` can be had from `entries` (good files of that step), or why
 // not (`missing`).
-json plan_local_step(const std::vector<json>& entries, const std::vector<std::string>& directories,
-                     int world_size, std::string& missing) {
+std::vector<RankRestore> plan_local_step(const std::vector<json>& entries,
+                                         const std::vector<std::string>& directories,
+                                         int world_size, std::string& missing) {
   static const std::string none;
   const auto dir_of = [&](int rank) -> const std::string& {
     return rank >= 0 && rank < static_cast<int>(directories.size())
@@ -112,15 +115,15 @@ json plan_local_step(const std::vector<json>& entries, const std::vector<std::st
       if (e.at("kind") == kind && e.at("owner").get<int>() == owner) return &e;
     return nullptr;
   };
-  json ranks = json::array();
+  std::vector<RankRestore> ranks;
   for (int x = 0; x < world_size && missing.empty(); ++x) {
     if (const json* own = find("state", x);
         own && dir_of(own->at("reader").get<int>()) == dir_of(x)) {
-      ranks.push_back({{"mode", "direct"}, {"path", own->at("path")}});
+      ranks.push_back({.mode = RestoreMode::direct, .path = own->at("path").get<std::string>()});
     } else if (const json* any = own ? own : find("copy", x)) {
-      ranks.push_back({{"mode", own ? "moved" : "copy"},
-                       {"reader", any->at("reader")},
-                       {"path", any->at("path")}});
+      ranks.push_back({.mode = own ? RestoreMode::moved : RestoreMode::copy,
+                       .path = any->at("path").get<std::string>(),
+                       .reader = any->at("reader").get<int>()});
     } else if (const json* parity = [&]() -> const json* {
                  for (const json& e : entries) {
                    if (e.at("kind") != "xor") continue;
@@ -130,7 +133,7 @@ json plan_local_step(const std::vector<json>& entries, const std::vector<std::st
                  return nullptr;
                }()) {
       const auto set = parity->at("set").get<std::vector<int>>();
-      json contributors = json::array();
+      std::vector<XorContributor> contributors;
       for (std::size_t m = 0; m < set.size() && missing.empty(); ++m) {
         if (set[m] == x) continue;
         const json* p = find("xor", set[m]);
@@ -140,19 +143,21 @@ json plan_local_step(const std::vector<json>& entries, const std::vector<std::st
               "rank {}'s state is lost and its XOR set misses rank {}'s files too", x, set[m]);
           break;
         }
-        contributors.push_back({{"position", m},
-                                {"reader", p->at("reader")},
-                                {"state", s->at("path")},
-                                {"parity", p->at("path")},
-                                {"payload", p->at("payload")}});
+        contributors.push_back({.position = static_cast<int>(m),
+                                .reader = p->at("reader").get<int>(),
+                                .state = s->at("path").get<std::string>(),
+                                .parity = p->at("path").get<std::string>(),
+                                .payload = p->at("payload").get<std::int64_t>()});
       }
       const auto position = std::find(set.begin(), set.end(), x) - set.begin();
-      ranks.push_back({{"mode", "xor"},
-                       {"position", position},
-                       {"members", set.size()},
-                       {"length", parity->at("lengths").at(static_cast<std::size_t>(position))},
-                       {"chunk", parity->at("chunk")},
-                       {"contributors", contributors}});
+      ranks.push_back(
+          {.mode = RestoreMode::xor_rebuild,
+           .position = static_cast<int>(position),
+           .members = static_cast<int>(set.size()),
+           .length =
+               parity->at("lengths").at(static_cast<std::size_t>(position)).get<std::int64_t>(),
+           .chunk = parity->at("chunk").get<std::int64_t>(),
+           .contributors = std::move(contributors)});
     } else {
       missing = fmt::format("rank {}'s state is on no node (no file, copy or parity)", x);
     }
@@ -162,10 +167,87 @@ json plan_local_step(const std::vector<json>& entries, const std::vector<std::st
 
 namespace {
 
-// Rank 0: the newest step every rank can be restored from, and how; {} when none.
-json plan_restore(const std::vector<json>& inventories, const std::vector<std::string>& directories,
-                  int world_size, std::int64_t not_before, const std::string& run_key,
-                  std::vector<std::string>& notes) {
+// The modes' names in the plan as broadcast (RestorePlan's JSON), in the order the log lists them
+// (by name, as it always has).
+constexpr std::array<std::pair<RestoreMode, std::string_view>, 4> kModeNames{{
+    {RestoreMode::copy, "copy"},
+    {RestoreMode::direct, "direct"},
+    {RestoreMode::moved, "moved"},
+    {RestoreMode::xor_rebuild, "xor"},
+}};
+
+std::string_view mode_name(RestoreMode mode) {
+  for (const auto& [m, name] : kModeNames)
+    if (m == mode) return name;
+  throw core::internal_error("node-local restore: a mode without a name");
+}
+
+RestoreMode parse_mode(std::string_view text) {
+  for (const auto& [mode, name] : kModeNames)
+    if (name == text) return mode;
+  throw core::internal_error(fmt::format("node-local restore plan: no mode \"{}\"", text));
+}
+
+// The plan as rank 0 sends it to the others: null for no plan.
+json plan_to_json(const std::optional<RestorePlan>& plan) {
+  if (!plan) return nullptr;
+  json ranks = json::array();
+  for (const RankRestore& r : plan->ranks) {
+    json how = {{"mode", mode_name(r.mode)}};
+    if (r.mode == RestoreMode::xor_rebuild) {
+      json contributors = json::array();
+      for (const XorContributor& c : r.contributors) {
+        contributors.push_back({{"position", c.position},
+                                {"reader", c.reader},
+                                {"state", c.state},
+                                {"parity", c.parity},
+                                {"payload", c.payload}});
+      }
+      how.update({{"position", r.position},
+                  {"members", r.members},
+                  {"length", r.length},
+                  {"chunk", r.chunk},
+                  {"contributors", std::move(contributors)}});
+    } else {
+      how["path"] = r.path;
+      if (r.mode != RestoreMode::direct) how["reader"] = r.reader;
+    }
+    ranks.push_back(std::move(how));
+  }
+  return {{"step", plan->step}, {"ranks", std::move(ranks)}};
+}
+
+std::optional<RestorePlan> plan_from_json(const json& j) {
+  if (j.is_null()) return std::nullopt;
+  RestorePlan plan{.step = j.at("step").get<std::int64_t>(), .ranks = {}};
+  for (const json& how : j.at("ranks")) {
+    RankRestore& r = plan.ranks.emplace_back();
+    r.mode = parse_mode(how.at("mode").get<std::string>());
+    if (r.mode == RestoreMode::xor_rebuild) {
+      r.position = how.at("position").get<int>();
+      r.members = how.at("members").get<int>();
+      r.length = how.at("length").get<std::int64_t>();
+      r.chunk = how.at("chunk").get<std::int64_t>();
+      for (const json& c : how.at("contributors")) {
+        r.contributors.push_back({.position = c.at("position").get<int>(),
+                                  .reader = c.at("reader").get<int>(),
+                                  .state = c.at("state").get<std::string>(),
+                                  .parity = c.at("parity").get<std::string>(),
+                                  .payload = c.at("payload").get<std::int64_t>()});
+      }
+    } else {
+      r.path = how.at("path").get<std::string>();
+      if (r.mode != RestoreMode::direct) r.reader = how.at("reader").get<int>();
+    }
+  }
+  return plan;
+}
+
+// Rank 0: the newest step every rank can be restored from, and how; nothing when none.
+std::optional<RestorePlan> plan_restore(const std::vector<json>& inventories,
+                                        const std::vector<std::string>& directories, int world_size,
+                                        std::int64_t not_before, const std::string& run_key,
+                                        std::vector<std::string>& notes) {
   std::map<std::int64_t, std::vector<json>, std::greater<>> by_step;
   std::vector<std::string> foreign;  // files of another run
   for (const json& part : inventories) {
@@ -192,16 +274,16 @@ json plan_restore(const std::vector<json>& inventories, const std::vector<std::s
   for (const auto& [step, entries] : by_step) {
     if (step < not_before) break;
     std::string missing;
-    const json ranks = plan_local_step(entries, directories, world_size, missing);
-    if (missing.empty()) return {{"step", step}, {"ranks", ranks}};
+    std::vector<RankRestore> ranks = plan_local_step(entries, directories, world_size, missing);
+    if (missing.empty()) return RestorePlan{.step = step, .ranks = std::move(ranks)};
     notes.push_back(fmt::format("node-local step {} cannot be restored: {}", step, missing));
   }
-  return {};
+  return std::nullopt;
 }
 
-// Rank r sends the file at `path` to `target` in pieces; a read failure sends zeros (the
+// Rank r sends the file at `path` to `destination` in pieces; a read failure sends zeros (the
 // target must not wait forever) and is remembered.
-void send_file(const std::string& path, std::int64_t bytes, int target, MPI_Comm comm,
+void send_file(const std::string& path, std::int64_t bytes, int destination, MPI_Comm comm,
                FirstFailure& f) {
   std::vector<std::byte> piece(
       static_cast<std::size_t>(std::min(kPieceBytes, std::max<std::int64_t>(bytes, 1))));
@@ -209,8 +291,7 @@ void send_file(const std::string& path, std::int64_t bytes, int target, MPI_Comm
     const std::int64_t n = std::min(kPieceBytes, bytes - at);
     const std::span<std::byte> part(piece.data(), static_cast<std::size_t>(n));
     f.run([&] { read_file_bytes(path, at, part); });
-    dist::check_mpi(MPI_Send(piece.data(), static_cast<int>(n), MPI_BYTE, target, kSendTag, comm),
-                    "MPI_Send(local state)");
+    dist::send(comm, part, destination, kSendTag, "local state");
   }
 }
 
@@ -220,35 +301,30 @@ std::string own_path(const std::string& directory, std::int64_t step, int rank) 
 }
 
 // Executes the plan's transfers, in rank order on every rank; returns this rank's state file.
-std::string carry_out(const dist::World& world, const json& plan, const std::string& directory,
-                      FirstFailure& f) {
+std::string carry_out(const dist::World& world, const RestorePlan& plan,
+                      const std::string& directory, FirstFailure& f) {
   const int me = world.rank();
-  const std::int64_t step = plan.at("step").get<std::int64_t>();
+  const std::int64_t step = plan.step;
   const MPI_Comm comm = world.comm();
   std::string mine;
   for (int x = 0; x < world.size(); ++x) {
-    const json& how = plan.at("ranks").at(static_cast<std::size_t>(x));
-    const std::string mode = how.at("mode").get<std::string>();
-    if (mode == "direct") {
-      if (x == me) mine = how.at("path").get<std::string>();
+    const RankRestore& how = plan.ranks.at(static_cast<std::size_t>(x));
+    if (how.mode == RestoreMode::direct) {
+      if (x == me) mine = how.path;
       continue;
     }
     const std::string target = own_path(directory, step, x);
-    if (mode == "moved" || mode == "copy") {
-      const int reader = how.at("reader").get<int>();
-      const std::string path = how.at("path").get<std::string>();
+    if (how.mode == RestoreMode::moved || how.mode == RestoreMode::copy) {
+      const int reader = how.reader;
+      const std::string& path = how.path;
       std::int64_t bytes = 0;
       if (me == reader) {
         f.run([&] { bytes = static_cast<std::int64_t>(fs::file_size(path)); });
-        if (reader != x)
-          dist::check_mpi(MPI_Send(&bytes, 1, MPI_INT64_T, x, kSendTag, comm), "MPI_Send");
+        if (reader != x) dist::send_value(comm, bytes, x, kSendTag);
         if (reader != x) send_file(path, bytes, x, comm, f);
       }
       if (me == x) {
-        if (reader != x)
-          dist::check_mpi(
-              MPI_Recv(&bytes, 1, MPI_INT64_T, reader, kSendTag, comm, MPI_STATUS_IGNORE),
-              "MPI_Recv");
+        if (reader != x) bytes = dist::receive_value<std::int64_t>(comm, reader, kSendTag);
         std::unique_ptr<LocalFileWriter> out;
         f.run([&] {
           core::make_real_directory(fs::path(target).parent_path(), "--ckpt-local");
@@ -262,9 +338,7 @@ std::string carry_out(const dist::World& world, const json& plan, const std::str
           if (reader == x) {
             f.run([&] { read_file_bytes(path, at, part); });
           } else {
-            dist::check_mpi(MPI_Recv(piece.data(), static_cast<int>(n), MPI_BYTE, reader, kSendTag,
-                                     comm, MPI_STATUS_IGNORE),
-                            "MPI_Recv(local state)");
+            dist::receive(comm, part, reader, kSendTag, "local state");
           }
           if (out) f.run([&] { out->write_at(at, part); });
         }
@@ -275,9 +349,9 @@ std::string carry_out(const dist::World& world, const json& plan, const std::str
     }
     // XOR: every contributor sends its G blocks of each piece; x XORs them
     // (ckpt/local_redundancy.hpp).
-    const int g = how.at("members").get<int>();
-    const int lost = how.at("position").get<int>();
-    const std::int64_t chunk = how.at("chunk").get<std::int64_t>();
+    const int g = how.members;
+    const int lost = how.position;
+    const std::int64_t chunk = how.chunk;
     const std::int64_t piece = std::min(chunk, std::max<std::int64_t>(8, kPieceBytes / g / 8 * 8));
     std::vector<std::byte> blocks(static_cast<std::size_t>(piece * g));
     std::vector<std::byte> sum(static_cast<std::size_t>(piece * g));
@@ -292,11 +366,11 @@ std::string carry_out(const dist::World& world, const json& plan, const std::str
       const std::int64_t n = std::min(piece, chunk - at);
       const auto bytes = static_cast<std::size_t>(n * g);
       if (me == x) std::fill(sum.begin(), sum.end(), std::byte{0});
-      for (const json& c : how.at("contributors")) {
-        const int reader = c.at("reader").get<int>();
+      for (const XorContributor& c : how.contributors) {
+        const int reader = c.reader;
         if (me != reader && me != x) continue;
         if (me == reader) {
-          const int m = c.at("position").get<int>();
+          const int m = c.position;
           for (int k = 0; k < g; ++k) {
             const std::span<std::byte> block(blocks.data() + static_cast<std::ptrdiff_t>(k * n),
                                              static_cast<std::size_t>(n));
@@ -304,24 +378,17 @@ std::string carry_out(const dist::World& world, const json& plan, const std::str
             if (k == lost) continue;
             f.run([&] {
               if (k == m) {
-                read_file_bytes(c.at("parity").get<std::string>(),
-                                c.at("payload").get<std::int64_t>() + at, block);
+                read_file_bytes(c.parity, c.payload + at, block);
               } else {
-                read_file_bytes(c.at("state").get<std::string>(), xor_chunk(m, k, g) * chunk + at,
-                                block);
+                read_file_bytes(c.state, xor_chunk(m, k, g) * chunk + at, block);
               }
             });
           }
-          if (reader != x)
-            dist::check_mpi(
-                MPI_Send(blocks.data(), static_cast<int>(bytes), MPI_BYTE, x, kXorTag, comm),
-                "MPI_Send(XOR)");
+          if (reader != x) dist::send(comm, std::span(blocks.data(), bytes), x, kXorTag, "XOR");
         }
         if (me == x) {
           if (reader != x)
-            dist::check_mpi(MPI_Recv(blocks.data(), static_cast<int>(bytes), MPI_BYTE, reader,
-                                     kXorTag, comm, MPI_STATUS_IGNORE),
-                            "MPI_Recv(XOR)");
+            dist::receive(comm, std::span(blocks.data(), bytes), reader, kXorTag, "XOR");
           xor_into(std::span(sum.data(), bytes), std::span(blocks.data(), bytes));
         }
       }
@@ -339,7 +406,7 @@ std::string carry_out(const dist::World& world, const json& plan, const std::str
     if (me == x) {
       if (out) {
         f.run([&] {
-          out->truncate(how.at("length").get<std::int64_t>());
+          out->truncate(how.length);
           out->commit();
         });
       }
@@ -349,28 +416,34 @@ std::string carry_out(const dist::World& world, const json& plan, const std::str
   return mine;
 }
 
-std::string describe(const json& plan) {
-  std::map<std::string, std::vector<int>> by_mode;
-  const json& ranks = plan.at("ranks");
-  for (std::size_t x = 0; x < ranks.size(); ++x)
-    by_mode[ranks[x].at("mode").get<std::string>()].push_back(static_cast<int>(x));
+std::string describe(const RestorePlan& plan) {
   std::string text;
   const auto list = [](const std::vector<int>& r) { return fmt::format("{}", fmt::join(r, ", ")); };
-  for (const auto& [mode, which] : by_mode) {
+  for (const auto& [mode, name] : kModeNames) {
+    std::vector<int> which;
+    for (std::size_t x = 0; x < plan.ranks.size(); ++x)
+      if (plan.ranks[x].mode == mode) which.push_back(static_cast<int>(x));
+    if (which.empty()) continue;
     if (!text.empty()) text += "; ";
-    if (mode == "direct")
-      text += which.size() == 1 ? "1 rank from its own file"
-                                : fmt::format("{} ranks from their own files", which.size());
-    if (mode == "moved")
-      text += which.size() == 1
-                  ? fmt::format("rank {} from its file on another node", list(which))
-                  : fmt::format("ranks {} from their files on other nodes", list(which));
-    if (mode == "copy")
-      text += fmt::format("rank{} {} from partner cop{}", which.size() == 1 ? "" : "s", list(which),
-                          which.size() == 1 ? "y" : "ies");
-    if (mode == "xor")
-      text += fmt::format("rank{} {} rebuilt from XOR parity", which.size() == 1 ? "" : "s",
-                          list(which));
+    switch (mode) {
+      case RestoreMode::direct:
+        text += which.size() == 1 ? "1 rank from its own file"
+                                  : fmt::format("{} ranks from their own files", which.size());
+        break;
+      case RestoreMode::moved:
+        text += which.size() == 1
+                    ? fmt::format("rank {} from its file on another node", list(which))
+                    : fmt::format("ranks {} from their files on other nodes", list(which));
+        break;
+      case RestoreMode::copy:
+        text += fmt::format("rank{} {} from partner cop{}", which.size() == 1 ? "" : "s",
+                            list(which), which.size() == 1 ? "y" : "ies");
+        break;
+      case RestoreMode::xor_rebuild:
+        text += fmt::format("rank{} {} rebuilt from XOR parity", which.size() == 1 ? "" : "s",
+                            list(which));
+        break;
+    }
   }
   return text;
 }
@@ -378,10 +451,8 @@ std::string describe(const json& plan) {
 }  // namespace
 
 bool local_level_has_steps(const dist::World& world, const std::string& directory) {
-  int has = local_steps(directory).empty() ? 0 : 1;
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &has, 1, MPI_INT, MPI_MAX, world.comm()),
-                  "MPI_Allreduce");
-  return has != 0;
+  return dist::all_reduce(world.comm(), local_steps(directory).empty() ? 0 : 1,
+                          dist::ReduceOp::max) != 0;
 }
 
 void discard_local_steps_after(const dist::World& world, const std::string& directory,
@@ -412,17 +483,21 @@ std::optional<LocalResume> resume_from_local_level(const dist::World& world,
   }
   const json mine = local_inventory(directory, world.rank(), share, shares, checksums);
   const std::vector<std::string> gathered = dist::gather_strings(world.comm(), mine.dump());
-  json plan;
+  std::optional<RestorePlan> planned;
   std::vector<std::string> notes;
   if (world.is_root()) {
     std::vector<json> parts;
     parts.reserve(gathered.size());
     for (const std::string& text : gathered) parts.push_back(json::parse(text));
-    plan = plan_restore(parts, directories, world.size(), not_before, run_key, notes);
+    planned = plan_restore(parts, directories, world.size(), not_before, run_key, notes);
   }
   for (const std::string& n : notes) log.warn("{}", n);
-  plan = json::parse(dist::broadcast_string(world.comm(), plan.dump()));
-  if (plan.is_null()) return std::nullopt;
+  // Rank 0's plan reaches the others as JSON; every rank, rank 0 too, carries out the plan it
+  // parses back, so that all of them follow the same one.
+  const std::optional<RestorePlan> agreed = plan_from_json(
+      json::parse(dist::broadcast_string(world.comm(), plan_to_json(planned).dump())));
+  if (!agreed) return std::nullopt;
+  const RestorePlan& plan = *agreed;
 
   FirstFailure f;
   const std::string path = carry_out(world, plan, directory, f);
@@ -431,7 +506,7 @@ std::optional<LocalResume> resume_from_local_level(const dist::World& world,
   std::string problem = f.text;
   if (problem.empty() &&
       (resume.state.rank != world.rank() || resume.state.world_size != world.size() ||
-       resume.state.manifest.step != plan.at("step").get<std::int64_t>()))
+       resume.state.manifest.step != plan.step))
     problem = fmt::format("{}: holds rank {} of {} at step {}", path, resume.state.rank,
                           resume.state.world_size, resume.state.manifest.step);
   const std::vector<std::string> problems = dist::gather_strings(world.comm(), problem);
@@ -443,10 +518,10 @@ std::optional<LocalResume> resume_from_local_level(const dist::World& world,
     log.warn("the node-local level could not be restored ({}); using --ckpt-dir", first);
     return std::nullopt;
   }
-  resume.step = plan.at("step").get<std::int64_t>();
+  resume.step = plan.step;
   resume.description = describe(plan);
-  resume.rebuilt = std::any_of(plan.at("ranks").begin(), plan.at("ranks").end(),
-                               [](const json& r) { return r.at("mode") != "direct"; });
+  resume.rebuilt = std::any_of(plan.ranks.begin(), plan.ranks.end(),
+                               [](const RankRestore& r) { return r.mode != RestoreMode::direct; });
   return resume;
 }
 

@@ -23,6 +23,43 @@ class World;
 
 namespace l3::ckpt {
 
+// How one rank gets its state back.
+enum class RestoreMode {
+  direct,       // its own file, in its own directory: read in place
+  moved,        // its own file, read in another rank's directory and sent to it
+  copy,         // the partner copy another rank holds, sent to it
+  xor_rebuild,  // rebuilt from the parity and states of the other members of its XOR set
+};
+
+// One member of a lost state's XOR set: what it contributes to the rebuild.
+struct XorContributor {
+  int position = 0;          // its place in the set
+  int reader = 0;            // the rank that reads its files and sends their blocks
+  std::string state;         // its state file
+  std::string parity;        // its parity file
+  std::int64_t payload = 0;  // where the parity file's parity bytes begin
+};
+
+struct RankRestore {
+  RestoreMode mode = RestoreMode::direct;
+  // direct, moved, copy: the file holding the state, and (moved, copy) the rank that reads it.
+  std::string path;
+  int reader = -1;
+  // xor_rebuild: the lost state's place in its set of `members`, its length in bytes, the
+  // parity chunk's, and the members that send their blocks.
+  int position = 0;
+  int members = 0;
+  std::int64_t length = 0;
+  std::int64_t chunk = 0;
+  std::vector<XorContributor> contributors;
+};
+
+// The step every rank restores and how each gets its state: one RankRestore per rank.
+struct RestorePlan {
+  std::int64_t step = 0;
+  std::vector<RankRestore> ranks;
+};
+
 struct LocalResume {
   std::int64_t step = 0;
   LocalState state;         // this rank's: the manifest it carries and its ranges
@@ -48,11 +85,11 @@ struct LocalResume {
                                              int shares, bool checksums);
 // How every rank of `world_size` can get its state from `entries` (the good files of one step;
 // `directories[reader]` says where each reader is: a state read in its own rank's directory is
-// read in place): one entry per rank ({"mode": direct, moved, copy, xor, ...}), or `missing`
-// set to why not.
-[[nodiscard]] nlohmann::json plan_local_step(const std::vector<nlohmann::json>& entries,
-                                             const std::vector<std::string>& directories,
-                                             int world_size, std::string& missing);
+// read in place): one entry per rank, or `missing` set to why not (the entries are then
+// incomplete).
+[[nodiscard]] std::vector<RankRestore> plan_local_step(const std::vector<nlohmann::json>& entries,
+                                                       const std::vector<std::string>& directories,
+                                                       int world_size, std::string& missing);
 
 // Collective: whether any rank's directory of the level holds a step.
 [[nodiscard]] bool local_level_has_steps(const dist::World& world, const std::string& directory);

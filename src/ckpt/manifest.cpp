@@ -11,6 +11,7 @@
 #include "core/bounded_read.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
+#include "dist/library_versions.hpp"
 
 namespace l3::ckpt {
 
@@ -50,7 +51,7 @@ Manifest describe_checkpoint(const RunFacts& run) {
   const core::BuildInfo build = core::build_info();
   m.program_version = build.version;
   m.git_commit = build.git_commit;
-  for (const core::LibraryVersion& library : core::library_versions())
+  for (const core::LibraryVersion& library : dist::library_versions())
     m.libraries[library.name] = library.version;
   m.created_utc = utc_now();
   m.adamw_step = run.adamw_step;

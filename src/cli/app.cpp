@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
 #include "core/options.hpp"
+#include "dist/library_versions.hpp"
 #include "dist/mpi_runtime.hpp"
 #include "dist/thread_budget.hpp"
 #include "dist/world.hpp"
@@ -74,7 +75,7 @@ std::string version_text() {
         fmt::format("backend {}: {}\n", kernels::backend_name(backend.backend), backend.summary);
     if (!backend.warning.empty()) text += fmt::format("warning: {}\n", backend.warning);
   }
-  for (const core::LibraryVersion& library : core::library_versions()) {
+  for (const core::LibraryVersion& library : dist::library_versions()) {
     text += fmt::format("{}: {}\n", library.name, library.version);
   }
   return text;
@@ -161,8 +162,7 @@ int run_under_mpi(const Command& command, const std::vector<std::string>& args, 
   } catch (...) {
     const core::ErrorSummary summary = core::summarize(std::current_exception());
     std::cerr << "error: [rank " << world->rank() << "] " << summary.text << '\n';
-    MPI_Abort(job, summary.exit_code);
-    return summary.exit_code;
+    dist::abort_job(job, summary.exit_code);
   }
 }
 

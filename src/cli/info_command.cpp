@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
+#include "dist/library_versions.hpp"
 #include "dist/mpi_runtime.hpp"
 #include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
@@ -63,10 +64,8 @@ struct WorldCheck {
 // rank computed on its own is consistent with what the others computed.
 WorldCheck check_world(const dist::World& world, const std::vector<json>& ranks) {
   WorldCheck check;
-  long long sum = 0;
   const long long mine = world.rank() + 1;
-  dist::check_mpi(MPI_Allreduce(&mine, &sum, 1, MPI_LONG_LONG, MPI_SUM, world.comm()),
-                  "MPI_Allreduce");
+  const long long sum = dist::all_reduce(world.comm(), mine, dist::ReduceOp::sum);
   const long long expected = static_cast<long long>(world.size()) * (world.size() + 1) / 2;
   if (sum != expected) {
     check.ok = false;
@@ -137,7 +136,7 @@ void print_human(const dist::World& world, const std::vector<json>& ranks,
     text += fmt::format("backend:   {:<5} {}\n", kernels::backend_name(b.backend), b.summary);
     if (!b.warning.empty()) text += fmt::format("warning:   {}\n", b.warning);
   }
-  for (const core::LibraryVersion& lib : core::library_versions()) {
+  for (const core::LibraryVersion& lib : dist::library_versions()) {
     text += fmt::format("library:   {:<14} {}\n", lib.name, lib.version);
   }
   for (const std::string& finding : check.findings) text += fmt::format("check:     {}\n", finding);
@@ -156,7 +155,7 @@ json to_json(const dist::World& world, const std::vector<json>& ranks, const Wor
     backends.push_back(std::move(backend));
   }
   json libraries = json::object();
-  for (const core::LibraryVersion& lib : core::library_versions())
+  for (const core::LibraryVersion& lib : dist::library_versions())
     libraries[lib.name] = lib.version;
   return json{{"version", build.version},
               {"commit", build.git_commit},
@@ -189,9 +188,7 @@ bool report(const CommandContext& context) {
       print_human(world, ranks, check);
     }
   }
-  int ok = check.ok ? 1 : 0;
-  dist::check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, world.comm()), "MPI_Bcast");
-  return ok != 0;
+  return dist::broadcast_value(world.comm(), check.ok ? 1 : 0, 0) != 0;
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
+#include "dist/mpi_runtime.hpp"
+#include "dist/request.hpp"
 
 namespace l3::cli {
 
@@ -87,26 +89,23 @@ std::vector<std::string> error_lines(std::span<const RankOutcome> outcomes, std:
 
 int conclude_run(MPI_Comm comm, MPI_Comm abort_comm, const RankOutcome& mine, double grace_seconds,
                  const core::LogSink& out) {
-  int rank = 0;
-  int size = 1;
-  dist::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  dist::check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  const int rank = dist::comm_rank(comm);
+  const int size = dist::comm_size(comm);
 
   // Phase 1: is everybody here? A rank with nothing to report waits as long as it takes.
-  MPI_Request arrived = MPI_REQUEST_NULL;
-  dist::check_mpi(MPI_Ibarrier(comm, &arrived), "MPI_Ibarrier");
+  dist::Request arrived = dist::start_barrier(comm);
   const bool failed = mine.exit_code != core::kExitOk && mine.exit_code != core::kExitCheckpointed;
   if (!failed) {
-    dist::check_mpi(MPI_Wait(&arrived, MPI_STATUS_IGNORE), "MPI_Wait");
+    arrived.wait();
   } else {
     const core::Stopwatch waited;
-    int done = 0;
+    bool done = false;
     while (true) {
-      dist::check_mpi(MPI_Test(&arrived, &done, MPI_STATUS_IGNORE), "MPI_Test");
-      if (done != 0 || waited.seconds() >= grace_seconds) break;
+      done = arrived.test();
+      if (done || waited.seconds() >= grace_seconds) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    if (done == 0) {
+    if (!done) {
       if (out) {
         out(
             fmt::format("error: [rank {}/{}] {} (other ranks did not finish within {:.0f} s; "
@@ -116,15 +115,12 @@ int conclude_run(MPI_Comm comm, MPI_Comm abort_comm, const RankOutcome& mine, do
       // Give the launcher a moment to forward the line before the abort tears the job down
       // (Hydra drops output still in flight when it kills the processes).
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      MPI_Abort(abort_comm, mine.exit_code);
-      std::_Exit(mine.exit_code);  // MPI_Abort should not return; make sure
+      dist::abort_job(abort_comm, mine.exit_code);
     }
   }
 
   // Phase 2: everybody is here, so plain collectives are safe.
-  std::vector<int> codes(static_cast<std::size_t>(size));
-  dist::check_mpi(MPI_Allgather(&mine.exit_code, 1, MPI_INT, codes.data(), 1, MPI_INT, comm),
-                  "MPI_Allgather(exit codes)");
+  const std::vector<int> codes = dist::all_gather(comm, mine.exit_code, "exit codes");
   const int job_code = combine_exit_codes(codes);
   const bool any_message =
       std::any_of(codes.begin(), codes.end(), [](int c) { return c != 0 && c != 75; });

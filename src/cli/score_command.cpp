@@ -86,10 +86,7 @@ void score_file(const dist::World& world, const std::string& path, model::LlamaM
     } else {
       train::score_nothing(model);
     }
-    std::vector<ScoredRecord> all(world.is_root() ? static_cast<std::size_t>(world.size()) : 0);
-    dist::check_mpi(MPI_Gather(&mine, sizeof(ScoredRecord), MPI_BYTE, all.data(),
-                               sizeof(ScoredRecord), MPI_BYTE, 0, world.comm()),
-                    "MPI_Gather (scores)");
+    const std::vector<ScoredRecord> all = dist::gather_bytes(world.comm(), mine, 0, "scores");
     for (const ScoredRecord& s : all) {
       if (s.line == 0) continue;
       const RecordScore score{.pair = s.pair != 0, .chosen = s.chosen, .rejected = s.rejected};

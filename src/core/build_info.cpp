@@ -3,7 +3,6 @@
 #include <cblas.h>
 #include <fmt/core.h>
 #include <hdf5.h>
-#include <mpi.h>
 
 #include <array>
 #include <boost/version.hpp>
@@ -38,19 +37,6 @@ BuildInfo build_info() {
 
 std::vector<LibraryVersion> library_versions() {
   std::vector<LibraryVersion> versions;
-
-  std::array<char, MPI_MAX_LIBRARY_VERSION_STRING> mpi{};
-  int mpi_length = 0;
-  MPI_Get_library_version(mpi.data(), &mpi_length);  // allowed before MPI_Init
-  int mpi_major = 0;
-  int mpi_minor = 0;
-  MPI_Get_version(&mpi_major, &mpi_minor);
-  // First line only, up to the first comma: "MPICH Version: 4.0.2", "Open MPI v4.1.4".
-  std::string_view mpi_text(mpi.data(), static_cast<std::size_t>(mpi_length));
-  mpi_text = mpi_text.substr(0, mpi_text.find('\n'));
-  mpi_text = mpi_text.substr(0, mpi_text.find(','));
-  versions.push_back(
-      {"MPI", fmt::format("{} (MPI {}.{})", one_line(mpi_text), mpi_major, mpi_minor)});
 
   unsigned h5_major = 0;
   unsigned h5_minor = 0;

@@ -25,8 +25,9 @@ struct LibraryVersion {
 };
 
 // The versions of the host-side libraries as reported at run time by the libraries themselves
-// (MPI, HDF5, OpenBLAS, PCRE2) or fixed at compile time (Boost, fmt, nlohmann-json).
-// Safe to call before MPI is initialised.
+// (HDF5, OpenBLAS, PCRE2) or fixed at compile time (Boost, fmt, nlohmann-json). Not MPI's: only
+// src/dist calls MPI, a layer above this one; dist::library_versions() is this list with MPI's
+// first, and what the program prints and records.
 [[nodiscard]] std::vector<LibraryVersion> library_versions();
 
 }  // namespace l3::core

@@ -1,17 +1,109 @@
-// Collectives the library builds from MPI's: agreeing on a failure, moving text and byte
-// arrays between ranks, and a barrier that sleeps instead of spinning.
+// Collectives: MPI's own, typed (the datatype comes from the element type, dist/mpi_type.hpp;
+// each is one MPI call, so the numerics are MPI's), and those the library builds from them:
+// agreeing on a failure, moving text and byte arrays between ranks, and a barrier that sleeps
+// instead of spinning. `what` says what is being moved, for the error when MPI fails.
 #pragma once
 
 #include <mpi.h>
 
 #include <chrono>
 #include <exception>
+#include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "dist/communicator.hpp"
+#include "dist/mpi_type.hpp"
 #include "dist/world.hpp"
 
 namespace l3::dist {
+
+// MPI_Allreduce in place: every rank's `values` becomes the element-wise reduction over ranks.
+template <MpiValue T>
+void all_reduce(MPI_Comm comm, std::span<T> values, ReduceOp op, std::string_view what = {}) {
+  check_mpi(
+      MPI_Allreduce(MPI_IN_PLACE, values.data(), mpi_count(values.size(), "MPI_Allreduce", what),
+                    mpi_type<T>(), mpi_op(op), comm),
+      "MPI_Allreduce", what);
+}
+// The same for one value: returns the reduction of every rank's `value`.
+template <MpiValue T>
+[[nodiscard]] T all_reduce(MPI_Comm comm, T value, ReduceOp op, std::string_view what = {}) {
+  all_reduce(comm, std::span<T>(&value, 1), op, what);
+  return value;
+}
+
+// MPI_Allgather: `all` (size() * mine.size() elements) receives every rank's `mine`, in rank
+// order.
+template <MpiValue T>
+void all_gather(MPI_Comm comm, std::span<const std::type_identity_t<T>> mine, std::span<T> all,
+                std::string_view what = {}) {
+  const int count = mpi_count(mine.size(), "MPI_Allgather", what);
+  check_mpi(
+      MPI_Allgather(mine.data(), count, mpi_type<T>(), all.data(), count, mpi_type<T>(), comm),
+      "MPI_Allgather", what);
+}
+// The same for one value per rank: element r of the result is rank r's.
+template <MpiValue T>
+[[nodiscard]] std::vector<T> all_gather(MPI_Comm comm, const T& mine, std::string_view what = {}) {
+  std::vector<T> all(static_cast<std::size_t>(comm_size(comm)));
+  all_gather(comm, std::span<const T>(&mine, 1), std::span<T>(all), what);
+  return all;
+}
+
+// MPI_Allgatherv in place: rank r's `counts[r]` elements at `displacements[r]` of `buffer`
+// (already there on rank r) reach every rank's buffer at the same place.
+template <MpiValue T>
+void all_gatherv(MPI_Comm comm, std::span<T> buffer, std::span<const int> counts,
+                 std::span<const int> displacements, std::string_view what = {}) {
+  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), counts.data(),
+                           displacements.data(), mpi_type<T>(), comm),
+            "MPI_Allgatherv", what);
+}
+
+// MPI_Reduce_scatter: `send` holds every rank's block, counts[r] elements each in rank order;
+// this rank's `receive` (counts[rank] elements) becomes the reduction of its block over ranks.
+template <MpiValue T>
+void reduce_scatter(MPI_Comm comm, std::span<const std::type_identity_t<T>> send,
+                    std::span<T> receive, std::span<const int> counts, ReduceOp op,
+                    std::string_view what = {}) {
+  check_mpi(MPI_Reduce_scatter(send.data(), receive.data(), counts.data(), mpi_type<T>(),
+                               mpi_op(op), comm),
+            "MPI_Reduce_scatter", what);
+}
+
+// MPI_Reduce_scatter_block: `send` holds size() blocks of receive.size() elements; this rank's
+// `receive` becomes the reduction of its block over ranks.
+template <MpiValue T>
+void reduce_scatter_block(MPI_Comm comm, std::span<const std::type_identity_t<T>> send,
+                          std::span<T> receive, ReduceOp op, std::string_view what = {}) {
+  check_mpi(MPI_Reduce_scatter_block(send.data(), receive.data(),
+                                     mpi_count(receive.size(), "MPI_Reduce_scatter_block", what),
+                                     mpi_type<T>(), mpi_op(op), comm),
+            "MPI_Reduce_scatter_block", what);
+}
+
+// MPI_Bcast of one value: every rank returns root's `value`.
+template <MpiValue T>
+[[nodiscard]] T broadcast_value(MPI_Comm comm, T value, int root, std::string_view what = {}) {
+  check_mpi(MPI_Bcast(&value, 1, mpi_type<T>(), root, comm), "MPI_Bcast", what);
+  return value;
+}
+
+// MPI_Gather of a trivially copyable value as its bytes (a struct of results): on `root`,
+// element r is rank r's `mine`; elsewhere the result is empty.
+template <typename T>
+requires std::is_trivially_copyable_v<T>
+[[nodiscard]] std::vector<T> gather_bytes(MPI_Comm comm, const T& mine, int root,
+                                          std::string_view what = {}) {
+  std::vector<T> all(comm_rank(comm) == root ? static_cast<std::size_t>(comm_size(comm)) : 0U);
+  constexpr int kBytes = static_cast<int>(sizeof(T));
+  check_mpi(MPI_Gather(&mine, kBytes, MPI_BYTE, all.data(), kBytes, MPI_BYTE, root, comm),
+            "MPI_Gather", what);
+  return all;
+}
 
 // Collective failure checks: after a phase where each rank works alone (reading its part of
 // the input, writing its shards), all ranks learn whether any failed before they enter the next

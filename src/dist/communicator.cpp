@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -15,6 +16,11 @@ void check_mpi(int rc, std::string_view call) {
   if (MPI_Error_string(rc, text.data(), &length) != MPI_SUCCESS) length = 0;
   throw core::internal_error(
       fmt::format("{} failed: {} (MPI error {})", call, std::string_view(text.data(), length), rc));
+}
+
+void check_mpi(int rc, std::string_view call, std::string_view what) {
+  if (rc == MPI_SUCCESS) return;
+  check_mpi(rc, what.empty() ? std::string(call) : fmt::format("{}({})", call, what));
 }
 
 bool mpi_is_initialized() noexcept {
@@ -40,6 +46,24 @@ UniqueComm duplicate(MPI_Comm comm) {
   UniqueComm owned(copy);
   check_mpi(MPI_Comm_set_errhandler(copy, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   return owned;
+}
+
+UniqueComm split(MPI_Comm comm, int color, int key, std::string_view what) {
+  MPI_Comm part = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(comm, color, key, &part), "MPI_Comm_split", what);
+  return UniqueComm(part);
+}
+
+int comm_rank(MPI_Comm comm) {
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  return rank;
+}
+
+int comm_size(MPI_Comm comm) {
+  int size = 1;
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  return size;
 }
 
 }  // namespace l3::dist

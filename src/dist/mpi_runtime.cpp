@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
+
 #include "core/error.hpp"
 #include "dist/communicator.hpp"
 
@@ -13,6 +15,11 @@ std::string_view thread_level_name(int level) noexcept {
   if (level == MPI_THREAD_SERIALIZED) return "MPI_THREAD_SERIALIZED";
   if (level == MPI_THREAD_MULTIPLE) return "MPI_THREAD_MULTIPLE";
   return "unknown";
+}
+
+void abort_job(MPI_Comm comm, int code) noexcept {
+  MPI_Abort(comm, code);
+  std::_Exit(code);  // MPI_Abort should not return; make sure
 }
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {

@@ -3,12 +3,19 @@
 // MPI keeps owning it.
 #pragma once
 
+#include <mpi.h>
+
 #include <string_view>
 
 namespace l3::dist {
 
 // The MPI thread support levels (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE), by name.
 [[nodiscard]] std::string_view thread_level_name(int level) noexcept;
+
+// MPI_Abort on `comm` with `code`: ends every process of the job (for a rank that cannot wait
+// for the others any longer). Never returns: should MPI_Abort return, the process exits with
+// `code` itself.
+[[noreturn]] void abort_job(MPI_Comm comm, int code) noexcept;
 
 class MpiRuntime {
  public:

@@ -1,7 +1,6 @@
 #include "train/dpo_reference.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <cmath>
 #include <exception>
@@ -13,7 +12,6 @@
 #include "core/fault_injection.hpp"
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
-#include "dist/communicator.hpp"
 #include "io/h5/h5.hpp"
 #include "train/objectives/dpo_loss.hpp"
 #include "train/stop_policy.hpp"
@@ -119,9 +117,8 @@ ReferenceTable compute_reference(const dist::World& world, model::LlamaModel& mo
       }
     }
   }
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
-                                MPI_DOUBLE, MPI_SUM, world.comm()),
-                  "MPI_Allreduce (reference log-probabilities)");
+  dist::all_reduce(world.comm(), std::span(values), dist::ReduceOp::sum,
+                   "reference log-probabilities");
   std::vector<double> rejected(values.begin() + static_cast<std::ptrdiff_t>(pairs), values.end());
   values.resize(pairs);
   return {std::move(key), std::move(values), std::move(rejected)};
@@ -216,7 +213,7 @@ std::optional<ReferenceTable> read_reference(const dist::World& world, const std
     }
   }
   dist::agree_on_failure(world, failure);
-  dist::check_mpi(MPI_Bcast(&found, 1, MPI_INT, 0, world.comm()), "MPI_Bcast (reference found)");
+  found = dist::broadcast_value(world.comm(), found, 0, "reference found");
   why = dist::broadcast_string(world.comm(), why);
   if (found == 0) return std::nullopt;
   values.resize(2 * static_cast<std::size_t>(pairs));

@@ -1,11 +1,9 @@
 #include "train/evaluator.hpp"
 
-#include <mpi.h>
-
 #include <memory>
 
 #include "core/timer.hpp"
-#include "dist/communicator.hpp"
+#include "dist/collectives.hpp"
 #include "io/data/data_loader.hpp"
 #include "io/tokenizer/special_tokens.hpp"
 #include "train/objectives/objective_registry.hpp"
@@ -56,9 +54,8 @@ EvalMetrics evaluate(const dist::World& world, model::LlamaModel& model,
     for (const model::Batch& batch : step.micro) objective->evaluate(batch);
   }
   EvalTotals totals = objective->eval_totals();
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, totals.values.data(), EvalTotals::kValues, MPI_DOUBLE,
-                                MPI_SUM, world.comm()),
-                  "MPI_Allreduce (evaluation)");
+  dist::all_reduce(world.comm(), std::span<double>(totals.values), dist::ReduceOp::sum,
+                   "evaluation");
   EvalMetrics m = objective->eval_metrics(totals);
   m.skipped_samples = loader.skipped_in_epoch(0);
   m.seconds = watch.seconds();

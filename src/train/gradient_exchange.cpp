@@ -5,11 +5,17 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "dist/communicator.hpp"
+#include "dist/collectives.hpp"
 
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
 #include "train/nccl_exchange.hpp"
 #endif
+
+// Values moved without arithmetic travel as their bits: bf16 as 16-bit integers.
+template <>
+struct l3::dist::MpiType<l3::kernels::BFloat16> {
+  static MPI_Datatype get() noexcept { return MPI_UINT16_T; }
+};
 
 namespace l3::train {
 
@@ -32,16 +38,21 @@ PieceCounts piece_counts(FlatRange bucket, std::span<const FlatRange> pieces) {
   return c;
 }
 
-// Element type for moving values without arithmetic: bf16 travels as its 16 bits.
-MPI_Datatype transport_type(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::f32:
-      return MPI_FLOAT;
-    case kernels::DType::bf16:
-      return MPI_UINT16_T;
-    default:
-      throw core::internal_error(
-          fmt::format("gradient exchange: no transport for {}", kernels::dtype_name(dtype)));
+// The dtypes the exchange can move without arithmetic: f32, and bf16 as its 16 bits.
+void check_transport(kernels::DType dtype) {
+  if (dtype == kernels::DType::f32 || dtype == kernels::DType::bf16) return;
+  throw core::internal_error(
+      fmt::format("gradient exchange: no transport for {}", kernels::dtype_name(dtype)));
+}
+
+// MPI_Allgatherv in place of `buffer`'s elements, as their dtype (check_transport).
+void all_gatherv(MPI_Comm comm, kernels::TensorView buffer, const PieceCounts& c,
+                 std::string_view what) {
+  if (buffer.dtype() == kernels::DType::bf16) {
+    dist::all_gatherv(comm, buffer.as<kernels::BFloat16>(), c.counts, c.displacements, what);
+  } else {
+    check_transport(buffer.dtype());
+    dist::all_gatherv(comm, buffer.as<float>(), c.counts, c.displacements, what);
   }
 }
 
@@ -55,19 +66,18 @@ void MpiExchange::reduce_scatter(kernels::TensorView values, FlatRange bucket,
   const PieceCounts c = piece_counts(bucket, pieces);
   const FlatRange mine = pieces[static_cast<std::size_t>(rank_)];
   piece_f32_.resize(static_cast<std::size_t>(mine.size()));
-  const float* send = nullptr;
+  std::span<const float> send;
   if (staged_) {
     // Widened to fp32 on the host: the sum is rounded to the compute dtype once, at the end.
     bucket_f32_.resize(static_cast<std::size_t>(bucket.size()));
     ops_.copy(kernels::TensorView(std::span<float>(bucket_f32_)),
               values.slice(bucket.begin, bucket.size()));
-    send = bucket_f32_.data();
+    send = bucket_f32_;
   } else {
-    send = values.slice(bucket.begin, bucket.size()).as<float>().data();
+    send = values.slice(bucket.begin, bucket.size()).as<float>();
   }
-  dist::check_mpi(
-      MPI_Reduce_scatter(send, piece_f32_.data(), c.counts.data(), MPI_FLOAT, MPI_SUM, comm_.get()),
-      fmt::format("MPI_Reduce_scatter ({} gradients)", bucket.size()));
+  dist::reduce_scatter(comm_.get(), send, std::span(piece_f32_), c.counts, dist::ReduceOp::sum,
+                       fmt::format("{} gradients", bucket.size()));
   if (mine.size() == 0) return;
   if (staged_) {
     ops_.copy(values.slice(mine.begin, mine.size()),
@@ -81,9 +91,9 @@ void MpiExchange::reduce_scatter(kernels::TensorView values, FlatRange bucket,
 void MpiExchange::all_gather(kernels::TensorView values, FlatRange bucket,
                              std::span<const FlatRange> pieces) {
   const PieceCounts c = piece_counts(bucket, pieces);
-  const MPI_Datatype type = transport_type(values.dtype());
+  check_transport(values.dtype());
   const kernels::TensorView whole = values.slice(bucket.begin, bucket.size());
-  void* buffer = whole.data();
+  kernels::TensorView buffer = whole;
   kernels::TensorView staging;
   if (staged_) {
     gather_raw_.resize(whole.bytes());
@@ -93,29 +103,26 @@ void MpiExchange::all_gather(kernels::TensorView values, FlatRange bucket,
       ops_.copy(staging.slice(mine.begin - bucket.begin, mine.size()),
                 values.slice(mine.begin, mine.size()));
     }
-    buffer = staging.data();
+    buffer = staging;
   }
-  dist::check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, c.counts.data(),
-                                 c.displacements.data(), type, comm_.get()),
-                  fmt::format("MPI_Allgatherv ({} values)", bucket.size()));
+  all_gatherv(comm_.get(), buffer, c, fmt::format("{} values", bucket.size()));
   if (staged_) ops_.copy(whole, staging);
 }
 
 void MpiExchange::all_reduce(kernels::TensorView values, FlatRange range) {
   if (range.size() == 0) return;  // then on every rank: the same piece of each replica
   const kernels::TensorView part = values.slice(range.begin, range.size());
-  float* sums = nullptr;
+  std::span<float> sums;
   if (staged_) {
     // In fp32 on the host, rounded to the compute dtype once on the way back.
     piece_f32_.resize(static_cast<std::size_t>(range.size()));
     ops_.copy(kernels::TensorView(std::span<float>(piece_f32_)), part);
-    sums = piece_f32_.data();
+    sums = piece_f32_;
   } else {
-    sums = part.as<float>().data();
+    sums = part.as<float>();
   }
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums, static_cast<int>(range.size()), MPI_FLOAT,
-                                MPI_SUM, comm_.get()),
-                  fmt::format("MPI_Allreduce ({} gradients)", range.size()));
+  dist::all_reduce(comm_.get(), sums, dist::ReduceOp::sum,
+                   fmt::format("{} gradients", range.size()));
   if (staged_) ops_.copy(part, kernels::ConstTensorView(std::span<const float>(piece_f32_)));
 }
 

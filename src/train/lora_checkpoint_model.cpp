@@ -1,7 +1,6 @@
 #include "train/lora_checkpoint_model.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <exception>
@@ -77,8 +76,8 @@ std::string base_digest(const dist::World& world, const ModelSource& source,
   }
   dist::agree_on_failure(world, failure);
   // Each tensor's digest is set on one rank and 0 on the others.
-  MPI_Allreduce(MPI_IN_PLACE, digests.data(), static_cast<int>(digests.size()), MPI_UINT64_T,
-                MPI_BOR, world.comm());
+  dist::all_reduce(world.comm(), std::span(digests), dist::ReduceOp::bitwise_or,
+                   "base model digests");
   return TensorDigests::digest_of(digests);
 }
 

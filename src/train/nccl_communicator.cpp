@@ -1,7 +1,6 @@
 #include "train/nccl_communicator.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <chrono>
 #include <exception>
@@ -12,6 +11,8 @@
 #include "core/fault_injection.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
+#include "dist/point_to_point.hpp"
+#include "dist/request.hpp"
 
 namespace l3::train {
 
@@ -25,12 +26,10 @@ constexpr std::chrono::microseconds kCallPoll{20};
 
 // Polls this rank's nonblocking init until it ends (throws when it failed) or a failed peer's
 // notice arrives (the init is then still in progress, and the caller aborts it).
-void wait_for_init(ncclComm_t comm, ncclResult_t state, MPI_Request& notice,
+void wait_for_init(ncclComm_t comm, ncclResult_t state, dist::Request& notice,
                    std::string_view what) {
   while (state == ncclInProgress) {
-    int arrived = 0;
-    dist::check_mpi(MPI_Test(&notice, &arrived, MPI_STATUS_IGNORE), "MPI_Test (NCCL init notice)");
-    if (arrived != 0) return;
+    if (notice.test("NCCL init notice")) return;
     std::this_thread::sleep_for(kInitPoll);
     check_nccl(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError (init)", comm);
   }
@@ -39,24 +38,16 @@ void wait_for_init(ncclComm_t comm, ncclResult_t state, MPI_Request& notice,
 
 // Receives every notice sent to this rank (one per failed peer other than itself; the first one
 // may have arrived already) or cancels the receive nobody will match, then completes the sends.
-void drain_notices(MPI_Comm notices, MPI_Request& notice, int expected,
-                   std::vector<MPI_Request>& sends) {
+void drain_notices(MPI_Comm notices, dist::Request& notice, int expected,
+                   std::vector<dist::Request>& sends) {
   if (expected == 0) {
-    if (notice != MPI_REQUEST_NULL) {
-      dist::check_mpi(MPI_Cancel(&notice), "MPI_Cancel (NCCL init notice)");
-      dist::check_mpi(MPI_Wait(&notice, MPI_STATUS_IGNORE), "MPI_Wait (NCCL init notice)");
-    }
+    if (notice.active()) notice.cancel("NCCL init notice");
   } else {
-    dist::check_mpi(MPI_Wait(&notice, MPI_STATUS_IGNORE), "MPI_Wait (NCCL init notice)");
-    for (int i = 1; i < expected; ++i) {
-      int peer = -1;
-      dist::check_mpi(
-          MPI_Recv(&peer, 1, MPI_INT, MPI_ANY_SOURCE, kNoticeTag, notices, MPI_STATUS_IGNORE),
-          "MPI_Recv (NCCL init notice)");
-    }
+    notice.wait("NCCL init notice");
+    for (int i = 1; i < expected; ++i)
+      (void)dist::receive_value<int>(notices, MPI_ANY_SOURCE, kNoticeTag, "NCCL init notice");
   }
-  dist::check_mpi(MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE),
-                  "MPI_Waitall (NCCL init notices)");
+  dist::Request::wait_all(sends, "NCCL init notices");
 }
 
 }  // namespace
@@ -89,10 +80,8 @@ ncclComm_t create_nccl_communicator(const dist::World& world, int device) {
   // Notices travel on a communicator of their own: nothing else can match them.
   const dist::UniqueComm notices = world.duplicate_comm();
   int failed_peer = -1;
-  MPI_Request notice = MPI_REQUEST_NULL;
-  dist::check_mpi(
-      MPI_Irecv(&failed_peer, 1, MPI_INT, MPI_ANY_SOURCE, kNoticeTag, notices.get(), &notice),
-      "MPI_Irecv (NCCL init notice)");
+  dist::Request notice = dist::start_receive(notices.get(), std::span(&failed_peer, 1),
+                                             MPI_ANY_SOURCE, kNoticeTag, "NCCL init notice");
   ncclComm_t comm = nullptr;
   try {
     core::fault_point("nccl.init", world.rank());
@@ -107,22 +96,21 @@ ncclComm_t create_nccl_communicator(const dist::World& world, int device) {
     failure = std::current_exception();
   }
 
-  std::vector<MPI_Request> sends;
+  // The notices' content: alive until the sends are complete (drain_notices).
+  const int me = world.rank();
+  std::vector<dist::Request> sends;
   if (failure) {
-    const int me = world.rank();
     sends.reserve(static_cast<std::size_t>(world.size()));
     for (int r = 0; r < world.size(); ++r) {
       if (r == me) continue;
-      MPI_Request& send = sends.emplace_back(MPI_REQUEST_NULL);
-      dist::check_mpi(MPI_Isend(&me, 1, MPI_INT, r, kNoticeTag, notices.get(), &send),
-                      "MPI_Isend (NCCL init notice)");
+      sends.push_back(
+          dist::start_send(notices.get(), std::span(&me, 1), r, kNoticeTag, "NCCL init notice"));
     }
   }
   // Every rank gets here: at once when its init succeeded, after its notices when it failed,
   // after a notice when a peer failed. (A rank told of a failure has not failed itself.)
-  int failures = failure ? 1 : 0;
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, notices.get()),
-                  "MPI_Allreduce (NCCL init failures)");
+  const int failures =
+      dist::all_reduce(notices.get(), failure ? 1 : 0, dist::ReduceOp::sum, "NCCL init failures");
   drain_notices(notices.get(), notice, failures - (failure ? 1 : 0), sends);
   if (failures > 0 && comm != nullptr) {
     (void)ncclCommAbort(comm);  // in progress, or complete while a peer failed: never destroyed

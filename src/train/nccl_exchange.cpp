@@ -13,7 +13,6 @@
 
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
-#include "dist/communicator.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "train/nccl_communicator.hpp"
@@ -269,16 +268,14 @@ bool each_rank_has_its_own_gpu(const dist::World& world, kernels::Ops& ops) {
   cuda::check(cudaDeviceGetPCIBusId(mine.data(), kIdLength, cuda_ops->device()),
               "cudaDeviceGetPCIBusId");
   std::vector<char> all(static_cast<std::size_t>(world.local_size()) * kIdLength);
-  dist::check_mpi(MPI_Allgather(mine.data(), kIdLength, MPI_CHAR, all.data(), kIdLength, MPI_CHAR,
-                                world.local_comm()),
-                  "MPI_Allgather (GPU bus ids)");
+  dist::all_gather(world.local_comm(), std::span<const char>(mine), std::span(all), "GPU bus ids");
   std::set<std::string> distinct;
   for (int r = 0; r < world.local_size(); ++r) {
     distinct.emplace(all.data() + static_cast<std::ptrdiff_t>(r) * kIdLength);
   }
-  int shared = static_cast<int>(distinct.size()) < world.local_size() ? 1 : 0;
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, world.comm()),
-                  "MPI_Allreduce (GPU sharing)");
+  const int shared =
+      dist::all_reduce(world.comm(), static_cast<int>(distinct.size()) < world.local_size() ? 1 : 0,
+                       dist::ReduceOp::max, "GPU sharing");
   return shared == 0;
 }
 

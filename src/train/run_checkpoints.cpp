@@ -1,7 +1,6 @@
 #include "train/run_checkpoints.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <exception>
@@ -14,7 +13,6 @@
 #include "core/trace_range.hpp"
 #include "core/words.hpp"
 #include "dist/collectives.hpp"
-#include "dist/communicator.hpp"
 #include "dist/node_map.hpp"
 #include "train/data_parallel.hpp"
 #include "train/progress_bar.hpp"
@@ -217,9 +215,9 @@ void RunCheckpoints::resumed_from(const std::string& step_dir, std::int64_t step
 std::optional<ResumedState> restore_local_state(const dist::World& world, const core::Logger& log,
                                                 const ckpt::LocalState& local,
                                                 const std::string& origin, DataParallel& parallel) {
-  int fits = local.state.ranges == parallel.optimizer().state_ranges() ? 1 : 0;
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, world.comm()),
-                  "MPI_Allreduce(local ranges)");
+  const int fits = dist::all_reduce(
+      world.comm(), local.state.ranges == parallel.optimizer().state_ranges() ? 1 : 0,
+      dist::ReduceOp::min, "local ranges");
   if (fits == 0) return std::nullopt;
   const ckpt::Manifest& manifest = local.manifest;
   const ResumedState resumed = load_state(parallel, local.state, manifest);

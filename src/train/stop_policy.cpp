@@ -1,14 +1,13 @@
 #include "train/stop_policy.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <chrono>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/words.hpp"
-#include "dist/communicator.hpp"
+#include "dist/collectives.hpp"
 #include "dist/world.hpp"
 
 namespace l3::train {
@@ -43,17 +42,16 @@ BoundaryDecision StopPolicy::agree(const BoundaryTiming& timing) {
       local |= kStopNow;
     }
   }
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_BOR, world_.comm()),
-                  "MPI_Allreduce (step boundary agreement)");
+  local =
+      dist::all_reduce(world_.comm(), local, dist::ReduceOp::bitwise_or, "step boundary agreement");
   return {.stop = (local & kStopNow) != 0, .checkpoint = (local & kCheckpointNow) != 0};
 }
 
 void stop_if_requested(const dist::World& world, const std::atomic<bool>* flag,
                        std::string_view where) {
   if (flag == nullptr) return;
-  int stop = flag->load() ? 1 : 0;
-  dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, world.comm()),
-                  "MPI_Allreduce (stop before the first step)");
+  const int stop = dist::all_reduce(world.comm(), flag->load() ? 1 : 0, dist::ReduceOp::max,
+                                    "stop before the first step");
   if (stop != 0) {
     throw core::stopped_before_start(
         fmt::format("stopped on request {}, before the first step: nothing to save", where));

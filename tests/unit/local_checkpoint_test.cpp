@@ -1,6 +1,8 @@
 // The node-local checkpoint level's pure parts: the placement of partner copies and XOR sets,
 // the XOR parity arithmetic (encode, lose any one member, rebuild), and the local files
-// (round trip, and truncation or a flipped bit caught).
+// (round trip, and truncation or a flipped bit caught), and the restore plan.
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -10,6 +12,7 @@
 #include "ckpt/local_checkpoint_writer.hpp"
 #include "ckpt/local_files.hpp"
 #include "ckpt/local_redundancy.hpp"
+#include "ckpt/local_restore.hpp"
 #include "ckpt/manifest.hpp"
 #include "dist/node_map.hpp"
 #include "model/model_config.hpp"
@@ -234,4 +237,53 @@ TEST_CASE("restrict_state copies the ranges asked for", "[local]") {
   const l3::ckpt::RankState r = l3::ckpt::restrict_state(s, {{2, 4}, {11, 13}});
   CHECK(r.master == std::vector<float>{2, 3, 5, 6});
   CHECK_THROWS(l3::ckpt::restrict_state(s, {{3, 6}}));
+}
+
+TEST_CASE("restore plan: each rank's state from its file, a copy, elsewhere or XOR", "[local]") {
+  using l3::ckpt::RestoreMode;
+  using nlohmann::json;
+  // Inventory entries as local_inventory makes them (the good files of one step).
+  const auto file = [](const std::string& kind, int owner, int reader) {
+    return json{{"kind", kind},
+                {"owner", owner},
+                {"reader", reader},
+                {"path", fmt::format("d{}/{}-{}", reader, kind, owner)}};
+  };
+  const auto parity = [&](int owner, int reader) {
+    json e = file("xor", owner, reader);
+    e.update({{"set", {0, 1, 2}}, {"lengths", {100, 90, 80}}, {"chunk", 56}, {"payload", 4096}});
+    return e;
+  };
+  const std::vector<std::string> directories{"a", "b", "c", "d"};
+  std::string missing;
+  // Rank 0 reads its own state; rank 1's state is read in rank 0's directory (moved); rank 2
+  // has only its partner copy, held by rank 3; rank 3 reads its own.
+  const std::vector<l3::ckpt::RankRestore> plan = l3::ckpt::plan_local_step(
+      {file("state", 0, 0), file("state", 1, 0), file("copy", 2, 3), file("state", 3, 3)},
+      directories, 4, missing);
+  CHECK(missing.empty());
+  REQUIRE(plan.size() == 4);
+  CHECK((plan[0].mode == RestoreMode::direct && plan[0].path == "d0/state-0"));
+  CHECK((plan[1].mode == RestoreMode::moved && plan[1].reader == 0));
+  CHECK((plan[2].mode == RestoreMode::copy && plan[2].reader == 3 && plan[2].path == "d3/copy-2"));
+  CHECK(plan[3].mode == RestoreMode::direct);
+
+  // Rank 1 of the XOR set {0, 1, 2} is lost: rebuilt from ranks 0's and 2's files.
+  const std::vector<l3::ckpt::RankRestore> rebuilt = l3::ckpt::plan_local_step(
+      {file("state", 0, 0), parity(0, 0), file("state", 2, 2), parity(2, 2)}, directories, 3,
+      missing);
+  CHECK(missing.empty());
+  REQUIRE(rebuilt.size() == 3);
+  const l3::ckpt::RankRestore& lost = rebuilt[1];
+  CHECK(lost.mode == RestoreMode::xor_rebuild);
+  CHECK((lost.position == 1 && lost.members == 3 && lost.length == 90 && lost.chunk == 56));
+  REQUIRE(lost.contributors.size() == 2);
+  CHECK((lost.contributors[1].position == 2 && lost.contributors[1].reader == 2));
+  CHECK((lost.contributors[1].state == "d2/state-2" && lost.contributors[1].parity == "d2/xor-2"));
+  CHECK(lost.contributors[1].payload == 4096);
+
+  // Without rank 2's parity, rank 1 cannot be rebuilt.
+  (void)l3::ckpt::plan_local_step({file("state", 0, 0), parity(0, 0), file("state", 2, 2)},
+                                  directories, 3, missing);
+  CHECK_THAT(missing, Catch::Contains("misses rank 2's files"));
 }
