@@ -6,11 +6,12 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <utility>
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
-#include "dist/communicator.hpp"
+#include "dist/collectives.hpp"
 
 namespace l3::train {
 
@@ -70,8 +71,8 @@ DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
     // MPI while the others use NCCL, and the replicas' all-reduce spans both.
     const GradientExchange* shard_exchange = scheduler_.exchange();
     std::array<int, 2> queued{shard_exchange->queued() ? 1 : 0, shard_exchange->queued() ? 0 : 1};
-    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, queued.data(), 2, MPI_INT, MPI_MAX, world.comm()),
-                    "MPI_Allreduce (hybrid sharding: the exchange of each group)");
+    dist::all_reduce(world.comm(), std::span<int>(queued), dist::ReduceOp::max,
+                     "hybrid sharding: the exchange of each group");
     if (queued[0] == 1 && queued[1] == 1) {
       throw core::usage_error(
           "--shard-group-size: some shard groups exchange over NCCL and others over MPI (ranks "
@@ -200,9 +201,8 @@ double DataParallel::gradient_norm() {
   if (mine_only) {
     std::vector<double> mine(table.begin() + static_cast<std::ptrdiff_t>(rank_ * nb),
                              table.begin() + static_cast<std::ptrdiff_t>((rank_ + 1) * nb));
-    dist::check_mpi(MPI_Allgather(mine.data(), static_cast<int>(nb), MPI_DOUBLE, table.data(),
-                                  static_cast<int>(nb), MPI_DOUBLE, shards_.comm()),
-                    "MPI_Allgather (gradient norm)");
+    dist::all_gather(shards_.comm(), std::span<const double>(mine), std::span<double>(table),
+                     "gradient norm");
   }
   double total = 0;
   for (std::size_t b = 0; b < nb; ++b) {

@@ -1,12 +1,12 @@
 #include "train/trainer.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <exception>
+#include <span>
 #include <vector>
 
 #include "core/error.hpp"
@@ -14,7 +14,6 @@
 #include "core/timer.hpp"
 #include "core/trace_range.hpp"
 #include "dist/collectives.hpp"
-#include "dist/communicator.hpp"
 #include "model/llama_model.hpp"
 #include "train/evaluator.hpp"
 #include "train/run_report.hpp"
@@ -81,9 +80,8 @@ struct Trainer::Impl {
       counts[0] += objective.units(b);
       counts[1] += b.document_tokens;
     }
-    dist::check_mpi(
-        MPI_Allreduce(MPI_IN_PLACE, counts.data(), 2, MPI_INT64_T, MPI_SUM, world.comm()),
-        "MPI_Allreduce (step counts)");
+    dist::all_reduce(world.comm(), std::span<std::int64_t>(counts), dist::ReduceOp::sum,
+                     "step counts");
     const float scale = counts[0] > 0 ? 1.0F / static_cast<float>(counts[0]) : 0.0F;
 
     model.zero_gradients();
@@ -125,8 +123,7 @@ struct Trainer::Impl {
     // the queue is empty by now, so it costs a small copy, not a second wait.
     const LossSums local = objective.step_sums();
     std::array<double, 4> sums{local.loss, local.correct, local.margin, local.chosen};
-    dist::check_mpi(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 4, MPI_DOUBLE, MPI_SUM, world.comm()),
-                    "MPI_Allreduce (step loss)");
+    dist::all_reduce(world.comm(), std::span<double>(sums), dist::ReduceOp::sum, "step loss");
 
     StepMetrics m;
     m.step = done + 1;
