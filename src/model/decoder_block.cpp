@@ -57,21 +57,7 @@ void lora_backward(kernels::Ops& ops, const BlockAdapters& ad, LoraTarget t,
 }
 
 BlockWeights block_weights(const ParameterLayout& layout, int layer, const WeightLookup& weight) {
-  const ModelConfig& c = layout.config();
-  const BlockOffsets& o = layout.block(layer);
-  const std::int64_t h = c.hidden_size;
-  const std::int64_t i = c.intermediate_size;
-  const std::int64_t q = c.q_size();
-  const std::int64_t kv = c.kv_size();
-  return {.input_norm = weight(o.input_norm, h),
-          .q_proj = weight(o.q_proj, {q, h}),
-          .k_proj = weight(o.k_proj, {kv, h}),
-          .v_proj = weight(o.v_proj, {kv, h}),
-          .o_proj = weight(o.o_proj, {h, q}),
-          .post_attention_norm = weight(o.post_attention_norm, h),
-          .gate_proj = weight(o.gate_proj, {i, h}),
-          .up_proj = weight(o.up_proj, {i, h}),
-          .down_proj = weight(o.down_proj, {h, i})};
+  return block_tensors<BlockWeights>(layout, layer, weight);
 }
 
 void decoder_block_forward(kernels::Ops& ops, const ModelConfig& c, const BlockWeights& w,

@@ -31,6 +31,27 @@ using WeightLookup =
 [[nodiscard]] BlockWeights block_weights(const ParameterLayout& layout, int layer,
                                          const WeightLookup& weight);
 
+// Block `layer`'s nine tensors as `at(offset, shape)` views them, in a BlockWeights or a
+// BlockGradients (the same members): one place for their shapes.
+template <typename Parts, typename Lookup>
+[[nodiscard]] Parts block_tensors(const ParameterLayout& layout, int layer, const Lookup& at) {
+  const ModelConfig& c = layout.config();
+  const BlockOffsets& o = layout.block(layer);
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t i = c.intermediate_size;
+  const std::int64_t q = c.q_size();
+  const std::int64_t kv = c.kv_size();
+  return {.input_norm = at(o.input_norm, kernels::Shape{h}),
+          .q_proj = at(o.q_proj, kernels::Shape{q, h}),
+          .k_proj = at(o.k_proj, kernels::Shape{kv, h}),
+          .v_proj = at(o.v_proj, kernels::Shape{kv, h}),
+          .o_proj = at(o.o_proj, kernels::Shape{h, q}),
+          .post_attention_norm = at(o.post_attention_norm, kernels::Shape{h}),
+          .gate_proj = at(o.gate_proj, kernels::Shape{i, h}),
+          .up_proj = at(o.up_proj, kernels::Shape{i, h}),
+          .down_proj = at(o.down_proj, kernels::Shape{h, i})};
+}
+
 // A block's LoRA adapters (lora_config.hpp) as views into the adapter buffer: A (r, in) and
 // B (out, r) of each target, empty where a layer has none; y = W x + scale * B (A dropout(x)).
 struct BlockAdapters {

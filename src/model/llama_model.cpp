@@ -252,21 +252,9 @@ BlockAdapterGradients LlamaModel::layer_adapter_gradients(int layer,
 }
 
 BlockGradients LlamaModel::layer_gradients(int layer) const {
-  const ModelConfig& c = config();
-  const std::int64_t h = c.hidden_size;
-  const std::int64_t i = c.intermediate_size;
-  const std::int64_t q = c.q_size();
-  const std::int64_t kv = c.kv_size();
-  const BlockOffsets& w = layout_.block(layer);
-  return {.input_norm = base_grad(w.input_norm, h),
-          .q_proj = base_grad(w.q_proj, {q, h}),
-          .k_proj = base_grad(w.k_proj, {kv, h}),
-          .v_proj = base_grad(w.v_proj, {kv, h}),
-          .o_proj = base_grad(w.o_proj, {h, q}),
-          .post_attention_norm = base_grad(w.post_attention_norm, h),
-          .gate_proj = base_grad(w.gate_proj, {i, h}),
-          .up_proj = base_grad(w.up_proj, {i, h}),
-          .down_proj = base_grad(w.down_proj, {h, i})};
+  return block_tensors<BlockGradients>(
+      layout_, layer,
+      [this](std::int64_t offset, const Shape& shape) { return base_grad(offset, shape); });
 }
 
 void LlamaModel::require_own_parameters(std::string_view what) const {

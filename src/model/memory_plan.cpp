@@ -215,7 +215,7 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
         {fmt::format("gradients being computed ({}, ZeRO-2: two layer groups{})", dtype,
                      layout.lm_head_tied() ? " and the tied embedding" : ""),
          bytes_of(in.compute, gradient_slot_elements(layout))});
-    // In fp32 when micro-batches add up there (DataParallelConfig::fp32_reduced_gradients).
+    // In fp32 when micro-batches add up there (Placement::fp32_gradients).
     const DType reduced = fp32_gradients ? DType::f32 : in.compute;
     plan.lines.push_back({fmt::format("reduced gradients ({}, ZeRO-2: 1/{} of them)",
                                       reduced == in.compute ? dtype : std::string("fp32"), shards),
