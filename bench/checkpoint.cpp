@@ -182,7 +182,7 @@ l3::train::TrainConfig train_config(const std::string& dir, const l3::dist::Worl
   c.steps = steps;
   c.lr = 1e-4;
   c.log_every = 0;
-  c.progress = false;
+  c.progress = l3::train::ProgressMode::never;
   return c;
 }
 

@@ -63,7 +63,7 @@ Figures run(const l3::dist::World& world, const std::string& dir, std::int64_t s
   c.steps = steps;
   c.lr = 1e-4;
   c.log_every = 0;
-  c.progress = false;
+  c.progress = l3::train::ProgressMode::never;
   c.overlap_reduction = overlap;
   c.shard_gradients = shard_gradients;
   const l3::core::Logger quiet(world.rank(), world.size(), {.level = l3::core::LogLevel::warn});

@@ -61,7 +61,7 @@ Figures run(const l3::dist::World& world, const std::string& dir, const Shape& s
   c.steps = steps;
   c.lr = 1e-4;
   c.log_every = 0;
-  c.progress = false;
+  c.progress = l3::train::ProgressMode::never;
   c.shard_gradients = true;
   c.shard_parameters = mode != Mode::zero2;
   c.prefetch_gathers = mode == Mode::zero3;

@@ -142,6 +142,19 @@ l3_require(OpenSSL_FOUND "OpenSSL's libcrypto (SHA-256 of tokenizers and checkpo
 find_package(ZLIB)
 l3_require(ZLIB_FOUND "zlib (reading .jsonl.gz)" "zlib1g-dev" "zlib-api")
 
+# Protocol Buffers: TensorBoard's event files (--tensorboard), the library and protoc. Newer
+# releases (Spack's) install a CMake package, which brings their abseil dependency along;
+# Debian's is found by CMake's own FindProtobuf.
+find_package(Protobuf CONFIG QUIET)
+if(NOT Protobuf_FOUND)
+  find_package(Protobuf MODULE)
+endif()
+if(Protobuf_FOUND AND TARGET protobuf::libprotobuf-lite AND TARGET protobuf::protoc)
+  set(L3_PROTOBUF_FOUND TRUE)
+endif()
+l3_require(L3_PROTOBUF_FOUND "Protocol Buffers, the library and protoc (TensorBoard event files)"
+           "libprotobuf-dev protobuf-compiler" "protobuf")
+
 # Catch2 v2 (Debian 12) or v3 (newer distributions): tests/support/catch.hpp hides the difference.
 if(L3_BUILD_TESTS)
   find_package(Catch2 QUIET)

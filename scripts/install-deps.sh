@@ -23,14 +23,16 @@ packages=(
   libssl-dev                    # SHA-256 (OpenSSL libcrypto): tokenizer and checkpoint hashes
   zlib1g-dev                    # .jsonl.gz input
   libxxhash-dev                 # xxHash64 checksums of checkpoint slices
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files (--tensorboard)
   python3                       # tests/spack/check_package.py, JSON checks of tests/cli
 )
 test_tools=(
   slurmctld slurmd slurm-client munge   # tests/slurm: the job scripts under a real Slurm
   shellcheck                            # lint/shell: jobs/ and scripts/
+  python3-protobuf                      # fault/tensorboard: decodes the event files
 )
 
-spack_line='spack repo add ./spack && spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib xxhash cmake (+ cuda cudnn nccl for the GPU backend)'
+spack_line='spack repo add ./spack && spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib xxhash protobuf cmake (+ cuda cudnn nccl for the GPU backend)'
 
 case "${1:-}" in
   --spack) echo "$spack_line"; exit 0 ;;

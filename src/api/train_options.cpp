@@ -126,6 +126,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "print a metrics line every N steps (0: first and last only)")(
       "metrics", po::value<std::string>()->value_name("FILE"),
       "append one JSON object per step and evaluation to FILE (metrics.jsonl)")(
+      "tensorboard", po::value<std::string>()->value_name("DIR"),
+      "write TensorBoard event files to DIR: every number of --metrics as a scalar "
+      "(train/..., eval/...) against the step (rank 0; a resumed run appends)")(
       "ckpt-dir", po::value<std::string>()->value_name("DIR"),
       "write checkpoints here: DIR/step-NNNNNNNN/ and DIR/latest (always at the end)")(
       "checkpoint-every",
@@ -220,7 +223,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "steps of data prepared ahead")(
       "ignore-tokenizer-mismatch", po::bool_switch(),
       "train even if the data was tokenized with another tokenizer than the --init model's")(
-      "no-progress", po::bool_switch(), "no progress bar, even on a terminal")(
+      "progress", po::value<std::string>()->default_value("auto")->value_name("auto|always|never"),
+      "rank 0's progress bar on stderr: auto when stderr is a terminal; always also through "
+      "mpiexec's pipes")("no-progress", po::bool_switch(), "the same as --progress never")(
       "resume", po::value<std::string>()->default_value("auto")->value_name("auto|none|CKPT"),
       "auto: continue from the newest good checkpoint in --ckpt-dir (damaged ones are set "
       "aside); none: start over; or a checkpoint to continue from")(
@@ -397,6 +402,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.eval_every = get<std::int64_t>(o, "eval-every");
   c.log_every = get<std::int64_t>(o, "log-every");
   c.metrics = optional_string(o, "metrics");
+  c.tensorboard = optional_string(o, "tensorboard");
   c.ckpt_dir = optional_string(o, "ckpt-dir");
   c.checkpoint_every = get<std::int64_t>(o, "checkpoint-every");
   c.ckpt_local = optional_string(o, "ckpt-local");
@@ -420,7 +426,9 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.deterministic = get<bool>(o, "deterministic");
   c.prefetch_depth = get<int>(o, "prefetch-depth");
   c.ignore_tokenizer_mismatch = get<bool>(o, "ignore-tokenizer-mismatch");
-  c.progress = !get<bool>(o, "no-progress");
+  c.progress = get<bool>(o, "no-progress")
+                   ? train::ProgressMode::never
+                   : train::parse_progress_mode(get<std::string>(o, "progress"));
   c.resume = train::parse_resume_choice(get<std::string>(o, "resume"));
   const auto verify = get<std::string>(o, "resume-verify");
   if (verify != "full" && verify != "quick")

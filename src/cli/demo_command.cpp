@@ -45,6 +45,7 @@ constexpr std::string_view kSftData = "sft";                   // prep's dataset
 constexpr std::string_view kPairData = "preferences";          // prep's dataset of the pairs
 constexpr std::string_view kCheckpoints = "ckpt";              // ckpt/<phase>/
 constexpr std::string_view kRewardAdapter = "reward-adapter";  // with --lora
+constexpr std::string_view kTensorBoard = "tensorboard";       // tensorboard/<phase>/
 constexpr std::array kDemoPhases{l3::Phase::sft, l3::Phase::reward, l3::Phase::dpo};
 
 std::string metrics_file_name(l3::Phase phase) {
@@ -53,9 +54,9 @@ std::string metrics_file_name(l3::Phase phase) {
 
 // Every entry the demo writes directly in its workdir.
 std::vector<core::KnownEntry> demo_entries(const std::vector<std::string>& metrics_names) {
-  std::vector<core::KnownEntry> entries{{kMarker, false},     {kInputDir, true},
-                                        {kSftData, true},     {kPairData, true},
-                                        {kCheckpoints, true}, {kRewardAdapter, true}};
+  std::vector<core::KnownEntry> entries{
+      {kMarker, false},     {kInputDir, true},      {kSftData, true},    {kPairData, true},
+      {kCheckpoints, true}, {kRewardAdapter, true}, {kTensorBoard, true}};
   for (const std::string& name : metrics_names) entries.push_back({name, false});
   return entries;
 }
@@ -122,6 +123,8 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
                                 fmt::format("{}/{}", root, metrics_file_name(phase)),
                                 "--ckpt-dir",
                                 fmt::format("{}/{}/{}", root, kCheckpoints, name),
+                                "--tensorboard",
+                                fmt::format("{}/{}/{}", root, kTensorBoard, name),
                                 "--log-level",
                                 o["log-level"].as<std::string>()};
   if (o["log-all-ranks"].as<bool>()) args.emplace_back("--log-all-ranks");
@@ -233,6 +236,7 @@ int run_demo(const CommandContext& context) {
       // What the runs below write anew (the datasets are replaced by prep --overwrite).
       core::remove_tree(fs::path(root) / kCheckpoints);
       core::remove_tree(fs::path(root) / kRewardAdapter);
+      core::remove_tree(fs::path(root) / kTensorBoard);
       for (const l3::Phase phase : kDemoPhases)
         core::remove_tree(fs::path(root) / metrics_file_name(phase));
       write_demo_sft((fs::path(root) / kInputDir / "instructions.jsonl").string(), kRecords);
@@ -306,7 +310,8 @@ int run_demo(const CommandContext& context) {
         "  reward  {}: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
         "          checkpoint {}{}\n"
         "{}"
-        "  data, metrics (metrics-*.jsonl) and checkpoints are in {}\n\n"
+        "  data, metrics (metrics-*.jsonl), TensorBoard's files (tensorboard/) and checkpoints "
+        "are in {}\n\n"
         "Next, with your own data (JSONL records as in docs/FORMAT.md) and a pretrained model M\n"
         "(a Hugging Face directory: huggingface-cli download meta-llama/Llama-3.2-1B-Instruct\n"
         "--local-dir Llama-3.2-1B-Instruct), as in README.md:\n"

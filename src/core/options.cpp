@@ -6,11 +6,14 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <typeinfo>
+#include <vector>
 
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
+#include "core/option_suggestion.hpp"
 
 namespace l3::core {
 
@@ -18,6 +21,21 @@ namespace {
 
 constexpr auto kCommandLineStyle =
     po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+
+// The long names of `options`, for suggestions.
+std::vector<std::string> long_names(const po::options_description& options) {
+  std::vector<std::string> names;
+  for (const auto& option : options.options()) names.push_back(option->long_name());
+  return names;
+}
+
+// An unknown option's message with what it probably meant: "unrecognised option '--warm'; did
+// you mean --warmup?". `dashes`: "--" on the command line, "" for a config file's keys.
+std::string unknown_option_message(const po::unknown_option& e,
+                                   const po::options_description& options,
+                                   std::string_view dashes) {
+  return std::string(e.what()) + did_you_mean(e.get_option_name(), long_names(options), dashes);
+}
 
 // Boost accepts INI sections and turns them into dotted names; we want a flat file and a clear
 // message instead of "unrecognised option 'section.key'".
@@ -52,6 +70,8 @@ po::parsed_options parse_config_file(const std::string& path,
       }
     }
     return parsed;
+  } catch (const po::unknown_option& e) {
+    throw bad_input(unknown_option_message(e, options, ""), {.file = path});
   } catch (const po::error& e) {
     throw bad_input(e.what(), {.file = path});
   }
@@ -125,6 +145,8 @@ po::variables_map parse_options(const po::options_description& options,
     for (const po::option& option : parsed.options) from_command_line.insert(option.string_key);
     reject_negative_unsigned(options, parsed, "");
     po::store(parsed, values);
+  } catch (const po::unknown_option& e) {
+    throw usage_error(unknown_option_message(e, options, "--"));
   } catch (const po::error& e) {
     throw usage_error(e.what());
   }

@@ -160,8 +160,8 @@ MetricsFile::MetricsFile(const std::string& path, std::optional<std::int64_t> re
 
 namespace {
 
-// Whether `record` is one this program writes (to_json above): an object of kind "train" or
-// "eval" with a whole step number.
+// Whether `record` is one a resumed run drops when it is of a later step: an object of kind
+// "train", "eval" or "checkpoint" with a whole step number.
 std::optional<std::int64_t> our_record_step(const json& record) {
   if (!record.is_object()) return std::nullopt;
   const auto kind = record.find("kind");
@@ -170,7 +170,7 @@ std::optional<std::int64_t> our_record_step(const json& record) {
       !step->is_number_integer())
     return std::nullopt;
   const auto& k = kind->get_ref<const std::string&>();
-  if (k != "train" && k != "eval") return std::nullopt;
+  if (k != "train" && k != "eval" && k != "checkpoint") return std::nullopt;
   return step->get<std::int64_t>();
 }
 
@@ -230,6 +230,12 @@ void MetricsFile::write(const json& record) {
   out_ << record.dump() << '\n';
   out_.flush();
   if (!out_) throw core::internal_error("cannot write metrics", {.file = path_});
+}
+
+void MetricsFile::sync() {
+  out_.flush();
+  if (!out_) throw core::internal_error("cannot write metrics", {.file = path_});
+  core::fsync_path(path_);  // any descriptor of the file syncs its data
 }
 
 }  // namespace l3::train

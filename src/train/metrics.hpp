@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "train/metrics_sink.hpp"
 #include "train/train_config.hpp"
 
 namespace l3::train {
@@ -27,15 +28,18 @@ using EvalMetrics = l3::EvalMetrics;
 
 // metrics.jsonl, appended to (a resumed run continues the same file), one object per line,
 // flushed line by line so that a crash loses nothing already reported.
-class MetricsFile {
+class MetricsFile final : public MetricsSink {
  public:
   // `resumed_at`: the step a resumed run continues from. The records of later steps (written
   // by the interrupted run after its last checkpoint, and about to be written again) are
   // dropped first, so that the file reads like one uninterrupted run's. Only records of ours
   // are dropped (objects of kind "train" or "eval"), and a last line the crash cut short:
-  // other lines, a user's notes, are kept as they are.
+  // other lines, a user's notes, are kept as they are. The checkpoints recorded after that
+  // step are dropped too (the run continues from an earlier one), the "run" records kept: they
+  // say where the run was restarted.
   explicit MetricsFile(const std::string& path, std::optional<std::int64_t> resumed_at = {});
-  void write(const nlohmann::json& record);
+  void write(const nlohmann::json& record) override;
+  void sync() override;
 
  private:
   void drop_records_after(std::int64_t step);

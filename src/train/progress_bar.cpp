@@ -11,7 +11,9 @@ namespace {
 constexpr int kWidth = 30;
 }
 
-ProgressBar::ProgressBar(bool enabled) : active_(enabled && isatty(STDOUT_FILENO) == 1) {}
+ProgressBar::ProgressBar(ProgressMode mode, bool shown)
+    : active_(shown && (mode == ProgressMode::always ||
+                        (mode == ProgressMode::automatic && isatty(STDERR_FILENO) == 1))) {}
 
 ProgressBar::~ProgressBar() { finish(); }
 
@@ -23,22 +25,22 @@ void ProgressBar::update(std::int64_t done, std::int64_t total, const std::strin
                           std::string(static_cast<std::size_t>(kWidth - filled), '.');
   std::fputs(fmt::format("\r\033[K[{}] {:3.0f}% {}/{} {}", bar, 100 * fraction, done, total, status)
                  .c_str(),
-             stdout);
-  std::fflush(stdout);
+             stderr);
+  std::fflush(stderr);
   drawn_ = true;
 }
 
 void ProgressBar::clear() {
   if (!active_ || !drawn_) return;
-  std::fputs("\r\033[K", stdout);
-  std::fflush(stdout);
+  std::fputs("\r\033[K", stderr);
+  std::fflush(stderr);
   drawn_ = false;
 }
 
 void ProgressBar::finish() {
   if (!active_ || !drawn_) return;
-  std::fputs("\n", stdout);
-  std::fflush(stdout);
+  std::fputs("\n", stderr);
+  std::fflush(stderr);
   drawn_ = false;
 }
 

@@ -1,16 +1,20 @@
-// A one-line progress bar with ETA, redrawn in place, for runs watched in a terminal. Jobs
-// whose stdout is a file (Slurm logs) get no bar, only the plain metric lines.
+// A one-line progress bar with ETA on stderr, redrawn in place ("\r"), for runs watched in a
+// terminal. Jobs whose stderr is a file (Slurm logs) get no bar, only the plain metric lines,
+// unless asked for (ProgressMode::always: mpiexec hands rank 0's stderr to the terminal through
+// a pipe, so the bar shows there too).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "train/run_choices.hpp"
+
 namespace l3::train {
 
 class ProgressBar {
  public:
-  // Active only when `enabled` and stdout is a terminal.
-  explicit ProgressBar(bool enabled);
+  // `shown`: false where this rank draws none (ranks other than 0).
+  ProgressBar(ProgressMode mode, bool shown);
   ~ProgressBar();
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;

@@ -40,11 +40,17 @@ ResumedState load_state(DataParallel& parallel, const ckpt::RankState& state,
   parallel.optimizer().load_moments(state.ranges, state.exp_avg, state.exp_avg_sq);
   parallel.optimizer().set_adamw_steps(manifest.adamw_step);
   parallel.gather_parameters();
+  const nlohmann::json last_eval =
+      manifest.metrics.is_object() ? manifest.metrics.value("last_eval", nlohmann::json::object())
+                                   : nlohmann::json::object();
+  const auto eval_step = last_eval.find("step");
   return {.step = manifest.step,
           .position = {manifest.data_epoch, manifest.data_step},
           .skipped_steps = manifest.skipped_steps,
           .trained_tokens = manifest.trained_tokens,
-          .trained_seconds = manifest.trained_seconds};
+          .trained_seconds = manifest.trained_seconds,
+          .evaluated = eval_step != last_eval.end() && eval_step->is_number_integer() &&
+                       eval_step->get<std::int64_t>() == manifest.step};
 }
 
 }  // namespace
@@ -174,6 +180,11 @@ void RunCheckpoints::finish_local() {
         : local_->plan.kind == ckpt::Redundancy::xor_parity ? "the XOR parity"
                                                             : "no redundancy",
         local_snapshot_seconds_);
+    const CheckpointReport local{.step = report->step,
+                                 .directory = local_->directory,
+                                 .bytes = report->bytes,
+                                 .seconds = report->seconds};
+    for (const auto& callback : local_callbacks_) callback(local);
   } else {
     log_.warn("node-local checkpoint of step {} failed, the run goes on: {}", report->step,
               report->failure);

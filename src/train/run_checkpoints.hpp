@@ -99,6 +99,10 @@ class RunCheckpoints {
   void on_commit(std::function<void(const CheckpointReport&)> callback) {
     callbacks_.push_back(std::move(callback));
   }
+  // A node-local checkpoint complete on every node (`directory`: this rank's of the level).
+  void on_local_commit(std::function<void(const CheckpointReport&)> callback) {
+    local_callbacks_.push_back(std::move(callback));
+  }
 
  private:
   void finish_global();
@@ -119,6 +123,7 @@ class RunCheckpoints {
   std::int64_t last_step_ = -1;
   CheckpointReport last_report_;
   std::vector<std::function<void(const CheckpointReport&)>> callbacks_;
+  std::vector<std::function<void(const CheckpointReport&)>> local_callbacks_;
 };
 
 // What a resumed run continues from.
@@ -128,6 +133,9 @@ struct ResumedState {
   std::int64_t skipped_steps = 0;
   std::int64_t trained_tokens = 0;
   double trained_seconds = 0;
+  // The state was evaluated before it was saved (its last evaluation is of its step): a run
+  // resumed from it with no step left to do does not evaluate, and report, the same again.
+  bool evaluated = false;
 };
 
 // Loads this rank's share of the optimizer state of `step_dir` into `parallel` (the pieces it

@@ -1,11 +1,58 @@
 #include "train/run_report.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+
+#include "core/build_info.hpp"
 
 namespace l3::train {
 
+namespace {
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string host_name() {
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0) return "";
+  return {host.data()};
+}
+
+}  // namespace
+
+void RunReport::record(const nlohmann::json& record) {
+  for (MetricsSink* sink : sinks_) sink->write(record);
+}
+
+void RunReport::run_started(nlohmann::json record) {
+  if (sinks_.empty()) return;
+  record["kind"] = "run";
+  record["time"] = unix_seconds();
+  record["host"] = host_name();
+  record["version"] = core::build_info().version;
+  this->record(record);
+}
+
+void RunReport::checkpoint_committed(const CheckpointInfo& checkpoint, const std::string& level) {
+  record({{"kind", "checkpoint"},
+          {"step", checkpoint.step},
+          {"level", level},
+          {"directory", checkpoint.directory},
+          {"bytes", checkpoint.bytes},
+          {"seconds", checkpoint.seconds},
+          {"time", unix_seconds()}});
+}
+
+void RunReport::sync() {
+  for (MetricsSink* sink : sinks_) sink->sync();
+}
+
 void RunReport::step(const StepMetrics& m, int bad_in_a_row, int max_bad) {
-  if (metrics_ != nullptr) metrics_->write(to_json(m));
+  record(to_json(m));
   const bool log_now = m.skipped || m.step == 1 || m.step == total_steps_ ||
                        (log_every_ > 0 && m.step % log_every_ == 0);
   if (log_now) {
@@ -22,7 +69,7 @@ void RunReport::step(const StepMetrics& m, int bad_in_a_row, int max_bad) {
 }
 
 void RunReport::eval(const EvalMetrics& m) {
-  if (metrics_ != nullptr) metrics_->write(to_json(m));
+  record(to_json(m));
   progress_.clear();
   log_.info("{}", format_eval_line(m));
   for (const auto& callback : eval_callbacks_) callback(m);

@@ -48,6 +48,13 @@ ExchangeChoice parse_exchange_choice(std::string_view name) {
   throw core::usage_error("--grad-exchange takes auto, mpi or nccl");
 }
 
+ProgressMode parse_progress_mode(std::string_view name) {
+  if (name == "auto") return ProgressMode::automatic;
+  if (name == "always") return ProgressMode::always;
+  if (name == "never") return ProgressMode::never;
+  throw core::usage_error(fmt::format("--progress {}: takes auto, always or never", name));
+}
+
 std::string_view exchange_choice_name(ExchangeChoice choice) noexcept {
   switch (choice) {
     case ExchangeChoice::mpi:
@@ -135,6 +142,7 @@ nlohmann::json TrainConfig::to_json() const {
                       {"eval_every", eval_every},
                       {"log_every", log_every},
                       {"metrics", metrics},
+                      {"tensorboard", tensorboard},
                       {"ckpt_dir", ckpt_dir},
                       {"checkpoint_every", checkpoint_every},
                       {"ckpt_local", ckpt_local},

@@ -95,8 +95,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // Cadence and output.
   std::int64_t eval_every = 0;  // 0: at the end only (when val_data is given)
   std::int64_t log_every = 10;
-  std::string metrics;   // JSONL file, appended to; empty: none
-  std::string ckpt_dir;  // empty: no checkpoints
+  std::string metrics;      // JSONL file, appended to; empty: none
+  std::string tensorboard;  // directory of TensorBoard event files (rank 0); empty: none
+  std::string ckpt_dir;     // empty: no checkpoints
   std::int64_t checkpoint_every = 0;
   // The node-local level (docs/HPC.md): every checkpoint_every_local steps each rank's state to
   // ckpt_local ("%h": the node's name) with copies on other nodes; every flush_every-th of those
@@ -116,7 +117,7 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   int max_bad_steps = 5;
   double peak_tflops = 0;  // per rank; 0: known GPUs by name, else no MFU
   bool ignore_tokenizer_mismatch = false;
-  bool progress = true;  // a progress bar when stdout is a terminal
+  ProgressMode progress = ProgressMode::automatic;  // rank 0's progress bar on stderr
   // What parsing the options had to warn about (an unusable SLURM_JOB_END_TIME): logged when
   // the run starts.
   std::vector<std::string> warnings;
@@ -142,6 +143,7 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
 // The options' names of the enumerated choices, and back (usage Errors naming the option).
 [[nodiscard]] ExchangeChoice parse_exchange_choice(std::string_view name);
 [[nodiscard]] std::string_view exchange_choice_name(ExchangeChoice choice) noexcept;
+[[nodiscard]] ProgressMode parse_progress_mode(std::string_view name);  // auto, always, never
 [[nodiscard]] GradAccumDtype parse_grad_accum_dtype(std::string_view name);
 [[nodiscard]] kernels::PreferenceLoss parse_preference_loss(std::string_view name);
 [[nodiscard]] std::string_view preference_loss_name(kernels::PreferenceLoss loss) noexcept;

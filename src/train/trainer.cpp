@@ -14,6 +14,7 @@
 #include "core/timer.hpp"
 #include "core/trace_range.hpp"
 #include "dist/collectives.hpp"
+#include "kernels/backend_options.hpp"
 #include "model/llama_model.hpp"
 #include "train/evaluator.hpp"
 #include "train/run_report.hpp"
@@ -41,7 +42,7 @@ struct Trainer::Impl {
               .max_bad_steps = config.max_bad_steps,
               .seq_len = config.seq_len}),
         total(parts->total_steps),
-        reporter(l, progress, parts->metrics.get(), config.log_every, total) {
+        reporter(l, progress, sinks(*parts), config.log_every, total) {
     if (const std::optional<ResumedState>& r = parts->resumed) {
       done = first_step = r->step;
       position = r->position;
@@ -50,7 +51,35 @@ struct Trainer::Impl {
       prior_seconds = r->trained_seconds;
     }
     stop.set_external_stop(stop_flag);
+    checkpoints.on_commit(
+        [this](const CheckpointReport& r) { reporter.checkpoint_committed(r, "global"); });
+    checkpoints.on_local_commit(
+        [this](const CheckpointReport& r) { reporter.checkpoint_committed(r, "node-local"); });
+    report_start();
     if (parts->reprotect_local) local_checkpoint(false);
+  }
+
+  static std::vector<MetricsSink*> sinks(const TrainerParts& p) {
+    std::vector<MetricsSink*> all;
+    if (p.metrics) all.push_back(p.metrics.get());
+    if (p.tensorboard) all.push_back(p.tensorboard.get());
+    return all;
+  }
+
+  // The "run" record: what the metrics' reader (`llama3-hpc report`) says about this run.
+  void report_start() {
+    const model::ModelConfig& mc = model.config();
+    reporter.run_started({{"phase", phase_name(config.phase)},
+                          {"step", first_step},
+                          {"total_steps", total},
+                          {"ranks", world.size()},
+                          {"backend", kernels::backend_name(ops.backend())},
+                          {"model", mc.name},
+                          {"parameters", mc.parameter_count()},
+                          {"trainable_parameters", model.trainable_layout().parameter_count()},
+                          {"resumed", parts->resumed.has_value()},
+                          {"resumed_from", parts->resumed ? nlohmann::json(parts->resumed_from)
+                                                          : nlohmann::json(nullptr)}});
   }
 
   // One optimizer step: the data, forward and backward over the micro-batches (the gradient
@@ -195,12 +224,14 @@ struct Trainer::Impl {
   // --checkpoint-sync), unless one of this step exists.
   void checkpoint() {
     if (checkpoints.has(done)) return;
+    reporter.sync();  // the steps it holds are on disk in the metrics before it commits
     checkpoints.start(facts(), parallel, model.trainable_layout());
   }
 
   // Starts a node-local checkpoint of the state after `done` steps (flushed to --ckpt-dir when
   // it is the flush_every-th, unless `allow_flush` is false).
   void local_checkpoint(bool allow_flush = true) {
+    reporter.sync();
     checkpoints.start_local(facts(), parallel, model.trainable_layout(), allow_flush);
   }
 
@@ -317,13 +348,15 @@ bool Trainer::step() {
   s.reporter.step(m, s.stop.bad_in_a_row(), s.stop.max_bad_steps());
   s.stop.check(m);
   s.checkpoints.finish_if_ready();
+  // The evaluation of a step before its checkpoint: a run resumed from that checkpoint does not
+  // evaluate the step again, so its result must be in the metrics the checkpoint covers.
+  if (s.config.eval_every > 0 && s.done % s.config.eval_every == 0 && s.done < s.total)
+    s.evaluate();
   if (s.config.checkpoint_every > 0 && s.done % s.config.checkpoint_every == 0 && s.done < s.total)
     s.checkpoint();
   if (const std::int64_t every = s.checkpoints.local_every();
       every > 0 && s.done % every == 0 && s.done < s.total && !s.checkpoints.has(s.done))
     s.local_checkpoint();
-  if (s.config.eval_every > 0 && s.done % s.config.eval_every == 0 && s.done < s.total)
-    s.evaluate();
   return true;
 }
 
@@ -334,7 +367,8 @@ TrainSummary Trainer::run() {
   }
   s.progress.finish();
   if (!s.stopped) {
-    if (s.done > s.first_step || !s.last_eval) s.evaluate();
+    const bool evaluated_already = s.parts->resumed && s.parts->resumed->evaluated;
+    if (s.done > s.first_step || (!s.last_eval && !evaluated_already)) s.evaluate();
     if (s.checkpoints.enabled()) s.checkpoint();
   }
   s.checkpoints.finish();

@@ -91,11 +91,33 @@ void check_outputs_writable(const dist::World& world, const TrainConfig& config)
   std::exception_ptr failure;
   try {
     if (!config.ckpt_dir.empty()) core::check_writable_directory(config.ckpt_dir, "--ckpt-dir");
+    if (world.is_root() && !config.tensorboard.empty())
+      core::check_writable_directory(config.tensorboard, "--tensorboard");
     if (world.is_root() && !config.metrics.empty()) {
       const std::filesystem::path metrics_file = std::filesystem::absolute(config.metrics);
       core::check_writable_directory(metrics_file.parent_path(), "--metrics");
       if (core::is_real_directory(metrics_file))
         throw core::bad_input("--metrics names a directory, not a file", {.file = config.metrics});
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world, failure);
+}
+
+// Rank 0's metrics.jsonl and TensorBoard files, which a resumed run first trims to the steps
+// it continues from. Collective: a file rank 0 cannot open fails every rank.
+void open_metrics_sinks(const dist::World& world, const core::Logger& log, TrainerParts& p) {
+  const TrainConfig& c = p.config;
+  const std::optional<std::int64_t> resumed_at =
+      p.resumed ? std::optional<std::int64_t>(p.resumed->step) : std::nullopt;
+  std::exception_ptr failure;
+  try {
+    if (world.is_root() && !c.metrics.empty())
+      p.metrics = std::make_unique<MetricsFile>(c.metrics, resumed_at);
+    if (world.is_root() && !c.tensorboard.empty()) {
+      p.tensorboard =
+          std::make_unique<tensorboard::TensorBoardWriter>(c.tensorboard, c.phase, resumed_at, log);
     }
   } catch (...) {
     failure = std::current_exception();
@@ -489,6 +511,7 @@ void restore_and_plan_checkpoints(const dist::World& world, const core::Logger& 
                                   std::optional<LocalLevel> level) {
   const TrainConfig& c = p.config;
   if (resume.local) {
+    p.resumed_from = resume.local_origin;
     p.resumed =
         restore_local_state(world, log, resume.local->state, resume.local_origin, *p.parallel);
     if (!p.resumed) {
@@ -500,11 +523,12 @@ void restore_and_plan_checkpoints(const dist::World& world, const core::Logger& 
     }
   }
   if (resume.level == ResumePoint::Level::checkpoint) {
+    p.resumed_from = resume.checkpoint_dir;
     p.resumed = restore_checkpoint(world, log, resume.checkpoint_dir, *resume.checkpoint_manifest,
                                    *p.parallel, p.model->trainable_layout());
   }
   if (p.resumed) p.ops->synchronize();
-  p.progress = std::make_unique<ProgressBar>(c.progress && world.is_root());
+  p.progress = std::make_unique<ProgressBar>(c.progress, world.is_root());
   p.checkpoints = std::make_unique<RunCheckpoints>(
       world, log, *p.progress, c.ckpt_dir,
       ckpt::WriterPolicy{.keep_last = c.keep_last, .async = !c.checkpoint_sync}, *p.parallel,
@@ -616,10 +640,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   p.peak_tflops = c.peak_tflops > 0
                       ? c.peak_tflops
                       : kernels::default_peak_tflops(p.ops->backend(), world.local_rank());
-  if (world.is_root() && !c.metrics.empty()) {
-    p.metrics = std::make_unique<MetricsFile>(
-        c.metrics, p.resumed ? std::optional<std::int64_t>(p.resumed->step) : std::nullopt);
-  }
+  open_metrics_sinks(world, log, p);
   p.objective = make_objective(c.phase, *p.model,
                                {.center_rewards = c.center_rewards,
                                 .dpo = c.dpo,

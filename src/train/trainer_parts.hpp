@@ -26,6 +26,7 @@
 #include "train/run_checkpoints.hpp"
 #include "train/sharded_weights.hpp"
 #include "train/step_source.hpp"
+#include "train/tensorboard/tensorboard_writer.hpp"
 #include "train/train_config.hpp"
 
 namespace l3::train {
@@ -49,11 +50,13 @@ struct TrainerParts {
   std::unique_ptr<DataParallel> parallel;
   std::unique_ptr<ProgressBar> progress;
   std::unique_ptr<RunCheckpoints> checkpoints;
-  std::unique_ptr<MetricsFile> metrics;  // rank 0 with --metrics only
+  std::unique_ptr<MetricsFile> metrics;                         // rank 0 with --metrics only
+  std::unique_ptr<tensorboard::TensorBoardWriter> tensorboard;  // rank 0 with --tensorboard only
   LrSchedule schedule;
   double peak_tflops = 0;  // per rank, for MFU; 0: unknown
   std::int64_t total_steps = 0;
   std::optional<ResumedState> resumed;  // where a resumed run continues
+  std::string resumed_from;             // the checkpoint directory or node-local level it left
   // Resumed from the node-local level with states from other nodes: write the level again now.
   bool reprotect_local = false;
   // LoRA: the frozen model the adapters train on (the --init it was read from) and its digest

@@ -43,6 +43,16 @@ expect "names the command" contains "$err" "'train'"
 run "unknown top-level option" 2 "$bin" --frobnicate
 run "export without --output" 2 "$bin" export --ckpt x
 expect "says what is missing" contains "$err" "--output DIR is required"
+run "a mistyped option" 2 "$bin" sft --warm 10
+expect "one error line, the option it meant" [ "$(error_lines "$err")" = 1 ]
+expect "did you mean --warmup" contains "$err" "unrecognised option '--warm'; did you mean --warmup?"
+run "another trainer's name" 2 "$bin" dpo --learning-rate 1e-5
+expect "did you mean --lr" contains "$err" "did you mean --lr?"
+run "a name cut short" 2 "$bin" eval --shard-parameter
+expect "did you mean --shard-parameters" contains "$err" "did you mean --shard-parameters?"
+printf 'warm = 3\n' >"$work/mistyped.ini"
+run "a mistyped key in a config file" 2 "$bin" sft --config "$work/mistyped.ini"
+expect "names the file, did you mean warmup" contains "$err" "mistyped.ini: unrecognised option 'warm'; did you mean warmup?"
 
 # --- tokenize: a stream filter ---
 printf '{"text":"Hi"}\n\n{"text":"<|eot_id|>"}\n' >"$work/text.jsonl"

@@ -104,7 +104,7 @@ TrainConfig base_config(Phase phase, const std::string& data) {
   c.warmup = 2;
   c.seed = 17;
   c.log_every = 0;
-  c.progress = false;
+  c.progress = l3::train::ProgressMode::never;
   return c;
 }
 

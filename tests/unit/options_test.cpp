@@ -6,6 +6,7 @@
 #include "catch.hpp"
 #include "core/error.hpp"
 #include "core/option_domain.hpp"
+#include "core/option_suggestion.hpp"
 #include "temp_dir.hpp"
 
 namespace po = boost::program_options;
@@ -167,4 +168,28 @@ TEST_CASE("numbers are checked against their declared domains wherever they come
         std::string::npos);
   CHECK(failure({"--config", "/dev/zero"}).second.find("is a character device") !=
         std::string::npos);
+}
+
+TEST_CASE("a mistyped option: what it probably meant", "[options]") {
+  const std::vector<std::string> known = {"warmup",           "lr",           "min-lr",
+                                          "seq-len",          "seed",         "shard-gradients",
+                                          "shard-parameters", "steps",        "shard-group-size",
+                                          "micro-batch",      "global-batch", "lora-rank"};
+  using l3::core::likely_options;
+  using V = std::vector<std::string>;
+  CHECK(likely_options("--warm", known) == V{"warmup"});                       // cut short
+  CHECK(likely_options("--learning-rate", known) == V{"lr"});                  // HF's name
+  CHECK(likely_options("--shard-parameter", known) == V{"shard-parameters"});  // cut short
+  CHECK(likely_options("--seq_len", known) == V{"seq-len"});                   // '_' for '-'
+  CHECK(likely_options("--Seed", known) == V{"seed"});
+  CHECK(likely_options("--sede", known) == V{"seed"});  // a transposition
+  CHECK(likely_options("--per_device_train_batch_size", known) == V{"micro-batch"});
+  CHECK(likely_options("--shard", known) ==
+        V{"shard-gradients", "shard-group-size", "shard-parameters"});
+  CHECK(likely_options("--xyzzy", known).empty());
+  CHECK(likely_options("--", known).empty());
+  CHECK(likely_options("--lora_r", known) == V{"lora-rank"});
+  CHECK(l3::core::did_you_mean("--warm", known, "--") == "; did you mean --warmup?");
+  CHECK(l3::core::did_you_mean("stpes", known, "") == "; did you mean steps?");
+  CHECK(l3::core::did_you_mean("--xyzzy", known, "--").empty());
 }

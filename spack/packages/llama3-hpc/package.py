@@ -74,6 +74,8 @@ class Llama3Hpc(CMakePackage, CudaPackage):
     depends_on("xxhash")
     depends_on("openssl")
     depends_on("zlib-api")
+    # TensorBoard event files (--tensorboard): the library, and protoc at build time.
+    depends_on("protobuf")
     depends_on("catch2@2:", type=("build", "test"), when="+tests")
 
     # GPU backend: CUDA (cuBLAS/cuBLASLt) from CudaPackage, cuDNN 9 and NCCL 2.
