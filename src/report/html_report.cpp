@@ -34,11 +34,12 @@ h2 { font-size: 18px; margin: 28px 0 8px; padding-bottom: 4px; border-bottom: 1p
 p.note { color: #555; font-size: 13px; margin: 0 0 16px; max-width: 1140px; }
 div.table { overflow-x: auto; }
 table.summary { border-collapse: collapse; font-size: 13px; }
-table.summary th, table.summary td { padding: 4px 10px; border-bottom: 1px solid #e4e4e4;
+table.summary th, table.summary td { padding: 4px 8px; border-bottom: 1px solid #e4e4e4;
        text-align: left; vertical-align: top; }
-table.summary th { background: #f5f5f5; font-weight: 600; white-space: nowrap; }
+table.summary th { background: #f5f5f5; font-weight: 600; }
 table.summary td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.summary td.num, table.summary td.name { white-space: nowrap; }
+table.summary td.eval { min-width: 15em; }
 span.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px;
        margin-right: 6px; }
 div.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 560px), 1fr));
@@ -120,7 +121,7 @@ std::string summary_row(const RunView& view, const PhaseMetrics& p) {
   row += fmt::format(R"(<td class="num">{}</td>)", knows_runs || !p.checkpoints.empty()
                                                        ? fmt::format("{}", p.checkpoints.size())
                                                        : "-");
-  row += fmt::format("<td>{}</td>", final_evaluation(p));
+  row += fmt::format(R"(<td class="eval">{}</td>)", final_evaluation(p));
   row += fmt::format(R"(<td class="num">{}</td>)", optional_number(p.final_train_loss()));
   return row + "</tr>\n";
 }
