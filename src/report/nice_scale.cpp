@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string_view>
 #include <utility>
 
@@ -104,7 +105,9 @@ NiceScale nice_scale(double min, double max, int target) {
   scale.lo = first * step;
   scale.hi = last * step;
   // Ticks as whole multiples of the step: no error accumulates, and 0 is exactly 0.
-  for (double k = first; k <= last; k += 1) scale.ticks.push_back(k * step + 0.0);
+  const auto steps = static_cast<std::int64_t>(std::min(last - first, 1000.0));
+  for (std::int64_t k = 0; k <= steps; ++k)
+    scale.ticks.push_back((first + static_cast<double>(k)) * step + 0.0);
   return scale;
 }
 

@@ -124,6 +124,8 @@ std::int64_t RunReader::read_file(const std::string& path) {
     explicit Closer(int f) : fd(f) {}
     Closer(const Closer&) = delete;
     Closer& operator=(const Closer&) = delete;
+    Closer(Closer&&) = delete;
+    Closer& operator=(Closer&&) = delete;
     ~Closer() { ::close(fd); }
   } closer{fd};
   core::LineReader lines(
@@ -283,9 +285,10 @@ std::int64_t PhaseMetrics::restarts() const {
 
 std::optional<double> PhaseMetrics::final_train_loss() const {
   const Series& loss = train_series("loss");
-  for (auto v = loss.values.rbegin(); v != loss.values.rend(); ++v) {
-    if (std::isfinite(*v)) return *v;
-  }
+  // The last one: a skipped step's null (NaN) does not count.
+  const auto last = std::find_if(loss.values.rbegin(), loss.values.rend(),
+                                 [](double v) { return std::isfinite(v); });
+  if (last != loss.values.rend()) return *last;
   return std::nullopt;
 }
 
