@@ -88,9 +88,13 @@ NiceScale nice_scale(double min, double max, int target) {
     max = 1;
   }
   if (min > max) std::swap(min, max);
+  // Within +-1e300, so that the range and its nice widening stay finite (values beyond, from a
+  // hostile file, are drawn off the chart's edge).
+  min = std::clamp(min, -1e300, 1e300);
+  max = std::clamp(max, -1e300, 1e300);
   // Too narrow a range for doubles to step through (or a single value): a range around it.
   const double magnitude = std::max(std::abs(min), std::abs(max));
-  if (max - min <= magnitude * 1e-9 || !std::isfinite(max - min)) {
+  if (max - min <= magnitude * 1e-9) {
     const double middle = min / 2 + max / 2;
     const double pad = middle == 0 ? 1 : std::abs(middle) * 0.1;
     min = middle - pad;

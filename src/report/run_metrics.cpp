@@ -24,6 +24,7 @@ using nlohmann::json;
 
 namespace {
 
+// The fields of training records kept: those the report shows.
 constexpr std::array<std::string_view, 11> kTrainFields = {"loss",
                                                            "lr",
                                                            "grad_norm",
@@ -276,8 +277,6 @@ std::vector<std::string> metrics_files_in(const std::string& dir) {
 }
 
 }  // namespace
-
-std::span<const std::string_view> train_fields() noexcept { return kTrainFields; }
 
 std::int64_t PhaseMetrics::restarts() const {
   return std::count_if(starts.begin(), starts.end(), [](const RunStart& s) { return s.resumed; });

@@ -92,9 +92,6 @@ struct RunMetrics {
   [[nodiscard]] const PhaseMetrics* phase(Phase phase) const noexcept;
 };
 
-// The fields of training records kept (the others are not shown).
-[[nodiscard]] std::span<const std::string_view> train_fields() noexcept;
-
 // Reads a run: a metrics file, or a directory whose metrics files (`metrics*.jsonl`, or every
 // `*.jsonl` when none is named so) are read in name order, skipping those holding no record.
 // bad_input Error naming the file or directory when it cannot be read, is neither a regular file

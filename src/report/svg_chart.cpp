@@ -25,6 +25,7 @@ constexpr double kBelowPlot = 40;  // x tick labels and the x label
 constexpr double kPlotWidth = kChartWidth - kLeft - kRight;
 constexpr double kCharWidth = 6.2;  // an estimate of one character at font-size 11
 constexpr std::size_t kLegendLabelChars = 56;
+constexpr double kFar = 1e5;  // pixels: well outside any chart
 
 constexpr const char* kGridColour = "#e6e6e6";
 constexpr const char* kAxisColour = "#888";
@@ -52,11 +53,12 @@ struct Frame {
   NiceScale xs;
   NiceScale ys;
   double top = 0;
+  // Clamped: values at the ends of the doubles' range (a hostile file) stay numbers SVG reads.
   [[nodiscard]] double px(double x) const {
-    return kLeft + (x - xs.lo) / (xs.hi - xs.lo) * kPlotWidth;
+    return std::clamp(kLeft + (x - xs.lo) / (xs.hi - xs.lo) * kPlotWidth, -kFar, kFar);
   }
   [[nodiscard]] double py(double y) const {
-    return top + (ys.hi - y) / (ys.hi - ys.lo) * kPlotHeight;
+    return std::clamp(top + (ys.hi - y) / (ys.hi - ys.lo) * kPlotHeight, -kFar, kFar);
   }
   [[nodiscard]] double bottom() const { return top + kPlotHeight; }
 };

@@ -109,6 +109,10 @@ bad_run() {  # NAME EXPECTED-TEXT ARGS...
 }
 bad_run "a file with no record" "error: notes.jsonl: holds no metrics record" \
   runs/a notes.jsonl --output report.html
+run "under mpiexec, a file with no record" 2 "$mpiexec" -n 2 "$bin" report notes.jsonl \
+  --output report.html
+expect "one error line" [ "$(error_lines "$err")" = 1 ]
+expect "names the file" contains "$err" "notes.jsonl: holds no metrics record"
 bad_run "a directory with no metrics file" "error: empty: holds no metrics file" \
   empty --output report.html
 bad_run "a missing run" "error: missing.jsonl: no such file or directory" \

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -301,6 +302,16 @@ TEST_CASE("report: a chart draws gaps, markers, restarts, checkpoints and says w
 
   Chart empty;
   CHECK(render_svg(empty).find("no data") != std::string::npos);
+
+  // The ends of the doubles' range: still numbers in the SVG, and ticks that cover them.
+  Chart extreme;
+  extreme.lines.push_back({.x = {1, 2, 3}, .y = {-1.7e308, 0, 1.7e308}});
+  const std::string extreme_svg = render_svg(extreme);
+  CHECK(!std::regex_search(extreme_svg, std::regex("(^|[^a-z])(inf|nan)($|[^a-z])")));
+  const NiceScale wide = nice_scale(-1.7e308, 1.7e308);
+  CHECK(std::isfinite(wide.lo));
+  CHECK(std::isfinite(wide.hi));
+  CHECK(wide.ticks.size() < 20);
 
   // 100,000 steps: drawn from each pixel column's extremes, not every point.
   Chart big;
