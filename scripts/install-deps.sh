@@ -5,7 +5,8 @@
 #   scripts/install-deps.sh            install what is missing
 #   scripts/install-deps.sh --check    list what is missing, install nothing (exit 1 if any)
 #   scripts/install-deps.sh --test-tools   also what some tests need and skip without: a local
-#                                          Slurm (tests/slurm), shellcheck (lint/shell); CI uses it
+#                                          Slurm (tests/slurm), shellcheck (lint/shell), Chromium
+#                                          (cli/report_chromium); CI uses it
 #   scripts/install-deps.sh --spack    print the equivalent Spack line for clusters and exit
 set -euo pipefail
 
@@ -30,6 +31,7 @@ test_tools=(
   slurmctld slurmd slurm-client munge   # tests/slurm: the job scripts under a real Slurm
   shellcheck                            # lint/shell: jobs/ and scripts/
   python3-protobuf                      # fault/tensorboard: decodes the event files
+  chromium                              # cli/report_chromium: the report in a headless browser
 )
 
 spack_line='spack repo add ./spack && spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib xxhash protobuf cmake (+ cuda cudnn nccl for the GPU backend)'

@@ -9,6 +9,7 @@
 #include "cli/generate_command.hpp"
 #include "cli/info_command.hpp"
 #include "cli/prep_command.hpp"
+#include "cli/report_command.hpp"
 #include "cli/score_command.hpp"
 #include "cli/tokenize_command.hpp"
 #include "cli/train_command.hpp"
@@ -123,6 +124,18 @@ constexpr std::array kCommands = {
                 "prune: keep the newest --keep-last complete checkpoints.",
             .declare = declare_ckpt_options,
             .run = run_ckpt},
+    Command{.name = "report",
+            .summary = "Charts of training runs' metrics as one HTML page",
+            .usage = "report RUN... --output FILE.html",
+            .description =
+                "Reads the metrics files of one or more runs (a --metrics file, or a directory "
+                "of them such as the demo's workdir) and writes one self-contained HTML page: a "
+                "summary table, then per phase the loss with evaluations, checkpoints and "
+                "restarts, the phase's own metrics, learning rate, gradient norm, tokens/s and "
+                "data wait against the step, the runs overlaid. No network or JavaScript needed "
+                "to view it. Runs on rank 0. See docs/CLI.md.",
+            .declare = declare_report_options,
+            .run = run_report},
     Command{.name = "demo",
             .summary = "Run the built-in demo: prep, SFT, reward model, evaluation",
             .usage = "demo [--workdir DIR]",

@@ -18,7 +18,7 @@ TEST_CASE("every subcommand of the design is registered once, with help texts", 
     CHECK(command.run != nullptr);
   }
   for (const char* name : {"prep", "sft", "reward", "eval", "generate", "score", "export",
-                           "tokenize", "ckpt", "demo", "info"}) {
+                           "tokenize", "ckpt", "report", "demo", "info"}) {
     INFO(name);
     CHECK(names.count(name) == 1);
     REQUIRE(l3::cli::find_command(name) != nullptr);

@@ -1,0 +1,224 @@
+#include "report/phase_charts.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string_view>
+
+#include "core/phase.hpp"
+
+namespace l3::report {
+
+namespace {
+
+// What a chart shows: a training field (and a second one, dashed, on the same chart) and the
+// evaluation field of the same quantity, if any.
+struct ChartSpec {
+  std::string_view metric;  // its data-metric attribute
+  std::string_view title;
+  std::string_view y_label;
+  std::string_view train_field;
+  std::string_view eval_field;    // "": no evaluation points
+  std::string_view dashed_field;  // "": none
+  ChartLine::Style style = ChartLine::Style::smoothed;
+  bool checkpoints = false;  // checkpoints on its step axis (the loss chart)
+};
+
+constexpr ChartSpec kLearningRate{.metric = "lr",
+                                  .title = "Learning rate",
+                                  .y_label = "learning rate",
+                                  .train_field = "lr",
+                                  .style = ChartLine::Style::plain};
+constexpr ChartSpec kGradNorm{.metric = "grad_norm",
+                              .title = "Gradient norm",
+                              .y_label = "gradient norm",
+                              .train_field = "grad_norm"};
+constexpr ChartSpec kThroughput{.metric = "tokens_per_s",
+                                .title = "Throughput",
+                                .y_label = "tokens/s",
+                                .train_field = "tokens_per_s"};
+constexpr ChartSpec kDataWait{.metric = "data_wait_ms",
+                              .title = "Data wait",
+                              .y_label = "data wait (ms)",
+                              .train_field = "data_wait_ms"};
+
+constexpr std::array kSftCharts = {ChartSpec{.metric = "loss",
+                                             .title = "Loss",
+                                             .y_label = "loss (per token)",
+                                             .train_field = "loss",
+                                             .eval_field = "loss",
+                                             .checkpoints = true},
+                                   kLearningRate, kGradNorm, kThroughput, kDataWait};
+
+constexpr std::array kRewardCharts = {ChartSpec{.metric = "loss",
+                                                .title = "Loss",
+                                                .y_label = "loss (Bradley-Terry)",
+                                                .train_field = "loss",
+                                                .checkpoints = true},
+                                      ChartSpec{.metric = "accuracy",
+                                                .title = "Accuracy",
+                                                .y_label = "accuracy (chosen > rejected)",
+                                                .train_field = "accuracy",
+                                                .eval_field = "accuracy"},
+                                      ChartSpec{.metric = "margin",
+                                                .title = "Margin",
+                                                .y_label = "reward margin",
+                                                .train_field = "margin",
+                                                .eval_field = "margin"},
+                                      kLearningRate,
+                                      kGradNorm,
+                                      kThroughput,
+                                      kDataWait};
+
+constexpr std::array kDpoCharts = {ChartSpec{.metric = "loss",
+                                             .title = "Loss",
+                                             .y_label = "loss (DPO)",
+                                             .train_field = "loss",
+                                             .eval_field = "loss",
+                                             .checkpoints = true},
+                                   ChartSpec{.metric = "rewards/accuracies",
+                                             .title = "Reward accuracy",
+                                             .y_label = "rewards/accuracies",
+                                             .train_field = "rewards/accuracies",
+                                             .eval_field = "rewards/accuracies"},
+                                   ChartSpec{.metric = "rewards/margins",
+                                             .title = "Reward margin",
+                                             .y_label = "rewards/margins",
+                                             .train_field = "rewards/margins",
+                                             .eval_field = "rewards/margins"},
+                                   ChartSpec{.metric = "rewards/chosen",
+                                             .title = "Rewards of chosen and rejected",
+                                             .y_label = "implicit reward",
+                                             .train_field = "rewards/chosen",
+                                             .eval_field = "rewards/chosen",
+                                             .dashed_field = "rewards/rejected"},
+                                   kLearningRate,
+                                   kGradNorm,
+                                   kThroughput,
+                                   kDataWait};
+
+std::span<const ChartSpec> specs_of(Phase phase) {
+  switch (phase) {
+    case Phase::reward:
+      return kRewardCharts;
+    case Phase::dpo:
+      return kDpoCharts;
+    case Phase::sft:
+      break;
+  }
+  return kSftCharts;
+}
+
+constexpr const char* kNeutral = "#555";
+
+bool has_values(const Series& s) {
+  return std::any_of(s.values.begin(), s.values.end(), [](double v) { return !std::isnan(v); });
+}
+
+ChartLine line_of(const Series& s, const RunView& view, std::string what, ChartLine::Style style,
+                  bool dashed = false) {
+  return ChartLine{.label = fmt::format("{}: {}", view.label, what),
+                   .colour = view.colour,
+                   .x = s.steps,
+                   .y = s.values,
+                   .style = style,
+                   .dashed = dashed};
+}
+
+Chart make_chart(Phase phase, const ChartSpec& spec, std::span<const RunView> runs) {
+  Chart chart;
+  chart.title = std::string(spec.title);
+  chart.y_label = std::string(spec.y_label);
+  chart.attributes = {{"data-phase", std::string(core::phase_name(phase))},
+                      {"data-metric", std::string(spec.metric)}};
+  bool evaluations = false;
+  bool dashed = false;
+  for (const RunView& view : runs) {
+    const PhaseMetrics* p = view.run->phase(phase);
+    if (p == nullptr) continue;
+    const Series& train = p->train_series(spec.train_field);
+    bool drawn = has_values(train);
+    if (drawn) {
+      chart.lines.push_back(
+          line_of(train, view, fmt::format("training {}", spec.train_field), spec.style));
+    }
+    if (!spec.dashed_field.empty()) {
+      const Series& second = p->train_series(spec.dashed_field);
+      if (has_values(second)) {
+        chart.lines.push_back(
+            line_of(second, view, fmt::format("training {}", spec.dashed_field), spec.style, true));
+        dashed = drawn = true;
+      }
+    }
+    for (const std::string_view field : {spec.eval_field, spec.dashed_field}) {
+      if (field.empty()) continue;
+      const Series& eval = p->eval_series(field);
+      if (!has_values(eval)) continue;
+      chart.lines.push_back(
+          line_of(eval, view, fmt::format("evaluation {}", field), ChartLine::Style::markers));
+      evaluations = drawn = true;
+    }
+    if (drawn) {
+      chart.legend.push_back({.symbol = LegendEntry::Symbol::line,
+                              .colour = view.colour,
+                              .label = runs.size() > 1 ? view.label : "training"});
+    }
+    for (const RunStart& start : p->starts) {
+      if (!start.resumed) continue;
+      chart.restarts.push_back(
+          {.step = static_cast<double>(start.step),
+           .colour = view.colour,
+           .label = fmt::format("{}: resumed after step {}{}", view.label, start.step,
+                                start.resumed_from.empty() ? "" : " from " + start.resumed_from)});
+    }
+    if (spec.checkpoints) {
+      for (const CheckpointRecord& c : p->checkpoints) {
+        chart.checkpoints.push_back(
+            {.step = static_cast<double>(c.step),
+             .colour = view.colour,
+             .label = fmt::format("{}: checkpoint at step {}{}", view.label, c.step,
+                                  c.level.empty() ? "" : " (" + c.level + ")")});
+      }
+    }
+  }
+  if (dashed) {
+    chart.legend.push_back(
+        {.symbol = LegendEntry::Symbol::line, .colour = kNeutral, .label = "chosen"});
+    chart.legend.push_back(
+        {.symbol = LegendEntry::Symbol::dashed_line, .colour = kNeutral, .label = "rejected"});
+  }
+  if (evaluations) {
+    chart.legend.push_back(
+        {.symbol = LegendEntry::Symbol::marker, .colour = kNeutral, .label = "evaluation"});
+  }
+  if (!chart.restarts.empty()) {
+    chart.legend.push_back(
+        {.symbol = LegendEntry::Symbol::restart, .colour = kNeutral, .label = "restart"});
+  }
+  if (!chart.checkpoints.empty()) {
+    chart.legend.push_back(
+        {.symbol = LegendEntry::Symbol::checkpoint, .colour = kNeutral, .label = "checkpoint"});
+  }
+  return chart;
+}
+
+}  // namespace
+
+std::string run_colour(std::size_t index) {
+  static constexpr std::array<std::string_view, 10> kPalette = {
+      "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+      "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  return std::string(kPalette.at(index % kPalette.size()));
+}
+
+std::vector<Chart> phase_charts(Phase phase, std::span<const RunView> runs) {
+  std::vector<Chart> charts;
+  for (const ChartSpec& spec : specs_of(phase)) charts.push_back(make_chart(phase, spec, runs));
+  return charts;
+}
+
+std::size_t chart_count(Phase phase) { return specs_of(phase).size(); }
+
+}  // namespace l3::report
