@@ -6,7 +6,8 @@
 #   scripts/install-deps.sh --check    list what is missing, install nothing (exit 1 if any)
 #   scripts/install-deps.sh --test-tools   also what some tests need and skip without: a local
 #                                          Slurm (tests/slurm), shellcheck (lint/shell), Chromium
-#                                          (cli/report_chromium); CI uses it
+#                                          (cli/report_chromium), Python's protobuf
+#                                          (fault/tensorboard); CI uses it
 #   scripts/install-deps.sh --spack    print the equivalent Spack line for clusters and exit
 set -euo pipefail
 

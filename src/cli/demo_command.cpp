@@ -23,6 +23,7 @@
 #include "io/tokenizer/special_tokens.hpp"
 #include "l3/l3.hpp"
 #include "model/generator.hpp"
+#include "report/html_report.hpp"
 #include "train/metrics.hpp"
 
 namespace l3::cli {
@@ -46,6 +47,7 @@ constexpr std::string_view kPairData = "preferences";          // prep's dataset
 constexpr std::string_view kCheckpoints = "ckpt";              // ckpt/<phase>/
 constexpr std::string_view kRewardAdapter = "reward-adapter";  // with --lora
 constexpr std::string_view kTensorBoard = "tensorboard";       // tensorboard/<phase>/
+constexpr std::string_view kReport = "report.html";            // the metrics drawn
 constexpr std::array kDemoPhases{l3::Phase::sft, l3::Phase::reward, l3::Phase::dpo};
 
 std::string metrics_file_name(l3::Phase phase) {
@@ -237,6 +239,7 @@ int run_demo(const CommandContext& context) {
       core::remove_tree(fs::path(root) / kCheckpoints);
       core::remove_tree(fs::path(root) / kRewardAdapter);
       core::remove_tree(fs::path(root) / kTensorBoard);
+      core::remove_tree(fs::path(root) / kReport);
       for (const l3::Phase phase : kDemoPhases)
         core::remove_tree(fs::path(root) / metrics_file_name(phase));
       write_demo_sft((fs::path(root) / kInputDir / "instructions.jsonl").string(), kRecords);
@@ -291,6 +294,10 @@ int run_demo(const CommandContext& context) {
           static_cast<double>(directory_bytes(reward.checkpoint)) / 1e6,
           static_cast<double>(directory_bytes(sft.checkpoint)) / 1e6, adapter);
     }
+    // The curves of the three runs, one page (llama3-hpc report on the workdir).
+    const std::vector<std::string> runs{root};
+    const std::string report = (fs::path(root) / kReport).string();
+    (void)report::write_report(runs, report);
     const l3::EvalMetrics& s = *sft.last_eval;
     const l3::EvalMetrics& r = *reward.last_eval;
     std::string dpo_line;
@@ -310,6 +317,7 @@ int run_demo(const CommandContext& context) {
         "  reward  {}: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
         "          checkpoint {}{}\n"
         "{}"
+        "  the curves: {} (open it in a browser)\n"
         "  data, metrics (metrics-*.jsonl), TensorBoard's files (tensorboard/) and checkpoints "
         "are in {}\n\n"
         "Next, with your own data (JSONL records as in docs/FORMAT.md) and a pretrained model M\n"
@@ -333,7 +341,7 @@ int run_demo(const CommandContext& context) {
         train::format_duration(watch.seconds()), world.size(), world.size() == 1 ? "" : "s",
         core::count_of(sft.steps, "step"), s.loss, s.perplexity, s.tokens, sft.checkpoint, samples,
         core::count_of(reward.steps, "step"), 100.0 * r.accuracy, r.margin, r.pairs,
-        reward.checkpoint, lora_note, dpo_line, root);
+        reward.checkpoint, lora_note, dpo_line, report, root);
   }
   return core::kExitOk;
 }

@@ -34,12 +34,12 @@ h2 { font-size: 18px; margin: 28px 0 8px; padding-bottom: 4px; border-bottom: 1p
 p.note { color: #555; font-size: 13px; margin: 0 0 16px; max-width: 1140px; }
 div.table { overflow-x: auto; }
 table.summary { border-collapse: collapse; font-size: 13px; }
-table.summary th, table.summary td { padding: 4px 8px; border-bottom: 1px solid #e4e4e4;
+table.summary th, table.summary td { padding: 4px 6px; border-bottom: 1px solid #e4e4e4;
        text-align: left; vertical-align: top; }
 table.summary th { background: #f5f5f5; font-weight: 600; }
 table.summary td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.summary td.num, table.summary td.name { white-space: nowrap; }
-table.summary td.eval { min-width: 15em; }
+table.summary td.eval { min-width: 12em; }
 span.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px;
        margin-right: 6px; }
 div.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 560px), 1fr));
@@ -108,7 +108,15 @@ std::string summary_row(const RunView& view, const PhaseMetrics& p) {
       R"(<td class="name" title="{0}"><span class="swatch" style="background:{1}"></span>{2}</td>)",
       escape_html(view.run->path), escape_html(view.colour), escape_html(view.label));
   row += fmt::format(R"(<td class="name">{}</td>)", phase_title(p.phase));
-  row += fmt::format("<td>{}</td>", escape_html(or_dash(start.model)));
+  // A model read from a checkpoint is named by its path: the last two parts say which (the
+  // phase's directory and the step), the whole path is the cell's tooltip.
+  std::string model = or_dash(start.model);
+  if (const fs::path path(model); model.find('/') != std::string::npos &&
+                                  path.has_parent_path() && path.parent_path().has_filename()) {
+    model = fmt::format("…/{}/{}", path.parent_path().filename().string(),
+                        path.filename().string());
+  }
+  row += fmt::format(R"(<td title="{}">{}</td>)", escape_html(start.model), escape_html(model));
   row += fmt::format(R"(<td class="num">{}</td>)", escape_html(parameters_text(start)));
   row += fmt::format(R"(<td class="num">{}</td>)",
                      start.ranks ? fmt::format("{}", *start.ranks) : "-");

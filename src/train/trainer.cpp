@@ -69,12 +69,14 @@ struct Trainer::Impl {
   // The "run" record: what the metrics' reader (`llama3-hpc report`) says about this run.
   void report_start() {
     const model::ModelConfig& mc = model.config();
+    // The model as the options name it (a resumed run's own config is named by its checkpoint).
+    const std::string& named = !config.init.empty() ? config.init : config.model;
     reporter.run_started({{"phase", phase_name(config.phase)},
                           {"step", first_step},
                           {"total_steps", total},
                           {"ranks", world.size()},
                           {"backend", kernels::backend_name(ops.backend())},
-                          {"model", mc.name},
+                          {"model", named.empty() ? mc.name : named},
                           {"parameters", mc.parameter_count()},
                           {"trainable_parameters", model.trainable_layout().parameter_count()},
                           {"resumed", parts->resumed.has_value()},
