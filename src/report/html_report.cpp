@@ -111,10 +111,10 @@ std::string summary_row(const RunView& view, const PhaseMetrics& p) {
   // A model read from a checkpoint is named by its path: the last two parts say which (the
   // phase's directory and the step), the whole path is the cell's tooltip.
   std::string model = or_dash(start.model);
-  if (const fs::path path(model); model.find('/') != std::string::npos &&
-                                  path.has_parent_path() && path.parent_path().has_filename()) {
-    model = fmt::format("…/{}/{}", path.parent_path().filename().string(),
-                        path.filename().string());
+  if (const fs::path path(model); model.find('/') != std::string::npos && path.has_parent_path() &&
+                                  path.parent_path().has_filename()) {
+    model =
+        fmt::format("…/{}/{}", path.parent_path().filename().string(), path.filename().string());
   }
   row += fmt::format(R"(<td title="{}">{}</td>)", escape_html(start.model), escape_html(model));
   row += fmt::format(R"(<td class="num">{}</td>)", escape_html(parameters_text(start)));
