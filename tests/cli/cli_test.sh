@@ -13,7 +13,7 @@ source "$(dirname "$0")/../support/cli_checks.sh"
 
 # --- help and version: no MPI needed ---
 run "top-level help" 0 "$bin" --help
-for cmd in prep sft reward dpo eval generate score export tokenize ckpt demo info; do
+for cmd in prep sft reward dpo eval generate score export tokenize ckpt demo info report; do
   expect "help lists $cmd" contains "$out" "  $cmd "
 done
 run "no arguments is a usage error" 2 "$bin"
@@ -115,6 +115,11 @@ run "info on 2 ranks" 0 "$mpiexec" -n 2 "$bin" info
 expect "2 ranks" contains "$out" "world:     2 ranks on 1 node"
 expect "printed once" [ "$(printf '%s\n' "$out" | grep -c '^world:')" = 1 ]
 run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" --sft-steps 20 --reward-steps 10 --dpo-steps 5
+expect "the demo prints its report's path" contains "$out" "the curves: $work/demo/report.html"
+report_sections=$(grep -o '<section[^>]*data-phase="[a-z]*"' "$work/demo/report.html" | grep -o '"[a-z]*"' | tr -d '"' | tr '\n' ' ')
+expect "the demo's report: a section per phase" [ "$report_sections" = "sft reward dpo " ]
+tb_phases=$(for p in sft reward dpo; do compgen -G "$work/demo/tensorboard/$p/events.out.tfevents.*" >/dev/null && echo "$p"; done | wc -l)
+expect "the demo's TensorBoard files, a directory per phase" [ "$tb_phases" = 3 ]
 expect "reports the reward phase" contains "$out" "reward  10 steps: validation accuracy"
 expect "reports the DPO phase" contains "$out" "DPO     5 steps: validation reward accuracy"
 expect "says what to run next" contains "$out" "llama3-hpc prep sft --input my-sft.jsonl"

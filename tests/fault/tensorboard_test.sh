@@ -12,13 +12,9 @@ bin=$1
 mpiexec=$2
 protoc=$3
 here=$(cd "$(dirname "$0")" && pwd)
-failures=0
 export OMP_NUM_THREADS=1
-fail() {
-  echo "FAIL [$1]"
-  failures=$((failures + 1))
-}
-pass() { echo "ok   [$1]"; }
+# shellcheck source=tests/support/checks.sh
+source "$here/../support/checks.sh"
 
 # Python with the protobuf runtime (Debian's python3-protobuf is for /usr/bin/python3).
 python=""
@@ -80,8 +76,11 @@ else
 fi
 check "killed and resumed: every train and eval number once" 2
 train_steps=$(grep -c '"kind":"train"' "$work/metrics.jsonl")
-[[ $train_steps -eq 8 ]] && pass "the metrics file has steps 1 to 8 once each" ||
+if [[ $train_steps -eq 8 ]]; then
+  pass "the metrics file has steps 1 to 8 once each"
+else
   fail "the metrics file has $train_steps train records"
+fi
 if grep -q '"kind":"run".*"resumed":true' "$work/metrics.jsonl" &&
   grep -q '"kind":"checkpoint".*"step":3' "$work/metrics.jsonl"; then
   pass "the metrics record the restart and the checkpoints"
@@ -105,5 +104,4 @@ else
   fail "--tensorboard naming a file: rc $rc, $(tail -1 "$work/last.err")"
 fi
 
-[[ $failures -eq 0 ]] && echo "all passed" || echo "$failures failed"
-exit $((failures > 0))
+finish_checks "TensorBoard checks"
