@@ -57,8 +57,8 @@ std::string metrics_file_name(l3::Phase phase) {
 // Every entry the demo writes directly in its workdir.
 std::vector<core::KnownEntry> demo_entries(const std::vector<std::string>& metrics_names) {
   std::vector<core::KnownEntry> entries{
-      {kMarker, false},     {kInputDir, true},      {kSftData, true},    {kPairData, true},
-      {kCheckpoints, true}, {kRewardAdapter, true}, {kTensorBoard, true}};
+      {kMarker, false},     {kInputDir, true},      {kSftData, true},     {kPairData, true},
+      {kCheckpoints, true}, {kRewardAdapter, true}, {kTensorBoard, true}, {kReport, false}};
   for (const std::string& name : metrics_names) entries.push_back({name, false});
   return entries;
 }

@@ -515,6 +515,8 @@ TEST_CASE("SFT learns a synthetic task, then a reward model from its checkpoint 
     std::string line;
     int train_lines = 0;
     int eval_lines = 0;
+    int run_lines = 0;
+    int checkpoint_lines = 0;
     while (std::getline(in, line)) {
       const json j = json::parse(line);
       if (j.at("kind") == "train") {
@@ -523,6 +525,15 @@ TEST_CASE("SFT learns a synthetic task, then a reward model from its checkpoint 
                                 "data_wait_ms", "step_ms"}) {
           CHECK(j.contains(key));
         }
+      } else if (j.at("kind") == "run") {
+        ++run_lines;
+        CHECK(j.at("phase") == "sft");
+        CHECK(j.at("step") == 0);
+        CHECK(j.at("ranks") == world.size());
+        CHECK(j.at("resumed") == false);
+      } else if (j.at("kind") == "checkpoint") {
+        ++checkpoint_lines;
+        CHECK(j.at("level") == "global");
       } else {
         ++eval_lines;
         CHECK(j.at("kind") == "eval");
@@ -530,6 +541,8 @@ TEST_CASE("SFT learns a synthetic task, then a reward model from its checkpoint 
     }
     CHECK(train_lines == 120);
     CHECK(eval_lines == 1);
+    CHECK(run_lines == 1);
+    CHECK(checkpoint_lines >= 1);
   }
 
   TrainConfig r = base_config(Phase::reward, pref_data + "/train");
