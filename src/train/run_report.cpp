@@ -1,28 +1,12 @@
 #include "train/run_report.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
-
-#include <array>
-#include <chrono>
 
 #include "core/build_info.hpp"
+#include "core/deadline.hpp"
+#include "core/path_safety.hpp"
 
 namespace l3::train {
-
-namespace {
-
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string host_name() {
-  std::array<char, 256> host{};
-  if (::gethostname(host.data(), host.size() - 1) != 0) return "";
-  return {host.data()};
-}
-
-}  // namespace
 
 void RunReport::record(const nlohmann::json& record) {
   for (MetricsSink* sink : sinks_) sink->write(record);
@@ -31,8 +15,8 @@ void RunReport::record(const nlohmann::json& record) {
 void RunReport::run_started(nlohmann::json record) {
   if (sinks_.empty()) return;
   record["kind"] = "run";
-  record["time"] = unix_seconds();
-  record["host"] = host_name();
+  record["time"] = core::unix_now();
+  record["host"] = core::host_name();
   record["version"] = core::build_info().version;
   this->record(record);
 }
@@ -44,7 +28,7 @@ void RunReport::checkpoint_committed(const CheckpointInfo& checkpoint, const std
           {"directory", checkpoint.directory},
           {"bytes", checkpoint.bytes},
           {"seconds", checkpoint.seconds},
-          {"time", unix_seconds()}});
+          {"time", core::unix_now()}});
 }
 
 void RunReport::sync() {

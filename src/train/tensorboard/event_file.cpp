@@ -12,6 +12,7 @@
 
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/path_safety.hpp"
 #include "train/tensorboard/event.pb.h"
 #include "train/tensorboard/record_framing.hpp"
 
@@ -42,11 +43,9 @@ std::int64_t seconds_of(const std::string& name) {
   return seconds;
 }
 
-std::string host_name() {
-  std::array<char, 256> host{};
-  if (::gethostname(host.data(), host.size() - 1) != 0) return "localhost";
-  std::string name(host.data());
-  // A dot would split the name's fields; TensorBoard's own writers use the short name too.
+// A dot would split the name's fields: the short name, as TensorBoard's own writers use.
+std::string short_host_name() {
+  std::string name = core::host_name();
   name = name.substr(0, name.find('.'));
   return name.empty() ? "localhost" : name;
 }
@@ -96,8 +95,8 @@ std::string new_event_file_name(const std::string& directory, Phase phase, doubl
   for (const std::string& path : event_files(directory, phase)) {
     seconds = std::max(seconds, seconds_of(fs::path(path).filename().string()) + 1);
   }
-  return (fs::path(directory) /
-          fmt::format("{}{}.{}.{}{}", kPrefix, seconds, host_name(), ::getpid(), suffix_of(phase)))
+  return (fs::path(directory) / fmt::format("{}{}.{}.{}{}", kPrefix, seconds, short_host_name(),
+                                            ::getpid(), suffix_of(phase)))
       .string();
 }
 

@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <filesystem>
 
+#include "core/deadline.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "train/tensorboard/event.pb.h"
@@ -21,10 +21,6 @@ using tensorboard_events::Event;
 using tensorboard_events::Summary;
 
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 void create_directory(const std::string& directory) {
   // A link to a directory is followed, as for --ckpt-dir; the files in it are created
@@ -60,7 +56,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& directory, Phase phase,
         "as one run with this one (give each run its own directory)",
         directory, core::phase_name(phase));
   }
-  const double now = now_seconds();
+  const double now = core::unix_now();
   path_ = new_event_file_name(directory, phase, now);
   const int fd = core::create_exclusive(path_);
   file_.reset(::fdopen(fd, "wb"));
@@ -84,7 +80,7 @@ void TensorBoardWriter::write(const json& record) {
   if (*kind != "train" && *kind != "eval") return;
   const std::string prefix = kind->get<std::string>() + "/";
   Event event;
-  event.set_wall_time(now_seconds());
+  event.set_wall_time(core::unix_now());
   event.set_step(step->get<std::int64_t>());
   Summary& summary = *event.mutable_summary();
   for (const auto& [name, value] : record.items()) {
