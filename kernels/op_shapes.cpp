@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string_view>
 
 #include "core/error.hpp"
@@ -167,6 +168,77 @@ AttentionShape attention_shape(const AttentionBackwardArgs& a) {
   check.same("dk", a.dk, "k", a.k);
   check.same("dv", a.dv, "k", a.k);
   return s;
+}
+
+namespace {
+
+KvCacheDims cache_dims(const ShapeCheck& check, ConstTensorView k_cache, ConstTensorView v_cache,
+                       ConstTensorView slots, ConstTensorView positions, std::int64_t rows) {
+  check.rank("k_cache", k_cache, 4);
+  check.same("v_cache", v_cache, "k_cache", k_cache);
+  const KvCacheDims d{.rows = rows,
+                      .n_kv_heads = static_cast<int>(k_cache.dim(2)),
+                      .head_dim = static_cast<int>(k_cache.dim(3)),
+                      .slots = k_cache.dim(0),
+                      .capacity = k_cache.dim(1)};
+  check.numel("slots", slots, rows);
+  check.numel("positions", positions, rows);
+  return d;
+}
+
+}  // namespace
+
+KvCacheDims kv_cache_write_dims(const KvCacheWriteArgs& a) {
+  const ShapeCheck check("kv_cache_write");
+  check.rank("k", a.k, 3);
+  const KvCacheDims d =
+      cache_dims(check, a.k_cache, a.v_cache, a.slots, a.positions, a.k.dim(0));
+  if (a.k.dim(1) != d.n_kv_heads || a.k.dim(2) != d.head_dim) {
+    check.fail("k", a.k, fmt::format("({}, {}, {})", d.rows, d.n_kv_heads, d.head_dim));
+  }
+  check.same("v", a.v, "k", a.k);
+  return d;
+}
+
+KvCacheDims decode_attention_dims(const DecodeAttentionArgs& a) {
+  const ShapeCheck check("decode_attention");
+  check.rank("q", a.q, 3);
+  KvCacheDims d = cache_dims(check, a.k_cache, a.v_cache, a.slots, a.positions, a.q.dim(0));
+  d.n_heads = static_cast<int>(a.q.dim(1));
+  d.max_keys = a.max_keys;
+  if (a.q.dim(2) != d.head_dim) {
+    check.fail("q", a.q, fmt::format("(n, n_heads, {})", d.head_dim));
+  }
+  if (d.n_kv_heads <= 0 || d.n_heads % d.n_kv_heads != 0) {
+    check.fail("k_cache", a.k_cache, fmt::format("a number of heads dividing q's {}", d.n_heads));
+  }
+  check.same("out", a.out, "q", a.q);
+  if (d.rows > 0 && (a.max_keys < 1 || a.max_keys > d.capacity)) {
+    throw core::internal_error(fmt::format("decode_attention: max_keys {} outside [1, {}]",
+                                           a.max_keys, d.capacity));
+  }
+  if (!a.host_positions.empty() && static_cast<std::int64_t>(a.host_positions.size()) != d.rows) {
+    throw core::internal_error(fmt::format("decode_attention: {} host positions for {} rows",
+                                           a.host_positions.size(), d.rows));
+  }
+  return d;
+}
+
+SampleDims sample_tokens_dims(const SampleTokensArgs& a) {
+  const ShapeCheck check("sample_tokens");
+  check.rank("logits", a.logits, 2);
+  SampleDims d{.rows = a.logits.dim(0), .vocab = a.logits.dim(1)};
+  check.numel("tokens", a.tokens, d.rows);
+  check.numel("uniforms", a.uniforms, d.rows);
+  if (!a.logprobs.empty()) check.numel("logprobs", a.logprobs, d.rows);
+  d.candidates = a.vocab_limit > 0 ? std::min(a.vocab_limit, d.vocab) : d.vocab;
+  if (d.vocab < 1 || a.vocab_limit < 0 || !(a.temperature >= 0.0) ||
+      !(a.top_p > 0.0 && a.top_p <= 1.0) || a.top_k < 0) {
+    throw core::internal_error(fmt::format(
+        "sample_tokens: vocabulary {}, vocab_limit {}, temperature {}, top_p {}, top_k {}",
+        d.vocab, a.vocab_limit, a.temperature, a.top_p, a.top_k));
+  }
+  return d;
 }
 
 std::int64_t swiglu_size(const SwigluArgs& a) {

@@ -35,6 +35,25 @@ struct RopeDims {
 [[nodiscard]] AttentionShape attention_shape(const AttentionArgs& a);
 [[nodiscard]] AttentionShape attention_shape(const AttentionBackwardArgs& a);
 
+// The generation ops' sizes: n rows of n_heads query heads (decode_attention) or of n_kv_heads
+// key/value heads (kv_cache_write) against a cache of (slots, capacity, n_kv_heads, head_dim).
+struct KvCacheDims {
+  std::int64_t rows = 0;
+  int n_heads = 0;  // decode_attention only
+  int n_kv_heads = 0, head_dim = 0;
+  std::int64_t slots = 0, capacity = 0;
+  int max_keys = 0;  // decode_attention only
+};
+[[nodiscard]] KvCacheDims kv_cache_write_dims(const KvCacheWriteArgs& a);
+[[nodiscard]] KvCacheDims decode_attention_dims(const DecodeAttentionArgs& a);
+
+struct SampleDims {
+  std::int64_t rows = 0, vocab = 0;
+  std::int64_t candidates = 0;  // the ids drawn from: vocab_limit, or all V
+};
+// Also checks the sampling parameters (internal Error: the caller validated the options).
+[[nodiscard]] SampleDims sample_tokens_dims(const SampleTokensArgs& a);
+
 // Elements of the elementwise ops.
 [[nodiscard]] std::int64_t swiglu_size(const SwigluArgs& a);
 [[nodiscard]] std::int64_t swiglu_size(const SwigluBackwardArgs& a);

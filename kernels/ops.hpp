@@ -127,6 +127,50 @@ struct AttentionBackwardArgs {
   PackedSegments segments;
 };
 
+// ---- generation: sequences in the slots of a KV cache, and attention against it ------------
+// One layer's cache: k_cache, v_cache (slots, capacity, n_kv_heads, head_dim) in the compute
+// dtype, a sequence per slot, its position p's keys and values at [slot, p].
+// Row i of k, v (n, n_kv_heads, head_dim) is stored at [slots[i], positions[i]]; slots,
+// positions (n) i32, each slot < slots and position < capacity, no two rows at one place.
+struct KvCacheWriteArgs {
+  TensorView k_cache, v_cache;
+  ConstTensorView k, v, slots, positions;
+};
+// Row i's query heads q (n, n_heads, head_dim), after RoPE, attend to the cached positions
+// 0 .. positions[i] of slot slots[i] (its own keys and values written already): causal GQA
+// (query head h reads KV head h / (n_heads / n_kv_heads)), scale 1/sqrt(head_dim), softmax in
+// fp32. out (n, n_heads, head_dim). Rows are independent: any mix of sequences and of positions
+// within one (a chunk of a prompt continuing a cached prefix) in one call. max_keys: the
+// largest positions[i] + 1 (workspace sizing); host_positions: the same positions on the host
+// when the caller has them (empty: read the backend's).
+struct DecodeAttentionArgs {
+  TensorView out;
+  ConstTensorView q, k_cache, v_cache, slots, positions;
+  int max_keys = 0;
+  std::span<const std::int32_t> host_positions{};
+};
+
+// ---- sampling: the next token of each row of logits, on the backend ------------------------
+// Row i of logits (n, V) f32 restricted to ids below vocab_limit (0: all V), then:
+//   temperature 0: the largest logit (the lowest id on ties);
+//   else weights w_j = exp((l_j - max) / temperature); top_k > 0 keeps the k largest (ties by
+//   lower id); top_p < 1 then keeps the smallest set of the largest whose weights reach top_p
+//   of the kept total (ties by lower id; at least one); the draw walks the kept ids in
+//   ascending order and returns the first whose running weight exceeds uniforms[i] x their
+//   total (uniforms (n) f64 in [0, 1)).
+// tokens (n) i32 receives the draws; logprobs (n) f32 log p(token) = logit - logsumexp of the
+// whole row (all V, before temperature, top-k and top-p), computed as lm_head_cross_entropy
+// computes its row losses (so that a generated token's log-probability is the training
+// forward's); empty: not computed.
+struct SampleTokensArgs {
+  TensorView tokens, logprobs;
+  ConstTensorView logits, uniforms;
+  double temperature = 0.0;
+  double top_p = 1.0;
+  std::int64_t top_k = 0;
+  std::int64_t vocab_limit = 0;
+};
+
 // ---- SwiGLU: out = silu(gate) * up, elementwise (all of one shape) --------------------------
 struct SwigluArgs {
   TensorView out;
@@ -303,6 +347,9 @@ class Ops {
   virtual void rope_backward(const RopeArgs& a) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
   virtual void attention_backward(const AttentionBackwardArgs& a) = 0;
+  virtual void kv_cache_write(const KvCacheWriteArgs& a) = 0;
+  virtual void decode_attention(const DecodeAttentionArgs& a) = 0;
+  virtual void sample_tokens(const SampleTokensArgs& a) = 0;
   virtual void swiglu(const SwigluArgs& a) = 0;
   virtual void swiglu_backward(const SwigluBackwardArgs& a) = 0;
   virtual void dropout(const DropoutArgs& a) = 0;

@@ -99,6 +99,15 @@ class ProfilingOps final : public Ops {
   void attention_backward(const AttentionBackwardArgs& a) override {
     timed("attention_backward", [&] { inner_.attention_backward(a); });
   }
+  void kv_cache_write(const KvCacheWriteArgs& a) override {
+    timed("kv_cache_write", [&] { inner_.kv_cache_write(a); });
+  }
+  void decode_attention(const DecodeAttentionArgs& a) override {
+    timed("decode_attention", [&] { inner_.decode_attention(a); });
+  }
+  void sample_tokens(const SampleTokensArgs& a) override {
+    timed("sample_tokens", [&] { inner_.sample_tokens(a); });
+  }
   void swiglu(const SwigluArgs& a) override {
     timed("swiglu", [&] { inner_.swiglu(a); });
   }

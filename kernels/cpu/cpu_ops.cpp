@@ -8,6 +8,7 @@
 #include "kernels/cpu/bradley_terry.hpp"
 #include "kernels/cpu/checks.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/decode_attention.hpp"
 #include "kernels/cpu/dpo_loss.hpp"
 #include "kernels/cpu/dropout.hpp"
 #include "kernels/cpu/embedding.hpp"
@@ -17,6 +18,7 @@
 #include "kernels/cpu/rmsnorm.hpp"
 #include "kernels/cpu/rope.hpp"
 #include "kernels/cpu/swiglu.hpp"
+#include "kernels/cpu/token_sampling.hpp"
 #include "kernels/op_shapes.hpp"
 
 namespace l3::kernels {
@@ -117,6 +119,28 @@ void CpuOps::attention(const AttentionArgs& a) {
   const AttentionShape s = attention_shape(a);
   cpu::attention(f32(a.out), f32(a.lse), f32(a.q), f32(a.k), f32(a.v), i32(a.segments.cu_seqlens),
                  {s.n_heads, s.n_kv_heads, s.head_dim});
+}
+
+void CpuOps::kv_cache_write(const KvCacheWriteArgs& a) {
+  const KvCacheDims d = kv_cache_write_dims(a);
+  cpu::kv_cache_write(f32(a.k_cache), f32(a.v_cache), f32(a.k), f32(a.v), i32(a.slots),
+                      i32(a.positions), {.slots = d.slots, .capacity = d.capacity},
+                      {.n_heads = d.n_kv_heads, .n_kv_heads = d.n_kv_heads, .head_dim = d.head_dim});
+}
+
+void CpuOps::decode_attention(const DecodeAttentionArgs& a) {
+  const KvCacheDims d = decode_attention_dims(a);
+  cpu::decode_attention(
+      f32(a.out), f32(a.q), f32(a.k_cache), f32(a.v_cache), i32(a.slots), i32(a.positions),
+      {.slots = d.slots, .capacity = d.capacity},
+      {.n_heads = d.n_heads, .n_kv_heads = d.n_kv_heads, .head_dim = d.head_dim});
+}
+
+void CpuOps::sample_tokens(const SampleTokensArgs& a) {
+  const SampleDims d = sample_tokens_dims(a);
+  cpu::sample_tokens(a.tokens.as<std::int32_t>(), f32(a.logprobs), f32(a.logits),
+                     a.uniforms.as<double>(), d.vocab, d.candidates,
+                     {.temperature = a.temperature, .top_p = a.top_p, .top_k = a.top_k});
 }
 
 void CpuOps::attention_backward(const AttentionBackwardArgs& a) {

@@ -35,6 +35,9 @@ class CpuOps final : public Ops {
   void rope_backward(const RopeArgs& a) override;
   void attention(const AttentionArgs& a) override;
   void attention_backward(const AttentionBackwardArgs& a) override;
+  void kv_cache_write(const KvCacheWriteArgs& a) override;
+  void decode_attention(const DecodeAttentionArgs& a) override;
+  void sample_tokens(const SampleTokensArgs& a) override;
   void swiglu(const SwigluArgs& a) override;
   void dropout(const DropoutArgs& a) override;
   void swiglu_backward(const SwigluBackwardArgs& a) override;

@@ -558,6 +558,17 @@ void CudaOps::attention_backward(const kernels::AttentionBackwardArgs& args) {
   }
 }
 
+// PLACEHOLDER until the generation kernels land (kernels/cuda/decode_attention.cu, sampling.cu).
+void CudaOps::kv_cache_write(const kernels::KvCacheWriteArgs& /*a*/) {
+  throw core::internal_error("cuda kv_cache_write: not built yet");
+}
+void CudaOps::decode_attention(const kernels::DecodeAttentionArgs& /*a*/) {
+  throw core::internal_error("cuda decode_attention: not built yet");
+}
+void CudaOps::sample_tokens(const kernels::SampleTokensArgs& /*a*/) {
+  throw core::internal_error("cuda sample_tokens: not built yet");
+}
+
 void CudaOps::swiglu(const kernels::SwigluArgs& a) {
   const std::int64_t n = kernels::swiglu_size(a);
   swiglu_forward(out<BFloat16>(a.out), in<BFloat16>(a.gate), in<BFloat16>(a.up), n, stream_);

@@ -107,6 +107,9 @@ class CudaOps final : public kernels::Ops {
   void rope_backward(const kernels::RopeArgs& a) override;
   void attention(const kernels::AttentionArgs& a) override;
   void attention_backward(const kernels::AttentionBackwardArgs& a) override;
+  void kv_cache_write(const kernels::KvCacheWriteArgs& a) override;
+  void decode_attention(const kernels::DecodeAttentionArgs& a) override;
+  void sample_tokens(const kernels::SampleTokensArgs& a) override;
   void swiglu(const kernels::SwigluArgs& a) override;
   void swiglu_backward(const kernels::SwigluBackwardArgs& a) override;
   void dropout(const kernels::DropoutArgs& a) override;
