@@ -66,7 +66,7 @@ int run_generate(const CommandContext& context) {
   const bool logprobs = o["logprobs"].as<bool>();
   if (logprobs && !o["json"].as<bool>()) throw core::usage_error("--logprobs needs --json");
   options.prompt_logprobs = logprobs;
-  model::validate(model::SamplingParams{options.temperature, options.top_p});
+  model::validate(model::SamplingSettings{.temperature = options.temperature, .top_p = options.top_p});
   if (!context.world.is_root()) return core::kExitOk;  // an interactive tool: one rank works
 
   const core::Stopwatch load_time;

@@ -645,6 +645,37 @@ TensorView LlamaModel::lm_head_grad() const {
   return base_grad(layout_.lm_head(), {config().vocab_size, config().hidden_size});
 }
 
+void LlamaModel::forward_rows(const RowPass& pass, const std::function<void(int layer)>& attend) {
+  const ModelConfig& c = config();
+  const std::int64_t n = pass.x.rows();
+  kernels::Ops& ops = n == 0 ? static_cast<kernels::Ops&>(idle_ops_) : ops_;
+  {
+    const HeldGroup held = hold(layout_.embedding(), Pass::forward);
+    ops.embedding({.out = pass.x,
+                   .tokens = pass.tokens,
+                   .table = weight(layout_.embedding(), {c.vocab_size, c.hidden_size})});
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    const core::TraceRange range("block {} generation", l);
+    const HeldGroup held = hold(layout_.block(l).q_proj, Pass::forward);
+    BlockAdapters adapters = layer_adapters(l);
+    adapters.dropout = 0.0F;  // generation, never training
+    decoder_block_forward(
+        ops, c, layer_weights(l), pass.rope, pass.x, pass.x, pass.block, [&] { attend(l); },
+        adapters_ ? &adapters : nullptr);
+  }
+}
+
+void LlamaModel::final_norm(TensorView out, TensorView rstd, ConstTensorView x) {
+  kernels::Ops& ops = x.rows() == 0 ? static_cast<kernels::Ops&>(idle_ops_) : ops_;
+  const HeldGroup held = hold(layout_.final_norm(), Pass::forward);
+  ops.rmsnorm({.out = out,
+               .rstd = rstd,
+               .x = x,
+               .w = weight(layout_.final_norm(), config().hidden_size),
+               .eps = static_cast<float>(config().rms_norm_eps)});
+}
+
 std::vector<float> LlamaModel::logits(const Batch& batch) {
   if (layout_.head() != HeadKind::language_model) {
     throw core::internal_error("logits of a model without a language-model head");

@@ -244,6 +244,24 @@ class LlamaModel {
   void zero_sums(SumSlot slot);
   [[nodiscard]] std::array<double, kSumValues> read_sums(SumSlot slot) const;
 
+  // Generation's pass (GenerationEngine): rows of sequences whose earlier positions the
+  // caller keeps in a KV cache. The tokens (n) i32 are embedded into x (n, H), then every block
+  // runs on the n rows of `block` with `attend(layer)` as its attention (it reads block.q,
+  // block.k after RoPE and block.v, and writes block.att), leaving the last block's output in x
+  // (no final norm: final_norm() takes the rows that need logits). Each weight group is
+  // acquired once for all the rows (a sharded model gathers each layer once per pass; with n
+  // = 0 the pass computes nothing and still takes part in the gathers). LoRA adapters apply,
+  // without dropout.
+  struct RowPass {
+    kernels::ConstTensorView tokens;  // (n) i32
+    RopeViews rope;                   // the rows' absolute positions and the backend's tables
+    kernels::TensorView x;            // (n, H)
+    BlockViews block;                 // n rows each
+  };
+  void forward_rows(const RowPass& pass, const std::function<void(int layer)>& attend);
+  // out (m, H) = the final norm of x (m, H); rstd (m) f32.
+  void final_norm(kernels::TensorView out, kernels::TensorView rstd, kernels::ConstTensorView x);
+
   // Logits (N, V) of every position: for tests and generation on small inputs.
   [[nodiscard]] std::vector<float> logits(const Batch& batch);
 

@@ -7,7 +7,8 @@
 #include "catch.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
-#include "model/token_sampler.hpp"
+#include "kernels/cpu/token_sampling.hpp"
+#include "model/generation_engine.hpp"
 #include "numeric_support.hpp"
 #include "train/objectives/bradley_terry_loss.hpp"
 #include "train/reward_scores.hpp"
@@ -19,7 +20,11 @@ using l3::model::Generator;
 using l3::model::HeadKind;
 using l3::model::LlamaModel;
 using l3::model::ModelConfig;
-using l3::model::SamplingParams;
+using l3::model::EngineShape;
+using l3::model::GenerationEngine;
+using l3::model::GenerationOutput;
+using l3::model::GenerationRequest;
+using l3::model::SamplingSettings;
 using l3::test::rel_error;
 
 namespace {
@@ -65,50 +70,181 @@ GenerationResult run(LlamaModel& model, const std::vector<std::int32_t>& prompt,
   return generator.generate(prompt, options);
 }
 
+// The training forward's log-probability of each of `tokens`' positions from `first` on: the
+// model's pass over the whole sequence and lm_head_cross_entropy's row losses, negated.
+std::vector<float> training_logprobs(LlamaModel& model, const std::vector<std::int32_t>& tokens,
+                                     std::size_t first) {
+  BatchBuilder builder(1, static_cast<std::int64_t>(tokens.size()), 0);
+  std::vector<std::uint8_t> mask(tokens.size(), 0);
+  std::fill(mask.begin() + static_cast<std::ptrdiff_t>(first), mask.end(), 1);
+  builder.add(tokens, mask);
+  model.load_batch(builder.finish());
+  model.forward({});
+  const l3::model::HeadInputs in = model.head();
+  const auto count = static_cast<std::int64_t>(tokens.size() - first);
+  REQUIRE(in.counted == count);
+  std::vector<float> row_loss(static_cast<std::size_t>(count));
+  model.ops().lm_head_cross_entropy({.row_loss = l3::kernels::TensorView(std::span(row_loss)),
+                                     .h = in.hidden,
+                                     .w = model.lm_head_weight(),
+                                     .rows = in.loss_rows,
+                                     .targets = in.loss_targets});
+  for (float& l : row_loss) l = -l;
+  return row_loss;
+}
+
+// Every completion of `requests` through one engine.
+std::vector<GenerationOutput> generate_all(LlamaModel& model,
+                                           const std::vector<GenerationRequest>& requests,
+                                           const EngineShape& shape,
+                                           const SamplingSettings& settings,
+                                           const GenerationEngine::StopCheck& stop = {}) {
+  GenerationEngine engine(model, shape, settings);
+  std::size_t next = 0;
+  std::vector<GenerationOutput> outputs;
+  engine.run(
+      [&]() -> std::optional<GenerationRequest> {
+        if (next == requests.size()) return std::nullopt;
+        return requests[next++];
+      },
+      [&](GenerationOutput&& out) { outputs.push_back(std::move(out)); }, stop);
+  // in request order (they finish in any)
+  std::sort(outputs.begin(), outputs.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.record, a.sample) < std::pair(b.record, b.sample);
+  });
+  return outputs;
+}
+
+// Prompts of several lengths, two samples each.
+std::vector<GenerationRequest> mixed_requests(std::uint32_t stream, std::int64_t max_new) {
+  l3::test::Random rnd(stream);
+  std::vector<GenerationRequest> requests;
+  for (const std::size_t length : {5U, 13U, 1U, 9U, 17U}) {
+    const auto prompt = rnd.integers(length, 512);
+    for (std::int64_t sample = 0; sample < 2; ++sample) {
+      requests.push_back({.record = static_cast<std::int64_t>(requests.size() / 2),
+                          .sample = sample,
+                          .prompt = prompt,
+                          .max_new = max_new});
+    }
+  }
+  return requests;
+}
+
 }  // namespace
 
-TEST_CASE("generator logits equal the full forward pass at every position", "[generate]") {
+TEST_CASE("generated log-probabilities equal the training forward's", "[generate]") {
   INFO("seed " << l3::test::test_seed());
   for (const bool tied : {false, true}) {
-    INFO("tied " << tied);
-    ModelConfig c = l3::model::preset("tiny");
-    c.tie_word_embeddings = tied;
-    l3::kernels::CpuOps ops;
-    LlamaModel model(c, HeadKind::language_model, ops);
-    randomize(model, 40);
-    l3::test::Random rnd(41);
-    const std::int64_t prompt = 13;
-    const std::int64_t total = 21;
-    const auto tokens = rnd.integers(static_cast<std::size_t>(total), 512);
-    const std::vector<float> expected = full_logits(model, tokens);
-
-    Generator generator(model);
-    generator.reset(total);
-    const std::vector<float> prefill =
-        generator.extend(std::span(tokens).first(static_cast<std::size_t>(prompt)), true);
-    REQUIRE(prefill.size() == static_cast<std::size_t>(prompt * c.vocab_size));
-    for (std::int64_t t = 0; t < prompt; ++t) {
-      INFO("prefill position " << t);
-      CHECK(rel_error(row(prefill, t, c.vocab_size), row(expected, t, c.vocab_size)) < 1e-4);
+    for (const double temperature : {0.0, 1.0}) {
+      INFO("tied " << tied << ", temperature " << temperature);
+      ModelConfig c = l3::model::preset("tiny");
+      c.tie_word_embeddings = tied;
+      l3::kernels::CpuOps ops;
+      LlamaModel model(c, HeadKind::language_model, ops);
+      randomize(model, 40);
+      const auto requests = mixed_requests(41, 8);
+      // 3 slots for 10 requests (continuous batching), and few rows per pass: the 17-token
+      // prompt is prefilled in chunks, the later ones against its cached prefix.
+      const auto outputs = generate_all(model, requests, {.slots = 3, .capacity = 32, .max_rows = 10},
+                                        {.temperature = temperature, .seed = 7});
+      REQUIRE(outputs.size() == requests.size());
+      double worst = 0.0;
+      std::size_t exact = 0;
+      std::size_t total = 0;
+      for (std::size_t i = 0; i < outputs.size(); ++i) {
+        const GenerationOutput& out = outputs[i];
+        REQUIRE(out.tokens.size() == 8);
+        REQUIRE(out.logprobs.size() == 8);
+        std::vector<std::int32_t> sequence = requests[i].prompt;
+        sequence.insert(sequence.end(), out.tokens.begin(), out.tokens.end());
+        const auto expected = training_logprobs(model, sequence, requests[i].prompt.size());
+        for (std::size_t t = 0; t < out.tokens.size(); ++t) {
+          const double error = std::abs(out.logprobs[t] - expected[t]) /
+                               std::max(1.0, static_cast<double>(std::abs(expected[t])));
+          worst = std::max(worst, error);
+          exact += out.logprobs[t] == expected[t] ? 1U : 0U;
+          ++total;
+        }
+      }
+      INFO(exact << " of " << total << " bit for bit; largest relative difference " << worst);
+      CHECK(worst <= 1e-6);
+      WARN(exact << " of " << total << " log-probabilities bit for bit; largest relative "
+                    "difference "
+                 << worst);
     }
-    // several tokens at once into a non-empty cache (the host attention with n > 1)
-    const std::int64_t chunk = 3;
-    const std::vector<float> extended =
-        generator.extend(std::span(tokens).subspan(static_cast<std::size_t>(prompt), chunk), true);
-    for (std::int64_t t = 0; t < chunk; ++t) {
-      INFO("chunk position " << prompt + t);
-      CHECK(rel_error(row(extended, t, c.vocab_size), row(expected, prompt + t, c.vocab_size)) <
-            1e-4);
-    }
-    for (std::int64_t t = prompt + chunk; t < total; ++t) {
-      INFO("decode position " << t);
-      const std::vector<float> logits =
-          generator.extend(std::span(tokens).subspan(static_cast<std::size_t>(t), 1));
-      CHECK(rel_error(logits, row(expected, t, c.vocab_size)) < 1e-4);
-    }
-    CHECK(generator.length() == total);
-    CHECK_THROWS_AS(generator.extend(std::span(tokens).first(1)), l3::core::Error);  // full
   }
+}
+
+TEST_CASE("a completion does not depend on the batch it ran in", "[generate]") {
+  INFO("seed " << l3::test::test_seed());
+  TinyModel tiny(48);
+  const auto requests = mixed_requests(49, 10);
+  const SamplingSettings settings{.temperature = 0.9, .top_p = 0.9, .top_k = 40, .seed = 11};
+  const auto one = generate_all(tiny.model, requests, {.slots = 1, .capacity = 27}, settings);
+  for (const EngineShape shape : {EngineShape{.slots = 4, .capacity = 40},
+                                  EngineShape{.slots = 10, .capacity = 27, .max_rows = 12},
+                                  EngineShape{.slots = 3, .capacity = 30, .max_rows = 4}}) {
+    INFO("slots " << shape.slots << ", max rows " << shape.max_rows);
+    const auto many = generate_all(tiny.model, requests, shape, settings);
+    REQUIRE(many.size() == one.size());
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      INFO("request " << i);
+      CHECK(many[i].tokens == one[i].tokens);
+      REQUIRE(many[i].logprobs.size() == one[i].logprobs.size());
+      for (std::size_t t = 0; t < one[i].logprobs.size(); ++t) {
+        CHECK(many[i].logprobs[t] == Approx(one[i].logprobs[t]).epsilon(1e-6));
+      }
+    }
+  }
+  // Another sample of the same record draws other tokens.
+  CHECK(one[0].tokens != one[1].tokens);
+}
+
+TEST_CASE("the engine ends sequences on stop tokens, stop checks and length", "[generate]") {
+  INFO("seed " << l3::test::test_seed());
+  TinyModel tiny(50);
+  auto requests = mixed_requests(51, 6);
+  requests[3].max_new = 0;
+  requests[4].max_new = 1;
+  const SamplingSettings settings{.temperature = 1.0, .seed = 5};
+  const auto plain = generate_all(tiny.model, requests, {.slots = 2, .capacity = 24}, settings);
+  CHECK(plain[3].tokens.empty());
+  CHECK_FALSE(plain[3].stopped);
+  CHECK(plain[4].tokens.size() == 1);
+  // A stop token cuts every completion at its first occurrence, and is left out.
+  const std::int32_t stop = plain[0].tokens[2];
+  SamplingSettings stopping = settings;
+  stopping.stop_tokens = {stop};
+  const auto stopped = generate_all(tiny.model, requests, {.slots = 3, .capacity = 24}, stopping);
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    const auto at = std::find(plain[i].tokens.begin(), plain[i].tokens.end(), stop);
+    CHECK(stopped[i].tokens == std::vector<std::int32_t>(plain[i].tokens.begin(), at));
+    CHECK(stopped[i].stopped == (at != plain[i].tokens.end()));
+  }
+  // A stop check (the stop strings') ends a sequence after the token it saw, kept.
+  const auto checked =
+      generate_all(tiny.model, requests, {.slots = 2, .capacity = 24}, settings,
+                   [](const GenerationRequest&, std::span<const std::int32_t> tokens) {
+                     return tokens.size() == 2;
+                   });
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    const std::size_t keep = std::min<std::size_t>(2, plain[i].tokens.size());
+    CHECK(checked[i].tokens == std::vector<std::int32_t>(plain[i].tokens.begin(),
+                                                         plain[i].tokens.begin() +
+                                                             static_cast<std::ptrdiff_t>(keep)));
+    CHECK(checked[i].stopped == (plain[i].tokens.size() >= 2));
+  }
+  // A request beyond the engine's capacity is a usage error.
+  auto too_long = requests;
+  too_long[2].max_new = 30;
+  try {
+    (void)generate_all(tiny.model, too_long, {.slots = 2, .capacity = 24}, settings);
+    FAIL("no error");
+  } catch (const l3::core::Error& e) {
+    CHECK(e.kind() == l3::core::ErrorKind::usage);
+  }
+  CHECK_THROWS_AS(l3::model::validate(SamplingSettings{.top_k = -1}), l3::core::Error);
 }
 
 TEST_CASE("greedy generation is deterministic and follows the argmax of full logits",
@@ -132,7 +268,7 @@ TEST_CASE("greedy generation is deterministic and follows the argmax of full log
     const std::int32_t token = result.tokens[i];
     const auto logits = full_logits(model, sequence);
     const auto last = row(logits, static_cast<std::int64_t>(sequence.size()) - 1, c.vocab_size);
-    const std::int32_t expected = l3::model::argmax(last);
+    const auto expected = static_cast<std::int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
     INFO("position " << sequence.size() << ": " << token << " vs " << expected);
     CHECK(result.logprobs[i] == Approx(reference_logprob(last, token)).margin(1e-4));
     CHECK(result.logprobs[i] <= 0.0);
@@ -262,28 +398,33 @@ TEST_CASE("generation beyond max position embeddings is a usage error", "[genera
 }
 
 TEST_CASE("the sampler draws from the tempered nucleus", "[generate]") {
+  using Rule = l3::kernels::cpu::SamplingRule;
+  l3::kernels::cpu::SamplingScratch scratch;
+  const auto draw = [&](const std::vector<float>& logits, const Rule& rule, double u) {
+    return l3::kernels::cpu::sample_row(logits, rule, u, scratch);
+  };
   // probabilities 0.5, 0.3, 0.2 at temperature 1
   const std::vector<float> logits = {std::log(0.5F), std::log(0.3F), std::log(0.2F)};
-  const SamplingParams plain{1.0, 1.0};
-  CHECK(l3::model::sample_token(logits, plain, 0.0) == 0);
-  CHECK(l3::model::sample_token(logits, plain, 0.49) == 0);
-  CHECK(l3::model::sample_token(logits, plain, 0.51) == 1);
-  CHECK(l3::model::sample_token(logits, plain, 0.79) == 1);
-  CHECK(l3::model::sample_token(logits, plain, 0.81) == 2);
-  CHECK(l3::model::sample_token(logits, plain, 0.999999) == 2);
+  const Rule plain{1.0, 1.0};
+  CHECK(draw(logits, plain, 0.0) == 0);
+  CHECK(draw(logits, plain, 0.49) == 0);
+  CHECK(draw(logits, plain, 0.51) == 1);
+  CHECK(draw(logits, plain, 0.79) == 1);
+  CHECK(draw(logits, plain, 0.81) == 2);
+  CHECK(draw(logits, plain, 0.999999) == 2);
 
   // top-p 0.6: the nucleus is {0, 1} (0.5 < 0.6 <= 0.8), renormalised to 5/8 and 3/8
-  const SamplingParams nucleus{1.0, 0.6};
-  CHECK(l3::model::sample_token(logits, nucleus, 0.6) == 0);
-  CHECK(l3::model::sample_token(logits, nucleus, 0.65) == 1);
-  CHECK(l3::model::sample_token(logits, nucleus, 0.999999) == 1);
+  const Rule nucleus{1.0, 0.6};
+  CHECK(draw(logits, nucleus, 0.6) == 0);
+  CHECK(draw(logits, nucleus, 0.65) == 1);
+  CHECK(draw(logits, nucleus, 0.999999) == 1);
 
   // Frequencies over an even grid of u follow softmax(logits / T): T = 2 flattens them.
-  const SamplingParams hot{2.0, 1.0};
+  const Rule hot{2.0, 1.0};
   std::vector<int> counts(3, 0);
   const int draws = 10000;
   for (int i = 0; i < draws; ++i) {
-    ++counts[static_cast<std::size_t>(l3::model::sample_token(logits, hot, (i + 0.5) / draws))];
+    ++counts[static_cast<std::size_t>(draw(logits, hot, (i + 0.5) / draws))];
   }
   const std::vector<double> weights = {std::sqrt(0.5), std::sqrt(0.3), std::sqrt(0.2)};
   const double total = weights[0] + weights[1] + weights[2];
@@ -291,11 +432,27 @@ TEST_CASE("the sampler draws from the tempered nucleus", "[generate]") {
     CHECK(counts[k] / static_cast<double>(draws) == Approx(weights[k] / total).margin(2e-4));
   }
 
-  CHECK(l3::model::sample_token(logits, SamplingParams{0.0, 0.5}, 0.9) == 0);  // greedy
-  CHECK_THROWS_AS(l3::model::validate(SamplingParams{-0.1, 1.0}), l3::core::Error);
-  CHECK_THROWS_AS(l3::model::validate(SamplingParams{1.0, 0.0}), l3::core::Error);
-  CHECK_THROWS_AS(l3::model::validate(SamplingParams{1.0, 1.5}), l3::core::Error);
-  CHECK_THROWS_AS(l3::model::validate(SamplingParams{NAN, 1.0}), l3::core::Error);
+  CHECK(draw(logits, Rule{0.0, 0.5}, 0.9) == 0);  // greedy
+  // top-k 2 keeps {0, 1} (5/8, 3/8), whatever top-p leaves of them
+  const Rule top2{1.0, 1.0, 2};
+  CHECK(draw(logits, top2, 0.6) == 0);
+  CHECK(draw(logits, top2, 0.65) == 1);
+  CHECK(draw(logits, Rule{1.0, 0.5, 2}, 0.99) == 0);  // nucleus of {0, 1} at 0.5: {0}
+  // The draw walks the kept ids in ascending order: with 0.2, 0.3, 0.5 the nucleus at 0.6 is
+  // {1, 2} (3/8, 5/8), and a small u picks id 1.
+  const std::vector<float> rising = {std::log(0.2F), std::log(0.3F), std::log(0.5F)};
+  CHECK(draw(rising, Rule{1.0, 0.6}, 0.3) == 1);
+  CHECK(draw(rising, Rule{1.0, 0.6}, 0.4) == 2);
+  // Ties: the lower id first.
+  const std::vector<float> flat = {0.0F, 0.0F, 0.0F, 0.0F};
+  CHECK(draw(flat, Rule{1.0, 1.0, 1}, 0.99) == 0);
+  CHECK(draw(flat, Rule{1.0, 0.5}, 0.99) == 1);
+  CHECK(draw(flat, Rule{0.0, 1.0}, 0.5) == 0);
+  using l3::model::SamplingSettings;
+  CHECK_THROWS_AS(l3::model::validate(SamplingSettings{.temperature = -0.1}), l3::core::Error);
+  CHECK_THROWS_AS(l3::model::validate(SamplingSettings{.top_p = 0.0}), l3::core::Error);
+  CHECK_THROWS_AS(l3::model::validate(SamplingSettings{.top_p = 1.5}), l3::core::Error);
+  CHECK_THROWS_AS(l3::model::validate(SamplingSettings{.temperature = NAN}), l3::core::Error);
 }
 
 TEST_CASE("sequence rewards equal the scores of a reward batch", "[generate][reward]") {

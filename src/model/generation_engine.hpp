@@ -1,0 +1,154 @@
+// Batched generation with continuous batching: many sequences at once on one rank, each with
+// its own prompt, length limit and stop, for `generate --input` jobs and for online RL.
+//
+// The engine owns a KV cache of `slots` sequences of `capacity` positions each, in backend
+// memory and the compute dtype: (layers, slots, capacity, n_kv_heads, head_dim) for keys and
+// for values. Each pass runs the decoder (LlamaModel::forward_rows: the training pass's block,
+// not a copy) on rows from every busy slot at once, so that every matmul has all of them as its
+// rows:
+//   - a slot that has just taken a prompt prefills it: the prompt's tokens as one packed causal
+//     segment through the backend's training attention kernel (a long prompt in chunks of the
+//     pass's spare rows; the chunks after the first attend to the cache);
+//   - a slot that is generating decodes one token: its query row against its own cached
+//     positions (Ops::decode_attention).
+// Every row's keys and values go into the cache first (Ops::kv_cache_write). The rows that need
+// a next token (a decoding slot's, the last of a completed prompt) are gathered, normed and
+// multiplied by the lm_head into (rows, V) logits that stay on the backend, where
+// Ops::sample_tokens draws the tokens and their log-probabilities: only the ids and those
+// values come back to the host. When a sequence ends (a stop token, a stop check, its length
+// limit) its slot takes the next request (continuous batching).
+//
+// A request's token t is drawn with the uniform number CounterRng(seed, sampling, stream
+// `sample`).uniform(record * 2^32 + t): a completion depends on its record, its sample index
+// and the model, never on the batch, the slot or the rank it ran in.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "kernels/ops.hpp"
+#include "model/llama_model.hpp"
+#include "model/rope_table.hpp"
+
+namespace l3::model {
+
+// How every request of an engine is sampled.
+struct SamplingSettings {
+  double temperature = 0.0;  // 0: greedy
+  double top_p = 1.0;
+  std::int64_t top_k = 0;  // 0: no limit
+  std::uint64_t seed = 0;
+  std::vector<std::int32_t> stop_tokens{};  // end a sequence (left out of its tokens)
+  std::int64_t vocab_limit = 0;             // draw only ids below it (a smaller tokenizer); 0: all
+};
+
+// Throws a usage Error naming the option for a negative or non-finite temperature, a top-p
+// outside (0, 1] or a negative top-k.
+void validate(const SamplingSettings& settings);
+
+struct GenerationRequest {
+  std::int64_t record = 0;  // < 2^32: keys the sampling (with sample), and the caller's own
+  std::int64_t sample = 0;  // < 2^32
+  std::vector<std::int32_t> prompt;
+  std::int64_t max_new = 0;  // new tokens at most (a stop token included)
+};
+
+struct GenerationOutput {
+  std::int64_t record = 0;
+  std::int64_t sample = 0;
+  std::vector<std::int32_t> tokens;  // the new tokens, without a stop token
+  // log p(token) of each new token: log-softmax over the whole vocabulary, before temperature,
+  // top-k and top-p, as the training forward's cross-entropy computes it
+  std::vector<float> logprobs;
+  bool stopped = false;  // ended on a stop token or the stop check, not on max_new
+};
+
+struct EngineShape {
+  int slots = 1;              // sequences in flight
+  std::int64_t capacity = 0;  // positions per sequence: prompt + max_new at most
+  // Rows per pass (decoding slots + prompt tokens): the activations' size; at least slots + 1.
+  // 0: slots + min(capacity, 512).
+  std::int64_t max_rows = 0;
+};
+
+// Backend bytes an engine of this shape allocates (the memory plan counts them): the KV cache
+// and the pass's work buffers.
+struct EngineMemory {
+  std::int64_t kv_cache = 0;
+  std::int64_t workspace = 0;
+  [[nodiscard]] std::int64_t total() const noexcept { return kv_cache + workspace; }
+};
+[[nodiscard]] EngineMemory engine_memory(const ModelConfig& config, kernels::DType compute,
+                                         const EngineShape& shape, int lora_rank = 0);
+
+class GenerationEngine {
+ public:
+  // The model must have a language-model head; it is read, never modified, and must outlive
+  // the engine. A usage Error when capacity exceeds max_position_embeddings.
+  GenerationEngine(LlamaModel& model, const EngineShape& shape, SamplingSettings settings);
+  ~GenerationEngine();
+  GenerationEngine(const GenerationEngine&) = delete;
+  GenerationEngine& operator=(const GenerationEngine&) = delete;
+  GenerationEngine(GenerationEngine&&) = delete;
+  GenerationEngine& operator=(GenerationEngine&&) = delete;
+
+  [[nodiscard]] const EngineShape& shape() const noexcept { return shape_; }
+
+  // The next request, or nullopt when there are none left (asked only while a slot is free).
+  using RequestSource = std::function<std::optional<GenerationRequest>()>;
+  // A finished sequence, in the order they finish.
+  using OutputSink = std::function<void(GenerationOutput&&)>;
+  // Whether a sequence should stop after its latest token (stop strings): called with its
+  // request and its new tokens so far; empty: none.
+  using StopCheck =
+      std::function<bool(const GenerationRequest& request, std::span<const std::int32_t> tokens)>;
+  // Collective engines (a model sharded over ranks): called before each pass with whether this
+  // rank has work; returns whether any rank has. A rank without work then runs an empty pass
+  // (the same gathers, nothing computed) until no rank has any. Empty: this rank alone.
+  using PassAgreement = std::function<bool(bool has_work)>;
+
+  // Continuous batching until the source is empty and every sequence has ended. A request whose
+  // prompt is empty or with max_new + prompt beyond capacity is a usage Error.
+  void run(const RequestSource& next, const OutputSink& done, const StopCheck& stop = {},
+           const PassAgreement& agree = {});
+
+  // Tokens run and decoded (prompt tokens, new tokens) and passes since construction.
+  struct Counters {
+    std::int64_t prompt_tokens = 0;
+    std::int64_t new_tokens = 0;
+    std::int64_t passes = 0;
+  };
+  [[nodiscard]] const Counters& counters() const noexcept { return counters_; }
+
+ private:
+  struct Slot;
+  struct PassRows;
+
+  void admit(Slot& slot, GenerationRequest&& request);
+  // Plans the next pass's rows from the busy slots; empty when there is nothing to run.
+  [[nodiscard]] PassRows plan_pass();
+  // Runs one pass and samples a token for each row that wants one: (token, logprob) each.
+  void run_pass(const PassRows& rows, std::vector<std::int32_t>& tokens,
+                std::vector<float>& logprobs);
+
+  LlamaModel& model_;
+  kernels::Ops& ops_;
+  EngineShape shape_;
+  SamplingSettings settings_;
+  std::vector<Slot> slots_;
+  Counters counters_;
+  RopeBuffers rope_;
+  kernels::Buffer k_cache_, v_cache_;  // (layers, slots, capacity, n_kv_heads, head_dim)
+  // The pass's inputs (max_rows) i32 and outputs.
+  kernels::Buffer tokens_, positions_, row_slots_, cu_seqlens_, logit_rows_;
+  kernels::Buffer x_, ln_, rstd_, q_, k_, v_, att_, lse_, h_, gate_, up_, act_;
+  std::array<kernels::Buffer, kLoraTargetCount> lora_u_;
+  kernels::Buffer picked_, picked_norm_, picked_rstd_;  // (slots, H), (slots, H), (slots)
+  kernels::Buffer logits_;                              // (slots, V) f32
+  kernels::Buffer uniforms_, sampled_, sampled_logprobs_;  // (slots) f64, i32, f32
+};
+
+}  // namespace l3::model
