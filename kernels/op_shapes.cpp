@@ -191,8 +191,7 @@ KvCacheDims cache_dims(const ShapeCheck& check, ConstTensorView k_cache, ConstTe
 KvCacheDims kv_cache_write_dims(const KvCacheWriteArgs& a) {
   const ShapeCheck check("kv_cache_write");
   check.rank("k", a.k, 3);
-  const KvCacheDims d =
-      cache_dims(check, a.k_cache, a.v_cache, a.slots, a.positions, a.k.dim(0));
+  const KvCacheDims d = cache_dims(check, a.k_cache, a.v_cache, a.slots, a.positions, a.k.dim(0));
   if (a.k.dim(1) != d.n_kv_heads || a.k.dim(2) != d.head_dim) {
     check.fail("k", a.k, fmt::format("({}, {}, {})", d.rows, d.n_kv_heads, d.head_dim));
   }
@@ -214,8 +213,8 @@ KvCacheDims decode_attention_dims(const DecodeAttentionArgs& a) {
   }
   check.same("out", a.out, "q", a.q);
   if (d.rows > 0 && (a.max_keys < 1 || a.max_keys > d.capacity)) {
-    throw core::internal_error(fmt::format("decode_attention: max_keys {} outside [1, {}]",
-                                           a.max_keys, d.capacity));
+    throw core::internal_error(
+        fmt::format("decode_attention: max_keys {} outside [1, {}]", a.max_keys, d.capacity));
   }
   if (!a.host_positions.empty() && static_cast<std::int64_t>(a.host_positions.size()) != d.rows) {
     throw core::internal_error(fmt::format("decode_attention: {} host positions for {} rows",
@@ -235,8 +234,8 @@ SampleDims sample_tokens_dims(const SampleTokensArgs& a) {
   if (d.vocab < 1 || a.vocab_limit < 0 || !(a.temperature >= 0.0) ||
       !(a.top_p > 0.0 && a.top_p <= 1.0) || a.top_k < 0) {
     throw core::internal_error(fmt::format(
-        "sample_tokens: vocabulary {}, vocab_limit {}, temperature {}, top_p {}, top_k {}",
-        d.vocab, a.vocab_limit, a.temperature, a.top_p, a.top_k));
+        "sample_tokens: vocabulary {}, vocab_limit {}, temperature {}, top_p {}, top_k {}", d.vocab,
+        a.vocab_limit, a.temperature, a.top_p, a.top_k));
   }
   return d;
 }

@@ -72,6 +72,11 @@ struct MatmulArgs {
   TensorView y;
   ConstTensorView x, w;
   bool accumulate = false;
+  // Each row of y computed the same whatever the other rows of the call (generation: a
+  // completion must not depend on the batch it ran in). The CPU backend then uses a kernel of
+  // fixed arithmetic instead of SGEMM (cpu/matmul.hpp); CUDA ignores it (its completions agree
+  // with the CPU's within bf16 tolerance, not bit for bit).
+  bool row_invariant = false;
 };
 // dx (M, K) = dy (M, N) W (+= when accumulate_dx; skipped when dx is empty);
 // dw (N, K) += dy^T x (skipped when dw is empty)

@@ -73,7 +73,11 @@ void CpuOps::upload_inputs(int /*set*/, std::span<const HostUpload> uploads) {
 
 void CpuOps::matmul(const MatmulArgs& a) {
   const MatmulDims d = matmul_dims(a);
-  cpu::matmul(f32(a.y), f32(a.x), f32(a.w), d.m, d.n, d.k, a.accumulate);
+  if (a.row_invariant) {
+    cpu::matmul_row_invariant(f32(a.y), f32(a.x), f32(a.w), d.m, d.n, d.k, a.accumulate);
+  } else {
+    cpu::matmul(f32(a.y), f32(a.x), f32(a.w), d.m, d.n, d.k, a.accumulate);
+  }
 }
 
 void CpuOps::matmul_backward(const MatmulBackwardArgs& a) {
@@ -123,17 +127,17 @@ void CpuOps::attention(const AttentionArgs& a) {
 
 void CpuOps::kv_cache_write(const KvCacheWriteArgs& a) {
   const KvCacheDims d = kv_cache_write_dims(a);
-  cpu::kv_cache_write(f32(a.k_cache), f32(a.v_cache), f32(a.k), f32(a.v), i32(a.slots),
-                      i32(a.positions), {.slots = d.slots, .capacity = d.capacity},
-                      {.n_heads = d.n_kv_heads, .n_kv_heads = d.n_kv_heads, .head_dim = d.head_dim});
+  cpu::kv_cache_write(
+      f32(a.k_cache), f32(a.v_cache), f32(a.k), f32(a.v), i32(a.slots), i32(a.positions),
+      {.slots = d.slots, .capacity = d.capacity},
+      {.n_heads = d.n_kv_heads, .n_kv_heads = d.n_kv_heads, .head_dim = d.head_dim});
 }
 
 void CpuOps::decode_attention(const DecodeAttentionArgs& a) {
   const KvCacheDims d = decode_attention_dims(a);
-  cpu::decode_attention(
-      f32(a.out), f32(a.q), f32(a.k_cache), f32(a.v_cache), i32(a.slots), i32(a.positions),
-      {.slots = d.slots, .capacity = d.capacity},
-      {.n_heads = d.n_heads, .n_kv_heads = d.n_kv_heads, .head_dim = d.head_dim});
+  cpu::decode_attention(f32(a.out), f32(a.q), f32(a.k_cache), f32(a.v_cache), i32(a.slots),
+                        i32(a.positions), {.slots = d.slots, .capacity = d.capacity},
+                        {.n_heads = d.n_heads, .n_kv_heads = d.n_kv_heads, .head_dim = d.head_dim});
 }
 
 void CpuOps::sample_tokens(const SampleTokensArgs& a) {

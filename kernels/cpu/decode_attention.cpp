@@ -22,10 +22,10 @@ std::int64_t cache_row(std::span<const std::int32_t> slots, std::span<const std:
   const std::int64_t slot = slots[i];
   const std::int64_t position = positions[i];
   if (slot < 0 || slot >= cache.slots || position < 0 || position >= cache.capacity) {
-    throw core::internal_error(fmt::format("cpu {}: row {} at slot {} position {} outside a cache "
-                                           "of {} slots of {} positions",
-                                           kernel, i, slot, position, cache.slots,
-                                           cache.capacity));
+    throw core::internal_error(
+        fmt::format("cpu {}: row {} at slot {} position {} outside a cache "
+                    "of {} slots of {} positions",
+                    kernel, i, slot, position, cache.slots, cache.capacity));
   }
   return slot * cache.capacity + position;
 }
@@ -85,10 +85,10 @@ void decode_attention(std::span<float> out, std::span<const float> q,
       const std::int64_t keys = positions[static_cast<std::size_t>(i)] + 1;
       const std::int64_t kv_head = head / group;
       const float* query = q.data() + i * q_stride + head * hd;
-      const float* k_seq = k_cache.data() + first[static_cast<std::size_t>(i)] * kv_stride +
-                           kv_head * hd;
-      const float* v_seq = v_cache.data() + first[static_cast<std::size_t>(i)] * kv_stride +
-                           kv_head * hd;
+      const float* k_seq =
+          k_cache.data() + first[static_cast<std::size_t>(i)] * kv_stride + kv_head * hd;
+      const float* v_seq =
+          v_cache.data() + first[static_cast<std::size_t>(i)] * kv_stride + kv_head * hd;
       // scores (1, keys) = scale * query (1, hd) . k_seq^T (hd, keys): the training kernel's
       // call for a tile of one query
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 1, static_cast<int>(keys),

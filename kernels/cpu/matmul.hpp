@@ -17,3 +17,16 @@ void matmul_backward(std::span<float> dx, std::span<float> dw, std::span<const f
                      std::int64_t n, std::int64_t k, bool accumulate_dx);
 
 }  // namespace l3::kernels::cpu
+
+namespace l3::kernels::cpu {
+
+// The same product with each element's arithmetic fixed, whatever the other rows: y[i][j] is
+// the dot product of x's row i and W's row j summed in 16 lanes (lane l takes k = l mod 16, in
+// ascending k, by fused multiply-adds) and the lanes added pairwise (8, 4, 2, 1). SGEMM's
+// result for a row depends on how many rows the call has and where the row sits in it; this
+// one does not, so that a generated completion is the same in any batch (MatmulArgs::
+// row_invariant). Slower than SGEMM on large batches.
+void matmul_row_invariant(std::span<float> y, std::span<const float> x, std::span<const float> w,
+                          std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate);
+
+}  // namespace l3::kernels::cpu

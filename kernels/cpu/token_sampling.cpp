@@ -12,8 +12,7 @@ namespace {
 
 // The first id of the largest logit.
 std::int32_t first_max(std::span<const float> logits) {
-  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                   logits.begin());
+  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 // Sorts the `count` most likely ids first in `order` (weight descending, lower id first on
@@ -118,9 +117,8 @@ void sample_tokens(std::span<std::int32_t> tokens, std::span<float> logprobs,
     for (std::int64_t i = 0; i < n; ++i) {
       const std::span<const float> row =
           logits.subspan(static_cast<std::size_t>(i * vocab), static_cast<std::size_t>(vocab));
-      const std::int32_t token =
-          sample_row(row.first(static_cast<std::size_t>(candidates)), rule,
-                     uniforms[static_cast<std::size_t>(i)], scratch);
+      const std::int32_t token = sample_row(row.first(static_cast<std::size_t>(candidates)), rule,
+                                            uniforms[static_cast<std::size_t>(i)], scratch);
       tokens[static_cast<std::size_t>(i)] = token;
       if (!logprobs.empty()) {
         logprobs[static_cast<std::size_t>(i)] = row_logprob(row, token, scratch);

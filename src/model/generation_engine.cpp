@@ -29,11 +29,15 @@ ConstTensorView host_view(const std::vector<T>& values) {
   return ConstTensorView(std::span<const T>(values));
 }
 
-constexpr std::int64_t kDefaultPrefillRows = 512;
+constexpr std::int64_t kDefaultPrefillChunk = 512;
+
+std::int64_t chunk_of(const EngineShape& shape) {
+  return shape.prefill_chunk > 0 ? shape.prefill_chunk : kDefaultPrefillChunk;
+}
 
 std::int64_t rows_of(const EngineShape& shape) {
   return shape.max_rows > 0 ? shape.max_rows
-                            : shape.slots + std::min(shape.capacity, kDefaultPrefillRows);
+                            : shape.slots + std::min(shape.capacity, chunk_of(shape));
 }
 
 }  // namespace
@@ -47,7 +51,8 @@ void validate(const SamplingSettings& settings) {
     throw core::usage_error(fmt::format("top-p must be in (0, 1], not {}", settings.top_p));
   }
   if (settings.top_k < 0) {
-    throw core::usage_error(fmt::format("top-k must be >= 0 (0: no limit), not {}", settings.top_k));
+    throw core::usage_error(
+        fmt::format("top-k must be >= 0 (0: no limit), not {}", settings.top_k));
   }
 }
 
@@ -96,11 +101,16 @@ struct GenerationEngine::PassRows {
 
 GenerationEngine::GenerationEngine(LlamaModel& model, const EngineShape& shape,
                                    SamplingSettings settings)
-    : model_(model), ops_(model.ops()), shape_(shape), settings_(std::move(settings)) {
+    : model_(model),
+      ops_(model.ops()),
+      invariant_ops_(model.ops()),
+      shape_(shape),
+      settings_(std::move(settings)) {
   const ModelConfig& c = model.config();
   if (model.layout().head() != HeadKind::language_model) {
-    throw core::usage_error("generation needs a model with a language-model head, not a reward "
-                            "model");
+    throw core::usage_error(
+        "generation needs a model with a language-model head, not a reward "
+        "model");
   }
   validate(settings_);
   if (shape_.slots < 1 || shape_.capacity < 1) {
@@ -112,10 +122,12 @@ GenerationEngine::GenerationEngine(LlamaModel& model, const EngineShape& shape,
         "{} positions (prompt + new tokens) exceed the model's max_position_embeddings {}",
         shape_.capacity, c.max_position_embeddings));
   }
+  shape_.prefill_chunk = chunk_of(shape_);
   shape_.max_rows = rows_of(shape_);
-  if (shape_.max_rows <= shape_.slots) {
-    throw core::internal_error(fmt::format("generation engine: {} rows per pass for {} slots",
-                                           shape_.max_rows, shape_.slots));
+  if (shape_.max_rows < shape_.slots - 1 + std::min(shape_.prefill_chunk, shape_.capacity)) {
+    throw core::internal_error(
+        fmt::format("generation engine: {} rows per pass for {} slots and chunks of {} tokens",
+                    shape_.max_rows, shape_.slots, shape_.prefill_chunk));
   }
   slots_.resize(static_cast<std::size_t>(shape_.slots));
   rope_.ensure(ops_, c, shape_.capacity);
@@ -170,15 +182,15 @@ void GenerationEngine::admit(Slot& slot, GenerationRequest&& request) {
   }
   const auto length = static_cast<std::int64_t>(request.prompt.size());
   if (request.max_new < 0 || length + request.max_new > shape_.capacity) {
-    throw core::usage_error(fmt::format(
-        "a prompt of {} tokens and {} new tokens do not fit in {} positions", length,
-        request.max_new, shape_.capacity));
+    throw core::usage_error(
+        fmt::format("a prompt of {} tokens and {} new tokens do not fit in {} positions", length,
+                    request.max_new, shape_.capacity));
   }
   for (std::size_t t = 0; t < request.prompt.size(); ++t) {
     if (request.prompt[t] < 0 || request.prompt[t] >= c.vocab_size) {
-      throw core::bad_input(fmt::format(
-          "token id {} at position {} is not below the vocabulary size {}", request.prompt[t], t,
-          c.vocab_size));
+      throw core::bad_input(
+          fmt::format("token id {} at position {} is not below the vocabulary size {}",
+                      request.prompt[t], t, c.vocab_size));
     }
   }
   slot.busy = true;
@@ -207,9 +219,11 @@ GenerationEngine::PassRows GenerationEngine::plan_pass() {
       other.max_keys = std::max(other.max_keys, static_cast<int>(slot.cached + 1));
       continue;
     }
+    // The prompt's next chunk, whole or not at all: its rows' arithmetic must not depend on
+    // what else runs in the pass.
     const auto length = static_cast<std::int64_t>(slot.request.prompt.size());
-    const std::int64_t chunk = std::min(length - slot.cached, budget);
-    if (chunk <= 0) continue;
+    const std::int64_t chunk = std::min(length - slot.cached, shape_.prefill_chunk);
+    if (chunk > budget) continue;
     budget -= chunk;
     fresh.prompt_rows[s] = chunk;
     PassRows& into = slot.cached == 0 ? fresh : other;
@@ -244,8 +258,9 @@ GenerationEngine::PassRows GenerationEngine::plan_pass() {
   // but a fixed one keeps a pass's work the same whatever the slots' order).
   std::vector<std::size_t> order(fresh.logit_rows.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return fresh.logit_rows[a] < fresh.logit_rows[b]; });
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return fresh.logit_rows[a] < fresh.logit_rows[b];
+  });
   PassRows sorted = fresh;
   for (std::size_t i = 0; i < order.size(); ++i) {
     sorted.logit_rows[i] = fresh.logit_rows[order[i]];
@@ -325,19 +340,20 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
                              .host_positions = decode_positions});
     }
   };
-  model_.forward_rows({.tokens = tokens_.first_rows(n),
-                       .rope = {.positions = positions_.first_rows(n),
-                                .cos = rope_.cos(),
-                                .sin = rope_.sin()},
-                       .x = x_.first_rows(n),
-                       .block = block},
-                      attend);
+  model_.forward_rows(
+      {.tokens = tokens_.first_rows(n),
+       .rope = {.positions = positions_.first_rows(n), .cos = rope_.cos(), .sin = rope_.sin()},
+       .x = x_.first_rows(n),
+       .block = block,
+       .ops = &invariant_ops_},
+      attend);
 
   // The rows that draw a token: gathered (an embedding lookup in the pass's rows), normed,
   // and through the lm_head into logits that stay on the backend.
   if (m > 0) {
-    ops_.embedding(
-        {.out = picked_.first_rows(m), .tokens = logit_rows_.first_rows(m), .table = x_.first_rows(n)});
+    ops_.embedding({.out = picked_.first_rows(m),
+                    .tokens = logit_rows_.first_rows(m),
+                    .table = x_.first_rows(n)});
   }
   model_.final_norm(picked_norm_.first_rows(m), picked_rstd_.first_rows(m), picked_.first_rows(m));
   const HeldGroup held = model_.hold_head(Pass::forward);
@@ -346,7 +362,8 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
   if (m == 0) return;
   ops_.matmul({.y = logits_.first_rows(m),
                .x = picked_norm_.first_rows(m),
-               .w = model_.lm_head_weight()});
+               .w = model_.lm_head_weight(),
+               .row_invariant = true});
   std::vector<double> uniforms(static_cast<std::size_t>(m));
   for (std::size_t i = 0; i < uniforms.size(); ++i) {
     const Slot& slot = slots_[static_cast<std::size_t>(rows.logit_slots[i])];
@@ -370,8 +387,8 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
   ops_.synchronize();
 }
 
-void GenerationEngine::run(const RequestSource& next, const OutputSink& done,
-                           const StopCheck& stop, const PassAgreement& agree) {
+void GenerationEngine::run(const RequestSource& next, const OutputSink& done, const StopCheck& stop,
+                           const PassAgreement& agree) {
   bool source_empty = false;
   const auto finish = [&](Slot& slot, bool stopped) {
     slot.output.stopped = stopped;

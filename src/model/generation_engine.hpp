@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/ops.hpp"
+#include "kernels/row_invariant_ops.hpp"
 #include "model/llama_model.hpp"
 #include "model/rope_table.hpp"
 
@@ -69,8 +70,14 @@ struct GenerationOutput {
 struct EngineShape {
   int slots = 1;              // sequences in flight
   std::int64_t capacity = 0;  // positions per sequence: prompt + max_new at most
-  // Rows per pass (decoding slots + prompt tokens): the activations' size; at least slots + 1.
-  // 0: slots + min(capacity, 512).
+  // Prompts are prefilled in chunks of this many tokens (positions [0, C), [C, 2C), ...), each
+  // in one pass: the first through the training attention, the later ones against the cache.
+  // A token's arithmetic depends on its chunk, so engines that must agree bit for bit use one
+  // chunk size. 0: 512.
+  std::int64_t prefill_chunk = 0;
+  // Rows per pass (decoding slots + prompt chunks): the activations' size; at least
+  // slots - 1 + min(prefill_chunk, capacity), so that a chunk always fits beside the others'
+  // decoding rows. 0: slots + min(prefill_chunk, capacity).
   std::int64_t max_rows = 0;
 };
 
@@ -136,6 +143,8 @@ class GenerationEngine {
 
   LlamaModel& model_;
   kernels::Ops& ops_;
+  // The model's backend with row-invariant matmuls: a completion does not depend on its batch.
+  kernels::RowInvariantOps invariant_ops_;
   EngineShape shape_;
   SamplingSettings settings_;
   std::vector<Slot> slots_;
@@ -146,8 +155,8 @@ class GenerationEngine {
   kernels::Buffer tokens_, positions_, row_slots_, cu_seqlens_, logit_rows_;
   kernels::Buffer x_, ln_, rstd_, q_, k_, v_, att_, lse_, h_, gate_, up_, act_;
   std::array<kernels::Buffer, kLoraTargetCount> lora_u_;
-  kernels::Buffer picked_, picked_norm_, picked_rstd_;  // (slots, H), (slots, H), (slots)
-  kernels::Buffer logits_;                              // (slots, V) f32
+  kernels::Buffer picked_, picked_norm_, picked_rstd_;     // (slots, H), (slots, H), (slots)
+  kernels::Buffer logits_;                                 // (slots, V) f32
   kernels::Buffer uniforms_, sampled_, sampled_logprobs_;  // (slots) f64, i32, f32
 };
 

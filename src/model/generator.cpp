@@ -64,8 +64,7 @@ GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
   }
   if (options.max_new == 0) return result;
 
-  GenerationEngine engine(model_, {.slots = 1, .capacity = capacity, .max_rows = length + 1},
-                          std::move(settings));
+  GenerationEngine engine(model_, {.slots = 1, .capacity = capacity}, std::move(settings));
   std::optional<GenerationRequest> request =
       GenerationRequest{.prompt = {prompt.begin(), prompt.end()}, .max_new = options.max_new};
   engine.run([&] { return std::exchange(request, std::nullopt); },

@@ -648,7 +648,8 @@ TensorView LlamaModel::lm_head_grad() const {
 void LlamaModel::forward_rows(const RowPass& pass, const std::function<void(int layer)>& attend) {
   const ModelConfig& c = config();
   const std::int64_t n = pass.x.rows();
-  kernels::Ops& ops = n == 0 ? static_cast<kernels::Ops&>(idle_ops_) : ops_;
+  kernels::Ops& ops =
+      n == 0 ? static_cast<kernels::Ops&>(idle_ops_) : (pass.ops != nullptr ? *pass.ops : ops_);
   {
     const HeldGroup held = hold(layout_.embedding(), Pass::forward);
     ops.embedding({.out = pass.x,

@@ -257,6 +257,7 @@ class LlamaModel {
     RopeViews rope;                   // the rows' absolute positions and the backend's tables
     kernels::TensorView x;            // (n, H)
     BlockViews block;                 // n rows each
+    kernels::Ops* ops = nullptr;      // a decorator of ops() to run on (row-invariant); null: ops()
   };
   void forward_rows(const RowPass& pass, const std::function<void(int layer)>& attend);
   // out (m, H) = the final norm of x (m, H); rstd (m) f32.
