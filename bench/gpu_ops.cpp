@@ -293,6 +293,40 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
 
   // AdamW over the up_proj weight: fp32 master, m and v read and written, bf16 gradient read,
   // bf16 copy written (28 bytes per parameter).
+  // Generation: one new token per sequence against a cache of `seq` positions (each row at its
+  // slot's last position), 1 and 16 sequences; memory-bound: the bytes are K and V read once per
+  // KV head. The cache's values do not change the time (zeros).
+  for (const std::int64_t batch : {std::int64_t{1}, std::int64_t{16}}) {
+    Buffer k_cache = allocate(gpu, DType::bf16, {batch, seq, s.kv_heads, s.head_dim});
+    Buffer v_cache = allocate(gpu, DType::bf16, {batch, seq, s.kv_heads, s.head_dim});
+    Buffer q_new = device_random(gpu, {batch, s.heads, s.head_dim}, 1.0F, 30);
+    Buffer out_new = allocate(gpu, DType::bf16, {batch, s.heads, s.head_dim});
+    std::vector<std::int32_t> slots(static_cast<std::size_t>(batch));
+    for (std::int64_t b = 0; b < batch; ++b)
+      slots[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(b);
+    const std::vector<std::int32_t> positions(static_cast<std::size_t>(batch),
+                                              static_cast<std::int32_t>(seq - 1));
+    Buffer slots_b = gpu.allocate(DType::i32, batch);
+    Buffer positions_b = gpu.allocate(DType::i32, batch);
+    gpu.copy(slots_b.view(), ConstTensorView(std::span<const std::int32_t>(slots)));
+    gpu.copy(positions_b.view(), ConstTensorView(std::span<const std::int32_t>(positions)));
+    const double kv_bytes = 2.0 * 2.0 * static_cast<double>(batch * seq * s.kv_heads * s.head_dim);
+    record(fmt::format("decode_attention B={}", batch),
+           time_ms(
+               gpu,
+               [&] {
+                 gpu.decode_attention({.out = out_new.view(),
+                                       .q = q_new.view(),
+                                       .k_cache = k_cache.view(),
+                                       .v_cache = v_cache.view(),
+                                       .slots = slots_b.view(),
+                                       .positions = positions_b.view(),
+                                       .max_keys = static_cast<int>(seq)});
+               },
+               repeats),
+           4.0 * static_cast<double>(batch * s.heads * seq * s.head_dim), kv_bytes, -1);
+  }
+
   if (first_seq) {  // (the same at every length)
     const std::int64_t count = i * h;
     Buffer master = gpu.allocate(DType::f32, count);
@@ -479,6 +513,41 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
                },
                repeats),
            6.0 * n * s.vocab * h, 0, -1);
+
+    // Sampling 64 rows of logits on the device: greedy, and tempered with top-k and top-p
+    // (bisections over the vocabulary, no sort); bytes: the logits read once.
+    const std::int64_t rows_s = 64;
+    Buffer logits = device_random(gpu, {rows_s, s.vocab}, 3.0F, 40, DType::f32);
+    std::vector<double> uniforms(static_cast<std::size_t>(rows_s));
+    for (std::size_t r = 0; r < uniforms.size(); ++r)
+      uniforms[r] = (static_cast<double>(r) + 0.5) / static_cast<double>(rows_s);
+    Buffer uniforms_b = gpu.allocate(DType::f64, rows_s);
+    gpu.copy(uniforms_b.view(), ConstTensorView(std::span<const double>(uniforms)));
+    Buffer tokens_b = gpu.allocate(DType::i32, rows_s);
+    Buffer logprobs_b = gpu.allocate(DType::f32, rows_s);
+    struct Rule {
+      const char* name;
+      double temperature, top_p;
+      std::int64_t top_k;
+    };
+    for (const Rule& rule : {Rule{"sample_tokens greedy", 0.0, 1.0, 0},
+                             Rule{"sample_tokens T=0.8 k=50 p=0.9", 0.8, 0.9, 50},
+                             Rule{"sample_tokens T=1 p=0.9", 1.0, 0.9, 0}}) {
+      record(rule.name,
+             time_ms(
+                 gpu,
+                 [&] {
+                   gpu.sample_tokens({.tokens = tokens_b.view(),
+                                      .logprobs = logprobs_b.view(),
+                                      .logits = logits.view(),
+                                      .uniforms = uniforms_b.view(),
+                                      .temperature = rule.temperature,
+                                      .top_p = rule.top_p,
+                                      .top_k = rule.top_k});
+                 },
+                 repeats),
+             0, 4.0 * static_cast<double>(rows_s * s.vocab), -1);
+    }
   }
 }
 

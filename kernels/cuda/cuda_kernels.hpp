@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/ops.hpp"
@@ -106,6 +107,51 @@ void attention_row_dot(float* dot, const BFloat16* dout, const BFloat16* out, in
 void attention_dscores(BFloat16* dscores, const BFloat16* probs, const float* dprobs,
                        const float* dot, std::int64_t dot_stride, int heads, std::int64_t length,
                        float scale, cudaStream_t stream);
+
+// decode_attention.cu: generation's KV cache (kernels::KvCacheWriteArgs, DecodeAttentionArgs).
+// A layer's caches (slots, capacity, n_kv_heads, head_dim) bf16; rows (n) of i32 slots and
+// positions on the device. Rows outside the cache (a slot or position out of range) are skipped:
+// nothing written into the cache, zeros as their attention output (the CPU backend throws).
+struct CacheGeometry {
+  std::int64_t rows = 0;
+  std::int64_t slots = 0, capacity = 0;
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+};
+// k_cache[slots[i], positions[i]] = k[i] and likewise v; k, v (rows, n_kv_heads, head_dim)
+void kv_cache_write(BFloat16* k_cache, BFloat16* v_cache, const BFloat16* k, const BFloat16* v,
+                    const std::int32_t* slots, const std::int32_t* positions,
+                    const CacheGeometry& g, cudaStream_t stream);
+// How the keys of each row are split over blocks (flash-decoding) for rows whose longest has
+// max_keys keys: split s takes keys [s * split_keys, (s + 1) * split_keys), the last one all the
+// rest; with splits > 1 the partial results take workspace_bytes of device memory.
+struct DecodePlan {
+  int splits = 1;
+  std::int64_t split_keys = 0;
+  std::size_t workspace_bytes = 0;
+};
+[[nodiscard]] DecodePlan plan_decode_attention(const CacheGeometry& g, int max_keys);
+// out, q (rows, n_heads, head_dim): row i's heads against positions 0..positions[i] of slot
+// slots[i], softmax and accumulation in fp32; workspace: the plan's bytes (null when none).
+void decode_attention(BFloat16* out, const BFloat16* q, const BFloat16* k_cache,
+                      const BFloat16* v_cache, const std::int32_t* slots,
+                      const std::int32_t* positions, const CacheGeometry& g, const DecodePlan& plan,
+                      void* workspace, cudaStream_t stream);
+
+// sampling.cu: the next token of each row of logits (rows, vocab) f32 among the first
+// `candidates` ids, by kernels::SampleTokensArgs's rule (temperature 0: greedy); tokens (rows)
+// i32; logprobs (rows) f32 or null: log p(token) over all `vocab` logits, computed as
+// softmax_cross_entropy computes a row's loss; uniforms (rows) f64 in [0, 1). workspace:
+// sample_tokens_workspace(rows) bytes.
+struct SamplingRule {
+  double temperature = 0.0;
+  double top_p = 1.0;
+  std::int64_t top_k = 0;  // 0: no limit
+};
+[[nodiscard]] std::size_t sample_tokens_workspace(std::int64_t rows);
+void sample_tokens(std::int32_t* tokens, float* logprobs, const float* logits,
+                   const double* uniforms, std::int64_t rows, std::int64_t vocab,
+                   std::int64_t candidates, const SamplingRule& rule, void* workspace,
+                   cudaStream_t stream);
 
 // reward_head.cu
 void gather_dot(float* scores, const BFloat16* h, const BFloat16* w, const std::int32_t* rows,

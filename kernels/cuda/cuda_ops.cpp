@@ -558,15 +558,56 @@ void CudaOps::attention_backward(const kernels::AttentionBackwardArgs& args) {
   }
 }
 
-// PLACEHOLDER until the generation kernels land (kernels/cuda/decode_attention.cu, sampling.cu).
-void CudaOps::kv_cache_write(const kernels::KvCacheWriteArgs& /*a*/) {
-  throw core::internal_error("cuda kv_cache_write: not built yet");
+namespace {
+
+// The cache geometry of a generation op, from its checked sizes.
+CacheGeometry cache_geometry(const kernels::KvCacheDims& d) {
+  return {.rows = d.rows,
+          .slots = d.slots,
+          .capacity = d.capacity,
+          .n_heads = d.n_heads,
+          .n_kv_heads = d.n_kv_heads,
+          .head_dim = d.head_dim};
 }
-void CudaOps::decode_attention(const kernels::DecodeAttentionArgs& /*a*/) {
-  throw core::internal_error("cuda decode_attention: not built yet");
+
+}  // namespace
+
+void CudaOps::kv_cache_write(const kernels::KvCacheWriteArgs& a) {
+  const kernels::KvCacheDims d = kernels::kv_cache_write_dims(a);
+  cuda::kv_cache_write(out<BFloat16>(a.k_cache), out<BFloat16>(a.v_cache), in<BFloat16>(a.k),
+                       in<BFloat16>(a.v), in<std::int32_t>(a.slots), in<std::int32_t>(a.positions),
+                       cache_geometry(d), stream_);
 }
-void CudaOps::sample_tokens(const kernels::SampleTokensArgs& /*a*/) {
-  throw core::internal_error("cuda sample_tokens: not built yet");
+
+void CudaOps::decode_attention(const kernels::DecodeAttentionArgs& a) {
+  const kernels::KvCacheDims d = kernels::decode_attention_dims(a);
+  if (d.rows == 0) return;
+  // The positions on the host, when the caller has them, are checked here as the CPU backend
+  // checks them; the kernel reads the device's either way (and skips a row outside the cache).
+  for (std::size_t i = 0; i < a.host_positions.size(); ++i) {
+    if (a.host_positions[i] < 0 || a.host_positions[i] >= d.capacity) {
+      throw core::internal_error(fmt::format(
+          "cuda decode_attention: row {} at position {} outside a cache of {} positions", i,
+          a.host_positions[i], d.capacity));
+    }
+  }
+  const CacheGeometry g = cache_geometry(d);
+  const DecodePlan plan = plan_decode_attention(g, d.max_keys);
+  void* workspace =
+      plan.workspace_bytes > 0 ? scratch_.get(plan.workspace_bytes, stream_) : nullptr;
+  cuda::decode_attention(out<BFloat16>(a.out), in<BFloat16>(a.q), in<BFloat16>(a.k_cache),
+                         in<BFloat16>(a.v_cache), in<std::int32_t>(a.slots),
+                         in<std::int32_t>(a.positions), g, plan, workspace, stream_);
+}
+
+void CudaOps::sample_tokens(const kernels::SampleTokensArgs& a) {
+  const kernels::SampleDims d = kernels::sample_tokens_dims(a);
+  if (d.rows == 0) return;
+  void* workspace = scratch_.get(sample_tokens_workspace(d.rows), stream_);
+  cuda::sample_tokens(
+      out<std::int32_t>(a.tokens), a.logprobs.empty() ? nullptr : out<float>(a.logprobs),
+      in<float>(a.logits), in<double>(a.uniforms), d.rows, d.vocab, d.candidates,
+      {.temperature = a.temperature, .top_p = a.top_p, .top_k = a.top_k}, workspace, stream_);
 }
 
 void CudaOps::swiglu(const kernels::SwigluArgs& a) {
