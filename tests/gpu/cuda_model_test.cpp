@@ -3,6 +3,7 @@
 #include "catch.hpp"
 #include "gpu_test_support.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
+#include "model/generation_engine.hpp"
 #include "model/llama_model.hpp"
 #include "numeric_support.hpp"
 #include "train/adamw_optimizer.hpp"
@@ -159,5 +160,81 @@ TEST_CASE("LoRA adapters with dropout: forward/backward matches the CPU backend"
     const auto gc = cpu.gradient(t.name).as<float>();
     const auto gg = l3::test::download(gpu_ops, gpu.gradient(t.name));
     CHECK(rel_error(gg, std::vector<float>(gc.begin(), gc.end())) < 5e-2);
+  }
+}
+
+namespace {
+
+// The CPU training forward's log-probability of each token of `tokens` from `first` on.
+std::vector<float> cpu_training_logprobs(LlamaModel& model, const std::vector<std::int32_t>& tokens,
+                                         std::size_t first) {
+  BatchBuilder builder(1, static_cast<std::int64_t>(tokens.size()), 0);
+  std::vector<std::uint8_t> mask(tokens.size(), 0);
+  std::fill(mask.begin() + static_cast<std::ptrdiff_t>(first), mask.end(), 1);
+  builder.add(tokens, mask);
+  model.load_batch(builder.finish());
+  model.forward({});
+  const l3::model::HeadInputs in = model.head();
+  std::vector<float> row_loss(tokens.size() - first);
+  model.ops().lm_head_cross_entropy({.row_loss = l3::kernels::TensorView(std::span(row_loss)),
+                                     .h = in.hidden,
+                                     .w = model.lm_head_weight(),
+                                     .rows = in.loss_rows,
+                                     .targets = in.loss_targets});
+  for (float& l : row_loss) l = -l;
+  return row_loss;
+}
+
+}  // namespace
+
+TEST_CASE("the generation engine on the device follows the CPU model", "[gpu][model][generate]") {
+  INFO("seed " << l3::test::test_seed());
+  const auto config = l3::model::preset("tiny");
+  l3::kernels::CpuOps cpu_ops;
+  l3::cuda::CudaOps gpu_ops;
+  LlamaModel cpu(config, HeadKind::language_model, cpu_ops);
+  LlamaModel gpu(config, HeadKind::language_model, gpu_ops);
+  cpu.initialize(12);
+  gpu.initialize(12);
+  round_parameters(cpu);
+  l3::test::Random rnd(113);
+  std::vector<l3::model::GenerationRequest> requests;
+  for (const std::size_t length : {7U, 19U, 3U, 11U}) {
+    const auto prompt = rnd.integers(length, 512);
+    for (std::int64_t sample = 0; sample < 2; ++sample) {
+      requests.push_back({.record = static_cast<std::int64_t>(requests.size()),
+                          .sample = sample,
+                          .prompt = prompt,
+                          .max_new = 6});
+    }
+  }
+  for (const double temperature : {0.0, 0.8}) {
+    INFO("temperature " << temperature);
+    // 3 slots for 8 requests, prompts in chunks of 8: every path of the engine on the device
+    l3::model::GenerationEngine engine(gpu, {.slots = 3, .capacity = 32, .prefill_chunk = 8},
+                                       {.temperature = temperature, .top_p = 0.95, .seed = 3});
+    std::size_t next = 0;
+    std::vector<l3::model::GenerationOutput> outputs;
+    engine.run(
+        [&]() -> std::optional<l3::model::GenerationRequest> {
+          if (next == requests.size()) return std::nullopt;
+          return requests[next++];
+        },
+        [&](l3::model::GenerationOutput&& out) { outputs.push_back(std::move(out)); });
+    REQUIRE(outputs.size() == requests.size());
+    for (const auto& out : outputs) {
+      const auto& request = requests[static_cast<std::size_t>(out.record)];
+      REQUIRE(out.tokens.size() == 6);
+      std::vector<std::int32_t> sequence = request.prompt;
+      sequence.insert(sequence.end(), out.tokens.begin(), out.tokens.end());
+      // the device's log-probabilities of its own tokens, against the CPU's training forward on
+      // the same weights: within bf16 activations' tolerance
+      const auto expected = cpu_training_logprobs(cpu, sequence, request.prompt.size());
+      for (std::size_t t = 0; t < out.tokens.size(); ++t) {
+        INFO("record " << out.record << " token " << t << ": " << out.logprobs[t] << " vs "
+                       << expected[t]);
+        CHECK(std::abs(out.logprobs[t] - expected[t]) <= 0.05F + 0.02F * std::abs(expected[t]));
+      }
+    }
   }
 }

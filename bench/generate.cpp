@@ -1,0 +1,233 @@
+// Generation benchmark: the batched engine (model/generation_engine.hpp) on the mid model.
+//
+//   l3-bench-generate [--quick] [--backend cpu|cuda] [--json FILE]
+//
+// Figures, each next to its baseline measured in the same run:
+//   - decode tokens/s at batch 1, 8 and 64 (the time of N new tokens less that of 1, so that the
+//     prefill is not counted);
+//   - at batch 1 the ratio of the time a pass over the weights' bytes takes (a threaded sum of
+//     the parameter buffer, best of runs) to the time of one decoded token: decoding one
+//     sequence reads every weight once per token, so 1.0 is the memory bound (goal >= 0.7);
+//   - at batch 64 the ratio to the training forward pass's tokens/s on the same model (a batch
+//     of 4 x 512 tokens; goal >= 0.5);
+//   - prefill tokens/s (8 prompts of 512 tokens, one new token each).
+// The 2-rank job's throughput against 1 rank is bench/generate_scaling.sh (the CLI batch job).
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench_stats.hpp"
+#include "core/build_info.hpp"
+#include "core/rng.hpp"
+#include "core/timer.hpp"
+#include "kernels/backend_options.hpp"
+#include "kernels/backends.hpp"
+#include "mid_model_inputs.hpp"
+#include "model/batch.hpp"
+#include "model/generation_engine.hpp"
+#include "model/llama_model.hpp"
+
+namespace {
+
+using l3::model::GenerationEngine;
+using l3::model::GenerationOutput;
+using l3::model::GenerationRequest;
+using l3::model::LlamaModel;
+using nlohmann::json;
+
+std::vector<std::int32_t> random_tokens(std::int64_t count, std::int64_t vocab,
+                                        std::uint32_t stream) {
+  const l3::core::CounterRng rng(5, l3::core::RngPurpose::test, stream);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>(rng.below(i, static_cast<std::uint64_t>(vocab)));
+  }
+  return tokens;
+}
+
+// Seconds for `batch` prompts of `prompt` tokens and `new_tokens` new tokens each (greedy, no
+// stop), all in flight at once: the best of `repeats` runs on a fresh engine.
+double generation_seconds(LlamaModel& model, int batch, std::int64_t prompt,
+                          std::int64_t new_tokens, int repeats) {
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    GenerationEngine engine(model,
+                            {.slots = batch,
+                             .capacity = prompt + new_tokens,
+                             .max_rows = batch * (prompt + new_tokens)},
+                            {});
+    int next = 0;
+    std::int64_t produced = 0;
+    const l3::core::Stopwatch watch;
+    engine.run(
+        [&]() -> std::optional<GenerationRequest> {
+          if (next == batch) return std::nullopt;
+          const auto i = static_cast<std::uint32_t>(next++);
+          return GenerationRequest{.record = i,
+                                   .prompt = random_tokens(prompt, model.config().vocab_size, i),
+                                   .max_new = new_tokens};
+        },
+        [&](GenerationOutput&& out) { produced += static_cast<std::int64_t>(out.tokens.size()); });
+    model.ops().synchronize();
+    best = std::min(best, watch.seconds());
+    if (produced != std::int64_t{batch} * new_tokens) {
+      throw std::runtime_error(fmt::format("{} tokens generated, {} expected", produced,
+                                           std::int64_t{batch} * new_tokens));
+    }
+  }
+  return best;
+}
+
+// The best time of a threaded pass that reads every parameter once (CPU), or of a device
+// copy of the buffer (CUDA: reads and writes it, so the time is halved).
+double weight_read_seconds(LlamaModel& model, int repeats) {
+  const l3::kernels::TensorView params = model.parameters();
+  double best = 1e30;
+  if (model.ops().backend() == l3::kernels::Backend::cpu) {
+    const auto values = params.as<float>();
+    double sink = 0.0;
+    for (int r = 0; r < repeats; ++r) {
+      const l3::core::Stopwatch watch;
+      float sum = 0.0F;  // vectorised: the loop runs at the memory's speed
+#pragma omp parallel for simd reduction(+ : sum) schedule(static)
+      for (std::size_t i = 0; i < values.size(); ++i) sum += values[i];
+      best = std::min(best, watch.seconds());
+      sink += sum;
+    }
+    if (sink == 12345.678) fmt::print("\n");  // keeps the sums
+    return best;
+  }
+  l3::kernels::Buffer copy = model.ops().allocate(params.dtype(), params.numel());
+  for (int r = 0; r < repeats; ++r) {
+    model.ops().synchronize();
+    const l3::core::Stopwatch watch;
+    model.ops().copy(copy.view(), params);
+    model.ops().synchronize();
+    best = std::min(best, watch.seconds() / 2);
+  }
+  return best;
+}
+
+// The training forward pass (no backward) over 4 x 512 tokens: tokens/s, best of runs.
+double forward_tokens_per_second(LlamaModel& model, int repeats) {
+  const std::int64_t rows = 4;
+  const std::int64_t seq = 512;
+  l3::model::BatchBuilder builder(rows, seq, 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    builder.add(random_tokens(seq, model.config().vocab_size, 100 + static_cast<std::uint32_t>(r)),
+                std::vector<std::uint8_t>(static_cast<std::size_t>(seq), 1));
+  }
+  const l3::model::Batch batch = builder.finish();
+  double best = 1e30;
+  for (int r = 0; r <= repeats; ++r) {
+    model.load_batch(batch);
+    model.ops().synchronize();
+    const l3::core::Stopwatch watch;
+    model.forward({});
+    model.ops().synchronize();
+    if (r > 0) best = std::min(best, watch.seconds());  // the first warms up
+  }
+  return static_cast<double>(rows * seq) / best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bool quick = false;
+  std::string json_path;
+  l3::kernels::Backend backend = l3::kernels::Backend::cpu;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+      backend = l3::kernels::parse_backend(argv[++i]);
+    } else {
+      fmt::print(stderr, "usage: {} [--quick] [--backend cpu|cuda] [--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  const int repeats = quick ? 1 : 3;
+  const std::unique_ptr<l3::kernels::Ops> ops = l3::kernels::make_ops(backend, 0);
+  const l3::model::ModelConfig config = l3::bench::mid_model();
+  LlamaModel model(config, l3::model::HeadKind::language_model, *ops);
+  model.initialize(1);
+  const double weight_bytes = static_cast<double>(model.parameters().bytes());
+  fmt::print("mid model: {:.1f} M parameters ({:.0f} MB of weights) on {} ({} threads)\n",
+             static_cast<double>(config.parameter_count()) / 1e6, weight_bytes / 1e6, ops->name(),
+             omp_get_max_threads());
+
+  const double read = weight_read_seconds(model, quick ? 3 : 10);
+  fmt::print("read of the weights: {:.2f} ms ({:.1f} GB/s)\n", read * 1e3,
+             weight_bytes / read / 1e9);
+  const double forward = forward_tokens_per_second(model, repeats);
+  fmt::print("training forward: {:.0f} tokens/s\n", forward);
+
+  const std::int64_t prompt = 32;
+  const std::int64_t new_tokens = quick ? 9 : 33;
+  json decode = json::array();
+  double batch1_ratio = 0.0;
+  double batch64_ratio = 0.0;
+  for (const int batch : {1, 8, 64}) {
+    const double one = generation_seconds(model, batch, prompt, 1, repeats);
+    const double all = generation_seconds(model, batch, prompt, new_tokens, repeats);
+    const double per_step = std::max(all - one, 1e-9) / static_cast<double>(new_tokens - 1);
+    const double rate = batch / per_step;
+    json row = {{"batch", batch}, {"tokens_per_s", rate}, {"ms_per_step", per_step * 1e3}};
+    if (batch == 1) {
+      batch1_ratio = read / per_step;
+      row["ratio_to_weight_read"] = batch1_ratio;
+      fmt::print(
+          "decode batch {:>2}: {:8.1f} tokens/s ({:.2f} ms/token) = {:.2f} x the weights' "
+          "read time (goal >= 0.7)\n",
+          batch, rate, per_step * 1e3, batch1_ratio);
+    } else {
+      const double ratio = rate / forward;
+      if (batch == 64) batch64_ratio = ratio;
+      row["ratio_to_training_forward"] = ratio;
+      fmt::print(
+          "decode batch {:>2}: {:8.1f} tokens/s ({:.2f} ms/step) = {:.2f} x the training "
+          "forward's tokens/s{}\n",
+          batch, rate, per_step * 1e3, ratio, batch == 64 ? " (goal >= 0.5)" : "");
+    }
+    decode.push_back(row);
+  }
+  const int prefill_batch = 8;
+  const std::int64_t prefill_prompt = 512;
+  const double prefill_seconds =
+      generation_seconds(model, prefill_batch, prefill_prompt, 1, repeats);
+  const double prefill = prefill_batch * prefill_prompt / prefill_seconds;
+  fmt::print(
+      "prefill: {:.0f} tokens/s ({} prompts of {} tokens) = {:.2f} x the training "
+      "forward's tokens/s\n",
+      prefill, prefill_batch, prefill_prompt, prefill / forward);
+
+  if (!json_path.empty()) {
+    const l3::core::BuildInfo build = l3::core::build_info();
+    const json doc = {{"benchmark", "generate"},
+                      {"commit", build.git_commit},
+                      {"backend", std::string(ops->name())},
+                      {"threads", omp_get_max_threads()},
+                      {"model", "mid"},
+                      {"parameters", config.parameter_count()},
+                      {"weight_read_ms", read * 1e3},
+                      {"training_forward_tokens_per_s", forward},
+                      {"decode", decode},
+                      {"batch1_ratio_to_weight_read", batch1_ratio},
+                      {"batch64_ratio_to_training_forward", batch64_ratio},
+                      {"prefill_tokens_per_s", prefill}};
+    std::ofstream(json_path) << doc.dump(2) << '\n';
+  }
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "error: {}\n", e.what());
+  return 1;
+}
