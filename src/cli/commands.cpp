@@ -76,13 +76,18 @@ constexpr std::array kCommands = {
             .run = run_eval},
     Command{.name = "generate",
             .summary = "Generate text from a model (greedy, temperature, top-p)",
-            .usage = "generate --init CKPT --prompt TEXT [--chat] [options]",
+            .usage = "generate --init CKPT (--prompt TEXT [--chat] | --input FILE.jsonl --output "
+                     "FILE.jsonl) [options]",
             .description =
                 "Continues a prompt (or answers it as a chat turn with --chat) with a model "
                 "loaded from a checkpoint: greedy, or sampled with temperature and top-p, with a "
-                "KV cache, on the CPU. Runs on rank 0.",
+                "KV cache, on the CPU. Runs on rank 0. With --input, a batch job on every rank: "
+                "completions of every prompt record of a JSONL file, written in input order to "
+                "--output; SIGTERM, SIGUSR1 or --deadline save its progress (exit 75) and the "
+                "same command continues.",
             .declare = declare_generate_options,
-            .run = run_generate},
+            .run = run_generate,
+            .stops_cleanly = true},
     Command{.name = "score",
             .summary = "Score prompt+response pairs with a reward model",
             .usage = "score --init CKPT (--prompt TEXT --response TEXT | --input FILE.jsonl)",

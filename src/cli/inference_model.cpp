@@ -66,12 +66,12 @@ std::string model_path_option(const po::variables_map& options) {
   return options[init ? "init" : "ckpt"].as<std::string>();
 }
 
-InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
-                                    train::ModelPurpose purpose, const dist::World* shard_over,
-                                    const std::string& adapter) {
+InferenceModel describe_inference_model(const std::string& path, model::HeadKind head,
+                                        const std::string& adapter) {
   const bool adapted = !adapter.empty();
-  train::ModelSource source = train::resolve_model_source("", path);
   InferenceModel loaded;
+  loaded.source = train::resolve_model_source("", path);
+  const train::ModelSource& source = loaded.source;
   loaded.step_dir = source.origin();
   if (source.checkpoint) {
     loaded.manifest = *source.checkpoint;
@@ -94,22 +94,32 @@ InferenceModel load_inference_model(const std::string& path, model::HeadKind hea
                           {.file = loaded.step_dir});
   }
   m.model.validate();
+  loaded.adapter = adapter;
+  return loaded;
+}
+
+void load_inference_weights(InferenceModel& loaded, model::HeadKind head,
+                            train::ModelPurpose purpose, const dist::World* shard_over) {
   loaded.ops = std::make_unique<kernels::CpuOps>();
   // Forward passes only: no gradient buffer (4 bytes per parameter of host memory). Sharded over
   // the ranks of `shard_over`, or whole on this process alone.
   train::AssembledModel assembled = train::assemble_model(
-      shard_over, *loaded.ops, source,
+      shard_over, *loaded.ops, loaded.source,
       {.purpose = purpose,
        .head = head,
        .placement = model::Placement::frozen(shard_over != nullptr,
                                              shard_over != nullptr ? shard_over->size() : 1),
-       .adapter = adapter});
+       .adapter = loaded.adapter});
   loaded.shards = std::move(assembled.frozen);
   loaded.model = std::move(assembled.model);
-  if (adapted) {
-    m.head = head;
-    loaded.adapter = adapter;
-  }
+  if (!loaded.adapter.empty()) loaded.manifest.head = head;
+}
+
+InferenceModel load_inference_model(const std::string& path, model::HeadKind head,
+                                    train::ModelPurpose purpose, const dist::World* shard_over,
+                                    const std::string& adapter) {
+  InferenceModel loaded = describe_inference_model(path, head, adapter);
+  load_inference_weights(loaded, head, purpose, shard_over);
   return loaded;
 }
 

@@ -34,7 +34,8 @@ struct InferenceModel {
   std::unique_ptr<kernels::Ops> ops;              // declared before the model: outlives it
   std::unique_ptr<train::ShardedWeights> shards;  // sharded over ranks; else null
   std::unique_ptr<model::LlamaModel> model;
-  std::string adapter;  // the LoRA adapter folded into the weights (--adapter); empty: none
+  std::string adapter;        // the LoRA adapter folded into the weights (--adapter); empty: none
+  train::ModelSource source;  // where the weights come from
 };
 
 // A checkpoint step directory, a checkpoint root whose `latest` names one, or a Hugging Face
@@ -51,6 +52,15 @@ struct InferenceModel {
                                                   train::ModelPurpose purpose,
                                                   const dist::World* shard_over = nullptr,
                                                   const std::string& adapter = "");
+
+// load_inference_model in two halves: what the model is (its source, step directory and
+// manifest, the head checked; nothing read but the metadata), so that its tokenizer and its
+// memory can be known before the weights are read; then the weights (collective over
+// shard_over when given).
+[[nodiscard]] InferenceModel describe_inference_model(const std::string& path, model::HeadKind head,
+                                                      const std::string& adapter = "");
+void load_inference_weights(InferenceModel& loaded, model::HeadKind head,
+                            train::ModelPurpose purpose, const dist::World* shard_over = nullptr);
 
 // `spec` (--tokenizer) when given, else the tokenizer named by the manifest. The tokenizer's
 // sha256 must equal the manifest's (when it records one) unless ignore_mismatch, and its

@@ -16,15 +16,28 @@ std::vector<std::int32_t> generation_prompt(const tokenizer::Tokenizer& tokenize
     tokenizer.encode_append(text, ids);
     return ids;
   }
-  // The conversation up to an empty assistant turn, through prep's formatter so that the
-  // template is the one of the training data; then the empty turn's <|eot_id|> is dropped,
-  // leaving the assistant header for the model to continue.
   json messages = json::array();
   if (system) messages.push_back({{"role", "system"}, {"content", *system}});
   messages.push_back({{"role", "user"}, {"content", std::string(text)}});
-  messages.push_back({{"role", "assistant"}, {"content", ""}});
+  return chat_prompt(tokenizer, messages);
+}
+
+std::vector<std::int32_t> chat_prompt(const tokenizer::Tokenizer& tokenizer, const json& messages) {
+  if (!messages.is_array() || messages.empty()) {
+    throw core::bad_input(R"("messages" must be a non-empty list of {"role", "content"} messages)");
+  }
+  const json& last = messages.back();
+  if (last.is_object() && last.contains("role") && last["role"] == "assistant") {
+    throw core::bad_input(
+        R"("messages" must end before the assistant's answer, not with an assistant turn)");
+  }
+  // The conversation up to an empty assistant turn, through prep's formatter so that the
+  // template is the one of the training data; then the empty turn's <|eot_id|> is dropped,
+  // leaving the assistant header for the model to continue.
+  json turns = messages;
+  turns.push_back({{"role", "assistant"}, {"content", ""}});
   const prep::RecordFormatter formatter(tokenizer, prep::FormatOptions{});
-  std::vector<std::int32_t> ids = formatter.sft(json{{"messages", messages}}).tokens;
+  std::vector<std::int32_t> ids = formatter.sft(json{{"messages", turns}}).tokens;
   if (ids.empty() || ids.back() != tokenizer.special(tokenizer::Special::end_of_turn)) {
     throw core::internal_error("chat prompt: the template did not end the empty turn");
   }

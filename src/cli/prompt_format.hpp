@@ -21,6 +21,13 @@ namespace l3::cli {
                                                           std::string_view text, bool chat,
                                                           const std::optional<std::string>& system);
 
+// A conversation (a JSON list of {"role", "content"} messages that does not end with the
+// assistant's turn) in the chat template with the assistant header appended, as
+// generation_prompt's chat form: the model continues with the assistant's answer. bad_input
+// Errors say what is wrong with the list (the caller adds file:line).
+[[nodiscard]] std::vector<std::int32_t> chat_prompt(const tokenizer::Tokenizer& tokenizer,
+                                                    const nlohmann::json& messages);
+
 // A {"prompt", "response"} record (strings or message lists, as in preference records; the
 // prompt may be absent when the response is a whole conversation) formatted as the chosen side
 // of a preference record. bad_input Errors say what is wrong (the caller adds file:line).

@@ -37,6 +37,11 @@ void install_stop_signals() {
   sigaction(SIGXFSZ, &ignore, nullptr);
 }
 
+void restore_default_signals() {
+  for (const int signal : {SIGTERM, SIGUSR1, SIGINT, SIGXFSZ}) std::signal(signal, SIG_DFL);
+  if (const int first = g_signal.load(); first != 0) std::raise(first);
+}
+
 const std::atomic<bool>& stop_flag() noexcept { return g_stop; }
 
 std::string_view stop_signal_name() noexcept {

@@ -15,6 +15,11 @@ namespace l3::cli {
 // with EFBIG, reported, instead of killing the process).
 void install_stop_signals();
 
+// A command that stops cleanly only in some of its forms (`generate --input`, not the
+// interactive `generate --prompt`): the default actions back for SIGTERM, SIGUSR1, SIGINT and
+// SIGXFSZ; a signal that came before is delivered again, with its default action.
+void restore_default_signals();
+
 // The flag the handlers set, for l3::Session.
 [[nodiscard]] const std::atomic<bool>& stop_flag() noexcept;
 
