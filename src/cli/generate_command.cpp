@@ -17,6 +17,7 @@
 #include "core/option_domain.hpp"
 #include "core/timer.hpp"
 #include "io/tokenizer/utf8.hpp"
+#include "kernels/backend_options.hpp"
 #include "model/generator.hpp"
 
 namespace l3::cli {
@@ -66,6 +67,9 @@ void declare_generate_options(po::options_description& options,
       "64)")("deadline", po::value<std::string>()->value_name("SECONDS|TIME"),
              "with --input: save the progress and exit 75 before this: seconds from now or an "
              "ISO-8601 time (default: SLURM_JOB_END_TIME when set)")(
+      "backend", po::value<std::string>()->value_name("auto|cpu|cuda"),
+      "with --input: compute backend (default auto: cuda when built with it and a device is "
+      "visible, else cpu)")(
       "shard-parameters", po::bool_switch(),
       "with --input on N ranks: hold 1/N of the weights per rank; every rank takes part in every "
       "pass")("dry-run-memory", po::bool_switch(),
@@ -132,6 +136,7 @@ int run_generate_file(const CommandContext& context, const std::string& model_pa
     job.deadline_unix = slurm.time;
   }
   job.shard_parameters = o["shard-parameters"].as<bool>();
+  if (o.count("backend") > 0) job.backend = kernels::parse_backend(o["backend"].as<std::string>());
   return run_generation_job(context, job);
 }
 
@@ -148,7 +153,7 @@ int run_generate(const CommandContext& context) {
   // An interactive tool: the default actions of signals, as before the batch job had them.
   restore_default_signals();
   if (o.count("prompt") == 0) throw core::usage_error("--prompt TEXT or --input FILE is required");
-  for (const char* batch_only : {"output", "stop", "batch-size", "deadline"}) {
+  for (const char* batch_only : {"output", "stop", "batch-size", "deadline", "backend"}) {
     if (o.count(batch_only) > 0)
       throw core::usage_error(fmt::format("--{} needs --input", batch_only));
   }

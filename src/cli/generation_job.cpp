@@ -29,6 +29,8 @@
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
+#include "kernels/backend_options.hpp"
+#include "kernels/backends.hpp"
 #include "model/memory_plan.hpp"
 #include "model/parameter_layout.hpp"
 
@@ -107,8 +109,8 @@ model::EngineShape engine_shape(std::int64_t slots, std::int64_t capacity) {
 // rank has sequences to run).
 MemoryChoice choose_memory(const dist::World& world, const GenerationJob& job,
                            const model::ModelConfig& config, std::int64_t capacity,
-                           std::int64_t sequences) {
-  const kernels::DType compute = kernels::DType::f32;  // the CPU backend
+                           std::int64_t sequences, kernels::Ops& ops) {
+  const kernels::DType compute = ops.compute_dtype();
   const auto width = static_cast<std::int64_t>(kernels::dtype_size(compute));
   const model::ParameterLayout layout(config, model::HeadKind::language_model);
   MemoryChoice m;
@@ -117,7 +119,10 @@ MemoryChoice choose_memory(const dist::World& world, const GenerationJob& job,
       job.shard_parameters
           ? width * ((layout.total() + ranks - 1) / ranks + model::gradient_slot_elements(layout))
           : width * layout.total();
-  m.available = core::host_memory_bytes() / std::max(1, world.local_size());
+  // The host's memory shared by the node's ranks, or this rank's device.
+  m.available = ops.backend() == kernels::Backend::cpu
+                    ? core::host_memory_bytes() / std::max(1, world.local_size())
+                    : ops.memory_capacity();
   const auto need = [&](std::int64_t slots) {
     return m.weights + model::engine_memory(config, compute, engine_shape(slots, capacity)).total();
   };
@@ -160,16 +165,17 @@ MemoryChoice choose_memory(const dist::World& world, const GenerationJob& job,
 }
 
 void print_memory_plan(const dist::World& world, const GenerationJob& job, const MemoryChoice& m,
-                       std::int64_t records) {
+                       std::int64_t records, const kernels::Ops& ops) {
   if (!world.is_root()) return;
   const auto line = [](std::string_view what, std::int64_t bytes) {
     return fmt::format("  {:<62} {:>9.2f} GiB\n", what, static_cast<double>(bytes) / kGiB);
   };
   std::string text = fmt::format(
       "memory per rank: generate, {} record{} x {} sample{}, batch {} (sequences in flight per "
-      "rank{}), {} positions per sequence, cpu f32\n",
+      "rank{}), {} positions per sequence, {} {}\n",
       records, records == 1 ? "" : "s", job.num_samples, job.num_samples == 1 ? "" : "s",
-      m.shape.slots, job.batch_size > 0 ? "" : ", from this plan", m.shape.capacity);
+      m.shape.slots, job.batch_size > 0 ? "" : ", from this plan", m.shape.capacity, ops.name(),
+      kernels::dtype_name(ops.compute_dtype()));
   text += line(job.shard_parameters ? "weights (1/N, and two gathered layer groups)" : "weights",
                m.weights);
   text +=
@@ -359,8 +365,9 @@ class OutputFiles {
 // What the output depends on: the options that change it, the model and the tokenizer, and the
 // input's bytes.
 std::string fingerprint(const GenerationJob& job, const InferenceModel& model,
-                        const tokenizer::Tokenizer& tokenizer) {
+                        const tokenizer::Tokenizer& tokenizer, kernels::Backend backend) {
   const ordered_json what = {
+      {"backend", kernels::backend_name(backend)},
       {"max_new", job.max_new},
       {"num_samples", job.num_samples},
       {"temperature", job.sampling.temperature},
@@ -483,15 +490,17 @@ int run_generation_job(const CommandContext& context, const GenerationJob& job) 
   const InputScan scan = scan_input(world, job, tokenizer, max_prompt);
   const std::int64_t capacity = std::max<std::int64_t>(1, scan.longest_prompt + job.max_new);
   std::optional<MemoryChoice> memory;
+  std::unique_ptr<kernels::Ops> ops;
   std::exception_ptr failure;
   try {
-    memory = choose_memory(world, job, config, capacity, scan.records * job.num_samples);
+    ops = kernels::make_ops(job.backend, world.local_rank());
+    memory = choose_memory(world, job, config, capacity, scan.records * job.num_samples, *ops);
   } catch (...) {
     failure = std::current_exception();
   }
   dist::agree_on_failure(world, failure);
   if (job.dry_run_memory) {
-    print_memory_plan(world, job, *memory, scan.records);
+    print_memory_plan(world, job, *memory, scan.records, *ops);
     return core::kExitOk;
   }
 
@@ -501,7 +510,7 @@ int run_generation_job(const CommandContext& context, const GenerationJob& job) 
   try {
     if (world.is_root()) {
       files.emplace(job.output);
-      progress = files->open(fingerprint(job, loaded, tokenizer));
+      progress = files->open(fingerprint(job, loaded, tokenizer, ops->backend()));
     }
   } catch (...) {
     failure = std::current_exception();
@@ -531,7 +540,7 @@ int run_generation_job(const CommandContext& context, const GenerationJob& job) 
 
   // The model, whole on every rank or sharded over them.
   load_inference_weights(loaded, model::HeadKind::language_model, train::ModelPurpose::generate,
-                         job.shard_parameters ? &world : nullptr);
+                         job.shard_parameters ? &world : nullptr, std::move(ops));
   context.log.info(
       "loaded {}{} (step {}, {:.1f} M parameters) in {:.1f} s; {} records x {} samples, {} "
       "sequences in flight per rank of {} positions",

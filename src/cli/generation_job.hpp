@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cli/command.hpp"
+#include "kernels/ops.hpp"
 #include "model/generation_engine.hpp"
 
 namespace l3::cli {
@@ -41,6 +42,9 @@ struct GenerationJob {
   std::optional<double> deadline_unix;
   bool shard_parameters = false;
   bool dry_run_memory = false;
+  // The backend the engine runs on (cuda: bf16 weights and KV cache on the device; the output is
+  // the same whatever the ranks and batch size on the cpu backend only).
+  kernels::Backend backend = kernels::Backend::automatic;
 };
 
 // The most sequences in flight per rank that --batch-size chooses by itself.

@@ -99,8 +99,9 @@ InferenceModel describe_inference_model(const std::string& path, model::HeadKind
 }
 
 void load_inference_weights(InferenceModel& loaded, model::HeadKind head,
-                            train::ModelPurpose purpose, const dist::World* shard_over) {
-  loaded.ops = std::make_unique<kernels::CpuOps>();
+                            train::ModelPurpose purpose, const dist::World* shard_over,
+                            std::unique_ptr<kernels::Ops> ops) {
+  loaded.ops = ops ? std::move(ops) : std::make_unique<kernels::CpuOps>();
   // Forward passes only: no gradient buffer (4 bytes per parameter of host memory). Sharded over
   // the ranks of `shard_over`, or whole on this process alone.
   train::AssembledModel assembled = train::assemble_model(

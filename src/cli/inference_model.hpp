@@ -59,8 +59,10 @@ struct InferenceModel {
 // shard_over when given).
 [[nodiscard]] InferenceModel describe_inference_model(const std::string& path, model::HeadKind head,
                                                       const std::string& adapter = "");
+// `ops`: the backend to load onto (made by kernels::make_ops); null: the CPU backend.
 void load_inference_weights(InferenceModel& loaded, model::HeadKind head,
-                            train::ModelPurpose purpose, const dist::World* shard_over = nullptr);
+                            train::ModelPurpose purpose, const dist::World* shard_over = nullptr,
+                            std::unique_ptr<kernels::Ops> ops = nullptr);
 
 // `spec` (--tokenizer) when given, else the tokenizer named by the manifest. The tokenizer's
 // sha256 must equal the manifest's (when it records one) unless ignore_mismatch, and its

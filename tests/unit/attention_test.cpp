@@ -1,6 +1,12 @@
 #include "kernels/cpu/attention.hpp"
 
+#include <cmath>
+
 #include "catch.hpp"
+#include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/decode_attention.hpp"
+#include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/token_sampling.hpp"
 #include "numeric_support.hpp"
 #include "reference_ops.hpp"
 
@@ -142,4 +148,112 @@ TEST_CASE("attention backward on segments longer than a tile", "[kernels][attent
   CHECK(rel_error(pick(dq), l3::test::finite_differences(
                                 [&](const auto& x) { return loss(x, kd, vd); }, qd, sample)) <
         1e-3);
+}
+
+TEST_CASE("decode attention against the KV cache matches fp64", "[kernels][attention][generate]") {
+  INFO("seed " << l3::test::test_seed());
+  namespace cpu = l3::kernels::cpu;
+  for (const auto& [heads, kv_heads] : {std::pair{4, 4}, {4, 2}, {8, 2}}) {
+    INFO("heads " << heads << ", kv heads " << kv_heads);
+    const int hd = 8;
+    const cpu::CacheShape cache{.slots = 3, .capacity = 20};
+    const cpu::AttentionHeads h{.n_heads = heads, .n_kv_heads = kv_heads, .head_dim = hd};
+    const std::int64_t kv_row = std::int64_t{kv_heads} * hd;
+    const std::vector<std::int64_t> lengths = {20, 7, 1};  // cached positions per slot
+    l3::test::Random rnd(static_cast<std::uint32_t>(30 + heads + kv_heads));
+    // Every slot's rows written in one call, slots interleaved.
+    std::vector<std::int32_t> slots;
+    std::vector<std::int32_t> positions;
+    for (std::int64_t p = 0; p < 20; ++p) {
+      for (std::int32_t s = 0; s < 3; ++s) {
+        if (p < lengths[static_cast<std::size_t>(s)]) {
+          slots.push_back(s);
+          positions.push_back(static_cast<std::int32_t>(p));
+        }
+      }
+    }
+    const auto rows = static_cast<std::int64_t>(slots.size());
+    const auto k = rnd.uniform(rows * kv_row);
+    const auto v = rnd.uniform(rows * kv_row);
+    std::vector<float> k_cache(static_cast<std::size_t>(cache.slots * cache.capacity * kv_row), 7);
+    std::vector<float> v_cache(k_cache.size(), 7);
+    cpu::kv_cache_write(k_cache, v_cache, k, v, slots, positions, cache, h);
+    for (std::int64_t r = 0; r < rows; ++r) {  // each row at its place
+      const std::int64_t at = (slots[r] * cache.capacity + positions[r]) * kv_row;
+      for (std::int64_t e = 0; e < kv_row; ++e) {
+        REQUIRE(k_cache[static_cast<std::size_t>(at + e)] ==
+                k[static_cast<std::size_t>(r * kv_row + e)]);
+        REQUIRE(v_cache[static_cast<std::size_t>(at + e)] ==
+                v[static_cast<std::size_t>(r * kv_row + e)]);
+      }
+    }
+    // Queries: the last position of each slot, and earlier ones of slot 0 (a chunk's rows).
+    const std::vector<std::int32_t> q_slots = {1, 0, 2, 0, 0};
+    const std::vector<std::int32_t> q_positions = {6, 19, 0, 3, 11};
+    const auto n = static_cast<std::int64_t>(q_slots.size());
+    const auto q = rnd.uniform(n * heads * hd);
+    std::vector<float> out(q.size());
+    cpu::decode_attention(out, q, k_cache, v_cache, q_slots, q_positions, cache, h);
+    std::vector<double> expected(q.size());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (int head = 0; head < heads; ++head) {
+        const int g = head / (heads / kv_heads);
+        const auto key = [&](const std::vector<float>& c, std::int64_t j, int d) {
+          return static_cast<double>(
+              c[static_cast<std::size_t>((q_slots[i] * cache.capacity + j) * kv_row + g * hd + d)]);
+        };
+        std::vector<double> w;
+        double max = -1e300;
+        for (std::int64_t j = 0; j <= q_positions[i]; ++j) {
+          double dot = 0;
+          for (int d = 0; d < hd; ++d)
+            dot += q[static_cast<std::size_t>((i * heads + head) * hd + d)] * key(k_cache, j, d);
+          w.push_back(dot * scale);
+          max = std::max(max, dot * scale);
+        }
+        double sum = 0;
+        for (double& x : w) sum += (x = std::exp(x - max));
+        for (int d = 0; d < hd; ++d) {
+          double o = 0;
+          for (std::size_t j = 0; j < w.size(); ++j)
+            o += w[j] / sum * key(v_cache, static_cast<std::int64_t>(j), d);
+          expected[static_cast<std::size_t>((i * heads + head) * hd + d)] = o;
+        }
+      }
+    }
+    CHECK(l3::test::rel_error(out, expected) < 1e-5);
+    // A position beyond the cache is an internal error, not a read of another slot.
+    std::vector<std::int32_t> bad = q_positions;
+    bad[0] = 20;
+    CHECK_THROWS(cpu::decode_attention(out, q, k_cache, v_cache, q_slots, bad, cache, h));
+  }
+}
+
+TEST_CASE("a sampled token's log-probability is the cross-entropy kernel's row loss",
+          "[kernels][generate]") {
+  INFO("seed " << l3::test::test_seed());
+  namespace cpu = l3::kernels::cpu;
+  const std::int64_t rows = 5;
+  const std::int64_t hidden = 16;
+  const std::int64_t vocab = 300;
+  l3::test::Random rnd(40);
+  const auto h = rnd.uniform(rows * hidden);
+  const auto w = rnd.normal(static_cast<std::size_t>(vocab * hidden), 2.0F);
+  std::vector<float> logits(static_cast<std::size_t>(rows * vocab));
+  cpu::matmul(logits, h, w, rows, vocab, hidden, false);
+  std::vector<double> uniforms = {0.1, 0.9, 0.5, 0.0, 0.999};
+  std::vector<std::int32_t> tokens(rows);
+  std::vector<float> logprobs(rows);
+  cpu::sample_tokens(tokens, logprobs, logits, uniforms, vocab, vocab,
+                     {.temperature = 0.7, .top_p = 0.9, .top_k = 50});
+  // The same rows through lm_head_cross_entropy with the drawn tokens as targets.
+  std::vector<std::int32_t> all_rows = {0, 1, 2, 3, 4};
+  std::vector<float> row_loss(rows);
+  (void)cpu::lm_head_cross_entropy({}, {}, h, w, all_rows, tokens, vocab, hidden, 1.0F,
+                                   {.loss = row_loss}, 1 << 20);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    INFO("row " << r);
+    CHECK(logprobs[static_cast<std::size_t>(r)] == -row_loss[static_cast<std::size_t>(r)]);
+  }
 }
