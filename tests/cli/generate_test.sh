@@ -90,6 +90,19 @@ for x, y in zip(a, b):
     assert (x["line"], x["sample"], x["ids"], x["completion"]) == (y["line"], y["sample"], y["ids"], y["completion"])
 assert len(a) == len(b)' "$work/out2.jsonl" "$work/out4.jsonl"
 
+  # A LoRA checkpoint is generated from with its adapters folded in, whether read as itself or
+  # as its base with the exported PEFT adapter (--adapter): the same file.
+  run "a LoRA checkpoint" 0 "$bin" sft --init "$work/ck" --data "$work/train" --seq-len 64 \
+    --global-batch 2 --steps 1 --lr 1e-2 --lora-rank 4 --ckpt-dir "$work/lora" --no-progress
+  run "its PEFT adapter" 0 "$bin" export --init "$work/lora" --adapter --output "$work/peft"
+  run "generate from the LoRA checkpoint" 0 "$bin" generate --init "$work/lora" --input "$work/p.jsonl" \
+    --output "$work/lora1.jsonl" --num-samples 2 --max-new 16 --temperature 0.8 --seed 3
+  run "generate from its base with --adapter" 0 "${gen[@]}" --adapter "$work/peft" --input "$work/p.jsonl" \
+    --output "$work/lora2.jsonl" --num-samples 2 --max-new 16 --temperature 0.8 --seed 3
+  expect "the same completions with the adapter either way" cmp -s "$work/lora1.jsonl" "$work/lora2.jsonl"
+  # shellcheck disable=SC2016 # the arguments expand in the inner shell
+  expect "the adapter changes the completions" bash -c '! cmp -s "$0" "$1"' "$work/lora1.jsonl" "$work/out2.jsonl"
+
   # A stop string: two letters generated one after the other; the rerun ends there.
   stop=$(python3 -c '
 import json, sys
