@@ -13,7 +13,9 @@
 #      python3 has torch, then numerical parity with transformers on identical weights
 #      (bench/baselines/hf_parity.py), then the 8B shape (fallback and cuDNN attention);
 #   6. LoRA against full fine-tuning (l3-bench-lora: step time and memory, mid model and 1B);
-#   7. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
+#   7. generation (l3-bench-generate: decode tokens/s at batch 1, 8, 64 against the weights' read
+#      time and the training forward, prefill tokens/s; the mid model);
+#   8. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
 # Writes under OUTDIR: logs, tests.xml (JUnit), tests-progress.log (each test's start, failures
 # and end as they happen) and gpu-<date>-<gpu>.json (tools/gpu_check_summary.py), the results
 # file committed to bench/results/ (schema in docs/GPU.md).
@@ -22,7 +24,8 @@
 # emulation of the CUDA backend (tests/gpu/gpu_check_rehearsal.sh, in CI): the op benchmark's
 # --rehearsal shapes, the tiny training cases at one row for two steps, the training checks on
 # the CPU backend (their self-check mode), no Hugging Face baseline, the parity stage's
-# llama3-hpc side only (briefly trained models; no transformers there).
+# llama3-hpc side only (briefly trained models; no transformers there), the LoRA and generation
+# benchmarks' toy shapes (--rehearsal --quick).
 set -uo pipefail
 out=${1:?usage: gpu-check.sh OUTDIR}
 # The node has no network: transformers must not look for anything on the Hub.
@@ -213,6 +216,18 @@ if command -v l3-bench-lora >/dev/null && stage "LoRA benchmark" 90; then
   lora_rc=${PIPESTATUS[0]}
 fi
 
+# Batched generation (bench/generate.cpp): decode tokens/s at batch 1, 8 and 64 against the
+# weights' read time (batch 1, goal >= 0.7) and the training forward's tokens/s (batch 64, goal
+# >= 0.5), and prefill tokens/s, on the mid model.
+generate_rc=-1
+if command -v l3-bench-generate >/dev/null && stage "generation benchmark" 90; then
+  generate_args=(--backend cuda)
+  [[ $rehearsal == 1 ]] && generate_args+=(--rehearsal --quick)
+  timeout "$(limit 90)" l3-bench-generate "${generate_args[@]}" --json "$out/generate.json" 2>&1 |
+    tee "$out/generate.log"
+  generate_rc=${PIPESTATUS[0]}
+fi
+
 # Last, while time is left: cuDNN's attention under compute-sanitizer's memcheck (reads past the
 # last packed token are possible in principle with ragged layouts; the tests see only writes).
 memcheck_rc=-1
@@ -231,7 +246,7 @@ elif stage "memcheck cuDNN attention" 150; then
   tail -3 "$out/memcheck.log"
 fi
 
-L3_GPU_CHECK_LORA_RC=$lora_rc python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
+L3_GPU_CHECK_LORA_RC=$lora_rc L3_GPU_CHECK_GENERATE_RC=$generate_rc python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
   "$(($(date +%s) - start))" "$rehearsal" "$parity_rc" "$zero2_rc" "$(
     IFS=';'
     echo "${skipped[*]:-}"

@@ -6,8 +6,9 @@ the transformers baseline and parity rows). Schema in docs/GPU.md.
 
   gpu_check_summary.py OUTDIR SMOKE_RC TESTS_RC TRAINING_RC BENCH_RC MEMCHECK_RC SECONDS REHEARSAL
                        PARITY_RC ZERO2_RC [SKIPPED_STAGES;...]
-(an exit code of -1: the stage did not run). The LoRA benchmark's exit code comes in the
-environment (L3_GPU_CHECK_LORA_RC), its rows from OUTDIR/lora.json.
+(an exit code of -1: the stage did not run). The LoRA and generation benchmarks' exit codes come
+in the environment (L3_GPU_CHECK_LORA_RC, L3_GPU_CHECK_GENERATE_RC), their rows from
+OUTDIR/lora.json and OUTDIR/generate.json.
 """
 import json, sys, os, re, glob, datetime, xml.etree.ElementTree as ET
 out, smoke, tests_rc, training_rc, bench_rc, memcheck_rc, seconds, rehearsal, parity_rc, zero2_rc = \
@@ -125,6 +126,20 @@ except OSError:
     pass
 except ValueError as e:
     doc["lora_error"] = str(e)
+# Generation: decode rows (batch 1 against the weights' read time, the others against the
+# training forward), prefill; the stage's exit code beside them.
+generate_rc = int(os.environ.get("L3_GPU_CHECK_GENERATE_RC", "-1"))
+try:
+    gen = json.load(open(os.path.join(out, "generate.json")))
+    doc["generate"] = {k: gen.get(k) for k in (
+        "backend", "model", "parameters", "weight_read_ms", "training_forward_tokens_per_s", "decode",
+        "batch1_ratio_to_weight_read", "batch64_ratio_to_training_forward", "prefill_tokens_per_s")}
+    doc["generate"]["exit_code"] = generate_rc
+except OSError:
+    if generate_rc != -1:  # the stage ran and wrote no results (failed, or its time limit)
+        doc["generate_error"] = f"no generate.json; exit code {generate_rc}"
+except ValueError as e:
+    doc["generate_error"] = f"generate.json: {e}; exit code {generate_rc}"
 try:
     doc.update(json.load(open(os.path.join(out, "bench.json"))))
 except Exception as e:

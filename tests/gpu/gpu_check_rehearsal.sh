@@ -4,14 +4,15 @@
 # every stage starts, finds its executable, writes what the summary reads, and the summary
 # assembles a complete gpu-<date>-<gpu>.json (tests counted from the JUnit report and the
 # training log, the suites' progress logs, op rows including cuDNN's attention, the training rows
-# of both attentions, the parity stage's llama3-hpc side); and a suite stopped after 10 s is
+# of both attentions, the parity stage's llama3-hpc side, the LoRA and generation benchmarks on the
+# CUDA backend); and a suite stopped after 10 s is
 # counted (from its progress log where no JUnit report was written), the test it was in named.
 # Toy sizes (L3_GPU_CHECK_REHEARSAL=1): the figures mean nothing, the plumbing does.
 #   gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC
-#                          [L3_GPU_ZERO2_TEST [L3_BENCH_LORA]]]
+#                          [L3_GPU_ZERO2_TEST [L3_BENCH_LORA [L3_BENCH_GENERATE]]]]
 set -uo pipefail
 if (($# < 4)); then
-  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC [L3_GPU_ZERO2_TEST [L3_BENCH_LORA]]]" >&2
+  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC [L3_GPU_ZERO2_TEST [L3_BENCH_LORA [L3_BENCH_GENERATE]]]]" >&2
   exit 2
 fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -34,7 +35,9 @@ ln -s "$(realpath "$4")" "$work/bin/l3-bench-train-throughput"
 if [[ -n ${5:-} ]]; then ln -s "$(realpath "$5")" "$work/bin/mpiexec"; fi
 if [[ -n ${6:-} ]]; then ln -s "$(realpath "$6")" "$work/bin/l3_gpu_zero2_test"; fi
 if [[ -n ${7:-} ]]; then ln -s "$(realpath "$7")" "$work/bin/l3-bench-lora"; fi
+if [[ -n ${8:-} ]]; then ln -s "$(realpath "$8")" "$work/bin/l3-bench-generate"; fi
 lora_given=${7:+1}
+generate_given=${8:+1}
 
 PATH="$work/bin:$PATH" L3_GPU_CHECK_REHEARSAL=1 bash "$root/tools/gpu-check.sh" "$work/out" \
   >"$work/check.log" 2>&1
@@ -44,10 +47,11 @@ if [[ $rc -ne 0 ]]; then
   tail -20 "$work/check.log"
   exit 1
 fi
-python3 - "$work/out" "${lora_given:-0}" <<'PY' || { sed 's/^/  | /' "$work/check.log" | tail -40; exit 1; }
+python3 - "$work/out" "${lora_given:-0}" "${generate_given:-0}" <<'PY' || { sed 's/^/  | /' "$work/check.log" | tail -40; exit 1; }
 import glob, json, math, os, sys
 out = sys.argv[1]
 lora_given = sys.argv[2] == "1"
+generate_given = sys.argv[3] == "1"
 failed = False
 def check(ok, what, detail=""):
     global failed
@@ -130,6 +134,20 @@ if lora_given:
                   for v in models[0].get("lora", {}).values()),
           "the LoRA benchmark ran on the CUDA backend: time and memory against full fine-tuning",
           json.dumps(lora)[:600])
+if generate_given:
+    gen = doc.get("generate", {})
+    decode = {r.get("batch"): r for r in gen.get("decode") or []}
+    check(gen.get("exit_code") == 0 and "generate_error" not in doc and gen.get("backend") == "cuda"
+          and sorted(decode) == [1, 8, 64]
+          and all(r.get("tokens_per_s", 0) > 0 and r.get("ms_per_step", 0) > 0 for r in decode.values())
+          and decode[1].get("ratio_to_weight_read", 0) > 0
+          and all(decode[b].get("ratio_to_training_forward", 0) > 0 for b in (8, 64))
+          and gen.get("batch1_ratio_to_weight_read", 0) > 0
+          and gen.get("batch64_ratio_to_training_forward", 0) > 0
+          and gen.get("prefill_tokens_per_s", 0) > 0,
+          "the generation benchmark ran on the CUDA backend: decode at batch 1, 8 and 64 with their "
+          "ratios, and prefill",
+          json.dumps({k: doc.get(k) for k in ("generate", "generate_error")})[:800])
 sys.exit(1 if failed else 0)
 PY
 # A GPU suite stopped by its time limit, as the check stops it (timeout --foreground: one signal,
