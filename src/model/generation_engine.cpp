@@ -79,6 +79,7 @@ struct GenerationEngine::Slot {
   GenerationRequest request;
   GenerationOutput output;
   std::int64_t cached = 0;    // positions in the cache
+  std::int64_t admitted = 0;  // the order requests came in: the longest waiting prefills first
   std::int32_t pending = -1;  // the latest token, drawn but not yet run (a decoding slot)
 };
 
@@ -194,6 +195,7 @@ void GenerationEngine::admit(Slot& slot, GenerationRequest&& request) {
     }
   }
   slot.busy = true;
+  slot.admitted = admissions_++;
   slot.cached = 0;
   slot.pending = -1;
   slot.output = GenerationOutput{.record = request.record, .sample = request.sample};
@@ -206,7 +208,14 @@ GenerationEngine::PassRows GenerationEngine::plan_pass() {
   fresh.prompt_rows.assign(slots_.size(), 0);
   std::int64_t budget = shape_.max_rows;
   for (const Slot& slot : slots_) budget -= slot.busy && slot.pending >= 0 ? 1 : 0;
-  for (std::size_t s = 0; s < slots_.size(); ++s) {
+  // Decoding slots, then prompts by arrival: a long prompt waiting for room in the pass is not
+  // overtaken forever by later short ones.
+  std::vector<std::size_t> order(slots_.size());
+  for (std::size_t s = 0; s < order.size(); ++s) order[s] = s;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return slots_[a].admitted < slots_[b].admitted;
+  });
+  for (const std::size_t s : order) {
     const Slot& slot = slots_[s];
     if (!slot.busy) continue;
     const auto sid = static_cast<std::int32_t>(s);
@@ -256,15 +265,15 @@ GenerationEngine::PassRows GenerationEngine::plan_pass() {
   fresh.max_keys = other.max_keys;
   // The sampled rows in ascending order (the gather's order does not matter to the results,
   // but a fixed one keeps a pass's work the same whatever the slots' order).
-  std::vector<std::size_t> order(fresh.logit_rows.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+  std::vector<std::size_t> by_row(fresh.logit_rows.size());
+  for (std::size_t i = 0; i < by_row.size(); ++i) by_row[i] = i;
+  std::sort(by_row.begin(), by_row.end(), [&](std::size_t a, std::size_t b) {
     return fresh.logit_rows[a] < fresh.logit_rows[b];
   });
   PassRows sorted = fresh;
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    sorted.logit_rows[i] = fresh.logit_rows[order[i]];
-    sorted.logit_slots[i] = fresh.logit_slots[order[i]];
+  for (std::size_t i = 0; i < by_row.size(); ++i) {
+    sorted.logit_rows[i] = fresh.logit_rows[by_row[i]];
+    sorted.logit_slots[i] = fresh.logit_slots[by_row[i]];
   }
   return sorted;
 }

@@ -148,6 +148,7 @@ class GenerationEngine {
   EngineShape shape_;
   SamplingSettings settings_;
   std::vector<Slot> slots_;
+  std::int64_t admissions_ = 0;
   Counters counters_;
   RopeBuffers rope_;
   kernels::Buffer k_cache_, v_cache_;  // (layers, slots, capacity, n_kv_heads, head_dim)

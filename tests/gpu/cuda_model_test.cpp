@@ -9,6 +9,7 @@
 #include "train/adamw_optimizer.hpp"
 #include "train/objectives/bradley_terry_loss.hpp"
 #include "train/objectives/language_model_loss.hpp"
+#include "training_logprobs.hpp"
 
 using l3::model::BatchBuilder;
 using l3::model::HeadKind;
@@ -163,30 +164,6 @@ TEST_CASE("LoRA adapters with dropout: forward/backward matches the CPU backend"
   }
 }
 
-namespace {
-
-// The CPU training forward's log-probability of each token of `tokens` from `first` on.
-std::vector<float> cpu_training_logprobs(LlamaModel& model, const std::vector<std::int32_t>& tokens,
-                                         std::size_t first) {
-  BatchBuilder builder(1, static_cast<std::int64_t>(tokens.size()), 0);
-  std::vector<std::uint8_t> mask(tokens.size(), 0);
-  std::fill(mask.begin() + static_cast<std::ptrdiff_t>(first), mask.end(), 1);
-  builder.add(tokens, mask);
-  model.load_batch(builder.finish());
-  model.forward({});
-  const l3::model::HeadInputs in = model.head();
-  std::vector<float> row_loss(tokens.size() - first);
-  model.ops().lm_head_cross_entropy({.row_loss = l3::kernels::TensorView(std::span(row_loss)),
-                                     .h = in.hidden,
-                                     .w = model.lm_head_weight(),
-                                     .rows = in.loss_rows,
-                                     .targets = in.loss_targets});
-  for (float& l : row_loss) l = -l;
-  return row_loss;
-}
-
-}  // namespace
-
 TEST_CASE("the generation engine on the device follows the CPU model", "[gpu][model][generate]") {
   INFO("seed " << l3::test::test_seed());
   const auto config = l3::model::preset("tiny");
@@ -229,7 +206,7 @@ TEST_CASE("the generation engine on the device follows the CPU model", "[gpu][mo
       sequence.insert(sequence.end(), out.tokens.begin(), out.tokens.end());
       // the device's log-probabilities of its own tokens, against the CPU's training forward on
       // the same weights: within bf16 activations' tolerance
-      const auto expected = cpu_training_logprobs(cpu, sequence, request.prompt.size());
+      const auto expected = l3::test::training_logprobs(cpu, sequence, request.prompt.size());
       for (std::size_t t = 0; t < out.tokens.size(); ++t) {
         INFO("record " << out.record << " token " << t << ": " << out.logprobs[t] << " vs "
                        << expected[t]);

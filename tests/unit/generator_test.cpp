@@ -12,6 +12,7 @@
 #include "numeric_support.hpp"
 #include "train/objectives/bradley_terry_loss.hpp"
 #include "train/reward_scores.hpp"
+#include "training_logprobs.hpp"
 
 using l3::model::BatchBuilder;
 using l3::model::EngineShape;
@@ -68,29 +69,6 @@ GenerationResult run(LlamaModel& model, const std::vector<std::int32_t>& prompt,
                      const GenerationOptions& options) {
   Generator generator(model);
   return generator.generate(prompt, options);
-}
-
-// The training forward's log-probability of each of `tokens`' positions from `first` on: the
-// model's pass over the whole sequence and lm_head_cross_entropy's row losses, negated.
-std::vector<float> training_logprobs(LlamaModel& model, const std::vector<std::int32_t>& tokens,
-                                     std::size_t first) {
-  BatchBuilder builder(1, static_cast<std::int64_t>(tokens.size()), 0);
-  std::vector<std::uint8_t> mask(tokens.size(), 0);
-  std::fill(mask.begin() + static_cast<std::ptrdiff_t>(first), mask.end(), 1);
-  builder.add(tokens, mask);
-  model.load_batch(builder.finish());
-  model.forward({});
-  const l3::model::HeadInputs in = model.head();
-  const auto count = static_cast<std::int64_t>(tokens.size() - first);
-  REQUIRE(in.counted == count);
-  std::vector<float> row_loss(static_cast<std::size_t>(count));
-  model.ops().lm_head_cross_entropy({.row_loss = l3::kernels::TensorView(std::span(row_loss)),
-                                     .h = in.hidden,
-                                     .w = model.lm_head_weight(),
-                                     .rows = in.loss_rows,
-                                     .targets = in.loss_targets});
-  for (float& l : row_loss) l = -l;
-  return row_loss;
 }
 
 // Every completion of `requests` through one engine.
@@ -159,7 +137,8 @@ TEST_CASE("generated log-probabilities equal the training forward's", "[generate
         REQUIRE(out.logprobs.size() == 8);
         std::vector<std::int32_t> sequence = requests[i].prompt;
         sequence.insert(sequence.end(), out.tokens.begin(), out.tokens.end());
-        const auto expected = training_logprobs(model, sequence, requests[i].prompt.size());
+        const auto expected =
+            l3::test::training_logprobs(model, sequence, requests[i].prompt.size());
         for (std::size_t t = 0; t < out.tokens.size(); ++t) {
           const double error = std::abs(out.logprobs[t] - expected[t]) /
                                std::max(1.0, static_cast<double>(std::abs(expected[t])));
