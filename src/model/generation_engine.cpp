@@ -93,7 +93,7 @@ struct GenerationEngine::PassRows {
   int max_keys = 0;                       // of the other rows
   std::vector<std::int32_t> logit_rows;   // rows whose next token is drawn, ascending
   std::vector<int> logit_slots;           // the slot of each
-  std::vector<std::int64_t> prompt_rows;  // prompt tokens run per slot (counters)
+  std::vector<std::int64_t> prompt_rows;  // prompt tokens run per slot this pass
 
   [[nodiscard]] std::int64_t size() const noexcept {
     return static_cast<std::int64_t>(tokens.size());
@@ -424,7 +424,6 @@ void GenerationEngine::run(const RequestSource& next, const OutputSink& done, co
     const bool work = rows.size() > 0;
     if (agree ? !agree(work) : !work) return;
     run_pass(rows, tokens, logprobs);
-    ++counters_.passes;
     // The cache now holds every row run.
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       Slot& slot = slots_[s];
@@ -434,13 +433,11 @@ void GenerationEngine::run(const RequestSource& next, const OutputSink& done, co
         slot.pending = -1;
       } else {
         slot.cached += rows.prompt_rows[s];
-        counters_.prompt_tokens += rows.prompt_rows[s];
       }
     }
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       Slot& slot = slots_[static_cast<std::size_t>(rows.logit_slots[i])];
       const std::int32_t token = tokens[i];
-      ++counters_.new_tokens;
       if (std::find(settings_.stop_tokens.begin(), settings_.stop_tokens.end(), token) !=
           settings_.stop_tokens.end()) {
         finish(slot, true);

@@ -122,14 +122,6 @@ class GenerationEngine {
   void run(const RequestSource& next, const OutputSink& done, const StopCheck& stop = {},
            const PassAgreement& agree = {});
 
-  // Tokens run and decoded (prompt tokens, new tokens) and passes since construction.
-  struct Counters {
-    std::int64_t prompt_tokens = 0;
-    std::int64_t new_tokens = 0;
-    std::int64_t passes = 0;
-  };
-  [[nodiscard]] const Counters& counters() const noexcept { return counters_; }
-
  private:
   struct Slot;
   struct PassRows;
@@ -149,7 +141,6 @@ class GenerationEngine {
   SamplingSettings settings_;
   std::vector<Slot> slots_;
   std::int64_t admissions_ = 0;
-  Counters counters_;
   RopeBuffers rope_;
   kernels::Buffer k_cache_, v_cache_;  // (layers, slots, capacity, n_kv_heads, head_dim)
   // The pass's inputs (max_rows) i32 and outputs.
