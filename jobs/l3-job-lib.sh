@@ -167,7 +167,7 @@ l3_run_phase() {
   local -a args shape
   [[ $attempts =~ ^[1-9][0-9]*$ ]] || l3_die 2 "L3_MAX_ATTEMPTS must be a positive integer, got '$attempts'"
   [[ $delay =~ ^[0-9]+$ ]] || l3_die 2 "L3_RETRY_DELAY must be a number of seconds, got '$delay'"
-  if [[ $phase == sft || $phase == reward || $phase == dpo ]]; then
+  if [[ $phase == sft || $phase == reward || $phase == dpo || $phase == grpo ]]; then
     if l3_has_option ckpt-dir "$config" "$@"; then
       resumable=1
     else
@@ -227,7 +227,7 @@ l3_run_phase() {
   l3_die "$rc" "$phase failed $attempts times; last error: $(l3_last_error)"
 }
 
-# l3_job PHASE CONFIG [OPTIONS...]: the body of sft.sbatch, reward.sbatch, dpo.sbatch (and of prep.sbatch,
+# l3_job PHASE CONFIG [OPTIONS...]: the body of sft.sbatch, reward.sbatch, dpo.sbatch, grpo.sbatch (and of prep.sbatch,
 # once per config file): `llama3-hpc PHASE --config CONFIG OPTIONS...` under the restart loop.
 l3_job() {
   local phase=$1 config=${2:-}

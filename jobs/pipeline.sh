@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Submit the whole pipeline as chained Slurm jobs: prep -> sft -> reward and/or dpo, each starting
-# when the one it needs finished successfully (--dependency=afterok; a failed stage cancels the rest).
-# dpo needs the SFT stage only: it runs beside the reward stage when both are given.
-#   jobs/pipeline.sh [--prep DATA.ini]... [--sft SFT.ini] [--reward RM.ini] [--dpo DPO.ini] [-- SBATCH]
+# Submit the whole pipeline as chained Slurm jobs: prep -> sft -> reward and/or dpo -> grpo, each
+# starting when the one it needs finished successfully (--dependency=afterok; a failed stage cancels
+# the rest). dpo needs the SFT stage only: it runs beside the reward stage when both are given;
+# grpo runs after the reward stage (it may score with that model), else after SFT.
+#   jobs/pipeline.sh [--prep DATA.ini]... [--sft SFT.ini] [--reward RM.ini] [--dpo DPO.ini]
+#       [--grpo GRPO.ini] [-- SBATCH]
 #
 # Stages not given are left out (at least one is needed). SBATCH_OPTIONS go to every sbatch, e.g.
 #   jobs/pipeline.sh --prep sft-data.ini --prep pairs.ini --sft sft.ini --reward rm.ini \
@@ -12,7 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 usage() {
-  sed -n '5,9p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '6,11p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 
@@ -20,23 +22,26 @@ preps=()
 sft=""
 reward=""
 dpo=""
+grpo=""
 while (($#)); do
   case $1 in
     --prep) preps+=("${2:?--prep needs a config file}"); shift 2 ;;
     --sft) sft=${2:?--sft needs a config file}; shift 2 ;;
     --reward) reward=${2:?--reward needs a config file}; shift 2 ;;
     --dpo) dpo=${2:?--dpo needs a config file}; shift 2 ;;
+    --grpo) grpo=${2:?--grpo needs a config file}; shift 2 ;;
     -h | --help) usage 0 ;;
     --) shift; break ;;
     *) echo "pipeline.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
 done
 sbatch_options=("$@")
-((${#preps[@]})) || [[ -n $sft || -n $reward || -n $dpo ]] || { echo "pipeline.sh: no stage given" >&2; usage 2; }
+((${#preps[@]})) || [[ -n $sft || -n $reward || -n $dpo || -n $grpo ]] || { echo "pipeline.sh: no stage given" >&2; usage 2; }
 stages=("${preps[@]}")
 [[ -n $sft ]] && stages+=("$sft")
 [[ -n $reward ]] && stages+=("$reward")
 [[ -n $dpo ]] && stages+=("$dpo")
+[[ -n $grpo ]] && stages+=("$grpo")
 for config in "${stages[@]}"; do
   [[ -f $config && -r $config ]] || { echo "pipeline.sh: config file '$config' not found or not readable" >&2; exit 2; }
 done
@@ -58,8 +63,13 @@ submit() {
 [[ -n $sft ]] && submit sft sft.sbatch "$sft"
 after_sft=$previous
 [[ -n $reward ]] && submit reward reward.sbatch "$reward"
+after_reward=$previous
 if [[ -n $dpo ]]; then
   previous=$after_sft
   submit dpo dpo.sbatch "$dpo"
+fi
+if [[ -n $grpo ]]; then
+  previous=$after_reward
+  submit grpo grpo.sbatch "$grpo"
 fi
 exit 0

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string_view>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -33,6 +35,12 @@ class ShapeCheck {
             ConstTensorView like) const {
     if (!(x.shape() == like.shape())) {
       fail(name, x, fmt::format("the shape of '{}', {}", like_name, like.shape().str()));
+    }
+  }
+  void dtype(std::string_view name, ConstTensorView x, DType wanted) const {
+    if (x.dtype() != wanted) {
+      throw core::internal_error(fmt::format("{}: '{}' is {}, expected {}", op_, name,
+                                             dtype_name(x.dtype()), dtype_name(wanted)));
     }
   }
   [[noreturn]] void fail(std::string_view name, ConstTensorView x, std::string_view wanted) const {
@@ -289,6 +297,10 @@ LmHeadDims lm_head_dims(const LmHeadCrossEntropyArgs& a) {
   if (!a.loss_sum.empty()) check.numel("loss_sum", a.loss_sum, 1);
   if (!a.row_loss.empty()) check.numel("row_loss", a.row_loss, d.counted);
   if (!a.row_scale.empty()) check.numel("row_scale", a.row_scale, d.counted);
+  if (!a.row_entropy.empty()) {
+    check.numel("row_entropy", a.row_entropy, d.counted);
+    check.dtype("row_entropy", a.row_entropy, DType::f32);
+  }
   if (!a.dh.empty()) {
     check.matrix("dh", a.dh, d.n, d.hidden);
     if (!a.dw.empty()) check.matrix("dw", a.dw, d.vocab, d.hidden);
@@ -339,6 +351,41 @@ std::int64_t dpo_pairs(const DpoLossArgs& a) {
   check.numel("sums", a.sums, 4);
   if (!a.d_rows.empty()) check.numel("d_rows", a.d_rows, a.row_loss.numel());
   return pairs;
+}
+
+std::int64_t policy_rows(const PolicyLossArgs& a) {
+  const ShapeCheck check("policy_loss");
+  const std::int64_t rows = a.row_loss.numel();
+  check.numel("sums", a.sums, 5);
+  check.dtype("sums", a.sums, DType::f64);
+  // Per row, f32: required (may be empty only with C = 0), then optional.
+  const std::pair<std::string_view, ConstTensorView> required[] = {
+      {"row_loss", a.row_loss}, {"advantages", a.advantages}, {"weights", a.weights}};
+  for (const auto& [name, x] : required) {
+    check.numel(name, x, rows);
+    if (rows > 0) check.dtype(name, x, DType::f32);
+  }
+  const std::pair<std::string_view, ConstTensorView> optional[] = {
+      {"old_logps", a.old_logps},
+      {"ref_row_loss", a.ref_row_loss},
+      {"sampled_logps", a.sampled_logps},
+      {"row_entropy", a.row_entropy},
+      {"d_rows", a.d_rows}};
+  for (const auto& [name, x] : optional) {
+    if (x.empty()) continue;
+    check.numel(name, x, rows);
+    check.dtype(name, x, DType::f32);
+  }
+  if (!a.sampled_logps.empty() || !a.largest.empty()) {
+    check.numel("largest", a.largest, 1);
+    check.dtype("largest", a.largest, DType::f64);
+  }
+  if (!(a.epsilon_low >= 0.0 && a.epsilon_high >= 0.0 && a.beta >= 0.0) ||
+      !std::isfinite(a.epsilon_high) || !std::isfinite(a.beta)) {
+    throw core::internal_error(fmt::format("policy_loss: epsilon_low {}, epsilon_high {}, beta {}",
+                                           a.epsilon_low, a.epsilon_high, a.beta));
+  }
+  return rows;
 }
 
 }  // namespace l3::kernels

@@ -76,5 +76,7 @@ struct GatherDims {
 // Sequences (S) of a sequence_log_probs call; pairs (P) of a dpo_loss call.
 [[nodiscard]] std::int64_t sequence_count(const SequenceLogProbsArgs& a);
 [[nodiscard]] std::int64_t dpo_pairs(const DpoLossArgs& a);
+// Counted rows (C) of a policy_loss call: row_loss's, and every non-empty per-row view's.
+[[nodiscard]] std::int64_t policy_rows(const PolicyLossArgs& a);
 
 }  // namespace l3::kernels

@@ -210,8 +210,11 @@ struct DropoutArgs {
 // a frozen lm_head, LoRA). loss_sum may be empty (nothing added). row_loss (C) f32, when
 // non-empty, receives each counted row's CE; row_scale (C) f32, when non-empty, weighs each
 // row's gradient (grad_scale * row_scale[c]): DPO's tokens count with their sequence's weight.
+// row_entropy (C) f32, when non-empty, receives each counted row's entropy of softmax(logits) in
+// nats, H = logsumexp(z) - sum_v softmax(z)_v z_v, from the same block of logits (forward only:
+// no gradient flows through it; empty: not computed).
 struct LmHeadCrossEntropyArgs {
-  TensorView loss_sum, dh, dw, row_loss;
+  TensorView loss_sum, dh, dw, row_loss, row_entropy;
   ConstTensorView h, w, rows, targets, row_scale;
   float grad_scale = 1.0F;
 };
@@ -271,6 +274,29 @@ struct DpoLossArgs {
   double beta = 0.1;
   double label_smoothing = 0.0;
   PreferenceLoss loss = PreferenceLoss::sigmoid;
+  float grad_scale = 1.0F;
+};
+
+// ---- the clipped policy-gradient loss of GRPO and its variants (TRL's _compute_loss, token level)
+// Per counted row c of C (lm_head_cross_entropy's row_loss: logp_c = -row_loss[c]):
+//   old_c = old_logps[c] (C f32), or logp_c itself when old_logps is empty (detached: ratio 1)
+//   r_c = exp(logp_c - old_c); r'_c = clamp(r_c, 1 - epsilon_low, 1 + epsilon_high)
+//   kl_c = exp(ref_c - logp_c) - (ref_c - logp_c) - 1   (k3; ref_c = -ref_row_loss[c]: the
+//          reference model's cross-entropy of the row, C f32; 0 when ref_row_loss is empty)
+//   low_c = r_c < 1 - epsilon_low and A_c < 0;  high_c = r_c > 1 + epsilon_high and A_c > 0
+//   L_c = weights[c] * (-min(r_c A_c, r'_c A_c) + beta kl_c)      (advantages (C), weights (C) f32)
+// in fp64. Adds {sum L_c, sum kl_c, sum low_c, sum high_c, sum row_entropy[c]} to sums (5) f64
+// (row_entropy (C) f32 may be empty: adds 0); largest (1) f64 = max(largest, max_c |logp_c -
+// sampled_logps[c]|) when sampled_logps (C f32) is non-empty (the generator's log-probabilities:
+// how far the trainer's differ; largest may be empty without them). With d_rows (C) f32 non-empty:
+//   d_rows[c] = grad_scale * weights[c] * (A_c r_c [not low_c and not high_c]
+//                                          - beta (1 - exp(ref_c - logp_c)))
+// = grad_scale * dL_c/d row_loss[c]: lm_head_cross_entropy's row_scale for the backward.
+struct PolicyLossArgs {
+  TensorView sums, largest, d_rows;
+  ConstTensorView row_loss, advantages, weights, old_logps, ref_row_loss, sampled_logps,
+      row_entropy;
+  double epsilon_low = 0.2, epsilon_high = 0.2, beta = 0.0;
   float grad_scale = 1.0F;
 };
 
@@ -364,6 +390,7 @@ class Ops {
   virtual void bradley_terry(const BradleyTerryArgs& a) = 0;
   virtual void sequence_log_probs(const SequenceLogProbsArgs& a) = 0;
   virtual void dpo_loss(const DpoLossArgs& a) = 0;
+  virtual void policy_loss(const PolicyLossArgs& a) = 0;
   virtual void adamw(const AdamWArgs& a) = 0;
 
   // ---- reductions ------------------------------------------------------------------------

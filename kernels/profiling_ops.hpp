@@ -135,6 +135,9 @@ class ProfilingOps final : public Ops {
   void dpo_loss(const DpoLossArgs& a) override {
     timed("dpo_loss", [&] { inner_.dpo_loss(a); });
   }
+  void policy_loss(const PolicyLossArgs& a) override {
+    timed("policy_loss", [&] { inner_.policy_loss(a); });
+  }
   void adamw(const AdamWArgs& a) override {
     timed("adamw", [&] { inner_.adamw(a); });
   }

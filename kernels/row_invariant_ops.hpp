@@ -66,6 +66,7 @@ class RowInvariantOps final : public Ops {
   void bradley_terry(const BradleyTerryArgs& a) override { inner_.bradley_terry(a); }
   void sequence_log_probs(const SequenceLogProbsArgs& a) override { inner_.sequence_log_probs(a); }
   void dpo_loss(const DpoLossArgs& a) override { inner_.dpo_loss(a); }
+  void policy_loss(const PolicyLossArgs& a) override { inner_.policy_loss(a); }
   void adamw(const AdamWArgs& a) override { inner_.adamw(a); }
   void add_into(TensorView dst, ConstTensorView src) override { inner_.add_into(dst, src); }
 

@@ -56,7 +56,8 @@ typedef struct l3_step_metrics {
   double margin;   /* reward and DPO runs; NaN for SFT */
   double step_ms;
   double data_wait_ms;
-  int skipped; /* non-finite loss or gradient: no update */
+  int skipped;   /* non-finite loss or gradient: no update */
+  double reward; /* GRPO: the step's mean reward; NaN for the other phases */
 } l3_step_metrics;
 
 typedef struct l3_eval_metrics {
@@ -65,7 +66,8 @@ typedef struct l3_eval_metrics {
   double perplexity;
   double accuracy; /* reward and DPO */
   double margin;
-  int64_t samples; /* tokens (SFT) or pairs (reward, DPO) evaluated */
+  int64_t samples; /* tokens (SFT), pairs (reward, DPO) or prompts (GRPO) evaluated */
+  double reward;   /* GRPO: the mean reward of greedy completions; NaN for the other phases */
 } l3_eval_metrics;
 
 typedef struct l3_checkpoint_info {
@@ -107,9 +109,9 @@ L3_EXPORT const char* l3_version(void);
  * failing call. */
 L3_EXPORT const char* l3_last_error(void);
 
-/* argv: the phase ("sft", "reward" or "dpo") then options, as on the command line. */
+/* argv: the phase ("sft", "reward", "dpo" or "grpo") then options, as on the command line. */
 L3_EXPORT int l3_config_from_args(int argc, const char* const* argv, l3_config** out);
-/* phase: "sft", "reward" or "dpo"; path: 'key = value' lines. */
+/* phase: "sft", "reward", "dpo" or "grpo"; path: 'key = value' lines. */
 L3_EXPORT int l3_config_from_file(const char* path, const char* phase, l3_config** out);
 /* One option, as on the command line ("lr", "1e-5"; switches take "true" or "false"). */
 L3_EXPORT int l3_config_set(l3_config* config, const char* option, const char* value);

@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 // What the shared library exports (it is built with hidden visibility: everything else stays
@@ -49,7 +50,7 @@ namespace l3 {
 
 // Supervised fine-tuning, a reward model (Bradley-Terry), or direct preference optimisation of
 // the policy itself (DPO) on preference pairs.
-enum class Phase { sft, reward, dpo };
+enum class Phase { sft, reward, dpo, grpo };
 
 // A failure, with the exit code the CLI would give it: 2 bad usage or input (a wrong option, a
 // missing or malformed file: fix and retry), 1 anything else. what() is one line naming the file,
@@ -99,6 +100,9 @@ struct StepMetrics {
   // rejected responses (TRL's rewards/chosen, rewards/rejected).
   std::optional<double> chosen_reward;
   std::optional<double> rejected_reward;
+  // A phase's own metrics by name, in order (GRPO: TRL's reward, reward_std, kl, entropy,
+  // clip_ratio/region_mean, completions/mean_length, ...; docs/TRAINING.md lists them).
+  std::vector<std::pair<std::string, double>> extra;
 };
 
 // An evaluation on the validation data.
@@ -117,6 +121,8 @@ struct EvalMetrics {
   std::int64_t pairs = 0;
   std::int64_t skipped_samples = 0;  // too long for --seq-len
   double seconds = 0;
+  // A phase's own results by name (GRPO: reward, the mean reward of greedy completions, ...).
+  std::vector<std::pair<std::string, double>> extra;
 };
 
 // A committed checkpoint (weights, AdamW state, manifest; docs/FORMAT.md).

@@ -67,6 +67,9 @@ void Batch::validate(std::int64_t vocab_size) const {
       (!margins.empty() && margins.size() != chosen_last.size())) {
     fail("preference arrays differ in length");
   }
+  for (const std::vector<float>* rl : {&advantages, &sampled_logprobs, &loss_weights}) {
+    if (!rl->empty() && rl->size() != un) fail(fmt::format("RL arrays of {} tokens expected", n));
+  }
 }
 
 BatchBuilder::BatchBuilder(std::int64_t rows, std::int64_t seq_len, std::int32_t pad_id)

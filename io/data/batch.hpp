@@ -27,6 +27,13 @@ struct Batch {
   std::vector<std::int32_t> rejected_last{};
   std::vector<float> margins{};
   std::vector<std::int64_t> pair_ids{};  // the pairs' sample numbers in their dataset (or -1)
+  // Online RL (GRPO): per position (N), where loss_mask is 1 (0 elsewhere), the advantage of the
+  // completion the target belongs to, and the log-probability the generator drew the target
+  // with; and the weight of the position's loss within its normalisation (the loss type's).
+  std::vector<float> advantages{};
+  std::vector<float> sampled_logprobs{};
+  std::vector<float> loss_weights{};
+  std::int64_t completions = 0;      // online RL: the completions it holds (masked-out ones too)
   std::int64_t document_tokens = 0;  // tokens of documents (not padding): throughput counts these
 
   [[nodiscard]] std::int64_t tokens_count() const noexcept { return rows * seq_len; }

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/world.hpp"
@@ -39,6 +41,9 @@ struct StepData {
   std::vector<Batch> micro;
   std::int64_t samples = 0;     // samples (documents or pairs) this rank got
   double assemble_seconds = 0;  // read + pack time in the producer
+  // What the source reports about the step, by name, the same on every rank (online RL: the
+  // rewards, the completions' lengths; "time/NAME_ms": milliseconds of the step spent on NAME).
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 class DataLoader {

@@ -79,7 +79,9 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
   d.directory = dir.string();
   const std::string format = index.value("format", "");
   const std::string expected =
-      std::string(expect.kind == SampleKind::sft ? kSftFormat : kPreferenceFormat);
+      std::string(expect.kind == SampleKind::sft          ? kSftFormat
+                  : expect.kind == SampleKind::preference ? kPreferenceFormat
+                                                          : kPromptFormat);
   if (format != expected) {
     throw core::bad_input(
         fmt::format(R"(format "{}", but this phase needs "{}")", format, expected),
@@ -141,7 +143,20 @@ DatasetIndex read_index(const std::string& directory, const DatasetExpectations&
     }
     const h5::Handle file = h5::open_file_read(shard.path);
     const auto shard_number = static_cast<std::int32_t>(d.shards.size());
-    if (expect.kind == SampleKind::sft) {
+    if (expect.kind == SampleKind::prompt) {
+      const auto offsets = offsets_of(file, shard.path, "/doc_offsets");
+      shard.samples = static_cast<std::int64_t>(offsets.size()) - 1;
+      if (h5::dataset_length(file, "record_offsets", shard.path) != shard.samples + 1) {
+        throw core::bad_input("one record offset per prompt (and one more) expected",
+                              {.file = shard.path, .tensor = "/record_offsets"});
+      }
+      for (std::int64_t k = 0; k < shard.samples; ++k) {
+        d.shard.push_back(shard_number);
+        d.offset.push_back(offsets[static_cast<std::size_t>(k)]);
+        d.length.push_back(static_cast<std::int32_t>(offsets[static_cast<std::size_t>(k) + 1] -
+                                                     offsets[static_cast<std::size_t>(k)]));
+      }
+    } else if (expect.kind == SampleKind::sft) {
       if (h5::dataset_length(file, "loss_mask", shard.path) !=
           h5::dataset_length(file, "tokens", shard.path)) {
         throw core::bad_input("loss_mask and tokens differ in length",
@@ -246,7 +261,7 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
   // The index: scalars and shard list as JSON, the per-sample arrays raw.
   json head;
   if (world.is_root()) {
-    head = {{"directory", d.directory},  {"kind", d.kind == SampleKind::sft ? 0 : 1},
+    head = {{"directory", d.directory},  {"kind", static_cast<int>(d.kind)},
             {"sha", d.tokenizer_sha256}, {"tokenizer", d.tokenizer_name},
             {"vocab", d.vocab_size},     {"shards", json::array()}};
     for (const ShardEntry& s : d.shards) {
@@ -258,7 +273,7 @@ DatasetIndex open_dataset(const dist::World& world, const std::string& directory
       dist::broadcast_string(world.comm(), world.is_root() ? head.dump() : std::string()));
   if (!world.is_root()) {
     d.directory = head.at("directory").get<std::string>();
-    d.kind = head.at("kind").get<int>() == 0 ? SampleKind::sft : SampleKind::preference;
+    d.kind = static_cast<SampleKind>(head.at("kind").get<int>());
     d.tokenizer_sha256 = head.at("sha").get<std::string>();
     d.tokenizer_name = head.at("tokenizer").get<std::string>();
     d.vocab_size = head.at("vocab").get<std::int64_t>();
@@ -284,13 +299,16 @@ std::optional<SampleKind> dataset_kind(const dist::World& world, const std::stri
       const json index =
           core::read_json_object((fs::path(directory) / "index.json").string(), "a dataset index");
       const std::string format = index.value("format", "");
-      kind = format == kSftFormat ? 0 : format == kPreferenceFormat ? 1 : -1;
+      kind = format == kSftFormat          ? 0
+             : format == kPreferenceFormat ? 1
+             : format == kPromptFormat     ? 2
+                                           : -1;
     } catch (const std::exception&) {  // open_dataset reports it
     }
   }
   dist::check_mpi(MPI_Bcast(&kind, 1, MPI_INT, 0, world.comm()), "MPI_Bcast(dataset kind)");
   if (kind < 0) return std::nullopt;
-  return kind == 0 ? SampleKind::sft : SampleKind::preference;
+  return static_cast<SampleKind>(kind);
 }
 
 std::vector<std::string> shard_content_digests(const dist::World& world,
@@ -305,9 +323,10 @@ std::vector<std::string> shard_content_digests(const dist::World& world,
       if (!digests[i].empty()) continue;
       if (missing++ % world.size() != world.rank()) continue;
       const std::string& path = index.shards[i].path;
-      const std::string digest = index.kind == SampleKind::sft
-                                     ? content_digest(read_sft_shard(path).documents)
-                                     : content_digest(read_preference_shard(path).pairs);
+      const std::string digest =
+          index.kind == SampleKind::sft          ? content_digest(read_sft_shard(path).documents)
+          : index.kind == SampleKind::preference ? content_digest(read_preference_shard(path).pairs)
+                                                 : content_digest(read_prompt_shard(path).prompts);
       mine += fmt::format("{} {};", i, digest);
     }
   } catch (...) {

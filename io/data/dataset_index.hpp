@@ -16,7 +16,8 @@
 
 namespace l3::data {
 
-enum class SampleKind { sft, preference };
+// prompt: GRPO's prompts with their records (shard_format.hpp), a sample per prompt.
+enum class SampleKind { sft, preference, prompt };
 
 struct ShardEntry {
   std::string path;  // absolute

@@ -55,4 +55,12 @@ std::string content_digest(const PreferencePairs& pairs) {
   return d.hex();
 }
 
+std::string content_digest(const Prompts& prompts) {
+  Digest d;
+  d.add(prompts.documents);
+  d.add<char>(prompts.records);
+  d.add<std::int64_t>(prompts.record_offsets);
+  return d.hex();
+}
+
 }  // namespace l3::data

@@ -6,6 +6,11 @@
 //   /doc_offsets  i64[D+1]  document d is tokens[doc_offsets[d] : doc_offsets[d+1]]
 // Preference shard, format="llama3-hpc/preference": groups /chosen and /rejected, each with
 // tokens and doc_offsets (pair p is document p of both), optional /margin f32[P].
+// Prompt shard, format="llama3-hpc/prompts" (GRPO's prompts): /tokens and /doc_offsets as SFT's
+// (each prompt formatted up to the assistant header), and each prompt's JSON record (its
+// original fields: "answer", test cases, ... for the rewards):
+//   /records         u8[B]     UTF-8 JSON objects back to back
+//   /record_offsets  i64[D+1]  prompt d's record is records[record_offsets[d] : ...[d+1]]
 #pragma once
 
 #include <cstdint>
@@ -18,6 +23,7 @@ namespace l3::data {
 
 inline constexpr std::string_view kSftFormat = "llama3-hpc/sft";
 inline constexpr std::string_view kPreferenceFormat = "llama3-hpc/preference";
+inline constexpr std::string_view kPromptFormat = "llama3-hpc/prompts";
 inline constexpr std::int64_t kShardVersion = 1;
 
 struct ShardAttributes {
@@ -54,6 +60,18 @@ struct PreferencePairs {
   void clear();
 };
 
+// Prompts (loss masks empty) with their records.
+struct Prompts {
+  Documents documents;
+  std::string records;  // the JSON records back to back
+  std::vector<std::int64_t> record_offsets{0};
+
+  void add(std::span<const std::int32_t> prompt, std::string_view record);
+  [[nodiscard]] std::int64_t count() const noexcept { return documents.count(); }
+  [[nodiscard]] std::string_view record(std::int64_t d) const;
+  void clear();
+};
+
 // The xxHash64 (16 hex digits) of what a shard holds for training: every array the readers use
 // (tokens, loss masks, offsets; margins when present), in a fixed order, with their lengths.
 // prep records it for each shard in index.json ("content_xxh64"); tables computed from the
@@ -61,6 +79,7 @@ struct PreferencePairs {
 // taken for this data.
 [[nodiscard]] std::string content_digest(const Documents& documents);
 [[nodiscard]] std::string content_digest(const PreferencePairs& pairs);
+[[nodiscard]] std::string content_digest(const Prompts& prompts);
 
 // Write a complete shard to path (under a fresh temporary name created exclusively, fsynced,
 // renamed: atomic; core/durable_file.hpp).
@@ -68,6 +87,8 @@ void write_sft_shard(const std::string& path, const Documents& documents,
                      const ShardAttributes& attributes);
 void write_preference_shard(const std::string& path, const PreferencePairs& pairs,
                             const ShardAttributes& attributes);
+void write_prompt_shard(const std::string& path, const Prompts& prompts,
+                        const ShardAttributes& attributes);
 
 // Read a whole shard, validating its schema: bad_input Errors name the file and dataset.
 struct SftShard {
@@ -81,5 +102,11 @@ struct PreferenceShard {
 [[nodiscard]] ShardAttributes read_shard_attributes(const std::string& path);
 [[nodiscard]] SftShard read_sft_shard(const std::string& path);
 [[nodiscard]] PreferenceShard read_preference_shard(const std::string& path);
+struct PromptShard {
+  ShardAttributes attributes;
+  Prompts prompts;
+};
+// Also checks that every record is a JSON object (bad_input naming the prompt).
+[[nodiscard]] PromptShard read_prompt_shard(const std::string& path);
 
 }  // namespace l3::data

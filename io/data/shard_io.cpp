@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <string_view>
 
+#include "core/bounded_read.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "io/data/shard_format.hpp"
@@ -32,6 +35,25 @@ void PreferencePairs::clear() {
   rejected.clear();
   margins.clear();
   has_margin = false;
+}
+
+void Prompts::add(std::span<const std::int32_t> prompt, std::string_view record) {
+  documents.add(prompt, {});
+  records.append(record);
+  record_offsets.push_back(static_cast<std::int64_t>(records.size()));
+}
+
+std::string_view Prompts::record(std::int64_t d) const {
+  const auto i = static_cast<std::size_t>(d);
+  const auto begin = static_cast<std::size_t>(record_offsets[i]);
+  return std::string_view(records).substr(begin,
+                                          static_cast<std::size_t>(record_offsets[i + 1]) - begin);
+}
+
+void Prompts::clear() {
+  documents.clear();
+  records.clear();
+  record_offsets.assign(1, 0);
 }
 
 namespace {
@@ -137,6 +159,18 @@ void write_preference_shard(const std::string& path, const PreferencePairs& pair
   });
 }
 
+void write_prompt_shard(const std::string& path, const Prompts& prompts,
+                        const ShardAttributes& attributes) {
+  write_atomically(path, [&](const h5::Handle& file, const std::string& name) {
+    write_attributes(file, attributes, name);
+    write_group(file, prompts.documents, false, name);
+    const std::span<const std::uint8_t> bytes(
+        reinterpret_cast<const std::uint8_t*>(prompts.records.data()), prompts.records.size());
+    h5::write_dataset<std::uint8_t>(file, "records", bytes, name);
+    h5::write_dataset<std::int64_t>(file, "record_offsets", prompts.record_offsets, name);
+  });
+}
+
 ShardAttributes read_shard_attributes(const std::string& path) {
   const h5::Handle file = h5::open_file_read(path);
   ShardAttributes a;
@@ -180,6 +214,40 @@ PreferenceShard read_preference_shard(const std::string& path) {
     shard.pairs.has_margin = true;
     if (static_cast<std::int64_t>(shard.pairs.margins.size()) != shard.pairs.count()) {
       throw core::bad_input("one margin per pair expected", {.file = path, .tensor = "/margin"});
+    }
+  }
+  return shard;
+}
+
+PromptShard read_prompt_shard(const std::string& path) {
+  PromptShard shard;
+  shard.attributes = read_shard_attributes(path);
+  expect_format(shard.attributes, kPromptFormat, path);
+  const h5::Handle file = h5::open_file_read(path);
+  Prompts& p = shard.prompts;
+  p.documents = read_group(file, false, path, "/");
+  const std::vector<std::uint8_t> bytes = h5::read_dataset<std::uint8_t>(file, "records", path);
+  p.records.assign(bytes.begin(), bytes.end());
+  p.record_offsets = h5::read_dataset<std::int64_t>(file, "record_offsets", path);
+  check_offsets(p.record_offsets, static_cast<std::int64_t>(p.records.size()), path,
+                "/record_offsets");
+  if (p.record_offsets.size() != p.documents.offsets.size()) {
+    throw core::bad_input(
+        fmt::format("{} records for {} prompts", p.record_offsets.size() - 1, p.documents.count()),
+        {.file = path, .tensor = "/record_offsets"});
+  }
+  for (std::int64_t d = 0; d < p.count(); ++d) {
+    if (p.documents.offsets[static_cast<std::size_t>(d) + 1] ==
+        p.documents.offsets[static_cast<std::size_t>(d)]) {
+      throw core::bad_input(fmt::format("prompt {} has no tokens", d),
+                            {.file = path, .tensor = "/doc_offsets"});
+    }
+    const std::string_view text = p.record(d);
+    const nlohmann::json record = core::parse_json(
+        text, "", {.file = path, .tensor = "/records", .record = std::to_string(d)});
+    if (!record.is_object()) {
+      throw core::bad_input(fmt::format("the record of prompt {} is not a JSON object", d),
+                            {.file = path, .tensor = "/records"});
     }
   }
   return shard;

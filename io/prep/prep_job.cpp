@@ -51,8 +51,16 @@ class ShardSink {
     pairs_.has_margin = pairs_.has_margin || p.margin.has_value();
     if (pairs_.chosen.token_count() + pairs_.rejected.token_count() >= shard_tokens_) flush();
   }
+  void add(std::span<const std::int32_t> prompt, std::string_view record) {
+    prompts_.add(prompt, record);
+    if (prompts_.documents.token_count() + static_cast<std::int64_t>(prompts_.records.size()) >=
+        shard_tokens_)
+      flush();
+  }
   void flush() {
-    const std::int64_t count = kind_ == DatasetKind::sft ? sft_.count() : pairs_.count();
+    const std::int64_t count = kind_ == DatasetKind::sft          ? sft_.count()
+                               : kind_ == DatasetKind::preference ? pairs_.count()
+                                                                  : prompts_.count();
     if (count == 0) return;
     const std::string name = fmt::format("part-{:05}-{:05}.h5", rank_, written_++);
     const std::string path = (fs::path(dir_) / name).string();
@@ -64,6 +72,12 @@ class ShardSink {
       entry["tokens"] = sft_.token_count();
       entry["loss_tokens"] = sft_.loss_tokens();
       sft_.clear();
+    } else if (kind_ == DatasetKind::prompts) {
+      data::write_prompt_shard(path, prompts_, attributes_);
+      entry["content_xxh64"] = data::content_digest(prompts_);
+      entry["prompts"] = prompts_.count();
+      entry["tokens"] = prompts_.documents.token_count();
+      prompts_.clear();
     } else {
       data::write_preference_shard(path, pairs_, attributes_);
       entry["content_xxh64"] = data::content_digest(pairs_);
@@ -85,6 +99,7 @@ class ShardSink {
   std::int64_t shard_tokens_;
   data::Documents sft_;
   data::PreferencePairs pairs_;
+  data::Prompts prompts_;
   std::int64_t written_ = 0;
   json shards_ = json::array();
 };
@@ -116,7 +131,28 @@ json make_plan(const PrepOptions& options, std::optional<core::StagingDirectory>
 }
 
 std::string dataset_format(DatasetKind kind) {
-  return std::string(kind == DatasetKind::sft ? data::kSftFormat : data::kPreferenceFormat);
+  switch (kind) {
+    case DatasetKind::sft:
+      return std::string(data::kSftFormat);
+    case DatasetKind::preference:
+      return std::string(data::kPreferenceFormat);
+    case DatasetKind::prompts:
+      return std::string(data::kPromptFormat);
+  }
+  return {};
+}
+
+// What index.json counts the samples as.
+const char* sample_noun(DatasetKind kind) {
+  switch (kind) {
+    case DatasetKind::sft:
+      return "documents";
+    case DatasetKind::preference:
+      return "pairs";
+    case DatasetKind::prompts:
+      return "prompts";
+  }
+  return "samples";
 }
 
 // index.json of one dataset directory: its shards in order (rank, then number) and totals.
@@ -130,7 +166,7 @@ json make_index(const PrepOptions& options, const tokenizer::Tokenizer& tokenize
   for (const json& rank : per_rank) {
     for (const json& s : rank.at("shards").at(split)) {
       shards.push_back(s);
-      documents += s.value("documents", s.value("pairs", std::int64_t{0}));
+      documents += s.value(sample_noun(options.kind), std::int64_t{0});
       tokens += s.at("tokens").get<std::int64_t>();
       loss_tokens += s.value("loss_tokens", std::int64_t{0});
       has_margin = has_margin || s.value("has_margin", false);
@@ -144,14 +180,14 @@ json make_index(const PrepOptions& options, const tokenizer::Tokenizer& tokenize
                   {"sha256", tokenizer.sha256()},
                   {"vocab_size", tokenizer.vocab_size()}}},
                 {"shards", shards},
-                {options.kind == DatasetKind::sft ? "documents" : "pairs", documents},
+                {sample_noun(options.kind), documents},
                 {"tokens", tokens},
                 {"created_by", fmt::format("llama3-hpc {} ({})", build.version, build.git_commit)},
                 {"source", options.inputs},
                 {"stats", stats}};
   if (options.kind == DatasetKind::sft)
     index["loss_tokens"] = loss_tokens;
-  else
+  else if (options.kind == DatasetKind::preference)
     index["has_margin"] = has_margin;
   if (options.val_fraction > 0) {
     index["split"] = {
@@ -228,6 +264,17 @@ PrepSummary run_prep(const dist::World& world, const core::Logger& log,
               mine.tokens += static_cast<std::int64_t>(example.tokens.size());
               mine.loss_tokens += std::count(example.mask.begin(), example.mask.end(), 1);
               sinks[sink].add(example);
+            }
+          } else if (options.kind == DatasetKind::prompts) {
+            Example prompt = formatter.prompt(record);
+            const std::int64_t max_len = options.format.max_len;
+            verdict = max_len > 0 && static_cast<std::int64_t>(prompt.tokens.size()) > max_len
+                          ? Verdict::too_long
+                          : Verdict::keep;
+            if (verdict == Verdict::keep) {
+              mine.tokens += static_cast<std::int64_t>(prompt.tokens.size());
+              // The record as it came, its fields in their order (compact).
+              sinks[sink].add(prompt.tokens, nlohmann::ordered_json::parse(line).dump());
             }
           } else {
             PreferenceExample pair = formatter.preference(record);

@@ -16,7 +16,8 @@
 
 namespace l3::prep {
 
-enum class DatasetKind { sft, preference };
+// prompts: GRPO's prompts, each with its record (docs/FORMAT.md).
+enum class DatasetKind { sft, preference, prompts };
 
 struct PrepOptions {
   DatasetKind kind = DatasetKind::sft;

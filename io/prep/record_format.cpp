@@ -127,6 +127,34 @@ Example RecordFormatter::conversation(const std::vector<Message>& messages, bool
   return out;
 }
 
+Example RecordFormatter::conversation_prompt(const json& messages) const {
+  const std::vector<Message> turns = messages_of(messages, "messages");
+  if (turns.back().role == "assistant") {
+    throw core::bad_input(
+        R"("messages" must end before the assistant's answer, not with an assistant turn)");
+  }
+  Example out = conversation(turns, false);
+  append_special(out, Special::start_header, 0);
+  append_text(out, "assistant", 0);
+  append_special(out, Special::end_header, 0);
+  append_text(out, "\n\n", 0);
+  return out;
+}
+
+Example RecordFormatter::prompt(const json& record) const {
+  if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
+  const bool has_prompt = record.contains("prompt");
+  const bool has_messages = record.contains("messages");
+  if (has_prompt == has_messages) {
+    throw core::bad_input(has_prompt ? R"(give "prompt" or "messages", not both)"
+                                     : R"(expected "prompt" (a string) or "messages" (a list))");
+  }
+  if (has_messages) return conversation_prompt(record["messages"]);
+  const json& text = record["prompt"];
+  if (!text.is_string()) throw core::bad_input(R"("prompt" must be a string)");
+  return conversation_prompt(json::array({{{"role", "user"}, {"content", text}}}));
+}
+
 Example RecordFormatter::sft(const json& record) const {
   if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
   if (record.contains("messages"))

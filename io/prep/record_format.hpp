@@ -12,6 +12,8 @@
 //                                              completion + <|end_of_text|>, loss on completion +
 //                                              end
 //   {"text": ...}                              BOS + text + <|end_of_text|>, loss after BOS
+// Prompt records (GRPO's, generate --input's): {"prompt": TEXT} or {"messages": [...]} ending
+// before the assistant's turn, formatted up to the assistant header (prompt()).
 // Preference records: {"prompt", "chosen", "rejected"} with strings or message lists (the
 // prompt may be absent when chosen/rejected are whole conversations), optional "margin". Both
 // sequences end with <|eot_id|>; their masks mark the final assistant turn.
@@ -60,6 +62,13 @@ class RecordFormatter {
   // Throw bad_input Errors with the reason (the caller adds file:line).
   [[nodiscard]] Example sft(const nlohmann::json& record) const;
   [[nodiscard]] PreferenceExample preference(const nlohmann::json& record) const;
+  // A prompt record, {"prompt": TEXT} (a user turn) or {"messages": [...]} (a conversation that
+  // ends before the assistant's answer), in the chat template with the assistant header
+  // appended: the model continues with the answer. The mask is all 0.
+  [[nodiscard]] Example prompt(const nlohmann::json& record) const;
+  // A conversation as prompt() formats it (bad_input unless a non-empty list that does not end
+  // with an assistant turn).
+  [[nodiscard]] Example conversation_prompt(const nlohmann::json& messages) const;
 
   // Whether to keep an example, after truncating it to max_len when the policy allows:
   // truncation removes prompt tokens right after <|begin_of_text|> (never targets).

@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_ops.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,6 +15,7 @@
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gather_dot.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/policy_loss.hpp"
 #include "kernels/cpu/reductions.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 #include "kernels/cpu/rope.hpp"
@@ -189,7 +191,7 @@ void CpuOps::lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) {
   const cpu::CrossEntropySum sum = cpu::lm_head_cross_entropy(
       f32(a.dh), a.dh.empty() || a.dw.empty() ? std::span<float>{} : f32(a.dw), f32(a.h), f32(a.w),
       i32(a.rows), i32(a.targets), d.vocab, d.hidden, a.grad_scale,
-      {.loss = f32(a.row_loss), .scale = f32(a.row_scale)});
+      {.loss = f32(a.row_loss), .scale = f32(a.row_scale), .entropy = f32(a.row_entropy)});
   if (!a.loss_sum.empty()) a.loss_sum.as<double>()[0] += sum.loss;
 }
 
@@ -218,6 +220,32 @@ void CpuOps::dpo_loss(const DpoLossArgs& a) {
   out[1] += static_cast<double>(stats.correct);
   out[2] += stats.margin;
   out[3] += stats.chosen;
+}
+
+void CpuOps::policy_loss(const PolicyLossArgs& a) {
+  (void)policy_rows(a);
+  const cpu::PolicyStats stats = cpu::policy_loss({.row_loss = f32(a.row_loss),
+                                                   .advantages = f32(a.advantages),
+                                                   .weights = f32(a.weights),
+                                                   .old_logps = f32(a.old_logps),
+                                                   .ref_row_loss = f32(a.ref_row_loss),
+                                                   .sampled_logps = f32(a.sampled_logps),
+                                                   .row_entropy = f32(a.row_entropy)},
+                                                  {.epsilon_low = a.epsilon_low,
+                                                   .epsilon_high = a.epsilon_high,
+                                                   .beta = a.beta,
+                                                   .grad_scale = a.grad_scale},
+                                                  f32(a.d_rows));
+  const std::span<double> out = a.sums.as<double>();
+  out[0] += stats.loss;
+  out[1] += stats.kl;
+  out[2] += static_cast<double>(stats.low);
+  out[3] += static_cast<double>(stats.high);
+  out[4] += stats.entropy;
+  if (!a.sampled_logps.empty()) {
+    double& largest = a.largest.as<double>()[0];
+    largest = std::max(largest, stats.largest);
+  }
 }
 
 void CpuOps::bradley_terry(const BradleyTerryArgs& a) {

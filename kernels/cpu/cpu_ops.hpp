@@ -47,6 +47,7 @@ class CpuOps final : public Ops {
   void bradley_terry(const BradleyTerryArgs& a) override;
   void sequence_log_probs(const SequenceLogProbsArgs& a) override;
   void dpo_loss(const DpoLossArgs& a) override;
+  void policy_loss(const PolicyLossArgs& a) override;
   void adamw(const AdamWArgs& a) override;
   void add_into(TensorView dst, ConstTensorView src) override;
   [[nodiscard]] double sum_squares(ConstTensorView x) override;

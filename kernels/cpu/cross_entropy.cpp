@@ -30,6 +30,8 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
     require_size(per_row.loss.size(), counted, "lm_head_cross_entropy", "row_loss");
   if (!per_row.scale.empty())
     require_size(per_row.scale.size(), counted, "lm_head_cross_entropy", "row_scale");
+  if (!per_row.entropy.empty())
+    require_size(per_row.entropy.size(), counted, "lm_head_cross_entropy", "row_entropy");
   if (backward) {
     require_size(dh.size(), n * hidden, "lm_head_cross_entropy", "dh");
     if (!dw.empty()) require_size(dw.size(), vocab * hidden, "lm_head_cross_entropy", "dw");
@@ -78,7 +80,11 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
       float* row = logits.data() + r * vocab;
       const std::int32_t target = targets[static_cast<std::size_t>(begin + r)];
       const float target_logit = row[target];
-      const SoftmaxRow s = exp_row(row, vocab);  // row = exp(logits - max)
+      // row = exp(logits - max)
+      const SoftmaxRow s =
+          per_row.entropy.empty()
+              ? exp_row(row, vocab)
+              : exp_row_entropy(row, vocab, per_row.entropy[static_cast<std::size_t>(begin + r)]);
       const double lse = static_cast<double>(s.max) + std::log(static_cast<double>(s.sum));
       row_loss[static_cast<std::size_t>(r)] = lse - static_cast<double>(target_logit);
       if (backward) {

@@ -21,10 +21,12 @@ inline constexpr std::int64_t kLogitBlockBytes = 64LL << 20U;
 // targets (C): the token each predicts. With dh non-empty: dh (N, H) = grad_scale * d(loss)/dh
 // (rows not counted are 0) and dw (V, H) += grad_scale * d(loss)/dw (skipped when dw is empty).
 // row_loss (C), when non-empty, receives each counted row's loss; row_scale (C), when non-empty,
-// weighs each row's gradient (grad_scale * row_scale[c]).
+// weighs each row's gradient (grad_scale * row_scale[c]); entropy (C), when non-empty, receives
+// each counted row's entropy of softmax(logits) in nats (no gradient).
 struct CrossEntropyRows {
   std::span<float> loss{};
   std::span<const float> scale{};
+  std::span<float> entropy{};
 };
 CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
                                       std::span<const float> h, std::span<const float> w,

@@ -1,5 +1,6 @@
 #include "kernels/cpu/vector_math.hpp"
 
+#include <cmath>
 #include <limits>
 
 namespace l3::kernels::cpu {
@@ -14,6 +15,24 @@ L3_VECTOR_CLONES SoftmaxRow exp_row(float* row, std::int64_t n) {
     row[j] = exp_approx(row[j] - max);
     sum += row[j];
   }
+  return {max, sum};
+}
+
+L3_VECTOR_CLONES SoftmaxRow exp_row_entropy(float* row, std::int64_t n, float& entropy) {
+  float max = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : max)
+  for (std::int64_t j = 0; j < n; ++j) max = row[j] > max ? row[j] : max;
+  float sum = 0.0F;
+  float dot = 0.0F;  // sum of exp(x - max) (x - max)
+#pragma omp simd reduction(+ : sum, dot)
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float shifted = row[j] - max;
+    row[j] = exp_approx(shifted);
+    sum += row[j];
+    // exp underflows to 0 where shifted is -inf or very negative: no contribution (not 0 * inf)
+    dot += row[j] > 0.0F ? row[j] * shifted : 0.0F;
+  }
+  entropy = std::log(sum) - dot / sum;
   return {max, sum};
 }
 

@@ -55,6 +55,9 @@ struct SoftmaxRow {
 
 // row[j] = exp(row[j] - max(row)) for j < n; returns the max and the sum.
 SoftmaxRow exp_row(float* row, std::int64_t n);
+// exp_row, and the softmax's entropy: log(sum) - (sum_j exp(x_j - max) (x_j - max)) / sum, with
+// x the row before exponentiation (in nats; the same exponentials, summed in fp32).
+SoftmaxRow exp_row_entropy(float* row, std::int64_t n, float& entropy);
 // row[j] = exp(row[j] - shift)
 void exp_shifted_row(float* row, std::int64_t n, float shift);
 // row[j] *= factor

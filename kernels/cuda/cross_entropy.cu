@@ -50,10 +50,13 @@ struct alignas(8) Bf16x4 {
 
 // One block per row of logits. Rows whose logits (and gradient) allow it are read as float4 and
 // written four bf16 at a time (vocab % 4 == 0 and the row 16-byte aligned: Llama 3's 128256).
-// row_scale (may be null) weighs each row's gradient.
-__global__ void softmax_cross_entropy_kernel(float* loss, bf16* dlogits, const float* logits,
-                                             const std::int32_t* targets, const float* row_scale,
-                                             std::int64_t vocab, float grad_scale) {
+// row_scale (may be null) weighs each row's gradient; entropy (may be null) receives the row's
+// softmax entropy, log(sum) - sum_j exp(z_j - max) (z_j - max) / sum, from one more read of the
+// row (the logits stay in L2 for the gradient's read that follows).
+__global__ void softmax_cross_entropy_kernel(float* loss, bf16* dlogits, float* entropy,
+                                             const float* logits, const std::int32_t* targets,
+                                             const float* row_scale, std::int64_t vocab,
+                                             float grad_scale) {
   const std::int64_t row = blockIdx.x;
   const float* z = logits + row * vocab;
   bf16* d = dlogits == nullptr ? nullptr : dlogits + row * vocab;
@@ -76,6 +79,21 @@ __global__ void softmax_cross_entropy_kernel(float* loss, bf16* dlogits, const f
 
   const std::int32_t target = targets[row];
   if (threadIdx.x == 0) loss[row] = stats.max + logf(stats.sum) - z[target];
+  if (entropy != nullptr) {
+    __shared__ float scratch[kWarp];
+    auto term = [&](float x) {
+      const float e = __expf(x - stats.max);
+      return e > 0.0F ? e * (x - stats.max) : 0.0F;  // not 0 * -inf for a -inf logit
+    };
+    float dot = 0.0F;
+    for (std::int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
+      const float4 v = z4[q];
+      dot += term(v.x) + term(v.y) + term(v.z) + term(v.w);
+    }
+    for (std::int64_t j = quads * 4 + threadIdx.x; j < vocab; j += blockDim.x) dot += term(z[j]);
+    dot = block_sum(dot, scratch);
+    if (threadIdx.x == 0) entropy[row] = logf(stats.sum) - dot / stats.sum;
+  }
   if (d == nullptr) return;
   // dlogits = scale * (softmax - onehot(target)), scale = grad_scale (* row_scale[row])
   const float scale = row_scale == nullptr ? grad_scale : grad_scale * row_scale[row];
@@ -113,11 +131,12 @@ void scatter_rows(BFloat16* h, const BFloat16* in, const std::int32_t* rows, std
 
 void softmax_cross_entropy(float* loss, BFloat16* dlogits, const float* logits,
                            const std::int32_t* targets, const float* row_scale, std::int64_t rows,
-                           std::int64_t vocab, float grad_scale, cudaStream_t stream) {
+                           std::int64_t vocab, float grad_scale, cudaStream_t stream,
+                           float* entropy) {
   if (rows == 0) return;
   softmax_cross_entropy_kernel<<<static_cast<unsigned int>(rows), kThreads * 4, 0, stream>>>(
-      loss, dlogits == nullptr ? nullptr : device_cast(dlogits), logits, targets, row_scale, vocab,
-      grad_scale);
+      loss, dlogits == nullptr ? nullptr : device_cast(dlogits), entropy, logits, targets,
+      row_scale, vocab, grad_scale);
   check_launch("softmax cross-entropy");
 }
 

@@ -85,10 +85,11 @@ void scatter_rows(BFloat16* h, const BFloat16* in, const std::int32_t* rows, std
                   std::int64_t hidden, cudaStream_t stream);
 // Per row of logits (rows, V) fp32: loss[r] = logsumexp - logit[target[r]]; with dlogits
 // non-null, dlogits = grad_scale * row_scale[r] * (softmax - onehot) in bf16 (row_scale may be
-// null: 1).
+// null: 1); with entropy non-null, entropy[r] = logsumexp - sum_v softmax_v logit_v (nats).
 void softmax_cross_entropy(float* loss, BFloat16* dlogits, const float* logits,
                            const std::int32_t* targets, const float* row_scale, std::int64_t rows,
-                           std::int64_t vocab, float grad_scale, cudaStream_t stream);
+                           std::int64_t vocab, float grad_scale, cudaStream_t stream,
+                           float* entropy = nullptr);
 // *result += the sum of n floats (fp64, fixed order): the loss stays on the device
 void add_sum_f32(double* result, const float* x, std::int64_t n, cudaStream_t stream);
 
@@ -184,6 +185,29 @@ void dpo_loss(double* sums, float* d_rows, const float* row_loss, std::int64_t r
               const std::int32_t* ranges, const double* reference, std::int64_t pairs, double beta,
               double label_smoothing, kernels::PreferenceLoss loss, float grad_scale,
               cudaStream_t stream);
+
+// policy_loss.cu: GRPO's clipped surrogate over C counted rows, as kernels::PolicyLossArgs
+// (old_logps, ref_row_loss, sampled_logps, row_entropy, largest and d_rows may be null): sums[0..4]
+// += {loss, k3 KL, rows clipped low, rows clipped high, entropy}; *largest = max(*largest,
+// max |logp - sampled|); d_rows = grad_scale * d loss / d row_loss. fp64, one block, a fixed
+// summation order.
+struct PolicyLossRows {
+  const float* row_loss = nullptr;
+  const float* advantages = nullptr;
+  const float* weights = nullptr;
+  const float* old_logps = nullptr;
+  const float* ref_row_loss = nullptr;
+  const float* sampled_logps = nullptr;
+  const float* row_entropy = nullptr;
+};
+struct PolicyLossParams {
+  double epsilon_low = 0.2;
+  double epsilon_high = 0.2;
+  double beta = 0.0;
+  float grad_scale = 1.0F;
+};
+void policy_loss(double* sums, double* largest, float* d_rows, const PolicyLossRows& rows,
+                 std::int64_t count, const PolicyLossParams& params, cudaStream_t stream);
 
 // adamw.cu: master f32, grads bf16 or f32 (ZeRO-2's accumulated shard), moments f32, copy bf16
 // (may be null)

@@ -687,6 +687,7 @@ void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
   const bool backward = !a.dh.empty();
   auto* sum = a.loss_sum.empty() ? nullptr : out<double>(a.loss_sum);
   auto* row_loss = a.row_loss.empty() ? nullptr : out<float>(a.row_loss);
+  auto* row_entropy = a.row_entropy.empty() ? nullptr : out<float>(a.row_entropy);
   const auto* row_scale = a.row_scale.empty() ? nullptr : in<float>(a.row_scale);
   const auto* hd = in<BFloat16>(a.h);
   const auto* wd = in<BFloat16>(a.w);
@@ -712,7 +713,8 @@ void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
              stream_);
     softmax_cross_entropy(losses + begin, dlogits, logits, td + begin,
                           row_scale == nullptr ? nullptr : row_scale + begin, block, vocab,
-                          a.grad_scale, stream_);
+                          a.grad_scale, stream_,
+                          row_entropy == nullptr ? nullptr : row_entropy + begin);
     if (!backward) continue;
     // dhb (block, H) = dlogits (block, V) w (V, H), then into dh's counted rows
     lt_->run(
@@ -760,6 +762,29 @@ void CudaOps::dpo_loss(const kernels::DpoLossArgs& a) {
   const auto* reference = pairs == 0 ? nullptr : in<double>(a.reference);
   cuda::dpo_loss(out<double>(a.sums), d_rows, row_loss, a.row_loss.numel(), ranges, reference,
                  pairs, a.beta, a.label_smoothing, a.loss, a.grad_scale, stream_);
+}
+
+void CudaOps::policy_loss(const kernels::PolicyLossArgs& a) {
+  const std::int64_t rows = kernels::policy_rows(a);
+  if (rows == 0) return;  // nothing to add, nothing to write
+  auto optional = [](ConstTensorView x) -> const float* {
+    return x.empty() ? nullptr : in<float>(x);
+  };
+  cuda::policy_loss(out<double>(a.sums), a.sampled_logps.empty() ? nullptr : out<double>(a.largest),
+                    a.d_rows.empty() ? nullptr : out<float>(a.d_rows),
+                    {.row_loss = in<float>(a.row_loss),
+                     .advantages = in<float>(a.advantages),
+                     .weights = in<float>(a.weights),
+                     .old_logps = optional(a.old_logps),
+                     .ref_row_loss = optional(a.ref_row_loss),
+                     .sampled_logps = optional(a.sampled_logps),
+                     .row_entropy = optional(a.row_entropy)},
+                    rows,
+                    {.epsilon_low = a.epsilon_low,
+                     .epsilon_high = a.epsilon_high,
+                     .beta = a.beta,
+                     .grad_scale = a.grad_scale},
+                    stream_);
 }
 
 void CudaOps::gather_dot(const kernels::GatherDotArgs& a) {

@@ -119,6 +119,7 @@ class CudaOps final : public kernels::Ops {
   void bradley_terry(const kernels::BradleyTerryArgs& a) override;
   void sequence_log_probs(const kernels::SequenceLogProbsArgs& a) override;
   void dpo_loss(const kernels::DpoLossArgs& a) override;
+  void policy_loss(const kernels::PolicyLossArgs& a) override;
   void adamw(const kernels::AdamWArgs& a) override;
   void add_into(kernels::TensorView dst, kernels::ConstTensorView src) override;
   [[nodiscard]] double sum_squares(kernels::ConstTensorView x) override;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,14 @@ int null_argument(const char* function, const char* argument) {
   return fail(L3_ERROR_INPUT, std::string(function) + ": " + argument + " is NULL");
 }
 
+// A phase's own metric by name (GRPO's), NaN when it has none.
+double extra_value(const std::vector<std::pair<std::string, double>>& extra,
+                   std::string_view name) {
+  for (const auto& [key, value] : extra)
+    if (key == name) return value;
+  return kNaN;
+}
+
 l3_step_metrics to_c(const l3::StepMetrics& m) {
   return {.step = m.step,
           .total_steps = m.total_steps,
@@ -70,17 +79,22 @@ l3_step_metrics to_c(const l3::StepMetrics& m) {
           .margin = m.margin.value_or(kNaN),
           .step_ms = m.step_ms,
           .data_wait_ms = m.data_wait_ms,
-          .skipped = m.skipped ? 1 : 0};
+          .skipped = m.skipped ? 1 : 0,
+          .reward = extra_value(m.extra, "reward")};
 }
 
 l3_eval_metrics to_c(const l3::EvalMetrics& m) {
   const bool sft = m.phase == l3::Phase::sft;
+  const bool grpo = m.phase == l3::Phase::grpo;
   return {.step = m.step,
           .loss = sft || m.phase == l3::Phase::dpo ? m.loss : kNaN,
           .perplexity = sft ? m.perplexity : kNaN,
-          .accuracy = sft ? kNaN : m.accuracy,
-          .margin = sft ? kNaN : m.margin,
-          .samples = sft ? m.tokens : m.pairs};
+          .accuracy = sft || grpo ? kNaN : m.accuracy,
+          .margin = sft || grpo ? kNaN : m.margin,
+          .samples = sft    ? m.tokens
+                     : grpo ? static_cast<std::int64_t>(extra_value(m.extra, "prompts"))
+                            : m.pairs,
+          .reward = grpo ? extra_value(m.extra, "reward") : kNaN};
 }
 
 // A DataSource calling the C host's function.

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "ckpt/peft_adapter.hpp"
 #include "core/deadline.hpp"
@@ -23,6 +26,101 @@ constexpr double kMinBeta = 1e-6;  // DPO's --beta
 constexpr double kMaxBeta = 1e6;
 const core::Domain kUnitInterval{.lowest = 0, .highest = 1, .highest_excluded = true};
 
+// GRPO's own options, named and defaulted after TRL's GRPOConfig (kebab-case).
+void declare_grpo_options(po::options_description& options) {
+  const train::GrpoSettings d;
+  options.add_options()(
+      "num-generations",
+      core::number<std::int64_t>(core::between(2, 1 << 16))
+          ->default_value(d.num_generations)
+          ->value_name("G"),
+      "completions sampled per prompt (a group, whose rewards set each other's baseline)")(
+      "max-completion-length",
+      core::number<std::int64_t>(core::between(1, kMaxSeqLen))
+          ->default_value(d.max_completion_length)
+          ->value_name("N"),
+      "new tokens a completion may have; prompts longer than --seq-len - N are left out")(
+      "temperature",
+      core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true, .highest = 100})
+          ->default_value(d.temperature)
+          ->value_name("T"),
+      "sampling temperature of the completions")(
+      "top-p",
+      core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true, .highest = 1})
+          ->default_value(d.top_p)
+          ->value_name("P"),
+      "nucleus sampling: draw from the most likely tokens whose probabilities add up to P")(
+      "top-k",
+      core::number<std::int64_t>(core::between(0, 1 << 24))
+          ->default_value(d.top_k)
+          ->value_name("K"),
+      "draw from the K most likely tokens (0: all)")(
+      "beta",
+      core::number<double>(core::between(0, kMaxBeta))->default_value(d.beta)->value_name("B"),
+      "weight of the KL to the reference (k3 estimator); 0: no reference is kept")(
+      "epsilon",
+      core::number<double>(core::between(0, 1))->default_value(d.epsilon)->value_name("EPS"),
+      "clipping of the probability ratio: [1 - EPS, 1 + EPS-HIGH]")(
+      "epsilon-high", core::number<double>(core::between(0, 100))->value_name("EPS"),
+      "upper clipping bound (DAPO's clip-higher; default --epsilon)")(
+      "loss-type", po::value<std::string>()->default_value("dapo")->value_name("TYPE"),
+      "grpo (per-completion means), bnpo (per-micro-batch token means), dr_grpo (sum / "
+      "(completions x max-completion-length)) or dapo (the step's token mean)")(
+      "scale-rewards",
+      po::value<std::string>()->default_value("group")->value_name("group|batch|none"),
+      "divide advantages by the group's reward std, the batch's, or nothing")(
+      "advantage", po::value<std::string>()->default_value("grpo")->value_name("grpo|rloo"),
+      "baseline: the group's mean reward (GRPO) or the mean of the other completions (RLOO)")(
+      "num-iterations",
+      core::number<std::int64_t>(core::between(1, 1024))
+          ->default_value(d.num_iterations)
+          ->value_name("N"),
+      "optimizer steps per generation batch")(
+      "mask-truncated-completions", po::bool_switch(),
+      "leave completions cut by --max-completion-length out of the loss")(
+      "reward-match", po::value<std::string>()->value_name("answer"),
+      "built-in reward: 1 when the completion, stripped, equals the record's \"answer\", else 0")(
+      "reward-command", po::value<std::string>()->value_name("\"CMD ARGS\""),
+      "a verifier: one JSON request per line on its stdin ({prompt, completion, record}), one "
+      "{\"reward\": x} line back per request")(
+      "reward-timeout",
+      core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true, .highest = 86400})
+          ->default_value(d.reward_timeout)
+          ->value_name("SECONDS"),
+      "how long the verifier may take to answer one request")(
+      "reward-weights", po::value<std::string>()->value_name("W,W,..."),
+      "weights of the rewards in use, in the order answer-match, command (default all 1)")(
+      "log-completions", po::value<std::string>()->value_name("FILE"),
+      "write every sample as a JSON line {step, record, completion, ids, reward, advantage}")(
+      "tokenizer", po::value<std::string>()->value_name("FILE|bytes"),
+      "what decodes completions for the rewards (default: the one the prompts were prepared "
+      "with)");
+}
+
+// --reward-weights "1,0.5": finite numbers.
+std::vector<double> parse_weights(const std::string& text) {
+  std::vector<double> weights;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    std::size_t used = 0;
+    double w = 0;
+    try {
+      w = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || !std::isfinite(w)) {
+      throw core::usage_error(
+          fmt::format("--reward-weights {}: '{}' is not a number (give W,W,...)", text, item));
+    }
+    weights.push_back(w);
+    at = comma + 1;
+  }
+  return weights;
+}
+
 void declare_common(po::options_description& o, train::Phase phase) {
   const train::TrainConfig d;
   const bool sft = phase == train::Phase::sft;
@@ -35,10 +133,15 @@ void declare_common(po::options_description& o, train::Phase phase) {
       : phase == train::Phase::dpo
           ? "the SFT checkpoint or Hugging Face model (LlamaForCausalLM) the policy starts from; "
             "it is also the reference model"
+      : phase == train::Phase::grpo
+          ? "the SFT checkpoint or Hugging Face model (LlamaForCausalLM) the policy starts from "
+            "(with LoRA, its base is the reference of --beta)"
           : "the SFT checkpoint or Hugging Face model directory whose backbone the reward model "
             "starts from (or a LlamaForSequenceClassification model, head included)")(
       "data", po::value<std::string>()->value_name("DIR"),
-      sft ? "SFT dataset (made by 'prep sft')" : "preference dataset (made by 'prep preference')")(
+      sft                           ? "SFT dataset (made by 'prep sft')"
+      : phase == train::Phase::grpo ? "prompt dataset (made by 'prep prompts')"
+                                    : "preference dataset (made by 'prep preference')")(
       "val-data", po::value<std::string>()->value_name("DIR"),
       "validation dataset, evaluated every --eval-every steps and at the end")(
       "seq-len",
@@ -48,6 +151,9 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "tokens per packed row")(
       "global-batch", core::number<std::int64_t>(core::between(1, kMaxBatch))->value_name("N"),
       sft ? "rows of --seq-len tokens per optimizer step, over all ranks (required)"
+      : phase == train::Phase::grpo
+          ? "prompts per optimizer step, over all ranks (required): each gives "
+            "--num-generations completions, generated and trained on one rank"
           : "preference pairs per optimizer step, over all ranks (required)")(
       "micro-batch",
       core::number<std::int64_t>(core::between(1, kMaxBatch))
@@ -55,6 +161,8 @@ void declare_common(po::options_description& o, train::Phase phase) {
           ->value_name("N"),
       sft ? "rows per rank and forward/backward pass; gradient accumulation = global / (ranks x "
             "micro)"
+      : phase == train::Phase::grpo
+          ? "completions per rank and forward/backward pass (one per row)"
           : "pairs per rank and forward/backward pass; gradient accumulation = global / (ranks "
             "x micro)")(
       "steps",
@@ -65,7 +173,11 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "drop-long", po::bool_switch(),
       "SFT: leave out documents longer than --seq-len instead of truncating them")(
       "lr",
-      core::number<double>(core::at_least(0))->default_value(sft ? 2e-5 : 1e-5)->value_name("LR"),
+      core::number<double>(core::at_least(0))
+          ->default_value(sft                           ? 2e-5
+                          : phase == train::Phase::grpo ? 1e-6
+                                                        : 1e-5)
+          ->value_name("LR"),
       "peak learning rate")("min-lr", core::number<double>(core::at_least(0))->value_name("LR"),
                             "learning rate at the end of the cosine decay (default 0.1 x --lr)")(
       "warmup",
@@ -322,6 +434,7 @@ void declare_train_options(po::options_description& options, train::Phase phase)
         "full fine-tuning: where the reference model's log-probabilities of the pairs are "
         "stored (default: CKPT_DIR/reference; without --ckpt-dir, in memory only)");
   }
+  if (phase == train::Phase::grpo) declare_grpo_options(options);
 }
 
 void declare_config_and_log_options(po::options_description& options) {
@@ -459,6 +572,34 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     if (c.dpo.loss == kernels::PreferenceLoss::ipo && c.dpo.label_smoothing > 0)
       throw core::usage_error("--label-smoothing applies to --loss sigmoid only");
     c.reference_dir = optional_string(o, "reference-dir");
+  }
+  if (phase == train::Phase::grpo) {
+    train::GrpoSettings& g = c.grpo;
+    g.num_generations = get<std::int64_t>(o, "num-generations");
+    g.max_completion_length = get<std::int64_t>(o, "max-completion-length");
+    g.temperature = get<double>(o, "temperature");
+    g.top_p = get<double>(o, "top-p");
+    g.top_k = get<std::int64_t>(o, "top-k");
+    g.beta = get<double>(o, "beta");
+    g.epsilon = get<double>(o, "epsilon");
+    g.epsilon_high = o.count("epsilon-high") != 0 ? get<double>(o, "epsilon-high") : -1.0;
+    g.loss_type = train::parse_policy_loss_type(get<std::string>(o, "loss-type"));
+    g.scale_rewards = train::parse_reward_scaling(get<std::string>(o, "scale-rewards"));
+    g.advantage = train::parse_advantage_estimator(get<std::string>(o, "advantage"));
+    g.num_iterations = get<std::int64_t>(o, "num-iterations");
+    g.mask_truncated_completions = get<bool>(o, "mask-truncated-completions");
+    if (const std::string match = optional_string(o, "reward-match"); !match.empty()) {
+      if (match != "answer")
+        throw core::usage_error(
+            fmt::format("--reward-match {}: the built-in match is 'answer'", match));
+      g.reward_match_answer = true;
+    }
+    g.reward_command = optional_string(o, "reward-command");
+    g.reward_timeout = get<double>(o, "reward-timeout");
+    if (const std::string w = optional_string(o, "reward-weights"); !w.empty())
+      g.reward_weights = parse_weights(w);
+    g.log_completions = optional_string(o, "log-completions");
+    c.tokenizer = optional_string(o, "tokenizer");
   }
   require_companions(o, c);
   c.data_from_host = data_may_come_from_host && c.data.empty();

@@ -64,6 +64,19 @@ constexpr std::array kCommands = {
             .declare = declare_dpo_options,
             .run = run_dpo,
             .stops_cleanly = true},
+    Command{.name = "grpo",
+            .summary = "Online RL: the policy trained on its own completions, scored (GRPO, RLOO)",
+            .usage = "grpo --init SFT_MODEL --data PROMPTS --reward-match answer|--reward-command "
+                     "CMD [--ckpt-dir DIR] [options]",
+            .description =
+                "Each step samples --num-generations completions of every prompt with the "
+                "generation engine on the weights being trained, scores them (the built-in "
+                "answer match, a verifier command), turns each group's rewards into advantages "
+                "and trains the policy with the clipped surrogate loss of TRL's GRPOTrainer "
+                "(--loss-type dapo, grpo, dr_grpo, bnpo). See docs/TRAINING.md.",
+            .declare = declare_grpo_options,
+            .run = run_grpo,
+            .stops_cleanly = true},
     Command{.name = "eval",
             .summary = "Evaluate a model: loss/perplexity or reward accuracy/margin",
             .usage = "eval --init CKPT --data DIR [options]",

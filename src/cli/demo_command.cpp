@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "cli/demo_data.hpp"
 #include "cli/export_command.hpp"
@@ -44,11 +45,18 @@ constexpr std::string_view kMarkerText =
 constexpr std::string_view kInputDir = "input";                // the JSONL records it writes
 constexpr std::string_view kSftData = "sft";                   // prep's dataset of them
 constexpr std::string_view kPairData = "preferences";          // prep's dataset of the pairs
+constexpr std::string_view kPromptData = "prompts";            // prep's dataset of GRPO's prompts
 constexpr std::string_view kCheckpoints = "ckpt";              // ckpt/<phase>/
 constexpr std::string_view kRewardAdapter = "reward-adapter";  // with --lora
 constexpr std::string_view kTensorBoard = "tensorboard";       // tensorboard/<phase>/
 constexpr std::string_view kReport = "report.html";            // the metrics drawn
-constexpr std::array kDemoPhases{l3::Phase::sft, l3::Phase::reward, l3::Phase::dpo};
+constexpr std::array kDemoPhases{l3::Phase::sft, l3::Phase::reward, l3::Phase::dpo,
+                                 l3::Phase::grpo};
+constexpr int kPromptRecords = 400;
+// GRPO's sizes: prompts per rank and step, completions of each, and their longest (the
+// demo's answers have at most 17 bytes and the end of turn).
+constexpr int kGrpoPromptsPerRank = 2;
+constexpr int kGrpoGenerations = 8;
 
 std::string metrics_file_name(l3::Phase phase) {
   return fmt::format("metrics-{}.jsonl", train::phase_name(phase));
@@ -57,8 +65,9 @@ std::string metrics_file_name(l3::Phase phase) {
 // Every entry the demo writes directly in its workdir.
 std::vector<core::KnownEntry> demo_entries(const std::vector<std::string>& metrics_names) {
   std::vector<core::KnownEntry> entries{
-      {kMarker, false},     {kInputDir, true},      {kSftData, true},     {kPairData, true},
-      {kCheckpoints, true}, {kRewardAdapter, true}, {kTensorBoard, true}, {kReport, false}};
+      {kMarker, false},       {kInputDir, true},    {kSftData, true},
+      {kPairData, true},      {kPromptData, true},  {kCheckpoints, true},
+      {kRewardAdapter, true}, {kTensorBoard, true}, {kReport, false}};
   for (const std::string& name : metrics_names) entries.push_back({name, false});
   return entries;
 }
@@ -104,7 +113,10 @@ std::string prepare(const CommandContext& context, prep::DatasetKind kind, const
 l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const std::string& root) {
   const po::variables_map& o = context.options;
   const int ranks = context.world.size();
-  const int micro = std::max(1, 16 / ranks);  // a global batch of about 16 on any rank count
+  // A global batch of about 16 on any rank count; GRPO: 2 prompts per rank, 8 completions each.
+  const bool grpo = phase == l3::Phase::grpo;
+  const int micro = grpo ? kGrpoPromptsPerRank * kGrpoGenerations : std::max(1, 16 / ranks);
+  const int global = grpo ? kGrpoPromptsPerRank * ranks : micro * ranks;
   const std::string name(train::phase_name(phase));
   std::vector<std::string> args{name,
                                 "--backend",
@@ -114,7 +126,7 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
                                 "--micro-batch",
                                 std::to_string(micro),
                                 "--global-batch",
-                                std::to_string(micro * ranks),
+                                std::to_string(global),
                                 "--weight-decay",
                                 "0",
                                 "--log-every",
@@ -141,6 +153,29 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
     add({"--model", o["model"].as<std::string>(), "--data", under(kSftData, "train"), "--val-data",
          under(kSftData, "val"), "--steps", std::to_string(o["sft-steps"].as<std::int64_t>()),
          "--lr", "3e-3", "--warmup", "20"});
+  } else if (grpo) {
+    // The SFT model on prompts with exact answers, rewarded 1 for the answer itself.
+    const std::string steps = std::to_string(o["grpo-steps"].as<std::int64_t>());
+    add({"--init",
+         sft_checkpoint,
+         "--data",
+         under(kPromptData, "train"),
+         "--val-data",
+         under(kPromptData, "val"),
+         "--steps",
+         steps,
+         "--eval-every",
+         steps,
+         "--reward-match",
+         "answer",
+         "--num-generations",
+         std::to_string(kGrpoGenerations),
+         "--max-completion-length",
+         "24",
+         "--lr",
+         "2e-4",
+         "--warmup",
+         "0"});
   } else if (phase == l3::Phase::dpo) {
     // The policy itself on the same pairs, from the SFT checkpoint (also the reference).
     add({"--init", sft_checkpoint, "--data", under(kPairData, "train"), "--val-data",
@@ -207,6 +242,9 @@ void declare_demo_options(po::options_description& options,
       "dpo-steps",
       core::number<std::int64_t>(core::between(0, 1e9))->default_value(100)->value_name("N"),
       "DPO optimizer steps of the policy on the same pairs (0: no DPO stage)")(
+      "grpo-steps",
+      core::number<std::int64_t>(core::between(0, 1e9))->default_value(30)->value_name("N"),
+      "GRPO steps of the SFT policy on prompts with exact answers (0: no GRPO stage)")(
       "lora", po::bool_switch(),
       "train the reward model (and the DPO policy) as LoRA adapters (rank 8 on every projection) "
       "on the frozen SFT model, and write the reward model's as a PEFT adapter directory");
@@ -244,6 +282,7 @@ int run_demo(const CommandContext& context) {
         core::remove_tree(fs::path(root) / metrics_file_name(phase));
       write_demo_sft((fs::path(root) / kInputDir / "instructions.jsonl").string(), kRecords);
       write_demo_preferences((fs::path(root) / kInputDir / "preferences.jsonl").string(), kRecords);
+      write_demo_prompts((fs::path(root) / kInputDir / "prompts.jsonl").string(), kPromptRecords);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -255,6 +294,11 @@ int run_demo(const CommandContext& context) {
           (fs::path(root) / kSftData).string());
   prepare(context, prep::DatasetKind::preference, (input / "preferences.jsonl").string(),
           (fs::path(root) / kPairData).string());
+  const bool with_grpo = context.options["grpo-steps"].as<std::int64_t>() > 0;
+  if (with_grpo) {
+    prepare(context, prep::DatasetKind::prompts, (input / "prompts.jsonl").string(),
+            (fs::path(root) / kPromptData).string());
+  }
 
   log_blas_core(context, "cpu");  // the demo's runs are --backend cpu
   context.log.info("demo: supervised fine-tuning");
@@ -280,6 +324,20 @@ int run_demo(const CommandContext& context) {
                           : " (the SFT model is the reference)");
     l3::Session session(world.comm(), demo_config(context, l3::Phase::dpo, root));
     dpo = session.run();
+  }
+
+  // GRPO: the exact-answer accuracy of greedy completions on held-out prompts, before the first
+  // step (an evaluation at step 0) and after the last.
+  l3::RunSummary grpo;
+  std::optional<l3::EvalMetrics> grpo_before;
+  if (with_grpo) {
+    context.log.info(
+        "demo: GRPO of the SFT model on prompts with exact answers ({} completions "
+        "of each, rewarded 1 for the answer)",
+        kGrpoGenerations);
+    l3::Session session(world.comm(), demo_config(context, l3::Phase::grpo, root));
+    grpo_before = session.evaluate();
+    grpo = session.run();
   }
 
   if (world.is_root()) {
@@ -310,13 +368,29 @@ int run_demo(const CommandContext& context) {
           core::count_of(dpo.steps, "step"), 100.0 * d.accuracy, d.margin, d.chosen_reward,
           d.rejected_reward, d.loss, d.pairs, dpo.checkpoint);
     }
+    std::string grpo_line;
+    if (with_grpo && grpo_before && grpo.last_eval) {
+      const auto value = [](const l3::EvalMetrics& m, std::string_view name) {
+        for (const auto& [key, v] : m.extra)
+          if (key == name) return v;
+        return 0.0;
+      };
+      grpo_line = fmt::format(
+          "  GRPO    {}: exact answers of greedy completions on {:.0f} held-out prompts {:.1f}% -> "
+          "{:.1f}% (sampled: {:.1f}% -> {:.1f}%)\n"
+          "          checkpoint {}\n",
+          core::count_of(grpo.steps, "step"), value(*grpo.last_eval, "prompts"),
+          100.0 * value(*grpo_before, "reward"), 100.0 * value(*grpo.last_eval, "reward"),
+          100.0 * value(*grpo_before, "reward_sampled"),
+          100.0 * value(*grpo.last_eval, "reward_sampled"), grpo.checkpoint);
+    }
     std::cout << fmt::format(
         "\nllama3-hpc demo: done in {} on {} rank{}\n"
         "  SFT     {}: validation loss {:.3f} (perplexity {:.2f}) on {} answer tokens\n"
         "          checkpoint {}, which answers:\n{}"
         "  reward  {}: validation accuracy {:.1f}% (mean margin {:.2f}) on {} pairs\n"
         "          checkpoint {}{}\n"
-        "{}"
+        "{}{}"
         "  the curves: {} (open it in a browser)\n"
         "  data, metrics (metrics-*.jsonl), TensorBoard's files (tensorboard/) and checkpoints "
         "are in {}\n\n"
@@ -341,7 +415,7 @@ int run_demo(const CommandContext& context) {
         train::format_duration(watch.seconds()), world.size(), world.size() == 1 ? "" : "s",
         core::count_of(sft.steps, "step"), s.loss, s.perplexity, s.tokens, sft.checkpoint, samples,
         core::count_of(reward.steps, "step"), 100.0 * r.accuracy, r.margin, r.pairs,
-        reward.checkpoint, lora_note, dpo_line, report, root);
+        reward.checkpoint, lora_note, dpo_line, grpo_line, report, root);
   }
   return core::kExitOk;
 }

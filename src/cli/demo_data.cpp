@@ -90,4 +90,11 @@ void write_demo_preferences(const std::string& path, int count) {
   core::write_file_atomically(path, text);
 }
 
+void write_demo_prompts(const std::string& path, int count) {
+  std::string text;
+  for (const DemoTask& t : demo_tasks(count, 2))
+    text += nlohmann::json{{"prompt", t.prompt}, {"answer", t.answer}}.dump() + '\n';
+  core::write_file_atomically(path, text);
+}
+
 }  // namespace l3::cli

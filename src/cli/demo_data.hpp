@@ -18,9 +18,11 @@ struct DemoTask {
 
 [[nodiscard]] std::vector<DemoTask> demo_tasks(int count, int stream);
 
-// Writes `count` records as JSONL: SFT (prompt, completion) or preference (prompt, chosen,
-// rejected). Internal Error naming the file when it cannot be written.
+// Writes `count` records as JSONL: SFT (prompt, completion), preference (prompt, chosen,
+// rejected) or prompts (prompt, answer). Internal Error naming the file when it cannot be written.
 void write_demo_sft(const std::string& path, int count);
 void write_demo_preferences(const std::string& path, int count);
+// GRPO's prompts with their exact answers: {"prompt", "answer"} (another draw of the tasks).
+void write_demo_prompts(const std::string& path, int count);
 
 }  // namespace l3::cli

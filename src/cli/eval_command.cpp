@@ -126,9 +126,11 @@ int run_eval(const CommandContext& context) {
   data::DatasetExpectations expect;
   expect.kind =
       head == model::HeadKind::reward ? data::SampleKind::preference
-      : dpo_checkpoint
-          ? data::dataset_kind(context.world, data_dir).value_or(data::SampleKind::preference)
-          : data::SampleKind::sft;
+      : dpo_checkpoint &&
+              data::dataset_kind(context.world, data_dir).value_or(data::SampleKind::preference) ==
+                  data::SampleKind::preference
+          ? data::SampleKind::preference
+          : data::SampleKind::sft;  // (prompts, GRPO's, are refused naming the format)
   const bool dpo = dpo_checkpoint && expect.kind == data::SampleKind::preference;
   expect.model_vocab = source.config.vocab_size;
   if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;

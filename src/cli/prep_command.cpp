@@ -12,7 +12,7 @@ namespace l3::cli {
 
 void declare_prep_options(po::options_description& options,
                           po::positional_options_description& positional) {
-  options.add_options()("kind", po::value<std::string>()->value_name("sft|preference"),
+  options.add_options()("kind", po::value<std::string>()->value_name("sft|preference|prompts"),
                         "what the records are (positional)")(
       "input", po::value<std::vector<std::string>>()->composing()->value_name("FILE|GLOB"),
       "JSONL input, plain or .gz; repeatable, globs expanded")(
@@ -50,12 +50,15 @@ int run_prep(const CommandContext& context) {
   const po::variables_map& o = context.options;
   prep::PrepOptions options;
   if (o.count("kind") == 0)
-    throw core::usage_error("say what to prepare: 'prep sft' or 'prep preference'");
+    throw core::usage_error("say what to prepare: 'prep sft', 'prep preference' or 'prep prompts'");
   const std::string kind = o["kind"].as<std::string>();
-  if (kind != "sft" && kind != "preference") {
-    throw core::usage_error(fmt::format("unknown dataset kind '{}' (use sft or preference)", kind));
+  if (kind != "sft" && kind != "preference" && kind != "prompts") {
+    throw core::usage_error(
+        fmt::format("unknown dataset kind '{}' (use sft, preference or prompts)", kind));
   }
-  options.kind = kind == "sft" ? prep::DatasetKind::sft : prep::DatasetKind::preference;
+  options.kind = kind == "sft"          ? prep::DatasetKind::sft
+                 : kind == "preference" ? prep::DatasetKind::preference
+                                        : prep::DatasetKind::prompts;
   for (const char* required : {"input", "tokenizer", "output"}) {
     if (o.count(required) == 0) throw core::usage_error(fmt::format("--{} is required", required));
   }

@@ -23,26 +23,9 @@ std::vector<std::int32_t> generation_prompt(const tokenizer::Tokenizer& tokenize
 }
 
 std::vector<std::int32_t> chat_prompt(const tokenizer::Tokenizer& tokenizer, const json& messages) {
-  if (!messages.is_array() || messages.empty()) {
-    throw core::bad_input(R"("messages" must be a non-empty list of {"role", "content"} messages)");
-  }
-  const json& last = messages.back();
-  if (last.is_object() && last.contains("role") && last["role"] == "assistant") {
-    throw core::bad_input(
-        R"("messages" must end before the assistant's answer, not with an assistant turn)");
-  }
-  // The conversation up to an empty assistant turn, through prep's formatter so that the
-  // template is the one of the training data; then the empty turn's <|eot_id|> is dropped,
-  // leaving the assistant header for the model to continue.
-  json turns = messages;
-  turns.push_back({{"role", "assistant"}, {"content", ""}});
+  // prep's formatter: the template is the one of the training data and of GRPO's prompts.
   const prep::RecordFormatter formatter(tokenizer, prep::FormatOptions{});
-  std::vector<std::int32_t> ids = formatter.sft(json{{"messages", turns}}).tokens;
-  if (ids.empty() || ids.back() != tokenizer.special(tokenizer::Special::end_of_turn)) {
-    throw core::internal_error("chat prompt: the template did not end the empty turn");
-  }
-  ids.pop_back();
-  return ids;
+  return formatter.conversation_prompt(messages).tokens;
 }
 
 std::vector<std::int32_t> response_sequence(const prep::RecordFormatter& formatter,

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 
-#include "cli/prompt_format.hpp"
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
 #include "io/prep/input_split.hpp"
+#include "io/prep/record_format.hpp"
 
 namespace l3::cli {
 
@@ -22,21 +22,9 @@ PromptRecord format_record(const tokenizer::Tokenizer& tokenizer, std::string_vi
   // Checked for depth and size by parse_json; read again in order for the carried fields.
   const json record = core::parse_json(text, "", where);
   if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
-  const bool has_prompt = record.contains("prompt");
-  const bool has_messages = record.contains("messages");
-  if (has_prompt == has_messages) {
-    throw core::bad_input(has_prompt ? R"(give "prompt" or "messages", not both)"
-                                     : R"(expected "prompt" (a string) or "messages" (a list))");
-  }
   PromptRecord out;
   out.line = line;
-  if (has_prompt) {
-    const json& prompt = record["prompt"];
-    if (!prompt.is_string()) throw core::bad_input(R"("prompt" must be a string)");
-    out.prompt = generation_prompt(tokenizer, prompt.get<std::string>(), true, std::nullopt);
-  } else {
-    out.prompt = chat_prompt(tokenizer, record["messages"]);
-  }
+  out.prompt = prep::RecordFormatter(tokenizer, prep::FormatOptions{}).prompt(record).tokens;
   if (static_cast<std::int64_t>(out.prompt.size()) > max_prompt) {
     throw core::bad_input(fmt::format(
         "the prompt has {} tokens: with --max-new it does not fit in the model's context "

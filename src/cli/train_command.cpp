@@ -148,4 +148,11 @@ void declare_dpo_options(po::options_description& options,
 
 int run_dpo(const CommandContext& context) { return run_phase(context, l3::Phase::dpo); }
 
+void declare_grpo_options(po::options_description& options,
+                          po::positional_options_description& /*positional*/) {
+  api::declare_train_options(options, train::Phase::grpo);
+}
+
+int run_grpo(const CommandContext& context) { return run_phase(context, l3::Phase::grpo); }
+
 }  // namespace l3::cli

@@ -18,6 +18,9 @@ int run_reward(const CommandContext& context);
 void declare_dpo_options(po::options_description& options,
                          po::positional_options_description& positional);
 int run_dpo(const CommandContext& context);
+void declare_grpo_options(po::options_description& options,
+                          po::positional_options_description& positional);
+int run_grpo(const CommandContext& context);
 
 // At the start of a training run on the CPU backend (`backend`: cpu, or auto without a visible
 // CUDA device): one line naming the OpenBLAS core, and a warning when it is a generic fallback

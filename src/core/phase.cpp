@@ -8,6 +8,8 @@ std::string_view phase_name(Phase phase) noexcept {
       return "reward";
     case Phase::dpo:
       return "dpo";
+    case Phase::grpo:
+      return "grpo";
     case Phase::sft:
       break;
   }
@@ -15,7 +17,7 @@ std::string_view phase_name(Phase phase) noexcept {
 }
 
 std::optional<Phase> parse_phase(std::string_view name) noexcept {
-  for (const Phase phase : {Phase::sft, Phase::reward, Phase::dpo}) {
+  for (const Phase phase : {Phase::sft, Phase::reward, Phase::dpo, Phase::grpo}) {
     if (name == phase_name(phase)) return phase;
   }
   return std::nullopt;

@@ -28,8 +28,9 @@ enum class RngPurpose : std::uint32_t {
   demo_data = 5,         // the demo's built-in datasets: stream = dataset
   adapter_init = 6,      // LoRA's initial adapters: stream = tensor index in the adapter layout
   lora_dropout =
-      7,          // LoRA's dropout masks: stream = step, index = (rank, micro-batch, layer, target)
-  test = 0x7e57,  // tests and benchmarks
+      7,  // LoRA's dropout masks: stream = step, index = (rank, micro-batch, layer, target)
+  grpo_sampling = 8,  // GRPO's rollouts: stream = step; bits64(0) seeds that step's sampling
+  test = 0x7e57,      // tests and benchmarks
 };
 
 class CounterRng {

@@ -396,6 +396,11 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
   ops_.synchronize();
 }
 
+void GenerationEngine::set_sampling(SamplingSettings settings) {
+  validate(settings);
+  settings_ = std::move(settings);
+}
+
 void GenerationEngine::run(const RequestSource& next, const OutputSink& done, const StopCheck& stop,
                            const PassAgreement& agree) {
   bool source_empty = false;
@@ -440,6 +445,8 @@ void GenerationEngine::run(const RequestSource& next, const OutputSink& done, co
       const std::int32_t token = tokens[i];
       if (std::find(settings_.stop_tokens.begin(), settings_.stop_tokens.end(), token) !=
           settings_.stop_tokens.end()) {
+        slot.output.stop_token = token;
+        slot.output.stop_logprob = logprobs[i];
         finish(slot, true);
         continue;
       }

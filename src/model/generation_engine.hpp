@@ -65,6 +65,10 @@ struct GenerationOutput {
   // top-k and top-p, as the training forward's cross-entropy computes it
   std::vector<float> logprobs;
   bool stopped = false;  // ended on a stop token or the stop check, not on max_new
+  // The stop token it ended on (-1: none) and its log-probability: what online RL trains on
+  // as the completion's last token.
+  std::int32_t stop_token = -1;
+  float stop_logprob = 0.0F;
 };
 
 struct EngineShape {
@@ -103,6 +107,10 @@ class GenerationEngine {
   GenerationEngine& operator=(GenerationEngine&&) = delete;
 
   [[nodiscard]] const EngineShape& shape() const noexcept { return shape_; }
+  // How the requests run from now on are sampled (online RL: a seed per step, greedy for
+  // evaluations). A usage Error as validate() says.
+  void set_sampling(SamplingSettings settings);
+  [[nodiscard]] const SamplingSettings& sampling() const noexcept { return settings_; }
 
   // The next request, or nullopt when there are none left (asked only while a slot is free).
   using RequestSource = std::function<std::optional<GenerationRequest>()>;

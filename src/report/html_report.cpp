@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::array kPhaseOrder = {Phase::sft, Phase::reward, Phase::dpo};
+constexpr std::array kPhaseOrder = {Phase::sft, Phase::reward, Phase::dpo, Phase::grpo};
 
 // Two charts a row on a wide screen (2 x 560 px and the gap), one on a narrow one; the charts
 // shrink with their viewBox below 560 px.
@@ -53,6 +53,8 @@ std::string_view phase_title(Phase phase) {
       return "Reward model";
     case Phase::dpo:
       return "DPO";
+    case Phase::grpo:
+      return "GRPO";
     case Phase::sft:
       break;
   }
@@ -80,6 +82,9 @@ std::string final_evaluation(const PhaseMetrics& p) {
       break;
     case Phase::dpo:
       text = part("loss", "loss") + ", " + part("accuracy", "rewards/accuracies");
+      break;
+    case Phase::grpo:
+      text = part("reward", "reward");
       break;
   }
   return fmt::format("{} (step {})", text, p.last_eval_step);

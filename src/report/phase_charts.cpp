@@ -99,8 +99,40 @@ constexpr std::array kDpoCharts = {ChartSpec{.metric = "loss",
                                    kThroughput,
                                    kDataWait};
 
+constexpr std::array kGrpoCharts = {ChartSpec{.metric = "reward",
+                                              .title = "Reward",
+                                              .y_label = "mean reward (eval: greedy)",
+                                              .train_field = "reward",
+                                              .eval_field = "reward",
+                                              .checkpoints = true},
+                                    ChartSpec{.metric = "completions/mean_length",
+                                              .title = "Completion length",
+                                              .y_label = "tokens (mean)",
+                                              .train_field = "completions/mean_length"},
+                                    ChartSpec{.metric = "loss",
+                                              .title = "Loss",
+                                              .y_label = "clipped surrogate loss",
+                                              .train_field = "loss"},
+                                    ChartSpec{.metric = "entropy",
+                                              .title = "Entropy",
+                                              .y_label = "entropy (nats per token)",
+                                              .train_field = "entropy"},
+                                    ChartSpec{.metric = "kl",
+                                              .title = "KL to the reference",
+                                              .y_label = "kl (k3, per token)",
+                                              .train_field = "kl"},
+                                    ChartSpec{.metric = "clip_ratio/region_mean",
+                                              .title = "Clipped tokens",
+                                              .y_label = "clip_ratio/region_mean",
+                                              .train_field = "clip_ratio/region_mean"},
+                                    kLearningRate,
+                                    kGradNorm,
+                                    kThroughput};
+
 std::span<const ChartSpec> specs_of(Phase phase) {
   switch (phase) {
+    case Phase::grpo:
+      return kGrpoCharts;
     case Phase::reward:
       return kRewardCharts;
     case Phase::dpo:

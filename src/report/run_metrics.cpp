@@ -25,7 +25,7 @@ using nlohmann::json;
 namespace {
 
 // The fields of training records kept: those the report shows.
-constexpr std::array<std::string_view, 11> kTrainFields = {"loss",
+constexpr std::array<std::string_view, 17> kTrainFields = {"loss",
                                                            "lr",
                                                            "grad_norm",
                                                            "tokens_per_s",
@@ -35,9 +35,15 @@ constexpr std::array<std::string_view, 11> kTrainFields = {"loss",
                                                            "rewards/accuracies",
                                                            "rewards/margins",
                                                            "rewards/chosen",
-                                                           "rewards/rejected"};
+                                                           "rewards/rejected",
+                                                           "reward",
+                                                           "completions/mean_length",
+                                                           "entropy",
+                                                           "kl",
+                                                           "clip_ratio/region_mean",
+                                                           "logp_mismatch"};
 
-constexpr std::array kPhases = {Phase::sft, Phase::reward, Phase::dpo};
+constexpr std::array kPhases = {Phase::sft, Phase::reward, Phase::dpo, Phase::grpo};
 
 const Series kNoSeries;
 
@@ -91,6 +97,7 @@ std::optional<double> value_or_gap(const json& value) {
 // SFT's records count loss tokens and evaluate perplexity.
 std::optional<Phase> phase_of_fields(const json& record) {
   if (record.contains("rewards/accuracies")) return Phase::dpo;
+  if (record.contains("frac_reward_zero_std") || record.contains("reward")) return Phase::grpo;
   if (record.contains("accuracy")) return Phase::reward;
   if (record.contains("loss_tokens") || record.contains("perplexity")) return Phase::sft;
   return std::nullopt;

@@ -63,10 +63,16 @@ json to_json(const StepMetrics& m) {
   } else {
     j["loss_tokens"] = m.loss_tokens;
   }
+  for (const auto& [name, value] : m.extra) j[name] = finite_or_null(value);
   return j;
 }
 
 json eval_result_json(const EvalMetrics& m) {
+  if (m.phase == Phase::grpo) {
+    json j = json::object();
+    for (const auto& [name, value] : m.extra) j[name] = finite_or_null(value);
+    return j;
+  }
   if (m.phase == Phase::sft) {
     return {{"loss", finite_or_null(m.loss)},
             {"perplexity", finite_or_null(m.perplexity)},
@@ -107,6 +113,12 @@ std::string format_step_line(const StepMetrics& m) {
   if (m.chosen_reward) {
     line += fmt::format(" | chosen {:.3f} | rejected {:.3f}", *m.chosen_reward, *m.rejected_reward);
   }
+  // A phase's own: the few a person reads every step (the file has them all).
+  for (const auto& [name, value] : m.extra) {
+    if (name == "reward" || name == "kl" || name == "completions/mean_length")
+      line +=
+          fmt::format(" | {} {:.4g}", name == "completions/mean_length" ? "length" : name, value);
+  }
   line +=
       fmt::format(" | lr {:.3e} | grad {:.3f} | {:.0f} tok/s", m.lr, m.grad_norm, m.tokens_per_s);
   if (m.mfu) line += fmt::format(" | mfu {:.1f}%", 100.0 * *m.mfu);
@@ -117,6 +129,11 @@ std::string format_step_line(const StepMetrics& m) {
 }
 
 std::string format_eval_line(const EvalMetrics& m) {
+  if (m.phase == Phase::grpo) {
+    std::string line = fmt::format("eval @ step {}", m.step);
+    for (const auto& [name, value] : m.extra) line += fmt::format(" | {} {:.4g}", name, value);
+    return line + fmt::format(" | {:.1f} s", m.seconds);
+  }
   if (m.phase == Phase::sft) {
     return fmt::format("eval @ step {} | loss {:.4f} | ppl {:.3f} | {} tokens | {:.1f} s", m.step,
                        m.loss, m.perplexity, m.tokens, m.seconds);

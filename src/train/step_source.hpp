@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "io/data/data_loader.hpp"
+#include "l3/l3.hpp"
 #include "train/train_config.hpp"
 
 namespace l3::train {
@@ -36,6 +37,10 @@ class StepSource {
   // Optimizer steps in `epoch` (after start()), for runs counted in epochs; nullopt when the
   // source cannot know (then --steps is required, and TrainConfig::validate says so).
   [[nodiscard]] virtual std::optional<std::int64_t> steps_in_epoch(std::int64_t epoch) const = 0;
+  // A source that evaluates the model itself (online RL: by generating on the validation
+  // prompts and scoring) returns its results; nullopt: the trainer's evaluator runs on
+  // --val-data. Collective.
+  [[nodiscard]] virtual std::optional<EvalMetrics> evaluate() { return std::nullopt; }
 
   StepSource() = default;
   StepSource(const StepSource&) = delete;

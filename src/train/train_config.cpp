@@ -38,6 +38,17 @@ void TrainConfig::validate() const {
   require(init_adapter.empty() || lora.enabled(),
           "--init-adapter needs LoRA: --lora-rank R (the adapter's rank)");
   require(reference_dir.empty() || phase == Phase::dpo, "--reference-dir is for dpo runs");
+  if (phase == Phase::grpo) {
+    grpo.validate();
+    require(data_from_host == false, "grpo reads its prompts from --data (made by 'prep prompts')");
+    require(grpo.beta == 0 || lora.enabled(),
+            "--beta > 0 needs a reference model: with LoRA (--lora-rank) its base is one; a "
+            "frozen copy for full fine-tuning is not built yet");
+    require(grpo.num_iterations == 1,
+            "--num-iterations > 1 is not built yet (each generation batch trains one step)");
+    require(grpo.max_completion_length < seq_len,
+            "--max-completion-length must leave room for a prompt in --seq-len");
+  }
 }
 
 ExchangeChoice parse_exchange_choice(std::string_view name) {
@@ -158,6 +169,10 @@ nlohmann::json TrainConfig::to_json() const {
     j["label_smoothing"] = dpo.label_smoothing;
     j["loss"] = preference_loss_name(dpo.loss);
     j["reference_dir"] = reference_dir;
+  }
+  if (phase == Phase::grpo) {
+    grpo.add_to(j);
+    j["tokenizer"] = tokenizer;
   }
   return j;
 }

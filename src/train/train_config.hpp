@@ -16,6 +16,7 @@
 #include "model/dpo_settings.hpp"
 #include "model/lora_config.hpp"
 #include "train/adamw_optimizer.hpp"
+#include "train/grpo_settings.hpp"
 #include "train/run_choices.hpp"
 
 namespace l3::train {
@@ -67,6 +68,10 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // (full fine-tuning; empty: <ckpt_dir>/reference; with LoRA the base model is the reference).
   model::DpoSettings dpo{};
   std::string reference_dir;
+  // GRPO phase: sampling, rewards and the loss (grpo_settings.hpp), and the tokenizer that
+  // decodes completions for the rewards (empty: the one the prompts were prepared with).
+  GrpoSettings grpo{};
+  std::string tokenizer;
 
   // Data parallelism.
   bool shard_optimizer = true;
@@ -127,8 +132,13 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // Micro-batches per step on each of `ranks` ranks (at least 1; the data plan checks that the
   // global batch divides).
   [[nodiscard]] std::int64_t accumulation(int ranks) const noexcept {
-    return std::max<std::int64_t>(1, global_batch / (static_cast<std::int64_t>(ranks) *
-                                                     std::max<std::int64_t>(1, micro_batch)));
+    const std::int64_t micro = std::max<std::int64_t>(1, micro_batch);
+    if (phase == Phase::grpo) {  // prompts per step, num_generations completions each
+      const std::int64_t completions =
+          global_batch / std::max(ranks, 1) * std::max<std::int64_t>(1, grpo.num_generations);
+      return std::max<std::int64_t>(1, (completions + micro - 1) / micro);
+    }
+    return std::max<std::int64_t>(1, global_batch / (static_cast<std::int64_t>(ranks) * micro));
   }
   // Whether gradients add up in fp32 where the backend computes in bf16 (--grad-accum-dtype):
   // the model's whole buffer (ZeRO-0/1) or the optimizers' reduced pieces (ZeRO-2).

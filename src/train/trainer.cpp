@@ -7,6 +7,7 @@
 #include <cmath>
 #include <exception>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/error.hpp"
@@ -106,10 +107,12 @@ struct Trainer::Impl {
 
     // The global denominators first: each rank's gradients are then already those of the
     // global mean.
-    std::array<std::int64_t, 2> counts{0, 0};  // the objective's units (tokens, pairs), tokens
+    // The objective's units (tokens, pairs), document tokens, tokens in the loss.
+    std::array<std::int64_t, 3> counts{0, 0, 0};
     for (const model::Batch& b : data.micro) {
       counts[0] += objective.units(b);
       counts[1] += b.document_tokens;
+      counts[2] += b.counted_tokens();
     }
     dist::all_reduce(world.comm(), std::span<std::int64_t>(counts), dist::ReduceOp::sum,
                      "step counts");
@@ -152,9 +155,10 @@ struct Trainer::Impl {
     }
     // The step's one read of its losses (the micro-batches added them up in backend memory);
     // the queue is empty by now, so it costs a small copy, not a second wait.
-    const LossSums local = objective.step_sums();
-    std::array<double, 4> sums{local.loss, local.correct, local.margin, local.chosen};
-    dist::all_reduce(world.comm(), std::span<double>(sums), dist::ReduceOp::sum, "step loss");
+    std::array<double, LossSums::kValues> sums = objective.step_sums().values();
+    dist::all_reduce(world.comm(), std::span<double>(sums).first(LossSums::kValues - 1),
+                     dist::ReduceOp::sum, "step loss");
+    sums.back() = dist::all_reduce(world.comm(), sums.back(), dist::ReduceOp::max, "step maximum");
 
     StepMetrics m;
     m.step = done + 1;
@@ -163,8 +167,9 @@ struct Trainer::Impl {
     m.lr = parts->schedule.at(done);
     m.grad_norm = norm;
     m.tokens = counts[1];
-    objective.describe_step(
-        {.loss = sums[0], .correct = sums[1], .margin = sums[2], .chosen = sums[3]}, counts[0], m);
+    m.loss_tokens = counts[2];
+    m.extra = data.metrics;  // what the source says about the step (online RL's rollout)
+    objective.describe_step(LossSums::of(sums), counts[0], m);
     m.skipped = !std::isfinite(m.loss) || !std::isfinite(norm);
     core::fault_point("train.update", world.rank());  // gradients reduced, weights not updated
     if (!m.skipped) {
@@ -197,6 +202,19 @@ struct Trainer::Impl {
       m.gathers += g.gathers;
       m.gathers_prefetched += g.prefetched;
     }
+    // A source's times (time/NAME_ms) as shares of the step too, and the rest: training's.
+    double source_ms = 0.0;
+    for (std::size_t i = 0, n = m.extra.size(); i < n; ++i) {
+      const std::string name = m.extra[i].first;
+      if (!name.starts_with("time/") || !name.ends_with("_ms")) continue;
+      source_ms += m.extra[i].second;
+      m.extra.emplace_back(name.substr(0, name.size() - 3) + "_share",
+                           m.extra[i].second / std::max(1e-9, m.step_ms));
+    }
+    if (source_ms > 0) {
+      m.extra.emplace_back("time/train_share",
+                           std::max(0.0, m.step_ms - source_ms) / std::max(1e-9, m.step_ms));
+    }
     m.tokens_per_s = static_cast<double>(m.tokens) / std::max(1e-9, m.step_ms / 1e3);
     if (parts->peak_tflops > 0) {
       m.mfu = m.tokens_per_s *
@@ -213,9 +231,16 @@ struct Trainer::Impl {
 
   std::optional<EvalMetrics> evaluate() {
     if (config.val_data.empty()) return std::nullopt;
-    EvalConfig eval = validation_config(config);
-    eval.reference = parts->val_reference.empty() ? nullptr : &parts->val_reference;
-    EvalMetrics m = train::evaluate(world, model, parts->val_index, eval);
+    // Online RL evaluates by generating: its source does.
+    std::optional<EvalMetrics> own = parts->data->evaluate();
+    EvalMetrics m;
+    if (own) {
+      m = std::move(*own);
+    } else {
+      EvalConfig eval = validation_config(config);
+      eval.reference = parts->val_reference.empty() ? nullptr : &parts->val_reference;
+      m = train::evaluate(world, model, parts->val_index, eval);
+    }
     m.step = done;
     reporter.eval(m);
     last_eval = m;

@@ -22,6 +22,7 @@
 #include "io/tokenizer/special_tokens.hpp"
 #include "kernels/backends.hpp"
 #include "train/evaluator.hpp"
+#include "train/grpo/rollout_source.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
 #include "train/model_assembly.hpp"
@@ -44,7 +45,9 @@ data::DatasetIndex open_data(const dist::World& world, const std::string& direct
                              const model::ModelConfig& model, const ModelSource& source,
                              bool ignore_tokenizer_mismatch) {
   data::DatasetExpectations expect;
-  expect.kind = phase == Phase::sft ? data::SampleKind::sft : data::SampleKind::preference;
+  expect.kind = phase == Phase::sft    ? data::SampleKind::sft
+                : phase == Phase::grpo ? data::SampleKind::prompt
+                                       : data::SampleKind::preference;
   // DPO counts the responses' tokens: shards of an earlier prep have no masks for them.
   auto require_masks = [&](const data::DatasetIndex& index) {
     if (phase == Phase::dpo && !index.has_response_masks()) {
@@ -238,8 +241,7 @@ std::vector<float> starting_adapters(const dist::World& world, const core::Logge
   return adapters;
 }
 
-void log_plan(const dist::World& world, const core::Logger& log, const TrainerParts& p,
-              const data::LoaderConfig& loader) {
+void log_plan(const dist::World& world, const core::Logger& log, const TrainerParts& p) {
   const TrainConfig& config = p.config;
   const std::int64_t params = p.model->layout().parameter_count();
   log.info(
@@ -253,7 +255,9 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
           : "",
       core::count_of(p.total_steps, "step"), config.global_batch,
       config.phase == Phase::sft ? (config.global_batch == 1 ? "row" : "rows")
-                                 : (config.global_batch == 1 ? "pair" : "pairs"));
+      : config.phase == Phase::grpo
+          ? fmt::format("prompts x {} completions", config.grpo.num_generations)
+          : (config.global_batch == 1 ? "pair" : "pairs"));
   const std::size_t buckets = p.parallel->buckets().size();
   log.info(
       "data {}: {} samples, {} tokens; {} micro-batch{} of {} per rank and step; ZeRO-{}, "
@@ -261,8 +265,8 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
       config.data_from_host ? "from the host (DataSource)" : config.data,
       config.data_from_host ? std::string("?") : fmt::format("{}", p.index.samples()),
       config.data_from_host ? std::string("?") : fmt::format("{}", p.index.total_tokens()),
-      loader.plan.accumulation(), loader.plan.accumulation() == 1 ? "" : "es", config.micro_batch,
-      p.placement.stage_name(),
+      config.accumulation(world.size()), config.accumulation(world.size()) == 1 ? "" : "es",
+      config.micro_batch, p.placement.stage_name(),
       p.ops->compute_dtype() == kernels::DType::f32 || config.fp32_gradients(world.size()) ? "fp32"
                                                                                            : "bf16",
       buckets, buckets == 1 ? "" : "s",
@@ -579,8 +583,22 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
     }
     prepare_dpo_reference(world, log, p, lc, resumed.manifest, initial_digest);
   }
-  p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(world, p.index, lc);
-  lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
+  if (c.phase == Phase::grpo) {
+    // Online RL: the steps are made by the model being trained (grpo/rollout_source.hpp).
+    p.data = std::make_unique<grpo::RolloutSource>(
+        world, log, *p.model, grpo::PromptSet::load(world, p.index),
+        c.val_data.empty() ? grpo::PromptSet() : grpo::PromptSet::load(world, p.val_index),
+        grpo::RolloutConfig{
+            .settings = c.grpo,
+            .seed = c.seed,
+            .prompts_per_step = c.global_batch,
+            .micro_batch = c.micro_batch,
+            .seq_len = c.seq_len,
+            .tokenizer = c.tokenizer.empty() ? p.index.tokenizer_name : c.tokenizer});
+  } else {
+    p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(world, p.index, lc);
+    lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
+  }
   p.data->start(StepShape{.phase = c.phase,
                           .seq_len = c.seq_len,
                           .per_rank = c.global_batch / world.size(),
@@ -592,7 +610,7 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
                           .ranks = world.size()},
                 p.resumed ? p.resumed->position : data::Position{0, 0});
   p.total_steps = count_steps(c, *p.data);
-  log_plan(world, log, p, lc);
+  log_plan(world, log, p);
 }
 
 }  // namespace
@@ -644,7 +662,8 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   p.objective = make_objective(c.phase, *p.model,
                                {.center_rewards = c.center_rewards,
                                 .dpo = c.dpo,
-                                .reference = p.reference.empty() ? nullptr : &p.reference});
+                                .reference = p.reference.empty() ? nullptr : &p.reference,
+                                .grpo = &c.grpo});
   stop_if_requested(world, stop, "while starting");
   return parts;
 }

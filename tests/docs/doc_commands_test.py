@@ -7,7 +7,8 @@ Every ```sh block must be preceded by a marker comment, invisible on the rendere
     <!-- doc-test: skip REASON -->
 
 `run` blocks are run in order, each file's in a directory of its own that holds the inputs the
-docs name (chat.jsonl, pairs.jsonl, prefs.jsonl, sft.jsonl, data/sft-*.jsonl.gz, sft.ini, a
+docs name (chat.jsonl, pairs.jsonl, prefs.jsonl, sft.jsonl, prompts.jsonl, data/sft-*.jsonl.gz,
+sft.ini, a
 model directory standing for a Hugging Face download (the tiny model, its tokenizer the bytes
 one), tokenizer.model when Meta's is given)
 and build/bin/llama3-hpc, with llama3-hpc on PATH. VAR=VALUE sets a variable the block shows
@@ -91,6 +92,9 @@ def write_inputs(work, tokenizer):
     with open("sft.jsonl", "w") as f:
         f.writelines(json.dumps({"prompt": r["messages"][0]["content"],
                                  "completion": r["messages"][1]["content"]}) + "\n" for r in sft)
+    with open("prompts.jsonl", "w") as f:  # GRPO's: prompts with their exact answers
+        f.writelines(json.dumps({"prompt": r["messages"][0]["content"],
+                                 "answer": r["messages"][1]["content"]}) + "\n" for r in sft)
     for name in ("pairs.jsonl", "prefs.jsonl"):
         with open(name, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in pairs)

@@ -21,6 +21,7 @@
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gather_dot.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/policy_loss.hpp"
 #include "kernels/cpu/reductions.hpp"
 #include "kernels/cpu/rmsnorm.hpp"
 #include "kernels/cpu/rope.hpp"
@@ -974,6 +975,161 @@ TEST_CASE("sequence log-probabilities and the DPO loss on the device", "[gpu]") 
   CHECK((download_raw<double>(gpu, gplain.view()) == plain));
   const auto zeros = download(gpu, gnone.view());
   CHECK(std::all_of(zeros.begin(), zeros.end(), [](float x) { return x == 0.0F; }));
+}
+
+TEST_CASE("GRPO policy loss on the device", "[gpu][policy_loss]") {
+  INFO("seed " << l3::test::test_seed());
+  namespace cpu = l3::kernels::cpu;
+  l3::cuda::CudaOps gpu;
+  const std::int64_t rows = 1000;  // four rounds of the block's threads and a tail
+  l3::test::Random rnd(114);
+  const auto row_loss = rnd.uniform(rows, 0.0F, 6.0F);
+  auto advantages = rnd.uniform(rows, -2.0F, 2.0F);
+  for (std::size_t c = 0; c < advantages.size(); c += 11) advantages[c] = 0.0F;
+  const auto weights = rnd.uniform(rows, 0.0F, 0.01F);
+  const auto old_shift = rnd.uniform(rows, -0.6F, 0.6F);
+  const auto ref_shift = rnd.uniform(rows, -0.5F, 0.5F);
+  const auto sampled_shift = rnd.uniform(rows, -0.02F, 0.02F);
+  const auto entropy = rnd.uniform(rows, 0.0F, 5.0F);
+  std::vector<float> old_logps(rows), ref_row_loss(rows), sampled(rows);
+  for (std::size_t c = 0; c < old_logps.size(); ++c) {
+    old_logps[c] = -row_loss[c] + old_shift[c];
+    ref_row_loss[c] = row_loss[c] - ref_shift[c];
+    sampled[c] = -row_loss[c] + sampled_shift[c];
+  }
+  const bool with_old = GENERATE(false, true);
+  const double beta = GENERATE(0.0, 0.04);
+  INFO("old_logps " << with_old << ", beta " << beta);
+  const cpu::PolicyParams params{
+      .epsilon_low = 0.2, .epsilon_high = 0.28, .beta = beta, .grad_scale = 0.25F};
+  const std::vector<float> none;
+  std::vector<float> d_rows(rows);
+  const cpu::PolicyStats want = cpu::policy_loss({.row_loss = row_loss,
+                                                  .advantages = advantages,
+                                                  .weights = weights,
+                                                  .old_logps = with_old ? old_logps : none,
+                                                  .ref_row_loss = ref_row_loss,
+                                                  .sampled_logps = sampled,
+                                                  .row_entropy = entropy},
+                                                 params, d_rows);
+  if (with_old) {
+    CHECK(want.low > 0);
+    CHECK(want.high > 0);
+  }
+  const auto f32 = [&](const std::vector<float>& v) { return upload(gpu, v, DType::f32); };
+  const auto gloss = f32(row_loss), gadv = f32(advantages), gweights = f32(weights),
+             gold = f32(old_logps), gref = f32(ref_row_loss), gsampled = f32(sampled),
+             gentropy = f32(entropy);
+  // The sums add to what they hold; `largest` keeps the larger.
+  const auto gsums = upload_raw(gpu, std::vector<double>{1.0, 2.0, 3.0, 4.0, 5.0});
+  const auto glargest = upload_raw(gpu, std::vector<double>{1e-6});
+  const auto gd = poisoned(gpu, rows, DType::f32);
+  gpu.policy_loss({.sums = gsums.view(),
+                   .largest = glargest.view(),
+                   .d_rows = gd.view(),
+                   .row_loss = gloss.view(),
+                   .advantages = gadv.view(),
+                   .weights = gweights.view(),
+                   .old_logps = with_old ? gold.view() : l3::kernels::TensorView{},
+                   .ref_row_loss = gref.view(),
+                   .sampled_logps = gsampled.view(),
+                   .row_entropy = gentropy.view(),
+                   .epsilon_low = params.epsilon_low,
+                   .epsilon_high = params.epsilon_high,
+                   .beta = beta,
+                   .grad_scale = params.grad_scale});
+  // fp64 sums in another order than the CPU's: equal to rounding.
+  const auto sums = download_raw<double>(gpu, gsums.view());
+  CHECK(sums[0] - 1.0 == Approx(want.loss).epsilon(1e-10));
+  CHECK(sums[1] - 2.0 == Approx(want.kl).epsilon(1e-10));
+  CHECK(sums[2] - 3.0 == static_cast<double>(want.low));
+  CHECK(sums[3] - 4.0 == static_cast<double>(want.high));
+  CHECK(sums[4] - 5.0 == Approx(want.entropy).epsilon(1e-10));
+  CHECK(download_raw<double>(gpu, glargest.view()).at(0) == want.largest);  // a max: exact
+  expect_close("d_rows", download(gpu, gd.view()), d_rows, 1e-6);
+
+  // A larger `largest` stays; without d_rows, sampled_logps and row_entropy the same loss.
+  const auto gplain = upload_raw(gpu, std::vector<double>(5, 0.0));
+  const auto gkept = upload_raw(gpu, std::vector<double>{7.0});
+  gpu.policy_loss({.sums = gplain.view(),
+                   .largest = gkept.view(),
+                   .row_loss = gloss.view(),
+                   .advantages = gadv.view(),
+                   .weights = gweights.view(),
+                   .old_logps = with_old ? gold.view() : l3::kernels::TensorView{},
+                   .ref_row_loss = gref.view(),
+                   .epsilon_low = params.epsilon_low,
+                   .epsilon_high = params.epsilon_high,
+                   .beta = beta});
+  const auto plain = download_raw<double>(gpu, gplain.view());
+  CHECK(plain[0] == Approx(want.loss).epsilon(1e-10));
+  CHECK(plain[4] == 0.0);
+  CHECK(download_raw<double>(gpu, gkept.view()).at(0) == 7.0);
+
+  // No rows: nothing changes.
+  gpu.policy_loss({.sums = gplain.view(),
+                   .row_loss = gloss.first(0),
+                   .advantages = gadv.first(0),
+                   .weights = gweights.first(0)});
+  CHECK((download_raw<double>(gpu, gplain.view()) == plain));
+}
+
+TEST_CASE("fused lm_head cross-entropy: per-row entropies", "[gpu][policy_loss]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  // float4 logit rows (5000) and one value at a time (5001).
+  const std::int64_t vocab = GENERATE(5000, 5001);
+  const std::int64_t hidden = vocab == 5000 ? 128 : 100;
+  INFO("vocab " << vocab << ", hidden " << hidden);
+  const std::int64_t n = 120;
+  l3::test::Random rnd(115);
+  // Larger weights for some rows than others: entropies from near log V to far below.
+  const auto h = round_bf16(rnd.normal(n * hidden, 2.0F)),
+             w = round_bf16(rnd.normal(vocab * hidden, 0.1F));
+  const auto targets = rnd.integers(n, static_cast<std::int32_t>(vocab));
+  std::vector<std::int32_t> rows, row_targets;  // every third position is not counted
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % 3 == 0) continue;
+    rows.push_back(static_cast<std::int32_t>(i));
+    row_targets.push_back(targets[i]);
+  }
+  const auto counted = static_cast<std::int64_t>(rows.size());
+  std::vector<float> row_loss(counted), entropy(counted);
+  (void)l3::kernels::cpu::lm_head_cross_entropy({}, {}, h, w, rows, row_targets, vocab, hidden,
+                                                1.0F, {.loss = row_loss, .entropy = entropy});
+  const auto gh = upload(gpu, h, {n, hidden}), gw = upload(gpu, w, {vocab, hidden});
+  const auto gr = upload_raw(gpu, rows), gt = upload_raw(gpu, row_targets);
+  const auto gloss = poisoned(gpu, counted, DType::f32);
+  const auto gentropy = poisoned(gpu, counted, DType::f32);
+  const auto gsum = upload_raw(gpu, std::vector<double>{0.0});
+  gpu.lm_head_cross_entropy({.loss_sum = gsum.view(),
+                             .row_loss = gloss.view(),
+                             .row_entropy = gentropy.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.view(),
+                             .targets = gt.view()});
+  expect_close("row_entropy", download(gpu, gentropy.view()), entropy, 1e-4);
+  expect_close("row_loss", download(gpu, gloss.view()), row_loss, 1e-4);
+  // The row losses are those of a call without entropies, bit for bit.
+  const auto gloss2 = poisoned(gpu, counted, DType::f32);
+  gpu.lm_head_cross_entropy({.row_loss = gloss2.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.view(),
+                             .targets = gt.view()});
+  CHECK((download(gpu, gloss2.view()) == download(gpu, gloss.view())));
+  // With the backward as well: the same entropies.
+  const auto gdh = poisoned(gpu, {n, hidden});
+  const auto gentropy2 = poisoned(gpu, counted, DType::f32);
+  gpu.lm_head_cross_entropy({.dh = gdh.view(),
+                             .row_entropy = gentropy2.view(),
+                             .h = gh.view(),
+                             .w = gw.view(),
+                             .rows = gr.view(),
+                             .targets = gt.view(),
+                             .grad_scale = 0.01F});
+  CHECK((download(gpu, gentropy2.view()) == download(gpu, gentropy.view())));
 }
 
 TEST_CASE("add_into: bf16 sums taken in fp32 and rounded once, or kept in fp32", "[gpu]") {

@@ -10,7 +10,7 @@
 #             with the uninterrupted run's weights; the same from the node-local level
 #             (--ckpt-local) when it is newer than ckpt-dir; a job failing on every attempt fails
 #             loudly
-#   pipeline  jobs/pipeline.sh: prep -> sft -> reward and dpo end to end; a failed stage cancels
+#   pipeline  jobs/pipeline.sh: prep -> sft -> reward and dpo -> grpo end to end; a failed stage cancels
 #             the rest
 #
 #   slurm_test.sh CASE LLAMA3_HPC SOURCE_DIR MPIEXEC
@@ -240,6 +240,8 @@ restart)
 pipeline)
   printf 'kind = sft\ninput = %s/sft.jsonl\ntokenizer = bytes\noutput = %s/sft\n' "$work" "$work" >prep-sft.ini
   printf 'kind = preference\ninput = %s/pref.jsonl\ntokenizer = bytes\noutput = %s/pref\n' "$work" "$work" >prep-pref.ini
+  sed 's/"completion"/"answer"/' "$work/sft.jsonl" >"$work/prompts.jsonl"
+  printf 'kind = prompts\ninput = %s/prompts.jsonl\ntokenizer = bytes\noutput = %s/prompts\n' "$work" "$work" >prep-prompts.ini
   sft_config sft.ini "$work/ckpt-sft" 12 log-every=4
   {
     echo "init = $work/ckpt-sft"
@@ -255,16 +257,34 @@ pipeline)
     sed -e "s|ckpt-rm|ckpt-dpo|" reward.ini
     echo "log-every = 1"
   } >dpo.ini
+  {
+    echo "init = $work/ckpt-sft"
+    echo "data = $work/prompts"
+    echo "reward-match = answer"
+    echo "steps = 2"
+    echo "seq-len = 128"
+    echo "global-batch = 2"
+    echo "num-generations = 4"
+    echo "max-completion-length = 16"
+    echo "micro-batch = 4"
+    echo "log-every = 1"
+    echo "ckpt-dir = $work/ckpt-grpo"
+    echo "no-progress = true"
+  } >grpo.ini
   mapfile -t jobs < <("$source_dir/jobs/pipeline.sh" --prep prep-sft.ini --prep prep-pref.ini \
-    --sft sft.ini --reward reward.ini --dpo dpo.ini -- --ntasks-per-node=2)
-  check "pipeline.sh submits 4 jobs (${jobs[*]})" test "${#jobs[@]}" = 4
+    --prep prep-prompts.ini --sft sft.ini --reward reward.ini --dpo dpo.ini --grpo grpo.ini \
+    -- --ntasks-per-node=2)
+  check "pipeline.sh submits 5 jobs (${jobs[*]})" test "${#jobs[@]}" = 5
   sft_id=${jobs[1]#sft }
   check "sft waits for prep (afterok)" grep -q "afterok:${jobs[0]#prep }" <<<"$(job_field "$sft_id" Dependency)"
   reward_id=${jobs[2]#reward }
   dpo_id=${jobs[3]#dpo }
   check "dpo waits for sft, not for reward" grep -q "afterok:$sft_id" <<<"$(job_field "$dpo_id" Dependency)"
+  grpo_id=${jobs[4]#grpo }
+  check "grpo waits for reward" grep -q "afterok:$reward_id" <<<"$(job_field "$grpo_id" Dependency)"
   state=$(wait_job "$reward_id" 240)
   state=$(wait_job "$dpo_id" 240)
+  state=$(wait_job "$grpo_id" 240)
   for job in "${jobs[@]}"; do
     check "stage ${job% *} (job ${job#* }) completed" test "$(job_state "${job#* }")" = COMPLETED
   done
@@ -273,6 +293,8 @@ pipeline)
   check "the DPO policy's checkpoint verifies" "$bin" ckpt verify --quick ckpt-dpo
   check "... its first step's loss log 2 against the SFT model" \
     grep -q "step 1/8 | loss 0.6931 | acc 0.000" "l3-dpo-$dpo_id.out"
+  check "the GRPO policy's checkpoint verifies" "$bin" ckpt verify --quick ckpt-grpo
+  check "... its steps report their rewards" grep -q "step 2/2 | loss .* | reward " "l3-grpo-$grpo_id.out"
   [[ $failures -eq 0 ]] || for f in l3-*.out; do show_output "$f"; done
   # A failing first stage: the later ones are cancelled, not left pending.
   printf 'kind = sft\ninput = %s/missing.jsonl\ntokenizer = bytes\noutput = %s/x\n' "$work" "$work" >bad-prep.ini

@@ -72,7 +72,7 @@ void DpoLoss::run(const model::Batch& batch, float grad_scale, bool backward, mo
   model_.forward({.training = backward});
   sequence_log_probs_into(model_, in, mean, TensorView{});
   const TensorView d_rows = in.row_f32[1].first_rows(in.counted);
-  ops.dpo_loss({.sums = model_.sums(slot),
+  ops.dpo_loss({.sums = model_.sums(slot).slice(0, 4),
                 .d_rows = backward ? d_rows : TensorView{},
                 .row_loss = in.row_f32[0].first_rows(in.counted),
                 .ranges = in.ranges,

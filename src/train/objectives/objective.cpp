@@ -44,7 +44,7 @@ EvalTotals Objective::eval_totals() const {
 
 LossSums Objective::read(model::SumSlot slot) const {
   const std::array<double, model::LlamaModel::kSumValues> v = model_.read_sums(slot);
-  return {.loss = v[0], .correct = v[1], .margin = v[2], .chosen = v[3]};
+  return LossSums::of(v);
 }
 
 void describe_pair_step(const LossSums& global, std::int64_t pairs, StepMetrics& m) {

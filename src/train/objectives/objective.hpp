@@ -20,12 +20,28 @@ namespace l3::train {
 
 using Phase = l3::Phase;
 
-// What a pass's head adds into a sum slot (LlamaModel::sums), in this order.
+// What a pass's head adds into a sum slot (LlamaModel::sums), in this order. The trainer sums
+// every value over the ranks but the last, `largest`, of which it takes the maximum.
 struct LossSums {
   double loss = 0.0;     // summed cross-entropy of counted tokens, or summed pair losses
-  double correct = 0.0;  // pairs whose chosen score (DPO: reward) is the higher
-  double margin = 0.0;   // summed chosen - rejected scores (DPO: rewards)
-  double chosen = 0.0;   // DPO: summed chosen rewards
+  double correct = 0.0;  // pairs whose chosen score (DPO: reward) is the higher; GRPO: kl
+  double margin = 0.0;   // summed chosen - rejected scores (DPO: rewards); GRPO: low-clipped
+  double chosen = 0.0;   // DPO: summed chosen rewards; GRPO: high-clipped tokens
+  std::array<double, 3> extra{};  // an objective's own (GRPO: summed entropy)
+  double largest = 0.0;           // a maximum (GRPO: the generator's log-probability error)
+
+  static constexpr std::size_t kValues = 8;
+  [[nodiscard]] std::array<double, kValues> values() const noexcept {
+    return {loss, correct, margin, chosen, extra[0], extra[1], extra[2], largest};
+  }
+  [[nodiscard]] static LossSums of(const std::array<double, kValues>& v) noexcept {
+    return {.loss = v[0],
+            .correct = v[1],
+            .margin = v[2],
+            .chosen = v[3],
+            .extra = {v[4], v[5], v[6]},
+            .largest = v[7]};
+  }
 };
 
 // An evaluation's totals on one rank, summed over the ranks before eval_metrics().

@@ -4,6 +4,7 @@
 #include "train/objectives/bradley_terry_loss.hpp"
 #include "train/objectives/dpo_loss.hpp"
 #include "train/objectives/language_model_loss.hpp"
+#include "train/objectives/policy_gradient_loss.hpp"
 
 namespace l3::train {
 
@@ -17,6 +18,10 @@ std::unique_ptr<Objective> make_objective(Phase phase, model::LlamaModel& model,
     case Phase::dpo:
       if (!settings.dpo) throw core::internal_error("a DPO objective without its settings");
       return std::make_unique<DpoLoss>(model, *settings.dpo, settings.reference);
+    case Phase::grpo:
+      if (settings.grpo == nullptr)
+        throw core::internal_error("a GRPO objective without its settings");
+      return std::make_unique<PolicyGradientLoss>(model, *settings.grpo);
   }
   throw core::internal_error("an objective for an unknown phase");
 }

@@ -10,6 +10,7 @@
 #include "model/dpo_settings.hpp"
 #include "model/llama_model.hpp"
 #include "train/dpo_reference.hpp"
+#include "train/grpo_settings.hpp"
 #include "train/objectives/objective.hpp"
 
 namespace l3::train {
@@ -19,6 +20,7 @@ struct ObjectiveSettings {
   double center_rewards = 0.0;                // reward: the centring coefficient of training
   std::optional<model::DpoSettings> dpo{};    // DPO: the loss
   const ReferenceTable* reference = nullptr;  // DPO: the reference's table; null with LoRA
+  const GrpoSettings* grpo = nullptr;         // GRPO: the loss
 };
 
 // The objective of `phase` for `model` (internal Error when the model's head does not suit it).

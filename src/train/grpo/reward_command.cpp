@@ -1,0 +1,166 @@
+#include "train/grpo/reward_command.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/bounded_read.hpp"
+#include "core/error.hpp"
+
+extern char** environ;  // NOLINT: POSIX declares it for posix_spawn
+
+namespace l3::train::grpo {
+
+namespace {
+
+// An answer longer than this is not {"reward": x}: the verifier is writing something else.
+constexpr std::size_t kMaxAnswerBytes = 1 << 20;
+constexpr const char* kGone = "it exited or closed its output before answering";
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+RewardCommand::RewardCommand(std::string command, double timeout_seconds)
+    : command_(std::move(command)), timeout_(timeout_seconds) {
+  // A socket pair rather than pipes: writing to a verifier that died fails with EPIPE through
+  // send(MSG_NOSIGNAL), without a SIGPIPE (the library changes no signal disposition).
+  int ends[2] = {-1, -1};
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
+    throw core::bad_input(
+        fmt::format("--reward-command \"{}\": cannot make its pipes: {}", command_, errno_text()));
+  }
+  socket_ = ends[0];
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, ends[1], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, ends[1], STDOUT_FILENO);
+  const std::string shell = "/bin/sh";
+  std::string dash_c = "-c";
+  std::vector<char*> argv = {const_cast<char*>(shell.c_str()), dash_c.data(),
+                             const_cast<char*>(command_.c_str()), nullptr};
+  const int spawned = ::posix_spawn(&pid_, shell.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(ends[1]);
+  if (spawned != 0) {
+    pid_ = -1;
+    ::close(socket_);
+    socket_ = -1;
+    throw core::bad_input(fmt::format("--reward-command \"{}\": cannot start /bin/sh: {}", command_,
+                                      std::strerror(spawned)));
+  }
+}
+
+RewardCommand::~RewardCommand() { stop(); }
+
+void RewardCommand::stop() noexcept {
+  if (socket_ >= 0) {
+    ::close(socket_);  // end of input: a well-behaved verifier exits
+    socket_ = -1;
+  }
+  if (pid_ > 0) {
+    // A short grace period, then it is killed: a run never waits on a stuck verifier.
+    int status = 0;
+    for (int i = 0; i < 50; ++i) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      ::usleep(2000);
+    }
+    ::kill(pid_, SIGKILL);
+    (void)::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+}
+
+void RewardCommand::fail(const std::string& record, const std::string& what) {
+  std::string status;
+  if (pid_ > 0) {
+    int code = 0;
+    if (::waitpid(pid_, &code, WNOHANG) == pid_) {
+      pid_ = -1;
+      status = WIFEXITED(code)     ? fmt::format(" (it exited with status {})", WEXITSTATUS(code))
+               : WIFSIGNALED(code) ? fmt::format(" (it was killed by signal {})", WTERMSIG(code))
+                                   : "";
+    }
+  }
+  stop();
+  throw core::bad_input(
+      fmt::format("--reward-command \"{}\", {}: {}{}", command_, record, what, status));
+}
+
+double RewardCommand::score(std::string_view request, const std::string& record) {
+  if (socket_ < 0) fail(record, "the verifier is not running (it failed before)");
+  std::string line(request);
+  line += '\n';
+  for (std::size_t sent = 0; sent < line.size();) {
+    const ssize_t n = ::send(socket_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EPIPE || errno == ECONNRESET) fail(record, kGone);
+      fail(record, fmt::format("cannot send the request: {}", errno_text()));
+    }
+    sent += static_cast<std::size_t>(n);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_);
+  std::size_t newline = pending_.find('\n');
+  while (newline == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) {
+      fail(record, fmt::format("no answer within --reward-timeout {} s", timeout_));
+    }
+    pollfd p{.fd = socket_, .events = POLLIN, .revents = 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      fail(record, fmt::format("cannot wait for the answer: {}", errno_text()));
+    }
+    if (ready == 0) continue;
+    char buffer[4096];
+    const ssize_t n = ::recv(socket_, buffer, sizeof(buffer), 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ECONNRESET) fail(record, kGone);
+      fail(record, fmt::format("cannot read the answer: {}", errno_text()));
+    }
+    if (n == 0) fail(record, kGone);
+    const std::size_t before = pending_.size();
+    pending_.append(buffer, static_cast<std::size_t>(n));
+    if (pending_.size() > kMaxAnswerBytes)
+      fail(record,
+           fmt::format("an answer longer than {} bytes without a newline", kMaxAnswerBytes));
+    newline = pending_.find('\n', before);
+  }
+  const std::string answer = pending_.substr(0, newline);
+  pending_.erase(0, newline + 1);
+  nlohmann::json value;
+  try {
+    value = core::parse_json(answer, "", {});
+  } catch (const core::Error&) {
+    fail(record, fmt::format("the answer is not JSON: '{}'", answer.substr(0, 200)));
+  }
+  const auto reward = value.is_object() ? value.find("reward") : value.end();
+  if (!value.is_object() || reward == value.end() || !reward->is_number()) {
+    fail(record,
+         fmt::format(R"(the answer is not {{"reward": NUMBER}}: '{}')", answer.substr(0, 200)));
+  }
+  const double x = reward->get<double>();
+  if (!std::isfinite(x)) fail(record, fmt::format("the reward {} is not finite", x));
+  return x;
+}
+
+}  // namespace l3::train::grpo

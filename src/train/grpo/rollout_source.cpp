@@ -1,0 +1,520 @@
+#include "train/grpo/rollout_source.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "core/bounded_read.hpp"
+#include "core/error.hpp"
+#include "core/fault_injection.hpp"
+#include "core/rng.hpp"
+#include "core/timer.hpp"
+#include "core/trace_range.hpp"
+#include "dist/collectives.hpp"
+#include "io/data/epoch_plan.hpp"
+#include "io/prep/record_format.hpp"
+#include "train/grpo/advantages.hpp"
+
+namespace l3::train::grpo {
+
+using nlohmann::json;
+
+// One sample of a prompt: what the engine generated and how it scored.
+struct RolloutSource::Completion {
+  std::int64_t prompt = 0;        // sample number in the prompt set
+  std::int64_t sample = 0;        // 0 .. G-1
+  std::vector<std::int32_t> ids;  // the new tokens, the stop token included when it ended on one
+  std::vector<float> logprobs;    // the generator's, one per id
+  bool truncated = false;         // ended on --max-completion-length, not on a stop token
+  std::string text;               // the decoded completion (without the stop token)
+  std::vector<double> rewards;    // one per reward function, in GrpoSettings::reward_names order
+  double reward = 0.0;            // their weighted sum
+  double advantage = 0.0;
+};
+
+namespace {
+
+// Values gathered per completion from every rank: reward, its parts, length, truncated.
+constexpr std::size_t kFixedValues = 3;
+
+// The completion a record's "answer" field expects: a string as it is, anything else as JSON
+// (a number 42 is "42"). nullopt when the record has none.
+std::optional<std::string> expected_answer(const json& record) {
+  const auto answer = record.find("answer");
+  if (answer == record.end()) return std::nullopt;
+  return answer->is_string() ? answer->get<std::string>() : answer->dump();
+}
+
+double answer_match(const json& record, std::string_view completion) {
+  const std::optional<std::string> answer = expected_answer(record);
+  return answer && prep::strip(completion) == prep::strip(*answer) ? 1.0 : 0.0;
+}
+
+double mean_of(std::span<const double> v) {
+  double s = 0.0;
+  for (const double x : v) s += x;
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
+}  // namespace
+
+RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
+                             model::LlamaModel& model, PromptSet prompts, PromptSet validation,
+                             RolloutConfig config)
+    : world_(world),
+      log_(log),
+      model_(model),
+      prompts_(std::move(prompts)),
+      validation_(std::move(validation)),
+      config_(std::move(config)),
+      tokenizer_(tokenizer::Tokenizer::load(config_.tokenizer)) {
+  const GrpoSettings& s = config_.settings;
+  const std::int64_t longest_prompt = config_.seq_len - s.max_completion_length;
+  for (std::int64_t i = 0; i < prompts_.size(); ++i) {
+    if (static_cast<std::int64_t>(prompts_.prompt(i).size()) <= longest_prompt) {
+      usable_.push_back(i);
+    } else {
+      ++skipped_;
+    }
+  }
+  if (usable_.empty()) {
+    throw core::usage_error(fmt::format(
+        "no prompt of {} fits in --seq-len {} with --max-completion-length {} (the longest "
+        "prompt that fits has {} tokens)",
+        prompts_.directory(), config_.seq_len, s.max_completion_length,
+        std::max<std::int64_t>(longest_prompt, 0)));
+  }
+  if (skipped_ > 0) {
+    log_.warn(
+        "{} of {} prompts are longer than --seq-len - --max-completion-length = {} tokens: "
+        "left out",
+        skipped_, prompts_.size(), longest_prompt);
+  }
+  if (s.reward_match_answer) {
+    // Every record must say what it expects: found now, not at the step that draws it.
+    for (const PromptSet* set : {&prompts_, &validation_}) {
+      for (std::int64_t i = 0; i < set->size(); ++i) {
+        if (!expected_answer(core::parse_json(set->record(i), "", {}))) {
+          throw core::bad_input(
+              fmt::format(R"(--reward-match answer: prompt {} has no "answer" field)", i),
+              {.file = set->directory()});
+        }
+      }
+    }
+  }
+  if (!s.reward_command.empty())
+    command_ = std::make_unique<RewardCommand>(s.reward_command, s.reward_timeout);
+
+  // The engine: this rank's completions of a step in flight at once (at most 64), each a prompt
+  // and its completion within one row.
+  if (config_.prompts_per_step % world_.size() != 0) {
+    throw core::usage_error(fmt::format(
+        "--global-batch {} (prompts per step) must be a multiple of the {} ranks: a prompt's "
+        "completions are generated and trained on one rank",
+        config_.prompts_per_step, world_.size()));
+  }
+  const std::int64_t per_rank = config_.prompts_per_step / world_.size() * s.num_generations;
+  model::SamplingSettings sampling{
+      .temperature = s.temperature,
+      .top_p = s.top_p,
+      .top_k = s.top_k,
+      .seed = 0,
+      .stop_tokens = {tokenizer_.special(tokenizer::Special::end_of_turn),
+                      tokenizer_.special(tokenizer::Special::end_of_text)},
+      .vocab_limit = tokenizer_.vocab_size()};
+  model::validate(sampling);
+  sampling_ = sampling;
+  engine_ = std::make_unique<model::GenerationEngine>(
+      model_,
+      model::EngineShape{.slots = static_cast<int>(std::clamp<std::int64_t>(per_rank, 1, 64)),
+                         .capacity = config_.seq_len},
+      std::move(sampling));
+}
+
+RolloutSource::~RolloutSource() = default;
+
+std::optional<std::int64_t> RolloutSource::steps_in_epoch(std::int64_t /*epoch*/) const {
+  const auto n = static_cast<std::int64_t>(usable_.size());
+  return (n + config_.prompts_per_step - 1) / config_.prompts_per_step;
+}
+
+void RolloutSource::start(const StepShape& shape, data::Position from) {
+  position_ = from;
+  pad_ = shape.pad_id;
+  if (!config_.settings.log_completions.empty() && world_.is_root()) {
+    // A resumed run writes the steps after its checkpoint again: the lines an interrupted run
+    // wrote for them go first, so that the file reads like one uninterrupted run's.
+    const std::int64_t resumed = from.epoch * *steps_in_epoch(0) + from.step;
+    const std::string& path = config_.settings.log_completions;
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      std::ifstream in(path);
+      std::string kept;
+      std::string line;
+      while (std::getline(in, line)) {
+        const json record = core::parse_json_or_discard(line);
+        if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+            record["step"].get<std::int64_t>() > resumed) {
+          continue;
+        }
+        if (!in.eof()) kept += line + "\n";  // a last line without its newline was cut short
+      }
+      std::ofstream out(path, std::ios::trunc);
+      out << kept;
+      if (!out) throw core::bad_input("cannot rewrite the completions' log", {.file = path});
+    }
+  }
+}
+
+std::pair<std::int64_t, std::int64_t> RolloutSource::share(std::int64_t n, int rank) const {
+  // The r-th 1/W of a full step's prompts; a short last step fills the first ranks' shares.
+  const std::int64_t per = config_.prompts_per_step / world_.size();
+  const std::int64_t begin = std::min(n, per * rank);
+  return {begin, std::min(n, begin + per)};
+}
+
+std::vector<std::int64_t> RolloutSource::step_prompts(std::int64_t epoch, std::int64_t step) const {
+  const auto n = static_cast<std::int64_t>(usable_.size());
+  const std::vector<std::int64_t> order = data::epoch_permutation(n, config_.seed, epoch);
+  std::vector<std::int64_t> out;
+  for (std::int64_t i = step * config_.prompts_per_step;
+       i < std::min(n, (step + 1) * config_.prompts_per_step); ++i) {
+    out.push_back(usable_[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])]);
+  }
+  return out;
+}
+
+std::vector<RolloutSource::Completion> RolloutSource::generate(
+    const PromptSet& set, const std::vector<std::int64_t>& mine, std::int64_t samples,
+    const model::SamplingSettings& sampling) {
+  const core::TraceRange range("rollout: generate");
+  const GrpoSettings& s = config_.settings;
+  engine_->set_sampling(sampling);
+  std::unordered_map<std::int64_t, std::size_t> position;  // a prompt appears once
+  for (std::size_t i = 0; i < mine.size(); ++i) position[mine[i]] = i;
+  const auto per = static_cast<std::size_t>(samples);
+  std::vector<Completion> out(mine.size() * per);
+  std::size_t next = 0;
+  const model::GenerationEngine::RequestSource source =
+      [&]() -> std::optional<model::GenerationRequest> {
+    if (next == out.size()) return std::nullopt;
+    const std::size_t i = next++;
+    const std::int64_t prompt = mine[i / per];
+    const std::span<const std::int32_t> ids = set.prompt(prompt);
+    return model::GenerationRequest{.record = prompt,
+                                    .sample = static_cast<std::int64_t>(i % per),
+                                    .prompt = std::vector<std::int32_t>(ids.begin(), ids.end()),
+                                    .max_new = s.max_completion_length};
+  };
+  const model::GenerationEngine::OutputSink sink = [&](model::GenerationOutput&& o) {
+    Completion& c = out[position.at(o.record) * per + static_cast<std::size_t>(o.sample)];
+    c.prompt = o.record;
+    c.sample = o.sample;
+    c.text = tokenizer_.decode(o.tokens);
+    c.ids = std::move(o.tokens);
+    c.logprobs = std::move(o.logprobs);
+    if (o.stop_token >= 0) {
+      c.ids.push_back(o.stop_token);
+      c.logprobs.push_back(o.stop_logprob);
+    }
+    c.truncated = !o.stopped;
+  };
+  // Every rank runs the engine's passes together: with sharded weights a pass gathers them.
+  const model::GenerationEngine::PassAgreement agree = [&](bool work) {
+    return dist::all_reduce(world_.comm(), work ? 1 : 0, dist::ReduceOp::max, "rollout pass") > 0;
+  };
+  engine_->run(source, sink, {}, agree);
+  return out;
+}
+
+void RolloutSource::score(const PromptSet& set, std::vector<Completion>& completions) {
+  const core::TraceRange range("rollout: score");
+  const GrpoSettings& s = config_.settings;
+  for (Completion& c : completions) {
+    const std::string_view text = set.record(c.prompt);
+    const json record = core::parse_json(text, "", {});
+    c.rewards.clear();
+    if (s.reward_match_answer) c.rewards.push_back(answer_match(record, c.text));
+    if (command_) {
+      json request = {{"prompt", record.contains("prompt") ? record["prompt"]
+                                                           : record.value("messages", json())},
+                      {"completion", c.text},
+                      {"record", record}};
+      c.rewards.push_back(command_->score(
+          request.dump(-1, ' ', false, json::error_handler_t::replace),
+          fmt::format("prompt {} of {} (sample {})", c.prompt, set.directory(), c.sample)));
+    }
+    c.reward = 0.0;
+    for (std::size_t k = 0; k < c.rewards.size(); ++k)
+      c.reward += (s.reward_weights.empty() ? 1.0 : s.reward_weights[k]) * c.rewards[k];
+  }
+}
+
+const data::StepData& RolloutSource::next() {
+  const GrpoSettings& s = config_.settings;
+  const std::int64_t per_epoch = *steps_in_epoch(position_.epoch);
+  const std::int64_t step = position_.epoch * per_epoch + position_.step;  // global, from 0
+  const std::vector<std::int64_t> all = step_prompts(position_.epoch, position_.step);
+  const auto [begin, end] = share(static_cast<std::int64_t>(all.size()), world_.rank());
+  const std::vector<std::int64_t> mine(all.begin() + begin, all.begin() + end);
+
+  core::Stopwatch watch;
+  model::SamplingSettings sampling = sampling_;
+  sampling.seed = core::CounterRng(config_.seed, core::RngPurpose::grpo_sampling,
+                                   static_cast<std::uint32_t>(step))
+                      .bits64(0);
+  std::vector<Completion> completions = generate(prompts_, mine, s.num_generations, sampling);
+  const double generate_ms = watch.milliseconds();
+  core::fault_point("grpo.generated", world_.rank());
+  watch = core::Stopwatch();
+  // A failing verifier on one rank stops every rank (with its message), not just its own.
+  std::exception_ptr failure;
+  try {
+    score(prompts_, completions);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world_, failure);
+  const double score_ms = watch.milliseconds();
+  core::fault_point("grpo.scored", world_.rank());
+
+  // Every rank's rewards, lengths and truncations in the step's global order.
+  const std::size_t functions = s.reward_names().size();
+  const std::size_t width = kFixedValues + functions;
+  const auto g = static_cast<std::size_t>(s.num_generations);
+  std::vector<int> counts(static_cast<std::size_t>(world_.size()));
+  std::vector<int> displacements(counts.size());
+  for (int r = 0; r < world_.size(); ++r) {
+    const auto [b, e] = share(static_cast<std::int64_t>(all.size()), r);
+    counts[static_cast<std::size_t>(r)] =
+        static_cast<int>(static_cast<std::size_t>(e - b) * g * width);
+    displacements[static_cast<std::size_t>(r)] =
+        static_cast<int>(static_cast<std::size_t>(b) * g * width);
+  }
+  std::vector<double> table(all.size() * g * width);
+  for (std::size_t i = 0; i < completions.size(); ++i) {
+    const Completion& c = completions[i];
+    double* row = table.data() + static_cast<std::size_t>(begin) * g * width + i * width;
+    row[0] = c.reward;
+    row[1] = static_cast<double>(c.ids.size());
+    row[2] = c.truncated ? 1.0 : 0.0;
+    for (std::size_t k = 0; k < functions; ++k) row[kFixedValues + k] = c.rewards[k];
+  }
+  dist::all_gatherv(world_.comm(), std::span<double>(table), counts, displacements,
+                    "rollout rewards");
+  const std::size_t n = all.size() * g;
+  std::vector<double> rewards(n);
+  for (std::size_t i = 0; i < n; ++i) rewards[i] = table[i * width];
+  const Advantages adv =
+      compute_advantages(rewards, s.num_generations, s.advantage, s.scale_rewards);
+  for (std::size_t i = 0; i < completions.size(); ++i)
+    completions[i].advantage = adv.values[static_cast<std::size_t>(begin) * g + i];
+
+  // The step's metrics, TRL's names; the same on every rank (computed from the same table).
+  std::vector<std::pair<std::string, double>> metrics;
+  metrics.emplace_back("reward", mean_of(rewards));
+  metrics.emplace_back("reward_std", unbiased_std(rewards));
+  metrics.emplace_back("frac_reward_zero_std", adv.frac_zero_std);
+  const std::vector<std::string> names = s.reward_names();
+  for (std::size_t k = 0; k < functions; ++k) {
+    std::vector<double> values(n);
+    for (std::size_t i = 0; i < n; ++i) values[i] = table[i * width + kFixedValues + k];
+    metrics.emplace_back(fmt::format("rewards/{}/mean", names[k]), mean_of(values));
+    metrics.emplace_back(fmt::format("rewards/{}/std", names[k]), unbiased_std(values));
+  }
+  std::vector<double> lengths(n);
+  std::vector<double> terminated;
+  for (std::size_t i = 0; i < n; ++i) {
+    lengths[i] = table[i * width + 1];
+    if (table[i * width + 2] == 0.0) terminated.push_back(lengths[i]);
+  }
+  const auto [shortest, longest] = std::minmax_element(lengths.begin(), lengths.end());
+  metrics.emplace_back("completions/mean_length", mean_of(lengths));
+  metrics.emplace_back("completions/min_length", n > 0 ? *shortest : 0.0);
+  metrics.emplace_back("completions/max_length", n > 0 ? *longest : 0.0);
+  metrics.emplace_back(
+      "completions/clipped_ratio",
+      n > 0 ? 1.0 - static_cast<double>(terminated.size()) / static_cast<double>(n) : 0.0);
+  const auto [t_min, t_max] = std::minmax_element(terminated.begin(), terminated.end());
+  metrics.emplace_back("completions/mean_terminated_length", mean_of(terminated));
+  metrics.emplace_back("completions/min_terminated_length", terminated.empty() ? 0.0 : *t_min);
+  metrics.emplace_back("completions/max_terminated_length", terminated.empty() ? 0.0 : *t_max);
+  metrics.emplace_back("time/generate_ms", dist::all_reduce(world_.comm(), generate_ms,
+                                                            dist::ReduceOp::max, "generate time"));
+  metrics.emplace_back("time/score_ms", dist::all_reduce(world_.comm(), score_ms,
+                                                         dist::ReduceOp::max, "score time"));
+
+  if (!s.log_completions.empty()) write_log(completions, mine, step);
+  current_ = data::StepData{};
+  current_.position = position_;
+  current_.samples = static_cast<std::int64_t>(mine.size());
+  build_batches(completions);
+  current_.metrics = std::move(metrics);
+  position_ = position_.step + 1 < per_epoch ? data::Position{position_.epoch, position_.step + 1}
+                                             : data::Position{position_.epoch + 1, 0};
+  current_.next = position_;
+  return current_;
+}
+
+std::optional<EvalMetrics> RolloutSource::evaluate() {
+  const core::Stopwatch watch;
+  const GrpoSettings& s = config_.settings;
+  // This rank's contiguous share of the prompts that fit.
+  std::vector<std::int64_t> fitting;
+  for (std::int64_t i = 0; i < validation_.size(); ++i) {
+    if (static_cast<std::int64_t>(validation_.prompt(i).size()) <=
+        config_.seq_len - s.max_completion_length)
+      fitting.push_back(i);
+  }
+  const auto n = static_cast<std::int64_t>(fitting.size());
+  const std::int64_t begin = n * world_.rank() / world_.size();
+  const std::int64_t end = n * (world_.rank() + 1) / world_.size();
+  const std::vector<std::int64_t> mine(fitting.begin() + begin, fitting.begin() + end);
+
+  model::SamplingSettings greedy = sampling_;
+  greedy.temperature = 0.0;
+  model::SamplingSettings sampled = sampling_;
+  // The same draws at every evaluation: the curve follows the model, not the dice.
+  sampled.seed =
+      core::CounterRng(config_.seed, core::RngPurpose::grpo_sampling, 0xffffffffU).bits64(0);
+  std::vector<Completion> first = generate(validation_, mine, 1, greedy);
+  std::vector<Completion> second = generate(validation_, mine, s.num_generations, sampled);
+  std::exception_ptr failure;
+  try {
+    score(validation_, first);
+    score(validation_, second);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world_, failure);
+
+  // Sums over the ranks: greedy rewards, sampled rewards, greedy lengths, then each function's
+  // greedy rewards.
+  const std::size_t functions = s.reward_names().size();
+  std::vector<double> sums(3 + functions, 0.0);
+  for (const Completion& c : first) {
+    sums[0] += c.reward;
+    sums[2] += static_cast<double>(c.ids.size());
+    for (std::size_t k = 0; k < functions; ++k) sums[3 + k] += c.rewards[k];
+  }
+  for (const Completion& c : second) sums[1] += c.reward;
+  dist::all_reduce(world_.comm(), std::span<double>(sums), dist::ReduceOp::sum, "eval rewards");
+  const double prompts = static_cast<double>(std::max<std::int64_t>(n, 1));
+  EvalMetrics m;
+  m.phase = Phase::grpo;
+  m.skipped_samples = validation_.size() - n;
+  m.extra.reserve(4 + functions);  // (also keeps GCC 12's -Warray-bounds from a false alarm)
+  m.extra.emplace_back("reward", sums[0] / prompts);
+  m.extra.emplace_back("reward_sampled",
+                       sums[1] / (prompts * static_cast<double>(s.num_generations)));
+  const std::vector<std::string> names = s.reward_names();
+  for (std::size_t k = 0; k < functions; ++k)
+    m.extra.emplace_back(fmt::format("rewards/{}/mean", names[k]), sums[3 + k] / prompts);
+  m.extra.emplace_back("completions/mean_length", sums[2] / prompts);
+  m.extra.emplace_back("prompts", static_cast<double>(n));
+  m.seconds = watch.seconds();
+  return m;
+}
+
+void RolloutSource::build_batches(const std::vector<Completion>& completions) {
+  const GrpoSettings& s = config_.settings;
+  // Every rank runs the same number of micro-batches (a short share: empty ones), so that the
+  // passes' collectives (ZeRO-3 gathers) match.
+  const std::int64_t per_rank = config_.prompts_per_step / world_.size() * s.num_generations;
+  const std::int64_t passes = (per_rank + config_.micro_batch - 1) / config_.micro_batch;
+  for (std::int64_t m = 0; m < passes; ++m) {
+    const std::int64_t first = m * config_.micro_batch;
+    const std::int64_t last = std::min<std::int64_t>(static_cast<std::int64_t>(completions.size()),
+                                                     first + config_.micro_batch);
+    if (first >= last) {
+      current_.micro.push_back(data::Batch::none(config_.seq_len));
+      continue;
+    }
+    // One completion per row (a prompt and its completion fit in --seq-len).
+    data::BatchBuilder builder(last - first, config_.seq_len, pad_);
+    struct Placed {
+      std::int64_t end = 0;  // flat position of the last token
+      std::size_t completion = 0;
+    };
+    std::vector<Placed> placed;
+    std::int64_t counted = 0;
+    for (std::int64_t i = first; i < last; ++i) {
+      const Completion& c = completions[static_cast<std::size_t>(i)];
+      const std::span<const std::int32_t> prompt = prompts_.prompt(c.prompt);
+      std::vector<std::int32_t> tokens(prompt.begin(), prompt.end());
+      tokens.insert(tokens.end(), c.ids.begin(), c.ids.end());
+      const bool masked = s.mask_truncated_completions && c.truncated;
+      std::vector<std::uint8_t> mask(tokens.size(), 0);
+      if (!masked)
+        std::fill(mask.begin() + static_cast<std::ptrdiff_t>(prompt.size()), mask.end(), 1);
+      const std::int64_t end = builder.add(tokens, mask);
+      if (end < 0) throw core::internal_error("rollout: a completion did not fit in its row");
+      builder.end_row();
+      placed.push_back({end, static_cast<std::size_t>(i)});
+      if (!masked) counted += static_cast<std::int64_t>(c.ids.size());
+    }
+    data::Batch batch = builder.finish();
+    const std::size_t positions = static_cast<std::size_t>(batch.tokens_count());
+    batch.advantages.assign(positions, 0.0F);
+    batch.sampled_logprobs.assign(positions, 0.0F);
+    batch.loss_weights.assign(positions, 0.0F);
+    batch.completions = last - first;
+    for (const Placed& p : placed) {
+      const Completion& c = completions[p.completion];
+      const auto length = static_cast<std::int64_t>(c.ids.size());
+      // Position t predicts token t + 1: the completion's k-th token is the target of the
+      // position before it.
+      const std::int64_t first_target = p.end - length;
+      const float weight = s.loss_type == PolicyLossType::grpo
+                               ? 1.0F / static_cast<float>(std::max<std::int64_t>(length, 1))
+                           : s.loss_type == PolicyLossType::bnpo
+                               ? 1.0F / static_cast<float>(std::max<std::int64_t>(counted, 1))
+                               : 1.0F;
+      for (std::int64_t k = 0; k < length; ++k) {
+        const auto t = static_cast<std::size_t>(first_target + k);
+        batch.advantages[t] = static_cast<float>(c.advantage);
+        batch.sampled_logprobs[t] = c.logprobs[static_cast<std::size_t>(k)];
+        batch.loss_weights[t] = weight;
+      }
+    }
+    current_.micro.push_back(std::move(batch));
+  }
+}
+
+void RolloutSource::write_log(const std::vector<Completion>& completions,
+                              const std::vector<std::int64_t>& /*mine*/, std::int64_t step) {
+  std::string lines;
+  for (const Completion& c : completions) {
+    nlohmann::ordered_json line = {
+        {"step", step + 1},
+        {"record", nlohmann::ordered_json::parse(prompts_.record(c.prompt))},
+        {"prompt_index", c.prompt},
+        {"sample", c.sample},
+        {"completion", c.text},
+        {"ids", c.ids},
+        {"truncated", c.truncated},
+        {"reward", c.reward},
+        {"advantage", c.advantage}};
+    const std::vector<std::string> names = config_.settings.reward_names();
+    for (std::size_t k = 0; k < names.size(); ++k)
+      line[fmt::format("rewards/{}", names[k])] = c.rewards[k];
+    lines += line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  }
+  const std::vector<std::string> all = dist::gather_strings(world_.comm(), lines, 0);
+  if (!world_.is_root()) return;
+  std::ofstream out(config_.settings.log_completions, std::ios::app);
+  for (const std::string& part : all) out << part;
+  out.flush();
+  if (!out) {
+    throw core::bad_input("cannot write the completions' log",
+                          {.file = config_.settings.log_completions});
+  }
+}
+
+}  // namespace l3::train::grpo

@@ -1,0 +1,100 @@
+// GRPO's steps: a StepSource whose micro-batches are made, each step, by the model being
+// trained. A step takes --global-batch prompts of the epoch's order (rank r the r-th 1/W of
+// them), generates --num-generations completions of each on that rank with the generation engine
+// over the training model (its current weights, its sharding, its LoRA adapters), scores them,
+// turns the step's rewards (gathered from every rank, in the global order) into advantages, and
+// packs the prompt + completion sequences into micro-batches whose loss positions are the
+// completions' tokens, each with its advantage, the log-probability it was drawn with and its
+// weight in the loss type's normalisation (train/objectives/policy_gradient_loss.hpp).
+//
+// Sampling is keyed by (seed, step, prompt, sample, token): a step's completions do not depend
+// on the ranks, the batch or a restart, so a run resumed from a checkpoint generates what the
+// uninterrupted run did (CPU: bit for bit).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/log.hpp"
+#include "dist/world.hpp"
+#include "io/tokenizer/tokenizer.hpp"
+#include "model/generation_engine.hpp"
+#include "model/llama_model.hpp"
+#include "train/grpo/prompt_set.hpp"
+#include "train/grpo/reward_command.hpp"
+#include "train/grpo_settings.hpp"
+#include "train/metrics.hpp"
+#include "train/step_source.hpp"
+
+namespace l3::train::grpo {
+
+struct RolloutConfig {
+  GrpoSettings settings;
+  std::uint64_t seed = 0;
+  std::int64_t prompts_per_step = 0;  // --global-batch, over all ranks
+  std::int64_t micro_batch = 0;       // completions per forward/backward pass
+  std::int64_t seq_len = 0;           // a prompt + its completion fit in one row
+  std::string tokenizer;              // what decodes completions (prep's, by default)
+};
+
+class RolloutSource final : public StepSource {
+ public:
+  // Collective over `world`. `model`: the model being trained (outlives the source). Throws a
+  // usage Error for prompts that cannot all be used (none fits --seq-len with
+  // --max-completion-length) and bad_input for records a reward cannot read.
+  // `validation`: the --val-data prompts, empty for none.
+  RolloutSource(const dist::World& world, const core::Logger& log, model::LlamaModel& model,
+                PromptSet prompts, PromptSet validation, RolloutConfig config);
+  ~RolloutSource() override;
+  RolloutSource(const RolloutSource&) = delete;
+  RolloutSource& operator=(const RolloutSource&) = delete;
+  RolloutSource(RolloutSource&&) = delete;
+  RolloutSource& operator=(RolloutSource&&) = delete;
+
+  void start(const StepShape& shape, data::Position from) override;
+  const data::StepData& next() override;
+  [[nodiscard]] double last_wait_ms() const override { return 0.0; }
+  [[nodiscard]] std::optional<std::int64_t> steps_in_epoch(std::int64_t epoch) const override;
+  // The validation prompts' greedy completions and --num-generations sampled ones, scored:
+  // "reward" is the mean reward of the greedy ones (with --reward-match answer: the exact-answer
+  // accuracy), "reward_sampled" the sampled ones'. Collective.
+  [[nodiscard]] std::optional<EvalMetrics> evaluate() override;
+
+  // Prompts too long to leave room for a completion (left out of every epoch).
+  [[nodiscard]] std::int64_t skipped_prompts() const noexcept { return skipped_; }
+
+ private:
+  struct Completion;
+  // The prompts (sample numbers) of (epoch, step), over all ranks, in order.
+  [[nodiscard]] std::vector<std::int64_t> step_prompts(std::int64_t epoch, std::int64_t step) const;
+  // This rank's slice [begin, end) of a step's n prompts.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> share(std::int64_t n, int rank) const;
+  // `samples` completions of each of `mine` (prompts of `set`), sampled as `sampling` says.
+  std::vector<Completion> generate(const PromptSet& set, const std::vector<std::int64_t>& mine,
+                                   std::int64_t samples, const model::SamplingSettings& sampling);
+  void score(const PromptSet& set, std::vector<Completion>& completions);
+  void build_batches(const std::vector<Completion>& completions);
+  void write_log(const std::vector<Completion>& completions, const std::vector<std::int64_t>& mine,
+                 std::int64_t step);
+
+  const dist::World& world_;
+  const core::Logger& log_;
+  model::LlamaModel& model_;
+  PromptSet prompts_;
+  PromptSet validation_;
+  RolloutConfig config_;
+  tokenizer::Tokenizer tokenizer_;
+  std::vector<std::int64_t> usable_;  // prompts that fit, in sample order
+  std::int64_t skipped_ = 0;
+  model::SamplingSettings sampling_;  // the training's (a step's seed set per step)
+  std::unique_ptr<model::GenerationEngine> engine_;
+  std::unique_ptr<RewardCommand> command_;
+  data::Position position_{0, 0};
+  std::int32_t pad_ = 0;
+  data::StepData current_;
+};
+
+}  // namespace l3::train::grpo

@@ -1,0 +1,112 @@
+#include "train/grpo_settings.hpp"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+
+namespace l3::train {
+
+std::vector<std::string> GrpoSettings::reward_names() const {
+  std::vector<std::string> names;
+  if (reward_match_answer) names.emplace_back("answer_match");
+  if (!reward_command.empty()) names.emplace_back("command");
+  return names;
+}
+
+void GrpoSettings::validate() const {
+  const std::vector<std::string> names = reward_names();
+  if (names.empty()) {
+    throw core::usage_error(
+        "grpo needs a reward: --reward-match answer and/or --reward-command \"CMD ARGS\"");
+  }
+  if (!reward_weights.empty() && reward_weights.size() != names.size()) {
+    throw core::usage_error(
+        fmt::format("--reward-weights gives {} weight{} for {} reward{} ({}: in this order)",
+                    reward_weights.size(), reward_weights.size() == 1 ? "" : "s", names.size(),
+                    names.size() == 1 ? "" : "s", fmt::join(names, ", ")));
+  }
+  if (num_generations < 2) {
+    throw core::usage_error(
+        "--num-generations must be at least 2 (advantages compare a prompt's completions)");
+  }
+  if (advantage == AdvantageEstimator::rloo && num_generations < 2)
+    throw core::usage_error("--advantage rloo needs --num-generations >= 2");
+}
+
+void GrpoSettings::add_to(nlohmann::json& j) const {
+  j["num_generations"] = num_generations;
+  j["max_completion_length"] = max_completion_length;
+  j["temperature"] = temperature;
+  j["top_p"] = top_p;
+  j["top_k"] = top_k;
+  j["beta"] = beta;
+  j["epsilon"] = epsilon;
+  j["epsilon_high"] = clip_high();
+  j["loss_type"] = policy_loss_type_name(loss_type);
+  j["scale_rewards"] = reward_scaling_name(scale_rewards);
+  j["advantage"] = advantage_estimator_name(advantage);
+  j["num_iterations"] = num_iterations;
+  j["mask_truncated_completions"] = mask_truncated_completions;
+  j["reward_match"] = reward_match_answer ? "answer" : "";
+  j["reward_command"] = reward_command;
+  j["reward_timeout"] = reward_timeout;
+  j["reward_weights"] = reward_weights;
+}
+
+PolicyLossType parse_policy_loss_type(std::string_view name) {
+  if (name == "grpo") return PolicyLossType::grpo;
+  if (name == "bnpo") return PolicyLossType::bnpo;
+  if (name == "dr_grpo") return PolicyLossType::dr_grpo;
+  if (name == "dapo") return PolicyLossType::dapo;
+  throw core::usage_error(
+      fmt::format("--loss-type {}: use grpo, bnpo, dr_grpo or dapo", std::string(name)));
+}
+
+std::string_view policy_loss_type_name(PolicyLossType type) noexcept {
+  switch (type) {
+    case PolicyLossType::grpo:
+      return "grpo";
+    case PolicyLossType::bnpo:
+      return "bnpo";
+    case PolicyLossType::dr_grpo:
+      return "dr_grpo";
+    case PolicyLossType::dapo:
+      break;
+  }
+  return "dapo";
+}
+
+RewardScaling parse_reward_scaling(std::string_view name) {
+  // TRL's booleans too: true is "group", false "none".
+  if (name == "group" || name == "true") return RewardScaling::group;
+  if (name == "batch") return RewardScaling::batch;
+  if (name == "none" || name == "false") return RewardScaling::none;
+  throw core::usage_error(
+      fmt::format("--scale-rewards {}: use group, batch or none", std::string(name)));
+}
+
+std::string_view reward_scaling_name(RewardScaling scaling) noexcept {
+  switch (scaling) {
+    case RewardScaling::batch:
+      return "batch";
+    case RewardScaling::none:
+      return "none";
+    case RewardScaling::group:
+      break;
+  }
+  return "group";
+}
+
+AdvantageEstimator parse_advantage_estimator(std::string_view name) {
+  if (name == "grpo") return AdvantageEstimator::grpo;
+  if (name == "rloo") return AdvantageEstimator::rloo;
+  throw core::usage_error(fmt::format("--advantage {}: use grpo or rloo", std::string(name)));
+}
+
+std::string_view advantage_estimator_name(AdvantageEstimator estimator) noexcept {
+  return estimator == AdvantageEstimator::rloo ? "rloo" : "grpo";
+}
+
+}  // namespace l3::train

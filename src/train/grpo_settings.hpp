@@ -1,0 +1,67 @@
+// GRPO's settings (`llama3-hpc grpo`, docs/TRAINING.md), named and defaulted after TRL's
+// GRPOConfig: how a step samples its completions, scores them, turns the rewards into
+// advantages and weighs the clipped surrogate loss.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace l3::train {
+
+// How the per-token losses of a step become its loss (TRL's loss_type):
+//   grpo:    each completion's mean over its tokens, then the mean over the completions
+//   bnpo:    the mean over each micro-batch's tokens, then the mean over the micro-batches
+//   dr_grpo: the sum over all tokens / (completions x max_completion_length)
+//   dapo:    the sum over all tokens / the step's tokens (TRL's default)
+enum class PolicyLossType : std::uint8_t { grpo, bnpo, dr_grpo, dapo };
+// What a completion's reward minus its group's baseline is divided by (TRL's scale_rewards):
+// its group's standard deviation, the whole step's, or nothing; + 1e-4 in the first two.
+enum class RewardScaling : std::uint8_t { group, batch, none };
+// The baseline: the group's mean (GRPO), or the mean of the group's other completions (RLOO).
+enum class AdvantageEstimator : std::uint8_t { grpo, rloo };
+
+struct GrpoSettings {
+  // Sampling.
+  std::int64_t num_generations = 8;          // completions per prompt (a group)
+  std::int64_t max_completion_length = 256;  // tokens a completion may have
+  double temperature = 1.0;
+  double top_p = 1.0;
+  std::int64_t top_k = 0;  // 0: off
+  // The loss.
+  double beta = 0.0;  // KL to the reference (k3); 0: no reference is kept
+  double epsilon = 0.2;
+  double epsilon_high = -1;  // < 0: epsilon
+  PolicyLossType loss_type = PolicyLossType::dapo;
+  RewardScaling scale_rewards = RewardScaling::group;
+  AdvantageEstimator advantage = AdvantageEstimator::grpo;
+  std::int64_t num_iterations = 1;  // optimizer steps per generation batch
+  bool mask_truncated_completions = false;
+  // Rewards, in this order: the built-in answer match, the verifier command. Weights: one per
+  // reward in use (empty: all 1).
+  bool reward_match_answer = false;
+  std::string reward_command;
+  double reward_timeout = 60;  // seconds a verifier may take to answer one request
+  std::vector<double> reward_weights;
+  std::string log_completions;  // JSONL of every sample (rank 0 writes it); empty: none
+
+  [[nodiscard]] double clip_high() const noexcept {
+    return epsilon_high < 0 ? epsilon : epsilon_high;
+  }
+  // The rewards in use, by name (rewards/NAME/mean): "answer_match", "command".
+  [[nodiscard]] std::vector<std::string> reward_names() const;
+  // usage Error for settings that cannot work (no reward, weights that do not match).
+  void validate() const;
+  void add_to(nlohmann::json& config) const;  // the manifest's "config"
+};
+
+[[nodiscard]] PolicyLossType parse_policy_loss_type(std::string_view name);
+[[nodiscard]] std::string_view policy_loss_type_name(PolicyLossType type) noexcept;
+[[nodiscard]] RewardScaling parse_reward_scaling(std::string_view name);
+[[nodiscard]] std::string_view reward_scaling_name(RewardScaling scaling) noexcept;
+[[nodiscard]] AdvantageEstimator parse_advantage_estimator(std::string_view name);
+[[nodiscard]] std::string_view advantage_estimator_name(AdvantageEstimator estimator) noexcept;
+
+}  // namespace l3::train

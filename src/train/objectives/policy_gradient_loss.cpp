@@ -1,0 +1,156 @@
+#include "train/objectives/policy_gradient_loss.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/trace_range.hpp"
+
+namespace l3::train {
+
+using kernels::ConstTensorView;
+using kernels::TensorView;
+
+PolicyGradientLoss::PolicyGradientLoss(model::LlamaModel& model, const GrpoSettings& settings)
+    : Objective(model), settings_(settings) {
+  if (model.layout().head() != model::HeadKind::language_model)
+    throw core::internal_error("a policy-gradient loss for a model without a language-model head");
+  if (settings_.beta > 0 && !model.has_adapters()) {
+    throw core::internal_error(
+        "GRPO with --beta > 0 needs a reference: LoRA's base (full fine-tuning: not built yet)");
+  }
+}
+
+std::int64_t PolicyGradientLoss::units(const model::Batch& batch) const {
+  switch (settings_.loss_type) {
+    case PolicyLossType::grpo:
+      return batch.completions;
+    case PolicyLossType::bnpo:
+      return 1;  // every micro-batch, those with no rows too (TRL divides by the accumulation)
+    case PolicyLossType::dr_grpo:
+      return batch.completions * settings_.max_completion_length;
+    case PolicyLossType::dapo:
+      break;
+  }
+  return batch.counted_tokens();
+}
+
+ConstTensorView PolicyGradientLoss::upload(const std::vector<float>& per_position,
+                                           const model::Batch& batch, std::size_t which) {
+  std::vector<float>& host = host_[which];
+  host.clear();
+  for (std::size_t t = 0; t < batch.loss_mask.size(); ++t) {
+    if (batch.loss_mask[t] != 0) host.push_back(per_position[t]);
+  }
+  const auto c = static_cast<std::int64_t>(host.size());
+  if (c == 0) return {};
+  const TensorView rows = rows_[which].slice(0, c);
+  model_.ops().copy(rows, ConstTensorView(std::span<const float>(host)));
+  return rows;
+}
+
+void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool backward,
+                              model::SumSlot slot) {
+  model_.load_batch(batch);
+  const model::HeadInputs in = model_.head();
+  kernels::Ops& ops = model_.pass_ops();
+  if (const std::int64_t c = in.counted; c > capacity_) {
+    for (kernels::Buffer& b : rows_) b = model_.ops().allocate(kernels::DType::f32, c);
+    capacity_ = c;
+  }
+  ConstTensorView advantages;
+  ConstTensorView weights;
+  ConstTensorView sampled;
+  if (in.counted > 0) {
+    if (batch.advantages.size() != batch.loss_mask.size() ||
+        batch.loss_weights.size() != batch.loss_mask.size() ||
+        batch.sampled_logprobs.size() != batch.loss_mask.size()) {
+      throw core::internal_error("a policy-gradient batch without its advantages and weights");
+    }
+    advantages = upload(batch.advantages, batch, 0);
+    weights = upload(batch.loss_weights, batch, 1);
+    sampled = upload(batch.sampled_logprobs, batch, 2);
+  }
+  const TensorView row_loss = in.row_f32[0].first_rows(in.counted);
+  const TensorView d_rows = in.row_f32[1].first_rows(in.counted);
+  const TensorView ref_row_loss = in.row_f32[2].first_rows(in.counted);
+  const TensorView entropy = in.row_f32[3].first_rows(in.counted);
+  const bool reference = settings_.beta > 0;
+  if (reference) {
+    // LoRA: the model without its adapters is the reference, no second copy of it.
+    const core::TraceRange range("GRPO reference (the base model)");
+    model_.forward({.training = false, .adapters = false});
+    const model::HeldGroup held = model_.hold_head(model::Pass::forward);
+    ops.lm_head_cross_entropy({.row_loss = ref_row_loss,
+                               .h = in.hidden,
+                               .w = model_.lm_head_weight(),
+                               .rows = in.loss_rows,
+                               .targets = in.loss_targets});
+  }
+  model_.forward({.training = backward});
+  {
+    const core::TraceRange range("lm_head + log-probabilities");
+    const model::HeldGroup held = model_.hold_head(model::Pass::forward);
+    ops.lm_head_cross_entropy({.row_loss = row_loss,
+                               .row_entropy = entropy,
+                               .h = in.hidden,
+                               .w = model_.lm_head_weight(),
+                               .rows = in.loss_rows,
+                               .targets = in.loss_targets});
+  }
+  const TensorView sums = model_.sums(slot);
+  ops.policy_loss({.sums = sums.slice(0, 5),
+                   .largest = sums.slice(LossSums::kValues - 1, 1),
+                   .d_rows = backward ? d_rows : TensorView{},
+                   .row_loss = row_loss,
+                   .advantages = advantages,
+                   .weights = weights,
+                   .ref_row_loss = reference ? ConstTensorView(ref_row_loss) : ConstTensorView{},
+                   .sampled_logps = sampled,
+                   .row_entropy = entropy,
+                   .epsilon_low = settings_.epsilon,
+                   .epsilon_high = settings_.clip_high(),
+                   .beta = settings_.beta,
+                   .grad_scale = grad_scale});
+  if (!backward) return;
+  {
+    const core::TraceRange range("lm_head backward (GRPO)");
+    const model::HeldGroup held = model_.hold_head(model::Pass::backward);
+    ops.lm_head_cross_entropy({.dh = in.d_hidden,
+                               .dw = model_.lm_head_grad(),
+                               .h = in.hidden,
+                               .w = model_.lm_head_weight(),
+                               .rows = in.loss_rows,
+                               .targets = in.loss_targets,
+                               .row_scale = d_rows,
+                               .grad_scale = 1.0F});
+  }
+  model_.backward();
+}
+
+LossSums PolicyGradientLoss::forward_backward(const model::Batch& batch, float grad_scale) {
+  model_.zero_sums(model::SumSlot::call);
+  pass(batch, grad_scale, true, model::SumSlot::call);
+  return read(model::SumSlot::call);
+}
+
+void PolicyGradientLoss::describe_step(const LossSums& global, std::int64_t units,
+                                       StepMetrics& m) const {
+  m.loss = units > 0 ? global.loss / static_cast<double>(units) : 0.0;
+  // Token means over the step's counted tokens (the trainer's loss_tokens).
+  const double tokens = static_cast<double>(std::max<std::int64_t>(m.loss_tokens, 1));
+  if (settings_.beta > 0) m.extra.emplace_back("kl", global.correct / tokens);
+  m.extra.emplace_back("entropy", global.extra[0] / tokens);
+  m.extra.emplace_back("clip_ratio/low_mean", global.margin / tokens);
+  m.extra.emplace_back("clip_ratio/high_mean", global.chosen / tokens);
+  m.extra.emplace_back("clip_ratio/region_mean", (global.margin + global.chosen) / tokens);
+  m.extra.emplace_back("logp_mismatch", global.largest);
+}
+
+EvalMetrics PolicyGradientLoss::eval_metrics(const EvalTotals& /*global*/) const {
+  // GRPO evaluates by generating (grpo::RolloutSource), not through loss passes.
+  EvalMetrics m;
+  m.phase = Phase::grpo;
+  return m;
+}
+
+}  // namespace l3::train

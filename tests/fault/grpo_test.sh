@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# GRPO through the real program under mpiexec, on the reversal task's prompts with their exact
+# answers, from a small SFT checkpoint:
+#   prep prompts: the records kept whole, errors named;
+#   2 ranks generate step 1's completions of 1 rank (the same bytes in --log-completions) and
+#   follow its losses; the log lets an outsider recompute every advantage and the step's loss;
+#   with LoRA and --beta > 0 step 1's KL is exactly 0 (the policy is its base) and, the ratio
+#   being 1, nothing is clipped;
+#   a run killed while generating, while scoring and while updating, and resumed, ends with the
+#   uninterrupted run's weights, bit for bit, and its completions' log;
+#   a verifier that dies, hangs or answers garbage stops the run with exit 2 and one line naming
+#   the command and the prompt; the checkpoint written before is kept.
+#
+#   grpo_test.sh LLAMA3_HPC MPIEXEC
+set -uo pipefail
+bin=$1
+mpiexec=$2
+work=$(mktemp -d "${TMPDIR:-/tmp}/l3-grpo-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+failures=0
+export OMP_NUM_THREADS=1
+
+fail() {
+  echo "FAIL [$1]"
+  failures=$((failures + 1))
+}
+pass() { echo "ok   [$1]"; }
+
+# shellcheck source=tests/support/reversal_data.sh
+source "$(dirname "$0")/../support/reversal_data.sh"
+prep_reversal_data "$bin" "$work" || {
+  echo "prep failed"
+  exit 1
+}
+
+run() {
+  local ranks=$1
+  shift
+  timeout -k 5 120 "$mpiexec" -n "$ranks" "$bin" "$@" >"$work/last.out" 2>"$work/last.err"
+  local rc=$?
+  [[ $rc -eq 124 || $rc -eq 137 ]] && fail "a run hung (stopped after 120 s): L3_FAULT='${L3_FAULT:-}' $*"
+  return $rc
+}
+digest() { "$bin" ckpt verify --json "$1" 2>/dev/null | sed "s|$work/[^/\"]*||g"; }
+
+# --- the prompts: the SFT records' prompts with their answers, and a field carried along ---
+python3 - "$work/sft.jsonl" "$work/prompts.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as out:
+    for i, line in enumerate(open(sys.argv[1])):
+        r = json.loads(line)
+        out.write(json.dumps({"prompt": r["prompt"], "answer": r["completion"], "id": i}) + "\n")
+PY
+if "$bin" prep prompts --input "$work/prompts.jsonl" --tokenizer bytes --output "$work/prompts" \
+  --val-fraction 0.2 >"$work/last.out" 2>&1 &&
+  grep -q '"format": "llama3-hpc/prompts"' "$work/prompts/train/index.json"; then
+  pass "prep prompts: train and val splits"
+else
+  fail "prep prompts: $(cat "$work/last.out")"
+fi
+echo '{"answer": "x"}' >"$work/bad.jsonl"
+"$bin" prep prompts --input "$work/bad.jsonl" --tokenizer bytes --output "$work/bad" >"$work/last.out" 2>&1
+rc=$?
+if [[ $rc -eq 2 && ! -e "$work/bad" ]] && grep -q 'bad.jsonl:1' "$work/last.out" &&
+  grep -q '"prompt"' "$work/last.out"; then
+  pass "prep prompts: a record without a prompt is exit 2 naming file:line, nothing written"
+else
+  fail "prep prompts of a bad record (rc $rc): $(cat "$work/last.out")"
+fi
+
+run 1 sft --model tiny --data "$work/sft" --steps 16 --seq-len 64 --global-batch 8 --lr 3e-3 \
+  --ckpt-dir "$work/sft-ckpt" --log-every 0 --no-progress || {
+  cat "$work/last.err"
+  echo "the SFT run failed"
+  exit 1
+}
+# A verifier with a graded reward (the share of the answer's characters the completion has in
+# place), so that groups differ and the steps train.
+cat >"$work/similarity.py" <<'PY'
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    answer, completion = r["record"]["answer"], r["completion"].strip()
+    same = sum(1 for a, b in zip(answer, completion) if a == b)
+    print(json.dumps({"reward": same / max(len(answer), len(completion), 1)}), flush=True)
+PY
+base_args=(grpo --init "$work/sft-ckpt" --data "$work/prompts/train" --reward-match answer
+  --seq-len 64 --global-batch 4 --num-generations 4 --micro-batch 4
+  --max-completion-length 16 --temperature 1.0 --lr 1e-3 --checkpoint-every 2 --log-every 0
+  --no-progress --deterministic)
+similarity=(--reward-command "python3 $work/similarity.py")
+grpo_args=("${base_args[@]}" "${similarity[@]}" --steps 6)
+
+# --- 1 rank, 2 ranks ---
+run 1 "${grpo_args[@]}" --ckpt-dir "$work/one" --metrics "$work/one.jsonl" \
+  --log-completions "$work/one-samples.jsonl" || fail "grpo on 1 rank (rc $?): $(tail -3 "$work/last.err")"
+run 2 "${grpo_args[@]}" --ckpt-dir "$work/two" --metrics "$work/two.jsonl" \
+  --log-completions "$work/two-samples.jsonl" || fail "grpo on 2 ranks (rc $?): $(tail -3 "$work/last.err")"
+if cmp -s <(grep '"step":1,' "$work/one-samples.jsonl") <(grep '"step":1,' "$work/two-samples.jsonl") &&
+  [[ $(grep -c '"step":1,' "$work/one-samples.jsonl") -eq 16 ]]; then
+  pass "step 1: 2 ranks generate, score and log the 16 completions of 1 rank, byte for byte"
+else
+  fail "step 1's completions on 1 and 2 ranks"
+fi
+if python3 - "$work/one.jsonl" "$work/two.jsonl" "$work/one-samples.jsonl" <<'PY'; then
+import json, math, sys
+from collections import defaultdict
+one = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"train"' in l]
+two = [json.loads(l) for l in open(sys.argv[2]) if '"kind":"train"' in l]
+assert len(one) == len(two) == 6, (len(one), len(two))
+for a, b in zip(one, two):
+    assert abs(a["loss"] - b["loss"]) <= 1e-4 * max(1.0, abs(a["loss"])), (a["loss"], b["loss"])
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "entropy",
+                "clip_ratio/region_mean", "completions/mean_length", "completions/clipped_ratio",
+                "rewards/answer_match/mean", "rewards/command/mean", "logp_mismatch",
+                "time/generate_share"):
+        assert key in a, key
+    assert a["grad_norm"] > 0  # the graded reward gives the groups different rewards
+    assert a["clip_ratio/region_mean"] == 0.0  # one update per generation batch: ratio 1
+    assert a["logp_mismatch"] < 1e-5, a["logp_mismatch"]
+samples = [json.loads(l) for l in open(sys.argv[3])]
+groups = defaultdict(list)
+for s in samples:
+    groups[(s["step"], s["prompt_index"])].append(s)
+for (step, _), g in groups.items():
+    assert len(g) == 4
+    r = [s["reward"] for s in g]
+    mean = sum(r) / 4
+    std = math.sqrt(sum((x - mean) ** 2 for x in r) / 3)
+    for s in g:
+        assert s["rewards/answer_match"] == (1.0 if s["completion"].strip() == s["record"]["answer"] else 0.0)
+        assert s["reward"] == s["rewards/answer_match"] + s["rewards/command"]
+        assert abs(s["advantage"] - (s["reward"] - mean) / (std + 1e-4)) < 1e-9, s
+# dapo with the ratio 1: the loss is -sum(A_i |y_i|) / sum |y_i| over the step's completions
+for m in one:
+    steps = [s for s in samples if s["step"] == m["step"]]
+    tokens = sum(len(s["ids"]) for s in steps)
+    loss = -sum(s["advantage"] * len(s["ids"]) for s in steps) / tokens
+    assert abs(loss - m["loss"]) <= 1e-5 * max(1.0, abs(loss)), (m["step"], loss, m["loss"])
+PY
+  pass "2 ranks follow 1 rank; the log gives every advantage and the loss; the metrics are TRL's"
+else
+  fail "2 ranks against 1, the log's advantages and loss, the metrics"
+fi
+
+# --- LoRA with --beta: step 1's KL is exactly 0 ---
+run 2 "${base_args[@]}" "${similarity[@]}" --steps 2 --lora-rank 4 --beta 0.04 --ckpt-dir "$work/lora" \
+  --metrics "$work/lora.jsonl" || fail "grpo with LoRA and --beta (rc $?): $(tail -3 "$work/last.err")"
+if grep '"step":1,' "$work/lora.jsonl" | grep -q '"kl":0.0,' &&
+  grep '"step":2,' "$work/lora.jsonl" | grep -q '"kl":'; then
+  pass "LoRA, --beta 0.04: step 1's KL to the base model is exactly 0"
+else
+  fail "LoRA's KL at step 1: $(grep '"step":1,' "$work/lora.jsonl" | grep -o '"kl":[^,]*')"
+fi
+
+# --- killed while generating, scoring, updating; resumed: the uninterrupted run's weights ---
+reference=$(digest "$work/two/step-00000006")
+for point in grpo.generated grpo.scored train.update; do
+  dir="$work/kill-$point"
+  L3_FAULT="$point@1#4=kill" run 2 "${grpo_args[@]}" --ckpt-dir "$dir" \
+    --log-completions "$dir.jsonl"
+  run 2 "${grpo_args[@]}" --ckpt-dir "$dir" --log-completions "$dir.jsonl" ||
+    fail "resume after $point (rc $?): $(tail -3 "$work/last.err")"
+  if [[ -n $reference && "$(digest "$dir/step-00000006")" == "$reference" ]] &&
+    cmp -s "$dir.jsonl" "$work/two-samples.jsonl"; then
+    pass "killed at $point (step 4), resumed: weights and completions those of the uninterrupted run"
+  else
+    fail "killed at $point and resumed: not the uninterrupted run's"
+  fi
+done
+
+# --- verifiers that fail ---
+cat >"$work/verifier.sh" <<'SH'
+# answers 1 for a completion that is the record's answer, else 0; FAIL=... makes it misbehave
+n=0
+while IFS= read -r line; do
+  n=$((n + 1))
+  if [ "$n" -ge 20 ]; then
+    case "$FAIL" in
+      die) exit 3 ;;
+      hang) sleep 60 ;;
+      garbage) echo 'not json'; continue ;;
+      nan) echo '{"reward": 1e999}'; continue ;;
+    esac
+  fi
+  echo '{"reward": 0.5}'
+done
+SH
+for mode in die hang garbage nan; do
+  dir="$work/verifier-$mode"
+  FAIL=$mode run 2 "${base_args[@]}" --steps 6 --reward-command "sh $work/verifier.sh" \
+    --reward-timeout 2 --ckpt-dir "$dir"
+  rc=$?
+  message=$(grep -h 'reward-command' "$work/last.err" | head -1)
+  if [[ $rc -eq 2 && $message == *"sh $work/verifier.sh"* && $message == *"prompt "* &&
+    -d "$dir/step-00000002" ]]; then
+    pass "a verifier that fails ($mode): exit 2, one line naming it and the prompt; step 2's checkpoint kept"
+  else
+    fail "a verifier that fails ($mode): rc $rc, '$message'"
+  fi
+done
+
+if ((failures > 0)); then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all GRPO checks passed"

@@ -1,0 +1,147 @@
+// GRPO's host-side parts: advantages against hand computations (GRPO and RLOO, group and batch
+// scaling, ties and groups of equal rewards), the verifier command's every failure, and the
+// prompt shards' round trip.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "core/error.hpp"
+#include "io/data/shard_format.hpp"
+#include "temp_dir.hpp"
+#include "train/grpo/advantages.hpp"
+#include "train/grpo/reward_command.hpp"
+
+using l3::train::AdvantageEstimator;
+using l3::train::RewardScaling;
+using l3::train::grpo::compute_advantages;
+
+namespace {
+
+std::string failure_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const l3::core::Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return true;
+  UNSCOPED_INFO(text);
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("GRPO advantages: the group's mean and unbiased std, + 1e-4", "[grpo]") {
+  // Two groups of 4: rewards 1,0,0,1 (mean 0.5, std sqrt(1/3)) and 2,2,2,2 (no signal).
+  const std::vector<double> r = {1, 0, 0, 1, 2, 2, 2, 2};
+  const auto a = compute_advantages(r, 4, AdvantageEstimator::grpo, RewardScaling::group);
+  const double std0 = std::sqrt(1.0 / 3.0);
+  REQUIRE(a.values.size() == 8);
+  CHECK(a.values[0] == Approx(0.5 / (std0 + 1e-4)).epsilon(1e-12));
+  CHECK(a.values[1] == Approx(-0.5 / (std0 + 1e-4)).epsilon(1e-12));
+  for (int i = 4; i < 8; ++i) CHECK(a.values[static_cast<std::size_t>(i)] == 0.0);
+  CHECK(a.group_std[0] == Approx(std0).epsilon(1e-12));
+  CHECK(a.group_std[1] == 0.0);
+  CHECK(a.frac_zero_std == 0.5);
+
+  // No scaling: the differences themselves; batch scaling: the std of all eight.
+  const auto none = compute_advantages(r, 4, AdvantageEstimator::grpo, RewardScaling::none);
+  CHECK(none.values[0] == 0.5);
+  CHECK(none.values[2] == -0.5);
+  const auto batch = compute_advantages(r, 4, AdvantageEstimator::grpo, RewardScaling::batch);
+  // mean 1.25; squares: 0.0625 x 2 + 1.5625 x 2 + 0.5625 x 4 = 5.5; / 7
+  const double batch_std = std::sqrt(5.5 / 7.0);
+  CHECK(batch.batch_std == Approx(batch_std).epsilon(1e-12));
+  CHECK(batch.values[0] == Approx(0.5 / (batch_std + 1e-4)).epsilon(1e-12));
+  CHECK(batch.frac_zero_std == 0.0);
+}
+
+TEST_CASE("RLOO advantages: the mean of the group's other completions", "[grpo]") {
+  // 3, 1, 2: baselines (1+2)/2, (3+2)/2, (3+1)/2 -> 1.5, -1.5, 0.
+  const std::vector<double> r = {3, 1, 2};
+  const auto a = compute_advantages(r, 3, AdvantageEstimator::rloo, RewardScaling::none);
+  CHECK(a.values[0] == 1.5);
+  CHECK(a.values[1] == -1.5);
+  CHECK(a.values[2] == 0.0);
+  // It is G/(G-1) times GRPO's difference: scaled by the group std the same way.
+  const auto scaled = compute_advantages(r, 3, AdvantageEstimator::rloo, RewardScaling::group);
+  CHECK(scaled.values[0] == Approx(1.5 / (1.0 + 1e-4)).epsilon(1e-12));
+  // Ties: equal rewards give 0 whatever the estimator.
+  const std::vector<double> ties = {0.5, 0.5};
+  for (const auto e : {AdvantageEstimator::grpo, AdvantageEstimator::rloo}) {
+    const auto t = compute_advantages(ties, 2, e, RewardScaling::group);
+    CHECK(t.values[0] == 0.0);
+    CHECK(t.values[1] == 0.0);
+    CHECK(t.frac_zero_std == 1.0);
+  }
+}
+
+TEST_CASE("A verifier command answers in order; each failure is one line naming it", "[grpo]") {
+  const l3::test::TempDir dir;
+  const std::string script = (dir.path() / "verifier.sh").string();
+  // Echo the length of the completion field as the reward (a shell verifier, no python needed).
+  {
+    std::ofstream f(script);
+    f << "while IFS= read -r line; do\n"
+         "  n=$(printf '%s' \"$line\" | wc -c)\n"
+         "  printf '{\"reward\": %s}\\n' \"$n\"\n"
+         "done\n";
+  }
+  {
+    l3::train::grpo::RewardCommand good("sh " + script, 10);
+    CHECK(good.score(R"({"completion": "ab"})", "prompt 0") == 20.0);
+    CHECK(good.score(R"({"completion": "abc"})", "prompt 1") == 21.0);
+  }
+  const auto failure = [](const std::string& command, double timeout) {
+    return failure_of([&] {
+      l3::train::grpo::RewardCommand c(command, timeout);
+      (void)c.score(R"({"completion": "x"})", "prompt 7 of DIR");
+    });
+  };
+  const std::string died = failure("exit 3", 10);
+  CHECK(contains(died, "--reward-command \"exit 3\""));
+  CHECK(contains(died, "prompt 7 of DIR"));
+  CHECK(contains(died, "before answering"));
+  CHECK(contains(failure("sleep 30", 0.3), "no answer within"));
+  CHECK_THAT(failure("read l; echo not json", 10), Catch::Matchers::Contains("not JSON"));
+  CHECK_THAT(failure("read l; echo '{\"score\": 1}'", 10),
+             Catch::Matchers::Contains("not {\"reward\": NUMBER}"));
+  CHECK_THAT(failure("read l; echo '{\"reward\": \"1\"}'", 10),
+             Catch::Matchers::Contains("not {\"reward\": NUMBER}"));
+  CHECK_THAT(failure("read l; echo '{\"reward\": 1e999}'", 10), Catch::Matchers::Contains("not"));
+  CHECK_THAT(failure("read l; echo '[1]'", 10), Catch::Matchers::Contains("not {\"reward\""));
+  // No newline before it exits: the partial answer is not taken.
+  CHECK_THAT(failure("read l; printf '{\"reward\": 1}'", 10),
+             Catch::Matchers::Contains("before answering"));
+  CHECK(failure("no-such-command-xyz", 10).find("before answering") != std::string::npos);
+  for (const std::string& message : {died, failure("sleep 30", 0.2)})
+    CHECK(message.find('\n') == std::string::npos);
+}
+
+TEST_CASE("Prompt shards round-trip their prompts and records", "[grpo][shards]") {
+  const l3::test::TempDir dir;
+  l3::data::Prompts p;
+  p.add(std::vector<std::int32_t>{1, 2, 3}, R"({"prompt":"a","answer":"4"})");
+  p.add(std::vector<std::int32_t>{5}, R"({"messages":[],"x":[1,2]})");
+  const std::string path = (dir.path() / "p.h5").string();
+  l3::data::write_prompt_shard(path, p, {"llama3-hpc/prompts", 1, "abc", 300});
+  const auto shard = l3::data::read_prompt_shard(path);
+  REQUIRE(shard.prompts.count() == 2);
+  CHECK(shard.prompts.documents.tokens == p.documents.tokens);
+  CHECK(shard.prompts.record(0) == R"({"prompt":"a","answer":"4"})");
+  CHECK(shard.prompts.record(1) == R"({"messages":[],"x":[1,2]})");
+  CHECK(l3::data::content_digest(shard.prompts) == l3::data::content_digest(p));
+  // The wrong format is named.
+  l3::data::Documents d;
+  d.add(std::vector<std::int32_t>{1}, std::vector<std::uint8_t>{0});
+  const std::string sft = (dir.path() / "s.h5").string();
+  l3::data::write_sft_shard(sft, d, {"llama3-hpc/sft", 1, "abc", 300});
+  CHECK_THAT(failure_of([&] { (void)l3::data::read_prompt_shard(sft); }),
+             Catch::Matchers::Contains("llama3-hpc/prompts"));
+}
