@@ -67,7 +67,8 @@ void Batch::validate(std::int64_t vocab_size) const {
       (!margins.empty() && margins.size() != chosen_last.size())) {
     fail("preference arrays differ in length");
   }
-  for (const std::vector<float>* rl : {&advantages, &sampled_logprobs, &loss_weights}) {
+  for (const std::vector<float>* rl :
+       {&advantages, &sampled_logprobs, &loss_weights, &old_logprobs}) {
     if (!rl->empty() && rl->size() != un) fail(fmt::format("RL arrays of {} tokens expected", n));
   }
 }

@@ -33,6 +33,10 @@ struct Batch {
   std::vector<float> advantages{};
   std::vector<float> sampled_logprobs{};
   std::vector<float> loss_weights{};
+  // (N) or empty: the log-probabilities of the policy the completions were drawn from, when it is
+  // not the one trained (several updates per generation batch); empty: the trained policy itself,
+  // detached (the probability ratio is 1).
+  std::vector<float> old_logprobs{};
   std::int64_t completions = 0;      // online RL: the completions it holds (masked-out ones too)
   std::int64_t document_tokens = 0;  // tokens of documents (not padding): throughput counts these
 

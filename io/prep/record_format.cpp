@@ -47,18 +47,27 @@ std::string_view verdict_name(Verdict v) noexcept {
 }
 
 std::string_view strip(std::string_view text) {
+  // A code point counts as whitespace only when it is whole (a model's completion need not be
+  // UTF-8: what does not decode stays).
+  const auto space_at = [&](std::size_t start, std::size_t end, std::size_t& next) {
+    const std::string_view piece = text.substr(start, end - start);
+    std::size_t used = 0;
+    const bool space = tokenizer::python_isspace(tokenizer::next_code_point(piece, used));
+    next = start + used;
+    return space && used <= piece.size();
+  };
   std::size_t begin = 0;
   while (begin < text.size()) {
     std::size_t next = begin;
-    if (!tokenizer::python_isspace(tokenizer::next_code_point(text, next))) break;
+    if (!space_at(begin, text.size(), next)) break;
     begin = next;
   }
   std::size_t end = text.size();
   while (end > begin) {
     std::size_t start = end - 1;  // step back to the start of the last code point
     while (start > begin && (static_cast<unsigned char>(text[start]) & 0xC0U) == 0x80U) --start;
-    std::size_t probe = start;
-    if (!tokenizer::python_isspace(tokenizer::next_code_point(text, probe))) break;
+    std::size_t next = start;
+    if (!space_at(start, end, next) || next != end) break;
     end = start;
   }
   return text.substr(begin, end - begin);

@@ -92,7 +92,8 @@ class RecordFormatter {
   FormatOptions options_;
 };
 
-// Python's str.strip() (Unicode whitespace at both ends).
+// Python's str.strip() (Unicode whitespace at both ends); text that is not valid UTF-8 (a
+// model's completion) is taken byte by byte where it is not.
 [[nodiscard]] std::string_view strip(std::string_view text);
 
 }  // namespace l3::prep

@@ -4,6 +4,7 @@
 #   prep prompts: the records kept whole, errors named;
 #   2 ranks generate step 1's completions of 1 rank (the same bytes in --log-completions) and
 #   follow its losses; the log lets an outsider recompute every advantage and the step's loss;
+#   ZeRO-3 generates and trains as the unsharded run;
 #   with LoRA and --beta > 0 step 1's KL is exactly 0 (the policy is its base) and, the ratio
 #   being 1, nothing is clipped;
 #   a run killed while generating, while scoring and while updating, and resumed, ends with the
@@ -141,6 +142,17 @@ PY
   pass "2 ranks follow 1 rank; the log gives every advantage and the loss; the metrics are TRL's"
 else
   fail "2 ranks against 1, the log's advantages and loss, the metrics"
+fi
+
+# --- ZeRO-3: the engine gathers the sharded weights; the same completions and losses ---
+run 2 "${grpo_args[@]}" --shard-parameters --ckpt-dir "$work/zero3" --metrics "$work/zero3.jsonl" \
+  --log-completions "$work/zero3-samples.jsonl" ||
+  fail "grpo with --shard-parameters (rc $?): $(tail -3 "$work/last.err")"
+if cmp -s "$work/zero3-samples.jsonl" "$work/two-samples.jsonl" &&
+  cmp -s <(grep -o '"loss":[^,]*' "$work/zero3.jsonl") <(grep -o '"loss":[^,]*' "$work/two.jsonl"); then
+  pass "ZeRO-3 (--shard-parameters): the completions and losses of the unsharded run"
+else
+  fail "ZeRO-3's completions or losses differ from the unsharded run's"
 fi
 
 # --- LoRA with --beta: step 1's KL is exactly 0 ---

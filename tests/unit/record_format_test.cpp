@@ -145,4 +145,9 @@ TEST_CASE("malformed SFT records say what is wrong", "[prep]") {
   CHECK(failure(f, R"({"text": 3})") == R"("text" must be a string)");
   CHECK(failure(f, R"({"other": 1})").find("expected") != std::string::npos);
   CHECK(l3::prep::strip("\u3000 a b\t\n") == "a b");
+  // A model's completion need not be UTF-8: a code point cut short at either end stays.
+  CHECK(l3::prep::strip("\xE2") == "\xE2");
+  CHECK(l3::prep::strip(" \xE2\x80") == "\xE2\x80");
+  CHECK(l3::prep::strip("a\xF0 ") == "a\xF0");
+  CHECK(l3::prep::strip("\x80\x80 x") == "\x80\x80 x");
 }

@@ -60,6 +60,7 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
   ConstTensorView advantages;
   ConstTensorView weights;
   ConstTensorView sampled;
+  ConstTensorView old;
   if (in.counted > 0) {
     if (batch.advantages.size() != batch.loss_mask.size() ||
         batch.loss_weights.size() != batch.loss_mask.size() ||
@@ -69,6 +70,7 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
     advantages = upload(batch.advantages, batch, 0);
     weights = upload(batch.loss_weights, batch, 1);
     sampled = upload(batch.sampled_logprobs, batch, 2);
+    if (!batch.old_logprobs.empty()) old = upload(batch.old_logprobs, batch, 3);
   }
   const TensorView row_loss = in.row_f32[0].first_rows(in.counted);
   const TensorView d_rows = in.row_f32[1].first_rows(in.counted);
@@ -104,6 +106,7 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
                    .row_loss = row_loss,
                    .advantages = advantages,
                    .weights = weights,
+                   .old_logps = old,
                    .ref_row_loss = reference ? ConstTensorView(ref_row_loss) : ConstTensorView{},
                    .sampled_logps = sampled,
                    .row_entropy = entropy,

@@ -44,10 +44,11 @@ class PolicyGradientLoss final : public Objective {
                                   std::size_t which);
 
   GrpoSettings settings_;
-  // Per counted row (C): advantages, weights, the generator's log-probabilities; host copies
+  // Per counted row (C): advantages, weights, the generator's log-probabilities, the old
+  // policy's (when the batch has them); host copies
   // kept until the next pass (a backend with a queue may still be reading them).
-  std::array<kernels::Buffer, 3> rows_{};
-  std::array<std::vector<float>, 3> host_{};
+  std::array<kernels::Buffer, 4> rows_{};
+  std::array<std::vector<float>, 4> host_{};
   std::int64_t capacity_ = 0;
 };
 

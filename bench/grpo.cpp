@@ -1,0 +1,201 @@
+// GRPO's step through the public API (l3::Session), on the mid model (156M parameters) from
+// random weights: prompts of about 16 tokens, --num-generations completions of each run to
+// --max-completion-length (random weights rarely end a turn), rewarded by the built-in answer
+// match. Per step: tokens/s (prompt + completion tokens trained), and how the step divides
+// between generating, scoring and training, as the run's own metrics measure them
+// (time/generate_ms, time/score_ms, the rest). The baseline is the same step's training
+// pass: generation's time against it, for full fine-tuning and for LoRA rank 16.
+//
+//   l3-bench-grpo [--backend cpu|cuda] [--quick] [--json FILE]
+#include <fmt/format.h>
+#include <mpi.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/build_info.hpp"
+#include "core/log.hpp"
+#include "dist/world.hpp"
+#include "io/prep/prep_job.hpp"
+#include "l3/l3.hpp"
+#include "mid_model_inputs.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double metric(const l3::StepMetrics& m, std::string_view name) {
+  for (const auto& [key, value] : m.extra)
+    if (key == name) return value;
+  return 0.0;
+}
+
+struct Figures {
+  double step_ms = 0, generate_ms = 0, score_ms = 0, train_ms = 0, tokens_per_s = 0;
+  double completion_tokens = 0;
+};
+
+Figures run(const std::string& dir, const std::string& backend, bool lora, int steps, int prompts,
+            int generations, int length) {
+  std::vector<std::string> args = {"grpo",
+                                   "--model",
+                                   dir + "/config.json",
+                                   "--data",
+                                   dir + "/prompts",
+                                   "--reward-match",
+                                   "answer",
+                                   "--backend",
+                                   backend,
+                                   "--seq-len",
+                                   "256",
+                                   "--global-batch",
+                                   std::to_string(prompts),
+                                   "--num-generations",
+                                   std::to_string(generations),
+                                   "--max-completion-length",
+                                   std::to_string(length),
+                                   "--micro-batch",
+                                   "8",
+                                   "--steps",
+                                   std::to_string(steps + 1),
+                                   "--log-every",
+                                   "0",
+                                   "--no-progress",
+                                   "--log-level",
+                                   "warn"};
+  if (lora) args.insert(args.end(), {"--lora-rank", "16", "--lora-alpha", "32"});
+  l3::Session session(MPI_COMM_WORLD, l3::RunConfig::from_args(args));
+  std::vector<double> step, generate, score, tps, completion;
+  session.on_step([&](const l3::StepMetrics& m) {
+    if (m.step == 1) return;  // warm-up
+    step.push_back(m.step_ms);
+    generate.push_back(metric(m, "time/generate_ms"));
+    score.push_back(metric(m, "time/score_ms"));
+    tps.push_back(m.tokens_per_s);
+    completion.push_back(metric(m, "completions/mean_length"));
+  });
+  (void)session.run();
+  Figures f;
+  f.step_ms = median(step);
+  f.generate_ms = median(generate);
+  f.score_ms = median(score);
+  f.train_ms = f.step_ms - f.generate_ms - f.score_ms;
+  f.tokens_per_s = median(tps);
+  f.completion_tokens = median(completion) * prompts * generations;
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int status = 0;
+  try {
+    bool quick = false;
+    std::string json_path;
+    std::string backend = "cpu";
+    for (int i = 1; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--quick") == 0) {
+        quick = true;
+      } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+        json_path = argv[++i];
+      } else if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+        backend = argv[++i];
+      } else {
+        fmt::print(stderr, "usage: {} [--backend cpu|cuda] [--quick] [--json FILE]\n", argv[0]);
+        MPI_Finalize();
+        return 2;
+      }
+    }
+    const l3::dist::World world(MPI_COMM_WORLD);
+    // The inputs: the mid model's config.json and 64 prompts with answers, prepared with the
+    // bytes tokenizer (ids below the model's vocabulary).
+    const fs::path dir = fs::temp_directory_path() / fmt::format("l3-bench-grpo-{}", ::getpid());
+    if (world.is_root()) {
+      fs::create_directories(dir);
+      l3::bench::write_mid_model_inputs(dir.string(), 1024);
+      std::ofstream prompts(dir / "prompts.jsonl");
+      for (int i = 0; i < 64; ++i) {
+        prompts << json{{"prompt", fmt::format("What is {} plus {}?", i % 10, i / 10)},
+                        {"answer", std::to_string(i % 10 + i / 10)}}
+                       .dump()
+                << '\n';
+      }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    l3::prep::PrepOptions prep;
+    prep.kind = l3::prep::DatasetKind::prompts;
+    prep.inputs = {(dir / "prompts.jsonl").string()};
+    prep.tokenizer = "bytes";
+    prep.output = (dir / "prompts").string();
+    const l3::core::Logger quiet(world.rank(), world.size(),
+                                 l3::core::LogConfig{.level = l3::core::LogLevel::warn});
+    (void)l3::prep::run_prep(world, quiet, prep);
+
+    const int steps = quick ? 1 : 3;
+    const int prompts = 2 * world.size();
+    const int generations = 8;
+    const int length = quick ? 32 : 128;
+    json results = json::array();
+    for (const bool lora : {false, true}) {
+      const Figures f = run(dir.string(), backend, lora, steps, prompts, generations, length);
+      const double generated_per_s = f.completion_tokens / std::max(1e-9, f.generate_ms / 1e3);
+      if (world.is_root()) {
+        fmt::print(
+            "{} | {} prompts x {} completions of up to {} tokens: step {:.0f} ms, {:.0f} tok/s "
+            "| generate {:.0f} ms ({:.0f}%, {:.0f} new tok/s), score {:.1f} ms, train {:.0f} ms "
+            "| generate / train = {:.2f}\n",
+            lora ? "LoRA r16" : "full    ", prompts, generations, length, f.step_ms, f.tokens_per_s,
+            f.generate_ms, 100.0 * f.generate_ms / f.step_ms, generated_per_s, f.score_ms,
+            f.train_ms, f.generate_ms / std::max(1e-9, f.train_ms));
+      }
+      results.push_back({{"mode", lora ? "lora_r16" : "full"},
+                         {"step_ms", f.step_ms},
+                         {"tokens_per_s", f.tokens_per_s},
+                         {"generate_ms", f.generate_ms},
+                         {"score_ms", f.score_ms},
+                         {"train_ms", f.train_ms},
+                         {"generate_share", f.generate_ms / f.step_ms},
+                         {"generate_over_train", f.generate_ms / std::max(1e-9, f.train_ms)},
+                         {"generated_tokens_per_s", generated_per_s}});
+    }
+    if (world.is_root()) {
+      if (!json_path.empty()) {
+        const l3::core::BuildInfo build = l3::core::build_info();
+        const json doc = {{"benchmark", "grpo"},
+                          {"backend", backend},
+                          {"model", "mid (156M)"},
+                          {"ranks", world.size()},
+                          {"threads", omp_get_max_threads()},
+                          {"prompts_per_step", prompts},
+                          {"num_generations", generations},
+                          {"max_completion_length", length},
+                          {"commit", build.git_commit},
+                          {"runs", results}};
+        std::ofstream(json_path) << doc.dump(2) << '\n';
+      }
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    status = 1;
+  }
+  MPI_Finalize();
+  return status;
+}

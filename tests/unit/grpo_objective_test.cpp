@@ -1,0 +1,186 @@
+// GRPO's objective on the whole model: for each loss type the clipped surrogate's value and its
+// gradient against the fp64 reference model and finite differences, with the probability ratio
+// inside and outside the clip range (old log-probabilities given), and the policy gradient at a
+// ratio of 1 (none given): the gradient of sum_t w_t A_t log pi(t), whatever the loss's value.
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "catch.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
+#include "model/llama_model.hpp"
+#include "numeric_support.hpp"
+#include "reference_model.hpp"
+#include "train/grpo_settings.hpp"
+#include "train/objectives/policy_gradient_loss.hpp"
+
+using l3::model::Batch;
+using l3::model::BatchBuilder;
+using l3::test::rel_error;
+using l3::train::PolicyLossType;
+
+namespace {
+
+constexpr std::int64_t kRow = 12;
+
+l3::model::ModelConfig check_config() {
+  l3::model::ModelConfig c = l3::model::preset("tiny");
+  c.name = "grpo-check";
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  return c;
+}
+
+struct Completion {
+  std::vector<std::int32_t> tokens;  // prompt + completion
+  std::size_t prompt = 0;
+  float advantage = 0;
+};
+
+// The fp64 log-probability of token k of a sequence (k >= 1) under parameters x.
+double token_logp(const std::vector<double>& x, const l3::model::ParameterLayout& layout,
+                  const Completion& s, std::size_t k) {
+  std::vector<std::uint8_t> mask(s.tokens.size(), 0);
+  mask[k] = 1;
+  BatchBuilder b(1, kRow, 0);
+  REQUIRE(b.add(s.tokens, mask) >= 0);
+  return -l3::test::reference::sft_loss(x, layout, b.finish());
+}
+
+}  // namespace
+
+TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differences",
+          "[model][grpo]") {
+  INFO("seed " << l3::test::test_seed());
+  const l3::model::ModelConfig c = check_config();
+  l3::kernels::CpuOps ops;
+  l3::model::LlamaModel model(c, l3::model::HeadKind::language_model, ops);
+  model.initialize(l3::test::test_seed() + 5);
+  auto p = model.parameters().as<float>();
+  l3::test::Random rnd(47);
+  const auto noise = rnd.normal(p.size(), 0.3F);
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] += noise[i];
+  const std::vector<double> params(p.begin(), p.end());
+
+  // Three completions of different lengths and advantages of both signs, one per row.
+  std::vector<Completion> completions;
+  for (const auto& [prompt, length, advantage] :
+       {std::tuple{3, 3, 1.25F}, std::tuple{2, 4, -0.75F}, std::tuple{3, 2, 0.5F}}) {
+    const auto n = static_cast<std::size_t>(prompt + length);
+    completions.push_back({rnd.integers(n, static_cast<std::int32_t>(c.vocab_size)),
+                           static_cast<std::size_t>(prompt), advantage});
+  }
+  // The old policy: the current log-probabilities shifted, the ratio exp(-shift) inside the clip
+  // range for most tokens and outside it, on the side that clips, for two of them.
+  std::vector<std::vector<double>> shift;
+  for (std::size_t s = 0; s < completions.size(); ++s) {
+    std::vector<double> d;
+    for (std::size_t k = completions[s].prompt; k < completions[s].tokens.size(); ++k)
+      d.push_back(rnd.uniform(1, -0.1F, 0.1F)[0]);
+    shift.push_back(d);
+  }
+  shift[0][1] = -0.5;  // A > 0, ratio e^0.5 > 1.2: clipped high, no gradient
+  shift[1][2] = 0.6;   // A < 0, ratio e^-0.6 < 0.8: clipped low, no gradient
+  std::vector<std::vector<double>> old(completions.size());
+  for (std::size_t s = 0; s < completions.size(); ++s) {
+    for (std::size_t k = completions[s].prompt; k < completions[s].tokens.size(); ++k) {
+      old[s].push_back(token_logp(params, model.layout(), completions[s], k) +
+                       shift[s][k - completions[s].prompt]);
+    }
+  }
+
+  for (const PolicyLossType type : {PolicyLossType::dapo, PolicyLossType::grpo,
+                                    PolicyLossType::dr_grpo, PolicyLossType::bnpo}) {
+    for (const bool with_old : {true, false}) {
+      INFO("loss type " << l3::train::policy_loss_type_name(type) << ", old log-probabilities "
+                        << with_old);
+      l3::train::GrpoSettings settings;
+      settings.loss_type = type;
+      settings.max_completion_length = 5;
+      settings.epsilon = 0.2;
+      // The batch as the rollout builds it: per-position advantages, weights, log-probabilities.
+      BatchBuilder builder(3, kRow, 0);
+      std::vector<std::int64_t> ends;
+      std::int64_t tokens = 0;
+      for (const Completion& s : completions) {
+        std::vector<std::uint8_t> mask(s.tokens.size(), 0);
+        std::fill(mask.begin() + static_cast<std::ptrdiff_t>(s.prompt), mask.end(), 1);
+        ends.push_back(builder.add(s.tokens, mask));
+        builder.end_row();
+        tokens += static_cast<std::int64_t>(s.tokens.size() - s.prompt);
+      }
+      Batch batch = builder.finish();
+      const auto n = static_cast<std::size_t>(batch.tokens_count());
+      batch.advantages.assign(n, 0.0F);
+      batch.loss_weights.assign(n, 0.0F);
+      batch.sampled_logprobs.assign(n, 0.0F);
+      if (with_old) batch.old_logprobs.assign(n, 0.0F);
+      batch.completions = 3;
+      std::vector<double> weight(3);
+      for (std::size_t s = 0; s < 3; ++s) {
+        const auto length =
+            static_cast<std::int64_t>(completions[s].tokens.size() - completions[s].prompt);
+        weight[s] = type == PolicyLossType::grpo   ? 1.0 / static_cast<double>(length)
+                    : type == PolicyLossType::bnpo ? 1.0 / static_cast<double>(tokens)
+                                                   : 1.0;
+        for (std::int64_t k = 0; k < length; ++k) {
+          const auto t = static_cast<std::size_t>(ends[s] - length + k);
+          batch.advantages[t] = completions[s].advantage;
+          batch.loss_weights[t] = static_cast<float>(weight[s]);
+          if (with_old)
+            batch.old_logprobs[t] = static_cast<float>(old[s][static_cast<std::size_t>(k)]);
+        }
+      }
+      l3::train::PolicyGradientLoss objective(model, settings);
+      const std::int64_t units = objective.units(batch);
+      CHECK(units == (type == PolicyLossType::dapo      ? tokens
+                      : type == PolicyLossType::grpo    ? 3
+                      : type == PolicyLossType::dr_grpo ? 15
+                                                        : 1));
+      const double scale = 1.0 / static_cast<double>(units);
+
+      // fp64: with old log-probabilities, the clipped surrogate; without, a ratio of 1 whose
+      // gradient is that of -sum w A log pi.
+      auto fp64_loss = [&](const std::vector<double>& x, bool surrogate_only) {
+        double total = 0;
+        for (std::size_t s = 0; s < 3; ++s) {
+          const Completion& cs = completions[s];
+          for (std::size_t k = cs.prompt; k < cs.tokens.size(); ++k) {
+            const double logp = token_logp(x, model.layout(), cs, k);
+            const double a = cs.advantage;
+            if (!with_old || surrogate_only) {
+              total += weight[s] * -a * (surrogate_only ? logp : 1.0);
+              continue;
+            }
+            const double r = std::exp(logp - old[s][k - cs.prompt]);
+            const double clipped = std::clamp(r, 0.8, 1.2);
+            total += weight[s] * -std::min(r * a, clipped * a);
+          }
+        }
+        return scale * total;
+      };
+      model.zero_gradients();
+      const l3::train::LossSums sums = objective.forward_backward(batch, static_cast<float>(scale));
+      CHECK(sums.loss * scale == Approx(fp64_loss(params, false)).epsilon(1e-5));
+      if (with_old) {
+        CHECK(sums.chosen == 1.0);  // clipped high
+        CHECK(sums.margin == 1.0);  // clipped low
+      } else {
+        CHECK(sums.chosen == 0.0);
+        CHECK(sums.margin == 0.0);
+      }
+      const auto sample = l3::test::reference::sample_coordinates(model.layout(), rnd);
+      const auto fd = l3::test::finite_differences(
+          [&](const std::vector<double>& x) { return fp64_loss(x, !with_old); }, params, sample,
+          1e-6);
+      std::vector<float> analytic;
+      for (const std::size_t i : sample) analytic.push_back(model.gradients().as<float>()[i]);
+      CHECK(rel_error(analytic, fd) < 1e-3);
+    }
+  }
+}
