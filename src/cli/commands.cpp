@@ -155,7 +155,7 @@ constexpr std::array kCommands = {
             .declare = declare_report_options,
             .run = run_report},
     Command{.name = "demo",
-            .summary = "Run the built-in demo: prep, SFT, reward model, evaluation",
+            .summary = "Run the built-in demo: prep, SFT, reward model, DPO, GRPO, evaluation",
             .usage = "demo [--workdir DIR]",
             .description =
                 "Writes a small built-in instruction dataset and preference dataset, prepares "

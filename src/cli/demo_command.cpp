@@ -53,9 +53,8 @@ constexpr std::string_view kReport = "report.html";            // the metrics dr
 constexpr std::array kDemoPhases{l3::Phase::sft, l3::Phase::reward, l3::Phase::dpo,
                                  l3::Phase::grpo};
 constexpr int kPromptRecords = 400;
-// GRPO's sizes: prompts per rank and step, completions of each, and their longest (the
-// demo's answers have at most 17 bytes and the end of turn).
-constexpr int kGrpoPromptsPerRank = 2;
+// GRPO's sizes: prompts per step (on any number of ranks up to 8), completions of each.
+constexpr int kGrpoPrompts = 8;
 constexpr int kGrpoGenerations = 8;
 
 std::string metrics_file_name(l3::Phase phase) {
@@ -113,10 +112,11 @@ std::string prepare(const CommandContext& context, prep::DatasetKind kind, const
 l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const std::string& root) {
   const po::variables_map& o = context.options;
   const int ranks = context.world.size();
-  // A global batch of about 16 on any rank count; GRPO: 2 prompts per rank, 8 completions each.
+  // A global batch of about 16 on any rank count; GRPO: 8 prompts of 8 completions each.
   const bool grpo = phase == l3::Phase::grpo;
-  const int micro = grpo ? kGrpoPromptsPerRank * kGrpoGenerations : std::max(1, 16 / ranks);
-  const int global = grpo ? kGrpoPromptsPerRank * ranks : micro * ranks;
+  const int micro = grpo ? kGrpoPrompts * kGrpoGenerations / std::min(ranks, kGrpoPrompts)
+                         : std::max(1, 16 / ranks);
+  const int global = grpo ? kGrpoPrompts : micro * ranks;
   const std::string name(train::phase_name(phase));
   std::vector<std::string> args{name,
                                 "--backend",
@@ -154,7 +154,8 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
          under(kSftData, "val"), "--steps", std::to_string(o["sft-steps"].as<std::int64_t>()),
          "--lr", "3e-3", "--warmup", "20"});
   } else if (grpo) {
-    // The SFT model on prompts with exact answers, rewarded 1 for the answer itself.
+    // The SFT model on prompts with exact answers, rewarded 1 for the answer itself; sampled at
+    // 0.7 (fewer garbled completions from a model this small), a small learning rate.
     const std::string steps = std::to_string(o["grpo-steps"].as<std::int64_t>());
     add({"--init",
          sft_checkpoint,
@@ -172,8 +173,10 @@ l3::RunConfig demo_config(const CommandContext& context, l3::Phase phase, const 
          std::to_string(kGrpoGenerations),
          "--max-completion-length",
          "24",
+         "--temperature",
+         "0.7",
          "--lr",
-         "2e-4",
+         "1e-4",
          "--warmup",
          "0"});
   } else if (phase == l3::Phase::dpo) {
@@ -243,7 +246,7 @@ void declare_demo_options(po::options_description& options,
       core::number<std::int64_t>(core::between(0, 1e9))->default_value(100)->value_name("N"),
       "DPO optimizer steps of the policy on the same pairs (0: no DPO stage)")(
       "grpo-steps",
-      core::number<std::int64_t>(core::between(0, 1e9))->default_value(30)->value_name("N"),
+      core::number<std::int64_t>(core::between(0, 1e9))->default_value(20)->value_name("N"),
       "GRPO steps of the SFT policy on prompts with exact answers (0: no GRPO stage)")(
       "lora", po::bool_switch(),
       "train the reward model (and the DPO policy) as LoRA adapters (rank 8 on every projection) "

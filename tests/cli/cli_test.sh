@@ -13,7 +13,7 @@ source "$(dirname "$0")/../support/cli_checks.sh"
 
 # --- help and version: no MPI needed ---
 run "top-level help" 0 "$bin" --help
-for cmd in prep sft reward dpo eval generate score export tokenize ckpt demo info report; do
+for cmd in prep sft reward dpo grpo eval generate score export tokenize ckpt demo info report; do
   expect "help lists $cmd" contains "$out" "  $cmd "
 done
 run "no arguments is a usage error" 2 "$bin"
@@ -114,14 +114,16 @@ expect "names the missing file" contains "$err" "$work/missing.ini: cannot read:
 run "info on 2 ranks" 0 "$mpiexec" -n 2 "$bin" info
 expect "2 ranks" contains "$out" "world:     2 ranks on 1 node"
 expect "printed once" [ "$(printf '%s\n' "$out" | grep -c '^world:')" = 1 ]
-run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" --sft-steps 20 --reward-steps 10 --dpo-steps 5
+run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" --sft-steps 20 --reward-steps 10 --dpo-steps 5 --grpo-steps 4
 expect "the demo prints its report's path" contains "$out" "the curves: $work/demo/report.html"
 report_sections=$(grep -o '<section[^>]*data-phase="[a-z]*"' "$work/demo/report.html" | grep -o '"[a-z]*"' | tr -d '"' | tr '\n' ' ')
-expect "the demo's report: a section per phase" [ "$report_sections" = "sft reward dpo " ]
-tb_phases=$(for p in sft reward dpo; do compgen -G "$work/demo/tensorboard/$p/events.out.tfevents.*" >/dev/null && echo "$p"; done | wc -l)
-expect "the demo's TensorBoard files, a directory per phase" [ "$tb_phases" = 3 ]
+expect "the demo's report: a section per phase" [ "$report_sections" = "sft reward dpo grpo " ]
+tb_phases=$(for p in sft reward dpo grpo; do compgen -G "$work/demo/tensorboard/$p/events.out.tfevents.*" >/dev/null && echo "$p"; done | wc -l)
+expect "the demo's TensorBoard files, a directory per phase" [ "$tb_phases" = 4 ]
 expect "reports the reward phase" contains "$out" "reward  10 steps: validation accuracy"
 expect "reports the DPO phase" contains "$out" "DPO     5 steps: validation reward accuracy"
+expect "reports the GRPO phase" contains "$out" "GRPO    4 steps: exact answers of greedy completions on"
+expect "GRPO's metrics: evaluations at step 0 and 4" [ "$(grep -c '"kind":"eval"' "$work/demo/metrics-grpo.jsonl")" = 2 ]
 expect "says what to run next" contains "$out" "llama3-hpc prep sft --input my-sft.jsonl"
 run "score --json of the demo's reward model" 0 "$bin" score --init "$work/demo/ckpt/reward" --prompt "Reverse abc." --response "cba" --json
 expect "the reward, the token count and the ids scored" python3 -c '
@@ -144,7 +146,7 @@ expect "printed once" [ "$(lines "$out")" = 1 ]
 printf '%s\n' '{"prompt":"a","response":"b"}' 'not json' >"$work/score-bad.jsonl"
 run "a bad record with sharded parameters" 2 "$mpiexec" -n 2 "$bin" score --init "$work/demo/ckpt/reward" --input "$work/score-bad.jsonl" --shard-parameters
 expect "names file:line" contains "$err" "score-bad.jsonl:2"
-run "demo --lora" 0 "$bin" demo --lora --workdir "$work/demo-lora" --sft-steps 20 --reward-steps 10 --dpo-steps 0
+run "demo --lora" 0 "$bin" demo --lora --workdir "$work/demo-lora" --sft-steps 20 --reward-steps 10 --dpo-steps 0 --grpo-steps 0
 expect "no DPO stage with --dpo-steps 0" [ "$(grep -c "^  DPO  " <<<"$out")" = 0 ]
 expect "reports the adapters" contains "$out" "(LoRA: "
 expect "the PEFT adapter" contains "$(cat "$work/demo-lora/reward-adapter/adapter_config.json")" '"task_type": "SEQ_CLS"'

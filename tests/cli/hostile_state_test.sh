@@ -173,12 +173,12 @@ expect "PEFT's adapter is intact" [ "$(cat adapter-card/README.md)" = "# model c
 mkdir -p mine/input mine/ckpt && echo '{"prompt":"my data"}' >mine/input/instructions.jsonl
 echo keep >mine/ckpt/notes
 run "demo --workdir on the user's directory shaped like a demo's" 2 "$bin" demo --workdir mine \
-  --sft-steps 1 --reward-steps 1 --dpo-steps 0
+  --sft-steps 1 --reward-steps 1 --dpo-steps 0 --grpo-steps 0
 expect "says the marker is missing" contains "$err" "marker"
 expect "the user's files are intact" [ "$(cat mine/ckpt/notes)" = keep ] && \
   [ "$(cat mine/input/instructions.jsonl)" = '{"prompt":"my data"}' ]
-demo=(demo --workdir "$work/demo" --sft-steps 2 --reward-steps 2 --dpo-steps 2 --lora)
-run "the demo, DPO and LoRA stages included" 0 "$bin" "${demo[@]}"
+demo=(demo --workdir "$work/demo" --sft-steps 2 --reward-steps 2 --dpo-steps 2 --grpo-steps 2 --lora)
+run "the demo, DPO, GRPO and LoRA stages included" 0 "$bin" "${demo[@]}"
 run "the demo again on its own directory" 0 "$bin" "${demo[@]}"
 expect "its metrics are the second run's" [ "$(grep -c '"kind":"train"' demo/metrics-dpo.jsonl)" = 2 ]
 
