@@ -6,7 +6,9 @@
 // (time/generate_ms, time/score_ms, the rest). The baseline is the same step's training
 // pass: generation's time against it, for full fine-tuning and for LoRA rank 16.
 //
-//   l3-bench-grpo [--backend cpu|cuda] [--quick] [--json FILE]
+// --rehearsal: the tiny preset model, 8-token completions (the GPU check's rehearsal on the
+// CUDA emulation; the same JSON).
+//   l3-bench-grpo [--backend cpu|cuda] [--quick] [--rehearsal] [--json FILE]
 #include <fmt/format.h>
 #include <mpi.h>
 #include <omp.h>
@@ -49,11 +51,11 @@ struct Figures {
   double completion_tokens = 0;
 };
 
-Figures run(const std::string& dir, const std::string& backend, bool lora, int steps, int prompts,
-            int generations, int length) {
+Figures run(const std::string& dir, const std::string& model, const std::string& backend, bool lora,
+            int steps, int prompts, int generations, int length) {
   std::vector<std::string> args = {"grpo",
                                    "--model",
-                                   dir + "/config.json",
+                                   model,
                                    "--data",
                                    dir + "/prompts",
                                    "--reward-match",
@@ -107,17 +109,21 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     bool quick = false;
+    bool rehearsal = false;
     std::string json_path;
     std::string backend = "cpu";
     for (int i = 1; i < argc; ++i) {
       if (std::strcmp(argv[i], "--quick") == 0) {
         quick = true;
+      } else if (std::strcmp(argv[i], "--rehearsal") == 0) {
+        rehearsal = true;
       } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
         json_path = argv[++i];
       } else if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
         backend = argv[++i];
       } else {
-        fmt::print(stderr, "usage: {} [--backend cpu|cuda] [--quick] [--json FILE]\n", argv[0]);
+        fmt::print(stderr, "usage: {} [--backend cpu|cuda] [--quick] [--rehearsal] [--json FILE]\n",
+                   argv[0]);
         MPI_Finalize();
         return 2;
       }
@@ -150,10 +156,12 @@ int main(int argc, char** argv) {
     const int steps = quick ? 1 : 3;
     const int prompts = 2 * world.size();
     const int generations = 8;
-    const int length = quick ? 32 : 128;
+    const int length = rehearsal ? 8 : quick ? 32 : 128;
+    const std::string model = rehearsal ? std::string("tiny") : (dir / "config.json").string();
     json results = json::array();
     for (const bool lora : {false, true}) {
-      const Figures f = run(dir.string(), backend, lora, steps, prompts, generations, length);
+      const Figures f =
+          run(dir.string(), model, backend, lora, steps, prompts, generations, length);
       const double generated_per_s = f.completion_tokens / std::max(1e-9, f.generate_ms / 1e3);
       if (world.is_root()) {
         fmt::print(
@@ -179,7 +187,7 @@ int main(int argc, char** argv) {
         const l3::core::BuildInfo build = l3::core::build_info();
         const json doc = {{"benchmark", "grpo"},
                           {"backend", backend},
-                          {"model", "mid (156M)"},
+                          {"model", rehearsal ? "tiny" : "mid (156M)"},
                           {"ranks", world.size()},
                           {"threads", omp_get_max_threads()},
                           {"prompts_per_step", prompts},

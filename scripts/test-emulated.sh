@@ -22,7 +22,7 @@ targets=(l3_gpu_tests l3_gpu_zero2_test l3_emulation_tests l3_emulated_nccl_test
   llama3-hpc)
 # The benchmarks the GPU check runs, for its rehearsal (gpu/check_rehearsal).
 if grep -q '^L3_BUILD_BENCH:BOOL=ON' "$build/CMakeCache.txt"; then
-  targets+=(l3-bench-gpu l3-bench-train-throughput l3-bench-lora l3-bench-generate)
+  targets+=(l3-bench-gpu l3-bench-train-throughput l3-bench-lora l3-bench-generate l3-bench-grpo)
 fi
 cmake --build "$build" -j "${L3_JOBS:-2}" --target "${targets[@]}"
 ctest --test-dir "$build" --output-on-failure -j "${L3_JOBS:-2}" -L gpu -LE slow "$@"

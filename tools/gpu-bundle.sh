@@ -9,7 +9,7 @@ bundler=${L3_BUNDLER:-$root/../shared/device/bundle.sh}
 cmake -S "$root" -B "$build" -DL3_CUDA=ON -DL3_CUDA_ARCHS="${L3_CUDA_ARCHS:-90}" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "${L3_JOBS:-2}" --target l3_gpu_tests l3_gpu_zero2_test \
   l3_gpu_device_smoke_test l3-bench-gpu l3-bench-train-throughput l3-bench-lora l3-bench-generate \
-  llama3-hpc
+  l3-bench-grpo llama3-hpc
 [[ -x "$bundler" ]] || { echo "gpu-bundle: no bundler at $bundler (set L3_BUNDLER)" >&2; exit 2; }
 grep -qx '/.gpubundle/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpubundle/' >> "$root/.git/info/exclude"
 # MPICH's launcher too (the GPU node has no MPI): the two-rank training checks use it.
@@ -20,6 +20,6 @@ done
 "$bundler" "$root/.gpubundle" "$build/tests/l3_gpu_tests" "$build/tests/l3_gpu_zero2_test" \
   "$build/tests/l3_gpu_device_smoke_test" \
   "$build/bin/l3-bench-gpu" "$build/bin/l3-bench-train-throughput" "$build/bin/l3-bench-lora" \
-  "$build/bin/l3-bench-generate" \
+  "$build/bin/l3-bench-generate" "$build/bin/l3-bench-grpo" \
   "$build/bin/llama3-hpc" \
   "${launcher[@]}"

@@ -15,7 +15,9 @@
 #   6. LoRA against full fine-tuning (l3-bench-lora: step time and memory, mid model and 1B);
 #   7. generation (l3-bench-generate: decode tokens/s at batch 1, 8, 64 against the weights' read
 #      time and the training forward, prefill tokens/s; the mid model);
-#   8. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
+#   8. GRPO (l3-bench-grpo: a step's tokens/s and its split between generating, scoring and
+#      training, full fine-tuning and LoRA; the mid model);
+#   9. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
 # Writes under OUTDIR: logs, tests.xml (JUnit), tests-progress.log (each test's start, failures
 # and end as they happen) and gpu-<date>-<gpu>.json (tools/gpu_check_summary.py), the results
 # file committed to bench/results/ (schema in docs/GPU.md).
@@ -24,8 +26,8 @@
 # emulation of the CUDA backend (tests/gpu/gpu_check_rehearsal.sh, in CI): the op benchmark's
 # --rehearsal shapes, the tiny training cases at one row for two steps, the training checks on
 # the CPU backend (their self-check mode), no Hugging Face baseline, the parity stage's
-# llama3-hpc side only (briefly trained models; no transformers there), the LoRA and generation
-# benchmarks' toy shapes (--rehearsal --quick).
+# llama3-hpc side only (briefly trained models; no transformers there), the LoRA, generation and
+# GRPO benchmarks' toy shapes (--rehearsal --quick).
 set -uo pipefail
 out=${1:?usage: gpu-check.sh OUTDIR}
 # The node has no network: transformers must not look for anything on the Hub.
@@ -228,6 +230,17 @@ if command -v l3-bench-generate >/dev/null && stage "generation benchmark" 90; t
   generate_rc=${PIPESTATUS[0]}
 fi
 
+# GRPO (bench/grpo.cpp): a step through the program's API, its tokens/s and how it divides
+# between generating, scoring and training, full fine-tuning and LoRA r16, on the mid model.
+grpo_rc=-1
+if command -v l3-bench-grpo >/dev/null && stage "GRPO benchmark" 60; then
+  grpo_args=(--backend cuda)
+  [[ $rehearsal == 1 ]] && grpo_args+=(--rehearsal --quick)
+  timeout "$(limit 60)" l3-bench-grpo "${grpo_args[@]}" --json "$out/grpo.json" 2>&1 |
+    tee "$out/grpo.log"
+  grpo_rc=${PIPESTATUS[0]}
+fi
+
 # Last, while time is left: cuDNN's attention under compute-sanitizer's memcheck (reads past the
 # last packed token are possible in principle with ragged layouts; the tests see only writes).
 memcheck_rc=-1
@@ -246,7 +259,7 @@ elif stage "memcheck cuDNN attention" 150; then
   tail -3 "$out/memcheck.log"
 fi
 
-L3_GPU_CHECK_LORA_RC=$lora_rc L3_GPU_CHECK_GENERATE_RC=$generate_rc python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
+L3_GPU_CHECK_LORA_RC=$lora_rc L3_GPU_CHECK_GENERATE_RC=$generate_rc L3_GPU_CHECK_GRPO_RC=$grpo_rc python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
   "$(($(date +%s) - start))" "$rehearsal" "$parity_rc" "$zero2_rc" "$(
     IFS=';'
     echo "${skipped[*]:-}"

@@ -8,7 +8,7 @@ the transformers baseline and parity rows). Schema in docs/GPU.md.
                        PARITY_RC ZERO2_RC [SKIPPED_STAGES;...]
 (an exit code of -1: the stage did not run). The LoRA and generation benchmarks' exit codes come
 in the environment (L3_GPU_CHECK_LORA_RC, L3_GPU_CHECK_GENERATE_RC), their rows from
-OUTDIR/lora.json and OUTDIR/generate.json.
+OUTDIR/lora.json, OUTDIR/generate.json and OUTDIR/grpo.json.
 """
 import json, sys, os, re, glob, datetime, xml.etree.ElementTree as ET
 out, smoke, tests_rc, training_rc, bench_rc, memcheck_rc, seconds, rehearsal, parity_rc, zero2_rc = \
@@ -140,6 +140,18 @@ except OSError:
         doc["generate_error"] = f"no generate.json; exit code {generate_rc}"
 except ValueError as e:
     doc["generate_error"] = f"generate.json: {e}; exit code {generate_rc}"
+# GRPO: a step's tokens/s and split (generate, score, train), full and LoRA.
+grpo_rc = int(os.environ.get("L3_GPU_CHECK_GRPO_RC", "-1"))
+try:
+    grpo = json.load(open(os.path.join(out, "grpo.json")))
+    doc["grpo"] = {k: grpo.get(k) for k in (
+        "backend", "model", "prompts_per_step", "num_generations", "max_completion_length", "runs")}
+    doc["grpo"]["exit_code"] = grpo_rc
+except OSError:
+    if grpo_rc != -1:  # the stage ran and wrote no results
+        doc["grpo_error"] = f"no grpo.json; exit code {grpo_rc}"
+except ValueError as e:
+    doc["grpo_error"] = f"grpo.json: {e}; exit code {grpo_rc}"
 try:
     doc.update(json.load(open(os.path.join(out, "bench.json"))))
 except Exception as e:

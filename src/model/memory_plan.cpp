@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/carver.hpp"
 #include "kernels/cuda/scratch_sizes.hpp"
+#include "model/generation_engine.hpp"
 #include "model/llama_model.hpp"
 
 namespace l3::model {
@@ -252,6 +253,16 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
                           scratch.bytes});
     plan.lines.push_back(
         {"cuBLASLt workspace", static_cast<std::int64_t>(cuda::kLtWorkspaceBytes)});
+  }
+  if (in.generation_slots > 0) {
+    const EngineMemory e = engine_memory(
+        c, in.compute,
+        {.slots = static_cast<int>(in.generation_slots), .capacity = in.generation_capacity},
+        lora ? in.lora.rank : 0);
+    plan.lines.push_back({fmt::format("generation: KV cache of {} sequences x {} positions",
+                                      in.generation_slots, in.generation_capacity),
+                          e.kv_cache});
+    plan.lines.push_back({"generation: the passes' activations and logits", e.workspace});
   }
   return plan;
 }

@@ -35,6 +35,10 @@ struct MemoryPlanInput {
   // weights and moments are the adapters' (and a reward model's score head), and each adapter
   // keeps (tokens, r) activations.
   LoraConfig lora{};
+  // Online RL: the generation engine on the trained model (slots sequences of capacity
+  // positions: its KV cache and its passes' buffers); 0: none.
+  std::int64_t generation_slots = 0;
+  std::int64_t generation_capacity = 0;
 };
 
 struct MemoryLine {

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "dist/collectives.hpp"
+#include "train/grpo/rollout_source.hpp"
 #include "train/placement_choice.hpp"
 
 namespace l3::train {
@@ -37,12 +38,20 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
   in.seq_len = config.seq_len;
   // Reward: a pair's two sequences share a row when they fit in one; planned for the worst
   // case, each a row of its own.
-  in.micro_batch_rows = config.phase == Phase::sft ? config.micro_batch : 2 * config.micro_batch;
+  // GRPO: a completion (with its prompt) is a row.
+  in.micro_batch_rows = config.phase == Phase::sft || config.phase == Phase::grpo
+                            ? config.micro_batch
+                            : 2 * config.micro_batch;
   // DPO: LoRA's reference is the same model without its adapters, full fine-tuning's is
   // precomputed: no second model either way.
   in.placement = choose_placement(config, ranks, in.compute);
   in.cudnn_attention = config.attention == kernels::Attention::cudnn;
   in.lora = config.lora;
+  if (config.phase == Phase::grpo) {
+    in.generation_slots =
+        grpo::engine_slots(config.global_batch, config.grpo.num_generations, ranks);
+    in.generation_capacity = config.seq_len;
+  }
   return in;
 }
 

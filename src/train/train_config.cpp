@@ -44,8 +44,6 @@ void TrainConfig::validate() const {
     require(grpo.beta == 0 || lora.enabled(),
             "--beta > 0 needs a reference model: with LoRA (--lora-rank) its base is one; a "
             "frozen copy for full fine-tuning is not built yet");
-    require(grpo.num_iterations == 1,
-            "--num-iterations > 1 is not built yet (each generation batch trains one step)");
     require(grpo.max_completion_length < seq_len,
             "--max-completion-length must leave room for a prompt in --seq-len");
   }

@@ -102,6 +102,12 @@ void check_outputs_writable(const dist::World& world, const TrainConfig& config)
       if (core::is_real_directory(metrics_file))
         throw core::bad_input("--metrics names a directory, not a file", {.file = config.metrics});
     }
+    if (const std::string& log = config.grpo.log_completions; world.is_root() && !log.empty()) {
+      const std::filesystem::path file = std::filesystem::absolute(log);
+      core::check_writable_directory(file.parent_path(), "--log-completions");
+      if (core::is_real_directory(file))
+        throw core::bad_input("--log-completions names a directory, not a file", {.file = log});
+    }
   } catch (...) {
     failure = std::current_exception();
   }
@@ -594,7 +600,10 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
             .prompts_per_step = c.global_batch,
             .micro_batch = c.micro_batch,
             .seq_len = c.seq_len,
-            .tokenizer = c.tokenizer.empty() ? p.index.tokenizer_name : c.tokenizer});
+            .tokenizer = c.tokenizer.empty() ? p.index.tokenizer_name : c.tokenizer,
+            .cache_dir = c.ckpt_dir.empty()
+                             ? std::string()
+                             : (std::filesystem::path(c.ckpt_dir) / "rollouts").string()});
   } else {
     p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(world, p.index, lc);
     lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source

@@ -9,6 +9,8 @@
 #   being 1, nothing is clipped;
 #   a run killed while generating, while scoring and while updating, and resumed, ends with the
 #   uninterrupted run's weights, bit for bit, and its completions' log;
+#   --num-iterations 2 trains each generation batch twice (the first update at a ratio of 1), and
+#   a run killed inside a cycle resumes on the batch saved under CKPT_DIR/rollouts, bit for bit;
 #   a verifier that dies, hangs or answers garbage stops the run with exit 2 and one line naming
 #   the command and the prompt; the checkpoint written before is kept.
 #
@@ -87,10 +89,10 @@ for line in sys.stdin:
 PY
 base_args=(grpo --init "$work/sft-ckpt" --data "$work/prompts/train" --reward-match answer
   --seq-len 64 --global-batch 4 --num-generations 4 --micro-batch 4
-  --max-completion-length 16 --temperature 1.0 --lr 1e-3 --checkpoint-every 2 --log-every 0
-  --no-progress --deterministic)
+  --max-completion-length 16 --temperature 1.0 --lr 1e-3 --log-every 0 --no-progress
+  --deterministic)
 similarity=(--reward-command "python3 $work/similarity.py")
-grpo_args=("${base_args[@]}" "${similarity[@]}" --steps 6)
+grpo_args=("${base_args[@]}" "${similarity[@]}" --steps 6 --checkpoint-every 2)
 
 # --- 1 rank, 2 ranks ---
 run 1 "${grpo_args[@]}" --ckpt-dir "$work/one" --metrics "$work/one.jsonl" \
@@ -181,6 +183,40 @@ for point in grpo.generated grpo.scored train.update; do
   fi
 done
 
+# --- --num-iterations 2: two updates per generation batch, the old policy's log-probabilities
+# kept; killed inside a cycle (step 5, resumed from step 3's checkpoint: the batch of step 3 read
+# back from CKPT_DIR/rollouts) ---
+mu_args=("${base_args[@]}" "${similarity[@]}" --steps 6 --num-iterations 2 --checkpoint-every 3)
+run 2 "${mu_args[@]}" --ckpt-dir "$work/mu" --metrics "$work/mu.jsonl" ||
+  fail "--num-iterations 2 (rc $?): $(tail -3 "$work/last.err")"
+if python3 - "$work/mu.jsonl" <<'PY'; then
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"train"' in l]
+assert [s["iteration"] for s in steps] == [0, 1, 0, 1, 0, 1], [s.get("iteration") for s in steps]
+for s in steps:
+    if s["iteration"] == 0:
+        assert s["clip_ratio/region_mean"] == 0.0, s  # the old policy is the current one
+        assert s["time/generate_ms"] > 0
+    else:
+        assert s["time/generate_ms"] == 0.0
+for a, b in zip(steps[0::2], steps[1::2]):
+    assert a["reward"] == b["reward"]  # the same generation batch
+PY
+  pass "--num-iterations 2: a generation batch trains two steps, the first with a ratio of 1"
+else
+  fail "--num-iterations 2's steps"
+fi
+L3_FAULT="train.update@1#5=kill" run 2 "${mu_args[@]}" --ckpt-dir "$work/mu-kill"
+run 2 "${mu_args[@]}" --ckpt-dir "$work/mu-kill" ||
+  fail "resume inside a cycle (rc $?): $(tail -3 "$work/last.err")"
+if [[ -n "$(digest "$work/mu/step-00000006")" &&
+  "$(digest "$work/mu-kill/step-00000006")" == "$(digest "$work/mu/step-00000006")" ]] &&
+  grep -q "step-00000003" "$work/last.err"; then
+  pass "--num-iterations 2, killed inside a cycle and resumed from step 3: the uninterrupted run's weights"
+else
+  fail "--num-iterations 2 resumed inside a cycle: not the uninterrupted run's weights"
+fi
+
 # --- verifiers that fail ---
 cat >"$work/verifier.sh" <<'SH'
 # answers 1 for a completion that is the record's answer, else 0; FAIL=... makes it misbehave
@@ -200,7 +236,8 @@ done
 SH
 for mode in die hang garbage nan; do
   dir="$work/verifier-$mode"
-  FAIL=$mode run 2 "${base_args[@]}" --steps 6 --reward-command "sh $work/verifier.sh" \
+  FAIL=$mode run 2 "${base_args[@]}" --steps 6 --checkpoint-every 2 \
+    --reward-command "sh $work/verifier.sh" \
     --reward-timeout 2 --ckpt-dir "$dir"
   rc=$?
   message=$(grep -h 'reward-command' "$work/last.err" | head -1)

@@ -9,10 +9,10 @@
 # counted (from its progress log where no JUnit report was written), the test it was in named.
 # Toy sizes (L3_GPU_CHECK_REHEARSAL=1): the figures mean nothing, the plumbing does.
 #   gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC
-#                          [L3_GPU_ZERO2_TEST [L3_BENCH_LORA [L3_BENCH_GENERATE]]]]
+#                          [L3_GPU_ZERO2_TEST [L3_BENCH_LORA [L3_BENCH_GENERATE [L3_BENCH_GRPO]]]]]
 set -uo pipefail
 if (($# < 4)); then
-  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC [L3_GPU_ZERO2_TEST [L3_BENCH_LORA [L3_BENCH_GENERATE]]]]" >&2
+  echo "usage: gpu_check_rehearsal.sh LLAMA3_HPC L3_GPU_TESTS L3_BENCH_GPU L3_BENCH_TRAIN_THROUGHPUT [MPIEXEC [L3_GPU_ZERO2_TEST [L3_BENCH_LORA [L3_BENCH_GENERATE [L3_BENCH_GRPO]]]]]" >&2
   exit 2
 fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -36,8 +36,10 @@ if [[ -n ${5:-} ]]; then ln -s "$(realpath "$5")" "$work/bin/mpiexec"; fi
 if [[ -n ${6:-} ]]; then ln -s "$(realpath "$6")" "$work/bin/l3_gpu_zero2_test"; fi
 if [[ -n ${7:-} ]]; then ln -s "$(realpath "$7")" "$work/bin/l3-bench-lora"; fi
 if [[ -n ${8:-} ]]; then ln -s "$(realpath "$8")" "$work/bin/l3-bench-generate"; fi
+if [[ -n ${9:-} ]]; then ln -s "$(realpath "$9")" "$work/bin/l3-bench-grpo"; fi
 lora_given=${7:+1}
 generate_given=${8:+1}
+grpo_given=${9:+1}
 
 PATH="$work/bin:$PATH" L3_GPU_CHECK_REHEARSAL=1 bash "$root/tools/gpu-check.sh" "$work/out" \
   >"$work/check.log" 2>&1
@@ -47,11 +49,12 @@ if [[ $rc -ne 0 ]]; then
   tail -20 "$work/check.log"
   exit 1
 fi
-python3 - "$work/out" "${lora_given:-0}" "${generate_given:-0}" <<'PY' || { sed 's/^/  | /' "$work/check.log" | tail -40; exit 1; }
+python3 - "$work/out" "${lora_given:-0}" "${generate_given:-0}" "${grpo_given:-0}" <<'PY' || { sed 's/^/  | /' "$work/check.log" | tail -40; exit 1; }
 import glob, json, math, os, sys
 out = sys.argv[1]
 lora_given = sys.argv[2] == "1"
 generate_given = sys.argv[3] == "1"
+grpo_given = sys.argv[4] == "1"
 failed = False
 def check(ok, what, detail=""):
     global failed
@@ -148,6 +151,16 @@ if generate_given:
           "the generation benchmark ran on the CUDA backend: decode at batch 1, 8 and 64 with their "
           "ratios, and prefill",
           json.dumps({k: doc.get(k) for k in ("generate", "generate_error")})[:800])
+if grpo_given:
+    grpo = doc.get("grpo", {})
+    runs = {r.get("mode"): r for r in grpo.get("runs") or []}
+    check(grpo.get("exit_code") == 0 and "grpo_error" not in doc and grpo.get("backend") == "cuda"
+          and sorted(runs) == ["full", "lora_r16"]
+          and all(r.get("step_ms", 0) > 0 and r.get("tokens_per_s", 0) > 0
+                  and 0 < r.get("generate_share", 0) < 1 and r.get("train_ms", 0) > 0
+                  for r in runs.values()),
+          "the GRPO benchmark ran on the CUDA backend: a step's tokens/s and its split, full and LoRA",
+          json.dumps({k: doc.get(k) for k in ("grpo", "grpo_error")})[:800])
 sys.exit(1 if failed else 0)
 PY
 # A GPU suite stopped by its time limit, as the check stops it (timeout --foreground: one signal,

@@ -82,7 +82,7 @@ TEST_CASE("RLOO advantages: the mean of the group's other completions", "[grpo]"
   }
 }
 
-TEST_CASE("A verifier command answers in order; each failure is one line naming it", "[grpo]") {
+TEST_CASE("A verifier command answers in order, and each failure is one line naming it", "[grpo]") {
   const l3::test::TempDir dir;
   const std::string script = (dir.path() / "verifier.sh").string();
   // Echo the length of the completion field as the reward (a shell verifier, no python needed).

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/bounded_read.hpp"
+#include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
 #include "core/rng.hpp"
@@ -36,6 +37,9 @@ struct RolloutSource::Completion {
   std::vector<double> rewards;    // one per reward function, in GrpoSettings::reward_names order
   double reward = 0.0;            // their weighted sum
   double advantage = 0.0;
+  // --num-iterations > 1: the log-probability of each id under the policy that generated it,
+  // by the trainer's forward pass (the probability ratio's denominator in the later steps).
+  std::vector<float> old_logprobs;
 };
 
 namespace {
@@ -63,6 +67,10 @@ double mean_of(std::span<const double> v) {
 }
 
 }  // namespace
+
+std::int64_t engine_slots(std::int64_t prompts_per_step, std::int64_t num_generations, int ranks) {
+  return std::clamp<std::int64_t>(prompts_per_step / std::max(ranks, 1) * num_generations, 1, 64);
+}
 
 RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
                              model::LlamaModel& model, PromptSet prompts, PromptSet validation,
@@ -119,7 +127,6 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
         "completions are generated and trained on one rank",
         config_.prompts_per_step, world_.size()));
   }
-  const std::int64_t per_rank = config_.prompts_per_step / world_.size() * s.num_generations;
   model::SamplingSettings sampling{
       .temperature = s.temperature,
       .top_p = s.top_p,
@@ -132,7 +139,8 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
   sampling_ = sampling;
   engine_ = std::make_unique<model::GenerationEngine>(
       model_,
-      model::EngineShape{.slots = static_cast<int>(std::clamp<std::int64_t>(per_rank, 1, 64)),
+      model::EngineShape{.slots = static_cast<int>(engine_slots(config_.prompts_per_step,
+                                                                s.num_generations, world_.size())),
                          .capacity = config_.seq_len},
       std::move(sampling));
 }
@@ -140,13 +148,25 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
 RolloutSource::~RolloutSource() = default;
 
 std::optional<std::int64_t> RolloutSource::steps_in_epoch(std::int64_t /*epoch*/) const {
+  // Each generation batch trains --num-iterations steps.
   const auto n = static_cast<std::int64_t>(usable_.size());
-  return (n + config_.prompts_per_step - 1) / config_.prompts_per_step;
+  return (n + config_.prompts_per_step - 1) / config_.prompts_per_step *
+         config_.settings.num_iterations;
 }
 
 void RolloutSource::start(const StepShape& shape, data::Position from) {
   position_ = from;
   pad_ = shape.pad_id;
+  std::exception_ptr failure;  // rank 0's, agreed by every rank
+  try {
+    trim_log(from);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world_, failure);
+}
+
+void RolloutSource::trim_log(data::Position from) {
   if (!config_.settings.log_completions.empty() && world_.is_root()) {
     // A resumed run writes the steps after its checkpoint again: the lines an interrupted run
     // wrote for them go first, so that the file reads like one uninterrupted run's.
@@ -169,6 +189,9 @@ void RolloutSource::start(const StepShape& shape, data::Position from) {
       out << kept;
       if (!out) throw core::bad_input("cannot rewrite the completions' log", {.file = path});
     }
+    // Found unwritable now, not after the first step's generation.
+    if (!std::ofstream(path, std::ios::app))
+      throw core::bad_input("cannot write the completions' log", {.file = path});
   }
 }
 
@@ -257,10 +280,35 @@ void RolloutSource::score(const PromptSet& set, std::vector<Completion>& complet
 }
 
 const data::StepData& RolloutSource::next() {
-  const GrpoSettings& s = config_.settings;
+  const std::int64_t iterations = config_.settings.num_iterations;
   const std::int64_t per_epoch = *steps_in_epoch(position_.epoch);
   const std::int64_t step = position_.epoch * per_epoch + position_.step;  // global, from 0
-  const std::vector<std::int64_t> all = step_prompts(position_.epoch, position_.step);
+  // The generation batch of this step: made now, kept from the cycle's first step, or (a run
+  // resumed inside a cycle) read back from where that step saved it.
+  const std::int64_t cycle = step - step % iterations;
+  if (step == cycle) {
+    roll_out(step);
+  } else if (cycle_ != cycle) {
+    restore_cycle(cycle);
+  }
+  current_.position = position_;
+  current_.metrics = cycle_metrics_;
+  if (iterations > 1) {
+    for (auto& [name, value] : current_.metrics) {
+      if (step != cycle && name.starts_with("time/")) value = 0.0;  // nothing generated now
+    }
+    current_.metrics.emplace_back("iteration", static_cast<double>(step - cycle));
+  }
+  position_ = position_.step + 1 < per_epoch ? data::Position{position_.epoch, position_.step + 1}
+                                             : data::Position{position_.epoch + 1, 0};
+  current_.next = position_;
+  return current_;
+}
+
+void RolloutSource::roll_out(std::int64_t step) {
+  const GrpoSettings& s = config_.settings;
+  const std::vector<std::int64_t> all =
+      step_prompts(position_.epoch, position_.step / s.num_iterations);
   const auto [begin, end] = share(static_cast<std::int64_t>(all.size()), world_.rank());
   const std::vector<std::int64_t> mine(all.begin() + begin, all.begin() + end);
 
@@ -352,14 +400,14 @@ const data::StepData& RolloutSource::next() {
 
   if (!s.log_completions.empty()) write_log(completions, mine, step);
   current_ = data::StepData{};
-  current_.position = position_;
   current_.samples = static_cast<std::int64_t>(mine.size());
   build_batches(completions);
-  current_.metrics = std::move(metrics);
-  position_ = position_.step + 1 < per_epoch ? data::Position{position_.epoch, position_.step + 1}
-                                             : data::Position{position_.epoch + 1, 0};
-  current_.next = position_;
-  return current_;
+  if (s.num_iterations > 1) {
+    old_log_probabilities(completions);
+    if (!config_.cache_dir.empty()) save_cycle(completions, metrics, step);
+  }
+  cycle_ = step;
+  cycle_metrics_ = std::move(metrics);
 }
 
 std::optional<EvalMetrics> RolloutSource::evaluate() {
@@ -424,6 +472,7 @@ std::optional<EvalMetrics> RolloutSource::evaluate() {
 
 void RolloutSource::build_batches(const std::vector<Completion>& completions) {
   const GrpoSettings& s = config_.settings;
+  placement_.clear();
   // Every rank runs the same number of micro-batches (a short share: empty ones), so that the
   // passes' collectives (ZeRO-3 gathers) match.
   const std::int64_t per_rank = config_.prompts_per_step / world_.size() * s.num_generations;
@@ -465,12 +514,15 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
     batch.sampled_logprobs.assign(positions, 0.0F);
     batch.loss_weights.assign(positions, 0.0F);
     batch.completions = last - first;
+    const bool old = !completions[placed.front().completion].old_logprobs.empty();
+    if (old) batch.old_logprobs.assign(positions, 0.0F);
     for (const Placed& p : placed) {
       const Completion& c = completions[p.completion];
       const auto length = static_cast<std::int64_t>(c.ids.size());
       // Position t predicts token t + 1: the completion's k-th token is the target of the
       // position before it.
       const std::int64_t first_target = p.end - length;
+      placement_[p.completion] = {static_cast<std::size_t>(m), first_target};
       const float weight = s.loss_type == PolicyLossType::grpo
                                ? 1.0F / static_cast<float>(std::max<std::int64_t>(length, 1))
                            : s.loss_type == PolicyLossType::bnpo
@@ -481,10 +533,176 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
         batch.advantages[t] = static_cast<float>(c.advantage);
         batch.sampled_logprobs[t] = c.logprobs[static_cast<std::size_t>(k)];
         batch.loss_weights[t] = weight;
+        if (old) batch.old_logprobs[t] = c.old_logprobs[static_cast<std::size_t>(k)];
       }
     }
     current_.micro.push_back(std::move(batch));
   }
+}
+
+void RolloutSource::old_log_probabilities(std::vector<Completion>& completions) {
+  // The trainer's own forward pass over each micro-batch, as the first update of the cycle will
+  // run it: there the ratio is exactly 1; later it is pi / pi_old. Every rank runs every
+  // micro-batch (empty ones without rows) for the passes' collectives.
+  const core::TraceRange range("rollout: old log-probabilities");
+  for (data::Batch& batch : current_.micro) {
+    model_.load_batch(batch);
+    model_.forward({.training = false});
+    const model::HeadInputs in = model_.head();
+    const kernels::TensorView rows = in.row_f32[0].first_rows(in.counted);
+    {
+      const model::HeldGroup held = model_.hold_head(model::Pass::forward);
+      model_.pass_ops().lm_head_cross_entropy({.row_loss = rows,
+                                               .h = in.hidden,
+                                               .w = model_.lm_head_weight(),
+                                               .rows = in.loss_rows,
+                                               .targets = in.loss_targets});
+    }
+    std::vector<float> losses(static_cast<std::size_t>(in.counted));
+    model_.pass_ops().copy(kernels::TensorView(std::span<float>(losses)), rows);
+    if (batch.tokens_count() == 0) continue;
+    batch.old_logprobs.assign(batch.loss_mask.size(), 0.0F);
+    std::size_t c = 0;
+    for (std::size_t t = 0; t < batch.loss_mask.size(); ++t) {
+      if (batch.loss_mask[t] != 0) batch.old_logprobs[t] = -losses[c++];
+    }
+  }
+  for (std::size_t i = 0; i < completions.size(); ++i) {
+    const auto [micro, first] = placement_.at(i);
+    const std::vector<float>& values = current_.micro[micro].old_logprobs;
+    const auto from = values.begin() + first;
+    completions[i].old_logprobs.assign(
+        from, from + static_cast<std::ptrdiff_t>(completions[i].ids.size()));
+  }
+}
+
+std::string RolloutSource::cycle_file(std::int64_t step) const {
+  return (std::filesystem::path(config_.cache_dir) / fmt::format("step-{:08}.json", step)).string();
+}
+
+void RolloutSource::save_cycle(const std::vector<Completion>& completions,
+                               const std::vector<std::pair<std::string, double>>& metrics,
+                               std::int64_t step) {
+  // Every rank's completions in the global order (rank by rank), in one file rank 0 writes: a
+  // run resumed inside the cycle, on any number of ranks, trains on the same batch.
+  json mine = json::array();
+  for (const Completion& c : completions) {
+    mine.push_back({{"prompt", c.prompt},
+                    {"sample", c.sample},
+                    {"ids", c.ids},
+                    {"logprobs", c.logprobs},
+                    {"old_logprobs", c.old_logprobs},
+                    {"truncated", c.truncated},
+                    {"text", c.text},
+                    {"rewards", c.rewards},
+                    {"reward", c.reward},
+                    {"advantage", c.advantage}});
+  }
+  const std::vector<std::string> parts = dist::gather_strings(
+      world_.comm(), mine.dump(-1, ' ', false, json::error_handler_t::replace), 0);
+  std::exception_ptr failure;
+  if (world_.is_root()) {
+    try {
+      json all = json::array();
+      for (const std::string& part : parts)
+        for (json& c : json::parse(part)) all.push_back(std::move(c));
+      json metric_object = json::object();
+      for (const auto& [name, value] : metrics) metric_object[name] = value;
+      std::filesystem::create_directories(config_.cache_dir);
+      core::write_file_atomically(
+          cycle_file(step),
+          json{{"step", step}, {"metrics", metric_object}, {"completions", all}}.dump(
+              -1, ' ', false, json::error_handler_t::replace));
+      // Older cycles' files go once no checkpoint can resume inside them: those before the
+      // cycle of the oldest checkpoint kept.
+      std::int64_t oldest = step;
+      for (const auto& entry : std::filesystem::directory_iterator(
+               std::filesystem::path(config_.cache_dir).parent_path())) {
+        const std::string name = entry.path().filename().string();
+        if (name.starts_with("step-") && name.size() == 13 &&
+            name.find_first_not_of("0123456789", 5) == std::string::npos)
+          oldest = std::min<std::int64_t>(oldest, std::stoll(name.substr(5)));
+      }
+      const std::int64_t keep = oldest - oldest % config_.settings.num_iterations;
+      for (const auto& entry : std::filesystem::directory_iterator(config_.cache_dir)) {
+        const std::string name = entry.path().filename().string();
+        if (name.starts_with("step-") && name.ends_with(".json") && name.size() == 18 &&
+            std::stoll(name.substr(5, 8)) < keep)
+          std::filesystem::remove(entry.path());
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world_, failure);
+}
+
+void RolloutSource::restore_cycle(std::int64_t cycle) {
+  const GrpoSettings& s = config_.settings;
+  const std::string path = cycle_file(cycle);
+  std::exception_ptr failure;
+  std::string text;
+  if (world_.is_root()) {
+    try {
+      if (config_.cache_dir.empty() || !std::filesystem::exists(path)) {
+        throw core::bad_input(fmt::format("resuming inside a cycle of --num-iterations {} needs "
+                                          "the generation batch of step {}, "
+                                          "saved when that step ran; it is missing",
+                                          s.num_iterations, cycle + 1),
+                              {.file = path});
+      }
+      text = core::read_text_file(path, "a GRPO generation batch", std::size_t{1} << 30);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world_, failure);
+  text = dist::broadcast_string(world_.comm(), text);
+  const std::vector<std::int64_t> all =
+      step_prompts(position_.epoch, position_.step / s.num_iterations);
+  const auto [begin, end] = share(static_cast<std::int64_t>(all.size()), world_.rank());
+  const auto g = static_cast<std::size_t>(s.num_generations);
+  std::vector<Completion> completions;
+  cycle_metrics_.clear();
+  try {
+    const json saved = json::parse(text);
+    const json& list = saved.at("completions");
+    if (saved.at("step").get<std::int64_t>() != cycle || list.size() != all.size() * g)
+      throw core::bad_input("it is another step's generation batch", {.file = path});
+    for (auto i = static_cast<std::size_t>(begin) * g; i < static_cast<std::size_t>(end) * g; ++i) {
+      const json& c = list[i];
+      Completion out;
+      out.prompt = c.at("prompt").get<std::int64_t>();
+      if (out.prompt != all[i / g])
+        throw core::bad_input("its prompts are not this step's", {.file = path});
+      out.sample = c.at("sample").get<std::int64_t>();
+      out.ids = c.at("ids").get<std::vector<std::int32_t>>();
+      out.logprobs = c.at("logprobs").get<std::vector<float>>();
+      out.old_logprobs = c.at("old_logprobs").get<std::vector<float>>();
+      out.truncated = c.at("truncated").get<bool>();
+      out.text = c.at("text").get<std::string>();
+      out.rewards = c.at("rewards").get<std::vector<double>>();
+      out.reward = c.at("reward").get<double>();
+      out.advantage = c.at("advantage").get<double>();
+      if (out.logprobs.size() != out.ids.size() || out.old_logprobs.size() != out.ids.size() ||
+          static_cast<std::int64_t>(out.ids.size()) > s.max_completion_length)
+        throw core::bad_input(fmt::format("completion {} is malformed", i), {.file = path});
+      for (const std::int32_t id : out.ids) {
+        if (id < 0 || id >= model_.config().vocab_size)
+          throw core::bad_input(fmt::format("completion {} has token id {}", i, id),
+                                {.file = path});
+      }
+      completions.push_back(std::move(out));
+    }
+    for (const auto& [name, value] : saved.at("metrics").items())
+      cycle_metrics_.emplace_back(name, value.get<double>());
+  } catch (const json::exception& e) {
+    throw core::bad_input(fmt::format("not a generation batch: {}", e.what()), {.file = path});
+  }
+  current_ = data::StepData{};
+  current_.samples = end - begin;
+  build_batches(completions);
+  cycle_ = cycle;
 }
 
 void RolloutSource::write_log(const std::vector<Completion>& completions,

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,7 +39,14 @@ struct RolloutConfig {
   std::int64_t micro_batch = 0;       // completions per forward/backward pass
   std::int64_t seq_len = 0;           // a prompt + its completion fit in one row
   std::string tokenizer;              // what decodes completions (prep's, by default)
+  // --num-iterations > 1: where each generation batch is saved (CKPT_DIR/rollouts), so that a
+  // run resumed inside a cycle trains on it; empty: not saved.
+  std::string cache_dir;
 };
+
+// The engine's sequences in flight on each rank: a step's completions there, at most 64.
+[[nodiscard]] std::int64_t engine_slots(std::int64_t prompts_per_step, std::int64_t num_generations,
+                                        int ranks);
 
 class RolloutSource final : public StepSource {
  public:
@@ -76,9 +84,20 @@ class RolloutSource final : public StepSource {
   std::vector<Completion> generate(const PromptSet& set, const std::vector<std::int64_t>& mine,
                                    std::int64_t samples, const model::SamplingSettings& sampling);
   void score(const PromptSet& set, std::vector<Completion>& completions);
+  // The step's generation batch: generated, scored, its advantages, its micro-batches.
+  void roll_out(std::int64_t step);
   void build_batches(const std::vector<Completion>& completions);
+  // --num-iterations > 1: the completions' log-probabilities under the current weights (the
+  // trainer's forward pass), into the micro-batches and the completions.
+  void old_log_probabilities(std::vector<Completion>& completions);
+  [[nodiscard]] std::string cycle_file(std::int64_t step) const;
+  void save_cycle(const std::vector<Completion>& completions,
+                  const std::vector<std::pair<std::string, double>>& metrics, std::int64_t step);
+  void restore_cycle(std::int64_t cycle);
   void write_log(const std::vector<Completion>& completions, const std::vector<std::int64_t>& mine,
                  std::int64_t step);
+  // Rank 0: the completions' log without the lines of steps after `from` (an interrupted run's).
+  void trim_log(data::Position from);
 
   const dist::World& world_;
   const core::Logger& log_;
@@ -95,6 +114,11 @@ class RolloutSource final : public StepSource {
   data::Position position_{0, 0};
   std::int32_t pad_ = 0;
   data::StepData current_;
+  // The generation batch in use: the global step that made it (-1: none yet), its metrics, and
+  // where each completion of this rank sits in current_.micro (micro-batch, first target).
+  std::int64_t cycle_ = -1;
+  std::vector<std::pair<std::string, double>> cycle_metrics_;
+  std::map<std::size_t, std::pair<std::size_t, std::int64_t>> placement_;
 };
 
 }  // namespace l3::train::grpo

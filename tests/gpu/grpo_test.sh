@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `grpo` on the CUDA backend through the real program; exits 77 (skipped) without a CUDA device.
+# A tiny checkpoint (2 SFT steps on the CPU) trains 3 GRPO steps on the device (the engine's
+# bf16 generation, the policy_loss op, the lm_head's entropy, the bf16 backward) and on the CPU
+# from the same start: step 1's completions and rewards follow the CPU's (bf16 may part a
+# sampled sequence at a near-tie, rarely), its loss, entropy and the generator's agreement with
+# the trainer (logp_mismatch, bf16's size) are those of a working step, and the run checkpoints.
+#   grpo_test.sh PATH/TO/llama3-hpc
+set -uo pipefail
+bin=${1:?usage: grpo_test.sh LLAMA3_HPC}
+if "$bin" --version | grep -q "^backend cuda: .*devices: none"; then
+  echo "SKIP: no CUDA device ($("$bin" --version | grep '^backend cuda:'))"
+  exit 77
+fi
+if ! "$bin" --version | grep -q "^backend cuda:"; then
+  echo "SKIP: this build has no CUDA backend"
+  exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+for i in $(seq 1 16); do
+  printf '{"prompt":"Reverse word%d.","completion":"%d drow"}\n' "$i" "$i"
+done >"$work/train.jsonl"
+sed 's/"completion"/"answer"/' "$work/train.jsonl" >"$work/prompts.jsonl"
+"$bin" prep sft --input "$work/train.jsonl" --tokenizer bytes --output "$work/train" >/dev/null ||
+  fail "prep sft"
+"$bin" prep prompts --input "$work/prompts.jsonl" --tokenizer bytes --output "$work/prompts" \
+  >/dev/null || fail "prep prompts"
+"$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 2 --steps 2 --lr 1e-3 \
+  --ckpt-dir "$work/ck" --no-progress --backend cpu >"$work/sft.log" 2>&1 || fail "sft: $(tail -3 "$work/sft.log")"
+cat >"$work/length.py" <<'PY'
+import json, sys
+for line in sys.stdin:  # a graded reward: short completions score higher
+    print(json.dumps({"reward": 1.0 / (1 + len(json.loads(line)["completion"]))}), flush=True)
+PY
+for backend in cpu cuda; do
+  "$bin" grpo --init "$work/ck" --data "$work/prompts" --reward-match answer \
+    --reward-command "python3 $work/length.py" --steps 3 --seq-len 64 --global-batch 2 \
+    --num-generations 4 --max-completion-length 12 --temperature 0.7 --lr 1e-3 --log-every 0 \
+    --no-progress --backend "$backend" --ckpt-dir "$work/ck-$backend" \
+    --metrics "$work/$backend-metrics.jsonl" --log-completions "$work/$backend.jsonl" \
+    >"$work/$backend.log" 2>&1 || fail "grpo on $backend: $(tail -3 "$work/$backend.log")"
+done
+[[ -d "$work/ck-cuda/step-00000003" ]] || fail "no checkpoint of the device's run"
+python3 - "$work/cpu.jsonl" "$work/cuda.jsonl" "$work/cpu-metrics.jsonl" "$work/cuda-metrics.jsonl" <<'PY' || fail "the device's steps"
+import json, sys
+cpu = [json.loads(l) for l in open(sys.argv[1]) if json.loads(l)["step"] == 1]
+gpu = [json.loads(l) for l in open(sys.argv[2]) if json.loads(l)["step"] == 1]
+assert len(cpu) == len(gpu) == 8, (len(cpu), len(gpu))
+same = sum(c["ids"] == g["ids"] for c, g in zip(cpu, gpu))
+for c, g in zip(cpu, gpu):
+    if c["ids"] == g["ids"]:
+        assert c["reward"] == g["reward"], (c, g)
+m_cpu = [json.loads(l) for l in open(sys.argv[3]) if '"kind":"train"' in l]
+m_gpu = [json.loads(l) for l in open(sys.argv[4]) if '"kind":"train"' in l]
+assert len(m_gpu) == 3, len(m_gpu)
+first_cpu, first_gpu = m_cpu[0], m_gpu[0]
+print(f"step 1: {same} of 8 completions identical on the device; loss {first_gpu['loss']:.4f} "
+      f"(CPU {first_cpu['loss']:.4f}), entropy {first_gpu['entropy']:.3f} "
+      f"(CPU {first_cpu['entropy']:.3f}), logp_mismatch {first_gpu['logp_mismatch']:.2e}")
+assert same >= 6, same
+assert first_gpu["clip_ratio/region_mean"] == 0.0
+assert first_gpu["logp_mismatch"] < 0.1, first_gpu["logp_mismatch"]
+assert abs(first_gpu["entropy"] - first_cpu["entropy"]) < 0.05 * max(1.0, first_cpu["entropy"])
+if same == 8:
+    assert abs(first_gpu["loss"] - first_cpu["loss"]) < 1e-3 * max(1.0, abs(first_cpu["loss"]))
+assert all(m["grad_norm"] > 0 for m in m_gpu)
+PY
+echo "PASS"
