@@ -6,8 +6,9 @@
 // (time/generate_ms, time/score_ms, the rest). The baseline is the same step's training
 // pass: generation's time against it, for full fine-tuning and for LoRA rank 16.
 //
-// --rehearsal: the tiny preset model, 8-token completions (the GPU check's rehearsal on the
-// CUDA emulation; the same JSON).
+// --rehearsal: the tiny preset model, 2 completions of 4 tokens per rank and rows of 48 (the GPU
+// check's rehearsal on the CUDA emulation; the same JSON). LoRA adapts the full run's final
+// weights (its checkpoint).
 //   l3-bench-grpo [--backend cpu|cuda] [--quick] [--rehearsal] [--json FILE]
 #include <fmt/format.h>
 #include <mpi.h>
@@ -51,8 +52,8 @@ struct Figures {
   double completion_tokens = 0;
 };
 
-Figures run(const std::string& dir, const std::string& model, const std::string& backend, bool lora,
-            int steps, int prompts, int generations, int length) {
+Figures run(const std::string& dir, const std::string& model, const std::string& backend,
+            std::int64_t seq_len, bool lora, int steps, int prompts, int generations, int length) {
   std::vector<std::string> args = {"grpo",
                                    "--model",
                                    model,
@@ -63,7 +64,7 @@ Figures run(const std::string& dir, const std::string& model, const std::string&
                                    "--backend",
                                    backend,
                                    "--seq-len",
-                                   "256",
+                                   std::to_string(seq_len),
                                    "--global-batch",
                                    std::to_string(prompts),
                                    "--num-generations",
@@ -79,7 +80,13 @@ Figures run(const std::string& dir, const std::string& model, const std::string&
                                    "--no-progress",
                                    "--log-level",
                                    "warn"};
-  if (lora) args.insert(args.end(), {"--lora-rank", "16", "--lora-alpha", "32"});
+  // LoRA adapts the full run's final weights (a checkpoint: LoRA needs a model to adapt).
+  if (lora) {
+    args.insert(args.end(), {"--init", dir + "/ckpt", "--lora-rank", "16", "--lora-alpha", "32"});
+    args.erase(args.begin() + 1, args.begin() + 3);  // not --model as well
+  } else {
+    args.insert(args.end(), {"--ckpt-dir", dir + "/ckpt"});
+  }
   l3::Session session(MPI_COMM_WORLD, l3::RunConfig::from_args(args));
   std::vector<double> step, generate, score, tps, completion;
   session.on_step([&](const l3::StepMetrics& m) {
@@ -154,14 +161,15 @@ int main(int argc, char** argv) {
     (void)l3::prep::run_prep(world, quiet, prep);
 
     const int steps = quick ? 1 : 3;
-    const int prompts = 2 * world.size();
-    const int generations = 8;
-    const int length = rehearsal ? 8 : quick ? 32 : 128;
+    const int prompts = (rehearsal ? 1 : 2) * world.size();
+    const int generations = rehearsal ? 2 : 8;
+    const int length = rehearsal ? 4 : quick ? 32 : 128;
+    const std::int64_t seq_len = rehearsal ? 48 : 256;  // the prompts have about 30 tokens
     const std::string model = rehearsal ? std::string("tiny") : (dir / "config.json").string();
     json results = json::array();
     for (const bool lora : {false, true}) {
       const Figures f =
-          run(dir.string(), model, backend, lora, steps, prompts, generations, length);
+          run(dir.string(), model, backend, seq_len, lora, steps, prompts, generations, length);
       const double generated_per_s = f.completion_tokens / std::max(1e-9, f.generate_ms / 1e3);
       if (world.is_root()) {
         fmt::print(

@@ -81,22 +81,8 @@ void DpoLoss::run(const model::Batch& batch, float grad_scale, bool backward, mo
                 .label_smoothing = settings_.label_smoothing,
                 .loss = settings_.loss,
                 .grad_scale = grad_scale});
-  if (!backward) return;
-  {
-    // The lm_head's backward with each row weighted by its sequence's share of the loss (the
-    // logits are built again, a block at a time, rather than kept for the whole batch).
-    const core::TraceRange range("lm_head backward (DPO)");
-    const model::HeldGroup held = model_.hold_head(model::Pass::backward);
-    ops.lm_head_cross_entropy({.dh = in.d_hidden,
-                               .dw = model_.lm_head_grad(),
-                               .h = in.hidden,
-                               .w = model_.lm_head_weight(),
-                               .rows = in.loss_rows,
-                               .targets = in.loss_targets,
-                               .row_scale = d_rows,
-                               .grad_scale = 1.0F});
-  }
-  model_.backward();
+  // Each row weighted by its sequence's share of the loss.
+  if (backward) weighted_lm_head_backward(model_, in, d_rows, "DPO");
 }
 
 LossSums DpoLoss::forward_backward(const model::Batch& batch, float grad_scale,

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/trace_range.hpp"
+
 namespace l3::train {
 
 void Objective::train(const model::Batch& batch, float grad_scale) {
@@ -45,6 +47,23 @@ EvalTotals Objective::eval_totals() const {
 LossSums Objective::read(model::SumSlot slot) const {
   const std::array<double, model::LlamaModel::kSumValues> v = model_.read_sums(slot);
   return LossSums::of(v);
+}
+
+void weighted_lm_head_backward(model::LlamaModel& model, const model::HeadInputs& in,
+                               kernels::ConstTensorView d_rows, const char* what) {
+  {
+    const core::TraceRange range("lm_head backward ({})", what);
+    const model::HeldGroup held = model.hold_head(model::Pass::backward);
+    model.pass_ops().lm_head_cross_entropy({.dh = in.d_hidden,
+                                            .dw = model.lm_head_grad(),
+                                            .h = in.hidden,
+                                            .w = model.lm_head_weight(),
+                                            .rows = in.loss_rows,
+                                            .targets = in.loss_targets,
+                                            .row_scale = d_rows,
+                                            .grad_scale = 1.0F});
+  }
+  model.backward();
 }
 
 void describe_pair_step(const LossSums& global, std::int64_t pairs, StepMetrics& m) {

@@ -114,20 +114,7 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
                    .epsilon_high = settings_.clip_high(),
                    .beta = settings_.beta,
                    .grad_scale = grad_scale});
-  if (!backward) return;
-  {
-    const core::TraceRange range("lm_head backward (GRPO)");
-    const model::HeldGroup held = model_.hold_head(model::Pass::backward);
-    ops.lm_head_cross_entropy({.dh = in.d_hidden,
-                               .dw = model_.lm_head_grad(),
-                               .h = in.hidden,
-                               .w = model_.lm_head_weight(),
-                               .rows = in.loss_rows,
-                               .targets = in.loss_targets,
-                               .row_scale = d_rows,
-                               .grad_scale = 1.0F});
-  }
-  model_.backward();
+  if (backward) weighted_lm_head_backward(model_, in, d_rows, "GRPO");
 }
 
 LossSums PolicyGradientLoss::forward_backward(const model::Batch& batch, float grad_scale) {
