@@ -11,7 +11,11 @@ cmake --build "$build" -j "${L3_JOBS:-2}" --target l3_gpu_tests l3_gpu_zero2_tes
   l3_gpu_device_smoke_test l3-bench-gpu l3-bench-train-throughput l3-bench-lora l3-bench-generate \
   l3-bench-grpo llama3-hpc
 [[ -x "$bundler" ]] || { echo "gpu-bundle: no bundler at $bundler (set L3_BUNDLER)" >&2; exit 2; }
-grep -qx '/.gpubundle/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpubundle/' >> "$root/.git/info/exclude"
+# (git's own path for it: in a worktree .git is a file)
+exclude=$(git -C "$root" rev-parse --git-path info/exclude)
+[[ $exclude == /* ]] || exclude=$root/$exclude
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpubundle/' "$exclude" 2>/dev/null || echo '/.gpubundle/' >>"$exclude"
 # MPICH's launcher too (the GPU node has no MPI): the two-rank training checks use it.
 launcher=()
 for exe in mpiexec.hydra hydra_pmi_proxy; do
