@@ -68,7 +68,7 @@ void Batch::validate(std::int64_t vocab_size) const {
     fail("preference arrays differ in length");
   }
   for (const std::vector<float>* rl :
-       {&advantages, &sampled_logprobs, &loss_weights, &old_logprobs}) {
+       {&advantages, &sampled_logprobs, &loss_weights, &old_logprobs, &ref_logprobs}) {
     if (!rl->empty() && rl->size() != un) fail(fmt::format("RL arrays of {} tokens expected", n));
   }
 }

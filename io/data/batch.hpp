@@ -37,6 +37,9 @@ struct Batch {
   // not the one trained (several updates per generation batch); empty: the trained policy itself,
   // detached (the probability ratio is 1).
   std::vector<float> old_logprobs{};
+  // (N) or empty: the log-probabilities of the reference policy (GRPO with beta > 0), computed
+  // once per generation batch.
+  std::vector<float> ref_logprobs{};
   std::int64_t completions = 0;      // online RL: the completions it holds (masked-out ones too)
   std::int64_t document_tokens = 0;  // tokens of documents (not padding): throughput counts these
 

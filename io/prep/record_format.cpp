@@ -240,6 +240,25 @@ PreferenceExample RecordFormatter::preference(const json& record) const {
   return pair;
 }
 
+Example RecordFormatter::response(const json& record) const {
+  if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
+  const auto answer = record.find("response");
+  if (answer == record.end()) throw core::bad_input(R"(missing "response")");
+  json pair = {{"chosen", *answer}, {"rejected", *answer}};
+  if (const auto prompt = record.find("prompt"); prompt != record.end()) pair["prompt"] = *prompt;
+  try {
+    return std::move(preference(pair).chosen);
+  } catch (core::Error& e) {
+    // preference() speaks of "chosen"; the record calls it "response"
+    std::string message = e.message();
+    for (std::size_t at = message.find("chosen"); at != std::string::npos;
+         at = message.find("chosen", at + 8)) {
+      message.replace(at, 6, "response");
+    }
+    throw core::bad_input(message, e.context());
+  }
+}
+
 Verdict RecordFormatter::fit(Example& e) const {
   if (e.empty_content) return Verdict::empty;
   if (!has_target(e)) return Verdict::all_masked;

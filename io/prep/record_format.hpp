@@ -62,6 +62,11 @@ class RecordFormatter {
   // Throw bad_input Errors with the reason (the caller adds file:line).
   [[nodiscard]] Example sft(const nlohmann::json& record) const;
   [[nodiscard]] PreferenceExample preference(const nlohmann::json& record) const;
+  // A {"prompt", "response"} record (strings or message lists, as in preference records; the
+  // prompt may be absent when the response is a whole conversation) formatted as the chosen side
+  // of a preference record: a response as a reward model sees it (`score`, GRPO's
+  // --reward-model).
+  [[nodiscard]] Example response(const nlohmann::json& record) const;
   // A prompt record, {"prompt": TEXT} (a user turn) or {"messages": [...]} (a conversation that
   // ends before the assistant's answer), in the chat template with the assistant header
   // appended: the model continues with the answer. The mask is all 0.

@@ -89,7 +89,12 @@ void declare_grpo_options(po::options_description& options) {
           ->value_name("SECONDS"),
       "how long the verifier may take to answer one request")(
       "reward-weights", po::value<std::string>()->value_name("W,W,..."),
-      "weights of the rewards in use, in the order answer-match, command (default all 1)")(
+      "weights of the rewards in use, in the order answer-match, command, model (default all "
+      "1)")("reward-model", po::value<std::string>()->value_name("CKPT"),
+            "a reward model scores each completion as `score` does: a reward checkpoint, a Hugging "
+            "Face LlamaForSequenceClassification directory, or a base with --reward-adapter")(
+      "reward-adapter", po::value<std::string>()->value_name("DIR"),
+      "a LoRA reward adapter in PEFT's format (SEQ_CLS) folded into --reward-model")(
       "log-completions", po::value<std::string>()->value_name("FILE"),
       "write every sample as a JSON line {step, record, completion, ids, reward, advantage}")(
       "tokenizer", po::value<std::string>()->value_name("FILE|bytes"),
@@ -596,6 +601,8 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     }
     g.reward_command = optional_string(o, "reward-command");
     g.reward_timeout = get<double>(o, "reward-timeout");
+    g.reward_model = optional_string(o, "reward-model");
+    g.reward_adapter = optional_string(o, "reward-adapter");
     if (const std::string w = optional_string(o, "reward-weights"); !w.empty())
       g.reward_weights = parse_weights(w);
     g.log_completions = optional_string(o, "log-completions");

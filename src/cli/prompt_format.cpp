@@ -28,24 +28,4 @@ std::vector<std::int32_t> chat_prompt(const tokenizer::Tokenizer& tokenizer, con
   return formatter.conversation_prompt(messages).tokens;
 }
 
-std::vector<std::int32_t> response_sequence(const prep::RecordFormatter& formatter,
-                                            const json& record) {
-  if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
-  const auto response = record.find("response");
-  if (response == record.end()) throw core::bad_input(R"(missing "response")");
-  json pair = {{"chosen", *response}, {"rejected", *response}};
-  if (const auto prompt = record.find("prompt"); prompt != record.end()) pair["prompt"] = *prompt;
-  try {
-    return formatter.preference(pair).chosen.tokens;
-  } catch (core::Error& e) {
-    // the formatter speaks of "chosen"; the record calls it "response"
-    std::string message = e.message();
-    for (std::size_t at = message.find("chosen"); at != std::string::npos;
-         at = message.find("chosen", at + 8)) {
-      message.replace(at, 6, "response");
-    }
-    throw core::bad_input(message, e.context());
-  }
-}
-
 }  // namespace l3::cli

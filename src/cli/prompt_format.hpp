@@ -1,5 +1,6 @@
 // Token sequences for inference, formatted exactly as training data was (prep's
-// RecordFormatter): a generation prompt, and a prompt + response as a reward model sees it.
+// RecordFormatter): a generation prompt. (A response as a reward model sees it:
+// RecordFormatter::response.)
 #pragma once
 
 #include <cstdint>
@@ -27,11 +28,5 @@ namespace l3::cli {
 // Errors say what is wrong with the list (the caller adds file:line).
 [[nodiscard]] std::vector<std::int32_t> chat_prompt(const tokenizer::Tokenizer& tokenizer,
                                                     const nlohmann::json& messages);
-
-// A {"prompt", "response"} record (strings or message lists, as in preference records; the
-// prompt may be absent when the response is a whole conversation) formatted as the chosen side
-// of a preference record. bad_input Errors say what is wrong (the caller adds file:line).
-[[nodiscard]] std::vector<std::int32_t> response_sequence(const prep::RecordFormatter& formatter,
-                                                          const nlohmann::json& record);
 
 }  // namespace l3::cli

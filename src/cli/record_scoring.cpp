@@ -5,7 +5,6 @@
 #include <string>
 #include <utility>
 
-#include "cli/prompt_format.hpp"
 #include "core/error.hpp"
 #include "train/reward_scores.hpp"
 
@@ -27,7 +26,7 @@ ordered_json RecordScore::to_json(std::int64_t line) const {
 ScoringInput prepare_record(const prep::RecordFormatter& formatter, const json& record) {
   if (!record.is_object()) throw core::bad_input("a record must be a JSON object");
   if (record.contains("response")) {
-    return {.pair = false, .chosen = response_sequence(formatter, record), .rejected = {}};
+    return {.pair = false, .chosen = formatter.response(record).tokens, .rejected = {}};
   }
   if (!record.contains("chosen") && !record.contains("rejected")) {
     throw core::bad_input(

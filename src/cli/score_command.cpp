@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "cli/inference_model.hpp"
-#include "cli/prompt_format.hpp"
 #include "cli/record_scoring.hpp"
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
@@ -150,7 +149,7 @@ int run_score(const CommandContext& context) {
     // while the others take part in its gathers.
     const json record = {{"prompt", o["prompt"].as<std::string>()},
                          {"response", o["response"].as<std::string>()}};
-    const std::vector<std::int32_t> tokens = response_sequence(formatter, record);
+    const std::vector<std::int32_t> tokens = formatter.response(record).tokens;
     if (!context.world.is_root()) {
       train::score_nothing(*loaded.model);
       return core::kExitOk;

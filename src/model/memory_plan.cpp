@@ -264,6 +264,29 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
                           e.kv_cache});
     plan.lines.push_back({"generation: the passes' activations and logits", e.workspace});
   }
+  for (const MemoryPlanInput::FrozenModel& f : in.frozen_models) {
+    const ParameterLayout frozen(f.model, f.head);
+    const std::int64_t count = frozen.total();
+    if (f.sharded) {
+      plan.lines.push_back(
+          {fmt::format("{}: weights ({}, {:.3f}B parameters, frozen, sharded: 1/{})", f.what, dtype,
+                       static_cast<double>(count) / 1e9, ranks),
+           bytes_of(in.compute, (count + ranks - 1) / ranks)});
+      plan.lines.push_back(
+          {fmt::format("{}: gathered weights ({}, two layer groups{})", f.what, dtype,
+                       frozen.lm_head_tied() ? " and the tied embedding" : ""),
+           bytes_of(in.compute, gradient_slot_elements(frozen))});
+    } else {
+      plan.lines.push_back({fmt::format("{}: weights ({}, {:.3f}B parameters, frozen)", f.what,
+                                        dtype, static_cast<double>(count) / 1e9),
+                            bytes_of(in.compute, count)});
+    }
+    const Workspace fw = workspace(f.model, in.compute, true, n, in.seq_len);
+    plan.lines.push_back(
+        {fmt::format("{}: a micro-batch's forward pass ({} tokens, one block's activations)",
+                     f.what, n),
+         fw.inputs + fw.residual + fw.blocks + fw.backward + fw.final_norm + fw.rope});
+  }
   return plan;
 }
 

@@ -39,6 +39,16 @@ struct MemoryPlanInput {
   // positions: its KV cache and its passes' buffers); 0: none.
   std::int64_t generation_slots = 0;
   std::int64_t generation_capacity = 0;
+  // Frozen models beside the trained one that run forward passes of one micro-batch (GRPO's
+  // reference copy, its reward model): their weights, whole or 1/ranks with the gather slots
+  // (sharded), and their workspace with one block's activations (nothing goes backward).
+  struct FrozenModel {
+    std::string what;  // "GRPO reference", "reward model"
+    ModelConfig model;
+    HeadKind head = HeadKind::language_model;
+    bool sharded = false;
+  };
+  std::vector<FrozenModel> frozen_models;
 };
 
 struct MemoryLine {

@@ -12,6 +12,7 @@ std::vector<std::string> GrpoSettings::reward_names() const {
   std::vector<std::string> names;
   if (reward_match_answer) names.emplace_back("answer_match");
   if (!reward_command.empty()) names.emplace_back("command");
+  if (!reward_model.empty()) names.emplace_back("reward_model");
   return names;
 }
 
@@ -19,8 +20,11 @@ void GrpoSettings::validate() const {
   const std::vector<std::string> names = reward_names();
   if (names.empty()) {
     throw core::usage_error(
-        "grpo needs a reward: --reward-match answer and/or --reward-command \"CMD ARGS\"");
+        "grpo needs a reward: --reward-match answer, --reward-command \"CMD ARGS\" and/or "
+        "--reward-model CKPT");
   }
+  if (!reward_adapter.empty() && reward_model.empty())
+    throw core::usage_error("--reward-adapter DIR needs --reward-model, the model it adapts");
   if (!reward_weights.empty() && reward_weights.size() != names.size()) {
     throw core::usage_error(
         fmt::format("--reward-weights gives {} weight{} for {} reward{} ({}: in this order)",
@@ -52,6 +56,8 @@ void GrpoSettings::add_to(nlohmann::json& j) const {
   j["reward_match"] = reward_match_answer ? "answer" : "";
   j["reward_command"] = reward_command;
   j["reward_timeout"] = reward_timeout;
+  j["reward_model"] = reward_model;
+  j["reward_adapter"] = reward_adapter;
   j["reward_weights"] = reward_weights;
 }
 

@@ -39,18 +39,20 @@ struct GrpoSettings {
   AdvantageEstimator advantage = AdvantageEstimator::grpo;
   std::int64_t num_iterations = 1;  // optimizer steps per generation batch
   bool mask_truncated_completions = false;
-  // Rewards, in this order: the built-in answer match, the verifier command. Weights: one per
-  // reward in use (empty: all 1).
+  // Rewards, in this order: the built-in answer match, the verifier command, the reward model.
+  // Weights: one per reward in use (empty: all 1).
   bool reward_match_answer = false;
   std::string reward_command;
   double reward_timeout = 60;  // seconds a verifier may take to answer one request
+  std::string reward_model;    // a reward checkpoint or HF sequence classifier; empty: none
+  std::string reward_adapter;  // a PEFT reward adapter folded into reward_model; empty: none
   std::vector<double> reward_weights;
   std::string log_completions;  // JSONL of every sample (rank 0 writes it); empty: none
 
   [[nodiscard]] double clip_high() const noexcept {
     return epsilon_high < 0 ? epsilon : epsilon_high;
   }
-  // The rewards in use, by name (rewards/NAME/mean): "answer_match", "command".
+  // The rewards in use, by name (rewards/NAME/mean): "answer_match", "command", "reward_model".
   [[nodiscard]] std::vector<std::string> reward_names() const;
   // usage Error for settings that cannot work (no reward, weights that do not match).
   void validate() const;

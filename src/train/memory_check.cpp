@@ -9,6 +9,7 @@
 #include "core/host_memory.hpp"
 #include "dist/collectives.hpp"
 #include "train/grpo/rollout_source.hpp"
+#include "train/model_source.hpp"
 #include "train/placement_choice.hpp"
 
 namespace l3::train {
@@ -43,7 +44,7 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
                             ? config.micro_batch
                             : 2 * config.micro_batch;
   // DPO: LoRA's reference is the same model without its adapters, full fine-tuning's is
-  // precomputed: no second model either way.
+  // precomputed: no second model either way (GRPO's: below).
   in.placement = choose_placement(config, ranks, in.compute);
   in.cudnn_attention = config.attention == kernels::Attention::cudnn;
   in.lora = config.lora;
@@ -51,6 +52,22 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
     in.generation_slots =
         grpo::engine_slots(config.global_batch, config.grpo.num_generations, ranks);
     in.generation_capacity = config.seq_len;
+    // With --beta > 0 a reference: LoRA's is its base (nothing more), full fine-tuning's a
+    // frozen copy of the model; a reward model, frozen too. Both sharded with
+    // --shard-parameters.
+    if (config.grpo.beta > 0 && !config.lora.enabled()) {
+      in.frozen_models.push_back({.what = "GRPO reference",
+                                  .model = model,
+                                  .head = model::HeadKind::language_model,
+                                  .sharded = config.shard_parameters});
+    }
+    if (!config.grpo.reward_model.empty()) {
+      in.frozen_models.push_back(
+          {.what = "reward model",
+           .model = resolve_model_source("", config.grpo.reward_model).config,
+           .head = model::HeadKind::reward,
+           .sharded = config.shard_parameters});
+    }
   }
   return in;
 }

@@ -41,9 +41,6 @@ void TrainConfig::validate() const {
   if (phase == Phase::grpo) {
     grpo.validate();
     require(data_from_host == false, "grpo reads its prompts from --data (made by 'prep prompts')");
-    require(grpo.beta == 0 || lora.enabled(),
-            "--beta > 0 needs a reference model: with LoRA (--lora-rank) its base is one; a "
-            "frozen copy for full fine-tuning is not built yet");
     require(grpo.max_completion_length < seq_len,
             "--max-completion-length must leave room for a prompt in --seq-len");
   }

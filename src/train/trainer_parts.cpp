@@ -279,6 +279,14 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
       p.placement.reduction_description(p.parallel->overlapping()), p.parallel->exchange_name());
 }
 
+// What checkpoints record of a LoRA run's reference (DPO's, GRPO's): the base model the adapters
+// train on, which the run checks on resume.
+nlohmann::json base_model_reference(const TrainerParts& p) {
+  return {{"kind", "base model without adapters"},
+          {"model", p.lora_base},
+          {"model_xxh64", p.lora_base_xxh64}};
+}
+
 // DPO's reference. LoRA: the base model without adapters (nothing to prepare). Full
 // fine-tuning: the initial model's log-probabilities of every training (and validation) pair,
 // read from the reference directory when they were computed from the same data and model
@@ -290,9 +298,7 @@ void prepare_dpo_reference(const dist::World& world, const core::Logger& log, Tr
                            const std::string& initial_digest) {
   const TrainConfig& c = p.config;
   if (c.lora.enabled()) {
-    p.reference_record = {{"kind", "base model without adapters"},
-                          {"model", p.lora_base},
-                          {"model_xxh64", p.lora_base_xxh64}};
+    p.reference_record = base_model_reference(p);
     log.info(
         "DPO reference: the base model without the adapters (a forward pass more per "
         "micro-batch, no second copy of the weights)");
@@ -445,7 +451,8 @@ std::string initialize_trained_weights(const dist::World& world, const core::Log
                                        const std::vector<float>& base) {
   const TrainConfig& c = p.config;
   const model::ParameterLayout& layout = p.model->layout();
-  const bool dpo = c.phase == Phase::dpo;
+  // The initial model is DPO's reference, and GRPO's with --beta > 0: its digest identifies it.
+  const bool dpo = c.phase == Phase::dpo || (c.phase == Phase::grpo && c.grpo.beta > 0);
   ShardedOptimizer& optimizer = p.parallel->optimizer();
   if (c.lora.enabled()) {
     // The frozen model is identified by its digest (read once more, by the ranks in turn, when
@@ -575,6 +582,66 @@ data::LoaderConfig training_loader(const dist::World& world, const TrainerParts&
   return lc;
 }
 
+// GRPO's reference with --beta > 0 (the policy the KL is measured against): LoRA's base, the
+// trained model without its adapters; with full fine-tuning a frozen copy of the initial model
+// (whole on every rank, or sharded over them with --shard-parameters), identified in every
+// checkpoint by its digest. A resumed run loads the model its checkpoint names and checks its
+// digest. Collective.
+grpo::ReferencePolicy prepare_grpo_reference(const dist::World& world, const core::Logger& log,
+                                             TrainerParts& p,
+                                             const std::optional<ckpt::Manifest>& resumed,
+                                             const std::string& initial_digest) {
+  const TrainConfig& c = p.config;
+  if (c.grpo.beta <= 0) return {};
+  if (c.lora.enabled()) {
+    p.reference_record = base_model_reference(p);
+    log.info(
+        "GRPO reference: the base model without the adapters (a forward pass more per "
+        "micro-batch of a generation batch, no second copy of the weights)");
+    return {.model = p.model.get(), .adapters = false};
+  }
+  ModelSource source = p.source;
+  std::string origin = p.source.origin();
+  std::string digest = initial_digest;
+  if (resumed) {
+    origin = resumed->reference.value("model", "");
+    digest = resumed->reference.value("model_xxh64", "");
+    if (digest.empty()) {
+      throw core::bad_input("the checkpoint records no GRPO reference (\"reference\")",
+                            {.file = p.source.step_dir});
+    }
+    // Empty: the run started from random weights (--model and --seed).
+    source = resolve_model_source(c.model, origin);
+  }
+  if (!origin.empty()) origin = std::filesystem::absolute(origin).lexically_normal().string();
+  const ModelRecipe recipe{.purpose = ModelPurpose::evaluate,
+                           .head = model::HeadKind::language_model,
+                           .placement = model::Placement::frozen(c.shard_parameters, world.size()),
+                           .recompute = true,  // forward passes only
+                           .seed = c.seed};
+  p.grpo_reference = build_model(*p.ops, source.config, recipe);
+  const std::vector<float> weights =
+      load_frozen_weights(&world, *p.ops, source, recipe, p.grpo_reference);
+  if (resumed) {
+    const model::ParameterLayout& layout = p.grpo_reference.model->layout();
+    const std::string loaded =
+        weights.empty() ? base_digest(world, source, layout, c.seed) : base_digest(layout, weights);
+    if (loaded != digest) {
+      throw core::bad_input(
+          fmt::format("the model at {} is not this run's GRPO reference (its weights' digest is "
+                      "{}, the checkpoint's reference had {})",
+                      origin.empty() ? std::string("(random, --model and --seed)") : origin, loaded,
+                      digest),
+          {.file = p.source.step_dir});
+    }
+  }
+  p.reference_record = {{"kind", "initial model"}, {"model", origin}, {"model_xxh64", digest}};
+  log.info("GRPO reference: a frozen copy of the initial model {}{}",
+           origin.empty() ? std::string("(random weights)") : origin,
+           c.shard_parameters ? ", sharded over the ranks" : "");
+  return {.model = p.grpo_reference.model.get(), .adapters = true};
+}
+
 // The data from where the run continues: the host's source or config.data's shards (after
 // DPO's reference, which reads them too), and the steps it gives. Collective.
 void start_data(const dist::World& world, const core::Logger& log, TrainerParts& p,
@@ -591,8 +658,10 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
   }
   if (c.phase == Phase::grpo) {
     // Online RL: the steps are made by the model being trained (grpo/rollout_source.hpp).
+    const grpo::ReferencePolicy reference =
+        prepare_grpo_reference(world, log, p, resumed.manifest, initial_digest);
     p.data = std::make_unique<grpo::RolloutSource>(
-        world, log, *p.model, grpo::PromptSet::load(world, p.index),
+        world, log, *p.model, reference, grpo::PromptSet::load(world, p.index),
         c.val_data.empty() ? grpo::PromptSet() : grpo::PromptSet::load(world, p.val_index),
         grpo::RolloutConfig{
             .settings = c.grpo,
@@ -600,6 +669,7 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
             .prompts_per_step = c.global_batch,
             .micro_batch = c.micro_batch,
             .seq_len = c.seq_len,
+            .shard_parameters = c.shard_parameters,
             .tokenizer = c.tokenizer.empty() ? p.index.tokenizer_name : c.tokenizer,
             .cache_dir = c.ckpt_dir.empty()
                              ? std::string()

@@ -20,6 +20,7 @@
 #include "train/evaluator.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics.hpp"
+#include "train/model_assembly.hpp"
 #include "train/model_source.hpp"
 #include "train/objectives/objective.hpp"
 #include "train/progress_bar.hpp"
@@ -45,6 +46,9 @@ struct TrainerParts {
   // by the model (declared first: the model holds the window).
   std::unique_ptr<ShardedWeights> frozen;
   std::unique_ptr<model::LlamaModel> model;
+  // GRPO with --beta > 0 and full fine-tuning: the frozen initial model, the reference of the KL
+  // (declared before the data source, which reads it); empty otherwise.
+  AssembledModel grpo_reference;
   std::unique_ptr<Objective> objective;  // what the model is trained for (train/objectives/)
   std::unique_ptr<StepSource> data;
   std::unique_ptr<DataParallel> parallel;

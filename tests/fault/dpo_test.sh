@@ -16,15 +16,12 @@ bin=$1
 mpiexec=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/l3-dpo-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-failures=0
 export OMP_NUM_THREADS=1
 
-fail() {
-  echo "FAIL [$1]"
-  failures=$((failures + 1))
-}
-pass() { echo "ok   [$1]"; }
-
+# shellcheck source=tests/support/checks.sh
+source "$(dirname "$0")/../support/checks.sh"
+# shellcheck source=tests/support/mpi_runs.sh
+source "$(dirname "$0")/../support/mpi_runs.sh"
 # shellcheck source=tests/support/reversal_data.sh
 source "$(dirname "$0")/../support/reversal_data.sh"
 prep_reversal_data "$bin" "$work" || {
@@ -32,15 +29,6 @@ prep_reversal_data "$bin" "$work" || {
   exit 1
 }
 
-run() {
-  local ranks=$1
-  shift
-  timeout -k 5 120 "$mpiexec" -n "$ranks" "$bin" "$@" >"$work/last.out" 2>"$work/last.err"
-  local rc=$?
-  [[ $rc -eq 124 || $rc -eq 137 ]] && fail "a run hung (stopped after 120 s): L3_FAULT='${L3_FAULT:-}' $*"
-  return $rc
-}
-digest() { "$bin" ckpt verify --json "$1" 2>/dev/null | sed "s|$work/[^/\"]*||g"; }
 # first_step FILE KEY: KEY's value in step 1's record of metrics FILE.
 first_step() { grep '"step":1,' "$1" | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }
 worst_loss_difference() {

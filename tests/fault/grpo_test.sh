@@ -20,15 +20,12 @@ bin=$1
 mpiexec=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/l3-grpo-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-failures=0
 export OMP_NUM_THREADS=1
 
-fail() {
-  echo "FAIL [$1]"
-  failures=$((failures + 1))
-}
-pass() { echo "ok   [$1]"; }
-
+# shellcheck source=tests/support/checks.sh
+source "$(dirname "$0")/../support/checks.sh"
+# shellcheck source=tests/support/mpi_runs.sh
+source "$(dirname "$0")/../support/mpi_runs.sh"
 # shellcheck source=tests/support/reversal_data.sh
 source "$(dirname "$0")/../support/reversal_data.sh"
 prep_reversal_data "$bin" "$work" || {
@@ -36,24 +33,8 @@ prep_reversal_data "$bin" "$work" || {
   exit 1
 }
 
-run() {
-  local ranks=$1
-  shift
-  timeout -k 5 120 "$mpiexec" -n "$ranks" "$bin" "$@" >"$work/last.out" 2>"$work/last.err"
-  local rc=$?
-  [[ $rc -eq 124 || $rc -eq 137 ]] && fail "a run hung (stopped after 120 s): L3_FAULT='${L3_FAULT:-}' $*"
-  return $rc
-}
-digest() { "$bin" ckpt verify --json "$1" 2>/dev/null | sed "s|$work/[^/\"]*||g"; }
-
 # --- the prompts: the SFT records' prompts with their answers, and a field carried along ---
-python3 - "$work/sft.jsonl" "$work/prompts.jsonl" <<'PY'
-import json, sys
-with open(sys.argv[2], "w") as out:
-    for i, line in enumerate(open(sys.argv[1])):
-        r = json.loads(line)
-        out.write(json.dumps({"prompt": r["prompt"], "answer": r["completion"], "id": i}) + "\n")
-PY
+write_reversal_prompts "$work/sft.jsonl" "$work/prompts.jsonl"
 if "$bin" prep prompts --input "$work/prompts.jsonl" --tokenizer bytes --output "$work/prompts" \
   --val-fraction 0.2 >"$work/last.out" 2>&1 &&
   grep -q '"format": "llama3-hpc/prompts"' "$work/prompts/train/index.json"; then
@@ -249,8 +230,4 @@ for mode in die hang garbage nan; do
   fi
 done
 
-if ((failures > 0)); then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all GRPO checks passed"
+finish_checks "GRPO checks"

@@ -10,7 +10,7 @@
 #             with the uninterrupted run's weights; the same from the node-local level
 #             (--ckpt-local) when it is newer than ckpt-dir; a job failing on every attempt fails
 #             loudly
-#   pipeline  jobs/pipeline.sh: prep -> sft -> reward and dpo -> grpo end to end; a failed stage cancels
+#   pipeline  jobs/pipeline.sh: prep -> sft -> reward and dpo -> grpo (with the reward model) end to end; a failed stage cancels
 #             the rest
 #
 #   slurm_test.sh CASE LLAMA3_HPC SOURCE_DIR MPIEXEC
@@ -261,6 +261,7 @@ pipeline)
     echo "init = $work/ckpt-sft"
     echo "data = $work/prompts"
     echo "reward-match = answer"
+    echo "reward-model = $work/ckpt-rm"
     echo "steps = 2"
     echo "seq-len = 128"
     echo "global-batch = 2"
@@ -295,6 +296,7 @@ pipeline)
     grep -q "step 1/8 | loss 0.6931 | acc 0.000" "l3-dpo-$dpo_id.out"
   check "the GRPO policy's checkpoint verifies" "$bin" ckpt verify --quick ckpt-grpo
   check "... its steps report their rewards" grep -q "step 2/2 | loss .* | reward " "l3-grpo-$grpo_id.out"
+  check "... scored by the reward stage's model too" grep -q "GRPO reward model: $work/ckpt-rm" "l3-grpo-$grpo_id.out"
   [[ $failures -eq 0 ]] || for f in l3-*.out; do show_output "$f"; done
   # A failing first stage: the later ones are cancelled, not left pending.
   printf 'kind = sft\ninput = %s/missing.jsonl\ntokenizer = bytes\noutput = %s/x\n' "$work" "$work" >bad-prep.ini

@@ -21,6 +21,17 @@ prep_reversal_data() {
     "$bin" prep preference --input "$dir/pref.jsonl" --tokenizer bytes --output "$dir/pref" \
       >/dev/null 2>&1
 }
+# write_reversal_prompts SFT_JSONL OUT_JSONL: the SFT records' prompts as GRPO's prompt records,
+# their completion as the "answer", and an "id" carried along.
+write_reversal_prompts() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as out:
+    for i, line in enumerate(open(sys.argv[1])):
+        r = json.loads(line)
+        out.write(json.dumps({"prompt": r["prompt"], "answer": r["completion"], "id": i}) + "\n")
+PY
+}
 # reversal_workdir BIN NAME: a temporary directory named after NAME, removed when the shell exits,
 # with the data prepared in it; its path in $work. Exits 1 when preparing fails.
 reversal_workdir() {

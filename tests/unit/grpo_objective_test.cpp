@@ -94,12 +94,24 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
     }
   }
 
+  // The reference policy (beta > 0): the current log-probabilities shifted by up to +-0.3.
+  std::vector<std::vector<double>> ref(completions.size());
+  for (std::size_t s = 0; s < completions.size(); ++s) {
+    for (std::size_t k = completions[s].prompt; k < completions[s].tokens.size(); ++k) {
+      ref[s].push_back(token_logp(params, model.layout(), completions[s], k) +
+                       rnd.uniform(1, -0.3F, 0.3F)[0]);
+    }
+  }
+
   for (const PolicyLossType type : {PolicyLossType::dapo, PolicyLossType::grpo,
                                     PolicyLossType::dr_grpo, PolicyLossType::bnpo}) {
-    for (const bool with_old : {true, false}) {
+    for (const auto& [with_old, beta] :
+         {std::pair{true, 0.0}, std::pair{false, 0.0}, std::pair{true, 0.1}}) {
+      if (beta > 0 && type != PolicyLossType::dapo && type != PolicyLossType::grpo) continue;
       INFO("loss type " << l3::train::policy_loss_type_name(type) << ", old log-probabilities "
-                        << with_old);
+                        << with_old << ", beta " << beta);
       l3::train::GrpoSettings settings;
+      settings.beta = beta;
       settings.loss_type = type;
       settings.max_completion_length = 5;
       settings.epsilon = 0.2;
@@ -120,6 +132,7 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       batch.loss_weights.assign(n, 0.0F);
       batch.sampled_logprobs.assign(n, 0.0F);
       if (with_old) batch.old_logprobs.assign(n, 0.0F);
+      if (beta > 0) batch.ref_logprobs.assign(n, 0.0F);
       batch.completions = 3;
       std::vector<double> weight(3);
       for (std::size_t s = 0; s < 3; ++s) {
@@ -134,6 +147,8 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
           batch.loss_weights[t] = static_cast<float>(weight[s]);
           if (with_old)
             batch.old_logprobs[t] = static_cast<float>(old[s][static_cast<std::size_t>(k)]);
+          if (beta > 0)
+            batch.ref_logprobs[t] = static_cast<float>(ref[s][static_cast<std::size_t>(k)]);
         }
       }
       l3::train::PolicyGradientLoss objective(model, settings);
@@ -145,14 +160,23 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       const double scale = 1.0 / static_cast<double>(units);
 
       // fp64: with old log-probabilities, the clipped surrogate; without, a ratio of 1 whose
-      // gradient is that of -sum w A log pi.
+      // gradient is that of -sum w A log pi. With beta, + beta k3(pi, ref) per token (TRL:
+      // exp(ref - logp) - (ref - logp) - 1).
+      double kl_sum = 0;
       auto fp64_loss = [&](const std::vector<double>& x, bool surrogate_only) {
         double total = 0;
+        kl_sum = 0;
         for (std::size_t s = 0; s < 3; ++s) {
           const Completion& cs = completions[s];
           for (std::size_t k = cs.prompt; k < cs.tokens.size(); ++k) {
             const double logp = token_logp(x, model.layout(), cs, k);
             const double a = cs.advantage;
+            if (beta > 0) {
+              const double d = ref[s][k - cs.prompt] - logp;
+              const double kl = std::exp(d) - d - 1.0;
+              kl_sum += kl;
+              total += weight[s] * beta * kl;
+            }
             if (!with_old || surrogate_only) {
               total += weight[s] * -a * (surrogate_only ? logp : 1.0);
               continue;
@@ -167,6 +191,7 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       model.zero_gradients();
       const l3::train::LossSums sums = objective.forward_backward(batch, static_cast<float>(scale));
       CHECK(sums.loss * scale == Approx(fp64_loss(params, false)).epsilon(1e-5));
+      CHECK(sums.correct == Approx(kl_sum).epsilon(1e-5));  // the KL's sum over the tokens
       if (with_old) {
         CHECK(sums.chosen == 1.0);  // clipped high
         CHECK(sums.margin == 1.0);  // clipped low

@@ -13,6 +13,7 @@
 #include "temp_dir.hpp"
 #include "train/grpo/advantages.hpp"
 #include "train/grpo/reward_command.hpp"
+#include "train/grpo_settings.hpp"
 
 using l3::train::AdvantageEstimator;
 using l3::train::RewardScaling;
@@ -144,4 +145,22 @@ TEST_CASE("Prompt shards round-trip their prompts and records", "[grpo][shards]"
   l3::data::write_sft_shard(sft, d, {"llama3-hpc/sft", 1, "abc", 300});
   CHECK_THAT(failure_of([&] { (void)l3::data::read_prompt_shard(sft); }),
              Catch::Matchers::Contains("llama3-hpc/prompts"));
+}
+
+TEST_CASE("GRPO's rewards: their names in weight order, and settings that cannot work", "[grpo]") {
+  l3::train::GrpoSettings s;
+  CHECK_THROWS_WITH(s.validate(), Catch::Matchers::Contains("--reward-model CKPT"));
+  s.reward_match_answer = true;
+  s.reward_command = "python3 verify.py";
+  s.reward_model = "ckpt/rm";
+  CHECK(s.reward_names() == std::vector<std::string>{"answer_match", "command", "reward_model"});
+  s.reward_weights = {1.0, 0.5};
+  CHECK_THROWS_WITH(s.validate(), Catch::Matchers::Contains("answer_match, command, reward_model"));
+  s.reward_weights = {1.0, 0.5, 0.25};
+  CHECK_NOTHROW(s.validate());
+  s.reward_model.clear();
+  s.reward_weights.clear();
+  s.reward_adapter = "adapters/rm";
+  CHECK_THROWS_WITH(s.validate(),
+                    Catch::Matchers::Contains("--reward-adapter DIR needs --reward-model"));
 }

@@ -220,7 +220,7 @@ TEST_CASE("records are scored as the reward model was trained", "[score][ckpt]")
 
   // A response alone is the chosen side of a pair with that response.
   const json single = json::parse(R"({"prompt": "Q?", "response": "Yes."})");
-  CHECK(l3::cli::response_sequence(formatter, single) == example.chosen.tokens);
+  CHECK(formatter.response(single).tokens == example.chosen.tokens);
   const l3::cli::RecordScore alone = l3::cli::score_record(model, formatter, single, pad);
   CHECK_FALSE(alone.pair);
   CHECK(alone.chosen == Approx(chosen).epsilon(1e-5));

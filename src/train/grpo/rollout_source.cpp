@@ -40,6 +40,8 @@ struct RolloutSource::Completion {
   // --num-iterations > 1: the log-probability of each id under the policy that generated it,
   // by the trainer's forward pass (the probability ratio's denominator in the later steps).
   std::vector<float> old_logprobs;
+  // beta > 0: the log-probability of each id under the reference policy.
+  std::vector<float> ref_logprobs;
 };
 
 namespace {
@@ -73,11 +75,12 @@ std::int64_t engine_slots(std::int64_t prompts_per_step, std::int64_t num_genera
 }
 
 RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
-                             model::LlamaModel& model, PromptSet prompts, PromptSet validation,
-                             RolloutConfig config)
+                             model::LlamaModel& model, ReferencePolicy reference, PromptSet prompts,
+                             PromptSet validation, RolloutConfig config)
     : world_(world),
       log_(log),
       model_(model),
+      reference_(reference),
       prompts_(std::move(prompts)),
       validation_(std::move(validation)),
       config_(std::move(config)),
@@ -118,6 +121,18 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
   }
   if (!s.reward_command.empty())
     command_ = std::make_unique<RewardCommand>(s.reward_command, s.reward_timeout);
+  if (!s.reward_model.empty()) {
+    reward_model_ =
+        std::make_unique<RewardModel>(world_, log_, model_.ops(),
+                                      RewardModelConfig{.path = s.reward_model,
+                                                        .adapter = s.reward_adapter,
+                                                        .sharded = config_.shard_parameters,
+                                                        .rows = config_.micro_batch,
+                                                        .seq_len = config_.seq_len},
+                                      tokenizer_);
+  }
+  if (s.beta > 0 && reference_.model == nullptr)
+    throw core::internal_error("GRPO with beta > 0 and no reference policy");
 
   // The engine: this rank's completions of a step in flight at once (at most 64), each a prompt
   // and its completion within one row.
@@ -259,20 +274,48 @@ std::vector<RolloutSource::Completion> RolloutSource::generate(
 void RolloutSource::score(const PromptSet& set, std::vector<Completion>& completions) {
   const core::TraceRange range("rollout: score");
   const GrpoSettings& s = config_.settings;
-  for (Completion& c : completions) {
-    const std::string_view text = set.record(c.prompt);
-    const json record = core::parse_json(text, "", {});
-    c.rewards.clear();
-    if (s.reward_match_answer) c.rewards.push_back(answer_match(record, c.text));
-    if (command_) {
-      json request = {{"prompt", record.contains("prompt") ? record["prompt"]
-                                                           : record.value("messages", json())},
-                      {"completion", c.text},
-                      {"record", record}};
-      c.rewards.push_back(command_->score(
-          request.dump(-1, ' ', false, json::error_handler_t::replace),
-          fmt::format("prompt {} of {} (sample {})", c.prompt, set.directory(), c.sample)));
+  std::vector<json> records;
+  records.reserve(completions.size());
+  for (const Completion& c : completions)
+    records.push_back(core::parse_json(set.record(c.prompt), "", {}));
+  const auto name = [&](const Completion& c) {
+    return fmt::format("prompt {} of {} (sample {})", c.prompt, set.directory(), c.sample);
+  };
+  // The rewards of this rank alone first: a failing verifier stops every rank (with its
+  // message) before the reward model's passes, which are collective.
+  std::exception_ptr failure;
+  try {
+    for (std::size_t i = 0; i < completions.size(); ++i) {
+      Completion& c = completions[i];
+      const json& record = records[i];
+      c.rewards.clear();
+      if (s.reward_match_answer) c.rewards.push_back(answer_match(record, c.text));
+      if (command_) {
+        const json request = {
+            {"prompt",
+             record.contains("prompt") ? record["prompt"] : record.value("messages", json())},
+            {"completion", c.text},
+            {"record", record}};
+        c.rewards.push_back(
+            command_->score(request.dump(-1, ' ', false, json::error_handler_t::replace), name(c)));
+      }
     }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world_, failure);
+  if (reward_model_) {
+    std::vector<RewardModelRequest> requests;
+    requests.reserve(completions.size());
+    for (std::size_t i = 0; i < completions.size(); ++i)
+      requests.push_back({.record = &records[i],
+                          .completion = &completions[i].text,
+                          .name = name(completions[i])});
+    const std::vector<double> rewards = reward_model_->score(requests);
+    for (std::size_t i = 0; i < completions.size(); ++i)
+      completions[i].rewards.push_back(rewards[i]);
+  }
+  for (Completion& c : completions) {
     c.reward = 0.0;
     for (std::size_t k = 0; k < c.rewards.size(); ++k)
       c.reward += (s.reward_weights.empty() ? 1.0 : s.reward_weights[k]) * c.rewards[k];
@@ -321,14 +364,7 @@ void RolloutSource::roll_out(std::int64_t step) {
   const double generate_ms = watch.milliseconds();
   core::fault_point("grpo.generated", world_.rank());
   watch = core::Stopwatch();
-  // A failing verifier on one rank stops every rank (with its message), not just its own.
-  std::exception_ptr failure;
-  try {
-    score(prompts_, completions);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  dist::agree_on_failure(world_, failure);
+  score(prompts_, completions);
   const double score_ms = watch.milliseconds();
   core::fault_point("grpo.scored", world_.rank());
 
@@ -402,6 +438,13 @@ void RolloutSource::roll_out(std::int64_t step) {
   current_ = data::StepData{};
   current_.samples = static_cast<std::int64_t>(mine.size());
   build_batches(completions);
+  if (reference_.model != nullptr) {
+    watch = core::Stopwatch();
+    reference_log_probabilities(completions);
+    metrics.emplace_back("time/reference_ms",
+                         dist::all_reduce(world_.comm(), watch.milliseconds(), dist::ReduceOp::max,
+                                          "reference time"));
+  }
   if (s.num_iterations > 1) {
     old_log_probabilities(completions);
     if (!config_.cache_dir.empty()) save_cycle(completions, metrics, step);
@@ -433,14 +476,8 @@ std::optional<EvalMetrics> RolloutSource::evaluate() {
       core::CounterRng(config_.seed, core::RngPurpose::grpo_sampling, 0xffffffffU).bits64(0);
   std::vector<Completion> first = generate(validation_, mine, 1, greedy);
   std::vector<Completion> second = generate(validation_, mine, s.num_generations, sampled);
-  std::exception_ptr failure;
-  try {
-    score(validation_, first);
-    score(validation_, second);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  dist::agree_on_failure(world_, failure);
+  score(validation_, first);
+  score(validation_, second);
 
   // Sums over the ranks: greedy rewards, sampled rewards, greedy lengths, then each function's
   // greedy rewards.
@@ -516,6 +553,8 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
     batch.completions = last - first;
     const bool old = !completions[placed.front().completion].old_logprobs.empty();
     if (old) batch.old_logprobs.assign(positions, 0.0F);
+    const bool ref = !completions[placed.front().completion].ref_logprobs.empty();
+    if (ref) batch.ref_logprobs.assign(positions, 0.0F);
     for (const Placed& p : placed) {
       const Completion& c = completions[p.completion];
       const auto length = static_cast<std::int64_t>(c.ids.size());
@@ -534,10 +573,46 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
         batch.sampled_logprobs[t] = c.logprobs[static_cast<std::size_t>(k)];
         batch.loss_weights[t] = weight;
         if (old) batch.old_logprobs[t] = c.old_logprobs[static_cast<std::size_t>(k)];
+        if (ref) batch.ref_logprobs[t] = c.ref_logprobs[static_cast<std::size_t>(k)];
       }
     }
     current_.micro.push_back(std::move(batch));
   }
+}
+
+std::vector<float> RolloutSource::log_probabilities(model::LlamaModel& model, bool adapters,
+                                                    const data::Batch& batch) {
+  model.load_batch(batch);
+  model.forward({.training = false, .adapters = adapters});
+  const model::HeadInputs in = model.head();
+  const kernels::TensorView rows = in.row_f32[0].first_rows(in.counted);
+  {
+    const model::HeldGroup held = model.hold_head(model::Pass::forward);
+    model.pass_ops().lm_head_cross_entropy({.row_loss = rows,
+                                            .h = in.hidden,
+                                            .w = model.lm_head_weight(),
+                                            .rows = in.loss_rows,
+                                            .targets = in.loss_targets});
+  }
+  std::vector<float> losses(static_cast<std::size_t>(in.counted));
+  model.pass_ops().copy(kernels::TensorView(std::span<float>(losses)), rows);
+  std::vector<float> out;
+  if (batch.tokens_count() == 0) return out;
+  out.assign(batch.loss_mask.size(), 0.0F);
+  std::size_t c = 0;
+  for (std::size_t t = 0; t < batch.loss_mask.size(); ++t) {
+    if (batch.loss_mask[t] != 0) out[t] = -losses[c++];
+  }
+  return out;
+}
+
+std::vector<float> RolloutSource::completion_values(std::vector<float> data::Batch::*field,
+                                                    std::size_t completion,
+                                                    std::size_t length) const {
+  const auto [micro, first] = placement_.at(completion);
+  const std::vector<float>& values = current_.micro[micro].*field;
+  const auto from = values.begin() + first;
+  return {from, from + static_cast<std::ptrdiff_t>(length)};
 }
 
 void RolloutSource::old_log_probabilities(std::vector<Completion>& completions) {
@@ -545,34 +620,23 @@ void RolloutSource::old_log_probabilities(std::vector<Completion>& completions) 
   // run it: there the ratio is exactly 1; later it is pi / pi_old. Every rank runs every
   // micro-batch (empty ones without rows) for the passes' collectives.
   const core::TraceRange range("rollout: old log-probabilities");
-  for (data::Batch& batch : current_.micro) {
-    model_.load_batch(batch);
-    model_.forward({.training = false});
-    const model::HeadInputs in = model_.head();
-    const kernels::TensorView rows = in.row_f32[0].first_rows(in.counted);
-    {
-      const model::HeldGroup held = model_.hold_head(model::Pass::forward);
-      model_.pass_ops().lm_head_cross_entropy({.row_loss = rows,
-                                               .h = in.hidden,
-                                               .w = model_.lm_head_weight(),
-                                               .rows = in.loss_rows,
-                                               .targets = in.loss_targets});
-    }
-    std::vector<float> losses(static_cast<std::size_t>(in.counted));
-    model_.pass_ops().copy(kernels::TensorView(std::span<float>(losses)), rows);
-    if (batch.tokens_count() == 0) continue;
-    batch.old_logprobs.assign(batch.loss_mask.size(), 0.0F);
-    std::size_t c = 0;
-    for (std::size_t t = 0; t < batch.loss_mask.size(); ++t) {
-      if (batch.loss_mask[t] != 0) batch.old_logprobs[t] = -losses[c++];
-    }
-  }
+  for (data::Batch& batch : current_.micro)
+    batch.old_logprobs = log_probabilities(model_, true, batch);
   for (std::size_t i = 0; i < completions.size(); ++i) {
-    const auto [micro, first] = placement_.at(i);
-    const std::vector<float>& values = current_.micro[micro].old_logprobs;
-    const auto from = values.begin() + first;
-    completions[i].old_logprobs.assign(
-        from, from + static_cast<std::ptrdiff_t>(completions[i].ids.size()));
+    completions[i].old_logprobs =
+        completion_values(&data::Batch::old_logprobs, i, completions[i].ids.size());
+  }
+}
+
+void RolloutSource::reference_log_probabilities(std::vector<Completion>& completions) {
+  // Once per generation batch, as TRL does, with the micro-batches the training runs: a
+  // reference that is the initial model gives, at step 1, what the policy gives (KL 0).
+  const core::TraceRange range("rollout: reference log-probabilities");
+  for (data::Batch& batch : current_.micro)
+    batch.ref_logprobs = log_probabilities(*reference_.model, reference_.adapters, batch);
+  for (std::size_t i = 0; i < completions.size(); ++i) {
+    completions[i].ref_logprobs =
+        completion_values(&data::Batch::ref_logprobs, i, completions[i].ids.size());
   }
 }
 
@@ -592,6 +656,7 @@ void RolloutSource::save_cycle(const std::vector<Completion>& completions,
                     {"ids", c.ids},
                     {"logprobs", c.logprobs},
                     {"old_logprobs", c.old_logprobs},
+                    {"ref_logprobs", c.ref_logprobs},
                     {"truncated", c.truncated},
                     {"text", c.text},
                     {"rewards", c.rewards},
@@ -679,12 +744,14 @@ void RolloutSource::restore_cycle(std::int64_t cycle) {
       out.ids = c.at("ids").get<std::vector<std::int32_t>>();
       out.logprobs = c.at("logprobs").get<std::vector<float>>();
       out.old_logprobs = c.at("old_logprobs").get<std::vector<float>>();
+      out.ref_logprobs = c.at("ref_logprobs").get<std::vector<float>>();
       out.truncated = c.at("truncated").get<bool>();
       out.text = c.at("text").get<std::string>();
       out.rewards = c.at("rewards").get<std::vector<double>>();
       out.reward = c.at("reward").get<double>();
       out.advantage = c.at("advantage").get<double>();
       if (out.logprobs.size() != out.ids.size() || out.old_logprobs.size() != out.ids.size() ||
+          out.ref_logprobs.size() != (s.beta > 0 ? out.ids.size() : 0) ||
           static_cast<std::int64_t>(out.ids.size()) > s.max_completion_length)
         throw core::bad_input(fmt::format("completion {} is malformed", i), {.file = path});
       for (const std::int32_t id : out.ids) {

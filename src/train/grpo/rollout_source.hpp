@@ -26,11 +26,19 @@
 #include "model/llama_model.hpp"
 #include "train/grpo/prompt_set.hpp"
 #include "train/grpo/reward_command.hpp"
+#include "train/grpo/reward_model.hpp"
 #include "train/grpo_settings.hpp"
 #include "train/metrics.hpp"
 #include "train/step_source.hpp"
 
 namespace l3::train::grpo {
+
+// The policy GRPO's KL (--beta > 0) is measured against: LoRA's base (the trained model with
+// its adapters off) or a frozen copy of the initial model; model null: none (beta 0).
+struct ReferencePolicy {
+  model::LlamaModel* model = nullptr;
+  bool adapters = true;  // false: run `model` without its LoRA adapters
+};
 
 struct RolloutConfig {
   GrpoSettings settings;
@@ -38,6 +46,7 @@ struct RolloutConfig {
   std::int64_t prompts_per_step = 0;  // --global-batch, over all ranks
   std::int64_t micro_batch = 0;       // completions per forward/backward pass
   std::int64_t seq_len = 0;           // a prompt + its completion fit in one row
+  bool shard_parameters = false;      // --reward-model's weights sharded like the policy's
   std::string tokenizer;              // what decodes completions (prep's, by default)
   // --num-iterations > 1: where each generation batch is saved (CKPT_DIR/rollouts), so that a
   // run resumed inside a cycle trains on it; empty: not saved.
@@ -55,7 +64,8 @@ class RolloutSource final : public StepSource {
   // --max-completion-length) and bad_input for records a reward cannot read.
   // `validation`: the --val-data prompts, empty for none.
   RolloutSource(const dist::World& world, const core::Logger& log, model::LlamaModel& model,
-                PromptSet prompts, PromptSet validation, RolloutConfig config);
+                ReferencePolicy reference, PromptSet prompts, PromptSet validation,
+                RolloutConfig config);
   ~RolloutSource() override;
   RolloutSource(const RolloutSource&) = delete;
   RolloutSource& operator=(const RolloutSource&) = delete;
@@ -83,6 +93,8 @@ class RolloutSource final : public StepSource {
   // `samples` completions of each of `mine` (prompts of `set`), sampled as `sampling` says.
   std::vector<Completion> generate(const PromptSet& set, const std::vector<std::int64_t>& mine,
                                    std::int64_t samples, const model::SamplingSettings& sampling);
+  // Every reward of every completion, and their weighted sum. Collective (the reward model's
+  // passes; a failing reward on one rank stops every rank with its message).
   void score(const PromptSet& set, std::vector<Completion>& completions);
   // The step's generation batch: generated, scored, its advantages, its micro-batches.
   void roll_out(std::int64_t step);
@@ -90,6 +102,17 @@ class RolloutSource final : public StepSource {
   // --num-iterations > 1: the completions' log-probabilities under the current weights (the
   // trainer's forward pass), into the micro-batches and the completions.
   void old_log_probabilities(std::vector<Completion>& completions);
+  // beta > 0: the completions' log-probabilities under the reference policy, into the
+  // micro-batches and the completions.
+  void reference_log_probabilities(std::vector<Completion>& completions);
+  // The log-probability of every counted position of `batch` under `model` (its trainer's
+  // forward pass), by position (0 where nothing counts).
+  [[nodiscard]] std::vector<float> log_probabilities(model::LlamaModel& model, bool adapters,
+                                                     const data::Batch& batch);
+  // A per-position array of the micro-batches back into each completion's tokens.
+  [[nodiscard]] std::vector<float> completion_values(std::vector<float> data::Batch::*field,
+                                                     std::size_t completion,
+                                                     std::size_t length) const;
   [[nodiscard]] std::string cycle_file(std::int64_t step) const;
   void save_cycle(const std::vector<Completion>& completions,
                   const std::vector<std::pair<std::string, double>>& metrics, std::int64_t step);
@@ -102,6 +125,7 @@ class RolloutSource final : public StepSource {
   const dist::World& world_;
   const core::Logger& log_;
   model::LlamaModel& model_;
+  ReferencePolicy reference_;
   PromptSet prompts_;
   PromptSet validation_;
   RolloutConfig config_;
@@ -111,6 +135,7 @@ class RolloutSource final : public StepSource {
   model::SamplingSettings sampling_;  // the training's (a step's seed set per step)
   std::unique_ptr<model::GenerationEngine> engine_;
   std::unique_ptr<RewardCommand> command_;
+  std::unique_ptr<RewardModel> reward_model_;
   data::Position position_{0, 0};
   std::int32_t pad_ = 0;
   data::StepData current_;

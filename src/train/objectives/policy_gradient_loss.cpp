@@ -14,10 +14,6 @@ PolicyGradientLoss::PolicyGradientLoss(model::LlamaModel& model, const GrpoSetti
     : Objective(model), settings_(settings) {
   if (model.layout().head() != model::HeadKind::language_model)
     throw core::internal_error("a policy-gradient loss for a model without a language-model head");
-  if (settings_.beta > 0 && !model.has_adapters()) {
-    throw core::internal_error(
-        "GRPO with --beta > 0 needs a reference: LoRA's base (full fine-tuning: not built yet)");
-  }
 }
 
 std::int64_t PolicyGradientLoss::units(const model::Batch& batch) const {
@@ -61,6 +57,7 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
   ConstTensorView weights;
   ConstTensorView sampled;
   ConstTensorView old;
+  ConstTensorView ref;
   if (in.counted > 0) {
     if (batch.advantages.size() != batch.loss_mask.size() ||
         batch.loss_weights.size() != batch.loss_mask.size() ||
@@ -71,23 +68,19 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
     weights = upload(batch.loss_weights, batch, 1);
     sampled = upload(batch.sampled_logprobs, batch, 2);
     if (!batch.old_logprobs.empty()) old = upload(batch.old_logprobs, batch, 3);
+    if (settings_.beta > 0) {
+      if (batch.ref_logprobs.size() != batch.loss_mask.size())
+        throw core::internal_error(
+            "GRPO with beta > 0: a batch without the reference's log-probabilities");
+      // The op takes the reference's per-row losses: -log ref.
+      negated_.resize(batch.ref_logprobs.size());
+      for (std::size_t t = 0; t < negated_.size(); ++t) negated_[t] = -batch.ref_logprobs[t];
+      ref = upload(negated_, batch, 4);
+    }
   }
   const TensorView row_loss = in.row_f32[0].first_rows(in.counted);
   const TensorView d_rows = in.row_f32[1].first_rows(in.counted);
-  const TensorView ref_row_loss = in.row_f32[2].first_rows(in.counted);
   const TensorView entropy = in.row_f32[3].first_rows(in.counted);
-  const bool reference = settings_.beta > 0;
-  if (reference) {
-    // LoRA: the model without its adapters is the reference, no second copy of it.
-    const core::TraceRange range("GRPO reference (the base model)");
-    model_.forward({.training = false, .adapters = false});
-    const model::HeldGroup held = model_.hold_head(model::Pass::forward);
-    ops.lm_head_cross_entropy({.row_loss = ref_row_loss,
-                               .h = in.hidden,
-                               .w = model_.lm_head_weight(),
-                               .rows = in.loss_rows,
-                               .targets = in.loss_targets});
-  }
   model_.forward({.training = backward});
   {
     const core::TraceRange range("lm_head + log-probabilities");
@@ -107,7 +100,7 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
                    .advantages = advantages,
                    .weights = weights,
                    .old_logps = old,
-                   .ref_row_loss = reference ? ConstTensorView(ref_row_loss) : ConstTensorView{},
+                   .ref_row_loss = ref,
                    .sampled_logps = sampled,
                    .row_entropy = entropy,
                    .epsilon_low = settings_.epsilon,

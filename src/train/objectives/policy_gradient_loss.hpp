@@ -1,6 +1,8 @@
 // GRPO's objective: the clipped surrogate loss of the policy on its own completions (made by
 // grpo::RolloutSource), with TRL's loss types and, with beta > 0, the k3 estimate of the KL to
-// the reference (LoRA: the model without its adapters). A micro-batch's loss positions are the
+// the reference (LoRA: the model without its adapters; full fine-tuning: a frozen copy of the
+// initial model), whose log-probabilities the batch carries (grpo::RolloutSource computes them
+// once per generation batch). A micro-batch's loss positions are the
 // completions' tokens; each carries its completion's advantage, the log-probability the
 // generator drew it with and its weight in the loss type's normalisation (data::Batch).
 //
@@ -45,10 +47,11 @@ class PolicyGradientLoss final : public Objective {
 
   GrpoSettings settings_;
   // Per counted row (C): advantages, weights, the generator's log-probabilities, the old
-  // policy's (when the batch has them); host copies
+  // policy's (when the batch has them), the reference's row losses (beta > 0); host copies
   // kept until the next pass (a backend with a queue may still be reading them).
-  std::array<kernels::Buffer, 4> rows_{};
-  std::array<std::vector<float>, 4> host_{};
+  std::array<kernels::Buffer, 5> rows_{};
+  std::array<std::vector<float>, 5> host_{};
+  std::vector<float> negated_;  // -log ref per position
   std::int64_t capacity_ = 0;
 };
 
