@@ -108,6 +108,23 @@ else
   fail "--reward-adapter's rewards are not score --adapter's"
 fi
 
+# --- the reward model exported to Hugging Face (LlamaForSequenceClassification): the same rewards ---
+if "$bin" export --init "$work/rm" --dtype fp32 --output "$work/rm-hf" >/dev/null 2>&1 &&
+  run 1 "${base_args[@]}" --reward-model "$work/rm-hf" --steps 2 --ckpt-dir "$work/by-hf" \
+    --log-completions "$work/by-hf-samples.jsonl" &&
+  python3 - "$work/by-rm-samples.jsonl" "$work/by-hf-samples.jsonl" <<'PY'; then
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1])]
+hf = [json.loads(l) for l in open(sys.argv[2])]
+assert len(one) == len(hf) == 32
+for a, b in zip(one, hf):
+    assert a["completion"] == b["completion"] and a["rewards/reward_model"] == b["rewards/reward_model"]
+PY
+  pass "--reward-model HF_DIR (its export as LlamaForSequenceClassification): the checkpoint's rewards"
+else
+  fail "--reward-model with the Hugging Face export: $(tail -2 "$work/last.err")"
+fi
+
 # --- models that cannot be reward models ---
 run 1 "${base_args[@]}" --reward-model "$work/sft-ckpt" --steps 1 --ckpt-dir "$work/lm-rm"
 rc=$?
@@ -127,7 +144,8 @@ fi
 # --- --beta with full fine-tuning: a frozen copy of the initial model ---
 beta_args=("${base_args[@]}" --reward-match answer --reward-model "$work/rm" --beta 0.04
   --steps 4 --checkpoint-every 2)
-run 2 "${beta_args[@]}" --ckpt-dir "$work/beta" --metrics "$work/beta.jsonl" ||
+run 2 "${beta_args[@]}" --ckpt-dir "$work/beta" --metrics "$work/beta.jsonl" \
+  --log-completions "$work/beta-samples.jsonl" ||
   fail "grpo --beta with full fine-tuning (rc $?): $(tail -3 "$work/last.err")"
 if grep '"step":1,' "$work/beta.jsonl" | grep -q '"kl":0.0,' &&
   grep '"step":3,' "$work/beta.jsonl" | grep -q '"kl":0\.0*[1-9]' &&
@@ -154,6 +172,17 @@ if [[ -n "$(digest "$work/beta/step-00000004")" &&
   pass "--beta, killed at step 3 and resumed: the reference reloaded, the uninterrupted run's weights"
 else
   fail "--beta resumed: not the uninterrupted run's weights"
+fi
+
+# --- resharded: step 2's checkpoint of 2 ranks resumed on 1 generates the 2-rank run's step 3 ---
+run 1 "${beta_args[@]}" --resume "$work/beta/step-00000002" --ckpt-dir "$work/beta-one" \
+  --log-completions "$work/beta-one-samples.jsonl" ||
+  fail "--beta resumed on 1 rank (rc $?): $(tail -3 "$work/last.err")"
+if [[ $(grep -c '"step":3,' "$work/beta-one-samples.jsonl") -eq 16 ]] &&
+  cmp -s <(grep '"step":3,' "$work/beta-samples.jsonl") <(grep '"step":3,' "$work/beta-one-samples.jsonl"); then
+  pass "--beta, 2 ranks' step 2 resumed on 1 rank: step 3's completions and rewards, byte for byte"
+else
+  fail "--beta resumed on 1 rank: step 3's completions differ from the 2-rank run's"
 fi
 
 # --- the memory plan counts both models ---
