@@ -402,6 +402,7 @@ void RolloutSource::roll_out(std::int64_t step) {
 
   // The step's metrics, TRL's names; the same on every rank (computed from the same table).
   std::vector<std::pair<std::string, double>> metrics;
+  metrics.reserve(16 + 2 * functions);  // (also keeps GCC 12's -Warray-bounds from a false alarm)
   metrics.emplace_back("reward", mean_of(rewards));
   metrics.emplace_back("reward_std", unbiased_std(rewards));
   metrics.emplace_back("frac_reward_zero_std", adv.frac_zero_std);
