@@ -7,7 +7,8 @@
 #   scripts/install-deps.sh --test-tools   also what some tests need and skip without: a local
 #                                          Slurm (tests/slurm), shellcheck (lint/shell), Chromium
 #                                          (cli/report_chromium), Python's protobuf
-#                                          (fault/tensorboard); CI uses it
+#                                          (fault/tensorboard), ccache (.ci/run's two
+#                                          builds); CI uses it
 #   scripts/install-deps.sh --spack    print the equivalent Spack line for clusters and exit
 set -euo pipefail
 
@@ -33,6 +34,7 @@ test_tools=(
   shellcheck                            # lint/shell: jobs/ and scripts/
   python3-protobuf                      # fault/tensorboard: decodes the event files
   chromium                              # cli/report_chromium: the report in a headless browser
+  ccache                                # .ci/run: its two builds share the library's objects
 )
 
 spack_line='spack repo add ./spack && spack install llama3-hpc  # or by hand: spack install mpich hdf5+mpi boost+program_options fmt catch2 openblas pcre2 nlohmann-json openssl zlib xxhash protobuf cmake (+ cuda cudnn nccl for the GPU backend)'

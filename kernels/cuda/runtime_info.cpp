@@ -6,13 +6,19 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include "core/error.hpp"
+
 namespace l3::cuda {
 
 RuntimeInfo query_runtime() {
   RuntimeInfo info;
   cudaRuntimeGetVersion(&info.runtime_version);
   if (cudaDriverGetVersion(&info.driver_version) != cudaSuccess) info.driver_version = 0;
-  info.cublaslt_version = static_cast<int>(cublasLtGetVersion());
+  try {  // loads cuBLAS (cublas_loader.hpp): "unavailable" where it cannot be loaded
+    info.cublaslt_version = static_cast<int>(cublasLtGetVersion());
+  } catch (const core::Error&) {
+    info.cublaslt_version = 0;
+  }
   info.cudnn_version = static_cast<int>(cudnnGetVersion());
   if (ncclGetVersion(&info.nccl_version) != ncclSuccess) info.nccl_version = 0;
 

@@ -34,7 +34,7 @@ fi
 [[ $cmd == start ]] || { echo "local_slurm.sh: unknown command '$cmd'" >&2; exit 2; }
 
 for tool in slurmctld slurmd sbatch scontrol munged; do
-  command -v "$tool" >/dev/null || skip "'$tool' not found (Debian: scripts/install-deps.sh --with-slurm)"
+  command -v "$tool" >/dev/null || skip "'$tool' not found (Debian: scripts/install-deps.sh --test-tools)"
 done
 [[ $(id -u) -eq 0 ]] || skip "starting slurmd needs root"
 
