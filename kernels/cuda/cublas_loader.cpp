@@ -166,14 +166,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                                  workspace_bytes, stream);
 }
 
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
-                                              cublasLtMatrixLayout_t a_desc,
-                                              cublasLtMatrixLayout_t b_desc,
-                                              cublasLtMatrixLayout_t c_desc,
-                                              cublasLtMatrixLayout_t d_desc,
-                                              cublasLtMatmulPreference_t preference,
-                                              int requested, cublasLtMatmulHeuristicResult_t results[],
-                                              int* returned) {
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a_desc,
+    cublasLtMatrixLayout_t b_desc, cublasLtMatrixLayout_t c_desc, cublasLtMatrixLayout_t d_desc,
+    cublasLtMatmulPreference_t preference, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned) {
   return forward<cublasLtMatmulAlgoGetHeuristic>(cublas_lt, "cublasLtMatmulAlgoGetHeuristic",
                                                  handle, desc, a_desc, b_desc, c_desc, d_desc,
                                                  preference, requested, results, returned);

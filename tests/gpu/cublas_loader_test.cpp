@@ -2,6 +2,8 @@
 // CI): nothing loads it before a cuBLAS call, every function the backend forwards exists in the
 // toolkit's libraries under the name and library the loader expects, and calls that need no
 // device go through to the real library. Real CUDA builds only (the emulation has no loader).
+#include "kernels/cuda/cublas_loader.hpp"
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -11,7 +13,6 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "kernels/cuda/cublas_loader.hpp"
 
 namespace {
 
