@@ -165,7 +165,7 @@ for point in grpo.generated grpo.scored train.update; do
 done
 
 # --- --num-iterations 2: two updates per generation batch, the old policy's log-probabilities
-# kept; killed inside a cycle (step 5, resumed from step 3's checkpoint: the batch of step 3 read
+# kept; killed inside a cycle (step 6, resumed from step 3's checkpoint: the batch of step 3 read
 # back from CKPT_DIR/rollouts) ---
 mu_args=("${base_args[@]}" "${similarity[@]}" --steps 6 --num-iterations 2 --checkpoint-every 3)
 run 2 "${mu_args[@]}" --ckpt-dir "$work/mu" --metrics "$work/mu.jsonl" ||
@@ -187,7 +187,12 @@ PY
 else
   fail "--num-iterations 2's steps"
 fi
-L3_FAULT="train.update@1#5=kill" run 2 "${mu_args[@]}" --ckpt-dir "$work/mu-kill"
+# The checkpoint of step 3 is written in the background: held back 2 s before its rename (rank
+# 0), it is still in flight when step 5 saves its batch and prunes older ones (a prune that saw
+# no checkpoint once deleted step 3's batch, which this checkpoint needs); rank 1 waits 4 s in
+# step 5's update, so the checkpoint is in place when step 6 is killed.
+L3_FAULT="ckpt.before_rename@0#1=sleep:2,train.update@1#5=sleep:4,train.update@1#6=kill" \
+  run 2 "${mu_args[@]}" --ckpt-dir "$work/mu-kill"
 run 2 "${mu_args[@]}" --ckpt-dir "$work/mu-kill" ||
   fail "resume inside a cycle (rc $?): $(tail -3 "$work/last.err")"
 if [[ -n "$(digest "$work/mu/step-00000006")" &&

@@ -3,7 +3,7 @@
 // (ctest's SKIP_RETURN_CODE) with a SKIP line saying which. Listing the tests needs nothing.
 // A failed test case that drew random inputs prints the test seed (seed_listener.hpp).
 #if L3_CATCH2_MAJOR < 3
-#define CATCH_CONFIG_RUNNER
+#define CATCH_CONFIG_EXTERNAL_INTERFACES  // the listeners' base classes
 #endif
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "catch.hpp"
+#include "catch_session.hpp"
 #include "listing.hpp"
 #include "seed_listener.hpp"
 
@@ -31,5 +32,5 @@ int main(int argc, char** argv) {
       begin = end + 1;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return l3::test::run_catch_session(argc, argv);
 }

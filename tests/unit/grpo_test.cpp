@@ -1,6 +1,8 @@
 // GRPO's host-side parts: advantages against hand computations (GRPO and RLOO, group and batch
 // scaling, ties and groups of equal rewards), the verifier command's every failure, and the
 // prompt shards' round trip.
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -123,6 +125,29 @@ TEST_CASE("A verifier command answers in order, and each failure is one line nam
   CHECK(failure("no-such-command-xyz", 10).find("before answering") != std::string::npos);
   for (const std::string& message : {died, failure("sleep 30", 0.2)})
     CHECK(message.find('\n') == std::string::npos);
+}
+
+TEST_CASE("A stuck verifier is killed with everything it started", "[grpo]") {
+  // The shell's background child would otherwise outlive the run, holding its stderr (ctest
+  // waited 30 s for a `sleep 30` here). It must be gone (or a zombie its new parent reaps) soon
+  // after the timeout.
+  const l3::test::TempDir dir;
+  const std::string pid_file = (dir.path() / "child.pid").string();
+  const std::string message = failure_of([&] {
+    l3::train::grpo::RewardCommand c("sleep 60 & echo $! > '" + pid_file + "'; wait", 0.3);
+    (void)c.score(R"({"completion": "x"})", "prompt 0");
+  });
+  CHECK(contains(message, "no answer within"));
+  int child = 0;
+  std::ifstream(pid_file) >> child;
+  REQUIRE(child > 0);
+  const auto alive = [&] {
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string pid, name, state;
+    return stat >> pid >> name >> state && state != "Z";
+  };
+  for (int i = 0; i < 200 && alive(); ++i) ::usleep(10000);
+  CHECK_FALSE(alive());
 }
 
 TEST_CASE("Prompt shards round-trip their prompts and records", "[grpo][shards]") {

@@ -50,7 +50,16 @@ RewardCommand::RewardCommand(std::string command, double timeout_seconds)
   std::string dash_c = "-c";
   std::vector<char*> argv = {const_cast<char*>(shell.c_str()), dash_c.data(),
                              const_cast<char*>(command_.c_str()), nullptr};
-  const int spawned = ::posix_spawn(&pid_, shell.c_str(), &actions, nullptr, argv.data(), environ);
+  // Its own process group: what the verifier starts (a shell's children, a pipeline) is killed
+  // with it. Killing the shell alone left its children holding our stderr: a `sleep 30` behind a
+  // timed-out verifier outlived the run by 30 s and kept whoever reads our output waiting.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  const int spawned =
+      ::posix_spawn(&pid_, shell.c_str(), &actions, &attributes, argv.data(), environ);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   ::close(ends[1]);
   if (spawned != 0) {
@@ -70,17 +79,22 @@ void RewardCommand::stop() noexcept {
     socket_ = -1;
   }
   if (pid_ > 0) {
-    // A short grace period, then it is killed: a run never waits on a stuck verifier.
-    int status = 0;
+    // A short grace period, then it is killed: a run never waits on a stuck verifier. The shell
+    // is waited for without being reaped (WNOWAIT): until it is reaped its pid, which names the
+    // process group, cannot be reused, so the group's kill reaches only what the verifier
+    // started, whether the shell ended by itself or not.
+    siginfo_t info{};
     for (int i = 0; i < 50; ++i) {
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
+      info.si_pid = 0;
+      if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == pid_)
+        break;
       ::usleep(2000);
     }
-    ::kill(pid_, SIGKILL);
-    (void)::waitpid(pid_, &status, 0);
+    ::kill(-pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
     pid_ = -1;
   }
 }
@@ -88,12 +102,15 @@ void RewardCommand::stop() noexcept {
 void RewardCommand::fail(const std::string& record, const std::string& what) {
   std::string status;
   if (pid_ > 0) {
-    int code = 0;
-    if (::waitpid(pid_, &code, WNOHANG) == pid_) {
-      pid_ = -1;
-      status = WIFEXITED(code)     ? fmt::format(" (it exited with status {})", WEXITSTATUS(code))
-               : WIFSIGNALED(code) ? fmt::format(" (it was killed by signal {})", WTERMSIG(code))
-                                   : "";
+    // Its exit status, if it has ended, without reaping it (stop() kills its group, then reaps).
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid_) {
+      status = info.si_code == CLD_EXITED
+                   ? fmt::format(" (it exited with status {})", info.si_status)
+               : info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED
+                   ? fmt::format(" (it was killed by signal {})", info.si_status)
+                   : "";
     }
   }
   stop();

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <unordered_map>
 
 #include "core/bounded_read.hpp"
@@ -680,16 +681,21 @@ void RolloutSource::save_cycle(const std::vector<Completion>& completions,
           json{{"step", step}, {"metrics", metric_object}, {"completions", all}}.dump(
               -1, ' ', false, json::error_handler_t::replace));
       // Older cycles' files go once no checkpoint can resume inside them: those before the
-      // cycle of the oldest checkpoint kept.
-      std::int64_t oldest = step;
+      // cycle of the oldest checkpoint kept. Checkpoints are written in the background: while
+      // no checkpoint is complete, the first one may still be in flight and need an older
+      // cycle's file (the step-3 checkpoint of --num-iterations 2 needs the batch of step 3,
+      // which a prune at step 5 deleted), so nothing goes before one is complete; later ones
+      // in flight are newer than the oldest complete one and need nothing older.
+      std::optional<std::int64_t> oldest;
       for (const auto& entry : std::filesystem::directory_iterator(
                std::filesystem::path(config_.cache_dir).parent_path())) {
         const std::string name = entry.path().filename().string();
         if (name.starts_with("step-") && name.size() == 13 &&
             name.find_first_not_of("0123456789", 5) == std::string::npos)
-          oldest = std::min<std::int64_t>(oldest, std::stoll(name.substr(5)));
+          oldest = std::min<std::int64_t>(oldest.value_or(step), std::stoll(name.substr(5)));
       }
-      const std::int64_t keep = oldest - oldest % config_.settings.num_iterations;
+      const std::int64_t keep =
+          oldest ? *oldest - *oldest % config_.settings.num_iterations : std::int64_t{0};
       for (const auto& entry : std::filesystem::directory_iterator(config_.cache_dir)) {
         const std::string name = entry.path().filename().string();
         if (name.starts_with("step-") && name.ends_with(".json") && name.size() == 18 &&
