@@ -9,7 +9,7 @@
 //   start <name>
 //   fail  <file:line> <expression or message>
 //   end   <name> passed|failed <seconds>
-// Include once, from a main compiled with CATCH_CONFIG_RUNNER (v2) or against Catch2 v3.
+// Include once, from a main compiled with CATCH_CONFIG_EXTERNAL_INTERFACES (v2) or against v3.
 #pragma once
 
 #include <chrono>

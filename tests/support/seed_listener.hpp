@@ -1,7 +1,7 @@
 // A Catch2 listener that prints the test seed (test_seed.hpp) after every failed test case of a
 // process that drew from it: one line on stdout, which ctest --output-on-failure shows, with
-// the setting that repeats the run. Include once, from a main compiled with CATCH_CONFIG_RUNNER
-// (v2) or against Catch2 v3.
+// the setting that repeats the run. Include once, from a main compiled with
+// CATCH_CONFIG_EXTERNAL_INTERFACES (v2) or against Catch2 v3.
 #pragma once
 
 #include <cstdio>
