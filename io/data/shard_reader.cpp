@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/input_file.hpp"
+#include "dist/wait_policy.hpp"
 #include "io/h5/h5.hpp"
 
 namespace l3::data {
@@ -32,7 +33,7 @@ h5::Handle open_dataset(const h5::Handle& file, const char* name, const std::str
 }  // namespace
 
 ShardReader::ShardReader(const dist::World& world, const DatasetIndex& index, ReaderOptions options)
-    : index_(index), options_(options) {
+    : index_(index), options_(options), comm_(world.comm()) {
   h5::quiet_errors();
   const std::scoped_lock guard(h5::library_lock());
   const h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -44,6 +45,8 @@ ShardReader::ShardReader(const dist::World& world, const DatasetIndex& index, Re
     auto shard = std::make_unique<OpenShard>();
     shard->path = entry.path;
     core::require_regular_file(entry.path, "a dataset shard");
+    // HDF5's collective open is a dozen MPI calls that spin; ranks sharing cores arrive first.
+    dist::arrive_quietly(comm_, "opening a dataset shard");
     shard->file = h5::Handle(H5Fopen(entry.path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
     if (!shard->file.valid())
       throw core::bad_input("cannot open with the MPI-IO driver", {.file = entry.path});
@@ -78,6 +81,10 @@ ShardReader::~ShardReader() {
       shard->file.release();
     }
     return;
+  }
+  try {
+    dist::arrive_quietly(comm_, "closing the dataset shards");
+  } catch (...) {  // MPI failing here fails the close below as well, which reports it
   }
   shards_.clear();  // closes datasets, then files (collective with the MPI-IO driver)
 }

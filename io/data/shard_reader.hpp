@@ -63,6 +63,7 @@ class ShardReader {
 
   const DatasetIndex& index_;
   ReaderOptions options_;
+  MPI_Comm comm_;  // the world's: opening and closing the shards are collective over it
   std::vector<std::unique_ptr<OpenShard>> shards_;
 };
 

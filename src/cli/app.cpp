@@ -146,8 +146,15 @@ int run_under_mpi(const Command& command, const std::vector<std::string>& args, 
     log.debug("{} {} on {} ranks, {} nodes", kProgram, command.name, world->size(),
               world->node_count());
     const dist::ThreadBudget threads = dist::apply_thread_budget(*world);
-    log.debug("{} compute thread{} per rank ({})", threads.threads, threads.threads == 1 ? "" : "s",
-              threads.reason);
+    log.debug("{} compute thread{} per rank ({}); MPI waits {} ({})", threads.threads,
+              threads.threads == 1 ? "" : "s", threads.reason, dist::to_string(threads.wait),
+              threads.wait_reason);
+    if (threads.wait == dist::WaitPolicy::passive) {
+      log.info(
+          "ranks share cores ({}): MPI waits passively, sleeping between polls "
+          "(L3_WAIT_POLICY=active to spin)",
+          threads.wait_reason);
+    }
     core::fault_point("cli.run", world->rank());
     outcome.exit_code = command.run(CommandContext{*world, log, values, args});
     core::fault_point("cli.finished", world->rank());

@@ -6,14 +6,19 @@
 
 #include "core/error.hpp"
 #include "dist/communicator.hpp"
+#include "dist/wait_policy.hpp"
 
 namespace l3::dist {
 
 void agree_on_failure(const World& world, const std::exception_ptr& local) {
   const int mine = local ? core::summarize(local).exit_code : 0;
   int worst = 0;
-  check_mpi(MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, world.comm()),
-            "MPI_Allreduce(failure)");
+  run_collective(
+      "MPI_Allreduce", "failure",
+      [&] { return MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, world.comm()); },
+      [&](MPI_Request* request) {
+        return MPI_Iallreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, world.comm(), request);
+      });
   if (worst == 0) return;
   if (local) std::rethrow_exception(local);
   throw core::PeerFailure(worst);
@@ -30,8 +35,12 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, 
 
   const int length = static_cast<int>(mine.size());
   std::vector<int> lengths(rank == root ? static_cast<std::size_t>(size) : 0U);
-  check_mpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm),
-            "MPI_Gather(string lengths)");
+  run_collective(
+      "MPI_Gather", "string lengths",
+      [&] { return MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm); },
+      [&](MPI_Request* request) {
+        return MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm, request);
+      });
 
   std::vector<int> displacements(lengths.size());
   long long total = 0;
@@ -43,9 +52,16 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, 
     total += lengths[r];
   }
   std::string all(static_cast<std::size_t>(total), '\0');
-  check_mpi(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
-                        displacements.data(), MPI_CHAR, root, comm),
-            "MPI_Gatherv(strings)");
+  run_collective(
+      "MPI_Gatherv", "strings",
+      [&] {
+        return MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                           displacements.data(), MPI_CHAR, root, comm);
+      },
+      [&](MPI_Request* request) {
+        return MPI_Igatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                            displacements.data(), MPI_CHAR, root, comm, request);
+      });
 
   std::vector<std::string> out;
   out.reserve(lengths.size());
@@ -61,7 +77,11 @@ void broadcast_bytes(MPI_Comm comm, void* data, std::size_t bytes, int root) {
   auto* p = static_cast<char*>(data);
   for (std::size_t done = 0; done < bytes; done += kPiece) {
     const auto n = static_cast<int>(std::min(kPiece, bytes - done));
-    check_mpi(MPI_Bcast(p + done, n, MPI_BYTE, root, comm), "MPI_Bcast(bytes)");
+    run_collective(
+        "MPI_Bcast", "bytes", [&] { return MPI_Bcast(p + done, n, MPI_BYTE, root, comm); },
+        [&](MPI_Request* request) {
+          return MPI_Ibcast(p + done, n, MPI_BYTE, root, comm, request);
+        });
   }
 }
 
@@ -72,9 +92,15 @@ std::string broadcast_string(MPI_Comm comm, const std::string& text, int root) {
     throw core::internal_error("broadcast_string: text longer than 2 GiB");
   }
   int length = rank == root ? static_cast<int>(text.size()) : 0;
-  check_mpi(MPI_Bcast(&length, 1, MPI_INT, root, comm), "MPI_Bcast(string length)");
+  run_collective(
+      "MPI_Bcast", "string length", [&] { return MPI_Bcast(&length, 1, MPI_INT, root, comm); },
+      [&](MPI_Request* request) { return MPI_Ibcast(&length, 1, MPI_INT, root, comm, request); });
   std::string out = rank == root ? text : std::string(static_cast<std::size_t>(length), '\0');
-  check_mpi(MPI_Bcast(out.data(), length, MPI_CHAR, root, comm), "MPI_Bcast(string)");
+  run_collective(
+      "MPI_Bcast", "string", [&] { return MPI_Bcast(out.data(), length, MPI_CHAR, root, comm); },
+      [&](MPI_Request* request) {
+        return MPI_Ibcast(out.data(), length, MPI_CHAR, root, comm, request);
+      });
   return out;
 }
 

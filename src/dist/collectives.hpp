@@ -1,5 +1,7 @@
 // Collectives: MPI's own, typed (the datatype comes from the element type, dist/mpi_type.hpp;
-// each is one MPI call, so the numerics are MPI's), and those the library builds from them:
+// each is one MPI call, so the numerics are MPI's: the blocking call under the active wait
+// policy, its nonblocking twin completed by quiet polling under the passive one, the same
+// bits, dist/wait_policy.hpp), and those the library builds from them:
 // agreeing on a failure, moving text and byte arrays between ranks, and a barrier that sleeps
 // instead of spinning. `what` says what is being moved, for the error when MPI fails.
 #pragma once
@@ -16,6 +18,7 @@
 
 #include "dist/communicator.hpp"
 #include "dist/mpi_type.hpp"
+#include "dist/wait_policy.hpp"
 #include "dist/world.hpp"
 
 namespace l3::dist {
@@ -23,10 +26,16 @@ namespace l3::dist {
 // MPI_Allreduce in place: every rank's `values` becomes the element-wise reduction over ranks.
 template <MpiValue T>
 void all_reduce(MPI_Comm comm, std::span<T> values, ReduceOp op, std::string_view what = {}) {
-  check_mpi(
-      MPI_Allreduce(MPI_IN_PLACE, values.data(), mpi_count(values.size(), "MPI_Allreduce", what),
-                    mpi_type<T>(), mpi_op(op), comm),
-      "MPI_Allreduce", what);
+  const int count = mpi_count(values.size(), "MPI_Allreduce", what);
+  run_collective(
+      "MPI_Allreduce", what,
+      [&] {
+        return MPI_Allreduce(MPI_IN_PLACE, values.data(), count, mpi_type<T>(), mpi_op(op), comm);
+      },
+      [&](MPI_Request* request) {
+        return MPI_Iallreduce(MPI_IN_PLACE, values.data(), count, mpi_type<T>(), mpi_op(op), comm,
+                              request);
+      });
 }
 // The same for one value: returns the reduction of every rank's `value`.
 template <MpiValue T>
@@ -41,9 +50,16 @@ template <MpiValue T>
 void all_gather(MPI_Comm comm, std::span<const std::type_identity_t<T>> mine, std::span<T> all,
                 std::string_view what = {}) {
   const int count = mpi_count(mine.size(), "MPI_Allgather", what);
-  check_mpi(
-      MPI_Allgather(mine.data(), count, mpi_type<T>(), all.data(), count, mpi_type<T>(), comm),
-      "MPI_Allgather", what);
+  run_collective(
+      "MPI_Allgather", what,
+      [&] {
+        return MPI_Allgather(mine.data(), count, mpi_type<T>(), all.data(), count, mpi_type<T>(),
+                             comm);
+      },
+      [&](MPI_Request* request) {
+        return MPI_Iallgather(mine.data(), count, mpi_type<T>(), all.data(), count, mpi_type<T>(),
+                              comm, request);
+      });
 }
 // The same for one value per rank: element r of the result is rank r's.
 template <MpiValue T>
@@ -58,9 +74,16 @@ template <MpiValue T>
 template <MpiValue T>
 void all_gatherv(MPI_Comm comm, std::span<T> buffer, std::span<const int> counts,
                  std::span<const int> displacements, std::string_view what = {}) {
-  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), counts.data(),
-                           displacements.data(), mpi_type<T>(), comm),
-            "MPI_Allgatherv", what);
+  run_collective(
+      "MPI_Allgatherv", what,
+      [&] {
+        return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), counts.data(),
+                              displacements.data(), mpi_type<T>(), comm);
+      },
+      [&](MPI_Request* request) {
+        return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), counts.data(),
+                               displacements.data(), mpi_type<T>(), comm, request);
+      });
 }
 
 // MPI_Reduce_scatter: `send` holds every rank's block, counts[r] elements each in rank order;
@@ -69,9 +92,16 @@ template <MpiValue T>
 void reduce_scatter(MPI_Comm comm, std::span<const std::type_identity_t<T>> send,
                     std::span<T> receive, std::span<const int> counts, ReduceOp op,
                     std::string_view what = {}) {
-  check_mpi(MPI_Reduce_scatter(send.data(), receive.data(), counts.data(), mpi_type<T>(),
-                               mpi_op(op), comm),
-            "MPI_Reduce_scatter", what);
+  run_collective(
+      "MPI_Reduce_scatter", what,
+      [&] {
+        return MPI_Reduce_scatter(send.data(), receive.data(), counts.data(), mpi_type<T>(),
+                                  mpi_op(op), comm);
+      },
+      [&](MPI_Request* request) {
+        return MPI_Ireduce_scatter(send.data(), receive.data(), counts.data(), mpi_type<T>(),
+                                   mpi_op(op), comm, request);
+      });
 }
 
 // MPI_Reduce_scatter_block: `send` holds size() blocks of receive.size() elements; this rank's
@@ -79,16 +109,27 @@ void reduce_scatter(MPI_Comm comm, std::span<const std::type_identity_t<T>> send
 template <MpiValue T>
 void reduce_scatter_block(MPI_Comm comm, std::span<const std::type_identity_t<T>> send,
                           std::span<T> receive, ReduceOp op, std::string_view what = {}) {
-  check_mpi(MPI_Reduce_scatter_block(send.data(), receive.data(),
-                                     mpi_count(receive.size(), "MPI_Reduce_scatter_block", what),
-                                     mpi_type<T>(), mpi_op(op), comm),
-            "MPI_Reduce_scatter_block", what);
+  const int count = mpi_count(receive.size(), "MPI_Reduce_scatter_block", what);
+  run_collective(
+      "MPI_Reduce_scatter_block", what,
+      [&] {
+        return MPI_Reduce_scatter_block(send.data(), receive.data(), count, mpi_type<T>(),
+                                        mpi_op(op), comm);
+      },
+      [&](MPI_Request* request) {
+        return MPI_Ireduce_scatter_block(send.data(), receive.data(), count, mpi_type<T>(),
+                                         mpi_op(op), comm, request);
+      });
 }
 
 // MPI_Bcast of one value: every rank returns root's `value`.
 template <MpiValue T>
 [[nodiscard]] T broadcast_value(MPI_Comm comm, T value, int root, std::string_view what = {}) {
-  check_mpi(MPI_Bcast(&value, 1, mpi_type<T>(), root, comm), "MPI_Bcast", what);
+  run_collective(
+      "MPI_Bcast", what, [&] { return MPI_Bcast(&value, 1, mpi_type<T>(), root, comm); },
+      [&](MPI_Request* request) {
+        return MPI_Ibcast(&value, 1, mpi_type<T>(), root, comm, request);
+      });
   return value;
 }
 
@@ -100,8 +141,13 @@ requires std::is_trivially_copyable_v<T>
                                           std::string_view what = {}) {
   std::vector<T> all(comm_rank(comm) == root ? static_cast<std::size_t>(comm_size(comm)) : 0U);
   constexpr int kBytes = static_cast<int>(sizeof(T));
-  check_mpi(MPI_Gather(&mine, kBytes, MPI_BYTE, all.data(), kBytes, MPI_BYTE, root, comm),
-            "MPI_Gather", what);
+  run_collective(
+      "MPI_Gather", what,
+      [&] { return MPI_Gather(&mine, kBytes, MPI_BYTE, all.data(), kBytes, MPI_BYTE, root, comm); },
+      [&](MPI_Request* request) {
+        return MPI_Igather(&mine, kBytes, MPI_BYTE, all.data(), kBytes, MPI_BYTE, root, comm,
+                           request);
+      });
   return all;
 }
 

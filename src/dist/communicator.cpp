@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "dist/wait_policy.hpp"
 
 namespace l3::dist {
 
@@ -42,6 +43,7 @@ void UniqueComm::reset() noexcept {
 
 UniqueComm duplicate(MPI_Comm comm) {
   MPI_Comm copy = MPI_COMM_NULL;
+  arrive_quietly(comm, "MPI_Comm_dup");  // a blocking collective: ranks sharing cores arrive first
   check_mpi(MPI_Comm_dup(comm, &copy), "MPI_Comm_dup");
   UniqueComm owned(copy);
   check_mpi(MPI_Comm_set_errhandler(copy, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -50,6 +52,7 @@ UniqueComm duplicate(MPI_Comm comm) {
 
 UniqueComm split(MPI_Comm comm, int color, int key, std::string_view what) {
   MPI_Comm part = MPI_COMM_NULL;
+  arrive_quietly(comm, what);
   check_mpi(MPI_Comm_split(comm, color, key, &part), "MPI_Comm_split", what);
   return UniqueComm(part);
 }

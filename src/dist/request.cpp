@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "dist/wait_policy.hpp"
+
 namespace l3::dist {
 
 bool Request::test(std::string_view what) {
@@ -10,9 +12,7 @@ bool Request::test(std::string_view what) {
   return done != 0;
 }
 
-void Request::wait(std::string_view what) {
-  check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait", what);
-}
+void Request::wait(std::string_view what) { complete_request(request_, what); }
 
 void Request::cancel(std::string_view what) {
   check_mpi(MPI_Cancel(&request_), "MPI_Cancel", what);
@@ -20,6 +20,10 @@ void Request::cancel(std::string_view what) {
 }
 
 void Request::wait_all(std::span<Request> requests, std::string_view what) {
+  if (wait_policy() == WaitPolicy::passive) {  // one after the other, each polled quietly
+    for (Request& r : requests) r.wait(what);
+    return;
+  }
   // MPI wants the handles side by side; they go back (as MPI_REQUEST_NULL once complete).
   std::vector<MPI_Request> handles;
   handles.reserve(requests.size());

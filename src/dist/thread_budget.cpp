@@ -8,6 +8,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
+
+#include "core/error.hpp"
+#include "dist/communicator.hpp"
 
 namespace l3::dist {
 
@@ -27,6 +31,23 @@ ThreadBudget thread_budget(int available_cpus, int node_cpus, int ranks_on_node,
                              ranks_on_node == 1 ? "" : "s")};
 }
 
+WaitWish wait_wish(int node_cpus, int ranks_on_node, int threads, const char* l3_wait_policy) {
+  const std::string_view asked = l3_wait_policy == nullptr ? "" : l3_wait_policy;
+  if (asked == "active") return {WaitPolicy::active, "L3_WAIT_POLICY=active"};
+  if (asked == "passive") return {WaitPolicy::passive, "L3_WAIT_POLICY=passive"};
+  if (!asked.empty() && asked != "auto") {
+    throw core::Error(core::ErrorKind::usage,
+                      fmt::format("L3_WAIT_POLICY={}: expected active, passive or auto", asked));
+  }
+  const long long demand =
+      static_cast<long long>(std::max(1, ranks_on_node)) * std::max(1, threads);
+  const std::string shares =
+      fmt::format("{} rank{} x {} thread{} on {} cpus", ranks_on_node,
+                  ranks_on_node == 1 ? "" : "s", threads, threads == 1 ? "" : "s", node_cpus);
+  if (demand > std::max(1, node_cpus)) return {WaitPolicy::passive, shares};
+  return {WaitPolicy::active, shares};
+}
+
 ThreadBudget apply_thread_budget(const World& world) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -40,6 +61,18 @@ ThreadBudget apply_thread_budget(const World& world) {
   // An OpenMP OpenBLAS follows omp_set_num_threads already; setting its count as well makes
   // it run its own team even inside our parallel regions (measured: 50x slower on 2 cores).
   if (openblas_get_parallel() != 2) openblas_set_num_threads(budget.threads);
+
+  // The policy must be the same on every rank: passive everywhere when any rank wants it. A
+  // plain MPI_Allreduce (not all_reduce, whose arrival depends on the policy being set).
+  const WaitWish wish =
+      wait_wish(online, world.local_size(), budget.threads, std::getenv("L3_WAIT_POLICY"));
+  const int mine = wish.policy == WaitPolicy::passive ? 1 : 0;
+  int any = 0;
+  check_mpi(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, world.comm()),
+            "MPI_Allreduce(wait policy)");
+  budget.wait = any != 0 ? WaitPolicy::passive : WaitPolicy::active;
+  budget.wait_reason = (mine == any) ? wish.reason : "as another rank asked";
+  set_wait_policy(budget.wait);
   return budget;
 }
 

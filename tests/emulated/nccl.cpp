@@ -35,8 +35,11 @@
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -44,6 +47,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -210,12 +214,31 @@ std::shared_ptr<Transfer> snapshot(cudaStream_t stream, const void* send, std::s
   return t;
 }
 
+// Waits for a request without spinning a core: on a GPU, NCCL's collectives run on the device
+// and leave the host's cores alone, and ranks sharing the cores (4 emulated devices on a 2-core
+// machine) must not take the core from the peer being waited for. A few yields, then sleeps
+// growing to 200 us.
+void wait_quietly(MPI_Request* request) {
+  std::chrono::microseconds pause{10};
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (done != 0) return;
+    if (polls < 4) {
+      sched_yield();
+      continue;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds{200});
+  }
+}
+
 // Queues the completion: wait for the request, then write `bytes` of the output at `recv`
 // (nothing when recv is null).
 void complete_in_order(cudaStream_t stream, std::shared_ptr<Transfer> t, void* recv,
                        std::size_t bytes) {
   l3emu::enqueue(stream, [t = std::move(t), recv, bytes] {
-    MPI_Wait(&t->request, MPI_STATUS_IGNORE);
+    wait_quietly(&t->request);
     if (recv != nullptr && bytes != 0) std::memcpy(recv, t->out.data(), bytes);
   });
 }
@@ -565,7 +588,7 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, nccl
     if (status != MPI_SUCCESS) return ncclSystemError;
     if (at_root) {
       // The root's recv gets its own input, unless it is the same buffer.
-      l3emu::enqueue(stream, [t] { MPI_Wait(&t->request, MPI_STATUS_IGNORE); });
+      l3emu::enqueue(stream, [t] { wait_quietly(&t->request); });
       return send == recv ? ncclSuccess : copy(send, recv, count, type, stream);
     }
     complete_in_order(stream, t, recv, bytes);

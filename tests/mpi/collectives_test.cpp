@@ -5,8 +5,10 @@
 #include <mpi.h>
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -20,6 +22,8 @@
 #include "dist/mpi_type.hpp"
 #include "dist/point_to_point.hpp"
 #include "dist/request.hpp"
+#include "dist/thread_budget.hpp"
+#include "dist/wait_policy.hpp"
 #include "dist/world.hpp"
 
 namespace dist = l3::dist;
@@ -265,4 +269,116 @@ TEST_CASE("library versions: MPI's first, then core's", "[dist]") {
   CHECK(all[0].name == "MPI");
   CHECK(all[0].version.find("(MPI ") != std::string::npos);
   for (std::size_t i = 0; i < core.size(); ++i) CHECK(all[i + 1].name == core[i].name);
+}
+
+// The passive wait policy runs each collective as its nonblocking twin polled with sleeps
+// (dist/wait_policy.hpp). A run may resume under the other policy (another node shape), so the
+// reductions must give the active policy's bits: float sums of values whose rounding depends on
+// the order of the terms, from one value to beyond MPICH's switch to its large-message
+// algorithms, and every collective and point-to-point call the library makes.
+TEST_CASE("the passive wait policy gives the active policy's bits", "[dist]") {
+  const dist::World world(MPI_COMM_WORLD);
+  const MPI_Comm comm = world.comm();
+  const int n = world.size();
+  const int r = world.rank();
+  REQUIRE(dist::wait_policy() == dist::WaitPolicy::active);
+  // Values of very different magnitudes per rank and element: their sum rounds differently in
+  // another order (seeded by rank and element: the same numbers every run).
+  const auto value = [&](std::size_t i) {
+    const std::uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ULL ^ static_cast<std::uint64_t>(r + 1)
+                                                                  << 40U;
+    const double unit = static_cast<double>(h >> 11U) * 0x1.0p-53;
+    return static_cast<float>((unit - 0.5) * std::ldexp(1.0, static_cast<int>(h % 40U) - 20));
+  };
+  struct Results {
+    std::vector<std::vector<float>> sums, pieces, blocks;
+    std::vector<float> gathered;
+    std::vector<std::string> texts;
+    std::string broadcast;
+    int ring = -1;
+    int failure_seen = -1;
+  };
+  const auto run_all = [&] {
+    Results out;
+    for (const std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{1000},
+                                   std::size_t{70000}, std::size_t{600000}}) {
+      std::vector<float> values(size);
+      for (std::size_t i = 0; i < size; ++i) values[i] = value(i);
+      dist::all_reduce(comm, std::span(values), ReduceOp::sum, "sums");
+      out.sums.push_back(values);
+
+      // Uneven pieces (rank k gets k + 1 parts of size / n) and even blocks of the same values.
+      std::vector<int> counts(static_cast<std::size_t>(n));
+      for (int k = 0; k < n; ++k)
+        counts[static_cast<std::size_t>(k)] = static_cast<int>(size) / n * (k + 1) / n + 1;
+      const auto total = static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), 0));
+      std::vector<float> send(total);
+      for (std::size_t i = 0; i < total; ++i) send[i] = value(i);
+      std::vector<float> piece(static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]));
+      dist::reduce_scatter(comm, std::span<const float>(send), std::span(piece), counts,
+                           ReduceOp::sum, "pieces");
+      out.pieces.push_back(piece);
+      const std::size_t block_size = size / static_cast<std::size_t>(n) + 1;
+      std::vector<float> block_send(block_size * static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < block_send.size(); ++i) block_send[i] = value(i);
+      std::vector<float> block(block_size);
+      dist::reduce_scatter_block(comm, std::span<const float>(block_send), std::span(block),
+                                 ReduceOp::sum, "blocks");
+      out.blocks.push_back(block);
+    }
+    out.gathered.assign(static_cast<std::size_t>(n) * 3, 0.0F);
+    for (std::size_t i = 0; i < 3; ++i)
+      out.gathered[static_cast<std::size_t>(r) * 3 + i] = value(i);
+    const std::vector<int> counts(static_cast<std::size_t>(n), 3);
+    std::vector<int> displacements(static_cast<std::size_t>(n));
+    for (int k = 0; k < n; ++k) displacements[static_cast<std::size_t>(k)] = 3 * k;
+    dist::all_gatherv(comm, std::span(out.gathered), counts, displacements, "gathered");
+    out.texts = dist::gather_strings(comm, "rank " + std::to_string(r), 0);
+    out.broadcast = dist::broadcast_string(comm, r == 0 ? "from rank 0" : "", 0);
+    out.ring = dist::send_receive_value(comm, r, (r + 1) % n, (r + n - 1) % n, 5, "ring");
+    try {
+      dist::agree_on_failure(world, nullptr);
+      out.failure_seen = 0;
+    } catch (...) {
+      out.failure_seen = 1;
+    }
+    return out;
+  };
+  const Results active = run_all();
+  dist::set_wait_policy(dist::WaitPolicy::passive);
+  Results passive;
+  try {
+    passive = run_all();
+  } catch (...) {
+    dist::set_wait_policy(dist::WaitPolicy::active);
+    throw;
+  }
+  dist::set_wait_policy(dist::WaitPolicy::active);
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (std::size_t k = 0; k < active.sums.size(); ++k) {
+    INFO("size case " << k);
+    CHECK(same_bits(active.sums[k], passive.sums[k]));
+    CHECK(same_bits(active.pieces[k], passive.pieces[k]));
+    CHECK(same_bits(active.blocks[k], passive.blocks[k]));
+  }
+  CHECK(same_bits(active.gathered, passive.gathered));
+  CHECK(active.texts == passive.texts);
+  CHECK(passive.broadcast == "from rank 0");
+  CHECK(passive.ring == (r + n - 1) % n);
+  CHECK(passive.failure_seen == 0);
+}
+
+TEST_CASE("the wait policy's rule: passive when a node's ranks would share cores", "[dist]") {
+  using dist::WaitPolicy;
+  CHECK(dist::wait_wish(2, 2, 1, nullptr).policy == WaitPolicy::active);
+  CHECK(dist::wait_wish(2, 4, 1, nullptr).policy == WaitPolicy::passive);
+  CHECK(dist::wait_wish(2, 4, 1, nullptr).reason == "4 ranks x 1 thread on 2 cpus");
+  CHECK(dist::wait_wish(8, 2, 4, "auto").policy == WaitPolicy::active);
+  CHECK(dist::wait_wish(8, 2, 8, "").policy == WaitPolicy::passive);
+  CHECK(dist::wait_wish(2, 4, 1, "active").policy == WaitPolicy::active);
+  CHECK(dist::wait_wish(64, 1, 1, "passive").policy == WaitPolicy::passive);
+  CHECK_THROWS_WITH(dist::wait_wish(2, 1, 1, "spin"),
+                    Catch::Contains("L3_WAIT_POLICY=spin: expected active, passive or auto"));
 }
