@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <glob.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -22,6 +23,12 @@ namespace fs = std::filesystem;
 std::vector<InputFile> list_inputs(const std::vector<std::string>& patterns) {
   std::vector<std::string> paths;
   for (const std::string& pattern : patterns) {
+    // A path that exists is that file, whatever characters its name has: "p[1].jsonl" is not
+    // the pattern that matches "p1.jsonl". Only a name that exists nowhere is expanded.
+    if (struct stat info{}; ::lstat(pattern.c_str(), &info) == 0) {
+      paths.push_back(pattern);
+      continue;
+    }
     glob_t matches{};
     // glob(3) is safe here: the process does not change the working directory concurrently
     errno = 0;

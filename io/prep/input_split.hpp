@@ -19,8 +19,16 @@ struct InputFile {
   bool gzip = false;
 };
 
-// Expands globs, sorts, de-duplicates, stats. A pattern that matches nothing, a missing or
-// unreadable file, is a bad_input Error naming it.
+// Whether a line holds no record: only spaces, tabs and a carriage return (a CRLF file's blank
+// line). prep, tokenize --prep and generate skip such lines alike.
+[[nodiscard]] inline bool is_blank_line(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+// Expands globs, sorts, de-duplicates, stats. A path that exists is taken as it is, never as a
+// pattern ("p[1].jsonl" is that file, not "p1.jsonl"); a name that exists nowhere is expanded
+// (glob(3): *, ? and [...]). A pattern that matches nothing, a missing or unreadable file, is a
+// bad_input Error naming it.
 [[nodiscard]] std::vector<InputFile> list_inputs(const std::vector<std::string>& patterns);
 
 struct FileRange {

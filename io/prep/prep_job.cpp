@@ -247,7 +247,7 @@ PrepSummary run_prep(const dist::World& world, const core::Logger& log,
       const core::CounterRng split_rng(options.seed, core::RngPurpose::validation_split,
                                        static_cast<std::uint32_t>(range.file));
       for_each_line(input, range, [&](std::string_view line, std::int64_t offset) {
-        if (line.find_first_not_of(" \t") == std::string_view::npos) return;  // blank line
+        if (is_blank_line(line)) return;
         ++mine.records;
         const std::size_t sink =
             options.val_fraction > 0 &&

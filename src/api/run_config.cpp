@@ -13,6 +13,7 @@
 #include "api/run_config_parsed.hpp"
 #include "api/train_options.hpp"
 #include "core/error.hpp"
+#include "core/option_suggestion.hpp"
 #include "core/options.hpp"
 #include "core/phase.hpp"
 #include "l3/l3.hpp"
@@ -88,8 +89,8 @@ RunConfig& RunConfig::set(std::string_view option, std::string_view value) {
     const po::option_description* found =
         declared.all.find_nothrow(std::string(option), /*approx=*/false);
     if (found == nullptr) {
-      throw core::usage_error(
-          fmt::format("unknown option '{}' for a {} run", option, train::phase_name(phase())));
+      throw core::usage_error(fmt::format("unknown option '{}' for a {} run",
+                                          core::shown_name(option), train::phase_name(phase())));
     }
     const std::string flag = fmt::format("--{}", option);
     const bool flag_switch = is_switch(*found);
@@ -139,7 +140,7 @@ std::string RunConfig::get(std::string_view option) const {
   api::rethrow_as_public([&] {
     const Declared declared(phase());
     if (declared.all.find_nothrow(std::string(option), false) == nullptr)
-      throw core::usage_error(fmt::format("unknown option '{}'", option));
+      throw core::usage_error(fmt::format("unknown option '{}'", core::shown_name(option)));
     const auto at = parsed_->values.find(std::string(option));
     if (at != parsed_->values.end()) shown = show(at->second.value());
   });

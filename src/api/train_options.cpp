@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -521,6 +522,15 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.log_every = get<std::int64_t>(o, "log-every");
   c.metrics = optional_string(o, "metrics");
   c.tensorboard = optional_string(o, "tensorboard");
+  std::error_code resolve_error;
+  if (!c.tensorboard.empty() &&
+      std::filesystem::weakly_canonical(std::filesystem::absolute(c.tensorboard), resolve_error) ==
+          std::filesystem::path("/")) {
+    throw core::usage_error(
+        fmt::format("--tensorboard {}: the root directory; name a directory of the run's own (e.g. "
+                    "runs/NAME/tensorboard)",
+                    c.tensorboard));
+  }
   c.ckpt_dir = optional_string(o, "ckpt-dir");
   c.checkpoint_every = get<std::int64_t>(o, "checkpoint-every");
   c.ckpt_local = optional_string(o, "ckpt-local");
@@ -544,9 +554,9 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.deterministic = get<bool>(o, "deterministic");
   c.prefetch_depth = get<int>(o, "prefetch-depth");
   c.ignore_tokenizer_mismatch = get<bool>(o, "ignore-tokenizer-mismatch");
-  c.progress = get<bool>(o, "no-progress")
-                   ? train::ProgressMode::never
-                   : train::parse_progress_mode(get<std::string>(o, "progress"));
+  // --progress is checked even with --no-progress: a misspelt value is never ignored.
+  const train::ProgressMode progress = train::parse_progress_mode(get<std::string>(o, "progress"));
+  c.progress = get<bool>(o, "no-progress") ? train::ProgressMode::never : progress;
   c.resume = train::parse_resume_choice(get<std::string>(o, "resume"));
   const auto verify = get<std::string>(o, "resume-verify");
   if (verify != "full" && verify != "quick")

@@ -86,7 +86,8 @@ bool holds_only_checkpoint_files(const fs::path& dir) {
 
 }  // namespace
 
-PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDirectories partial) {
+PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDirectories partial,
+                              const CheckpointCheck& check) {
   keep_last = std::max(keep_last, 2);
   PruneReport report;
   const auto remove = [&](const std::string& name) {
@@ -105,8 +106,19 @@ PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDir
     return report;
   }
   const auto complete = complete_checkpoints(root, report.ignored);
-  for (auto i = static_cast<std::size_t>(keep_last); i < complete.size(); ++i) {
-    if (complete[i] != latest) remove(complete[i]);
+  std::size_t good = 0;
+  for (const std::string& name : complete) {
+    if (good < static_cast<std::size_t>(keep_last)) {
+      const std::string damaged = check ? check((fs::path(root) / name).string()) : "";
+      if (damaged.empty()) {
+        ++good;
+      } else {
+        report.ignored.push_back(
+            fmt::format("{}: DAMAGED: {} (left as it is, not counted)", name, damaged));
+      }
+      continue;
+    }
+    if (name != latest) remove(name);
   }
   if (partial == PartialDirectories::keep) return report;
   std::vector<std::string> stale;

@@ -17,6 +17,7 @@
 // checkpoint committed or gets the same error.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -91,6 +92,12 @@ struct PruneReport {
   // the directory is named for step 9, its manifest is of step 2 ... (left as it is)").
   std::vector<std::string> ignored;
 };
-PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDirectories partial);
+// `check` (`ckpt prune`: verify_checkpoint): a checkpoint it finds damaged (returns a reason)
+// never counts toward the newest `keep_last`, and is left alone, reported in `ignored`: a
+// damaged newest step must not push a good one out. The checks run newest first, and stop once
+// `keep_last` good ones are found.
+using CheckpointCheck = std::function<std::string(const std::string& step_dir)>;
+PruneReport prune_checkpoints(const std::string& root, int keep_last, PartialDirectories partial,
+                              const CheckpointCheck& check = {});
 
 }  // namespace l3::ckpt

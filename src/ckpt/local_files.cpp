@@ -373,14 +373,25 @@ std::int64_t checked_values(const json& header, const std::string& path, std::in
   return values;
 }
 
-RankState state_from(int fd, const std::string& path, const json& header, std::int64_t payload) {
+// `parameters`: the trainable parameters of the model its manifest describes; every range lies
+// within them, checked before anything is allocated (a sparse file of the size a header
+// claiming 402 M values needs passes the size check, and would have taken 4.7 GB).
+RankState state_from(int fd, const std::string& path, const json& header, std::int64_t payload,
+                     std::int64_t parameters) {
   RankState s;
   std::vector<model::FlatRange> ranges;
   const std::int64_t values = header.at("values").get<std::int64_t>();
+  if (values > parameters) {
+    throw core::bad_input(fmt::format("its header says {} values per array, more than the {} "
+                                      "trainable parameters of the model its manifest describes",
+                                      values, parameters),
+                          {.file = path});
+  }
   std::int64_t total = 0;  // checked before allocating: the ranges must hold `values` in all
   for (const json& r : header.at("ranges")) {
     const model::FlatRange range{r.at(0).get<std::int64_t>(), r.at(1).get<std::int64_t>()};
-    if (range.begin < 0 || range.end < range.begin || range.end - range.begin > values - total)
+    if (range.begin < 0 || range.end < range.begin || range.end > parameters ||
+        range.end - range.begin > values - total)
       throw core::bad_input("its ranges do not add up to its values", {.file = path});
     total += range.end - range.begin;
     ranges.push_back(range);
@@ -456,13 +467,13 @@ LocalState read_local_state(const std::string& path) {
   try {
     LocalState out;
     (void)checked_values(header, path, bytes, payload);
-    out.state = state_from(f.fd, path, header, payload);
-    check_state_slices(header, out.state, path);
-    out.rank = header.at("rank").get<int>();
-    out.world_size = header.at("world_size").get<int>();
     json manifest = header.at("manifest");
     manifest["tensors"] = json::array();
     out.manifest = Manifest::from_json(manifest, path);
+    out.state = state_from(f.fd, path, header, payload, out.manifest.layout().total());
+    check_state_slices(header, out.state, path);
+    out.rank = header.at("rank").get<int>();
+    out.world_size = header.at("world_size").get<int>();
     return out;
   } catch (const core::Error&) {
     throw;

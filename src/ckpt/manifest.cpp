@@ -74,6 +74,7 @@ Manifest describe_checkpoint(const RunFacts& run) {
   m.base_xxh64 = run.base_xxh64;
   m.reference = run.reference;
   m.run_key = run.run_key;
+  m.run_id = run.run_id;
   return m;
 }
 
@@ -112,6 +113,7 @@ json Manifest::to_json() const {
               {"tensors", tensors}};
   if (!reference.empty()) out["reference"] = reference;
   if (!run_key.empty()) out["run_key"] = run_key;
+  if (!run_id.empty()) out["run_id"] = run_id;
   if (lora) {
     out["lora"] = {{"r", lora->rank},
                    {"alpha", lora->alpha},
@@ -190,6 +192,12 @@ Manifest Manifest::from_json(const json& j, const std::string& origin) {
       m.base_xxh64 = base.value("tensors_xxh64", "");
     }
     m.run_key = j.value("run_key", "");
+    if (const auto id = j.find("run_id"); id != j.end()) {
+      if (!id->is_string() || id->get_ref<const std::string&>().size() > 64)
+        throw core::bad_input("malformed manifest: \"run_id\" is not a short string",
+                              {.file = origin});
+      m.run_id = id->get<std::string>();
+    }
     m.reference = j.value("reference", json::object());
     if (!m.reference.is_object())
       throw core::bad_input("malformed manifest: \"reference\" is not an object", {.file = origin});

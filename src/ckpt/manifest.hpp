@@ -61,6 +61,10 @@ struct Manifest {
   // The run's key (train/run_identity.hpp): which run the state belongs to; "" in checkpoints
   // of earlier versions.
   std::string run_key;
+  // This run's own identity (train/run_identity.hpp, new_run_id): made when the run starts
+  // fresh, carried over by every resume, so that the files it appends to (TensorBoard's) are
+  // told from another run's with the same key; "" in checkpoints of earlier versions.
+  std::string run_id;
 
   [[nodiscard]] bool resumable() const noexcept { return !tensors.empty(); }
   // What the tensor table and the files hold: the model's layout, or a LoRA run's adapters.
@@ -104,6 +108,7 @@ struct RunFacts {
   std::string base_xxh64;
   nlohmann::json reference = nlohmann::json::object();  // DPO (Manifest::reference)
   std::string run_key;                                  // Manifest::run_key
+  std::string run_id;                                   // Manifest::run_id
 };
 
 // The manifest of a checkpoint of that run: the facts, plus what the program knows (its

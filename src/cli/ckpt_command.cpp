@@ -317,7 +317,7 @@ int verify(const std::string& dir, bool quick, bool as_json) {
   return core::kExitOk;
 }
 
-int prune(const std::string& dir, int keep_last) {
+int prune(const std::string& dir, int keep_last, bool quick) {
   if (fs::is_regular_file(fs::path(dir) / ckpt::kManifestFile))
     throw core::usage_error("prune takes a checkpoint root (the run's --ckpt-dir), not a step");
   if (keep_last < 2)
@@ -328,12 +328,17 @@ int prune(const std::string& dir, int keep_last) {
   }
   // A .partial directory may belong to a run writing it right now: left alone here (the run's
   // own next checkpoint removes stale ones).
-  const ckpt::PruneReport report =
-      ckpt::prune_checkpoints(dir, keep_last, ckpt::PartialDirectories::keep);
+  // The newest are verified as `ckpt verify` does (checksums unless --quick): a damaged one
+  // is kept for you to look at, and never counts among the K kept.
+  const ckpt::PruneReport report = ckpt::prune_checkpoints(
+      dir, keep_last, ckpt::PartialDirectories::keep, [quick](const std::string& step_dir) {
+        const ckpt::Verification v = ckpt::verify_checkpoint(step_dir, !quick);
+        return v.ok ? std::string() : v.problem;
+      });
   for (const std::string& name : report.removed) std::cout << "removed " << name << '\n';
   for (const std::string& why : report.ignored) std::cout << "not a checkpoint: " << why << '\n';
-  std::cout << fmt::format("kept the newest {} complete checkpoints; {} removed\n", keep_last,
-                           report.removed.size())
+  std::cout << fmt::format("kept the newest {} complete checkpoints that verify; {} removed\n",
+                           keep_last, report.removed.size())
             << std::flush;
   if (!report.failed.empty()) {
     std::string failed;
@@ -352,7 +357,8 @@ void declare_ckpt_options(po::options_description& options,
                         "what to do (positional)")(
       "dir", po::value<std::string>()->value_name("DIR"),
       "a checkpoint root (a run's --ckpt-dir) or one step directory (positional)")(
-      "quick", po::bool_switch(), "verify: manifest, files, sizes and structure, no checksums")(
+      "quick", po::bool_switch(),
+      "verify, prune: check the manifest, files, sizes and structure, not the checksums")(
       "keep-last", core::number<int>(core::between(2, 1e6))->default_value(3)->value_name("K"),
       "prune: keep the newest K complete checkpoints (at least 2)")(
       "json", po::bool_switch(), "list/verify: one JSON document (verify: with digests)")(
@@ -390,7 +396,7 @@ int run_ckpt(const CommandContext& context) {
   if (!context.world.is_root()) return core::kExitOk;
   if (action == "list") return list(dir, o["json"].as<bool>(), local_dirs, pattern);
   if (action == "verify") return verify(dir, o["quick"].as<bool>(), o["json"].as<bool>());
-  return prune(dir, o["keep-last"].as<int>());
+  return prune(dir, o["keep-last"].as<int>(), o["quick"].as<bool>());
 }
 
 }  // namespace l3::cli

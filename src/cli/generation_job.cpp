@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cli/inference_model.hpp"
 #include "cli/prompt_records.hpp"
@@ -26,6 +27,7 @@
 #include "core/fault_injection.hpp"
 #include "core/host_memory.hpp"
 #include "core/input_file.hpp"
+#include "core/output_file.hpp"
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
@@ -58,6 +60,22 @@ struct InputScan {
   std::int64_t longest_prompt = 0;
 };
 
+// The output lines of one record held in memory at once (its samples', each carrying the
+// record's fields) are at most this, or an eighth of the node's memory: a 50 MB field with
+// --num-samples 32 is 1.6 GB of lines, gathered on rank 0 and written in one piece.
+constexpr std::int64_t kMaxRecordOutputBytes = std::int64_t{1} << 30U;
+// A round of records is cut short once its lines would pass this (at least one record a round).
+constexpr std::int64_t kRoundOutputBytes = std::int64_t{256} << 20U;
+
+// What one record's output lines take, estimated from its line's length: each sample's line
+// carries the record's fields, its completion and ids (and with --logprobs one number per token
+// and the prompt's ids), for at most --max-new tokens.
+std::int64_t record_output_bytes(std::string_view text, const GenerationJob& job) {
+  const std::int64_t per_token = job.logprobs ? 48 : 24;  // text, an id, maybe a log-probability
+  return job.num_samples * (static_cast<std::int64_t>(text.size()) * (job.logprobs ? 2 : 1) +
+                            job.max_new * per_token + 256);
+}
+
 // Every rank reads the file and formats every N-th record; the first bad record in file order
 // is reported by the rank that found it, the others stop with it (one error line).
 InputScan scan_input(const dist::World& world, const GenerationJob& job,
@@ -65,6 +83,7 @@ InputScan scan_input(const dist::World& world, const GenerationJob& job,
   InputScan scan;
   std::exception_ptr failure;
   std::int64_t failed_line = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t record_limit = std::min(kMaxRecordOutputBytes, core::host_memory_bytes() / 8);
   for_each_prompt_line(job.input, [&](std::string_view text, std::int64_t line) {
     const std::int64_t ordinal = scan.records++;
     if (ordinal % world.size() != world.rank() || failure) return;
@@ -72,6 +91,15 @@ InputScan scan_input(const dist::World& world, const GenerationJob& job,
       if (line > std::numeric_limits<std::uint32_t>::max()) {
         throw core::bad_input("more lines than generation can number (2^32)",
                               {.file = job.input, .line = line});
+      }
+      if (const std::int64_t bytes = record_output_bytes(text, job); bytes > record_limit) {
+        throw core::bad_input(
+            fmt::format("its {} samples would make about {} MB of output lines (each carries the "
+                        "record's {} MB of fields), more than generate holds at once ({} MB); "
+                        "carry less in the record, or ask fewer --num-samples",
+                        job.num_samples, bytes >> 20U,
+                        static_cast<std::int64_t>(text.size()) >> 20U, record_limit >> 20U),
+            {.file = job.input, .line = line});
       }
       const PromptRecord record = read_prompt_record(tokenizer, text, job.input, line, max_prompt);
       scan.longest_prompt =
@@ -221,6 +249,27 @@ std::string output_line(const PromptRecord& record, const model::GenerationOutpu
 
 // ---- the files: OUTPUT.partial and OUTPUT.progress (rank 0) ----------------------------------
 
+// The whole lines ("\n"-terminated) in the first `bytes` bytes of the file open as `fd`, read in
+// blocks (a partial output may be gigabytes): what a saved progress is checked against.
+std::int64_t count_lines(int fd, std::int64_t bytes, const std::string& path) {
+  std::vector<char> block(std::size_t{1} << 20U);
+  std::int64_t lines = 0;
+  for (std::int64_t at = 0; at < bytes;) {
+    const auto want = static_cast<std::size_t>(
+        std::min<std::int64_t>(bytes - at, static_cast<std::int64_t>(block.size())));
+    const ssize_t got = ::pread(fd, block.data(), want, at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      throw core::bad_input(
+          fmt::format("cannot read: {}", got < 0 ? core::errno_text(errno) : "shorter than said"),
+          {.file = path});
+    }
+    lines += std::count(block.data(), block.data() + got, '\n');
+    at += got;
+  }
+  return lines;
+}
+
 struct Progress {
   std::string fingerprint;
   std::int64_t records = 0;  // records done (non-blank lines, from the first)
@@ -245,10 +294,12 @@ class OutputFiles {
 
   // The saved progress of an interrupted run of the same job, or a new job's files: the
   // progress written first, then the temporary file created exclusively.
-  Progress open(const std::string& fingerprint) {
+  // `records`: the input's records, `samples` per record: what a saved progress may claim.
+  Progress open(const std::string& fingerprint, std::int64_t records, std::int64_t samples) {
     Progress p{.fingerprint = fingerprint};
+    core::require_output_file(progress_, "the progress file of --output");
+    core::require_output_file(partial_, "the temporary file of --output");
     if (core::entry_exists(progress_)) {
-      core::require_regular_file(progress_, "a progress file of generate");
       const json saved = core::read_json_object(progress_, "a progress file of generate");
       if (saved.value("format", "") != kProgressFormat || !saved.contains("records") ||
           !saved["records"].is_number_integer() || !saved.contains("bytes") ||
@@ -270,11 +321,20 @@ class OutputFiles {
       p.bytes = saved["bytes"].get<std::int64_t>();
       p.completions = saved.value("completions", std::int64_t{0});
       p.tokens = saved.value("tokens", std::int64_t{0});
+      if (p.records < 0 || p.records > records || p.bytes < 0 || p.tokens < 0 ||
+          p.completions != p.records * samples) {
+        throw core::bad_input(
+            fmt::format("records {} records, {} completions and {} bytes done, which the job "
+                        "({} records x {} samples) cannot have written; remove it and {} to "
+                        "start over",
+                        p.records, p.completions, p.bytes, records, samples, partial_),
+            {.file = progress_});
+      }
       if (core::entry_exists(partial_)) {
         // NOLINTNEXTLINE(cppcoreguidelines-pro-type-vararg)
-        fd_ = ::open(partial_.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+        fd_ = ::open(partial_.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);  // read: its lines counted
         struct stat st {};
-        if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
           throw core::bad_input("cannot be continued: not a regular file we can write",
                                 {.file = partial_});
         }
@@ -285,11 +345,24 @@ class OutputFiles {
                           st.st_size, p.bytes, progress_),
               {.file = partial_});
         }
-        if (::ftruncate(fd_, p.bytes) != 0 || ::lseek(fd_, 0, SEEK_END) < 0) {
-          throw core::internal_error(fmt::format("cannot truncate: {}", core::errno_text(errno)),
-                                     {.file = partial_});
+        char last = '\n';  // the recorded bytes end a line (or are none)
+        if (p.bytes > 0 && ::pread(fd_, &last, 1, p.bytes - 1) != 1) last = '\0';
+        if (const std::int64_t lines = count_lines(fd_, p.bytes, partial_);
+            lines != p.completions || last != '\n') {
+          throw core::bad_input(
+              fmt::format("records {} completions in the first {} bytes of {}, which hold {} "
+                          "whole lines{}; remove both to start over",
+                          p.completions, p.bytes, partial_, lines,
+                          last == '\n' ? "" : " and end inside a line"),
+              {.file = progress_});
         }
-      } else if (p.bytes == 0) {
+        if (::ftruncate(fd_, p.bytes) != 0 || ::lseek(fd_, 0, SEEK_END) < 0) {
+          throw core::bad_input(fmt::format("cannot cut back to the {} bytes its progress file "
+                                            "records: {}",
+                                            p.bytes, core::errno_text(errno)),
+                                {.file = partial_});
+        }
+      } else if (p.bytes == 0 && p.records == 0) {
         fd_ = core::create_exclusive(partial_);
       } else {
         throw core::bad_input(
@@ -341,6 +414,7 @@ class OutputFiles {
                                  {.file = partial_});
     }
     fd_ = -1;
+    core::require_output_file(output_, "--output");  // again: it may have changed meanwhile
     core::rename_path(partial_, output_);
     const fs::path parent = fs::absolute(fs::path(output_)).parent_path();
     core::fsync_path(parent.string());
@@ -397,6 +471,21 @@ void check_output(const GenerationJob& job) {
   if (!fs::is_directory(parent, ec)) {
     throw core::usage_error(
         fmt::format("--output {}: the directory {} does not exist", job.output, parent.string()));
+  }
+  core::require_output_file(job.output, "--output");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0) {
+    throw core::bad_input(fmt::format("--output: cannot create files in {}: {}", parent.string(),
+                                      core::errno_text(errno)),
+                          {.file = job.output});
+  }
+  if (const long longest = ::pathconf(parent.c_str(), _PC_NAME_MAX);
+      longest > 0 && out.filename().string().size() + std::string_view(".progress").size() +
+                             std::string_view(".tmp-4294967295-99999").size() >
+                         static_cast<std::size_t>(longest)) {
+    throw core::bad_input(fmt::format("--output: the name is too long for {} (its files, such "
+                                      "as NAME.progress, must fit in {} bytes)",
+                                      parent.string(), longest),
+                          {.file = job.output});
   }
   if (fs::exists(out, ec) && fs::equivalent(out, fs::path(job.input), ec)) {
     throw core::usage_error(fmt::format("--output {} is the --input file", job.output));
@@ -510,7 +599,8 @@ int run_generation_job(const CommandContext& context, const GenerationJob& job) 
   try {
     if (world.is_root()) {
       files.emplace(job.output);
-      progress = files->open(fingerprint(job, loaded, tokenizer, ops->backend()));
+      progress = files->open(fingerprint(job, loaded, tokenizer, ops->backend()), scan.records,
+                             job.num_samples);
     }
   } catch (...) {
     failure = std::current_exception();
@@ -620,10 +710,15 @@ int run_generation_job(const CommandContext& context, const GenerationJob& job) 
     longest_round = std::max(longest_round, round_time.seconds());
     round.clear();
   };
+  std::int64_t round_bytes = 0;  // the round's output lines, estimated (the same on every rank)
   for_each_prompt_line(job.input, [&](std::string_view text, std::int64_t line) {
     if (stop || ordinal++ < done) return;
     round.emplace_back(line, std::string(text));
-    if (round.size() == round_size) run_round();
+    round_bytes += record_output_bytes(text, job);
+    if (round.size() == round_size || round_bytes >= kRoundOutputBytes) {
+      run_round();
+      round_bytes = 0;
+    }
   });
   if (!stop && !round.empty()) run_round();
   if (stop) return stopped(stop_reason);

@@ -72,7 +72,7 @@ void for_each_prompt_line(const std::string& path,
   prep::for_each_line(input, prep::FileRange{.file = 0, .begin = 0, .end = input.size},
                       [&](std::string_view line, std::int64_t /*offset*/) {
                         ++number;
-                        if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
+                        if (prep::is_blank_line(line)) return;
                         record(line, number);
                       });
 }

@@ -99,7 +99,7 @@ void score_file(const dist::World& world, const std::string& path, model::LlamaM
     prep::for_each_line(input, prep::FileRange{.file = 0, .begin = 0, .end = input.size},
                         [&](std::string_view line, std::int64_t /*offset*/) {
                           ++number;
-                          if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
+                          if (prep::is_blank_line(line)) return;
                           round.emplace_back(number, std::string(line));
                           if (round.size() == static_cast<std::size_t>(world.size()))
                             run_round(input.path);

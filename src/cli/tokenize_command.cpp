@@ -8,6 +8,7 @@
 
 #include "core/bounded_read.hpp"
 #include "core/error.hpp"
+#include "io/prep/input_split.hpp"
 #include "io/prep/record_format.hpp"
 #include "io/tokenizer/tokenizer.hpp"
 
@@ -51,17 +52,23 @@ int run_tokenize(const CommandContext& context) {
   core::LineReader lines(std::cin, "stdin");
   while (lines.next(line)) {
     const core::ErrorContext where{.file = "stdin", .line = lines.line_number()};
-    if (line.empty() || line == "\r") continue;
+    if (prep::is_blank_line(line)) continue;  // as prep skips it
     const nlohmann::json record = core::parse_json(line, "", where);
     if (!as_prep.empty()) {
       nlohmann::json out;
       try {
+        // What prep keeps, or why it drops the record (one line per record either way).
+        prep::Verdict verdict = prep::Verdict::keep;
         if (as_prep == "sft") {
-          out = example_json(formatter.sft(record));
+          prep::Example example = formatter.sft(record);
+          verdict = formatter.fit(example);
+          out = example_json(example);
         } else {
-          const prep::PreferenceExample pair = formatter.preference(record);
+          prep::PreferenceExample pair = formatter.preference(record);
+          verdict = formatter.fit(pair);
           out = {{"chosen", example_json(pair.chosen)}, {"rejected", example_json(pair.rejected)}};
         }
+        if (verdict != prep::Verdict::keep) out = {{"dropped", prep::verdict_name(verdict)}};
       } catch (core::Error& e) {
         e.add_context(where);
         throw;

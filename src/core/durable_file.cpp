@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -75,7 +76,9 @@ int create_exclusive(const std::string& path) {
         "not overwritten",
         {.file = path});
   }
-  if (errno == EACCES || errno == EROFS || errno == ENOENT || errno == ENOTDIR) {
+  // What the path or its directory makes impossible: the user's to fix (exit 2).
+  if (errno == EACCES || errno == EPERM || errno == EROFS || errno == ENOENT || errno == ENOTDIR ||
+      errno == ENAMETOOLONG || errno == ELOOP || errno == EISDIR) {
     throw bad_input(fmt::format("cannot create: {}", errno_text()), {.file = path});
   }
   throw internal_error(fmt::format("cannot create: {}", errno_text()), {.file = path});
@@ -113,6 +116,15 @@ void AtomicFile::commit(const std::function<void()>& before_rename) {
                          {.file = temporary_});
   }
   if (before_rename) before_rename();
+  // A rename replaces whatever has the final name: never a device, a pipe, a socket or a
+  // directory (as root, a rename onto /dev/sda's name would remove the device node).
+  struct stat info {};
+  if (::lstat(path_.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISLNK(info.st_mode)) {
+    throw bad_input(
+        "exists and is not a regular file: not replaced (llama3-hpc replaces only "
+        "regular files it writes)",
+        {.file = path_});
+  }
   rename_path(temporary_, path_);
   temporary_.clear();
   const std::filesystem::path parent = std::filesystem::path(path_).parent_path();

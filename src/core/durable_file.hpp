@@ -4,7 +4,9 @@
 // Temporary names are unique ("<name>.tmp-<pid>-<n>", next to the final name) and created
 // exclusively, never through a symbolic link (O_CREAT | O_EXCL | O_NOFOLLOW): a link planted under
 // a temporary name makes the write fail instead of overwriting the link's target. rename(2) onto
-// the final name replaces a link found there, never the file it points to.
+// the final name replaces a link found there, never the file it points to; a device, a pipe, a
+// socket or a directory found there is refused (bad_input), never replaced. Files that options
+// name are checked first against core/output_file.hpp's stricter rule.
 #pragma once
 
 #include <functional>

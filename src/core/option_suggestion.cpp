@@ -95,10 +95,15 @@ std::vector<std::string> likely_options(std::string_view given,
       return a.size() != b.size() ? a.size() < b.size() : a < b;
     });
   }
-  // A typo: a distance of one per four letters, at least one, at most three.
+  // A typo: a distance of one per four letters, at least one, at most three. Names whose lengths
+  // differ by more are never that near, and are not compared (the distance takes time and
+  // memory in the product of the lengths: an 8 MB name against every option took 2 GB).
   const std::size_t limit = std::clamp<std::size_t>(name.size() / 4, 1, 3);
   std::vector<std::pair<std::size_t, std::string>> near;
   for (const std::string& candidate : known) {
+    const std::size_t gap = name.size() > candidate.size() ? name.size() - candidate.size()
+                                                           : candidate.size() - name.size();
+    if (gap > limit) continue;
     const std::size_t distance = edit_distance(name, candidate);
     if (distance <= limit && std::find(found.begin(), found.end(), candidate) == found.end())
       near.emplace_back(distance, candidate);
@@ -107,6 +112,12 @@ std::vector<std::string> likely_options(std::string_view given,
   for (auto& [distance, candidate] : near) found.push_back(std::move(candidate));
   if (found.size() > kMaxSuggestions) found.resize(kMaxSuggestions);
   return found;
+}
+
+std::string shown_name(std::string_view given) {
+  constexpr std::size_t kShown = 64;
+  if (given.size() <= kShown) return std::string(given);
+  return fmt::format("{}... ({} bytes)", given.substr(0, kShown), given.size());
 }
 
 std::string did_you_mean(std::string_view given, std::span<const std::string> known,

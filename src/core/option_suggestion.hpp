@@ -17,6 +17,10 @@ namespace l3::core {
 [[nodiscard]] std::vector<std::string> likely_options(std::string_view given,
                                                       std::span<const std::string> known);
 
+// A name the user typed, as a message shows it: whole when short, else its first 64 bytes and
+// how long it is ("aaaa... (8388608 bytes)"): an 8 MB option name is not echoed back whole.
+[[nodiscard]] std::string shown_name(std::string_view given);
+
 // " (did you mean --warmup?)"-style text for a message, "" when nothing is close. `dashes`:
 // "--" on the command line, "" in a config file.
 [[nodiscard]] std::string did_you_mean(std::string_view given, std::span<const std::string> known,

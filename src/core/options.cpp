@@ -34,7 +34,11 @@ std::vector<std::string> long_names(const po::options_description& options) {
 std::string unknown_option_message(const po::unknown_option& e,
                                    const po::options_description& options,
                                    std::string_view dashes) {
-  return std::string(e.what()) + did_you_mean(e.get_option_name(), long_names(options), dashes);
+  const std::string name = e.get_option_name();
+  const std::string text = name.size() <= 64
+                               ? std::string(e.what())
+                               : fmt::format("unrecognised option '{}'", shown_name(name));
+  return text + did_you_mean(name, long_names(options), dashes);
 }
 
 // Boost accepts INI sections and turns them into dotted names; we want a flat file and a clear

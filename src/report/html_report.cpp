@@ -10,6 +10,8 @@
 #include "core/build_info.hpp"
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
+#include "core/path_safety.hpp"
 #include "core/phase.hpp"
 #include "report/html_text.hpp"
 #include "report/nice_scale.hpp"
@@ -187,21 +189,11 @@ std::vector<Phase> phases_present(std::span<const RunMetrics> runs) {
 void check_output(const std::string& output) {
   const fs::path path(output);
   std::error_code ec;
-  const fs::file_status status = fs::symlink_status(path, ec);
-  if (fs::is_symlink(status)) {
-    throw core::bad_input(
-        "is a symbolic link: name the file itself (llama3-hpc never writes through a link it "
-        "did not create)",
-        {.file = output});
-  }
-  if (fs::is_directory(status)) {
+  if (core::is_real_directory(path)) {
     throw core::bad_input("is a directory: name the report's file (e.g. DIR/report.html)",
                           {.file = output});
   }
-  if (fs::exists(status) && !fs::is_regular_file(status)) {
-    throw core::bad_input("exists and is not a regular file: not a report to replace",
-                          {.file = output});
-  }
+  core::require_output_file(output, "--output");
   const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
   if (!fs::is_directory(parent, ec)) {
     throw core::bad_input(fmt::format("its directory {} does not exist", parent.string()),

@@ -12,6 +12,7 @@
 #include "core/durable_file.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
+#include "core/path_safety.hpp"
 
 namespace l3::train {
 
@@ -158,21 +159,9 @@ MetricsFile::MetricsFile(const std::string& path, std::optional<std::int64_t> re
     std::error_code ec;
     std::filesystem::create_directories(p.parent_path(), ec);
   }
-  std::error_code ec;
-  if (std::filesystem::is_symlink(std::filesystem::symlink_status(p, ec))) {
-    throw core::bad_input(
-        "is a symbolic link: name the file itself (llama3-hpc never writes through a link it "
-        "did not create)",
-        {.file = path});
-  }
-  const std::filesystem::file_status status = std::filesystem::symlink_status(p, ec);
-  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
-    throw core::bad_input("exists and is not a regular file: not a metrics file to append to",
-                          {.file = path});
-  }
-  if (resumed_at && std::filesystem::is_regular_file(status)) drop_records_after(*resumed_at);
-  out_.open(path, std::ios::app);
-  if (!out_) throw core::bad_input("cannot open for appending", {.file = path});
+  core::require_output_file(path, "--metrics");
+  if (resumed_at && core::entry_exists(p)) drop_records_after(*resumed_at);
+  out_ = std::make_unique<core::AppendedFile>(path, "--metrics");
 }
 
 namespace {
@@ -243,16 +232,8 @@ void MetricsFile::drop_records_after(std::int64_t step) {
   if (dropped) rewritten.commit();
 }
 
-void MetricsFile::write(const json& record) {
-  out_ << record.dump() << '\n';
-  out_.flush();
-  if (!out_) throw core::internal_error("cannot write metrics", {.file = path_});
-}
+void MetricsFile::write(const json& record) { out_->append(record.dump() + '\n'); }
 
-void MetricsFile::sync() {
-  out_.flush();
-  if (!out_) throw core::internal_error("cannot write metrics", {.file = path_});
-  core::fsync_path(path_);  // any descriptor of the file syncs its data
-}
+void MetricsFile::sync() { out_->sync(); }
 
 }  // namespace l3::train

@@ -3,11 +3,12 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
+#include "core/output_file.hpp"
 #include "train/metrics_sink.hpp"
 #include "train/train_config.hpp"
 
@@ -45,7 +46,7 @@ class MetricsFile final : public MetricsSink {
   void drop_records_after(std::int64_t step);
 
   std::string path_;
-  std::ofstream out_;
+  std::unique_ptr<core::AppendedFile> out_;
 };
 
 }  // namespace l3::train

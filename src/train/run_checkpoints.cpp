@@ -50,7 +50,8 @@ ResumedState load_state(DataParallel& parallel, const ckpt::RankState& state,
           .trained_tokens = manifest.trained_tokens,
           .trained_seconds = manifest.trained_seconds,
           .evaluated = eval_step != last_eval.end() && eval_step->is_number_integer() &&
-                       eval_step->get<std::int64_t>() == manifest.step};
+                       eval_step->get<std::int64_t>() == manifest.step,
+          .run_id = manifest.run_id};
 }
 
 }  // namespace

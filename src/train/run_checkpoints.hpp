@@ -136,6 +136,7 @@ struct ResumedState {
   // The state was evaluated before it was saved (its last evaluation is of its step): a run
   // resumed from it with no step left to do does not evaluate, and report, the same again.
   bool evaluated = false;
+  std::string run_id;  // the run's identity (ckpt::Manifest::run_id); "" from earlier versions
 };
 
 // Loads this rank's share of the optimizer state of `step_dir` into `parallel` (the pieces it

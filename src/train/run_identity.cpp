@@ -2,16 +2,20 @@
 
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <vector>
 
 #include "ckpt/checkpoint_paths.hpp"
 #include "ckpt/checksum.hpp"
 #include "core/bounded_read.hpp"
+#include "core/path_safety.hpp"
 #include "dist/collectives.hpp"
 
 namespace l3::train {
@@ -64,6 +68,18 @@ std::string run_key(const dist::World& world, const TrainConfig& config) {
   }
   dist::agree_on_failure(world, failure);
   return dist::broadcast_string(world.comm(), key);
+}
+
+std::string new_run_id(const dist::World& world) {
+  std::string id;
+  if (world.is_root()) {
+    std::random_device entropy;
+    const std::string seed =
+        fmt::format("{} {} {} {} {}", std::chrono::system_clock::now().time_since_epoch().count(),
+                    core::host_name(), ::getpid(), entropy(), entropy());
+    id = ckpt::to_hex(ckpt::xxh64(std::as_bytes(std::span(seed))));
+  }
+  return dist::broadcast_string(world.comm(), id);
 }
 
 }  // namespace l3::train

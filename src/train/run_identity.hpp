@@ -26,4 +26,10 @@ namespace l3::train {
 // it, every rank gets it.
 [[nodiscard]] std::string run_key(const dist::World& world, const TrainConfig& config);
 
+// A new run's own identity (16 hex digits from the clock, the host, the process and the system's
+// random source): unlike run_key, two runs with the same options get different ones. Recorded
+// in every checkpoint and carried over by resumes. Collective: rank 0 draws it, every rank
+// gets it.
+[[nodiscard]] std::string new_run_id(const dist::World& world);
+
 }  // namespace l3::train

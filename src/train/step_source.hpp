@@ -23,6 +23,8 @@ struct StepShape {
   bool margins_from_data = false;  // reward: use the samples' margins (else 0)
   int rank = 0;
   int ranks = 1;
+  // The step a resumed run continues from (its checkpoint's); nullopt for a fresh run.
+  std::optional<std::int64_t> resumed_at;
 };
 
 class StepSource {
@@ -41,6 +43,9 @@ class StepSource {
   // prompts and scoring) returns its results; nullopt: the trainer's evaluator runs on
   // --val-data. Collective.
   [[nodiscard]] virtual std::optional<EvalMetrics> evaluate() { return std::nullopt; }
+  // The run's last step and evaluation are done (not called when it stops early): a source
+  // ends its helpers and checks what they said last (online RL: its verifier). Collective.
+  virtual void finish() {}
 
   StepSource() = default;
   StepSource(const StepSource&) = delete;

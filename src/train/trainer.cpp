@@ -294,7 +294,8 @@ struct Trainer::Impl {
                           .base = parts->lora_base,
                           .base_xxh64 = parts->lora_base_xxh64,
                           .reference = parts->reference_record,
-                          .run_key = parts->run_key};
+                          .run_key = parts->run_key,
+                          .run_id = parts->run_id};
   }
 
   // The step boundary's decision, agreed by every rank: false when the run stops here.
@@ -396,6 +397,7 @@ TrainSummary Trainer::run() {
   if (!s.stopped) {
     const bool evaluated_already = s.parts->resumed && s.parts->resumed->evaluated;
     if (s.done > s.first_step || (!s.last_eval && !evaluated_already)) s.evaluate();
+    if (s.done >= s.total) s.parts->data->finish();  // before the final checkpoint records it
     if (s.checkpoints.enabled()) s.checkpoint();
   }
   s.checkpoints.finish();

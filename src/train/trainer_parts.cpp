@@ -14,6 +14,7 @@
 #include "ckpt/peft_adapter.hpp"
 #include "ckpt/resume.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/path_safety.hpp"
 #include "core/timer.hpp"
 #include "core/words.hpp"
@@ -99,14 +100,12 @@ void check_outputs_writable(const dist::World& world, const TrainConfig& config)
     if (world.is_root() && !config.metrics.empty()) {
       const std::filesystem::path metrics_file = std::filesystem::absolute(config.metrics);
       core::check_writable_directory(metrics_file.parent_path(), "--metrics");
-      if (core::is_real_directory(metrics_file))
-        throw core::bad_input("--metrics names a directory, not a file", {.file = config.metrics});
+      core::require_output_file(config.metrics, "--metrics");
     }
     if (const std::string& log = config.grpo.log_completions; world.is_root() && !log.empty()) {
       const std::filesystem::path file = std::filesystem::absolute(log);
       core::check_writable_directory(file.parent_path(), "--log-completions");
-      if (core::is_real_directory(file))
-        throw core::bad_input("--log-completions names a directory, not a file", {.file = log});
+      core::require_output_file(log, "--log-completions");
     }
   } catch (...) {
     failure = std::current_exception();
@@ -125,8 +124,8 @@ void open_metrics_sinks(const dist::World& world, const core::Logger& log, Train
     if (world.is_root() && !c.metrics.empty())
       p.metrics = std::make_unique<MetricsFile>(c.metrics, resumed_at);
     if (world.is_root() && !c.tensorboard.empty()) {
-      p.tensorboard =
-          std::make_unique<tensorboard::TensorBoardWriter>(c.tensorboard, c.phase, resumed_at, log);
+      p.tensorboard = std::make_unique<tensorboard::TensorBoardWriter>(c.tensorboard, c.phase,
+                                                                       p.run_id, resumed_at, log);
     }
   } catch (...) {
     failure = std::current_exception();
@@ -673,7 +672,8 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
             .tokenizer = c.tokenizer.empty() ? p.index.tokenizer_name : c.tokenizer,
             .cache_dir = c.ckpt_dir.empty()
                              ? std::string()
-                             : (std::filesystem::path(c.ckpt_dir) / "rollouts").string()});
+                             : (std::filesystem::path(c.ckpt_dir) / "rollouts").string(),
+            .stop = p.stop});
   } else {
     p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(world, p.index, lc);
     lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
@@ -686,7 +686,9 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
                           .vocab_size = p.source.config.vocab_size,
                           .margins_from_data = c.margin_from_data,
                           .rank = world.rank(),
-                          .ranks = world.size()},
+                          .ranks = world.size(),
+                          .resumed_at = p.resumed ? std::optional<std::int64_t>(p.resumed->step)
+                                                  : std::nullopt},
                 p.resumed ? p.resumed->position : data::Position{0, 0});
   p.total_steps = count_steps(c, *p.data);
   log_plan(world, log, p);
@@ -711,6 +713,10 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
       c.backend, world.local_rank(),
       {.device = c.device, .attention = c.attention, .deterministic = c.deterministic});
   p.placement = choose_placement(c, world.size(), p.ops->compute_dtype());
+  if (c.device >= 0 && p.ops->backend() == kernels::Backend::cpu && world.is_root()) {
+    log.warn("--device {} names a CUDA device; the CPU backend runs on the host and ignores it",
+             c.device);
+  }
   check_outputs_writable(world, c);
   stop_if_requested(world, stop, "while starting");
 
@@ -730,6 +736,7 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
 
   const std::string initial_digest = build_training_model(world, log, p, resumed);
   restore_and_plan_checkpoints(world, log, p, resume, std::move(level));
+  p.run_id = p.resumed && !p.resumed->run_id.empty() ? p.resumed->run_id : new_run_id(world);
   stop_if_requested(world, stop, "after loading the model");
 
   start_data(world, log, p, std::move(data), resumed, initial_digest);

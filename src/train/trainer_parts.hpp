@@ -74,6 +74,7 @@ struct TrainerParts {
   ReferenceTable val_reference;
   nlohmann::json reference_record = nlohmann::json::object();
   std::string run_key;                      // train/run_identity.hpp
+  std::string run_id;                       // new_run_id(), or the resumed checkpoint's
   const std::atomic<bool>* stop = nullptr;  // the host's stop flag (assemble_trainer)
 };
 

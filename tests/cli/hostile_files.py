@@ -8,6 +8,9 @@
   state-ranges STATE BEGIN END    a node-local .state file whose header says its ranges are
                                   [[BEGIN, END]], re-checksummed (xxHash64) so that the header
                                   reads as intact: only its contents are wrong
+  state-values STATE N            the same with "values": N and ranges [[0, N]], the file made
+                                  (sparse) as long as that many values need: only the model
+                                  its manifest describes says it cannot be
   safetensors-meta FILE JSON      FILE's "__metadata__" replaced (tensor data kept)
   safetensors-poison FILE NAME I  element I of the f32 tensor NAME set to NaN
   table-poison H5 VALUE           the first value of a stored DPO reference table set to VALUE
@@ -130,6 +133,23 @@ def state_ranges(path, begin, end):
         f.write(magic + struct.pack("<QQ", len(new), xxh64(new)) + new + data[24 + length:])
 
 
+def state_values(path, count):
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, length, stored = data[:8], *struct.unpack("<QQ", data[8:24])
+    header = data[24:24 + length]
+    if xxh64(header) != stored:
+        sys.exit("state-values: the xxh64 here does not match the file's own (fix the helper)")
+    document = json.loads(header)
+    count = int(count)
+    document["values"] = count
+    document["ranges"] = [[0, count]]
+    new = json.dumps(document, separators=(",", ":")).encode()
+    with open(path, "wb") as f:
+        f.write(magic + struct.pack("<QQ", len(new), xxh64(new)) + new + data[24 + length:])
+        f.truncate(24 + len(new) + 12 * count)  # sparse: three arrays of `count` floats
+
+
 def safetensors_parts(path):
     with open(path, "rb") as f:
         data = f.read()
@@ -180,7 +200,7 @@ def maxrss(command):
 
 COMMANDS = {
     "deep-json": deep_json, "deep-into": deep_into, "set-json": set_json, "big-list": big_list,
-    "state-ranges": state_ranges, "safetensors-meta": safetensors_meta,
+    "state-ranges": state_ranges, "state-values": state_values, "safetensors-meta": safetensors_meta,
     "safetensors-poison": safetensors_poison, "table-poison": table_poison,
 }
 

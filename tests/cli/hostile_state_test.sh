@@ -114,6 +114,19 @@ run "resume next to it" 0 "${helper[@]}" maxrss "$bin" "${sft[@]}" --init "$work
 expect "it is set aside" contains "$err" "ranges do not add up to its values"
 rss=$(sed -n 's/^maxrss_mib=//p' <<<"$err")
 expect "in bounded memory (${rss} MiB)" [ "${rss:-99999}" -lt 1024 ]
+# A header claiming 402 M values on a sparse file of the size they need: the size check holds,
+# the model its manifest describes does not (it took 4.7 GB before that check fell back).
+rm -rf "$work/ck-other" "$work/local2"
+L3_FAULT="ckpt.local.complete@0#2=kill" run "a run killed after node-local step 2, once more" 137 \
+  "$bin" "${sft[@]}" --init "$work/ck" --steps 4 "${other[@]}"
+run "a header of 402 M values, the file as long" 0 "${helper[@]}" state-values \
+  "$(compgen -G "$work/local2/llama3-hpc.*")/step-00000002/rank-00000.state" 402000000
+# (--resume-verify quick: no checksums read first, which would find the arrays moved.)
+run "resume next to it" 0 "${helper[@]}" maxrss "$bin" "${sft[@]}" --init "$work/ck" --steps 4 "${other[@]}" \
+  --resume-verify quick
+expect "it is set aside" contains "$err" "trainable parameters of the model its manifest describes"
+rss=$(sed -n 's/^maxrss_mib=//p' <<<"$err")
+expect "in bounded memory (${rss} MiB)" [ "${rss:-99999}" -lt 1024 ]
 
 # --- state: a damaged DPO reference table ------------------------------------------------------------
 L3_FAULT="train.step@0#3=exit:9" run "dpo stopped in step 3" 9 "$bin" "${dpo[@]}" --steps 4 \

@@ -162,7 +162,7 @@ class Generator:
                 ("--max-bad-steps", ["1", "5"], SMALL_COUNTS),
                 ("--prefetch-depth", ["1", "2"], ["0", "65"]), ("--bucket-mb", ["1"], ["0", "inf"]),
                 ("--keep-last", ["2", "3"], ["1"]), ("--peak-tflops", ["0", "1"], ["-1", "nan"]),
-                ("--deadline-margin", ["0", "60"], ["nan"]), ("--device", ["-1"], ["-2"])]:
+                ("--deadline-margin", ["0", "60"], ["nan"]), ("--device", ["-1", "99"], ["-2"])]:
             if self.maybe(0.1):
                 args += [option, self.pick(valid, invalid)]
         if self.maybe(0.3):
@@ -210,7 +210,13 @@ class Generator:
         if self.maybe(0.3):
             args += ["--metrics", self.pick(["m.jsonl", "sub/m.jsonl"],
                                             ["link-to-victim.jsonl", ".", "file/m.jsonl", "",
-                                             self.box.input("fifo")])]
+                                             self.box.input("fifo"), "fifo-out",
+                                             "hard-link-to-victim", "/dev/null"])]
+        if self.maybe(0.1):
+            args += ["--tensorboard", self.pick(["tb", "sub/tb"],
+                                                ["/", "//", "link-to-canary", "file", "/dev/null"])]
+        if self.maybe(0.05):
+            args += ["--progress", self.pick(["never", "auto"], ["bogus", ""])]
         if self.maybe(0.1):
             args += ["--dry-run-memory"]
             if self.maybe():
@@ -243,7 +249,18 @@ class Generator:
         if kind in ("generate", "score"):
             args = [kind, "--init", self.model(),
                     "--tokenizer", self.pick(["bytes"], [self.box.input("empty.model"), "nope"])]
-            if kind == "generate":
+            if kind == "generate" and self.maybe(0.4):
+                # A batch job: its output and progress files follow the output rule (a regular
+                # file with one name, or nothing yet).
+                args += ["--input", self.pick([self.box.input("train.jsonl")],
+                                              [self.box.input("fifo"), "missing.jsonl"]),
+                         "--output", self.pick(["gen.jsonl", "sub.gen.jsonl"],
+                                               ["link-to-victim.jsonl", "fifo-out", "/dev/null",
+                                                ".", "hard-link-to-victim", "file/x.jsonl",
+                                                "n" * 300, "link-to-canary"])]
+                if self.maybe(0.3):
+                    args += ["--num-samples", self.pick(["1", "2"], SMALL_COUNTS)]
+            elif kind == "generate":
                 args += ["--prompt", self.pick(["Reverse word1.", ""], ["x" * 3000])]
                 for option, valid, invalid in [
                         ("--max-new", ["0", "4"], ["-1", "4096", "16777217"]),
@@ -303,6 +320,8 @@ def prepare_run_dir(box, run_dir):
     victim = os.path.join(box.canary, "victim")
     os.symlink(box.canary, os.path.join(run_dir, "link-to-canary"))
     os.symlink(victim, os.path.join(run_dir, "link-to-victim.jsonl"))
+    os.link(victim, os.path.join(run_dir, "hard-link-to-victim"))  # a second name of the victim
+    os.mkfifo(os.path.join(run_dir, "fifo-out"))  # written to, it would block
     ck = os.path.join(run_dir, "ck")
     os.makedirs(ck)
     for name in ("latest.tmp", "manifest.json.tmp", "step-00000001.partial"):

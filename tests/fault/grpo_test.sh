@@ -152,7 +152,11 @@ fi
 reference=$(digest "$work/two/step-00000006")
 for point in grpo.generated grpo.scored train.update; do
   dir="$work/kill-$point"
-  L3_FAULT="$point@1#4=kill" run 2 "${grpo_args[@]}" --ckpt-dir "$dir" \
+  # --checkpoint-sync: step 2's checkpoint is in before step 3 starts, so the resumed run
+  # continues from it (a background write still in flight at the kill, on a loaded machine,
+  # would leave no checkpoint: the rerun is then a new run, which appends to the log and does
+  # not trim another run's lines).
+  L3_FAULT="$point@1#4=kill" run 2 "${grpo_args[@]}" --checkpoint-sync --ckpt-dir "$dir" \
     --log-completions "$dir.jsonl"
   run 2 "${grpo_args[@]}" --ckpt-dir "$dir" --log-completions "$dir.jsonl" ||
     fail "resume after $point (rc $?): $(tail -3 "$work/last.err")"

@@ -3,10 +3,12 @@
 // prompt shards' round trip.
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "catch.hpp"
@@ -98,8 +100,11 @@ TEST_CASE("A verifier command answers in order, and each failure is one line nam
   }
   {
     l3::train::grpo::RewardCommand good("sh " + script, 10);
-    CHECK(good.score(R"({"completion": "ab"})", "prompt 0") == 20.0);
-    CHECK(good.score(R"({"completion": "abc"})", "prompt 1") == 21.0);
+    // The request as sent carries its id, counted from 1: {"completion": "ab", "id": 1}.
+    CHECK(good.score(R"({"completion": "ab"})", "prompt 0") ==
+          static_cast<double>(std::string_view(R"({"completion": "ab", "id": 1})").size()));
+    CHECK(good.score(R"({"completion": "abc"})", "prompt 1") ==
+          static_cast<double>(std::string_view(R"({"completion": "abc", "id": 2})").size()));
   }
   const auto failure = [](const std::string& command, double timeout) {
     return failure_of([&] {
@@ -125,6 +130,36 @@ TEST_CASE("A verifier command answers in order, and each failure is one line nam
   CHECK(failure("no-such-command-xyz", 10).find("before answering") != std::string::npos);
   for (const std::string& message : {died, failure("sleep 30", 0.2)})
     CHECK(message.find('\n') == std::string::npos);
+}
+
+TEST_CASE("A verifier's late second answer is caught when its input ends", "[grpo]") {
+  // What it writes after its input ended answers no request: finish() finds it.
+  const std::string after_end = failure_of([] {
+    l3::train::grpo::RewardCommand c(
+        "while read -r l; do echo '{\"reward\": 1}'; done; echo '{\"reward\": 9}'", 10);
+    CHECK(c.score(R"({"completion": "a"})", "prompt 0") == 1.0);
+    c.finish();
+  });
+  CHECK(contains(after_end, "beyond its answers"));
+  CHECK(contains(after_end, "1 sent"));
+  CHECK(contains(after_end, "{\"reward\": 9}"));
+  // A second answer 0.2 s late: the next request is usually out by then and takes it (nothing
+  // tells them apart without an echoed id), and finish() finds the answer left over; on a
+  // loaded machine the next request may go later and find it waiting. Caught either way.
+  const std::string late = failure_of([] {
+    l3::train::grpo::RewardCommand c(
+        "while read -r l; do echo '{\"reward\": 1}'; sleep 0.2; echo '{\"reward\": 2}'; done", 10);
+    (void)c.score(R"({"completion": "a"})", "prompt 0");
+    (void)c.score(R"({"completion": "b"})", "prompt 1");
+    c.finish();
+  });
+  CHECK(contains(late, "answer each request once"));
+  // A verifier that answers once each ends with its input: no error, no wait.
+  l3::train::grpo::RewardCommand good("while read -r l; do echo '{\"reward\": 3}'; done", 10);
+  CHECK(good.score(R"({"completion": "a"})", "prompt 0") == 3.0);
+  const auto started = std::chrono::steady_clock::now();
+  good.finish();
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
 }
 
 TEST_CASE("A stuck verifier is killed with everything it started", "[grpo]") {

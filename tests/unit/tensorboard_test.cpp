@@ -96,7 +96,7 @@ TEST_CASE("the writer: a version record, then every number as a scalar at its st
   const l3::core::Logger log;
   std::string path;
   {
-    tb::TensorBoardWriter writer(dir.path() / "tb", l3::Phase::sft, std::nullopt, log);
+    tb::TensorBoardWriter writer(dir.path() / "tb", l3::Phase::sft, "run-a", std::nullopt, log);
     path = writer.path();
     writer.write(train_record(1, 2.5));
     writer.write({{"kind", "eval"}, {"step", 1}, {"loss", 0.0}, {"rewards/accuracies", 0.75}});
@@ -108,6 +108,7 @@ TEST_CASE("the writer: a version record, then every number as a scalar at its st
   REQUIRE(events.size() == 3);
   CHECK(events[0].file_version() == "brain.Event:2");
   CHECK(events[0].source_metadata().writer() == "llama3-hpc");
+  CHECK(events[0].source_metadata().llama3_hpc_run() == "run-a");
   CHECK(events[1].step() == 1);
   CHECK(events[1].wall_time() > 1.6e9);
   std::vector<std::pair<std::string, float>> values;
@@ -128,7 +129,7 @@ TEST_CASE("a resumed run: later steps dropped, a torn tail cut, the new file sor
   const l3::core::Logger log;
   std::string killed;
   {
-    tb::TensorBoardWriter writer(tb_dir, l3::Phase::sft, std::nullopt, log);
+    tb::TensorBoardWriter writer(tb_dir, l3::Phase::sft, "run-a", std::nullopt, log);
     killed = writer.path();
     for (int step = 1; step <= 5; ++step) writer.write(train_record(step, 1.0 / step));
   }
@@ -136,7 +137,7 @@ TEST_CASE("a resumed run: later steps dropped, a torn tail cut, the new file sor
   // Another phase's file and another program's file in the same directory are not touched.
   std::string other_phase;
   {
-    tb::TensorBoardWriter writer(tb_dir, l3::Phase::dpo, std::nullopt, log);
+    tb::TensorBoardWriter writer(tb_dir, l3::Phase::dpo, "run-a", std::nullopt, log);
     other_phase = writer.path();
     writer.write(train_record(9, 1.0));
   }
@@ -146,7 +147,7 @@ TEST_CASE("a resumed run: later steps dropped, a torn tail cut, the new file sor
 
   std::string resumed;
   {
-    tb::TensorBoardWriter writer(tb_dir, l3::Phase::sft, std::int64_t{3}, log);
+    tb::TensorBoardWriter writer(tb_dir, l3::Phase::sft, "run-a", std::int64_t{3}, log);
     resumed = writer.path();
     writer.write(train_record(4, 0.2));
   }
@@ -162,13 +163,73 @@ TEST_CASE("a resumed run: later steps dropped, a torn tail cut, the new file sor
 
   // Nothing after the step: the files stay as they are, byte for byte.
   const std::string before = file_bytes(killed);
-  const tb::TrimReport again = tb::drop_steps_after(tb_dir, l3::Phase::sft, 4);
+  const tb::TrimReport again = tb::drop_steps_after(tb_dir, l3::Phase::sft, "run-a", 4);
   CHECK(again.files_rewritten == 0);
   CHECK(again.events_dropped == 0);
   CHECK(file_bytes(killed) == before);
 
   // Resumed from before every step of a file: the file goes, its successors' steps too.
-  const tb::TrimReport all = tb::drop_steps_after(tb_dir, l3::Phase::sft, 0);
+  const tb::TrimReport all = tb::drop_steps_after(tb_dir, l3::Phase::sft, "run-a", 0);
   CHECK(all.files_removed == 2);
   CHECK(tb::event_files(tb_dir, l3::Phase::sft).empty());
+}
+
+TEST_CASE("a resumed run trims only the event files it wrote, identified by their first event",
+          "[tensorboard]") {
+  const l3::test::TempDir dir;
+  const std::string tb_dir = (dir.path() / "tb").string();
+  const l3::core::Logger log;
+  // Another run of the same phase in the same directory (another id), steps 1 to 4.
+  std::string other_run;
+  {
+    tb::TensorBoardWriter writer(tb_dir, l3::Phase::sft, "run-b", std::nullopt, log);
+    other_run = writer.path();
+    for (int step = 1; step <= 4; ++step) writer.write(train_record(step, 1.0));
+  }
+  // Files named as ours that no run of ours can be told from: not TFRecords, one cut inside its
+  // first record, one of an earlier version (no run id).
+  const std::string not_records = tb_dir + "/events.out.tfevents.5.h.1.llama3-hpc-sft";
+  std::ofstream(not_records) << "notes, not records";
+  std::string cut_first;
+  {
+    tb::TensorBoardWriter writer(tb_dir, l3::Phase::sft, "run-a", std::nullopt, log);
+    cut_first = writer.path();
+  }
+  std::filesystem::resize_file(cut_first, std::filesystem::file_size(cut_first) - 2);
+  std::string ours;
+  {
+    tb::TensorBoardWriter writer(tb_dir, l3::Phase::sft, "run-a", std::nullopt, log);
+    ours = writer.path();
+    for (int step = 1; step <= 4; ++step) writer.write(train_record(step, 1.0));
+  }
+  CHECK(tb::event_file_run(ours) == "run-a");
+  CHECK(tb::event_file_run(other_run) == "run-b");
+  CHECK(tb::event_file_run(not_records).empty());
+  CHECK(tb::event_file_run(cut_first).empty());
+  const std::string other_bytes = file_bytes(other_run);
+  const std::string cut_bytes = file_bytes(cut_first);
+
+  const tb::TrimReport trim = tb::drop_steps_after(tb_dir, l3::Phase::sft, "run-a", 2);
+  CHECK(trim.events_dropped == 2);  // this run's steps 3 and 4 only
+  CHECK(trim.files_rewritten == 1);
+  CHECK(trim.files_removed == 0);
+  CHECK(file_bytes(other_run) == other_bytes);
+  CHECK(file_bytes(cut_first) == cut_bytes);
+  CHECK(file_bytes(not_records) == "notes, not records");
+  std::vector<std::int64_t> steps;
+  for (const Event& e : read_events(ours)) {
+    if (e.has_summary()) steps.push_back(e.step());
+  }
+  CHECK(steps == std::vector<std::int64_t>{1, 2});
+
+  // Resumed from before all its steps: only this run's file goes.
+  const tb::TrimReport all = tb::drop_steps_after(tb_dir, l3::Phase::sft, "run-a", 0);
+  CHECK(all.files_removed == 1);
+  CHECK_FALSE(std::filesystem::exists(ours));
+  CHECK(std::filesystem::exists(other_run));
+  CHECK(std::filesystem::exists(cut_first));
+  CHECK(std::filesystem::exists(not_records));
+  // Without an id (a checkpoint of an earlier version) nothing is touched.
+  CHECK(tb::drop_steps_after(tb_dir, l3::Phase::sft, "", 0).events_dropped == 0);
+  CHECK(file_bytes(other_run) == other_bytes);
 }

@@ -27,13 +27,19 @@ namespace {
 // An answer longer than this is not {"reward": x}: the verifier is writing something else.
 constexpr std::size_t kMaxAnswerBytes = 1 << 20;
 constexpr const char* kGone = "it exited or closed its output before answering";
+// How often a wait for the verifier looks at the stop flag (SIGTERM, SIGUSR1).
+constexpr long long kStopCheckMs = 100;
+// How long finish() waits for the verifier to end once its input has: a well-behaved one ends
+// at once; one that does not is killed after this (or --reward-timeout, if shorter).
+constexpr double kFinishGraceSeconds = 10.0;
 
 std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
-RewardCommand::RewardCommand(std::string command, double timeout_seconds)
-    : command_(std::move(command)), timeout_(timeout_seconds) {
+RewardCommand::RewardCommand(std::string command, double timeout_seconds,
+                             const std::atomic<bool>* stop)
+    : command_(std::move(command)), timeout_(timeout_seconds), stop_(stop) {
   // A socket pair rather than pipes: writing to a verifier that died fails with EPIPE through
   // send(MSG_NOSIGNAL), without a SIGPIPE (the library changes no signal disposition).
   int ends[2] = {-1, -1};
@@ -120,47 +126,77 @@ void RewardCommand::fail(const std::string& record, const std::string& what) {
 
 double RewardCommand::score(std::string_view request, const std::string& record) {
   if (socket_ < 0) fail(record, "the verifier is not running (it failed before)");
-  std::string line(request);
-  line += '\n';
-  for (std::size_t sent = 0; sent < line.size();) {
-    const ssize_t n = ::send(socket_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EPIPE || errno == ECONNRESET) fail(record, kGone);
-      fail(record, fmt::format("cannot send the request: {}", errno_text()));
-    }
-    sent += static_cast<std::size_t>(n);
+  // Nothing may be waiting before the request goes: an answer there was written before this
+  // request was read (or is a second answer to the previous one), and would be taken for this
+  // request's, shifting every reward onto the wrong completion.
+  if (pending_.empty()) {
+    pollfd p{.fd = socket_, .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0) receive(record);
   }
+  if (!pending_.empty()) {
+    fail(record, fmt::format("it wrote '{}' before reading this request: answer each request once, "
+                             "after reading it",
+                             pending_.substr(0, std::min<std::size_t>(pending_.find('\n'), 200))));
+  }
+  const std::int64_t id = ++requests_;
+  std::string line(request);
+  // The request's id, which an answer may echo ({"reward": x, "id": N}) to have it checked.
+  if (line.ends_with('}')) {
+    line.pop_back();
+    line += fmt::format("{}\"id\": {}}}", line.ends_with('{') ? "" : ", ", id);
+  }
+  line += '\n';
+  // One clock for the whole exchange, the request's writing included: a verifier that does not
+  // read blocks a large request in the socket's buffer, and that wait is bounded too. The socket
+  // is non-blocking and the wait sliced, so that a stop request (SIGTERM, SIGUSR1) ends it.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_);
-  std::size_t newline = pending_.find('\n');
-  while (newline == std::string::npos) {
+  std::size_t sent = 0;
+  std::size_t newline = std::string::npos;
+  while (sent < line.size() || newline == std::string::npos) {
+    if (stop_ != nullptr && stop_->load()) {
+      stop();
+      throw core::Error(core::ErrorKind::stopped,
+                        fmt::format("stopped by a signal while --reward-command \"{}\" scored {}: "
+                                    "the run continues from its last checkpoint",
+                                    command_, record));
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now())
                           .count();
     if (left <= 0) {
-      fail(record, fmt::format("no answer within --reward-timeout {} s", timeout_));
+      fail(record,
+           sent < line.size()
+               ? fmt::format("it did not read the request within --reward-timeout {} s", timeout_)
+               : fmt::format("no answer within --reward-timeout {} s", timeout_));
     }
-    pollfd p{.fd = socket_, .events = POLLIN, .revents = 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
+    pollfd p{.fd = socket_,
+             .events = static_cast<short>(POLLIN | (sent < line.size() ? POLLOUT : 0)),
+             .revents = 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, kStopCheckMs)));
     if (ready < 0) {
       if (errno == EINTR) continue;
-      fail(record, fmt::format("cannot wait for the answer: {}", errno_text()));
+      fail(record, fmt::format("cannot wait for the verifier: {}", errno_text()));
     }
     if (ready == 0) continue;
-    char buffer[4096];
-    const ssize_t n = ::recv(socket_, buffer, sizeof(buffer), 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == ECONNRESET) fail(record, kGone);
-      fail(record, fmt::format("cannot read the answer: {}", errno_text()));
+    if (sent < line.size() && (p.revents & (POLLOUT | POLLERR | POLLHUP)) != 0) {
+      const ssize_t n =
+          ::send(socket_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+        if (errno == EPIPE || errno == ECONNRESET) fail(record, kGone);
+        fail(record, fmt::format("cannot send the request: {}", errno_text()));
+      }
+      if (n > 0) sent += static_cast<std::size_t>(n);
     }
-    if (n == 0) fail(record, kGone);
-    const std::size_t before = pending_.size();
-    pending_.append(buffer, static_cast<std::size_t>(n));
-    if (pending_.size() > kMaxAnswerBytes)
-      fail(record,
-           fmt::format("an answer longer than {} bytes without a newline", kMaxAnswerBytes));
-    newline = pending_.find('\n', before);
+    if ((p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      const std::size_t before = pending_.size();
+      receive(record);
+      newline = pending_.find('\n');
+      if (newline != std::string::npos && newline >= before && sent < line.size()) {
+        fail(record,
+             "it answered before reading the whole request: answer each request once, "
+             "after reading it");
+      }
+    }
   }
   const std::string answer = pending_.substr(0, newline);
   pending_.erase(0, newline + 1);
@@ -175,9 +211,79 @@ double RewardCommand::score(std::string_view request, const std::string& record)
     fail(record,
          fmt::format(R"(the answer is not {{"reward": NUMBER}}: '{}')", answer.substr(0, 200)));
   }
+  if (const auto echoed = value.find("id");
+      echoed != value.end() &&
+      (!echoed->is_number_integer() || echoed->get<std::int64_t>() != id)) {
+    fail(record, fmt::format("the answer is to request {}, not to this one ({}): answers must "
+                             "come in the order of the requests, one each",
+                             echoed->dump(), id));
+  }
   const double x = reward->get<double>();
   if (!std::isfinite(x)) fail(record, fmt::format("the reward {} is not finite", x));
+  if (!pending_.empty()) {
+    fail(record, "it wrote more than one answer to the request: answer each request once");
+  }
   return x;
+}
+
+void RewardCommand::finish() {
+  if (socket_ < 0) return;
+  // End of input, then everything it writes until it ends: an answer now answers no request. It
+  // is how a verifier that answers twice is caught whatever its timing: its second answer may
+  // come after the next request went out, be taken for that one's and shift the rest; at the
+  // end the answers outnumber the requests.
+  ::shutdown(socket_, SHUT_WR);
+  const std::string record = fmt::format("after the run's last request ({} sent)", requests_);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(std::min(timeout_, kFinishGraceSeconds));
+  for (;;) {
+    if (const std::size_t start = pending_.find_first_not_of(" \t\r\n");
+        start != std::string::npos) {
+      const std::string extra = pending_.substr(start, 200);
+      fail(record, fmt::format("it wrote '{}' beyond its answers: answer each request once (an "
+                               "extra answer is taken for the next request's, and every later "
+                               "reward goes to the wrong completion)",
+                               extra.substr(0, extra.find('\n'))));
+    }
+    if (stop_ != nullptr && stop_->load()) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) break;  // still running: stop() ends it
+    pollfd p{.fd = socket_, .events = POLLIN, .revents = 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, kStopCheckMs)));
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;
+    char buffer[4096];
+    const ssize_t n = ::recv(socket_, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n == 0) break;  // it closed its output: nothing more
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      break;
+    }
+    pending_.append(buffer, static_cast<std::size_t>(n));
+  }
+  stop();
+}
+
+void RewardCommand::receive(const std::string& record) {
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::recv(socket_, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == ECONNRESET) fail(record, kGone);
+      fail(record, fmt::format("cannot read the answer: {}", errno_text()));
+    }
+    if (n == 0) fail(record, kGone);
+    pending_.append(buffer, static_cast<std::size_t>(n));
+    if (pending_.size() > kMaxAnswerBytes) {
+      fail(record,
+           fmt::format("an answer longer than {} bytes without a newline", kMaxAnswerBytes));
+    }
+    if (static_cast<std::size_t>(n) < sizeof(buffer)) return;
+  }
 }
 
 }  // namespace l3::train::grpo

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -22,6 +23,7 @@
 #include "io/data/epoch_plan.hpp"
 #include "io/prep/record_format.hpp"
 #include "train/grpo/advantages.hpp"
+#include "train/grpo/rollout_cache.hpp"
 
 namespace l3::train::grpo {
 
@@ -53,14 +55,49 @@ constexpr std::size_t kFixedValues = 3;
 // The completion a record's "answer" field expects: a string as it is, anything else as JSON
 // (a number 42 is "42"). nullopt when the record has none.
 std::optional<std::string> expected_answer(const json& record) {
+  // A string, or a number as JSON writes it (docs/TRAINING.md); null, a boolean, a list or an
+  // object is no answer (refused when the run starts).
   const auto answer = record.find("answer");
-  if (answer == record.end()) return std::nullopt;
+  if (answer == record.end() || !(answer->is_string() || answer->is_number())) return std::nullopt;
   return answer->is_string() ? answer->get<std::string>() : answer->dump();
 }
 
 double answer_match(const json& record, std::string_view completion) {
   const std::optional<std::string> answer = expected_answer(record);
   return answer && prep::strip(completion) == prep::strip(*answer) ? 1.0 : 0.0;
+}
+
+// Every reward finite and every sum the advantages take (means, standard deviations) too: finite
+// rewards near 1e308 overflow a group's mean into inf, and the step would be skipped silently.
+// The same table on every rank: rank 0 says it, the others follow.
+void check_representable(const dist::World& world, std::span<const double> rewards,
+                         const Advantages& adv, std::span<const std::int64_t> prompts,
+                         std::int64_t group, std::int64_t step) {
+  std::exception_ptr failure;
+  if (world.is_root()) {
+    try {
+      for (std::size_t i = 0; i < rewards.size(); ++i) {
+        const bool sums = std::isfinite(adv.values[i]) &&
+                          std::isfinite(adv.group_std[i / static_cast<std::size_t>(group)]);
+        if (std::isfinite(rewards[i]) && sums) continue;
+        throw core::bad_input(fmt::format(
+            "step {}: the rewards of prompt {} ({:g}, summed over the reward functions with their "
+            "weights) {}: keep rewards within +-1e150 or so",
+            step + 1, prompts[i / static_cast<std::size_t>(group)], rewards[i],
+            std::isfinite(rewards[i]) ? "overflow the group's mean or standard deviation"
+                                      : "are not finite"));
+      }
+      if (!std::isfinite(adv.batch_std)) {
+        throw core::bad_input(fmt::format(
+            "step {}: the rewards overflow the batch's standard deviation: keep rewards within "
+            "+-1e150 or so",
+            step + 1));
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world, failure);
 }
 
 double mean_of(std::span<const double> v) {
@@ -114,14 +151,16 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
       for (std::int64_t i = 0; i < set->size(); ++i) {
         if (!expected_answer(core::parse_json(set->record(i), "", {}))) {
           throw core::bad_input(
-              fmt::format(R"(--reward-match answer: prompt {} has no "answer" field)", i),
+              fmt::format(R"(--reward-match answer: prompt {} has no "answer" that is a string or )"
+                          "a number",
+                          i),
               {.file = set->directory()});
         }
       }
     }
   }
   if (!s.reward_command.empty())
-    command_ = std::make_unique<RewardCommand>(s.reward_command, s.reward_timeout);
+    command_ = std::make_unique<RewardCommand>(s.reward_command, s.reward_timeout, config_.stop);
   if (!s.reward_model.empty()) {
     reward_model_ =
         std::make_unique<RewardModel>(world_, log_, model_.ops(),
@@ -175,39 +214,20 @@ void RolloutSource::start(const StepShape& shape, data::Position from) {
   pad_ = shape.pad_id;
   std::exception_ptr failure;  // rank 0's, agreed by every rank
   try {
-    trim_log(from);
+    open_log(shape.resumed_at);
+    if (world_.is_root() && !config_.cache_dir.empty()) check_rollout_cache(config_.cache_dir);
   } catch (...) {
     failure = std::current_exception();
   }
   dist::agree_on_failure(world_, failure);
 }
 
-void RolloutSource::trim_log(data::Position from) {
-  if (!config_.settings.log_completions.empty() && world_.is_root()) {
-    // A resumed run writes the steps after its checkpoint again: the lines an interrupted run
-    // wrote for them go first, so that the file reads like one uninterrupted run's.
-    const std::int64_t resumed = from.epoch * *steps_in_epoch(0) + from.step;
-    const std::string& path = config_.settings.log_completions;
-    std::error_code ec;
-    if (std::filesystem::exists(path, ec)) {
-      std::ifstream in(path);
-      std::string kept;
-      std::string line;
-      while (std::getline(in, line)) {
-        const json record = core::parse_json_or_discard(line);
-        if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
-            record["step"].get<std::int64_t>() > resumed) {
-          continue;
-        }
-        if (!in.eof()) kept += line + "\n";  // a last line without its newline was cut short
-      }
-      std::ofstream out(path, std::ios::trunc);
-      out << kept;
-      if (!out) throw core::bad_input("cannot rewrite the completions' log", {.file = path});
-    }
-    // Found unwritable now, not after the first step's generation.
-    if (!std::ofstream(path, std::ios::app))
-      throw core::bad_input("cannot write the completions' log", {.file = path});
+void RolloutSource::open_log(std::optional<std::int64_t> resumed_at) {
+  if (config_.settings.log_completions.empty() || !world_.is_root()) return;
+  log_file_ = std::make_unique<CompletionsLog>(config_.settings.log_completions, resumed_at);
+  if (log_file_->dropped() > 0) {
+    log_.info("{}: dropped the {} completions the interrupted run logged after step {}",
+              log_file_->path(), log_file_->dropped(), *resumed_at);
   }
 }
 
@@ -323,6 +343,16 @@ void RolloutSource::score(const PromptSet& set, std::vector<Completion>& complet
   }
 }
 
+void RolloutSource::finish() {
+  std::exception_ptr failure;
+  try {
+    if (command_) command_->finish();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  dist::agree_on_failure(world_, failure);
+}
+
 const data::StepData& RolloutSource::next() {
   const std::int64_t iterations = config_.settings.num_iterations;
   const std::int64_t per_epoch = *steps_in_epoch(position_.epoch);
@@ -398,6 +428,7 @@ void RolloutSource::roll_out(std::int64_t step) {
   for (std::size_t i = 0; i < n; ++i) rewards[i] = table[i * width];
   const Advantages adv =
       compute_advantages(rewards, s.num_generations, s.advantage, s.scale_rewards);
+  check_representable(world_, rewards, adv, all, s.num_generations, step);
   for (std::size_t i = 0; i < completions.size(); ++i)
     completions[i].advantage = adv.values[static_cast<std::size_t>(begin) * g + i];
 
@@ -643,7 +674,7 @@ void RolloutSource::reference_log_probabilities(std::vector<Completion>& complet
 }
 
 std::string RolloutSource::cycle_file(std::int64_t step) const {
-  return (std::filesystem::path(config_.cache_dir) / fmt::format("step-{:08}.json", step)).string();
+  return (std::filesystem::path(config_.cache_dir) / rollout_file_name(step)).string();
 }
 
 void RolloutSource::save_cycle(const std::vector<Completion>& completions,
@@ -675,6 +706,7 @@ void RolloutSource::save_cycle(const std::vector<Completion>& completions,
         for (json& c : json::parse(part)) all.push_back(std::move(c));
       json metric_object = json::object();
       for (const auto& [name, value] : metrics) metric_object[name] = value;
+      check_rollout_cache(config_.cache_dir);  // again: planted while the run went on
       std::filesystem::create_directories(config_.cache_dir);
       core::write_file_atomically(
           cycle_file(step),
@@ -696,12 +728,7 @@ void RolloutSource::save_cycle(const std::vector<Completion>& completions,
       }
       const std::int64_t keep =
           oldest ? *oldest - *oldest % config_.settings.num_iterations : std::int64_t{0};
-      for (const auto& entry : std::filesystem::directory_iterator(config_.cache_dir)) {
-        const std::string name = entry.path().filename().string();
-        if (name.starts_with("step-") && name.ends_with(".json") && name.size() == 18 &&
-            std::stoll(name.substr(5, 8)) < keep)
-          std::filesystem::remove(entry.path());
-      }
+      prune_rollout_cache(config_.cache_dir, keep);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -800,13 +827,7 @@ void RolloutSource::write_log(const std::vector<Completion>& completions,
   }
   const std::vector<std::string> all = dist::gather_strings(world_.comm(), lines, 0);
   if (!world_.is_root()) return;
-  std::ofstream out(config_.settings.log_completions, std::ios::app);
-  for (const std::string& part : all) out << part;
-  out.flush();
-  if (!out) {
-    throw core::bad_input("cannot write the completions' log",
-                          {.file = config_.settings.log_completions});
-  }
+  for (const std::string& part : all) log_file_->append(part);
 }
 
 }  // namespace l3::train::grpo

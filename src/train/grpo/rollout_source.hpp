@@ -12,6 +12,7 @@
 // uninterrupted run did (CPU: bit for bit).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "io/tokenizer/tokenizer.hpp"
 #include "model/generation_engine.hpp"
 #include "model/llama_model.hpp"
+#include "train/grpo/completions_log.hpp"
 #include "train/grpo/prompt_set.hpp"
 #include "train/grpo/reward_command.hpp"
 #include "train/grpo/reward_model.hpp"
@@ -51,6 +53,8 @@ struct RolloutConfig {
   // --num-iterations > 1: where each generation batch is saved (CKPT_DIR/rollouts), so that a
   // run resumed inside a cycle trains on it; empty: not saved.
   std::string cache_dir;
+  // A stop request's flag (SIGTERM, SIGUSR1), which ends a wait for --reward-command (exit 75).
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // The engine's sequences in flight on each rank: a step's completions there, at most 64.
@@ -80,6 +84,8 @@ class RolloutSource final : public StepSource {
   // "reward" is the mean reward of the greedy ones (with --reward-match answer: the exact-answer
   // accuracy), "reward_sampled" the sampled ones'. Collective.
   [[nodiscard]] std::optional<EvalMetrics> evaluate() override;
+  // The verifier's input ended and its last words checked (RewardCommand::finish). Collective.
+  void finish() override;
 
   // Prompts too long to leave room for a completion (left out of every epoch).
   [[nodiscard]] std::int64_t skipped_prompts() const noexcept { return skipped_; }
@@ -119,8 +125,9 @@ class RolloutSource final : public StepSource {
   void restore_cycle(std::int64_t cycle);
   void write_log(const std::vector<Completion>& completions, const std::vector<std::int64_t>& mine,
                  std::int64_t step);
-  // Rank 0: the completions' log without the lines of steps after `from` (an interrupted run's).
-  void trim_log(data::Position from);
+  // Rank 0: --log-completions opened, without the lines of the steps after `resumed_at` that
+  // an interrupted run wrote (train/grpo/completions_log.hpp).
+  void open_log(std::optional<std::int64_t> resumed_at);
 
   const dist::World& world_;
   const core::Logger& log_;
@@ -136,6 +143,7 @@ class RolloutSource final : public StepSource {
   std::unique_ptr<model::GenerationEngine> engine_;
   std::unique_ptr<RewardCommand> command_;
   std::unique_ptr<RewardModel> reward_model_;
+  std::unique_ptr<CompletionsLog> log_file_;  // rank 0, with --log-completions
   data::Position position_{0, 0};
   std::int32_t pad_ = 0;
   data::StepData current_;

@@ -113,9 +113,23 @@ std::vector<std::string> event_files(const std::string& directory, Phase phase) 
   return files;
 }
 
-TrimReport drop_steps_after(const std::string& directory, Phase phase, std::int64_t step) {
+std::string event_file_run(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  RecordReader reader(in);
+  std::string data;
+  Event first;
+  if (reader.next(data) != RecordReader::Result::record || !first.ParseFromString(data) ||
+      !first.has_source_metadata() || first.source_metadata().writer() != "llama3-hpc")
+    return "";
+  return first.source_metadata().llama3_hpc_run();
+}
+
+TrimReport drop_steps_after(const std::string& directory, Phase phase, const std::string& run_id,
+                            std::int64_t step) {
   TrimReport report;
   for (const std::string& path : event_files(directory, phase)) {
+    if (run_id.empty() || event_file_run(path) != run_id) continue;  // not this run's
     const Scan first = scan(path, step, [](const std::string&) {});
     if (!first.changed) continue;
     report.events_dropped += first.dropped;

@@ -31,10 +31,18 @@ struct TrimReport {
   std::vector<std::string> damaged;  // files with a damaged record: cut there (a warning)
 };
 
-// Drops, from every event file of ours of `phase` in `directory`, the summaries of steps after
-// `step` (written by an interrupted run after the checkpoint its successor resumes from), and a
-// last record cut short. Records are kept byte for byte; a file is rewritten under a temporary
-// name and renamed only when something is dropped, else left untouched.
-TrimReport drop_steps_after(const std::string& directory, Phase phase, std::int64_t step);
+// The run that wrote the event file at `path`, from its first event (its source metadata's
+// llama3_hpc_run), or "" when the file does not begin with a whole event of ours (another
+// program's file, one cut in its first record, an earlier version's).
+[[nodiscard]] std::string event_file_run(const std::string& path);
+
+// Drops, from every event file of `phase` in `directory` that run `run_id` wrote (named as ours
+// and identified by its first event: event_file_run), the summaries of steps after `step`
+// (written by an interrupted run after the checkpoint its successor resumes from), and a last
+// record cut short. Other runs' files, and files that cannot be identified, are never
+// rewritten, removed or counted. Records are kept byte for byte; a file is rewritten under a
+// temporary name and renamed only when something is dropped, else left untouched.
+TrimReport drop_steps_after(const std::string& directory, Phase phase, const std::string& run_id,
+                            std::int64_t step);
 
 }  // namespace l3::train::tensorboard

@@ -38,11 +38,12 @@ void create_directory(const std::string& directory) {
 }  // namespace
 
 TensorBoardWriter::TensorBoardWriter(const std::string& directory, Phase phase,
+                                     const std::string& run_id,
                                      std::optional<std::int64_t> resumed_at,
                                      const core::Logger& log) {
   create_directory(directory);
   if (resumed_at) {
-    const TrimReport trim = drop_steps_after(directory, phase, *resumed_at);
+    const TrimReport trim = drop_steps_after(directory, phase, run_id, *resumed_at);
     if (trim.events_dropped > 0) {
       log.info("tensorboard: dropped {} event(s) after step {} written by the interrupted run",
                trim.events_dropped, *resumed_at);
@@ -70,6 +71,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& directory, Phase phase,
   first.set_step(0);
   first.set_file_version("brain.Event:2");
   first.mutable_source_metadata()->set_writer("llama3-hpc");
+  first.mutable_source_metadata()->set_llama3_hpc_run(run_id);
   append(first.SerializeAsString());
 }
 

@@ -24,10 +24,12 @@ namespace l3::train::tensorboard {
 
 class TensorBoardWriter final : public MetricsSink {
  public:
-  // Creates `directory` if needed and a new event file in it. `resumed_at`: the step a resumed
-  // run continues from (later steps of earlier files of this phase are dropped first).
-  // bad_input naming the directory when it cannot be created or written.
-  TensorBoardWriter(const std::string& directory, Phase phase,
+  // Creates `directory` if needed and a new event file in it, its first event carrying
+  // `run_id` (the run's own identity, train/run_identity.hpp). `resumed_at`: the step a resumed
+  // run continues from (later steps of the earlier files of this phase that this run wrote are
+  // dropped first; other runs' files are never touched). bad_input naming the directory when it
+  // cannot be created or written.
+  TensorBoardWriter(const std::string& directory, Phase phase, const std::string& run_id,
                     std::optional<std::int64_t> resumed_at, const core::Logger& log);
 
   void write(const nlohmann::json& record) override;
