@@ -333,9 +333,14 @@ class OutputFiles {
       if (core::entry_exists(partial_)) {
         // NOLINTNEXTLINE(cppcoreguidelines-pro-type-vararg)
         fd_ = ::open(partial_.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);  // read: its lines counted
+        if (fd_ < 0) {
+          throw core::bad_input(fmt::format("cannot be continued: cannot open it to write: {}",
+                                            core::errno_text(errno)),
+                                {.file = partial_});
+        }
         struct stat st {};
-        if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
-          throw core::bad_input("cannot be continued: not a regular file we can write",
+        if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+          throw core::bad_input("cannot be continued: not a regular file with one name",
                                 {.file = partial_});
         }
         if (st.st_size < p.bytes) {

@@ -119,35 +119,32 @@ def big_list(path, key, count):
         f.write("]" + tail)
 
 
-def state_ranges(path, begin, end):
+def edit_state_header(path, helper, edit, size=None):
+    """Rewrites a node-local state file's JSON header with edit(document), its xxh64 recomputed,
+    the data after it kept; size: the file's new length (sparse growth), if any."""
     with open(path, "rb") as f:
         data = f.read()
     magic, length, stored = data[:8], *struct.unpack("<QQ", data[8:24])
     header = data[24:24 + length]
     if xxh64(header) != stored:
-        sys.exit("state-ranges: the xxh64 here does not match the file's own (fix the helper)")
+        sys.exit(f"{helper}: the xxh64 here does not match the file's own (fix the helper)")
     document = json.loads(header)
-    document["ranges"] = [[int(begin), int(end)]]
+    edit(document)
     new = json.dumps(document, separators=(",", ":")).encode()
     with open(path, "wb") as f:
         f.write(magic + struct.pack("<QQ", len(new), xxh64(new)) + new + data[24 + length:])
+        if size is not None:
+            f.truncate(size(len(new)))
+
+
+def state_ranges(path, begin, end):
+    edit_state_header(path, "state-ranges", lambda d: d.update(ranges=[[int(begin), int(end)]]))
 
 
 def state_values(path, count):
-    with open(path, "rb") as f:
-        data = f.read()
-    magic, length, stored = data[:8], *struct.unpack("<QQ", data[8:24])
-    header = data[24:24 + length]
-    if xxh64(header) != stored:
-        sys.exit("state-values: the xxh64 here does not match the file's own (fix the helper)")
-    document = json.loads(header)
     count = int(count)
-    document["values"] = count
-    document["ranges"] = [[0, count]]
-    new = json.dumps(document, separators=(",", ":")).encode()
-    with open(path, "wb") as f:
-        f.write(magic + struct.pack("<QQ", len(new), xxh64(new)) + new + data[24 + length:])
-        f.truncate(24 + len(new) + 12 * count)  # sparse: three arrays of `count` floats
+    edit_state_header(path, "state-values", lambda d: d.update(values=count, ranges=[[0, count]]),
+                      size=lambda header: 24 + header + 12 * count)  # sparse: three float arrays
 
 
 def safetensors_parts(path):

@@ -244,6 +244,17 @@ done
 cp "$work/s.progress.saved" "$work/s.jsonl.progress"
 run "the saved progress restored: continued" 0 "${job[@]}" --output "$work/s.jsonl"
 expect "the uninterrupted job's file" cmp "$work/ref.jsonl" "$work/s.jsonl"
+# Continued by a user who may not write the interrupted run's temporary file (it cannot be cut
+# back to what the progress records): exit 2 naming it, not 1; both files kept.
+mkdir -p "$work/shared-out" && L3_FAULT="generate.round@0#2=raise:TERM" \
+  run "another job stopped" 75 "${job[@]}" --output "$work/shared-out/w.jsonl"
+chmod 444 "$work/shared-out/w.jsonl.partial"
+[[ $(id -u) -eq 0 ]] && chown 65534:65534 "$work/shared-out"
+run "continued, its temporary file not writable" 2 "${as_user[@]}" "$work/llama3-hpc" generate \
+  --init "$work/ck" --input "$work/prompts.jsonl" --max-new 8 --seed 3 --batch-size 1 \
+  --output "$work/shared-out/w.jsonl"
+expect "names the temporary file" contains "$err" "w.jsonl.partial"
+expect "both kept" test -f "$work/shared-out/w.jsonl.partial" -a -f "$work/shared-out/w.jsonl.progress"
 
 # --- verifier: the whole exchange under --reward-timeout, stoppable, answers matched --------
 # verify NAME CODE SCRIPT [OPTIONS...]: grpo, 1 step, with the verifier SCRIPT (python).
