@@ -16,6 +16,7 @@
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
+#include "core/option_suggestion.hpp"
 #include "core/options.hpp"
 #include "dist/library_versions.hpp"
 #include "dist/mpi_runtime.hpp"
@@ -193,9 +194,18 @@ int run_cli(int argc, char** argv) {
     }
     const Command* command = find_command(first);
     if (command == nullptr) {
+      // "sfft": did you mean sft? "--verison": --version?
+      const bool option = first.starts_with('-');
+      std::vector<std::string> known;
+      if (option) {
+        known = {"help", "version"};
+      } else {
+        for (const Command& c : command_table()) known.emplace_back(c.name);
+      }
       print_once(std::cerr,
-                 fmt::format("error: unknown {} '{}'; see '{} --help'\n",
-                             first.starts_with('-') ? "option" : "command", first, kProgram));
+                 fmt::format("error: unknown {} '{}'{}; see '{} --help'\n",
+                             option ? "option" : "command", core::shown_name(first),
+                             core::did_you_mean(first, known, option ? "--" : ""), kProgram));
       return core::kExitBadInput;
     }
     args.erase(args.begin());

@@ -22,9 +22,10 @@ std::string normalised(std::string_view name) {
   return out;
 }
 
-// Other trainers' names (Hugging Face's TrainingArguments, TRL's configs, PEFT's LoraConfig,
-// torchtune's) of options this program names otherwise, normalised.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 27> kOtherNames{{
+// Other trainers' names (Hugging Face's TrainingArguments and generate(), TRL's configs, PEFT's
+// LoraConfig, torchtune's, torchtitan's, Megatron's, llm.c's) of options this program names
+// otherwise, normalised.
+constexpr auto kOtherNames = std::to_array<std::pair<std::string_view, std::string_view>>({
     {"learning-rate", "lr"},
     {"lr-warmup-steps", "warmup"},
     {"warmup-steps", "warmup"},
@@ -52,7 +53,37 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 27> kOtherNa
     {"target-modules", "lora-targets"},
     {"resume-from-checkpoint", "resume"},
     {"model-name-or-path", "init"},
-}};
+    {"lr-warmup", "warmup"},
+    {"lr-warmup-iters", "warmup"},
+    {"warmup-iters", "warmup"},
+    {"num-steps", "steps"},
+    {"training-steps", "steps"},
+    {"train-iters", "steps"},
+    {"lr-min", "min-lr"},
+    {"min-learning-rate", "min-lr"},
+    {"max-norm", "grad-clip"},
+    {"clip-grad", "grad-clip"},
+    {"clip-grad-norm", "grad-clip"},
+    {"local-batch-size", "micro-batch"},
+    {"micro-batch-size", "micro-batch"},
+    {"global-batch-size", "global-batch"},
+    {"seq-length", "seq-len"},
+    {"checkpoint-interval", "checkpoint-every"},
+    {"save-interval", "checkpoint-every"},
+    {"keep-latest-k", "keep-last"},
+    {"save-total-limit", "keep-last"},
+    {"gradient-checkpointing", "recompute"},
+    {"activation-checkpointing", "recompute"},
+    {"eval-interval", "eval-every"},
+    {"log-interval", "log-every"},
+    {"logging-dir", "tensorboard"},
+    {"train-data", "data"},
+    {"dataset", "data"},
+    {"eval-data", "val-data"},
+    {"validation-data", "val-data"},
+    {"max-new-tokens", "max-new"},
+    {"num-return-sequences", "num-samples"},
+});
 
 // Optimal string alignment distance (Levenshtein with adjacent transpositions).
 std::size_t edit_distance(std::string_view a, std::string_view b) {

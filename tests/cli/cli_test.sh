@@ -40,6 +40,12 @@ expect "shows the DPO options" contains "$out" "--label-smoothing"
 run "unknown command" 2 "$bin" train
 expect "one error line" [ "$(error_lines "$err")" = 1 ]
 expect "names the command" contains "$err" "'train'"
+run "a mistyped command" 2 "$bin" sfft
+expect "suggests sft" contains "$err" "unknown command 'sfft'; did you mean sft?"
+run "a mistyped top-level option" 2 "$bin" --verison
+expect "suggests --version" contains "$err" "did you mean --version?"
+run "another tool's option name" 2 "$bin" sft --lr-warmup 10
+expect "suggests --warmup" contains "$err" "did you mean --warmup?"
 run "unknown top-level option" 2 "$bin" --frobnicate
 run "export without --output" 2 "$bin" export --ckpt x
 expect "says what is missing" contains "$err" "--output DIR is required"

@@ -192,4 +192,16 @@ TEST_CASE("a mistyped option: what it probably meant", "[options]") {
   CHECK(l3::core::did_you_mean("--warm", known, "--") == "; did you mean --warmup?");
   CHECK(l3::core::did_you_mean("stpes", known, "") == "; did you mean steps?");
   CHECK(l3::core::did_you_mean("--xyzzy", known, "--").empty());
+  // Other tools' spellings (torchtitan, Megatron, llm.c, Hugging Face's generate()).
+  CHECK(likely_options("--lr-warmup", known) == V{"warmup"});
+  CHECK(likely_options("--lr_min", known) == V{"min-lr"});
+  CHECK(likely_options("--micro_batch_size", known) == V{"micro-batch"});
+  CHECK(likely_options("--global-batch-size", known) == V{"global-batch"});
+  CHECK(likely_options("--train-iters", known) == V{"steps"});
+  // Subcommands, as the program's top level suggests them.
+  const std::vector<std::string> commands = {"prep", "sft", "reward", "dpo", "grpo", "generate"};
+  CHECK(likely_options("sfft", commands) == V{"sft"});
+  CHECK(likely_options("grp", commands) == V{"grpo"});
+  CHECK(likely_options("genrate", commands) == V{"generate"});
+  CHECK(likely_options("train", commands).empty());
 }
