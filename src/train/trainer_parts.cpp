@@ -717,6 +717,12 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
     log.warn("--device {} names a CUDA device; the CPU backend runs on the host and ignores it",
              c.device);
   }
+  if (c.eval_every > 0 && c.val_data.empty() && world.is_root()) {
+    log.warn(
+        "--eval-every {} without --val-data: nothing is evaluated (name a validation set, "
+        "for example prep's val/ split, to have it)",
+        c.eval_every);
+  }
   check_outputs_writable(world, c);
   stop_if_requested(world, stop, "while starting");
 

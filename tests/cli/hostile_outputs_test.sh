@@ -176,6 +176,8 @@ rss=$(sed -n 's/^maxrss_mib=//p' <<<"$err")
 expect "peak memory under 400 MiB (was $rss)" [ "${rss:-99999}" -lt 400 ]
 run "--device 99 on the CPU backend" 0 "$bin" "${sft[@]}" --steps 1 --device 99
 expect "warns that it is ignored" contains "$out$err" "--device 99 names a CUDA device"
+run "--eval-every without --val-data" 0 "$bin" "${sft[@]}" --steps 1 --eval-every 1
+expect "warns that nothing is evaluated" contains "$err" "--eval-every 1 without --val-data: nothing is evaluated"
 
 # tokenize --prep agrees with prep: blank lines (a CRLF file's too) skipped, dropped records said.
 printf '{"prompt":"a","completion":""}\n   \n\r\n{"prompt":"x","completion":"y"}\n' >"$work/mixed.jsonl"
