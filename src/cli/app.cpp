@@ -49,7 +49,8 @@ void print_once(std::ostream& stream, const std::string& text) {
 
 std::string top_level_help() {
   std::string text = fmt::format(
-      "{0} {1}: fine-tune Llama 3 models (SFT, reward models, DPO) on MPI clusters\n\n"
+      "{0} {1}: post-train Llama 3 models (SFT, reward models, DPO, GRPO/RLOO) on MPI "
+      "clusters\n\n"
       "Usage: {0} <command> [options]         e.g. mpiexec -n 4 {0} sft --config sft.ini\n"
       "       {0} <command> --help\n"
       "       {0} --version\n\nCommands:\n",

@@ -21,13 +21,16 @@ namespace {
 // Order = the order of `llama3-hpc --help`: the pipeline first, tools after.
 constexpr std::array kCommands = {
     Command{.name = "prep",
-            .summary = "Tokenize JSONL (SFT or preference) into HDF5 training shards",
-            .usage = "prep sft|preference --input FILE.jsonl --tokenizer FILE|bytes --output DIR",
+            .summary = "Tokenize JSONL (SFT, preference or prompts) into HDF5 training shards",
+            .usage = "prep sft|preference|prompts --input FILE.jsonl --tokenizer FILE|bytes "
+                     "--output DIR",
             .description =
                 "Tokenizes records with the Llama 3 tokenizer and chat template and writes HDF5 "
                 "shards plus index.json, each rank its share of the input. Records: SFT "
                 R"({"messages": [...]}, {"prompt", "completion"} or {"text"}; preference )"
-                R"({"prompt", "chosen", "rejected"[, "margin"]}. See docs/FORMAT.md.)",
+                R"({"prompt", "chosen", "rejected"[, "margin"]}; prompts (for grpo) {"prompt"} )"
+                R"(or {"messages"}, their other fields (an "answer") kept for the rewards. See )"
+                "docs/FORMAT.md.",
             .declare = declare_prep_options,
             .run = run_prep},
     Command{
@@ -66,12 +69,13 @@ constexpr std::array kCommands = {
             .stops_cleanly = true},
     Command{.name = "grpo",
             .summary = "Online RL: the policy trained on its own completions, scored (GRPO, RLOO)",
-            .usage = "grpo --init SFT_MODEL --data PROMPTS --reward-match answer|--reward-command "
-                     "CMD [--ckpt-dir DIR] [options]",
+            .usage = "grpo --init SFT_MODEL --data PROMPTS (--reward-match answer | "
+                     "--reward-command CMD | --reward-model CKPT)... [--ckpt-dir DIR] [options]",
             .description =
                 "Each step samples --num-generations completions of every prompt with the "
                 "generation engine on the weights being trained, scores them (the built-in "
-                "answer match, a verifier command), turns each group's rewards into advantages "
+                "answer match, a verifier command, a reward model), turns each group's rewards "
+                "into advantages "
                 "and trains the policy with the clipped surrogate loss of TRL's GRPOTrainer "
                 "(--loss-type dapo, grpo, dr_grpo, bnpo). See docs/TRAINING.md.",
             .declare = declare_grpo_options,
