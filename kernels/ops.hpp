@@ -163,10 +163,11 @@ struct DecodeAttentionArgs {
 //   of the kept total (ties by lower id; at least one); the draw walks the kept ids in
 //   ascending order and returns the first whose running weight exceeds uniforms[i] x their
 //   total (uniforms (n) f64 in [0, 1)).
-// tokens (n) i32 receives the draws; logprobs (n) f32 log p(token) = logit - logsumexp of the
-// whole row (all V, before temperature, top-k and top-p), computed as lm_head_cross_entropy
-// computes its row losses (so that a generated token's log-probability is the training
-// forward's); empty: not computed.
+// tokens (n) i32 receives the draws; logprobs (n) f32 log p(token) = z_token - logsumexp(z) over
+// the whole row (all V, before top-k and top-p) with z = logprob_scale * logits (1: the raw
+// logits; logit_scale(T): the distribution the temperature-T draw is made from, TRL's GRPO),
+// computed as lm_head_cross_entropy computes its row losses with the same logit_scale (so that
+// a generated token's log-probability is the training forward's); empty: not computed.
 struct SampleTokensArgs {
   TensorView tokens, logprobs;
   ConstTensorView logits, uniforms;
@@ -174,7 +175,15 @@ struct SampleTokensArgs {
   double top_p = 1.0;
   std::int64_t top_k = 0;
   std::int64_t vocab_limit = 0;
+  float logprob_scale = 1.0F;
 };
+
+// The factor logits are multiplied by to be "divided by the temperature" (TRL's GRPO divides
+// them before every log-probability): 1/T rounded once to f32, the one value the sampler's and
+// the trainer's log-probabilities use; 1 for T = 0 (greedy) or T = 1.
+[[nodiscard]] inline float logit_scale(double temperature) noexcept {
+  return temperature > 0 ? static_cast<float>(1.0 / temperature) : 1.0F;
+}
 
 // ---- SwiGLU: out = silu(gate) * up, elementwise (all of one shape) --------------------------
 struct SwigluArgs {
@@ -212,11 +221,14 @@ struct DropoutArgs {
 // row's gradient (grad_scale * row_scale[c]): DPO's tokens count with their sequence's weight.
 // row_entropy (C) f32, when non-empty, receives each counted row's entropy of softmax(logits) in
 // nats, H = logsumexp(z) - sum_v softmax(z)_v z_v, from the same block of logits (forward only:
-// no gradient flows through it; empty: not computed).
+// no gradient flows through it; empty: not computed). The logits are z = logit_scale * h w^T
+// (logit_scale(T): divided by a sampling temperature, as TRL's GRPO computes every
+// log-probability and the entropy), and the gradients are those of that z.
 struct LmHeadCrossEntropyArgs {
   TensorView loss_sum, dh, dw, row_loss, row_entropy;
   ConstTensorView h, w, rows, targets, row_scale;
   float grad_scale = 1.0F;
+  float logit_scale = 1.0F;
 };
 
 // ---- reward head: scores (P) f32 = h[rows[p]] . w; h (N, H), w (H), rows (P) i32 ------------

@@ -150,7 +150,7 @@ struct RunSummary {
 
 struct MemoryPlan;
 
-// Everything `llama3-hpc sft` / `llama3-hpc reward` accept (docs/CLI.md), with the same names,
+// Everything `llama3-hpc sft`, `reward`, `dpo` and `grpo` accept (docs/CLI.md), with the same names,
 // defaults, checks and config files. A value type: copy it, change it, give it to a Session.
 class L3_API RunConfig {
  public:

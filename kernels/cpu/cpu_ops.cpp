@@ -146,7 +146,10 @@ void CpuOps::sample_tokens(const SampleTokensArgs& a) {
   const SampleDims d = sample_tokens_dims(a);
   cpu::sample_tokens(a.tokens.as<std::int32_t>(), f32(a.logprobs), f32(a.logits),
                      a.uniforms.as<double>(), d.vocab, d.candidates,
-                     {.temperature = a.temperature, .top_p = a.top_p, .top_k = a.top_k});
+                     {.temperature = a.temperature,
+                      .top_p = a.top_p,
+                      .top_k = a.top_k,
+                      .logprob_scale = a.logprob_scale});
 }
 
 void CpuOps::attention_backward(const AttentionBackwardArgs& a) {
@@ -191,7 +194,10 @@ void CpuOps::lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) {
   const cpu::CrossEntropySum sum = cpu::lm_head_cross_entropy(
       f32(a.dh), a.dh.empty() || a.dw.empty() ? std::span<float>{} : f32(a.dw), f32(a.h), f32(a.w),
       i32(a.rows), i32(a.targets), d.vocab, d.hidden, a.grad_scale,
-      {.loss = f32(a.row_loss), .scale = f32(a.row_scale), .entropy = f32(a.row_entropy)});
+      {.loss = f32(a.row_loss),
+       .scale = f32(a.row_scale),
+       .entropy = f32(a.row_entropy),
+       .logit_scale = a.logit_scale});
   if (!a.loss_sum.empty()) a.loss_sum.as<double>()[0] += sum.loss;
 }
 

@@ -72,9 +72,9 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
           h.data() + static_cast<std::int64_t>(rows[static_cast<std::size_t>(begin + r)]) * hidden,
           static_cast<std::size_t>(hidden) * sizeof(float));
     }
-    // logits (count, V) = hb (count, H) . w^T (H, V)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, iv, ih, 1.0F, hb.data(), ih, w.data(),
-                ih, 0.0F, logits.data(), iv);
+    // logits (count, V) = logit_scale * hb (count, H) . w^T (H, V)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, iv, ih, per_row.logit_scale,
+                hb.data(), ih, w.data(), ih, 0.0F, logits.data(), iv);
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < count; ++r) {
       float* row = logits.data() + r * vocab;
@@ -104,18 +104,18 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
       }
     }
     if (!backward) continue;
-    // dhb (count, H) = dlogits (count, V) . w (V, H)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ir, ih, iv, 1.0F, logits.data(), iv,
-                w.data(), ih, 0.0F, dhb.data(), ih);
+    // dhb (count, H) = logit_scale * dlogits (count, V) . w (V, H)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ir, ih, iv, per_row.logit_scale,
+                logits.data(), iv, w.data(), ih, 0.0F, dhb.data(), ih);
     for (std::int64_t r = 0; r < count; ++r) {
       std::memcpy(
           dh.data() + static_cast<std::int64_t>(rows[static_cast<std::size_t>(begin + r)]) * hidden,
           dhb.data() + r * hidden, static_cast<std::size_t>(hidden) * sizeof(float));
     }
     if (dw.empty()) continue;  // a frozen lm_head (LoRA)
-    // dw (V, H) += dlogits^T (V, count) . hb (count, H)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, iv, ih, ir, 1.0F, logits.data(), iv,
-                hb.data(), ih, 1.0F, dw.data(), ih);
+    // dw (V, H) += logit_scale * dlogits^T (V, count) . hb (count, H)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, iv, ih, ir, per_row.logit_scale,
+                logits.data(), iv, hb.data(), ih, 1.0F, dw.data(), ih);
   }
   return result;
 }

@@ -22,11 +22,14 @@ inline constexpr std::int64_t kLogitBlockBytes = 64LL << 20U;
 // (rows not counted are 0) and dw (V, H) += grad_scale * d(loss)/dw (skipped when dw is empty).
 // row_loss (C), when non-empty, receives each counted row's loss; row_scale (C), when non-empty,
 // weighs each row's gradient (grad_scale * row_scale[c]); entropy (C), when non-empty, receives
-// each counted row's entropy of softmax(logits) in nats (no gradient).
+// each counted row's entropy of softmax(logits) in nats (no gradient). The logits are
+// logit_scale * h w^T (kernels::logit_scale(T): divided by a sampling temperature), and the
+// gradients those of the scaled logits.
 struct CrossEntropyRows {
   std::span<float> loss{};
   std::span<const float> scale{};
   std::span<float> entropy{};
+  float logit_scale = 1.0F;
 };
 CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
                                       std::span<const float> h, std::span<const float> w,

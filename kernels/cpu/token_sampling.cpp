@@ -96,9 +96,13 @@ std::int32_t sample_row(std::span<const float> logits, const SamplingRule& rule,
   return last == order.rend() ? order.front() : *last;
 }
 
-float row_logprob(std::span<const float> logits, std::int32_t token, SamplingScratch& scratch) {
+float row_logprob(std::span<const float> logits, std::int32_t token, float scale,
+                  SamplingScratch& scratch) {
   std::vector<float>& row = scratch.row;
   row.assign(logits.begin(), logits.end());
+  if (scale != 1.0F) {
+    for (float& z : row) z *= scale;
+  }
   const float target_logit = row[static_cast<std::size_t>(token)];
   const SoftmaxRow s = exp_row(row.data(), static_cast<std::int64_t>(row.size()));
   // cross_entropy.cpp's row loss, negated
@@ -121,7 +125,7 @@ void sample_tokens(std::span<std::int32_t> tokens, std::span<float> logprobs,
                                             uniforms[static_cast<std::size_t>(i)], scratch);
       tokens[static_cast<std::size_t>(i)] = token;
       if (!logprobs.empty()) {
-        logprobs[static_cast<std::size_t>(i)] = row_logprob(row, token, scratch);
+        logprobs[static_cast<std::size_t>(i)] = row_logprob(row, token, rule.logprob_scale, scratch);
       }
     }
   }

@@ -12,6 +12,7 @@ struct SamplingRule {
   double temperature = 0.0;  // 0: greedy
   double top_p = 1.0;
   std::int64_t top_k = 0;  // 0: no limit
+  float logprob_scale = 1.0F;  // the log-probabilities are of softmax(logprob_scale * logits)
 };
 
 // Work memory reused from row to row (a thread's).
@@ -25,9 +26,10 @@ struct SamplingScratch {
 [[nodiscard]] std::int32_t sample_row(std::span<const float> logits, const SamplingRule& rule,
                                       double u, SamplingScratch& scratch);
 
-// log p(token) over the whole row, as lm_head_cross_entropy computes a row's loss (its
-// negative): the same exp, sums and roundings, so the two agree bit for bit.
-[[nodiscard]] float row_logprob(std::span<const float> logits, std::int32_t token,
+// log p(token) over the whole row of z = scale * logits, as lm_head_cross_entropy computes a
+// row's loss (its negative) with that logit_scale: the same exp, sums and roundings, so the two
+// agree bit for bit on the same logits.
+[[nodiscard]] float row_logprob(std::span<const float> logits, std::int32_t token, float scale,
                                 SamplingScratch& scratch);
 
 // Rows of logits (n, V): tokens (n), and logprobs (n) unless empty.

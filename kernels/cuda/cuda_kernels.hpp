@@ -146,7 +146,8 @@ void decode_attention(BFloat16* out, const BFloat16* q, const BFloat16* k_cache,
 struct SamplingRule {
   double temperature = 0.0;
   double top_p = 1.0;
-  std::int64_t top_k = 0;  // 0: no limit
+  std::int64_t top_k = 0;      // 0: no limit
+  float logprob_scale = 1.0F;  // the log-probabilities are of softmax(logprob_scale * logits)
 };
 [[nodiscard]] std::size_t sample_tokens_workspace(std::int64_t rows);
 void sample_tokens(std::int32_t* tokens, float* logprobs, const float* logits,

@@ -607,7 +607,11 @@ void CudaOps::sample_tokens(const kernels::SampleTokensArgs& a) {
   cuda::sample_tokens(
       out<std::int32_t>(a.tokens), a.logprobs.empty() ? nullptr : out<float>(a.logprobs),
       in<float>(a.logits), in<double>(a.uniforms), d.rows, d.vocab, d.candidates,
-      {.temperature = a.temperature, .top_p = a.top_p, .top_k = a.top_k}, workspace, stream_);
+      {.temperature = a.temperature,
+       .top_p = a.top_p,
+       .top_k = a.top_k,
+       .logprob_scale = a.logprob_scale},
+      workspace, stream_);
 }
 
 void CudaOps::swiglu(const kernels::SwigluArgs& a) {
@@ -707,26 +711,30 @@ void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
   for (std::int64_t begin = 0; begin < counted; begin += layout.block) {
     const std::int64_t block = std::min<std::int64_t>(layout.block, counted - begin);
     gather_rows(hb, hd, rd + begin, block, hidden, stream_);
-    // logits (block, V) = hb (block, H) w^T, in fp32
-    lt_->run(gemm(block, vocab, hidden, hb, hidden, false, wd, hidden, true, logits, vocab, 0.0F,
-                  DType::f32),
-             stream_);
+    // logits (block, V) = logit_scale * hb (block, H) w^T, in fp32
+    RowMajorGemm to_logits =
+        gemm(block, vocab, hidden, hb, hidden, false, wd, hidden, true, logits, vocab, 0.0F,
+             DType::f32);
+    to_logits.alpha = a.logit_scale;
+    lt_->run(to_logits, stream_);
     softmax_cross_entropy(losses + begin, dlogits, logits, td + begin,
                           row_scale == nullptr ? nullptr : row_scale + begin, block, vocab,
                           a.grad_scale, stream_,
                           row_entropy == nullptr ? nullptr : row_entropy + begin);
     if (!backward) continue;
-    // dhb (block, H) = dlogits (block, V) w (V, H), then into dh's counted rows
-    lt_->run(
-        gemm(block, hidden, vocab, dlogits, vocab, false, wd, hidden, false, dhb, hidden, 0.0F),
-        stream_);
+    // dhb (block, H) = logit_scale * dlogits (block, V) w (V, H), then into dh's counted rows
+    RowMajorGemm to_dh =
+        gemm(block, hidden, vocab, dlogits, vocab, false, wd, hidden, false, dhb, hidden, 0.0F);
+    to_dh.alpha = a.logit_scale;
+    lt_->run(to_dh, stream_);
     scatter_rows(out<BFloat16>(a.dh), dhb, rd + begin, block, hidden, stream_);
     if (a.dw.empty()) continue;  // a frozen lm_head (LoRA)
-    // dw (V, H) += dlogits^T (V, block) hb (block, H)
+    // dw (V, H) += logit_scale * dlogits^T (V, block) hb (block, H)
     add_to_gradient(a.dw, [&](auto* dw_data) {
-      lt_->run(gemm(vocab, hidden, block, dlogits, vocab, true, hb, hidden, false, dw_data, hidden,
-                    1.0F, a.dw.dtype()),
-               stream_);
+      RowMajorGemm to_dw = gemm(vocab, hidden, block, dlogits, vocab, true, hb, hidden, false,
+                                dw_data, hidden, 1.0F, a.dw.dtype());
+      to_dw.alpha = a.logit_scale;
+      lt_->run(to_dw, stream_);
     });
   }
   if (row_loss != nullptr) {

@@ -118,20 +118,22 @@ __device__ Best block_best(Best b, float* values, std::int64_t* ids) {
   return warp_best(t);
 }
 
-// log p(token) as softmax_cross_entropy_kernel computes the row's loss (its negative)
+// log p(token) as softmax_cross_entropy_kernel computes the row's loss (its negative); max and
+// sum are the statistics of the scaled row, logit the token's scaled logit
 __device__ __forceinline__ float token_logprob(float max, float sum, float logit) {
   const float loss = max + logf(sum) - logit;
   return -loss;
 }
 
-// One block of kStatsThreads per row: the softmax statistics of all `vocab` logits (the
-// cross-entropy kernel's loop and merge), and the first largest of the `candidates` first.
+// One block of kStatsThreads per row: the softmax statistics of all `vocab` logits times
+// `scale` (the cross-entropy kernel's loop and merge on the logits it gets from a GEMM with
+// alpha = scale), and the first largest of the `candidates` first (unscaled: the same order).
 // greedy: writes the token and its log-probability; else stats (rows, 2) = (max, sum) and
 // best (rows) for the draw.
 __global__ void __launch_bounds__(kStatsThreads)
     row_stats_kernel(std::int32_t* tokens, float* logprobs, float* stats, std::int32_t* best,
                      const float* logits, std::int64_t vocab, std::int64_t candidates,
-                     bool greedy) {
+                     bool greedy, float scale) {
   __shared__ float values[kWarp];
   __shared__ std::int64_t ids[kWarp];
   const std::int64_t row = blockIdx.x;
@@ -142,12 +144,12 @@ __global__ void __launch_bounds__(kStatsThreads)
   SoftmaxStats s;
   for (std::int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
     const float4 v = z4[q];
-    s.add(v.x);
-    s.add(v.y);
-    s.add(v.z);
-    s.add(v.w);
+    s.add(__fmul_rn(scale, v.x));
+    s.add(__fmul_rn(scale, v.y));
+    s.add(__fmul_rn(scale, v.z));
+    s.add(__fmul_rn(scale, v.w));
   }
-  for (std::int64_t j = quads * 4 + threadIdx.x; j < vocab; j += blockDim.x) s.add(z[j]);
+  for (std::int64_t j = quads * 4 + threadIdx.x; j < vocab; j += blockDim.x) s.add(__fmul_rn(scale, z[j]));
   s = block_merge(s);
 
   // Ascending ids per thread: a later equal logit never replaces the first (a lone -inf row
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(kStatsThreads)
   const auto token = static_cast<std::int32_t>(b.id);
   if (greedy) {
     tokens[row] = token;
-    if (logprobs != nullptr) logprobs[row] = token_logprob(s.max, s.sum, z[token]);
+    if (logprobs != nullptr) logprobs[row] = token_logprob(s.max, s.sum, __fmul_rn(scale, z[token]));
   } else {
     stats[row * 2] = s.max;
     stats[row * 2 + 1] = s.sum;
@@ -403,7 +405,7 @@ __global__ void __launch_bounds__(kDrawThreads)
   const auto token = static_cast<std::int32_t>(found);
   tokens[row] = token;
   if (logprobs != nullptr)
-    logprobs[row] = token_logprob(stats[row * 2], stats[row * 2 + 1], z[token]);
+    logprobs[row] = token_logprob(stats[row * 2], stats[row * 2 + 1], __fmul_rn(rule.logprob_scale, z[token]));
 }
 
 }  // namespace
@@ -423,7 +425,7 @@ void sample_tokens(std::int32_t* tokens, float* logprobs, const float* logits,
   auto* best = reinterpret_cast<std::int32_t*>(
       static_cast<char*>(workspace) + align256(static_cast<std::size_t>(rows) * 2 * sizeof(float)));
   row_stats_kernel<<<static_cast<unsigned int>(rows), kStatsThreads, 0, stream>>>(
-      tokens, logprobs, stats, best, logits, vocab, candidates, greedy);
+      tokens, logprobs, stats, best, logits, vocab, candidates, greedy, rule.logprob_scale);
   check_launch("sample tokens: row statistics");
   if (greedy) return;
   draw_kernel<<<static_cast<unsigned int>(rows), kDrawThreads, 0, stream>>>(

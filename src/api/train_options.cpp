@@ -79,6 +79,9 @@ void declare_grpo_options(po::options_description& options) {
       "optimizer steps per generation batch")(
       "mask-truncated-completions", po::bool_switch(),
       "leave completions cut by --max-completion-length out of the loss")(
+      "raw-logprobs", po::bool_switch(),
+      "compute the log-probabilities (policy, old policy, reference, generator) and the entropy "
+      "from the raw logits; default: from the logits divided by --temperature, as TRL")(
       "reward-match", po::value<std::string>()->value_name("answer"),
       "built-in reward: 1 when the completion, stripped, equals the record's \"answer\", else 0")(
       "reward-command", po::value<std::string>()->value_name("\"CMD ARGS\""),
@@ -154,7 +157,11 @@ void declare_common(po::options_description& o, train::Phase phase) {
       core::number<std::int64_t>(core::between(1, kMaxSeqLen))
           ->default_value(d.seq_len)
           ->value_name("N"),
-      "tokens per packed row")(
+      sft ? "tokens per row (documents packed into it)"
+      : phase == train::Phase::grpo
+          ? "tokens per row: a prompt and its completion (prompts longer than --seq-len - "
+            "--max-completion-length are left out, with a warning)"
+          : "tokens per row: a pair's prompt and response (each side its own row)")(
       "global-batch", core::number<std::int64_t>(core::between(1, kMaxBatch))->value_name("N"),
       sft ? "rows of --seq-len tokens per optimizer step, over all ranks (required)"
       : phase == train::Phase::grpo
@@ -177,7 +184,10 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "epochs", core::number<std::int64_t>(core::between(0, train::kMaxEpochs))->value_name("N"),
       "passes over the data, when --steps is not given (then 1 by default)")(
       "drop-long", po::bool_switch(),
-      "SFT: leave out documents longer than --seq-len instead of truncating them")(
+      phase == train::Phase::grpo
+          ? "no effect for grpo: a prompt that does not fit is always left out"
+          : "leave out samples (documents, pairs) longer than --seq-len instead of truncating "
+            "them")(
       "lr",
       core::number<double>(core::at_least(0))
           ->default_value(sft                           ? 2e-5
@@ -603,6 +613,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     g.advantage = train::parse_advantage_estimator(get<std::string>(o, "advantage"));
     g.num_iterations = get<std::int64_t>(o, "num-iterations");
     g.mask_truncated_completions = get<bool>(o, "mask-truncated-completions");
+    g.tempered_logprobs = !get<bool>(o, "raw-logprobs");
     if (const std::string match = optional_string(o, "reward-match"); !match.empty()) {
       if (match != "answer")
         throw core::usage_error(

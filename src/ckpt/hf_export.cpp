@@ -28,21 +28,48 @@ using nlohmann::json;
 
 namespace {
 
-// The Llama 3 special tokens sit in the last 256 ids of both tokenizers this program writes
-// data with (Meta's: 128000..128255; `bytes`: 256..511).
+// The Llama 3 special tokens config.json and generation_config.json name: the run's own
+// tokenizer's (Meta's: 128000..128255; `bytes`: 256..511), whatever the model's vocabulary is
+// (tiny-llama3 trained on bytes data has Llama 3's 128,256 rows but stops at id 265, not 128009).
 struct TokenIds {
   std::int64_t bos = 0;
   json eos;
   std::int64_t pad = 0;
 };
 
-TokenIds token_ids(std::int64_t vocab_size) {
-  const std::int64_t base = vocab_size - tokenizer::kSpecialTokenCount;
-  const auto id = [&](tokenizer::Special s) { return base + static_cast<std::int64_t>(s); };
+TokenIds token_ids(std::int64_t first_special) {
+  const auto id = [&](tokenizer::Special s) {
+    return first_special + static_cast<std::int64_t>(s);
+  };
   return {id(tokenizer::Special::begin_of_text),
           json::array({id(tokenizer::Special::end_of_text), id(tokenizer::Special::end_of_message),
                        id(tokenizer::Special::end_of_turn)}),
           id(tokenizer::Special::finetune_right_pad)};
+}
+
+// The tokenizer the data was prepared with, when it can still be loaded and is the one recorded
+// (its sha256); nullopt when the checkpoint names none, or the file is gone or changed.
+std::optional<tokenizer::Tokenizer> recorded_tokenizer(const Manifest& manifest) {
+  if (manifest.tokenizer.empty()) return std::nullopt;
+  std::optional<tokenizer::Tokenizer> t;
+  try {
+    t = tokenizer::Tokenizer::load(manifest.tokenizer);
+  } catch (const core::Error&) {
+    return std::nullopt;  // moved or removed since prep: nothing to derive the ids from
+  }
+  if (!manifest.tokenizer_sha256.empty() && t->sha256() != manifest.tokenizer_sha256)
+    return std::nullopt;
+  return t;
+}
+
+// Where the special tokens start: the run's tokenizer's block; without one (data from the C API,
+// a tokenizer file since removed), `bytes` when the checkpoint says so, else the last 256 ids of
+// the vocabulary as in Meta's tokenizer.
+std::int64_t first_special_id(const Manifest& manifest,
+                              const std::optional<tokenizer::Tokenizer>& tokenizer) {
+  if (tokenizer) return tokenizer->first_special();
+  if (manifest.tokenizer == "bytes") return tokenizer::Tokenizer::bytes().first_special();
+  return manifest.model.vocab_size - tokenizer::kSpecialTokenCount;
 }
 
 // Meta's tokenizer.model the data was prepared with, and the HF tokenizer files next to it
@@ -78,18 +105,13 @@ bool copy_tokenizer(const std::string& recorded, const fs::path& into) {
 }
 
 // Hugging Face's tokenizer files (io/tokenizer/hf_tokenizer_files.hpp) for the tokenizer the
-// data was prepared with: Meta's tokenizer.model (loaded again and checked against the sha256
-// the checkpoint recorded) or the built-in bytes one. What it did, for the report; "" when the
+// data was prepared with (recorded_tokenizer: Meta's tokenizer.model, checked against the sha256
+// the checkpoint recorded, or the built-in bytes one). What it did, for the report; "" when the
 // tokenizer is unknown or its file is gone or changed (the export then has no tokenizer files).
-std::string write_hf_tokenizer(const Manifest& manifest, const fs::path& into) {
-  if (manifest.tokenizer.empty()) return {};
-  std::optional<tokenizer::Tokenizer> t;
-  try {
-    t = tokenizer::Tokenizer::load(manifest.tokenizer);
-  } catch (const core::Error&) {
-    return {};  // moved or removed since prep: nothing to derive the files from
-  }
-  if (!manifest.tokenizer_sha256.empty() && t->sha256() != manifest.tokenizer_sha256) return {};
+std::string write_hf_tokenizer(const Manifest& manifest,
+                               const std::optional<tokenizer::Tokenizer>& t,
+                               const fs::path& into) {
+  if (!t) return {};
   const tokenizer::HfTokenizerFiles files =
       tokenizer::hugging_face_tokenizer_files(*t, manifest.model.max_position_embeddings);
   core::write_file_atomically((into / "tokenizer.json").string(), files.tokenizer_json);
@@ -185,7 +207,8 @@ HfExportReport export_hugging_face(const Manifest& manifest, const std::string& 
   json config = manifest.model.to_hf_json();
   config["architectures"] = json::array({report.architecture});
   config["torch_dtype"] = options.bf16 ? "bfloat16" : "float32";
-  const TokenIds ids = token_ids(manifest.model.vocab_size);
+  const std::optional<tokenizer::Tokenizer> run_tokenizer = recorded_tokenizer(manifest);
+  const TokenIds ids = token_ids(first_special_id(manifest, run_tokenizer));
   config["bos_token_id"] = ids.bos;
   config["eos_token_id"] = ids.eos;
   config["pad_token_id"] = ids.pad;  // never an eos id: a reward model reads the last non-pad
@@ -216,7 +239,7 @@ HfExportReport export_hugging_face(const Manifest& manifest, const std::string& 
   }
   report.tokenizer_copied = copy_tokenizer(manifest.tokenizer, partial);
   if (!fs::exists(partial / "tokenizer.json")) {
-    report.tokenizer = write_hf_tokenizer(manifest, partial);
+    report.tokenizer = write_hf_tokenizer(manifest, run_tokenizer, partial);
     if (!report.tokenizer.empty()) {
       for (const char* name :
            {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})

@@ -1,12 +1,16 @@
 #include "cli/app.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "api/train_options.hpp"
@@ -148,14 +152,26 @@ int run_under_mpi(const Command& command, const std::vector<std::string>& args, 
     log.debug("{} {} on {} ranks, {} nodes", kProgram, command.name, world->size(),
               world->node_count());
     const dist::ThreadBudget threads = dist::apply_thread_budget(*world);
-    log.debug("{} compute thread{} per rank ({}); MPI waits {} ({})", threads.threads,
-              threads.threads == 1 ? "" : "s", threads.reason, dist::to_string(threads.wait),
-              threads.wait_reason);
-    if (threads.wait == dist::WaitPolicy::passive) {
-      log.info(
-          "ranks share cores ({}): MPI waits passively, sleeping between polls "
-          "(L3_WAIT_POLICY=active to spin)",
-          threads.wait_reason);
+    // The choice, once (rank 0), for the commands that compute: what a slow run on a shared
+    // node is checked against first (the others say it at --log-level debug).
+    const std::string thread_line = fmt::format(
+        "{} compute thread{} per rank ({}; OMP_NUM_THREADS=N to choose); {}", threads.threads,
+        threads.threads == 1 ? "" : "s", threads.reason,
+        threads.wait == dist::WaitPolicy::passive
+            ? fmt::format("ranks share cores ({}): MPI waits passively, sleeping between polls "
+                          "(L3_WAIT_POLICY=active to spin)",
+                          threads.wait_reason)
+            : fmt::format("MPI waits actively ({})", threads.wait_reason));
+    constexpr std::array<std::string_view, 8> kComputing = {"sft",  "reward",   "dpo",   "grpo",
+                                                            "eval", "generate", "score", "demo"};
+    if (std::ranges::find(kComputing, command.name) != kComputing.end()) {
+      log.info("{}", thread_line);
+      const std::string busy = dist::busy_node_advice(
+          dist::other_running_threads(world->local_size()),
+          static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)), world->local_size(), threads.threads);
+      if (!busy.empty()) log.warn("{}", busy);
+    } else {
+      log.debug("{}", thread_line);
     }
     core::fault_point("cli.run", world->rank());
     outcome.exit_code = command.run(CommandContext{*world, log, values, args});

@@ -82,13 +82,17 @@ constexpr std::array kCommands = {
             .run = run_grpo,
             .stops_cleanly = true},
     Command{.name = "eval",
-            .summary = "Evaluate a model: loss/perplexity or reward accuracy/margin",
+            .summary = "Evaluate a model: loss/perplexity, reward accuracy, DPO's metrics or "
+                       "exact answers",
             .usage = "eval --init CKPT --data DIR [options]",
             .description =
                 "Runs a checkpoint over a whole dataset on the available ranks and prints one "
                 R"(JSON object on one line: {"loss", "perplexity", "tokens"} for SFT data, )"
                 R"({"accuracy", "margin", "reward_mean", "reward_std", "pairs"} for preference )"
-                "data (token- and pair-weighted).",
+                "data (token- and pair-weighted; a DPO checkpoint: DPO's metrics), and for "
+                "prompt data (prep prompts) the exact-answer accuracy of greedy completions, as "
+                R"(grpo's evaluation computes it: {"rewards/answer_match/mean", )"
+                R"("completions/mean_length", "completions/truncated", "prompts"}.)",
             .declare = declare_eval_options,
             .run = run_eval},
     Command{.name = "generate",
@@ -162,11 +166,13 @@ constexpr std::array kCommands = {
             .summary = "Run the built-in demo: prep, SFT, reward model, DPO, GRPO, evaluation",
             .usage = "demo [--workdir DIR]",
             .description =
-                "Writes a small built-in instruction dataset and preference dataset, prepares "
-                "them with the built-in bytes tokenizer, fine-tunes a tiny model on them (SFT), "
-                "trains a reward model from its checkpoint, prints the evaluation results and "
-                "what to run next with your own data. About 16 seconds on 2 cores; run it under "
-                "mpiexec to use several ranks.",
+                "Writes a small built-in instruction dataset, preference dataset and prompt "
+                "dataset with exact answers, prepares them with the built-in bytes tokenizer, "
+                "fine-tunes a tiny model on them (SFT), trains a reward model from its "
+                "checkpoint and the SFT model by DPO and by GRPO, prints the evaluation results, "
+                "writes the report (report.html) and prints what to run next with your own "
+                "data. Its time and results depend on the machine: docs/TRAINING.md (\"The "
+                "demo\") lists measured runs. Run it under mpiexec to use several ranks.",
             .declare = declare_demo_options,
             .run = run_demo},
     Command{.name = "info",

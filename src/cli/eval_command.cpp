@@ -18,6 +18,8 @@
 #include "model/llama_model.hpp"
 #include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
+#include "train/grpo/greedy_answers.hpp"
+#include "train/grpo/prompt_set.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
 #include "train/model_assembly.hpp"
@@ -35,7 +37,13 @@ void declare_eval_options(po::options_description& options,
       "directory")("ckpt", po::value<std::string>()->value_name("CKPT"), "the same as --init")(
       "data", po::value<std::string>()->value_name("DIR"),
       "dataset: SFT data for a language model, preference data for a reward model; a DPO "
-      "checkpoint takes either (SFT: loss and perplexity; preference: DPO's metrics)")(
+      "checkpoint takes either (SFT: loss and perplexity; preference: DPO's metrics); prompt "
+      "data (prep prompts) for a language model, a GRPO checkpoint's say: the exact-answer "
+      "accuracy of greedy completions, as grpo's evaluation computes it")(
+      "max-completion-length",
+      core::number<std::int64_t>(core::between(1, 1 << 20))->value_name("N"),
+      "prompt data: new tokens per completion at most (default: the GRPO checkpoint's, else "
+      "256)")(
       "seq-len", core::number<std::int64_t>(core::between(1, 1 << 24))->value_name("N"),
       "tokens per row (default: the checkpoint's training --seq-len)")(
       "micro-batch",
@@ -55,6 +63,37 @@ void declare_eval_options(po::options_description& options,
       "first)");
   declare_adapter_option(options);
 }
+
+namespace {
+
+// Prompt data: the greedy completions' exact-answer accuracy (train/grpo/greedy_answers.hpp),
+// decoded with the tokenizer the data was prepared with.
+train::EvalMetrics evaluate_answers(const CommandContext& context,
+                                    const train::ModelSource& source, model::LlamaModel& model,
+                                    const data::DatasetIndex& index, std::int64_t seq_len) {
+  const po::variables_map& o = context.options;
+  std::int64_t max_new = source.checkpoint && source.checkpoint->phase == Phase::grpo
+                             ? source.checkpoint->config.value("max_completion_length",
+                                                               std::int64_t{256})
+                             : std::int64_t{256};
+  if (o.count("max-completion-length") != 0)
+    max_new = o["max-completion-length"].as<std::int64_t>();
+  std::optional<tokenizer::Tokenizer> tokenizer;
+  try {
+    tokenizer = tokenizer::Tokenizer::load(index.tokenizer_name);
+  } catch (const core::Error& e) {
+    throw core::bad_input(
+        fmt::format("the tokenizer it was prepared with ({}) cannot be loaded to decode the "
+                    "completions: {}",
+                    index.tokenizer_name, e.what()),
+        {.file = index.directory});
+  }
+  const train::grpo::PromptSet set = train::grpo::PromptSet::load(context.world, index);
+  return train::grpo::greedy_answers(context.world, model, set, *tokenizer,
+                                     {.seq_len = seq_len, .max_completion_length = max_new});
+}
+
+}  // namespace
 
 int run_eval(const CommandContext& context) {
   const po::variables_map& o = context.options;
@@ -123,14 +162,20 @@ int run_eval(const CommandContext& context) {
   const bool dpo_checkpoint =
       source.checkpoint && source.checkpoint->phase == Phase::dpo && adapter.empty();
   const std::string data_dir = o["data"].as<std::string>();
+  const std::optional<data::SampleKind> data_kind = data::dataset_kind(context.world, data_dir);
+  // A language model on prompt data: greedy completions scored against the records' answers.
+  const bool prompts =
+      head == model::HeadKind::language_model && data_kind == data::SampleKind::prompt;
+  if (o.count("max-completion-length") != 0 && !prompts)
+    throw core::usage_error("--max-completion-length is for prompt data (prep prompts)");
   data::DatasetExpectations expect;
   expect.kind =
       head == model::HeadKind::reward ? data::SampleKind::preference
-      : dpo_checkpoint &&
-              data::dataset_kind(context.world, data_dir).value_or(data::SampleKind::preference) ==
-                  data::SampleKind::preference
+      : prompts                       ? data::SampleKind::prompt
+      : dpo_checkpoint && data_kind.value_or(data::SampleKind::preference) ==
+                              data::SampleKind::preference
           ? data::SampleKind::preference
-          : data::SampleKind::sft;  // (prompts, GRPO's, are refused naming the format)
+          : data::SampleKind::sft;
   const bool dpo = dpo_checkpoint && expect.kind == data::SampleKind::preference;
   expect.model_vocab = source.config.vocab_size;
   if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;
@@ -168,7 +213,8 @@ int run_eval(const CommandContext& context) {
 
   // The weights evaluated, whole or sharded, with the adapter folded in.
   (void)train::load_frozen_weights(&context.world, *ops, source, recipe, assembled);
-  train::EvalMetrics m = train::evaluate(context.world, model, index, config);
+  train::EvalMetrics m = prompts ? evaluate_answers(context, source, model, index, seq_len)
+                                 : train::evaluate(context.world, model, index, config);
   if (source.checkpoint) m.step = source.checkpoint->step;  // the step the checkpoint holds
   context.log.info("{} (model {}{}, {} rank{})", train::format_eval_line(m), source.origin(),
                    adapter.empty() ? "" : " with the adapter " + adapter, context.world.size(),

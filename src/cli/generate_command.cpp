@@ -50,9 +50,12 @@ void declare_generate_options(po::options_description& options,
       "print one JSON line: prompt_tokens, new_tokens, text, stopped, tokens_per_s, seconds")(
       "logprobs", po::bool_switch(),
       "with --json: also prompt_ids, new_ids, logprobs (log p of each new token under the "
-      "model, before temperature and top-p) and prompt_logprobs (log p of each prompt token "
+      "model: log-softmax of the raw logits, before temperature, top-k and top-p, as "
+      "transformers' and vLLM's defaults) and prompt_logprobs (log p of each prompt token "
       "after the first, given the ones before it); with --input: logprobs and prompt_ids in each "
-      "line")("input", po::value<std::string>()->value_name("FILE.jsonl"),
+      "line")("tempered-logprobs", po::bool_switch(),
+              "with --logprobs: log-softmax of logits / --temperature instead (the distribution "
+              "the tokens are drawn from before top-k and top-p; what grpo trains with)")("input", po::value<std::string>()->value_name("FILE.jsonl"),
               R"(a batch job: complete every record of a JSONL file (plain or .gz), {"prompt": )"
               R"(TEXT} or {"messages": [...]}, on every rank (needs --output))")(
       "output", po::value<std::string>()->value_name("FILE.jsonl"),
@@ -78,6 +81,19 @@ void declare_generate_options(po::options_description& options,
 }
 
 namespace {
+
+// --tempered-logprobs: only with --logprobs and a sampling temperature (at 0, greedy, there is
+// no temperature to divide by).
+bool tempered_logprobs_option(const po::variables_map& o) {
+  if (!o["tempered-logprobs"].as<bool>()) return false;
+  if (!o["logprobs"].as<bool>()) throw core::usage_error("--tempered-logprobs needs --logprobs");
+  if (o["temperature"].as<double>() <= 0) {
+    throw core::usage_error(
+        "--tempered-logprobs needs --temperature T > 0 (greedy decoding has no temperature to "
+        "divide the logits by)");
+  }
+  return true;
+}
 
 // `generate --input`: the options of the batch job, checked on every rank.
 int run_generate_file(const CommandContext& context, const std::string& model_path) {
@@ -124,6 +140,7 @@ int run_generate_file(const CommandContext& context, const std::string& model_pa
     }
   }
   job.logprobs = o["logprobs"].as<bool>();
+  job.sampling.tempered_logprobs = tempered_logprobs_option(o);
   if (o.count("batch-size") > 0) {
     job.batch_size = o["batch-size"].as<std::int64_t>();
     if (job.batch_size < 1) throw core::usage_error("--batch-size must be at least 1");
@@ -178,6 +195,7 @@ int run_generate(const CommandContext& context) {
   const bool logprobs = o["logprobs"].as<bool>();
   if (logprobs && !o["json"].as<bool>()) throw core::usage_error("--logprobs needs --json");
   options.prompt_logprobs = logprobs;
+  options.tempered_logprobs = tempered_logprobs_option(o);
   model::validate(model::SamplingSettings{
       .temperature = options.temperature, .top_p = options.top_p, .top_k = options.top_k});
   if (!context.world.is_root()) return core::kExitOk;  // an interactive tool: one rank works

@@ -445,7 +445,7 @@ class OutputFiles {
 // input's bytes.
 std::string fingerprint(const GenerationJob& job, const InferenceModel& model,
                         const tokenizer::Tokenizer& tokenizer, kernels::Backend backend) {
-  const ordered_json what = {
+  ordered_json what = {
       {"backend", kernels::backend_name(backend)},
       {"max_new", job.max_new},
       {"num_samples", job.num_samples},
@@ -461,6 +461,8 @@ std::string fingerprint(const GenerationJob& job, const InferenceModel& model,
        job.adapter.empty() ? std::string() : fs::absolute(job.adapter).lexically_normal().string()},
       {"tokenizer", tokenizer.sha256()},
       {"input", tokenizer::sha256_file(job.input)}};
+  // Only when set: the fingerprints of earlier partial outputs stay what they were.
+  if (job.logprobs && job.sampling.tempered_logprobs) what["tempered_logprobs"] = true;
   return tokenizer::sha256_text(what.dump());
 }
 

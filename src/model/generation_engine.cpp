@@ -390,7 +390,10 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
                       .temperature = settings_.temperature,
                       .top_p = settings_.top_p,
                       .top_k = settings_.top_k,
-                      .vocab_limit = settings_.vocab_limit});
+                      .vocab_limit = settings_.vocab_limit,
+                      .logprob_scale = settings_.tempered_logprobs
+                                           ? kernels::logit_scale(settings_.temperature)
+                                           : 1.0F});
   ops_.copy(TensorView(std::span<std::int32_t>(tokens)), sampled_.first_rows(m));
   ops_.copy(TensorView(std::span<float>(logprobs)), sampled_logprobs_.first_rows(m));
   ops_.synchronize();

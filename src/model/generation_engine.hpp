@@ -44,6 +44,9 @@ struct SamplingSettings {
   std::uint64_t seed = 0;
   std::vector<std::int32_t> stop_tokens{};  // end a sequence (left out of its tokens)
   std::int64_t vocab_limit = 0;             // draw only ids below it (a smaller tokenizer); 0: all
+  // Log-probabilities of softmax(logits / temperature) (kernels::logit_scale), as TRL's GRPO
+  // trains on them; false: of the raw logits.
+  bool tempered_logprobs = false;
 };
 
 // Throws a usage Error naming the option for a negative or non-finite temperature, a top-p
@@ -61,8 +64,9 @@ struct GenerationOutput {
   std::int64_t record = 0;
   std::int64_t sample = 0;
   std::vector<std::int32_t> tokens;  // the new tokens, without a stop token
-  // log p(token) of each new token: log-softmax over the whole vocabulary, before temperature,
-  // top-k and top-p, as the training forward's cross-entropy computes it
+  // log p(token) of each new token: log-softmax over the whole vocabulary, before top-k and
+  // top-p, and before the temperature unless SamplingSettings::tempered_logprobs, as the
+  // training forward's cross-entropy computes it with the same logit_scale
   std::vector<float> logprobs;
   bool stopped = false;  // ended on a stop token or the stop check, not on max_new
   // The stop token it ended on (-1: none) and its log-probability: what online RL trains on

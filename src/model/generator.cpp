@@ -20,15 +20,16 @@ Generator::Generator(LlamaModel& model) : model_(model) {
   }
 }
 
-double log_probability(std::span<const float> logits, std::int32_t token) {
+double log_probability(std::span<const float> logits, std::int32_t token, float scale) {
   if (token < 0 || static_cast<std::size_t>(token) >= logits.size()) {
     throw core::internal_error(
         fmt::format("log_probability: token {} outside {} logits", token, logits.size()));
   }
-  const float top = *std::max_element(logits.begin(), logits.end());
+  const auto z = [scale](float l) { return static_cast<double>(scale * l); };
+  const double top = z(*std::max_element(logits.begin(), logits.end()));
   double sum = 0.0;
-  for (const float l : logits) sum += std::exp(static_cast<double>(l) - top);
-  return static_cast<double>(logits[static_cast<std::size_t>(token)]) - top - std::log(sum);
+  for (const float l : logits) sum += std::exp(z(l) - top);
+  return z(logits[static_cast<std::size_t>(token)]) - top - std::log(sum);
 }
 
 GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
@@ -42,7 +43,8 @@ GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
                             .top_k = options.top_k,
                             .seed = options.seed,
                             .stop_tokens = options.stop_tokens,
-                            .vocab_limit = options.vocab_limit};
+                            .vocab_limit = options.vocab_limit,
+                            .tempered_logprobs = options.tempered_logprobs};
   validate(settings);
   const auto length = static_cast<std::int64_t>(prompt.size());
   const std::int64_t capacity = length + options.max_new;
@@ -52,6 +54,7 @@ GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
         capacity, model_.config().max_position_embeddings));
   }
   GenerationResult result;
+  const float scale = options.tempered_logprobs ? kernels::logit_scale(options.temperature) : 1.0F;
   if (options.prompt_logprobs) {
     BatchBuilder builder(1, length, 0);
     builder.add({prompt.begin(), prompt.end()}, std::vector<std::uint8_t>(prompt.size(), 1));
@@ -59,7 +62,8 @@ GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
     const auto v = static_cast<std::size_t>(model_.config().vocab_size);
     for (std::size_t i = 1; i < prompt.size(); ++i) {
       result.prompt_logprobs.push_back(
-          log_probability(std::span<const float>(all).subspan((i - 1) * v, v), prompt[i]));
+          log_probability(std::span<const float>(all).subspan((i - 1) * v, v), prompt[i],
+                          scale));
     }
   }
   if (options.max_new == 0) return result;

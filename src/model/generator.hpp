@@ -23,20 +23,26 @@ struct GenerationOptions {
   // Also the log-probability of each prompt token after the first, given the ones before it
   // (from one training forward pass over the prompt).
   bool prompt_logprobs = false;
+  // The log-probabilities are of softmax(logits / temperature) (temperature > 0), the
+  // distribution the tokens are drawn from before top-k and top-p; false: of the raw logits.
+  bool tempered_logprobs = false;
 };
 
 struct GenerationResult {
   std::vector<std::int32_t> tokens;  // the new tokens, without the stop token
   // log p(token) of each new token under the model: log-softmax of its logits over the whole
-  // vocabulary, before temperature and top-p (what transformers' log_softmax(logits) gives)
+  // vocabulary, before top-k and top-p, and before the temperature unless tempered_logprobs
+  // (raw: what transformers' log_softmax(logits) and vLLM's default give)
   std::vector<double> logprobs;
   // With GenerationOptions::prompt_logprobs: log p(prompt[i] | prompt[0..i)) for i >= 1.
   std::vector<double> prompt_logprobs;
   bool stopped = false;  // ended on a stop token (not on max_new)
 };
 
-// log-softmax of `logits` at `token`, in double.
-[[nodiscard]] double log_probability(std::span<const float> logits, std::int32_t token);
+// log-softmax of scale * `logits` at `token`, in double (the products rounded to f32, as the
+// backends' scaled logits are).
+[[nodiscard]] double log_probability(std::span<const float> logits, std::int32_t token,
+                                     float scale = 1.0F);
 
 class Generator {
  public:

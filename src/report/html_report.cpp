@@ -6,6 +6,7 @@
 #include <array>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
 #include "core/build_info.hpp"
 #include "core/durable_file.hpp"
@@ -26,6 +27,8 @@ namespace {
 
 constexpr std::array kPhaseOrder = {Phase::sft, Phase::reward, Phase::dpo, Phase::grpo};
 
+// The summary fits a 1280-pixel window: run names and model paths wrap anywhere, a parameter
+// count before its trainable share, the final evaluation between its numbers.
 // Two charts a row on a wide screen (2 x 560 px and the gap), one on a narrow one; the charts
 // shrink with their viewBox below 560 px.
 constexpr std::string_view kStyle = R"(
@@ -34,6 +37,7 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24
 h1 { font-size: 22px; margin: 0 0 4px; }
 h2 { font-size: 18px; margin: 28px 0 8px; padding-bottom: 4px; border-bottom: 1px solid #ddd; }
 p.note { color: #555; font-size: 13px; margin: 0 0 16px; max-width: 1140px; }
+p.not-drawn { color: #555; font-size: 13px; margin: 0 0 8px; }
 div.table { overflow-x: auto; }
 table.summary { border-collapse: collapse; font-size: 13px; }
 table.summary th, table.summary td { padding: 4px 6px; border-bottom: 1px solid #e4e4e4;
@@ -41,6 +45,9 @@ table.summary th, table.summary td { padding: 4px 6px; border-bottom: 1px solid 
 table.summary th { background: #f5f5f5; font-weight: 600; }
 table.summary td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.summary td.num, table.summary td.name { white-space: nowrap; }
+table.summary td.parameters { white-space: normal; }
+table.summary td.run, table.summary td.model { overflow-wrap: anywhere; min-width: 7em; }
+table.summary td.run { min-width: 10em; }
 table.summary td.eval { min-width: 12em; }
 span.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px;
        margin-right: 6px; }
@@ -86,7 +93,7 @@ std::string final_evaluation(const PhaseMetrics& p) {
       text = part("loss", "loss") + ", " + part("accuracy", "rewards/accuracies");
       break;
     case Phase::grpo:
-      text = part("reward", "reward");
+      text = part("greedy reward", "reward");
       break;
   }
   return fmt::format("{} (step {})", text, p.last_eval_step);
@@ -112,7 +119,7 @@ std::string summary_row(const RunView& view, const PhaseMetrics& p) {
   const bool knows_runs = !p.starts.empty();  // written by a version that records starts
   std::string row = "<tr>";
   row += fmt::format(
-      R"(<td class="name" title="{0}"><span class="swatch" style="background:{1}"></span>{2}</td>)",
+      R"(<td class="run" title="{0}"><span class="swatch" style="background:{1}"></span>{2}</td>)",
       escape_html(view.run->path), escape_html(view.colour), escape_html(view.label));
   row += fmt::format(R"(<td class="name">{}</td>)", phase_title(p.phase));
   // A model read from a checkpoint is named by its path: the last two parts say which (the
@@ -123,8 +130,9 @@ std::string summary_row(const RunView& view, const PhaseMetrics& p) {
     model =
         fmt::format("…/{}/{}", path.parent_path().filename().string(), path.filename().string());
   }
-  row += fmt::format(R"(<td title="{}">{}</td>)", escape_html(start.model), escape_html(model));
-  row += fmt::format(R"(<td class="num">{}</td>)", escape_html(parameters_text(start)));
+  row += fmt::format(R"(<td class="model" title="{}">{}</td>)", escape_html(start.model),
+                     escape_html(model));
+  row += fmt::format(R"(<td class="num parameters">{}</td>)", escape_html(parameters_text(start)));
   row += fmt::format(R"(<td class="num">{}</td>)",
                      start.ranks ? fmt::format("{}", *start.ranks) : "-");
   row += fmt::format("<td>{}</td>", escape_html(or_dash(start.backend)));
@@ -153,13 +161,20 @@ std::string summary_table(std::span<const RunView> views) {
   return html + "</tbody></table></div>\n";
 }
 
-std::string phase_section(Phase phase, std::span<const RunView> views) {
+// The phase's section and how many charts it holds.
+std::pair<std::string, std::size_t> phase_section(Phase phase, std::span<const RunView> views) {
   const std::string name(core::phase_name(phase));
+  const PhaseCharts charts = phase_charts(phase, views);
   std::string html =
       fmt::format(R"(<section data-phase="{0}" id="{0}"><h2>{1}</h2>)", name, phase_title(phase));
+  // What is left out, in one line: an empty chart says nothing a line cannot.
+  if (!charts.left_out.empty()) {
+    html += fmt::format("\n<p class=\"not-drawn\" data-phase=\"{}\">{}.</p>", name,
+                        escape_html(not_drawn_text(charts.left_out)));
+  }
   html += "\n<div class=\"charts\">\n";
-  for (const Chart& chart : phase_charts(phase, views)) html += render_svg(chart) + "\n";
-  return html + "</div></section>\n";
+  for (const Chart& chart : charts.charts) html += render_svg(chart) + "\n";
+  return {html + "</div></section>\n", charts.charts.size()};
 }
 
 std::vector<RunView> views_of(std::span<const RunMetrics> runs) {
@@ -224,9 +239,8 @@ void refuse_input_as_output(std::span<const RunMetrics> runs, const std::string&
   }
 }
 
-}  // namespace
-
-std::string render_report(std::span<const RunMetrics> runs) {
+// The page and how many charts it holds.
+std::pair<std::string, std::size_t> render_page(std::span<const RunMetrics> runs) {
   const std::vector<RunView> views = views_of(runs);
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -243,9 +257,18 @@ std::string render_report(std::span<const RunMetrics> runs) {
       "or mark for its name.</p>\n",
       runs.size(), runs.size() == 1 ? "run" : "runs overlaid, one colour each", kDefaultSmoothing);
   html += summary_table(views);
-  for (const Phase phase : phases_present(runs)) html += phase_section(phase, views);
-  return html + "</body>\n</html>\n";
+  std::size_t charts = 0;
+  for (const Phase phase : phases_present(runs)) {
+    auto [section, count] = phase_section(phase, views);
+    html += section;
+    charts += count;
+  }
+  return {html + "</body>\n</html>\n", charts};
 }
+
+}  // namespace
+
+std::string render_report(std::span<const RunMetrics> runs) { return render_page(runs).first; }
 
 ReportSummary write_report(std::span<const std::string> runs, const std::string& output) {
   if (runs.empty())
@@ -255,13 +278,15 @@ ReportSummary write_report(std::span<const std::string> runs, const std::string&
   read.reserve(runs.size());
   for (const std::string& run : runs) read.push_back(read_run(run));
   refuse_input_as_output(read, output);
-  const std::string html = render_report(read);
+  const auto [html, charts] = render_page(read);
   core::AtomicFile file(output);
   file.write(html);
   file.commit();
-  ReportSummary summary{.output = output, .runs = read.size(), .phases = phases_present(read)};
-  for (const Phase phase : summary.phases) summary.charts += chart_count(phase);
-  summary.bytes = html.size();
+  ReportSummary summary{.output = output,
+                        .runs = read.size(),
+                        .phases = phases_present(read),
+                        .charts = charts,
+                        .bytes = html.size()};
   return summary;
 }
 

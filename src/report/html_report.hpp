@@ -4,8 +4,10 @@
 // (SFT, reward, DPO) of line charts against the step, several runs overlaid one colour each.
 // Inline CSS and SVG only: no script, no network, nothing to install.
 //
-// The page's structure is a contract for tests and scripts: <section data-phase="sft|reward|dpo">
-// per phase present, and in it each chart an <svg class="chart" data-phase=... data-metric=...>.
+// The page's structure is a contract for tests and scripts: <section
+// data-phase="sft|reward|dpo|grpo"> per phase present, and in it each chart an <svg class="chart"
+// data-phase=... data-metric=...>, and where charts were left out (phase_charts.hpp) one
+// <p class="not-drawn" data-phase=...> naming them.
 #pragma once
 
 #include <cstddef>

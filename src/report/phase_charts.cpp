@@ -15,15 +15,23 @@ namespace {
 
 // What a chart shows: a training field (and a second one, dashed, on the same chart) and the
 // evaluation field of the same quantity, if any.
+// A chart whose fields no run has is not drawn: the page's "Not drawn" line names it, with
+// `absent` as the reason when the phase says why (GRPO's kl: only with --beta).
 struct ChartSpec {
   std::string_view metric;  // its data-metric attribute
   std::string_view title;
   std::string_view y_label;
-  std::string_view train_field;
+  std::string_view train_field;   // "": none (a chart of evaluations only)
   std::string_view eval_field;    // "": no evaluation points
   std::string_view dashed_field;  // "": none
   ChartLine::Style style = ChartLine::Style::smoothed;
-  bool checkpoints = false;  // checkpoints on its step axis (the loss chart)
+  bool checkpoints = false;                     // checkpoints on its step axis (the loss chart)
+  std::string_view eval_legend = "evaluation";  // the evaluations' entry in the legend
+  std::string_view short_name;                  // in the "Not drawn" line; "": the title
+  std::string_view absent;                      // why its fields may be absent; "": "not recorded"
+  // The clip ratio: with --num-iterations 1 the policy is the one that sampled, the ratio is
+  // exactly 1 and nothing is clipped; the chart of a run that says so is flat zero.
+  bool fixed_with_one_iteration = false;
 };
 
 constexpr ChartSpec kLearningRate{.metric = "lr",
@@ -99,12 +107,24 @@ constexpr std::array kDpoCharts = {ChartSpec{.metric = "loss",
                                    kThroughput,
                                    kDataWait};
 
+// GRPO's two rewards on axes of their own: the training reward is the mean over the sampled
+// completions of the step's prompts; the evaluation's, the greedy completions' on the held-out
+// prompts (its sampled one, "reward_sampled", is drawn as points on the first).
 constexpr std::array kGrpoCharts = {ChartSpec{.metric = "reward",
-                                              .title = "Reward",
-                                              .y_label = "mean reward (eval: greedy)",
+                                              .title = "Training reward (sampled completions)",
+                                              .y_label = "mean reward, sampled",
                                               .train_field = "reward",
+                                              .eval_field = "reward_sampled",
+                                              .checkpoints = true,
+                                              .eval_legend = "evaluation, sampled",
+                                              .short_name = "training reward"},
+                                    ChartSpec{.metric = "eval_reward",
+                                              .title = "Evaluation reward (greedy completions)",
+                                              .y_label = "mean reward, greedy (held-out prompts)",
                                               .eval_field = "reward",
-                                              .checkpoints = true},
+                                              .eval_legend = "evaluation, greedy",
+                                              .short_name = "evaluation reward",
+                                              .absent = "no evaluation"},
                                     ChartSpec{.metric = "completions/mean_length",
                                               .title = "Completion length",
                                               .y_label = "tokens (mean)",
@@ -120,11 +140,14 @@ constexpr std::array kGrpoCharts = {ChartSpec{.metric = "reward",
                                     ChartSpec{.metric = "kl",
                                               .title = "KL to the reference",
                                               .y_label = "kl (k3, per token)",
-                                              .train_field = "kl"},
+                                              .train_field = "kl",
+                                              .absent = "no --beta"},
                                     ChartSpec{.metric = "clip_ratio/region_mean",
                                               .title = "Clipped tokens",
                                               .y_label = "clip_ratio/region_mean",
-                                              .train_field = "clip_ratio/region_mean"},
+                                              .train_field = "clip_ratio/region_mean",
+                                              .short_name = "clip ratio",
+                                              .fixed_with_one_iteration = true},
                                     kLearningRate,
                                     kGradNorm,
                                     kThroughput};
@@ -170,11 +193,14 @@ Chart make_chart(Phase phase, const ChartSpec& spec, std::span<const RunView> ru
   for (const RunView& view : runs) {
     const PhaseMetrics* p = view.run->phase(phase);
     if (p == nullptr) continue;
-    const Series& train = p->train_series(spec.train_field);
-    bool drawn = has_values(train);
-    if (drawn) {
-      chart.lines.push_back(
-          line_of(train, view, fmt::format("training {}", spec.train_field), spec.style));
+    bool drawn = false;
+    if (!spec.train_field.empty()) {
+      const Series& train = p->train_series(spec.train_field);
+      if (has_values(train)) {
+        chart.lines.push_back(
+            line_of(train, view, fmt::format("training {}", spec.train_field), spec.style));
+        drawn = true;
+      }
     }
     if (!spec.dashed_field.empty()) {
       const Series& second = p->train_series(spec.dashed_field);
@@ -188,6 +214,11 @@ Chart make_chart(Phase phase, const ChartSpec& spec, std::span<const RunView> ru
       if (field.empty()) continue;
       const Series& eval = p->eval_series(field);
       if (!has_values(eval)) continue;
+      // A chart of evaluations only: the points joined, to follow the trend.
+      if (spec.train_field.empty()) {
+        chart.lines.push_back(
+            line_of(eval, view, fmt::format("evaluation {}", field), ChartLine::Style::plain));
+      }
       chart.lines.push_back(
           line_of(eval, view, fmt::format("evaluation {}", field), ChartLine::Style::markers));
       evaluations = drawn = true;
@@ -195,7 +226,9 @@ Chart make_chart(Phase phase, const ChartSpec& spec, std::span<const RunView> ru
     if (drawn) {
       chart.legend.push_back({.symbol = LegendEntry::Symbol::line,
                               .colour = view.colour,
-                              .label = runs.size() > 1 ? view.label : "training"});
+                              .label = runs.size() > 1            ? view.label
+                                       : spec.train_field.empty() ? std::string(spec.eval_legend)
+                                                                  : std::string("training")});
     }
     for (const RunStart& start : p->starts) {
       if (!start.resumed) continue;
@@ -221,9 +254,10 @@ Chart make_chart(Phase phase, const ChartSpec& spec, std::span<const RunView> ru
     chart.legend.push_back(
         {.symbol = LegendEntry::Symbol::dashed_line, .colour = kNeutral, .label = "rejected"});
   }
-  if (evaluations) {
-    chart.legend.push_back(
-        {.symbol = LegendEntry::Symbol::marker, .colour = kNeutral, .label = "evaluation"});
+  if (evaluations && !spec.train_field.empty()) {  // (a chart of evaluations only: its lines)
+    chart.legend.push_back({.symbol = LegendEntry::Symbol::marker,
+                            .colour = kNeutral,
+                            .label = std::string(spec.eval_legend)});
   }
   if (!chart.restarts.empty()) {
     chart.legend.push_back(
@@ -236,6 +270,33 @@ Chart make_chart(Phase phase, const ChartSpec& spec, std::span<const RunView> ru
   return chart;
 }
 
+// Whether any run has a value of the chart's fields.
+bool any_values(Phase phase, const ChartSpec& spec, std::span<const RunView> runs) {
+  return std::any_of(runs.begin(), runs.end(), [&](const RunView& view) {
+    const PhaseMetrics* p = view.run->phase(phase);
+    if (p == nullptr) return false;
+    return (!spec.train_field.empty() && has_values(p->train_series(spec.train_field))) ||
+           (!spec.dashed_field.empty() && (has_values(p->train_series(spec.dashed_field)) ||
+                                           has_values(p->eval_series(spec.dashed_field)))) ||
+           (!spec.eval_field.empty() && has_values(p->eval_series(spec.eval_field)));
+  });
+}
+
+// Whether every run of the phase says it ran with --num-iterations 1 (each of its starts).
+bool one_iteration_everywhere(Phase phase, std::span<const RunView> runs) {
+  bool any = false;
+  for (const RunView& view : runs) {
+    const PhaseMetrics* p = view.run->phase(phase);
+    if (p == nullptr) continue;
+    if (p->starts.empty()) return false;  // a file that does not say
+    for (const RunStart& start : p->starts) {
+      if (start.num_iterations != 1) return false;
+    }
+    any = true;
+  }
+  return any;
+}
+
 }  // namespace
 
 std::string run_colour(std::size_t index) {
@@ -245,10 +306,32 @@ std::string run_colour(std::size_t index) {
   return std::string(kPalette.at(index % kPalette.size()));
 }
 
-std::vector<Chart> phase_charts(Phase phase, std::span<const RunView> runs) {
-  std::vector<Chart> charts;
-  for (const ChartSpec& spec : specs_of(phase)) charts.push_back(make_chart(phase, spec, runs));
-  return charts;
+PhaseCharts phase_charts(Phase phase, std::span<const RunView> runs) {
+  PhaseCharts out;
+  for (const ChartSpec& spec : specs_of(phase)) {
+    std::string name(spec.short_name.empty() ? spec.title : spec.short_name);
+    if (!any_values(phase, spec, runs)) {
+      out.left_out.push_back(
+          {.name = std::move(name),
+           .reason = std::string(spec.absent.empty() ? "not recorded" : spec.absent)});
+    } else if (spec.fixed_with_one_iteration && one_iteration_everywhere(phase, runs)) {
+      out.left_out.push_back(
+          {.name = std::move(name), .reason = "--num-iterations 1: the ratio is 1"});
+    } else {
+      out.charts.push_back(make_chart(phase, spec, runs));
+    }
+  }
+  return out;
+}
+
+std::string not_drawn_text(std::span<const LeftOutChart> left_out) {
+  if (left_out.empty()) return {};
+  std::string text = "Not drawn: ";
+  for (std::size_t i = 0; i < left_out.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += fmt::format("{} ({})", left_out[i].name, left_out[i].reason);
+  }
+  return text;
 }
 
 std::size_t chart_count(Phase phase) { return specs_of(phase).size(); }

@@ -201,6 +201,10 @@ void RunReader::add_run(const json& record, Phase phase) {
   start.backend = text_field(record, "backend");
   start.host = text_field(record, "host");
   start.resumed_from = text_field(record, "resumed_from");
+  if (const auto grpo = record.find("grpo"); grpo != record.end() && grpo->is_object()) {
+    start.beta = number_field(*grpo, "beta");
+    start.num_iterations = integer_field(*grpo, "num_iterations");
+  }
   if (start.total_steps) b.metrics.total_steps = start.total_steps;
   b.metrics.starts.push_back(std::move(start));
 }

@@ -43,6 +43,11 @@ struct RunStart {
   std::string backend;
   std::string host;
   std::string resumed_from;
+  // GRPO's settings as the record's "grpo" object gives them (absent from other phases and
+  // from files written before runs recorded them): what the report needs to tell a metric
+  // that cannot move in this run (clipping with one iteration) from one that did not.
+  std::optional<double> beta;
+  std::optional<std::int64_t> num_iterations;
 };
 
 // A "checkpoint" record.

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "kernels/ops.hpp"
 
 namespace l3::train {
 
@@ -39,6 +40,10 @@ void GrpoSettings::validate() const {
     throw core::usage_error("--advantage rloo needs --num-generations >= 2");
 }
 
+float GrpoSettings::logit_scale() const noexcept {
+  return tempered_logprobs ? kernels::logit_scale(temperature) : 1.0F;
+}
+
 void GrpoSettings::add_to(nlohmann::json& j) const {
   j["num_generations"] = num_generations;
   j["max_completion_length"] = max_completion_length;
@@ -53,6 +58,7 @@ void GrpoSettings::add_to(nlohmann::json& j) const {
   j["advantage"] = advantage_estimator_name(advantage);
   j["num_iterations"] = num_iterations;
   j["mask_truncated_completions"] = mask_truncated_completions;
+  j["logprobs"] = tempered_logprobs ? "tempered" : "raw";
   j["reward_match"] = reward_match_answer ? "answer" : "";
   j["reward_command"] = reward_command;
   j["reward_timeout"] = reward_timeout;

@@ -39,6 +39,10 @@ struct GrpoSettings {
   AdvantageEstimator advantage = AdvantageEstimator::grpo;
   std::int64_t num_iterations = 1;  // optimizer steps per generation batch
   bool mask_truncated_completions = false;
+  // Every log-probability the loss uses (the policy's, the old policy's, the reference's, the
+  // generator's) and the entropy are of softmax(logits / temperature), as TRL computes them;
+  // false (--raw-logprobs): of the raw logits.
+  bool tempered_logprobs = true;
   // Rewards, in this order: the built-in answer match, the verifier command, the reward model.
   // Weights: one per reward in use (empty: all 1).
   bool reward_match_answer = false;
@@ -49,6 +53,8 @@ struct GrpoSettings {
   std::vector<double> reward_weights;
   std::string log_completions;  // JSONL of every sample (rank 0 writes it); empty: none
 
+  // What the loss's logits are multiplied by (kernels::logit_scale: 1/temperature, or 1).
+  [[nodiscard]] float logit_scale() const noexcept;
   [[nodiscard]] double clip_high() const noexcept {
     return epsilon_high < 0 ? epsilon : epsilon_high;
   }

@@ -72,17 +72,23 @@ struct Trainer::Impl {
     const model::ModelConfig& mc = model.config();
     // The model as the options name it (a resumed run's own config is named by its checkpoint).
     const std::string& named = !config.init.empty() ? config.init : config.model;
-    reporter.run_started({{"phase", phase_name(config.phase)},
-                          {"step", first_step},
-                          {"total_steps", total},
-                          {"ranks", world.size()},
-                          {"backend", kernels::backend_name(ops.backend())},
-                          {"model", named.empty() ? mc.name : named},
-                          {"parameters", mc.parameter_count()},
-                          {"trainable_parameters", model.trainable_layout().parameter_count()},
-                          {"resumed", parts->resumed.has_value()},
-                          {"resumed_from", parts->resumed ? nlohmann::json(parts->resumed_from)
-                                                          : nlohmann::json(nullptr)}});
+    // The model's own tensors for its head: a reward model has the score head (H values), not
+    // the (V, H) lm_head; LoRA's adapters are counted in trainable_parameters only.
+    nlohmann::json record = {{"phase", phase_name(config.phase)},
+                             {"step", first_step},
+                             {"total_steps", total},
+                             {"ranks", world.size()},
+                             {"backend", kernels::backend_name(ops.backend())},
+                             {"model", named.empty() ? mc.name : named},
+                             {"parameters", model.layout().parameter_count()},
+                             {"trainable_parameters", model.trainable_layout().parameter_count()},
+                             {"resumed", parts->resumed.has_value()},
+                             {"resumed_from", parts->resumed ? nlohmann::json(parts->resumed_from)
+                                                             : nlohmann::json(nullptr)}};
+    // GRPO's settings: the report tells from them what cannot move in this run (--beta,
+    // --num-iterations).
+    if (config.phase == Phase::grpo) config.grpo.add_to(record["grpo"]);
+    reporter.run_started(std::move(record));
   }
 
   // One optimizer step: the data, forward and backward over the micro-batches (the gradient

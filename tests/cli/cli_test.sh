@@ -315,6 +315,13 @@ expect "a causal LM" contains "$(cat "$work/hf32/config.json")" '"LlamaForCausal
 expect "pad is <|finetune_right_pad_id|>" contains "$(cat "$work/hf32/config.json")" '"pad_token_id": 260'
 expect "one safetensors file" [ -f "$work/hf32/model.safetensors" ]
 expect "nothing partial left" [ ! -e "$work/hf32.partial" ]
+expect "its special-token ids are its tokenizer files'" python3 "$(dirname "$0")/../support/export_special_ids.py" "$work/hf32" 256
+# Llama 3's vocabulary trained on bytes data: the ids are still the bytes tokenizer's (256..511),
+# not Llama 3's 128000.., or transformers would never stop at the end of a turn.
+run "sft of tiny-llama3 on bytes data" 0 "$bin" sft --model tiny-llama3 --data "$work/train" --seq-len 32 --global-batch 2 --steps 1 --ckpt-dir "$work/tiny-ck" --no-progress
+run "export it" 0 "$bin" export --ckpt "$work/tiny-ck" --output "$work/tiny-hf"
+expect "its special-token ids are the bytes tokenizer's" python3 "$(dirname "$0")/../support/export_special_ids.py" "$work/tiny-hf" 256
+rm -rf "$work/tiny-ck" "$work/tiny-hf"
 run "eval of the checkpoint" 0 "$bin" eval --init "$work/ck" --data "$work/train" --seq-len 64
 ck_eval=$out
 run "eval of its export" 0 "$bin" eval --init "$work/hf32" --data "$work/train" --seq-len 64
@@ -340,6 +347,19 @@ assert all(-1e9 < p <= 0 for p in a["logprobs"]), a
 for k in ("prompt_ids", "new_ids", "logprobs"):
     assert a[k] == b[k], (k, a[k], b[k])' "$ck_generated" "$out"
 run "--logprobs needs --json" 2 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --logprobs
+# Tempered log-probabilities (GRPO's): of softmax(logits / T), the same draws.
+run "generate --logprobs at T 0.7" 0 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --max-new 6 --json --logprobs --temperature 0.7 --seed 3
+raw_generated=$out
+run "generate --tempered-logprobs" 0 "$bin" generate --init "$work/ck" --prompt "Reverse word1." --max-new 6 --json --logprobs --tempered-logprobs --temperature 0.7 --seed 3
+expect "the same tokens, other log-probabilities, each <= 0" python3 -c '
+import json, sys
+a, b = (json.loads(t) for t in sys.argv[1:3])
+assert a["new_ids"] == b["new_ids"] and a["prompt_ids"] == b["prompt_ids"], (a, b)
+assert a["logprobs"] != b["logprobs"] and a["prompt_logprobs"] != b["prompt_logprobs"], (a, b)
+assert all(p <= 0 for p in b["logprobs"] + b["prompt_logprobs"]), b' "$raw_generated" "$out"
+run "--tempered-logprobs needs --logprobs" 2 "$bin" generate --init "$work/ck" --prompt "x" --json --tempered-logprobs --temperature 0.7
+run "--tempered-logprobs needs a temperature" 2 "$bin" generate --init "$work/ck" --prompt "x" --json --logprobs --tempered-logprobs
+expect "says so" contains "$err" "--temperature T > 0"
 run "export --dtype fp16 is refused" 2 "$bin" export --ckpt "$work/ck" --output "$work/hf-x" --dtype fp16
 run "export --shard-size nonsense" 2 "$bin" export --ckpt "$work/ck" --output "$work/hf-x" --shard-size 5XB
 cp -r "$work/hf32" "$work/hf-cut" && truncate -s 5000 "$work/hf-cut/model.safetensors"

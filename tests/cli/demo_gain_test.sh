@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The demo as the README runs it (its default steps, 2 ranks): its GRPO stage raises the exact-
-# answer accuracy of greedy completions on the held-out prompts. metrics-grpo.jsonl has an
-# evaluation at step 0 and at the last step; the last's "reward" (that accuracy) is the higher,
-# and the demo prints both.
+# The demo at its default steps, on 2 ranks as the README runs it and on 1: its GRPO stage
+# raises the exact-answer accuracy of greedy completions on the held-out prompts on both (their
+# SFT models differ in their last bits). metrics-grpo.jsonl has an evaluation at step 0 and at
+# the last step; the last's "reward" (that accuracy) is the higher, and the demo prints both.
+# Then the commands its closing hint prints run as written (on a machine without a model
+# download: tiny-llama3 and the byte tokenizer), at a test's sizes.
 #   demo_gain_test.sh LLAMA3_HPC MPIEXEC
 set -uo pipefail
 bin=$1
@@ -10,20 +12,55 @@ mpiexec=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/l3-demo-gain-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
-if ! timeout -k 5 240 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" >"$work/out" 2>"$work/err"; then
-  tail -5 "$work/err"
-  echo "FAIL: the demo failed"
-  exit 1
-fi
-grep '^  GRPO ' "$work/out"
-python3 - "$work/demo/metrics-grpo.jsonl" "$work/out" <<'PY'
+for ranks in 2 1; do
+  if ! timeout -k 5 240 "$mpiexec" -n "$ranks" "$bin" demo --workdir "$work/demo-$ranks" \
+    >"$work/out-$ranks" 2>"$work/err"; then
+    tail -5 "$work/err"
+    echo "FAIL: the demo failed on $ranks rank(s)"
+    exit 1
+  fi
+  grep '^  GRPO ' "$work/out-$ranks"
+  python3 - "$work/demo-$ranks/metrics-grpo.jsonl" "$work/out-$ranks" "$ranks" <<'PY' || exit 1
 import json, re, sys
 evals = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"eval"' in l]
-assert [e["step"] for e in evals] == [0, 20], [e["step"] for e in evals]
+assert [e["step"] for e in evals] == [0, 40], [e["step"] for e in evals]
 first, last = evals[0]["reward"], evals[-1]["reward"]
 assert last > first, (first, last)
 printed = re.search(r"held-out prompts ([0-9.]+)% -> ([0-9.]+)%", open(sys.argv[2]).read())
 assert printed and abs(float(printed.group(1)) - 100 * first) < 0.06, printed
 assert abs(float(printed.group(2)) - 100 * last) < 0.06, printed
-print(f"ok: exact answers of greedy completions {100 * first:.1f}% -> {100 * last:.1f}%")
+print(f"ok: {sys.argv[3]} rank(s): exact answers of greedy completions {100 * first:.1f}% -> {100 * last:.1f}%")
 PY
+done
+cp "$work/out-2" "$work/out"
+
+# The closing hint's commands, as printed (the sizes' line set to a test's): the program on PATH,
+# the demo's records, every phase, eval, generate --input, export and report.
+sed -n '/^Next, README.md/,/^See docs/p' "$work/out" | grep '^  ' | sed 's/^  //' |
+  sed 's/^SEQ=256 BATCH=8 STEPS=20 .*/SEQ=128 BATCH=4 STEPS=1/' >"$work/hint.sh"
+grep -q '^SEQ=128 BATCH=4 STEPS=1$' "$work/hint.sh" || {
+  cat "$work/hint.sh"
+  echo "FAIL: the hint has no 'SEQ=256 BATCH=8 STEPS=20' line to size for a test"
+  exit 1
+}
+for needed in "prep prompts" "grpo " "generate --init ckpt/grpo --input" "export " "report "; do
+  grep -q "llama3-hpc $needed" "$work/hint.sh" || {
+    echo "FAIL: the hint has no 'llama3-hpc $needed'"
+    exit 1
+  }
+done
+mkdir "$work/next"
+# mpiexec as the hint names it, from the test's MPI
+if ! (cd "$work/next" && PATH="$(dirname "$mpiexec"):$PATH" timeout -k 5 300 bash -e ../hint.sh) \
+  >"$work/hint.out" 2>&1; then
+  tail -20 "$work/hint.out"
+  echo "FAIL: the demo's closing hint, run as written"
+  exit 1
+fi
+for made in ckpt/rm ckpt/dpo ckpt/grpo hf/dpo/config.json completions.jsonl report.html; do
+  [[ -e "$work/next/$made" ]] || {
+    echo "FAIL: the hint's commands made no $made"
+    exit 1
+  }
+done
+echo "ok: the demo's closing hint runs as written ($(grep -c . "$work/hint.sh") lines)"

@@ -136,6 +136,21 @@ EOF
 )
 expect "the screenshot is the page drawn ($image)" [ "$image" = ok ]
 
+# The summary fits a 1280-pixel window, nothing to scroll sideways, with long run names and a
+# long model path: a script added to a copy of the page measures the table's box.
+for name in sft-llama3.1-8b-instruct-lr3e-5-zero3-lora-r16-alpha32-seed1234 \
+  sft-llama3.1-8b-instruct-lr1e-5-zero3-full-finetune-baseline-seed1234; do
+  cp -r "$work/t/runs/a" "$work/t/$name"
+  sed -i 's|"model": "tiny"|"model": "/scratch/project_465000123/models/Meta-Llama-3.1-8B-Instruct-long-name"|' \
+    "$work/t/$name"/*.jsonl
+done
+run "a report of long names" 0 "$bin" report "$work/t"/sft-* --output "$work/t/wide.html"
+sed 's|</body>|<script>const d = document.querySelector("div.table"); document.body.dataset.fits = d.scrollWidth <= d.clientWidth \&\& document.documentElement.scrollWidth <= 1280 ? "ok" : d.scrollWidth + " px in " + d.clientWidth;</script></body>|' \
+  "$work/t/wide.html" >"$work/t/measured.html"
+fits=$(chrome --window-size=1280,800 --dump-dom "file://$work/t/measured.html" |
+  grep -o 'data-fits="[^"]*"')
+expect "the summary fits a 1280-pixel window ($fits)" [ "$fits" = 'data-fits="ok"' ]
+
 if [[ $failures -gt 0 ]]; then
   echo "chromium's stderr, last lines:"
   tail -20 "$work/chromium.log"

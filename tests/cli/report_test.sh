@@ -127,4 +127,79 @@ bad_run "--output the metrics file" "is a metrics file the report reads" \
 bad_run "--output in a missing directory" "does not exist" runs/a --output nowhere/r.html
 expect "the metrics file untouched" [ "$(cksum <runs/b/metrics.jsonl)" = "$metrics_before" ]
 
+# --- what the trainer records, from real runs of the tiny model (vocab 512, hidden 64, its
+# lm_head not tied), a step each. A reward model counts its score head (64 values), not the
+# lm_head (512 x 64) it does not have. GRPO without --beta and with one iteration per generation
+# batch: no chart of the KL (never recorded) or of the clip ratio (the ratio is 1), one line
+# saying so; the sampled training reward and the greedy evaluation's on charts of their own. ---
+mkdir -p "$work/real" && cd "$work/real" || exit 1
+for i in 1 2 3 4 5 6 7 8; do
+  printf '{"prompt":"Reverse w%s.","completion":"%sw"}\n' "$i" "$i" >>sft.jsonl
+  printf '{"prompt":"Reverse w%s.","chosen":"%sw","rejected":"w%s"}\n' "$i" "$i" "$i" >>pairs.jsonl
+  printf '{"prompt":"Reverse w%s.","answer":"%sw"}\n' "$i" "$i" >>prompts.jsonl
+done
+run "prep sft" 0 "$bin" prep sft --input sft.jsonl --tokenizer bytes --output sft
+run "prep preference" 0 "$bin" prep preference --input pairs.jsonl --tokenizer bytes --output pairs
+run "prep prompts" 0 "$bin" prep prompts --input prompts.jsonl --tokenizer bytes --output prompts \
+  --val-fraction 0.25
+step=(--seq-len 128 --global-batch 2 --lr 1e-3 --steps 1 --log-every 0 --no-progress)
+run "an SFT step" 0 "$bin" sft --model tiny --data sft "${step[@]}" --ckpt-dir ck \
+  --metrics metrics-sft.jsonl
+run "a reward step" 0 "$bin" reward --model tiny --data pairs "${step[@]}" \
+  --metrics metrics-reward.jsonl
+run "a GRPO step" 0 "$bin" grpo --init ck --data prompts/train --val-data prompts/val \
+  --eval-every 1 --reward-match answer --num-generations 2 --micro-batch 2 \
+  --max-completion-length 4 "${step[@]}" --metrics metrics-grpo.jsonl
+parameters() {
+  python3 -c 'import json, sys
+print(next(r["parameters"] for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "run"))' "$1"
+}
+sft_parameters=$(parameters metrics-sft.jsonl)
+reward_parameters=$(parameters metrics-reward.jsonl)
+expect "a reward model's parameters: the SFT model's less the lm_head plus the score head ($sft_parameters, $reward_parameters)" \
+  [ "$reward_parameters" = $((sft_parameters - 512 * 64 + 64)) ]
+# The same GRPO run as if it had --beta and two iterations: its KL and clip ratio are drawn.
+python3 - <<'PY'
+import json
+with open("metrics-grpo.jsonl") as f, open("beta.jsonl", "w") as out:
+    for r in map(json.loads, f):
+        if r["kind"] == "run":
+            r["grpo"].update(beta=0.04, num_iterations=2)
+        if r["kind"] == "train":
+            r["kl"] = 0.01
+        out.write(json.dumps(r) + "\n")
+PY
+run "the report of the real runs" 0 "$bin" report . --output real.html
+run "with a run that has --beta" 0 "$bin" report . beta.jsonl --output beta.html
+checks=$(python3 - <<'PY'
+import re
+problems = []
+def grpo(page):
+    html = open(page, encoding="utf-8").read()
+    section = html[html.index('<section data-phase="grpo"'):]
+    charts = dict(re.findall(r'<svg class="chart" data-phase="grpo" data-metric="([^"]*)"(.*?)</svg>',
+                             section, re.S))
+    line = re.findall(r'<p class="not-drawn" data-phase="grpo">(.*?)</p>', section)
+    return html, charts, line
+html, charts, line = grpo("real.html")
+if "kl" in charts or "clip_ratio/region_mean" in charts:
+    problems.append("an empty chart drawn: %s" % sorted(charts))
+want = "Not drawn: KL to the reference (no --beta), clip ratio (--num-iterations 1: the ratio is 1)."
+if line != [want]:
+    problems.append("the not-drawn line %s" % line)
+train, greedy = charts.get("reward", ""), charts.get("eval_reward", "")
+if "training reward<" not in train or "evaluation reward<" in train:
+    problems.append("the training reward's chart")
+if "evaluation reward<" not in greedy or "training reward<" in greedy:
+    problems.append("the greedy evaluation's chart")
+if html.count('class="not-drawn"') != 1:
+    problems.append("a not-drawn line outside GRPO's section")
+html, charts, line = grpo("beta.html")
+if "kl" not in charts or "clip_ratio/region_mean" not in charts or line:
+    problems.append("with --beta: charts %s, line %s" % (sorted(charts), line))
+print("; ".join(problems) or "ok")
+PY
+)
+expect "GRPO's charts: $checks" [ "$checks" = ok ]
+
 finish_cli_checks "report checks"

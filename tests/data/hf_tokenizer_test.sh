@@ -57,6 +57,8 @@ for file in tokenizer.json tokenizer_config.json special_tokens_map.json origina
   [[ -f hf/$file ]] || fail "the export holds $file"
 done
 echo "ok   [the export holds tokenizer.json, tokenizer_config.json, special_tokens_map.json]"
+python3 "$source_dir/tests/support/export_special_ids.py" hf 128000 >ids.log 2>&1 || fail "special-token ids: $(cat ids.log)"
+echo "ok   [config.json and generation_config.json name Meta's special-token ids: $(cat ids.log)]"
 
 # Real text: Meta's reference encodings, and every line of the docs through our tokenizer. Not
 # the lines that spell a special token ("<|eot_id|>" in the docs' prose): llama3-hpc encodes such

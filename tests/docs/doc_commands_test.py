@@ -3,12 +3,12 @@
 
 Every ```sh block must be preceded by a marker comment, invisible on the rendered page:
 
-    <!-- doc-test: run [VAR=VALUE ...] [with=data,ckpt] [needs=meta-tokenizer] -->
+    <!-- doc-test: run [VAR=VALUE ...] [with=data,ckpt] [needs=meta-tokenizer] [; again VAR=VALUE ...] -->
     <!-- doc-test: skip REASON -->
 
 `run` blocks are run in order, each file's in a directory of its own that holds the inputs the
 docs name (chat.jsonl, pairs.jsonl, prefs.jsonl, sft.jsonl, prompts.jsonl, data/sft-*.jsonl.gz,
-sft.ini, a
+the demo's llama3-hpc-demo/input/{instructions,preferences,prompts}.jsonl, sft.ini, a
 model directory standing for a Hugging Face download (the tiny model, its tokenizer the bytes
 one), tokenizer.model when Meta's is given)
 and build/bin/llama3-hpc, with llama3-hpc on PATH. VAR=VALUE sets a variable the block shows
@@ -18,7 +18,8 @@ out, everything else runs as written ($MODEL_DIR in a value is that model direct
 pairs/ with train/ and val/ (README's names), `with=ckpt` ckpt/sft (SFT
 from the model directory) and ckpt/rm (a reward model from it): the datasets and checkpoints
 the docs' later commands start from. `needs=meta-tokenizer` skips the block without Meta's
-tokenizer (L3_LLAMA3_TOKENIZER). `skip`
+tokenizer (L3_LLAMA3_TOKENIZER). `; again VAR=VALUE ...` runs the block once more, in a fresh
+directory, with those values instead (README's block with a model download and without). `skip`
 blocks say why they cannot run on a CPU machine in a test (a GPU, Slurm, Spack, a download, a
 build). A block without a marker fails the test: every command is either run or accounted for.
 
@@ -102,6 +103,12 @@ def write_inputs(work, tokenizer):
     for part in range(2):
         with gzip.open("data/sft-%04d.jsonl.gz" % part, "wt") as f:
             f.writelines(json.dumps(r) + "\n" for r in sft[part::2])
+    # What `llama3-hpc demo` writes as its input records (README's D), in the same formats.
+    os.makedirs("llama3-hpc-demo/input", exist_ok=True)
+    for name, records in (("instructions", sft), ("preferences", pairs)):
+        with open("llama3-hpc-demo/input/%s.jsonl" % name, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    shutil.copy("prompts.jsonl", "llama3-hpc-demo/input/prompts.jsonl")
     with open("sft.ini", "w") as f:
         f.write("model = tiny\ndata = sft-ini-data\nseq-len = 64\nglobal-batch = 4\nsteps = 4\n"
                 "ckpt-dir = ckpt/sft-ini\nno-progress = true\n")
@@ -169,18 +176,47 @@ def main():
     failures, ran, skipped = [], 0, 0
     env = dict(os.environ, L3_ERROR_GRACE_SECONDS="3", OMP_NUM_THREADS="1")
     env["PATH"] = os.path.dirname(binary) + os.pathsep + os.path.dirname(a.mpiexec) + os.pathsep + env["PATH"]
+
+    def new_directory(path):
+        """A directory with the docs' inputs and build/bin/llama3-hpc."""
+        os.makedirs(os.path.join(path, "build", "bin"))
+        os.symlink(binary, os.path.join(path, "build", "bin", "llama3-hpc"))
+        cwd = os.getcwd()
+        os.chdir(path)
+        write_inputs(path, tokenizer)
+        os.chdir(cwd)
+
+    def run_block(where, work, model_dir, assigned, wanted, body):
+        nonlocal ran
+        make_fixtures(binary, work, model_dir, wanted)
+        values = {k: v.replace("$MODEL_DIR", model_dir) for k, v in assigned.items()}
+        script = [c for c in commands(body)
+                  if not any(re.match(r"^\s*%s=" % re.escape(k), c) for k in values)]
+        text = "set -eo pipefail\n" + "".join(
+            "export %s=%s\n" % (k, v) for k, v in values.items()) + "\n".join(script) + "\n"
+        started = time.monotonic()
+        try:
+            done = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True,
+                                  text=True, errors="replace", timeout=600)
+            code, out = done.returncode, (done.stdout + done.stderr)
+        except subprocess.TimeoutExpired:
+            code, out = "time-out", ""
+        ran += 1
+        if code != 0:
+            failures.append("%s: exit %s\n%s\n  output: %s" % (
+                where, code, text, out.strip()[-1500:]))
+            print("FAIL %s (exit %s)" % (where, code), flush=True)
+        else:
+            print("ok   %s (%d commands, %.0f s)" % (where, len(script), time.monotonic() - started),
+                  flush=True)
+
     try:
         for name in files:
             found = blocks(os.path.join(a.source, name))
             if not found:
                 continue
             work = os.path.join(root, name.replace("/", "_"))
-            os.makedirs(os.path.join(work, "build", "bin"))
-            os.symlink(binary, os.path.join(work, "build", "bin", "llama3-hpc"))
-            cwd = os.getcwd()
-            os.chdir(work)
-            write_inputs(work, tokenizer)
-            os.chdir(cwd)
+            new_directory(work)
             model_dir = None
             for line, kind, args, body in found:
                 where = "%s:%d" % (name, line)
@@ -192,7 +228,8 @@ def main():
                         failures.append(where + ": skip without a reason")
                     skipped += 1
                     continue
-                words = args.split()
+                first, *agains = [part.strip() for part in args.split(";")]
+                words = first.split()
                 if "needs=meta-tokenizer" in words and not tokenizer:
                     print("SKIP %s: needs Meta's tokenizer (L3_LLAMA3_TOKENIZER)" % where)
                     skipped += 1
@@ -202,27 +239,16 @@ def main():
                 wanted = next((w[5:].split(",") for w in words if w.startswith("with=")), [])
                 if model_dir is None:
                     model_dir = make_model(binary, work)
-                make_fixtures(binary, work, model_dir, wanted)
-                values = {k: v.replace("$MODEL_DIR", model_dir) for k, v in assigned.items()}
-                script = [c for c in commands(body)
-                          if not any(re.match(r"^\s*%s=" % re.escape(k), c) for k in values)]
-                text = "set -eo pipefail\n" + "".join(
-                    "export %s=%s\n" % (k, v) for k, v in values.items()) + "\n".join(script) + "\n"
-                started = time.monotonic()
-                try:
-                    done = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True,
-                                          text=True, errors="replace", timeout=600)
-                    code, out = done.returncode, (done.stdout + done.stderr)
-                except subprocess.TimeoutExpired:
-                    code, out = "time-out", ""
-                ran += 1
-                if code != 0:
-                    failures.append("%s: exit %s\n%s\n  output: %s" % (
-                        where, code, text, out.strip()[-1500:]))
-                    print("FAIL %s (exit %s)" % (where, code), flush=True)
-                else:
-                    print("ok   %s (%d commands, %.0f s)" % (where, len(script), time.monotonic() - started),
-                          flush=True)
+                run_block(where, work, model_dir, assigned, wanted, body)
+                for n, again in enumerate(agains, 1):
+                    if not again.startswith("again "):
+                        failures.append(where + ": '%s' after ';' (write: again VAR=VALUE ...)" % again)
+                        continue
+                    other = os.path.join(root, "%s-again-%d-%d" % (name.replace("/", "_"), line, n))
+                    new_directory(other)
+                    values = dict(assigned, **dict(w.split("=", 1) for w in again.split()[1:]))
+                    run_block("%s (again %s)" % (where, again[6:]), other, model_dir,
+                              values, wanted, body)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for f in failures:

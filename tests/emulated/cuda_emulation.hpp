@@ -164,6 +164,8 @@ T __shfl_xor_sync(unsigned int mask, T value, int lane_mask) {
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float rsqrtf(float x) { return 1.0F / std::sqrt(x); }
+// A product rounded on its own (never contracted into an FMA; the host build has no FMA).
+inline float __fmul_rn(float a, float b) { return a * b; }
 
 // CUDA's global min/max (device overloads for every arithmetic type).
 template <typename A, typename B>

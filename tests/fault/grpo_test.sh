@@ -75,9 +75,10 @@ base_args=(grpo --init "$work/sft-ckpt" --data "$work/prompts/train" --reward-ma
 similarity=(--reward-command "python3 $work/similarity.py")
 grpo_args=("${base_args[@]}" "${similarity[@]}" --steps 6 --checkpoint-every 2)
 
-# --- 1 rank, 2 ranks ---
+# --- 1 rank, 2 ranks (and the 1-rank run's evaluation at its last step, which trains nothing) ---
 run 1 "${grpo_args[@]}" --ckpt-dir "$work/one" --metrics "$work/one.jsonl" \
-  --log-completions "$work/one-samples.jsonl" || fail "grpo on 1 rank (rc $?): $(tail -3 "$work/last.err")"
+  --log-completions "$work/one-samples.jsonl" --val-data "$work/prompts/val" --eval-every 6 ||
+  fail "grpo on 1 rank (rc $?): $(tail -3 "$work/last.err")"
 run 2 "${grpo_args[@]}" --ckpt-dir "$work/two" --metrics "$work/two.jsonl" \
   --log-completions "$work/two-samples.jsonl" || fail "grpo on 2 ranks (rc $?): $(tail -3 "$work/last.err")"
 if cmp -s <(grep '"step":1,' "$work/one-samples.jsonl") <(grep '"step":1,' "$work/two-samples.jsonl") &&
@@ -125,6 +126,41 @@ PY
   pass "2 ranks follow 1 rank; the log gives every advantage and the loss; the metrics are TRL's"
 else
   fail "2 ranks against 1, the log's advantages and loss, the metrics"
+fi
+
+# --- eval of the GRPO checkpoint on prompt data: grpo's own greedy evaluation, on 1 and 2 ranks ---
+eval_one="" eval_two=""
+if run 1 eval --init "$work/one" --data "$work/prompts/val"; then
+  eval_one=$(cat "$work/last.out")
+else
+  fail "eval of the GRPO checkpoint on prompts: $(tail -3 "$work/last.err")"
+fi
+if run 2 eval --init "$work/one" --data "$work/prompts/val"; then
+  eval_two=$(cat "$work/last.out")
+else
+  fail "eval on 2 ranks: $(tail -3 "$work/last.err")"
+fi
+if python3 - "$work/one.jsonl" "$eval_one" "$eval_two" <<'PY'; then
+import json, sys
+final = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"eval"' in l][-1]
+one, two = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+assert final["step"] == 6, final
+key = "rewards/answer_match/mean"
+assert one[key] == two[key] == final[key], (one, two, final)
+assert one["completions/mean_length"] == final["completions/mean_length"], (one, final)
+assert one["prompts"] == final["prompts"] > 0, (one, final)
+print(f"exact-answer accuracy {one[key]} on {one['prompts']:.0f} prompts")
+PY
+  pass "eval of a GRPO checkpoint on prompts: grpo's greedy accuracy at that step, on 1 and 2 ranks"
+else
+  fail "eval of the GRPO checkpoint on prompts: $eval_one $eval_two"
+fi
+run 1 eval --init "$work/one" --data "$work/prompts/val" --max-completion-length 99999999
+rc=$?
+if [[ $rc -eq 2 ]]; then
+  pass "eval --max-completion-length out of range: exit 2"
+else
+  fail "eval --max-completion-length out of range (rc $rc): $(cat "$work/last.err")"
 fi
 
 # --- ZeRO-3: the engine gathers the sharded weights; the same completions and losses ---

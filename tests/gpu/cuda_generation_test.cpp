@@ -202,7 +202,8 @@ Sampled sample_on_gpu(l3::cuda::CudaOps& gpu, const l3::kernels::Buffer& logits,
                      .temperature = rule.temperature,
                      .top_p = rule.top_p,
                      .top_k = rule.top_k,
-                     .vocab_limit = vocab_limit});
+                     .vocab_limit = vocab_limit,
+                     .logprob_scale = rule.logprob_scale});
   return {l3::test::download_raw<std::int32_t>(gpu, tokens.view()), download(gpu, logprobs.view())};
 }
 
@@ -289,14 +290,22 @@ TEST_CASE("sample_tokens with temperature, top-k and top-p: the CPU's tokens", "
         for (const std::int64_t vocab_limit : {std::int64_t{0}, std::int64_t{2500}}) {
           INFO("ties " << ties << ", temperature " << temperature << ", top_k " << top_k
                        << ", top_p " << top_p << ", vocab_limit " << vocab_limit);
-          const l3::kernels::cpu::SamplingRule rule{
-              .temperature = temperature, .top_p = top_p, .top_k = top_k};
-          const Sampled cpu = sample_on_cpu(logits, uniforms, vocab, rule, vocab_limit);
-          const Sampled got = sample_on_gpu(gpu, glogits, guniforms, rule, vocab_limit);
-          CHECK((got.tokens == cpu.tokens));
-          const double error = max_abs_error(got.logprobs, cpu.logprobs);
-          CHECK(error <= 1e-5);
-          worst_logprob = std::max(worst_logprob, error);
+          // raw log-probabilities, and tempered ones (GRPO's: of softmax(logits / T))
+          for (const bool tempered : {false, true}) {
+            if (tempered && top_k != 0) continue;  // the scale touches the statistics only
+            INFO("tempered log-probabilities " << tempered);
+            const l3::kernels::cpu::SamplingRule rule{
+                .temperature = temperature,
+                .top_p = top_p,
+                .top_k = top_k,
+                .logprob_scale = tempered ? l3::kernels::logit_scale(temperature) : 1.0F};
+            const Sampled cpu = sample_on_cpu(logits, uniforms, vocab, rule, vocab_limit);
+            const Sampled got = sample_on_gpu(gpu, glogits, guniforms, rule, vocab_limit);
+            CHECK((got.tokens == cpu.tokens));
+            const double error = max_abs_error(got.logprobs, cpu.logprobs);
+            CHECK(error <= 1e-5);
+            worst_logprob = std::max(worst_logprob, error);
+          }
         }
       }
     }

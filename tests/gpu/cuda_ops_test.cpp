@@ -564,6 +564,29 @@ TEST_CASE("fused lm_head + masked cross-entropy", "[gpu]") {
                              .rows = gr.view(),
                              .targets = gt.view()});
   CHECK(download_raw<double>(gpu, fsum.view()).at(0) == Approx(cpu.loss).epsilon(1e-4));
+  // Logits divided by a sampling temperature (GRPO's): the CPU's loss and gradients with the
+  // same logit_scale.
+  {
+    const float t_scale = l3::kernels::logit_scale(0.7);
+    std::vector<float> dht(n * hidden), dwt(vocab * hidden, 0.0F);
+    const auto cpu_t = l3::kernels::cpu::lm_head_cross_entropy(
+        dht, dwt, h, w, rows, row_targets, vocab, hidden, scale, {.logit_scale = t_scale});
+    const auto tsum = upload_raw(gpu, std::vector<double>{0.0});
+    const auto gdwt = upload(gpu, std::vector<float>(vocab * hidden, 0.0F), {vocab, hidden});
+    gpu.lm_head_cross_entropy({.loss_sum = tsum.view(),
+                               .dh = gdh.view(),
+                               .dw = gdwt.view(),
+                               .h = gh.view(),
+                               .w = gw.view(),
+                               .rows = gr.view(),
+                               .targets = gt.view(),
+                               .grad_scale = scale,
+                               .logit_scale = t_scale});
+    CHECK(download_raw<double>(gpu, tsum.view()).at(0) == Approx(cpu_t.loss).epsilon(1e-4));
+    CHECK(std::abs(cpu_t.loss - cpu.loss) > 1e-2 * std::abs(cpu.loss));
+    expect_close("dh at T = 0.7", download(gpu, gdh.view()), dht, 2e-2);
+    expect_close("dw at T = 0.7", download(gpu, gdwt.view()), dwt, 2e-2);
+  }
   // Nothing counted: dh all zero, the sum unchanged.
   gpu.lm_head_cross_entropy({.loss_sum = fsum.view(),
                              .dh = gdh.view(),

@@ -4,11 +4,15 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -368,6 +372,78 @@ TEST_CASE("the passive wait policy gives the active policy's bits", "[dist]") {
   CHECK(passive.broadcast == "from rank 0");
   CHECK(passive.ring == (r + n - 1) % n);
   CHECK(passive.failure_seen == 0);
+}
+
+TEST_CASE("threads per rank: the fewest cores the mask, a quota, Slurm or the node's share allow",
+          "[dist]") {
+  using dist::CpuView;
+  const auto budget = [](const CpuView& v, const char* omp = nullptr) {
+    return dist::thread_budget(v, omp);
+  };
+  // An unbound rank: its share of the node.
+  CHECK(budget({.affinity_cpus = 16, .node_cpus = 16, .ranks_on_node = 2}).threads == 8);
+  CHECK(budget({.affinity_cpus = 16, .node_cpus = 16, .ranks_on_node = 2}).reason ==
+        "16 cpus / 2 ranks on the node");
+  CHECK(budget({.affinity_cpus = 2, .node_cpus = 2, .ranks_on_node = 4}).threads == 1);
+  // Bound by the launcher: all of its mask.
+  CHECK(budget({.affinity_cpus = 4, .node_cpus = 64, .ranks_on_node = 8}).threads == 4);
+  CHECK(budget({.affinity_cpus = 4, .node_cpus = 64, .ranks_on_node = 8}).reason ==
+        "bound to 4 cpus");
+  // A container's quota on a larger host: the quota's share, the mask notwithstanding.
+  const CpuView docker{.affinity_cpus = 64, .node_cpus = 64, .ranks_on_node = 1, .quota_cpus = 2.5};
+  CHECK(budget(docker).threads == 2);
+  CHECK(budget(docker).reason == "a CPU quota of 2.5 cpus (cgroup cpu.max) / 1 rank");
+  CHECK(docker.shared_cpus() == 2);
+  CHECK(budget({.affinity_cpus = 64, .node_cpus = 64, .ranks_on_node = 4, .quota_cpus = 2})
+            .threads == 1);
+  // Slurm's allocation without binding.
+  const CpuView slurm{.affinity_cpus = 32, .node_cpus = 32, .ranks_on_node = 2,
+                      .slurm_cpus_per_task = 6};
+  CHECK(budget(slurm).threads == 6);
+  CHECK(budget(slurm).reason == "SLURM_CPUS_PER_TASK=6");
+  // OMP_NUM_THREADS wins; nonsense in it does not.
+  CHECK(budget(slurm, "3").threads == 3);
+  CHECK(budget(slurm, "3").reason == "OMP_NUM_THREADS");
+  CHECK(budget(slurm, "x").threads == 6);
+  CHECK(budget({.affinity_cpus = 0, .node_cpus = 0, .ranks_on_node = 0}).threads == 1);
+}
+
+TEST_CASE("cgroup v2 cpu.max: the quota in cpus, 0 without one", "[dist]") {
+  const std::string file = std::filesystem::temp_directory_path() /
+                           ("l3-cpu-max-" + std::to_string(::getpid()));
+  const auto quota = [&](const char* text) {
+    std::ofstream(file) << text;
+    return dist::cgroup_cpu_quota(file.c_str());
+  };
+  CHECK(quota("200000 100000\n") == 2.0);
+  CHECK(quota("150000 100000\n") == 1.5);
+  CHECK(quota("max 100000\n") == 0.0);
+  CHECK(quota("garbage\n") == 0.0);
+  CHECK(quota("-5 100000\n") == 0.0);
+  std::filesystem::remove(file);
+  CHECK(dist::cgroup_cpu_quota(file.c_str()) == 0.0);  // no file: no quota known
+}
+
+TEST_CASE("a busy node: the other running threads, and the advice when they take the cores",
+          "[dist]") {
+  const std::string file = std::filesystem::temp_directory_path() /
+                           ("l3-stat-" + std::to_string(::getpid()));
+  std::ofstream(file) << "cpu  1 2 3\nintr 5 6\nprocs_running 5\nprocs_blocked 0\n";
+  CHECK(dist::other_running_threads(2, file.c_str()) == 3);   // 5 running, 2 of them ours
+  CHECK(dist::other_running_threads(8, file.c_str()) == 0);
+  std::ofstream(file) << "cpu  1 2 3\n";
+  CHECK(dist::other_running_threads(1, file.c_str()) == 0);   // nothing to read: not busy
+  std::filesystem::remove(file);
+  CHECK(dist::other_running_threads(1, file.c_str()) == 0);
+  CHECK(dist::other_running_threads(1) >= 0);                 // this machine's, whatever it is
+  CHECK(dist::busy_node_advice(0, 2, 1, 2).empty());          // idle
+  CHECK(dist::busy_node_advice(3, 2, 2, 1).empty());          // one thread: nothing to advise
+  CHECK(dist::busy_node_advice(1, 16, 2, 4).empty());         // 2 x 4 + 1 fit 16 cpus
+  const std::string advice = dist::busy_node_advice(1, 2, 1, 2);
+  CHECK_THAT(advice, Catch::Contains("1 other thread was running beside this job's 1 rank on 2 "
+                                     "cpus"));
+  CHECK_THAT(advice, Catch::Contains("OMP_NUM_THREADS=1 avoids that"));
+  CHECK_THAT(dist::busy_node_advice(6, 16, 2, 8), Catch::Contains("OMP_NUM_THREADS=5"));
 }
 
 TEST_CASE("the wait policy's rule: passive when a node's ranks would share cores", "[dist]") {

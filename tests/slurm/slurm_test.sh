@@ -10,8 +10,11 @@
 #             with the uninterrupted run's weights; the same from the node-local level
 #             (--ckpt-local) when it is newer than ckpt-dir; a job failing on every attempt fails
 #             loudly
-#   pipeline  jobs/pipeline.sh: prep -> sft -> reward and dpo -> grpo (with the reward model) end to end; a failed stage cancels
-#             the rest
+#   pipeline  jobs/pipeline.sh: each stage's sbatch line (a stand-in sbatch: every stage's, the
+#             training stages' and its own options; the prep job without the training's --gres);
+#             jobs/dpo.ini and grpo.ini hold only their command's options;
+#             prep -> sft -> reward and dpo -> grpo (with the reward model) end to end, prep on 1
+#             task and training on 2; a failed stage cancels the rest
 #
 #   slurm_test.sh CASE LLAMA3_HPC SOURCE_DIR MPIEXEC
 set -uo pipefail
@@ -246,6 +249,42 @@ restart)
   ;;
 
 pipeline)
+  # Each stage's sbatch line, from a stand-in sbatch that records its arguments ([word] each).
+  mkdir -p fake-bin
+  cat >fake-bin/sbatch <<'EOF'
+#!/usr/bin/env bash
+calls=0
+[[ -f $FAKE_SBATCH_LOG ]] && calls=$(wc -l <"$FAKE_SBATCH_LOG")
+{ printf '[%s]' "$@"; echo; } >>"$FAKE_SBATCH_LOG"
+echo "$((101 + calls))"
+EOF
+  chmod +x fake-bin/sbatch
+  touch p.ini s.ini r.ini d.ini g.ini
+  export FAKE_SBATCH_LOG=$work/sbatch-lines
+  PATH="$work/fake-bin:$PATH" "$source_dir/jobs/pipeline.sh" --prep p.ini --sft s.ini \
+    --reward r.ini --dpo d.ini --grpo g.ini --prep-sbatch '--partition=cpu --ntasks-per-node=32' \
+    --train-sbatch='--partition=gpu --gres=gpu:4' --dpo-sbatch --time=04:00:00 \
+    --grpo-sbatch "--comment='two words'" -- --account=proj >/dev/null
+  line=()
+  [[ -f $FAKE_SBATCH_LOG ]] && mapfile -t line <"$FAKE_SBATCH_LOG"
+  check "pipeline.sh: 5 sbatch calls" test "${#line[@]}" = 5
+  check "... prep: every stage's options and its own, not the training's" \
+    grep -q '^\[--parsable\]\[--account=proj\]\[--partition=cpu\]\[--ntasks-per-node=32\]\[[^]]*/prep\.sbatch\]\[p\.ini\]$' <<<"${line[0]-}"
+  check "... sft: every stage's, then the training stages'" \
+    grep -q '\[--kill-on-invalid-dep=yes\]\[--account=proj\]\[--partition=gpu\]\[--gres=gpu:4\]\[[^]]*/sft\.sbatch\]' <<<"${line[1]-}"
+  check "... dpo: after sft (job 102), its own options last" \
+    grep -q '^\[--parsable\]\[--dependency=afterok:102\].*\[--gres=gpu:4\]\[--time=04:00:00\]\[[^]]*/dpo\.sbatch\]' <<<"${line[3]-}"
+  check "... grpo: a quoted value stays one word" grep -q '\[--comment=two words\]\[[^]]*/grpo\.sbatch\]' <<<"${line[4]-}"
+  check "... options for a stage not given are refused (exit 2)" \
+    test "$(PATH="$work/fake-bin:$PATH" "$source_dir/jobs/pipeline.sh" --sft s.ini --reward-sbatch -N2 2>&1; echo "rc $?")" \
+    = "pipeline.sh: --reward-sbatch given without --reward"$'\n'"rc 2"
+  [[ $failures -eq 0 ]] || printf '%s\n' "${line[@]}"
+  # The example configs of jobs/: every key an option of their command (a plan of the tiny model).
+  plans() { "$bin" "$1" --config "$2" --model tiny --dry-run-memory --dry-run-ranks 8 >/dev/null 2>&1; }
+  for phase in dpo grpo; do
+    sed '/^init =/d' "$source_dir/jobs/$phase.ini" >"example-$phase.ini"
+    check "jobs/$phase.ini: every key is a '$phase' option" plans "$phase" "example-$phase.ini"
+  done
   printf 'kind = sft\ninput = %s/sft.jsonl\ntokenizer = bytes\noutput = %s/sft\n' "$work" "$work" >prep-sft.ini
   printf 'kind = preference\ninput = %s/pref.jsonl\ntokenizer = bytes\noutput = %s/pref\n' "$work" "$work" >prep-pref.ini
   sed 's/"completion"/"answer"/' "$work/sft.jsonl" >"$work/prompts.jsonl"
@@ -282,8 +321,11 @@ pipeline)
   } >grpo.ini
   mapfile -t jobs < <("$source_dir/jobs/pipeline.sh" --prep prep-sft.ini --prep prep-pref.ini \
     --prep prep-prompts.ini --sft sft.ini --reward reward.ini --dpo dpo.ini --grpo grpo.ini \
-    -- --ntasks-per-node=2)
+    --train-sbatch --ntasks-per-node=2 -- --comment=l3-pipeline)
   check "pipeline.sh submits 5 jobs (${jobs[*]})" test "${#jobs[@]}" = 5
+  check "prep runs on 1 task, the training stages on 2 (--train-sbatch), all with the -- options" \
+    test "$(for job in "${jobs[@]}"; do echo -n "$(job_field "${job#* }" NumTasks)/$(job_field "${job#* }" Comment) "; done)" \
+    = "1/l3-pipeline 2/l3-pipeline 2/l3-pipeline 2/l3-pipeline 2/l3-pipeline "
   sft_id=${jobs[1]#sft }
   check "sft waits for prep (afterok)" grep -q "afterok:${jobs[0]#prep }" <<<"$(job_field "$sft_id" Dependency)"
   reward_id=${jobs[2]#reward }

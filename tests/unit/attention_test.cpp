@@ -1,5 +1,6 @@
 #include "kernels/cpu/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "catch.hpp"
@@ -7,6 +8,7 @@
 #include "kernels/cpu/decode_attention.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/token_sampling.hpp"
+#include "kernels/ops.hpp"
 #include "numeric_support.hpp"
 #include "reference_ops.hpp"
 
@@ -255,5 +257,32 @@ TEST_CASE("a sampled token's log-probability is the cross-entropy kernel's row l
   for (std::int64_t r = 0; r < rows; ++r) {
     INFO("row " << r);
     CHECK(logprobs[static_cast<std::size_t>(r)] == -row_loss[static_cast<std::size_t>(r)]);
+  }
+
+  // Tempered (GRPO's, TRL's): the log-probabilities of softmax(logits / 0.7), the same draws,
+  // and the cross-entropy kernel with that logit_scale gives them as its row losses.
+  const float scale = l3::kernels::logit_scale(0.7);
+  std::vector<std::int32_t> tempered_tokens(rows);
+  std::vector<float> tempered(rows);
+  cpu::sample_tokens(tempered_tokens, tempered, logits, uniforms, vocab, vocab,
+                     {.temperature = 0.7, .top_p = 0.9, .top_k = 50, .logprob_scale = scale});
+  CHECK((tempered_tokens == tokens));
+  (void)cpu::lm_head_cross_entropy({}, {}, h, w, all_rows, tokens, vocab, hidden, 1.0F,
+                                   {.loss = row_loss, .logit_scale = scale}, 1 << 20);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    INFO("row " << r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(tempered[i] != logprobs[i]);
+    CHECK(tempered[i] == -row_loss[i]);
+    // fp64: z_token / T - logsumexp(z / T)
+    double top = -1e300;
+    for (std::int64_t v = 0; v < vocab; ++v)
+      top = std::max(top, static_cast<double>(logits[i * vocab + v]) / 0.7);
+    double sum = 0;
+    for (std::int64_t v = 0; v < vocab; ++v)
+      sum += std::exp(static_cast<double>(logits[i * vocab + v]) / 0.7 - top);
+    const double want = static_cast<double>(logits[i * vocab + tokens[i]]) / 0.7 - top -
+                        std::log(sum);
+    CHECK(tempered[i] == Approx(want).margin(1e-5));
   }
 }

@@ -1,4 +1,5 @@
 #include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/ops.hpp"
 
 #include "catch.hpp"
 #include "numeric_support.hpp"
@@ -71,6 +72,29 @@ TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
   CHECK(one.loss == Approx(sum.loss).epsilon(1e-12));
   CHECK(rel_error(dh1, dh) < 1e-6);
   CHECK(rel_error(dw1, dw) < 1e-6);
+
+  // Logits divided by a sampling temperature (GRPO's, TRL's): z = logit_scale * h w^T, the loss
+  // and both gradients those of the scaled logits.
+  const float t_scale = l3::kernels::logit_scale(0.7);
+  std::vector<float> dht(dh.size(), NAN);
+  std::vector<float> dwt(dw.size(), 0.0F);
+  const auto tempered = l3::kernels::cpu::lm_head_cross_entropy(
+      dht, dwt, h, w, c.rows, c.targets, vocab, hidden, scale, {.logit_scale = t_scale});
+  CHECK(tempered.loss == Approx(ref::cross_entropy(hd, wd, targets, mask, vocab, hidden, t_scale))
+                             .epsilon(1e-6));
+  CHECK(std::abs(tempered.loss - sum.loss) > 1e-3);  // the scale is applied
+  const auto fd_ht = l3::test::finite_differences(
+      [&](const std::vector<double>& x) {
+        return scale * ref::cross_entropy(x, wd, targets, mask, vocab, hidden, t_scale);
+      },
+      hd);
+  const auto fd_wt = l3::test::finite_differences(
+      [&](const std::vector<double>& x) {
+        return scale * ref::cross_entropy(hd, x, targets, mask, vocab, hidden, t_scale);
+      },
+      wd);
+  CHECK(rel_error(dht, fd_ht) < 1e-4);
+  CHECK(rel_error(dwt, fd_wt) < 1e-4);
 
   // Forward only, and nothing counted.
   const auto fwd =

@@ -114,7 +114,10 @@ std::vector<GenerationRequest> mixed_requests(std::uint32_t stream, std::int64_t
 TEST_CASE("generated log-probabilities equal the training forward's", "[generate]") {
   INFO("seed " << l3::test::test_seed());
   for (const bool tied : {false, true}) {
-    for (const double temperature : {0.0, 1.0}) {
+    // 0.7 with tempered log-probabilities: GRPO's (TRL's), of softmax(logits / 0.7)
+    for (const double temperature : {0.0, 1.0, 0.7}) {
+      const bool tempered = temperature == 0.7;
+      const float scale = tempered ? l3::kernels::logit_scale(temperature) : 1.0F;
       INFO("tied " << tied << ", temperature " << temperature);
       ModelConfig c = l3::model::preset("tiny");
       c.tie_word_embeddings = tied;
@@ -126,7 +129,7 @@ TEST_CASE("generated log-probabilities equal the training forward's", "[generate
       // prompt is prefilled in chunks, the later ones against its cached prefix.
       const auto outputs =
           generate_all(model, requests, {.slots = 3, .capacity = 32, .prefill_chunk = 6},
-                       {.temperature = temperature, .seed = 7});
+                       {.temperature = temperature, .seed = 7, .tempered_logprobs = tempered});
       REQUIRE(outputs.size() == requests.size());
       double worst = 0.0;
       std::size_t exact = 0;
@@ -138,7 +141,7 @@ TEST_CASE("generated log-probabilities equal the training forward's", "[generate
         std::vector<std::int32_t> sequence = requests[i].prompt;
         sequence.insert(sequence.end(), out.tokens.begin(), out.tokens.end());
         const auto expected =
-            l3::test::training_logprobs(model, sequence, requests[i].prompt.size());
+            l3::test::training_logprobs(model, sequence, requests[i].prompt.size(), scale);
         for (std::size_t t = 0; t < out.tokens.size(); ++t) {
           const double error = std::abs(out.logprobs[t] - expected[t]) /
                                std::max(1.0, static_cast<double>(std::abs(expected[t])));

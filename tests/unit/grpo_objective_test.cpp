@@ -1,7 +1,9 @@
 // GRPO's objective on the whole model: for each loss type the clipped surrogate's value and its
 // gradient against the fp64 reference model and finite differences, with the probability ratio
 // inside and outside the clip range (old log-probabilities given), and the policy gradient at a
-// ratio of 1 (none given): the gradient of sum_t w_t A_t log pi(t), whatever the loss's value.
+// ratio of 1 (none given): the gradient of sum_t w_t A_t log pi(t), whatever the loss's value;
+// at temperature 0.7 with TRL's tempered log-probabilities (logits / T in every log-probability
+// and the entropy), and with the raw ones that --raw-logprobs keeps.
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -42,14 +44,47 @@ struct Completion {
   float advantage = 0;
 };
 
-// The fp64 log-probability of token k of a sequence (k >= 1) under parameters x.
-double token_logp(const std::vector<double>& x, const l3::model::ParameterLayout& layout,
-                  const Completion& s, std::size_t k) {
+// The fp64 log-probability of token k of a sequence (k >= 1) under parameters x, of
+// softmax(logits / temperature) (TRL's GRPO divides the logits by the sampling temperature),
+// and the entropy of that distribution at the position predicting token k.
+struct TokenLogp {
+  double logp = 0;
+  double entropy = 0;
+};
+TokenLogp token_logp_entropy(const std::vector<double>& x, const l3::model::ParameterLayout& layout,
+                             const Completion& s, std::size_t k, double temperature) {
   std::vector<std::uint8_t> mask(s.tokens.size(), 0);
   mask[k] = 1;
   BatchBuilder b(1, kRow, 0);
   REQUIRE(b.add(s.tokens, mask) >= 0);
-  return -l3::test::reference::sft_loss(x, layout, b.finish());
+  const Batch batch = b.finish();
+  const std::vector<double> hidden = l3::test::reference::backbone(x, layout, batch);
+  const std::int64_t h = layout.config().hidden_size;
+  const std::int64_t v = layout.config().vocab_size;
+  for (std::size_t t = 0; t < batch.loss_mask.size(); ++t) {
+    if (batch.loss_mask[t] == 0) continue;
+    std::vector<double> z(static_cast<std::size_t>(v));
+    for (std::int64_t i = 0; i < v; ++i) {
+      double dot = 0;
+      for (std::int64_t j = 0; j < h; ++j)
+        dot += hidden[t * static_cast<std::size_t>(h) + static_cast<std::size_t>(j)] *
+               x[static_cast<std::size_t>(layout.lm_head() + i * h + j)];
+      z[static_cast<std::size_t>(i)] = dot / temperature;
+    }
+    const double top = *std::max_element(z.begin(), z.end());
+    double sum = 0;
+    for (const double zi : z) sum += std::exp(zi - top);
+    const double lse = top + std::log(sum);
+    double entropy = lse;
+    for (const double zi : z) entropy -= std::exp(zi - lse) * zi;
+    return {z[static_cast<std::size_t>(batch.targets[t])] - lse, entropy};
+  }
+  FAIL("no counted position");
+  return {};
+}
+double token_logp(const std::vector<double>& x, const l3::model::ParameterLayout& layout,
+                  const Completion& s, std::size_t k, double temperature = 1.0) {
+  return token_logp_entropy(x, layout, s, k, temperature).logp;
 }
 
 }  // namespace
@@ -86,35 +121,67 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
   }
   shift[0][1] = -0.5;  // A > 0, ratio e^0.5 > 1.2: clipped high, no gradient
   shift[1][2] = 0.6;   // A < 0, ratio e^-0.6 < 0.8: clipped low, no gradient
-  std::vector<std::vector<double>> old(completions.size());
-  for (std::size_t s = 0; s < completions.size(); ++s) {
-    for (std::size_t k = completions[s].prompt; k < completions[s].tokens.size(); ++k) {
-      old[s].push_back(token_logp(params, model.layout(), completions[s], k) +
-                       shift[s][k - completions[s].prompt]);
-    }
-  }
-
   // The reference policy (beta > 0): the current log-probabilities shifted by up to +-0.3.
-  std::vector<std::vector<double>> ref(completions.size());
+  std::vector<std::vector<double>> ref_shift;
   for (std::size_t s = 0; s < completions.size(); ++s) {
-    for (std::size_t k = completions[s].prompt; k < completions[s].tokens.size(); ++k) {
-      ref[s].push_back(token_logp(params, model.layout(), completions[s], k) +
-                       rnd.uniform(1, -0.3F, 0.3F)[0]);
-    }
+    std::vector<double> d;
+    for (std::size_t k = completions[s].prompt; k < completions[s].tokens.size(); ++k)
+      d.push_back(rnd.uniform(1, -0.3F, 0.3F)[0]);
+    ref_shift.push_back(d);
   }
+  // The old and reference log-probabilities as the rollout gives them: at the sampling
+  // temperature (TRL's), unless the run asks for raw ones.
+  const auto shifted_logps = [&](double temperature, const std::vector<std::vector<double>>& by) {
+    std::vector<std::vector<double>> out(completions.size());
+    for (std::size_t s = 0; s < completions.size(); ++s) {
+      for (std::size_t k = completions[s].prompt; k < completions[s].tokens.size(); ++k) {
+        out[s].push_back(token_logp(params, model.layout(), completions[s], k, temperature) +
+                         by[s][k - completions[s].prompt]);
+      }
+    }
+    return out;
+  };
 
+  struct Case {
+    PolicyLossType type;
+    bool with_old;
+    double beta;
+    double temperature;  // the sampling temperature
+    bool raw = false;    // --raw-logprobs: the log-probabilities of the raw logits
+  };
+  std::vector<Case> cases;
   for (const PolicyLossType type : {PolicyLossType::dapo, PolicyLossType::grpo,
                                     PolicyLossType::dr_grpo, PolicyLossType::bnpo}) {
     for (const auto& [with_old, beta] :
          {std::pair{true, 0.0}, std::pair{false, 0.0}, std::pair{true, 0.1}}) {
       if (beta > 0 && type != PolicyLossType::dapo && type != PolicyLossType::grpo) continue;
+      cases.push_back({type, with_old, beta, 1.0});
+    }
+  }
+  // At the demo's temperature, TRL's way (every log-probability and the entropy of logits / T),
+  // the ratio clipped both ways and the KL; and the raw form kept behind --raw-logprobs.
+  cases.push_back({PolicyLossType::dapo, true, 0.1, 0.7});
+  cases.push_back({PolicyLossType::grpo, false, 0.0, 0.7});
+  cases.push_back({PolicyLossType::dapo, true, 0.1, 0.7, true});
+
+  for (const Case& tc : cases) {
+    {
+      const PolicyLossType type = tc.type;
+      const bool with_old = tc.with_old;
+      const double beta = tc.beta;
+      const double t_logp = tc.raw ? 1.0 : tc.temperature;  // the loss's log-probabilities' T
       INFO("loss type " << l3::train::policy_loss_type_name(type) << ", old log-probabilities "
-                        << with_old << ", beta " << beta);
+                        << with_old << ", beta " << beta << ", temperature " << tc.temperature
+                        << (tc.raw ? ", raw log-probabilities" : ""));
+      const std::vector<std::vector<double>> old = shifted_logps(t_logp, shift);
+      const std::vector<std::vector<double>> ref = shifted_logps(t_logp, ref_shift);
       l3::train::GrpoSettings settings;
       settings.beta = beta;
       settings.loss_type = type;
       settings.max_completion_length = 5;
       settings.epsilon = 0.2;
+      settings.temperature = tc.temperature;
+      settings.tempered_logprobs = !tc.raw;
       // The batch as the rollout builds it: per-position advantages, weights, log-probabilities.
       BatchBuilder builder(3, kRow, 0);
       std::vector<std::int64_t> ends;
@@ -163,13 +230,17 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       // gradient is that of -sum w A log pi. With beta, + beta k3(pi, ref) per token (TRL:
       // exp(ref - logp) - (ref - logp) - 1).
       double kl_sum = 0;
+      double entropy_sum = 0;
       auto fp64_loss = [&](const std::vector<double>& x, bool surrogate_only) {
         double total = 0;
         kl_sum = 0;
+        entropy_sum = 0;
         for (std::size_t s = 0; s < 3; ++s) {
           const Completion& cs = completions[s];
           for (std::size_t k = cs.prompt; k < cs.tokens.size(); ++k) {
-            const double logp = token_logp(x, model.layout(), cs, k);
+            const TokenLogp tl = token_logp_entropy(x, model.layout(), cs, k, t_logp);
+            const double logp = tl.logp;
+            entropy_sum += tl.entropy;
             const double a = cs.advantage;
             if (beta > 0) {
               const double d = ref[s][k - cs.prompt] - logp;
@@ -192,6 +263,7 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       const l3::train::LossSums sums = objective.forward_backward(batch, static_cast<float>(scale));
       CHECK(sums.loss * scale == Approx(fp64_loss(params, false)).epsilon(1e-5));
       CHECK(sums.correct == Approx(kl_sum).epsilon(1e-5));  // the KL's sum over the tokens
+      CHECK(sums.extra[0] == Approx(entropy_sum).epsilon(1e-5));  // TRL's entropy, at t_logp
       if (with_old) {
         CHECK(sums.chosen == 1.0);  // clipped high
         CHECK(sums.margin == 1.0);  // clipped low

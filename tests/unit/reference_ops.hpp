@@ -113,9 +113,10 @@ inline Vec swiglu(const Vec& gate, const Vec& up) {
 }
 
 // Sum over counted positions of -log softmax(h W^T)[target]
+// Sum over the masked positions of the cross-entropy of softmax(logit_scale * h w^T).
 inline double cross_entropy(const Vec& h, const Vec& w, const std::vector<std::int32_t>& targets,
                             const std::vector<std::uint8_t>& mask, std::int64_t vocab,
-                            std::int64_t hidden) {
+                            std::int64_t hidden, double logit_scale = 1.0) {
   double total = 0;
   for (std::size_t t = 0; t < targets.size(); ++t) {
     if (mask[t] == 0) continue;
@@ -126,8 +127,8 @@ inline double cross_entropy(const Vec& h, const Vec& w, const std::vector<std::i
       for (std::int64_t i = 0; i < hidden; ++i)
         s += h[t * static_cast<std::size_t>(hidden) + static_cast<std::size_t>(i)] *
              w[static_cast<std::size_t>(v * hidden + i)];
-      logits[static_cast<std::size_t>(v)] = s;
-      max = std::max(max, s);
+      logits[static_cast<std::size_t>(v)] = logit_scale * s;
+      max = std::max(max, logit_scale * s);
     }
     double sum = 0;
     for (const double l : logits) sum += std::exp(l - max);

@@ -1,6 +1,7 @@
 // The report (src/report): nice axis ticks and short numbers, the moving average, reading runs'
 // metrics files (every record kind, nulls, notes, a line cut short, phases without "run"
 // records), labels, escaping, the page's structure and its atomic writing.
+#include <fmt/format.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -329,13 +330,14 @@ TEST_CASE("report: the page has a section per phase with its charts, runs overla
   fs::create_directories(dir.path() / "a<b&\"c");
   const std::string odd = (dir.path() / "a<b&\"c").string();
   write(dir, "a<b&\"c/metrics-sft.jsonl", kSftRun);
-  write(dir, "a<b&\"c/metrics-reward.jsonl",
-        R"({"kind":"train","step":1,"loss":0.7,"accuracy":0.5,"margin":0.1,"pairs":4}
+  write(
+      dir, "a<b&\"c/metrics-reward.jsonl",
+      R"({"kind":"train","step":1,"loss":0.7,"accuracy":0.5,"margin":0.1,"pairs":4,"lr":0.001,"grad_norm":1,"tokens_per_s":900,"data_wait_ms":0.1}
 {"kind":"eval","step":1,"accuracy":0.75,"margin":0.2,"reward_mean":0,"reward_std":1,"pairs":8,"seconds":0.1})");
   const std::string dpo = write(
       dir, "dpo.jsonl",
       R"({"kind":"run","phase":"dpo","model":"<script>","step":0,"total_steps":2,"resumed":false}
-{"kind":"train","step":1,"loss":0.69,"rewards/accuracies":0.5,"rewards/margins":0.0,"rewards/chosen":0.0,"rewards/rejected":0.0,"pairs":4}
+{"kind":"train","step":1,"loss":0.69,"rewards/accuracies":0.5,"rewards/margins":0.0,"rewards/chosen":0.0,"rewards/rejected":0.0,"pairs":4,"lr":0.001,"grad_norm":1,"tokens_per_s":900,"data_wait_ms":0.1}
 {"kind":"eval","step":1,"loss":0.6,"rewards/accuracies":0.7,"rewards/margins":0.3,"rewards/chosen":0.1,"rewards/rejected":-0.2,"pairs":8,"seconds":0.1})");
   const std::vector<RunMetrics> runs = {read_run(odd), read_run(dpo)};
   const std::string html = render_report(runs);
@@ -361,6 +363,41 @@ TEST_CASE("report: the page has a section per phase with its charts, runs overla
   CHECK(html.find("loss 0.6, accuracy 0.7 (step 1)") != std::string::npos);
   CHECK(count(html, R"(class="restart")") == chart_count(Phase::sft));  // on every SFT chart
   CHECK(count(html, R"(class="checkpoint")") == 2);                     // the loss chart's
+}
+
+TEST_CASE("report: no empty chart: what no run has, or cannot move, is named in one line",
+          "[report]") {
+  const l3::test::TempDir dir;
+  const auto grpo_run = [&](const std::string& name, int iterations) {
+    return read_run(write(
+        dir, name,
+        fmt::format(
+            R"({{"kind":"run","phase":"grpo","step":0,"resumed":false,"grpo":{{"beta":0.0,"num_iterations":{}}}}}
+{{"kind":"train","step":1,"loss":0.1,"reward":0.5,"completions/mean_length":4,"entropy":1,"clip_ratio/region_mean":0,"lr":0.001,"grad_norm":1,"tokens_per_s":900}}
+{{"kind":"eval","step":1,"reward":0.75,"reward_sampled":0.5,"prompts":4,"seconds":0.1}})",
+            iterations)));
+  };
+  const std::vector<RunMetrics> one = {grpo_run("one.jsonl", 1)};
+  const std::vector<RunView> views = {{.run = &one[0], .label = "one", .colour = "#000"}};
+  const PhaseCharts charts = phase_charts(Phase::grpo, views);
+  CHECK(charts.charts.size() == chart_count(Phase::grpo) - 2);
+  CHECK(not_drawn_text(charts.left_out) ==
+        "Not drawn: KL to the reference (no --beta), clip ratio (--num-iterations 1: the ratio "
+        "is 1)");
+  // The sampled training reward and the greedy evaluation's: two charts, two axes.
+  REQUIRE(charts.charts.size() >= 2);
+  CHECK(charts.charts[0].lines.front().label == "one: training reward");
+  CHECK(charts.charts[1].lines.front().label == "one: evaluation reward");
+  CHECK(charts.charts[0].y_label != charts.charts[1].y_label);
+
+  // A run with two iterations beside it: its clip ratio can move, and is drawn for both.
+  const std::vector<RunMetrics> two = {grpo_run("a.jsonl", 1), grpo_run("b.jsonl", 2)};
+  const std::vector<RunView> both = {{.run = &two[0], .label = "a", .colour = "#000"},
+                                     {.run = &two[1], .label = "b", .colour = "#111"}};
+  const PhaseCharts drawn = phase_charts(Phase::grpo, both);
+  CHECK(not_drawn_text(drawn.left_out) == "Not drawn: KL to the reference (no --beta)");
+  CHECK(render_report(two).find(R"(<p class="not-drawn" data-phase="grpo">Not drawn: KL)") !=
+        std::string::npos);
 }
 
 TEST_CASE("report: the report is written atomically, never through a link or over a directory",

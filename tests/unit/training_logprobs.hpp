@@ -1,5 +1,6 @@
 // The training forward pass's log-probability of each token of a sequence from a position on:
-// the model's pass over the whole sequence and lm_head_cross_entropy's row losses, negated. What
+// the model's pass over the whole sequence and lm_head_cross_entropy's row losses (of the logits
+// times logit_scale), negated. What
 // generation's log-probabilities are compared with (CPU model; on the CPU backend).
 #pragma once
 
@@ -16,7 +17,7 @@ namespace l3::test {
 
 inline std::vector<float> training_logprobs(model::LlamaModel& model,
                                             const std::vector<std::int32_t>& tokens,
-                                            std::size_t first) {
+                                            std::size_t first, float logit_scale = 1.0F) {
   model::BatchBuilder builder(1, static_cast<std::int64_t>(tokens.size()), 0);
   std::vector<std::uint8_t> mask(tokens.size(), 0);
   std::fill(mask.begin() + static_cast<std::ptrdiff_t>(first), mask.end(), 1);
@@ -32,7 +33,8 @@ inline std::vector<float> training_logprobs(model::LlamaModel& model,
                                      .h = in.hidden,
                                      .w = model.lm_head_weight(),
                                      .rows = in.loss_rows,
-                                     .targets = in.loss_targets});
+                                     .targets = in.loss_targets,
+                                     .logit_scale = logit_scale});
   for (float& l : row_loss) l = -l;
   return row_loss;
 }

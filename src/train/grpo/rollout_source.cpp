@@ -21,8 +21,8 @@
 #include "core/trace_range.hpp"
 #include "dist/collectives.hpp"
 #include "io/data/epoch_plan.hpp"
-#include "io/prep/record_format.hpp"
 #include "train/grpo/advantages.hpp"
+#include "train/grpo/answer_match.hpp"
 #include "train/grpo/rollout_cache.hpp"
 
 namespace l3::train::grpo {
@@ -51,21 +51,6 @@ namespace {
 
 // Values gathered per completion from every rank: reward, its parts, length, truncated.
 constexpr std::size_t kFixedValues = 3;
-
-// The completion a record's "answer" field expects: a string as it is, anything else as JSON
-// (a number 42 is "42"). nullopt when the record has none.
-std::optional<std::string> expected_answer(const json& record) {
-  // A string, or a number as JSON writes it (docs/TRAINING.md); null, a boolean, a list or an
-  // object is no answer (refused when the run starts).
-  const auto answer = record.find("answer");
-  if (answer == record.end() || !(answer->is_string() || answer->is_number())) return std::nullopt;
-  return answer->is_string() ? answer->get<std::string>() : answer->dump();
-}
-
-double answer_match(const json& record, std::string_view completion) {
-  const std::optional<std::string> answer = expected_answer(record);
-  return answer && prep::strip(completion) == prep::strip(*answer) ? 1.0 : 0.0;
-}
 
 // Every reward finite and every sum the advantages take (means, standard deviations) too: finite
 // rewards near 1e308 overflow a group's mean into inf, and the step would be skipped silently.
@@ -189,7 +174,8 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
       .seed = 0,
       .stop_tokens = {tokenizer_.special(tokenizer::Special::end_of_turn),
                       tokenizer_.special(tokenizer::Special::end_of_text)},
-      .vocab_limit = tokenizer_.vocab_size()};
+      .vocab_limit = tokenizer_.vocab_size(),
+      .tempered_logprobs = s.tempered_logprobs};
   model::validate(sampling);
   sampling_ = sampling;
   engine_ = std::make_unique<model::GenerationEngine>(
@@ -625,7 +611,8 @@ std::vector<float> RolloutSource::log_probabilities(model::LlamaModel& model, bo
                                             .h = in.hidden,
                                             .w = model.lm_head_weight(),
                                             .rows = in.loss_rows,
-                                            .targets = in.loss_targets});
+                                            .targets = in.loss_targets,
+                                            .logit_scale = config_.settings.logit_scale()});
   }
   std::vector<float> losses(static_cast<std::size_t>(in.counted));
   model.pass_ops().copy(kernels::TensorView(std::span<float>(losses)), rows);

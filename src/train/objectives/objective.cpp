@@ -50,7 +50,8 @@ LossSums Objective::read(model::SumSlot slot) const {
 }
 
 void weighted_lm_head_backward(model::LlamaModel& model, const model::HeadInputs& in,
-                               kernels::ConstTensorView d_rows, const char* what) {
+                               kernels::ConstTensorView d_rows, const char* what,
+                               float logit_scale) {
   {
     const core::TraceRange range("lm_head backward ({})", what);
     const model::HeldGroup held = model.hold_head(model::Pass::backward);
@@ -61,7 +62,8 @@ void weighted_lm_head_backward(model::LlamaModel& model, const model::HeadInputs
                                             .rows = in.loss_rows,
                                             .targets = in.loss_targets,
                                             .row_scale = d_rows,
-                                            .grad_scale = 1.0F});
+                                            .grad_scale = 1.0F,
+                                            .logit_scale = logit_scale});
   }
   model.backward();
 }

@@ -123,9 +123,11 @@ void describe_pair_step(const LossSums& global, std::int64_t pairs, StepMetrics&
 
 // The lm_head's backward with each counted row's gradient weighted by d_rows (C): d(loss)/d(the
 // row's cross-entropy), as DPO's and GRPO's losses give it (the logits are built again, a block
-// at a time, rather than kept for the whole batch); then the model's backward.
+// at a time, rather than kept for the whole batch, times logit_scale as the forward built them:
+// GRPO's at the sampling temperature); then the model's backward.
 void weighted_lm_head_backward(model::LlamaModel& model, const model::HeadInputs& in,
-                               kernels::ConstTensorView d_rows, const char* what);
+                               kernels::ConstTensorView d_rows, const char* what,
+                               float logit_scale = 1.0F);
 [[nodiscard]] EvalMetrics pair_eval_metrics(EvalTotals global);
 
 }  // namespace l3::train

@@ -90,7 +90,8 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
                                .h = in.hidden,
                                .w = model_.lm_head_weight(),
                                .rows = in.loss_rows,
-                               .targets = in.loss_targets});
+                               .targets = in.loss_targets,
+                               .logit_scale = settings_.logit_scale()});
   }
   const TensorView sums = model_.sums(slot);
   ops.policy_loss({.sums = sums.slice(0, 5),
@@ -107,7 +108,7 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
                    .epsilon_high = settings_.clip_high(),
                    .beta = settings_.beta,
                    .grad_scale = grad_scale});
-  if (backward) weighted_lm_head_backward(model_, in, d_rows, "GRPO");
+  if (backward) weighted_lm_head_backward(model_, in, d_rows, "GRPO", settings_.logit_scale());
 }
 
 LossSums PolicyGradientLoss::forward_backward(const model::Batch& batch, float grad_scale) {
