@@ -150,8 +150,8 @@ struct RunSummary {
 
 struct MemoryPlan;
 
-// Everything `llama3-hpc sft`, `reward`, `dpo` and `grpo` accept (docs/CLI.md), with the same names,
-// defaults, checks and config files. A value type: copy it, change it, give it to a Session.
+// Everything `llama3-hpc sft`, `reward`, `dpo` and `grpo` accept (docs/CLI.md), with the same
+// names, defaults, checks and config files. A value type: copy it, change it, give it to a Session.
 class L3_API RunConfig {
  public:
   // A command line without the program name: the phase, then options, e.g.

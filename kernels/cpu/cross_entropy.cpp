@@ -73,8 +73,8 @@ CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
           static_cast<std::size_t>(hidden) * sizeof(float));
     }
     // logits (count, V) = logit_scale * hb (count, H) . w^T (H, V)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, iv, ih, per_row.logit_scale,
-                hb.data(), ih, w.data(), ih, 0.0F, logits.data(), iv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, iv, ih, per_row.logit_scale, hb.data(),
+                ih, w.data(), ih, 0.0F, logits.data(), iv);
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < count; ++r) {
       float* row = logits.data() + r * vocab;

@@ -125,7 +125,8 @@ void sample_tokens(std::span<std::int32_t> tokens, std::span<float> logprobs,
                                             uniforms[static_cast<std::size_t>(i)], scratch);
       tokens[static_cast<std::size_t>(i)] = token;
       if (!logprobs.empty()) {
-        logprobs[static_cast<std::size_t>(i)] = row_logprob(row, token, rule.logprob_scale, scratch);
+        logprobs[static_cast<std::size_t>(i)] =
+            row_logprob(row, token, rule.logprob_scale, scratch);
       }
     }
   }

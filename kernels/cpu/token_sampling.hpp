@@ -11,7 +11,7 @@ namespace l3::kernels::cpu {
 struct SamplingRule {
   double temperature = 0.0;  // 0: greedy
   double top_p = 1.0;
-  std::int64_t top_k = 0;  // 0: no limit
+  std::int64_t top_k = 0;      // 0: no limit
   float logprob_scale = 1.0F;  // the log-probabilities are of softmax(logprob_scale * logits)
 };
 

@@ -604,14 +604,14 @@ void CudaOps::sample_tokens(const kernels::SampleTokensArgs& a) {
   const kernels::SampleDims d = kernels::sample_tokens_dims(a);
   if (d.rows == 0) return;
   void* workspace = scratch_.get(sample_tokens_workspace(d.rows), stream_);
-  cuda::sample_tokens(
-      out<std::int32_t>(a.tokens), a.logprobs.empty() ? nullptr : out<float>(a.logprobs),
-      in<float>(a.logits), in<double>(a.uniforms), d.rows, d.vocab, d.candidates,
-      {.temperature = a.temperature,
-       .top_p = a.top_p,
-       .top_k = a.top_k,
-       .logprob_scale = a.logprob_scale},
-      workspace, stream_);
+  cuda::sample_tokens(out<std::int32_t>(a.tokens),
+                      a.logprobs.empty() ? nullptr : out<float>(a.logprobs), in<float>(a.logits),
+                      in<double>(a.uniforms), d.rows, d.vocab, d.candidates,
+                      {.temperature = a.temperature,
+                       .top_p = a.top_p,
+                       .top_k = a.top_k,
+                       .logprob_scale = a.logprob_scale},
+                      workspace, stream_);
 }
 
 void CudaOps::swiglu(const kernels::SwigluArgs& a) {
@@ -712,9 +712,8 @@ void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
     const std::int64_t block = std::min<std::int64_t>(layout.block, counted - begin);
     gather_rows(hb, hd, rd + begin, block, hidden, stream_);
     // logits (block, V) = logit_scale * hb (block, H) w^T, in fp32
-    RowMajorGemm to_logits =
-        gemm(block, vocab, hidden, hb, hidden, false, wd, hidden, true, logits, vocab, 0.0F,
-             DType::f32);
+    RowMajorGemm to_logits = gemm(block, vocab, hidden, hb, hidden, false, wd, hidden, true, logits,
+                                  vocab, 0.0F, DType::f32);
     to_logits.alpha = a.logit_scale;
     lt_->run(to_logits, stream_);
     softmax_cross_entropy(losses + begin, dlogits, logits, td + begin,

@@ -132,8 +132,8 @@ __device__ __forceinline__ float token_logprob(float max, float sum, float logit
 // best (rows) for the draw.
 __global__ void __launch_bounds__(kStatsThreads)
     row_stats_kernel(std::int32_t* tokens, float* logprobs, float* stats, std::int32_t* best,
-                     const float* logits, std::int64_t vocab, std::int64_t candidates,
-                     bool greedy, float scale) {
+                     const float* logits, std::int64_t vocab, std::int64_t candidates, bool greedy,
+                     float scale) {
   __shared__ float values[kWarp];
   __shared__ std::int64_t ids[kWarp];
   const std::int64_t row = blockIdx.x;
@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(kStatsThreads)
     s.add(__fmul_rn(scale, v.z));
     s.add(__fmul_rn(scale, v.w));
   }
-  for (std::int64_t j = quads * 4 + threadIdx.x; j < vocab; j += blockDim.x) s.add(__fmul_rn(scale, z[j]));
+  for (std::int64_t j = quads * 4 + threadIdx.x; j < vocab; j += blockDim.x)
+    s.add(__fmul_rn(scale, z[j]));
   s = block_merge(s);
 
   // Ascending ids per thread: a later equal logit never replaces the first (a lone -inf row
@@ -164,7 +165,8 @@ __global__ void __launch_bounds__(kStatsThreads)
   const auto token = static_cast<std::int32_t>(b.id);
   if (greedy) {
     tokens[row] = token;
-    if (logprobs != nullptr) logprobs[row] = token_logprob(s.max, s.sum, __fmul_rn(scale, z[token]));
+    if (logprobs != nullptr)
+      logprobs[row] = token_logprob(s.max, s.sum, __fmul_rn(scale, z[token]));
   } else {
     stats[row * 2] = s.max;
     stats[row * 2 + 1] = s.sum;
@@ -405,7 +407,8 @@ __global__ void __launch_bounds__(kDrawThreads)
   const auto token = static_cast<std::int32_t>(found);
   tokens[row] = token;
   if (logprobs != nullptr)
-    logprobs[row] = token_logprob(stats[row * 2], stats[row * 2 + 1], __fmul_rn(rule.logprob_scale, z[token]));
+    logprobs[row] =
+        token_logprob(stats[row * 2], stats[row * 2 + 1], __fmul_rn(rule.logprob_scale, z[token]));
 }
 
 }  // namespace

@@ -31,10 +31,10 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
     out.summary = fmt::format(
         "{} on {} rank{}, {}, micro-batch {} x {} tokens, recompute {}, ZeRO-{}",
         train::phase_name(t.phase), ranks, ranks == 1 ? "" : "s", out.backend,
-        t.phase == Phase::sft    ? fmt::format("{}", t.micro_batch)
-        : t.phase == Phase::grpo ? fmt::format("{} completions", t.micro_batch)
-                                 : fmt::format("{} pairs = at most {} rows", t.micro_batch,
-                                               2 * t.micro_batch),
+        t.phase == Phase::sft ? fmt::format("{}", t.micro_batch)
+        : t.phase == Phase::grpo
+            ? fmt::format("{} completions", t.micro_batch)
+            : fmt::format("{} pairs = at most {} rows", t.micro_batch, 2 * t.micro_batch),
         t.seq_len, t.recompute ? "on" : "off", in.placement.stage_name());
     for (const model::MemoryLine& line : plan.lines) out.lines.push_back({line.what, line.bytes});
     out.total_bytes = plan.total();

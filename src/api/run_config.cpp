@@ -26,8 +26,9 @@ namespace po = boost::program_options;
 
 train::Phase phase_from_name(std::string_view name) {
   if (const std::optional<Phase> phase = core::parse_phase(name)) return *phase;
-  throw core::usage_error(
-      fmt::format("a run is 'sft', 'reward', 'dpo' or 'grpo' (the first word of the arguments), not '{}'", name));
+  throw core::usage_error(fmt::format(
+      "a run is 'sft', 'reward', 'dpo' or 'grpo' (the first word of the arguments), not '{}'",
+      name));
 }
 
 struct Declared {
@@ -61,7 +62,8 @@ std::string show(const boost::any& value) {
 
 RunConfig::RunConfig(std::vector<std::string> args) : args_(std::move(args)) {
   api::rethrow_as_public([&] {
-    if (args_.empty()) throw core::usage_error("no arguments: the first one is 'sft', 'reward', 'dpo' or 'grpo'");
+    if (args_.empty())
+      throw core::usage_error("no arguments: the first one is 'sft', 'reward', 'dpo' or 'grpo'");
     const train::Phase phase = phase_from_name(args_.front());
     const Declared declared(phase);
     auto parsed = std::make_unique<Parsed>();

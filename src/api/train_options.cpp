@@ -187,15 +187,15 @@ void declare_common(po::options_description& o, train::Phase phase) {
       phase == train::Phase::grpo
           ? "no effect for grpo: a prompt that does not fit is always left out"
           : "leave out samples (documents, pairs) longer than --seq-len instead of truncating "
-            "them")(
-      "lr",
-      core::number<double>(core::at_least(0))
-          ->default_value(sft                           ? 2e-5
-                          : phase == train::Phase::grpo ? 1e-6
-                                                        : 1e-5)
-          ->value_name("LR"),
-      "peak learning rate")("min-lr", core::number<double>(core::at_least(0))->value_name("LR"),
-                            "learning rate at the end of the cosine decay (default 0.1 x --lr)")(
+            "them")("lr",
+                    core::number<double>(core::at_least(0))
+                        ->default_value(sft                           ? 2e-5
+                                        : phase == train::Phase::grpo ? 1e-6
+                                                                      : 1e-5)
+                        ->value_name("LR"),
+                    "peak learning rate")(
+      "min-lr", core::number<double>(core::at_least(0))->value_name("LR"),
+      "learning rate at the end of the cosine decay (default 0.1 x --lr)")(
       "warmup",
       core::number<std::int64_t>(core::between(0, kMaxSteps))
           ->default_value(0)

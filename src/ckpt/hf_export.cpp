@@ -109,8 +109,7 @@ bool copy_tokenizer(const std::string& recorded, const fs::path& into) {
 // the checkpoint recorded, or the built-in bytes one). What it did, for the report; "" when the
 // tokenizer is unknown or its file is gone or changed (the export then has no tokenizer files).
 std::string write_hf_tokenizer(const Manifest& manifest,
-                               const std::optional<tokenizer::Tokenizer>& t,
-                               const fs::path& into) {
+                               const std::optional<tokenizer::Tokenizer>& t, const fs::path& into) {
   if (!t) return {};
   const tokenizer::HfTokenizerFiles files =
       tokenizer::hugging_face_tokenizer_files(*t, manifest.model.max_position_embeddings);

@@ -1,10 +1,7 @@
 #include "cli/app.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <array>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -17,6 +14,7 @@
 #include "cli/command.hpp"
 #include "cli/run_outcome.hpp"
 #include "cli/stop_signals.hpp"
+#include "cli/train_command.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
@@ -152,29 +150,11 @@ int run_under_mpi(const Command& command, const std::vector<std::string>& args, 
     log.debug("{} {} on {} ranks, {} nodes", kProgram, command.name, world->size(),
               world->node_count());
     const dist::ThreadBudget threads = dist::apply_thread_budget(*world);
-    // The choice, once (rank 0), for the commands that compute: what a slow run on a shared
-    // node is checked against first (the others say it at --log-level debug).
-    const std::string thread_line = fmt::format(
-        "{} compute thread{} per rank ({}; OMP_NUM_THREADS=N to choose); {}", threads.threads,
-        threads.threads == 1 ? "" : "s", threads.reason,
-        threads.wait == dist::WaitPolicy::passive
-            ? fmt::format("ranks share cores ({}): MPI waits passively, sleeping between polls "
-                          "(L3_WAIT_POLICY=active to spin)",
-                          threads.wait_reason)
-            : fmt::format("MPI waits actively ({})", threads.wait_reason));
-    constexpr std::array<std::string_view, 8> kComputing = {"sft",  "reward",   "dpo",   "grpo",
-                                                            "eval", "generate", "score", "demo"};
-    if (std::ranges::find(kComputing, command.name) != kComputing.end()) {
-      log.info("{}", thread_line);
-      const std::string busy = dist::busy_node_advice(
-          dist::other_running_threads(world->local_size()),
-          static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)), world->local_size(), threads.threads);
-      if (!busy.empty()) log.warn("{}", busy);
-    } else {
-      log.debug("{}", thread_line);
-    }
+    // Said at info by the commands that compute, once their options are known to be good
+    // (log_blas_core): an error is the only line a failing command prints.
+    log.debug("{}", thread_choice(threads));
     core::fault_point("cli.run", world->rank());
-    outcome.exit_code = command.run(CommandContext{*world, log, values, args});
+    outcome.exit_code = command.run(CommandContext{*world, log, values, args, &threads});
     core::fault_point("cli.finished", world->rank());
   } catch (...) {
     const core::ErrorSummary summary = core::summarize(std::current_exception());

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "core/log.hpp"
+#include "dist/thread_budget.hpp"
 #include "dist/world.hpp"
 
 namespace l3::cli {
@@ -19,6 +20,8 @@ struct CommandContext {
   const core::Logger& log;
   const po::variables_map& options;
   std::span<const std::string> args;  // the words after the command name, as given
+  // The threads per rank and wait policy chosen for this process (dist/thread_budget.hpp).
+  const dist::ThreadBudget* threads = nullptr;
 };
 
 // Returns an exit code: core::kExitOk or core::kExitCheckpointed. Failures are exceptions.

@@ -447,8 +447,8 @@ int run_demo(const CommandContext& context) {
         train::format_duration(watch.seconds()), world.size(), world.size() == 1 ? "" : "s",
         core::count_of(sft.steps, "step"), s.loss, s.perplexity, s.tokens, sft.checkpoint, samples,
         core::count_of(reward.steps, "step"), 100.0 * r.accuracy, r.margin, r.pairs,
-        reward.checkpoint, lora_note, dpo_line, grpo_line, report, root, program_directory(),
-        root, kInputDir);
+        reward.checkpoint, lora_note, dpo_line, grpo_line, report, root, program_directory(), root,
+        kInputDir);
   }
   return core::kExitOk;
 }

@@ -43,9 +43,8 @@ void declare_eval_options(po::options_description& options,
       "max-completion-length",
       core::number<std::int64_t>(core::between(1, 1 << 20))->value_name("N"),
       "prompt data: new tokens per completion at most (default: the GRPO checkpoint's, else "
-      "256)")(
-      "seq-len", core::number<std::int64_t>(core::between(1, 1 << 24))->value_name("N"),
-      "tokens per row (default: the checkpoint's training --seq-len)")(
+      "256)")("seq-len", core::number<std::int64_t>(core::between(1, 1 << 24))->value_name("N"),
+              "tokens per row (default: the checkpoint's training --seq-len)")(
       "micro-batch",
       core::number<std::int64_t>(core::between(1, 1 << 24))->default_value(4)->value_name("N"),
       "rows or pairs per rank and forward pass")("drop-long", po::bool_switch(),
@@ -68,14 +67,14 @@ namespace {
 
 // Prompt data: the greedy completions' exact-answer accuracy (train/grpo/greedy_answers.hpp),
 // decoded with the tokenizer the data was prepared with.
-train::EvalMetrics evaluate_answers(const CommandContext& context,
-                                    const train::ModelSource& source, model::LlamaModel& model,
-                                    const data::DatasetIndex& index, std::int64_t seq_len) {
+train::EvalMetrics evaluate_answers(const CommandContext& context, const train::ModelSource& source,
+                                    model::LlamaModel& model, const data::DatasetIndex& index,
+                                    std::int64_t seq_len) {
   const po::variables_map& o = context.options;
-  std::int64_t max_new = source.checkpoint && source.checkpoint->phase == Phase::grpo
-                             ? source.checkpoint->config.value("max_completion_length",
-                                                               std::int64_t{256})
-                             : std::int64_t{256};
+  std::int64_t max_new =
+      source.checkpoint && source.checkpoint->phase == Phase::grpo
+          ? source.checkpoint->config.value("max_completion_length", std::int64_t{256})
+          : std::int64_t{256};
   if (o.count("max-completion-length") != 0)
     max_new = o["max-completion-length"].as<std::int64_t>();
   std::optional<tokenizer::Tokenizer> tokenizer;
@@ -169,13 +168,12 @@ int run_eval(const CommandContext& context) {
   if (o.count("max-completion-length") != 0 && !prompts)
     throw core::usage_error("--max-completion-length is for prompt data (prep prompts)");
   data::DatasetExpectations expect;
-  expect.kind =
-      head == model::HeadKind::reward ? data::SampleKind::preference
-      : prompts                       ? data::SampleKind::prompt
-      : dpo_checkpoint && data_kind.value_or(data::SampleKind::preference) ==
-                              data::SampleKind::preference
-          ? data::SampleKind::preference
-          : data::SampleKind::sft;
+  expect.kind = head == model::HeadKind::reward ? data::SampleKind::preference
+                : prompts                       ? data::SampleKind::prompt
+                : dpo_checkpoint && data_kind.value_or(data::SampleKind::preference) ==
+                                        data::SampleKind::preference
+                    ? data::SampleKind::preference
+                    : data::SampleKind::sft;
   const bool dpo = dpo_checkpoint && expect.kind == data::SampleKind::preference;
   expect.model_vocab = source.config.vocab_size;
   if (source.checkpoint) expect.model_tokenizer_sha256 = source.checkpoint->tokenizer_sha256;

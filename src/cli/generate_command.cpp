@@ -55,9 +55,10 @@ void declare_generate_options(po::options_description& options,
       "after the first, given the ones before it); with --input: logprobs and prompt_ids in each "
       "line")("tempered-logprobs", po::bool_switch(),
               "with --logprobs: log-softmax of logits / --temperature instead (the distribution "
-              "the tokens are drawn from before top-k and top-p; what grpo trains with)")("input", po::value<std::string>()->value_name("FILE.jsonl"),
-              R"(a batch job: complete every record of a JSONL file (plain or .gz), {"prompt": )"
-              R"(TEXT} or {"messages": [...]}, on every rank (needs --output))")(
+              "the tokens are drawn from before top-k and top-p; what grpo trains with)")(
+      "input", po::value<std::string>()->value_name("FILE.jsonl"),
+      R"(a batch job: complete every record of a JSONL file (plain or .gz), {"prompt": )"
+      R"(TEXT} or {"messages": [...]}, on every rank (needs --output))")(
       "output", po::value<std::string>()->value_name("FILE.jsonl"),
       "with --input: the completions, one JSON line each, in input order")(
       "num-samples",

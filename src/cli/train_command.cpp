@@ -1,6 +1,7 @@
 #include "cli/train_command.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
@@ -47,7 +48,27 @@ int print_memory_plan(const CommandContext& context, const l3::RunConfig& config
 
 }  // namespace
 
+std::string thread_choice(const dist::ThreadBudget& threads) {
+  return fmt::format(
+      "{} compute thread{} per rank ({}; OMP_NUM_THREADS=N to choose); {}", threads.threads,
+      threads.threads == 1 ? "" : "s", threads.reason,
+      threads.wait == dist::WaitPolicy::passive
+          ? fmt::format("ranks share cores ({}): MPI waits passively, sleeping between polls "
+                        "(L3_WAIT_POLICY=active to spin)",
+                        threads.wait_reason)
+          : fmt::format("MPI waits actively ({})", threads.wait_reason));
+}
+
 void log_blas_core(const CommandContext& context, std::string_view backend) {
+  // The threads first: what a slow run on a shared node is checked against.
+  if (context.threads != nullptr) {
+    context.log.info("{}", thread_choice(*context.threads));
+    const std::string busy =
+        dist::busy_node_advice(dist::other_running_threads(context.world.local_size()),
+                               static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)),
+                               context.world.local_size(), context.threads->threads);
+    if (!busy.empty()) context.log.warn("{}", busy);
+  }
   if (backend != "cpu" && (backend != "auto" || kernels::visible_cuda_devices() > 0)) return;
   const kernels::cpu::BlasCore core = kernels::cpu::openblas_core();
   context.log.info("cpu backend: OpenBLAS core {} ({})", core.name, core.config);

@@ -22,9 +22,12 @@ void declare_grpo_options(po::options_description& options,
                           po::positional_options_description& positional);
 int run_grpo(const CommandContext& context);
 
-// At the start of a training run on the CPU backend (`backend`: cpu, or auto without a visible
-// CUDA device): one line naming the OpenBLAS core, and a warning when it is a generic fallback
-// on a CPU that can do much better (kernels/cpu/blas_core.hpp). Nothing on the CUDA backend.
+// At the start of a training run, its options checked: the threads per rank chosen (and a
+// warning when the node is busy with other work); then on the CPU backend (`backend`: cpu, or
+// auto without a visible CUDA device) one line naming the OpenBLAS core, and a warning when it
+// is a generic fallback on a CPU that can do much better (kernels/cpu/blas_core.hpp).
 void log_blas_core(const CommandContext& context, std::string_view backend);
+// The log line that says the threads per rank chosen and why, and the MPI wait policy.
+[[nodiscard]] std::string thread_choice(const dist::ThreadBudget& threads);
 
 }  // namespace l3::cli

@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -45,24 +45,23 @@ ThreadBudget thread_budget(const CpuView& cpus, const char* omp_num_threads) {
   if (mask < node) {
     limits.push_back({mask, fmt::format("bound to {}", plural(mask, "cpu"))});
   } else {
-    limits.push_back({std::max(1, mask / ranks),
-                      fmt::format("{} / {} on the node", plural(mask, "cpu"),
-                                  plural(ranks, "rank"))});
+    limits.push_back(
+        {std::max(1, mask / ranks),
+         fmt::format("{} / {} on the node", plural(mask, "cpu"), plural(ranks, "rank"))});
   }
   if (cpus.quota_cpus > 0 && cpus.quota_cpus < node) {
     const int shared = cpus.shared_cpus();
-    limits.push_back({std::max(1, shared / ranks),
-                      fmt::format("a CPU quota of {:g} cpus (cgroup cpu.max) / {}",
-                                  cpus.quota_cpus, plural(ranks, "rank"))});
+    limits.push_back(
+        {std::max(1, shared / ranks), fmt::format("a CPU quota of {:g} cpus (cgroup cpu.max) / {}",
+                                                  cpus.quota_cpus, plural(ranks, "rank"))});
   }
   if (cpus.slurm_cpus_per_task > 0) {
     limits.push_back({cpus.slurm_cpus_per_task,
                       fmt::format("SLURM_CPUS_PER_TASK={}", cpus.slurm_cpus_per_task)});
   }
-  return *std::min_element(limits.begin(), limits.end(),
-                           [](const ThreadBudget& a, const ThreadBudget& b) {
-                             return a.threads < b.threads;
-                           });
+  return *std::min_element(
+      limits.begin(), limits.end(),
+      [](const ThreadBudget& a, const ThreadBudget& b) { return a.threads < b.threads; });
 }
 
 double cgroup_cpu_quota(const char* cpu_max_file) {
@@ -114,9 +113,8 @@ ThreadBudget apply_thread_budget(const World& world) {
 
   // The policy must be the same on every rank: passive everywhere when any rank wants it. A
   // plain MPI_Allreduce (not all_reduce, whose arrival depends on the policy being set).
-  const WaitWish wish =
-      wait_wish(cpus.shared_cpus(), world.local_size(), budget.threads,
-                std::getenv("L3_WAIT_POLICY"));
+  const WaitWish wish = wait_wish(cpus.shared_cpus(), world.local_size(), budget.threads,
+                                  std::getenv("L3_WAIT_POLICY"));
   const int mine = wish.policy == WaitPolicy::passive ? 1 : 0;
   int any = 0;
   check_mpi(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, world.comm()),

@@ -35,11 +35,11 @@ struct ThreadBudget {
 
 // What a rank may use, as the launcher, the container and Slurm say it.
 struct CpuView {
-  int affinity_cpus = 0;         // in the rank's affinity mask (0: unknown)
-  int node_cpus = 1;             // online on the node
-  int ranks_on_node = 1;         // this job's
-  double quota_cpus = 0;         // cgroup v2 cpu.max: quota / period (0: no limit)
-  int slurm_cpus_per_task = 0;   // SLURM_CPUS_PER_TASK (0: not set)
+  int affinity_cpus = 0;        // in the rank's affinity mask (0: unknown)
+  int node_cpus = 1;            // online on the node
+  int ranks_on_node = 1;        // this job's
+  double quota_cpus = 0;        // cgroup v2 cpu.max: quota / period (0: no limit)
+  int slurm_cpus_per_task = 0;  // SLURM_CPUS_PER_TASK (0: not set)
   // The cores the node's ranks share: the node's, or fewer under a quota.
   [[nodiscard]] int shared_cpus() const noexcept;
 };

@@ -62,8 +62,7 @@ GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
     const auto v = static_cast<std::size_t>(model_.config().vocab_size);
     for (std::size_t i = 1; i < prompt.size(); ++i) {
       result.prompt_logprobs.push_back(
-          log_probability(std::span<const float>(all).subspan((i - 1) * v, v), prompt[i],
-                          scale));
+          log_probability(std::span<const float>(all).subspan((i - 1) * v, v), prompt[i], scale));
     }
   }
   if (options.max_new == 0) return result;

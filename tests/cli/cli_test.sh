@@ -130,7 +130,7 @@ expect "reports the reward phase" contains "$out" "reward  10 steps: validation 
 expect "reports the DPO phase" contains "$out" "DPO     5 steps: validation reward accuracy"
 expect "reports the GRPO phase" contains "$out" "GRPO    4 steps: exact answers of greedy completions on"
 expect "GRPO's metrics: evaluations at step 0 and 4" [ "$(grep -c '"kind":"eval"' "$work/demo/metrics-grpo.jsonl")" = 2 ]
-expect "says what to run next" contains "$out" "llama3-hpc prep sft --input my-sft.jsonl"
+expect "says what to run next" contains "$out" "llama3-hpc prep prompts --input \$D/prompts.jsonl"
 run "score --json of the demo's reward model" 0 "$bin" score --init "$work/demo/ckpt/reward" --prompt "Reverse abc." --response "cba" --json
 expect "the reward, the token count and the ids scored" python3 -c '
 import json, sys

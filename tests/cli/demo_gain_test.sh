@@ -34,10 +34,19 @@ PY
 done
 cp "$work/out-2" "$work/out"
 
-# The closing hint's commands, as printed (the sizes' line set to a test's): the program on PATH,
-# the demo's records, every phase, eval, generate --input, export and report.
+# The closing hint's commands, as printed (the sizes' line set to a test's, D to the first 100
+# of each of the demo's record files): the program on PATH, the demo's records, every phase,
+# eval, generate --input, export and report.
+mkdir "$work/records"
+for f in "$work"/demo-2/input/*.jsonl; do head -100 "$f" >"$work/records/$(basename "$f")"; done
 sed -n '/^Next, README.md/,/^See docs/p' "$work/out" | grep '^  ' | sed 's/^  //' |
-  sed 's/^SEQ=256 BATCH=8 STEPS=20 .*/SEQ=128 BATCH=4 STEPS=1/' >"$work/hint.sh"
+  sed 's/^SEQ=256 BATCH=8 STEPS=20 .*/SEQ=128 BATCH=4 STEPS=1/' |
+  sed "s|^D=.*/demo-2/input\$|D=$work/records|" >"$work/hint.sh"
+grep -q "^D=$work/records\$" "$work/hint.sh" || {
+  cat "$work/hint.sh"
+  echo "FAIL: the hint's D is not the demo's input directory"
+  exit 1
+}
 grep -q '^SEQ=128 BATCH=4 STEPS=1$' "$work/hint.sh" || {
   cat "$work/hint.sh"
   echo "FAIL: the hint has no 'SEQ=256 BATCH=8 STEPS=20' line to size for a test"

@@ -3,7 +3,6 @@
 #include "dist/collectives.hpp"
 
 #include <mpi.h>
-
 #include <unistd.h>
 
 #include <array>
@@ -394,11 +393,12 @@ TEST_CASE("threads per rank: the fewest cores the mask, a quota, Slurm or the no
   CHECK(budget(docker).threads == 2);
   CHECK(budget(docker).reason == "a CPU quota of 2.5 cpus (cgroup cpu.max) / 1 rank");
   CHECK(docker.shared_cpus() == 2);
-  CHECK(budget({.affinity_cpus = 64, .node_cpus = 64, .ranks_on_node = 4, .quota_cpus = 2})
-            .threads == 1);
+  CHECK(
+      budget({.affinity_cpus = 64, .node_cpus = 64, .ranks_on_node = 4, .quota_cpus = 2}).threads ==
+      1);
   // Slurm's allocation without binding.
-  const CpuView slurm{.affinity_cpus = 32, .node_cpus = 32, .ranks_on_node = 2,
-                      .slurm_cpus_per_task = 6};
+  const CpuView slurm{
+      .affinity_cpus = 32, .node_cpus = 32, .ranks_on_node = 2, .slurm_cpus_per_task = 6};
   CHECK(budget(slurm).threads == 6);
   CHECK(budget(slurm).reason == "SLURM_CPUS_PER_TASK=6");
   // OMP_NUM_THREADS wins; nonsense in it does not.
@@ -409,8 +409,8 @@ TEST_CASE("threads per rank: the fewest cores the mask, a quota, Slurm or the no
 }
 
 TEST_CASE("cgroup v2 cpu.max: the quota in cpus, 0 without one", "[dist]") {
-  const std::string file = std::filesystem::temp_directory_path() /
-                           ("l3-cpu-max-" + std::to_string(::getpid()));
+  const std::string file =
+      std::filesystem::temp_directory_path() / ("l3-cpu-max-" + std::to_string(::getpid()));
   const auto quota = [&](const char* text) {
     std::ofstream(file) << text;
     return dist::cgroup_cpu_quota(file.c_str());
@@ -426,19 +426,19 @@ TEST_CASE("cgroup v2 cpu.max: the quota in cpus, 0 without one", "[dist]") {
 
 TEST_CASE("a busy node: the other running threads, and the advice when they take the cores",
           "[dist]") {
-  const std::string file = std::filesystem::temp_directory_path() /
-                           ("l3-stat-" + std::to_string(::getpid()));
+  const std::string file =
+      std::filesystem::temp_directory_path() / ("l3-stat-" + std::to_string(::getpid()));
   std::ofstream(file) << "cpu  1 2 3\nintr 5 6\nprocs_running 5\nprocs_blocked 0\n";
-  CHECK(dist::other_running_threads(2, file.c_str()) == 3);   // 5 running, 2 of them ours
+  CHECK(dist::other_running_threads(2, file.c_str()) == 3);  // 5 running, 2 of them ours
   CHECK(dist::other_running_threads(8, file.c_str()) == 0);
   std::ofstream(file) << "cpu  1 2 3\n";
-  CHECK(dist::other_running_threads(1, file.c_str()) == 0);   // nothing to read: not busy
+  CHECK(dist::other_running_threads(1, file.c_str()) == 0);  // nothing to read: not busy
   std::filesystem::remove(file);
   CHECK(dist::other_running_threads(1, file.c_str()) == 0);
-  CHECK(dist::other_running_threads(1) >= 0);                 // this machine's, whatever it is
-  CHECK(dist::busy_node_advice(0, 2, 1, 2).empty());          // idle
-  CHECK(dist::busy_node_advice(3, 2, 2, 1).empty());          // one thread: nothing to advise
-  CHECK(dist::busy_node_advice(1, 16, 2, 4).empty());         // 2 x 4 + 1 fit 16 cpus
+  CHECK(dist::other_running_threads(1) >= 0);          // this machine's, whatever it is
+  CHECK(dist::busy_node_advice(0, 2, 1, 2).empty());   // idle
+  CHECK(dist::busy_node_advice(3, 2, 2, 1).empty());   // one thread: nothing to advise
+  CHECK(dist::busy_node_advice(1, 16, 2, 4).empty());  // 2 x 4 + 1 fit 16 cpus
   const std::string advice = dist::busy_node_advice(1, 2, 1, 2);
   CHECK_THAT(advice, Catch::Contains("1 other thread was running beside this job's 1 rank on 2 "
                                      "cpus"));

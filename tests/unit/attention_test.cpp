@@ -281,8 +281,8 @@ TEST_CASE("a sampled token's log-probability is the cross-entropy kernel's row l
     double sum = 0;
     for (std::int64_t v = 0; v < vocab; ++v)
       sum += std::exp(static_cast<double>(logits[i * vocab + v]) / 0.7 - top);
-    const double want = static_cast<double>(logits[i * vocab + tokens[i]]) / 0.7 - top -
-                        std::log(sum);
+    const double want =
+        static_cast<double>(logits[i * vocab + tokens[i]]) / 0.7 - top - std::log(sum);
     CHECK(tempered[i] == Approx(want).margin(1e-5));
   }
 }

@@ -1,7 +1,7 @@
 #include "kernels/cpu/cross_entropy.hpp"
-#include "kernels/ops.hpp"
 
 #include "catch.hpp"
+#include "kernels/ops.hpp"
 #include "numeric_support.hpp"
 #include "reference_ops.hpp"
 
@@ -80,8 +80,8 @@ TEST_CASE("fused lm_head + masked cross-entropy: loss, gradients, blocking",
   std::vector<float> dwt(dw.size(), 0.0F);
   const auto tempered = l3::kernels::cpu::lm_head_cross_entropy(
       dht, dwt, h, w, c.rows, c.targets, vocab, hidden, scale, {.logit_scale = t_scale});
-  CHECK(tempered.loss == Approx(ref::cross_entropy(hd, wd, targets, mask, vocab, hidden, t_scale))
-                             .epsilon(1e-6));
+  CHECK(tempered.loss ==
+        Approx(ref::cross_entropy(hd, wd, targets, mask, vocab, hidden, t_scale)).epsilon(1e-6));
   CHECK(std::abs(tempered.loss - sum.loss) > 1e-3);  // the scale is applied
   const auto fd_ht = l3::test::finite_differences(
       [&](const std::vector<double>& x) {

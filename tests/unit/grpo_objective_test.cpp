@@ -262,7 +262,7 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       model.zero_gradients();
       const l3::train::LossSums sums = objective.forward_backward(batch, static_cast<float>(scale));
       CHECK(sums.loss * scale == Approx(fp64_loss(params, false)).epsilon(1e-5));
-      CHECK(sums.correct == Approx(kl_sum).epsilon(1e-5));  // the KL's sum over the tokens
+      CHECK(sums.correct == Approx(kl_sum).epsilon(1e-5));        // the KL's sum over the tokens
       CHECK(sums.extra[0] == Approx(entropy_sum).epsilon(1e-5));  // TRL's entropy, at t_logp
       if (with_old) {
         CHECK(sums.chosen == 1.0);  // clipped high

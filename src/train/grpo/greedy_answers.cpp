@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.hpp"
 #include "core/bounded_read.hpp"
+#include "core/error.hpp"
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
 #include "model/generation_engine.hpp"
@@ -33,9 +33,9 @@ EvalMetrics greedy_answers(const dist::World& world, model::LlamaModel& model,
   const core::Stopwatch watch;
   const std::int64_t longest_prompt = config.seq_len - config.max_completion_length;
   if (longest_prompt < 1) {
-    throw core::usage_error(fmt::format(
-        "--seq-len {} leaves no room for a prompt beside --max-completion-length {}",
-        config.seq_len, config.max_completion_length));
+    throw core::usage_error(
+        fmt::format("--seq-len {} leaves no room for a prompt beside --max-completion-length {}",
+                    config.seq_len, config.max_completion_length));
   }
   // Every rank reads the same records: the same selection everywhere.
   std::vector<std::int64_t> answered;
@@ -111,7 +111,8 @@ EvalMetrics greedy_answers(const dist::World& world, model::LlamaModel& model,
   m.extra.emplace_back("completions/mean_length", sums[1] / count);
   m.extra.emplace_back("completions/truncated", sums[2] / count);
   m.extra.emplace_back("prompts", count);
-  if (without_answer > 0) m.extra.emplace_back("prompts_without_answer", static_cast<double>(without_answer));
+  if (without_answer > 0)
+    m.extra.emplace_back("prompts_without_answer", static_cast<double>(without_answer));
   m.seconds = watch.seconds();
   return m;
 }

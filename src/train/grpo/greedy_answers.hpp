@@ -15,8 +15,8 @@
 namespace l3::train::grpo {
 
 struct GreedyAnswerConfig {
-  std::int64_t seq_len = 0;                 // a prompt and its completion fit in it
-  std::int64_t max_completion_length = 0;   // new tokens at most (the stop token included)
+  std::int64_t seq_len = 0;                // a prompt and its completion fit in it
+  std::int64_t max_completion_length = 0;  // new tokens at most (the stop token included)
 };
 
 // Collective over `world`: each rank completes a contiguous share of the prompts (greedy, the
