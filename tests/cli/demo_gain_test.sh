@@ -11,10 +11,17 @@ bin=$1
 mpiexec=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/l3-demo-gain-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-export OMP_NUM_THREADS=1
+# 2 ranks of one thread, as the README's scripts/demo.sh on 2 cores; 1 rank with the node's
+# cores (its default) and without the DPO stage, which the GRPO stage does not start from.
 for ranks in 2 1; do
-  if ! timeout -k 5 240 "$mpiexec" -n "$ranks" "$bin" demo --workdir "$work/demo-$ranks" \
-    >"$work/out-$ranks" 2>"$work/err"; then
+  extra=()
+  threads=1
+  if [[ $ranks -eq 1 ]]; then
+    extra=(--dpo-steps 0)
+    threads=$(nproc)
+  fi
+  if ! OMP_NUM_THREADS=$threads timeout -k 5 240 "$mpiexec" -n "$ranks" "$bin" demo \
+    --workdir "$work/demo-$ranks" "${extra[@]}" >"$work/out-$ranks" 2>"$work/err"; then
     tail -5 "$work/err"
     echo "FAIL: the demo failed on $ranks rank(s)"
     exit 1
@@ -34,11 +41,11 @@ PY
 done
 cp "$work/out-2" "$work/out"
 
-# The closing hint's commands, as printed (the sizes' line set to a test's, D to the first 100
+# The closing hint's commands, as printed (the sizes' line set to a test's, D to the first 40
 # of each of the demo's record files): the program on PATH, the demo's records, every phase,
 # eval, generate --input, export and report.
 mkdir "$work/records"
-for f in "$work"/demo-2/input/*.jsonl; do head -100 "$f" >"$work/records/$(basename "$f")"; done
+for f in "$work"/demo-2/input/*.jsonl; do head -40 "$f" >"$work/records/$(basename "$f")"; done
 sed -n '/^Next, README.md/,/^See docs/p' "$work/out" | grep '^  ' | sed 's/^  //' |
   sed 's/^SEQ=256 BATCH=8 STEPS=20 .*/SEQ=128 BATCH=4 STEPS=1/' |
   sed "s|^D=.*/demo-2/input\$|D=$work/records|" >"$work/hint.sh"

@@ -292,7 +292,8 @@ TEST_CASE("sample_tokens with temperature, top-k and top-p: the CPU's tokens", "
                        << ", top_p " << top_p << ", vocab_limit " << vocab_limit);
           // raw log-probabilities, and tempered ones (GRPO's: of softmax(logits / T))
           for (const bool tempered : {false, true}) {
-            if (tempered && top_k != 0) continue;  // the scale touches the statistics only
+            // The scale touches the log-probabilities' statistics only: one rule per row set.
+            if (tempered && (top_k != 0 || top_p != 1.0)) continue;
             INFO("tempered log-probabilities " << tempered);
             const l3::kernels::cpu::SamplingRule rule{
                 .temperature = temperature,
