@@ -305,3 +305,124 @@ TEST_CASE("streams run their work only when needed: a missing event wait reads s
   cudaFree(consumed);
   cudaFree(produced);
 }
+
+namespace {
+// y[i] = 2 x[i] + 1 over n elements, launched on `stream` as a translated kernel launch is.
+void twice_plus_one(float* y, const float* x, int n, cudaStream_t stream) {
+  l3emu::launch(l3emu::config(dim3((n + 63) / 64), dim3(64), 0, stream),
+                [](float* out, const float* in, int count) {
+                  const auto i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+                  if (i < count) out[i] = 2.0F * in[i] + 1.0F;
+                })(y, x, n);
+}
+}  // namespace
+
+TEST_CASE("a captured graph records its stream's work and replays it on current contents",
+          "[emulation]") {
+  const int n = 100;
+  const std::size_t bytes = n * sizeof(float);
+  float* input = nullptr;
+  float* output = nullptr;
+  float* pinned = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&input), bytes) == cudaSuccess);
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&output), bytes) == cudaSuccess);
+  REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&pinned), bytes, cudaHostAllocDefault) ==
+          cudaSuccess);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+
+  cudaStreamCaptureStatus status{};
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  REQUIRE(cudaStreamIsCapturing(stream, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  // upload (pinned -> device), a kernel, a memset of the last element: recorded, not run
+  REQUIRE(cudaMemcpyAsync(input, pinned, bytes, cudaMemcpyHostToDevice, stream) == cudaSuccess);
+  twice_plus_one(output, input, n, stream);
+  REQUIRE(cudaMemsetAsync(output + n - 1, 0, sizeof(float), stream) == cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  REQUIRE(graph != nullptr);
+  REQUIRE(cudaStreamIsCapturing(stream, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusNone);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(std::isnan(output[0]));  // nothing ran during the capture
+
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);  // the exec keeps its own copy
+  for (const float value : {1.0F, 5.0F, -2.0F}) {
+    // Each replay reads the pinned buffer as it is when the replay runs.
+    std::fill(pinned, pinned + n, value);
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(output[0] == 2.0F * value + 1.0F);
+    CHECK(output[n - 2] == 2.0F * value + 1.0F);
+    CHECK(output[n - 1] == 0.0F);
+  }
+  // A launch still queued when its exec is destroyed runs all the same.
+  std::fill(pinned, pinned + n, 7.0F);
+  const bool random_progress = l3emu::set_random_progress(false);
+  REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  CHECK(output[0] == 2.0F * -2.0F + 1.0F);  // not run yet
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(output[0] == 15.0F);
+  l3emu::set_random_progress(random_progress);
+
+  cudaStreamDestroy(stream);
+  cudaFreeHost(pinned);
+  cudaFree(output);
+  cudaFree(input);
+}
+
+TEST_CASE("calls CUDA refuses during a capture fail and invalidate it", "[emulation]") {
+  float* device = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&device), 64) == cudaSuccess);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  std::vector<float> pageable(16, 1.0F);
+  const auto refused = [&](const auto& call, cudaError_t expected) {
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    twice_plus_one(device, device, 16, stream);  // fine on its own
+    CHECK(call() == expected);
+    cudaStreamCaptureStatus status{};
+    REQUIRE(cudaStreamIsCapturing(stream, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusInvalidated);
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(stream, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == nullptr);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
+  };
+  void* more = nullptr;
+  refused([&] { return cudaMalloc(&more, 64); }, cudaErrorStreamCaptureUnsupported);
+  refused([&] { return cudaFree(device); }, cudaErrorStreamCaptureUnsupported);
+  refused([&] { return cudaStreamSynchronize(stream); }, cudaErrorStreamCaptureUnsupported);
+  refused([&] { return cudaDeviceSynchronize(); }, cudaErrorStreamCaptureUnsupported);
+  refused(
+      [&] { return cudaMemcpyAsync(device, pageable.data(), 64, cudaMemcpyHostToDevice, stream); },
+      cudaErrorStreamCaptureUnsupported);
+  refused(
+      [&] { return cudaMemcpyAsync(pageable.data(), device, 64, cudaMemcpyDeviceToHost, stream); },
+      cudaErrorStreamCaptureUnsupported);
+  cudaEvent_t event = nullptr;
+  REQUIRE(cudaEventCreate(&event) == cudaSuccess);
+  refused([&] { return cudaEventRecord(event, stream); }, cudaErrorStreamCaptureUnsupported);
+  refused([&] { return cudaStreamWaitEvent(stream, event, 0); }, cudaErrorStreamCaptureIsolation);
+  CHECK(more == nullptr);
+  // The legacy stream cannot capture; a stream cannot capture twice.
+  CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeThreadLocal) ==
+        cudaErrorStreamCaptureImplicit);
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaErrorIllegalState);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);  // still valid
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  cudaGetLastError();
+  // Afterwards the same calls work again.
+  REQUIRE(cudaMalloc(&more, 64) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  cudaFree(more);
+  cudaEventDestroy(event);
+  cudaStreamDestroy(stream);
+  cudaFree(device);
+}

@@ -18,6 +18,18 @@
 // ($L3_EMULATION_SEED changes it), so a failure repeats. $L3_EMULATION_PROGRESS=latest turns the
 // random progress off. Legacy default-stream ordering is modelled for streams created without
 // cudaStreamNonBlocking.
+//
+// Graphs: between cudaStreamBeginCapture and cudaStreamEndCapture, work enqueued on the
+// capturing stream is recorded, not run (kernels, GEMMs, memsets, copies between device and
+// pinned memory, each with the arguments it was given: a copy reads its source, a kernel its
+// buffers, when the graph runs, as on a GPU). cudaGraphLaunch queues the recorded work on a
+// stream again, in its order. What CUDA refuses while a stream captures (thread-local or global
+// mode) fails here with its error and invalidates the capture, so that capture-unsafe code
+// fails in the emulated tests: cudaMalloc/cudaFree/cudaMallocHost/cudaFreeHost and a device
+// synchronisation (cudaErrorStreamCaptureUnsupported), a synchronisation or query of the
+// capturing stream, a copy between it and pageable memory, and events recorded on or waited for
+// by it (CUDA allows the last two for fork/join between streams; the emulation does not model
+// multi-stream captures, and the backend captures on one stream).
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -116,9 +128,12 @@ cudaError_t release(void* p, cudaMemoryType type) {
 }
 
 // A stream's queue: operations enqueued and not yet run, and how many ran.
+struct Graph;
+
 struct Stream {
   int priority = 0;
-  bool blocking = true;  // synchronises with the legacy default stream
+  bool blocking = true;      // synchronises with the legacy default stream
+  Graph* capture = nullptr;  // recording into this graph (cudaStreamBeginCapture)
   std::deque<std::function<void()>> pending;
   std::uint64_t enqueued = 0;
   std::uint64_t executed = 0;
@@ -137,6 +152,28 @@ Stream& legacy_stream() {
   static Stream s;
   return s;
 }
+
+// A captured graph (cudaGraph_t) and an instantiated one (cudaGraphExec_t): the recorded work,
+// shared so that a launch still queued outlives cudaGraphExecDestroy.
+struct Graph {
+  std::shared_ptr<std::vector<std::function<void()>>> work =
+      std::make_shared<std::vector<std::function<void()>>>();
+  bool invalidated = false;  // an illegal call during its capture
+  bool relaxed = false;      // cudaStreamCaptureModeRelaxed: allocations allowed
+};
+struct GraphExec {
+  std::shared_ptr<const std::vector<std::function<void()>>> work;
+};
+
+// The streams capturing now (one at a time in practice; several are allowed).
+std::set<Stream*>& capturing() {
+  static std::set<Stream*> s;
+  return s;
+}
+
+// An illegal call during a capture: the captures end invalidated (cudaStreamEndCapture then
+// returns cudaErrorStreamCaptureInvalidated), and the call fails with `error`.
+cudaError_t capture_violation(cudaError_t error, Stream* stream = nullptr);
 
 struct Streams {
   std::set<Stream*> all;                         // live streams, for device-wide synchronisation
@@ -221,6 +258,10 @@ void make_progress() {
 // Legacy default-stream semantics: work on the null stream waits for every blocking stream's
 // queued work, and work on a blocking stream waits for the null stream's.
 void enqueue_on(Stream& s, std::function<void()> op) {
+  if (s.capture != nullptr) {  // recorded, not run
+    s.capture->work->push_back(std::move(op));
+    return;
+  }
   Stream& legacy = legacy_stream();
   if (&s == &legacy) {
     for (Stream* other : streams().all) {
@@ -251,6 +292,23 @@ cudaMemoryType memory_type(const void* p) {
 }
 
 bool pageable(const void* p) { return memory_type(p) == cudaMemoryTypeUnregistered; }
+
+cudaError_t capture_violation(cudaError_t error, Stream* stream) {
+  if (stream != nullptr && stream->capture != nullptr) stream->capture->invalidated = true;
+  if (stream == nullptr) {
+    for (Stream* s : capturing()) s->capture->invalidated = true;
+  }
+  return fail(error);
+}
+
+// Whether a call that CUDA refuses during a capture (outside relaxed mode) must fail: some stream
+// is capturing in a strict mode.
+bool strict_capture_active() {
+  for (const Stream* s : capturing()) {
+    if (!s->capture->relaxed) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -284,6 +342,16 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady:
       return "cudaErrorNotReady";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureIsolation:
+      return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit:
+      return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
     default:
       return "cudaError (emulated)";
   }
@@ -358,6 +426,7 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+  if (!capturing().empty()) return capture_violation(cudaErrorStreamCaptureUnsupported);
   drain_device();
   return cudaSuccess;
 }
@@ -377,19 +446,24 @@ cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
   return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
+  if (strict_capture_active()) return capture_violation(cudaErrorStreamCaptureUnsupported);
   return allocate(pointer, bytes, cudaMemoryTypeDevice);
 }
 cudaError_t cudaFree(void* pointer) {
+  if (strict_capture_active()) return capture_violation(cudaErrorStreamCaptureUnsupported);
   drain_device();  // cudaFree waits for the device's queued work
   return release(pointer, cudaMemoryTypeDevice);
 }
 cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned int /*flags*/) {
+  if (strict_capture_active()) return capture_violation(cudaErrorStreamCaptureUnsupported);
   return allocate(pointer, bytes, cudaMemoryTypeHost);
 }
 cudaError_t cudaMallocHost(void** pointer, std::size_t bytes) {
+  if (strict_capture_active()) return capture_violation(cudaErrorStreamCaptureUnsupported);
   return allocate(pointer, bytes, cudaMemoryTypeHost);
 }
 cudaError_t cudaFreeHost(void* pointer) {
+  if (strict_capture_active()) return capture_violation(cudaErrorStreamCaptureUnsupported);
   drain_device();
   return release(pointer, cudaMemoryTypeHost);
 }
@@ -417,6 +491,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
                             cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   Stream& s = *stream_of(stream);
+  // A copy to or from pageable memory synchronises: not in a graph.
+  if (s.capture != nullptr && (pageable(dst) || pageable(src))) {
+    return capture_violation(cudaErrorStreamCaptureUnsupported, &s);
+  }
   if (pageable(dst)) {
     // To pageable memory: returns once the copy is done, in order with the stream.
     drain_all(s);
@@ -434,6 +512,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  if (!capturing().empty()) return capture_violation(cudaErrorStreamCaptureUnsupported);
   const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   drain_all(legacy_stream());
   return e;
@@ -468,6 +547,7 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Stream* s = stream_of(stream);
+  if (s->capture != nullptr) return capture_violation(cudaErrorStreamCaptureUnsupported, s);
   drain_device();  // CUDA lets queued work finish (and the null stream may wait on this one)
   // Kept, empty: events recorded on it stay valid to wait for and synchronise with.
   streams().all.erase(s);
@@ -475,19 +555,25 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  drain_all(*stream_of(stream));
+  Stream& s = *stream_of(stream);
+  if (s.capture != nullptr) return capture_violation(cudaErrorStreamCaptureUnsupported, &s);
+  drain_all(s);
   return cudaSuccess;
 }
 // Not done yet while work is queued; each query lets the stream's oldest operation run (with what
 // it waits for), as a GPU makes progress between a host's polls.
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   Stream& s = *stream_of(stream);
+  if (s.capture != nullptr) return capture_violation(cudaErrorStreamCaptureUnsupported, &s);
   if (s.executed == s.enqueued) return cudaSuccess;
   drain(s, s.executed + 1);
   return cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (stream_of(stream)->capture != nullptr) {
+    return capture_violation(cudaErrorStreamCaptureIsolation, stream_of(stream));
+  }
   const auto* e = reinterpret_cast<const Event*>(event);
   if (e->stream == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
   Stream* target = e->stream;
@@ -515,6 +601,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   auto* e = reinterpret_cast<Event*>(event);
   Stream& s = *stream_of(stream);
+  if (s.capture != nullptr) return capture_violation(cudaErrorStreamCaptureUnsupported, &s);
   e->recorded = false;
   enqueue_on(s, [e] {
     e->time = std::chrono::steady_clock::now();
@@ -541,6 +628,67 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   }
   if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
   *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  if (mode == nullptr) return fail(cudaErrorInvalidValue);
+  *mode = cudaStreamCaptureModeThreadLocal;  // modes per thread are not modelled
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  if (stream == nullptr) return fail(cudaErrorStreamCaptureImplicit);  // the legacy stream
+  Stream& s = *stream_of(stream);
+  if (s.capture != nullptr) return fail(cudaErrorIllegalState);
+  s.capture = new Graph{};
+  s.capture->relaxed = mode == cudaStreamCaptureModeRelaxed;
+  capturing().insert(&s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (graph == nullptr) return fail(cudaErrorInvalidValue);
+  Stream& s = *stream_of(stream);
+  if (s.capture == nullptr) return fail(cudaErrorIllegalState);
+  std::unique_ptr<Graph> captured(std::exchange(s.capture, nullptr));
+  capturing().erase(&s);
+  *graph = nullptr;
+  if (captured->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  *graph = reinterpret_cast<cudaGraph_t>(captured.release());
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return fail(cudaErrorInvalidValue);
+  const Stream& s = *stream_of(stream);
+  *status = s.capture == nullptr     ? cudaStreamCaptureStatusNone
+            : s.capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                     : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long /*flags*/) {
+  if (exec == nullptr || graph == nullptr) return fail(cudaErrorInvalidValue);
+  const auto* g = reinterpret_cast<const Graph*>(graph);
+  // A snapshot: instantiating copies the graph, later changes to it do not reach the exec.
+  auto* e = new GraphExec{std::make_shared<const std::vector<std::function<void()>>>(*g->work)};
+  *exec = reinterpret_cast<cudaGraphExec_t>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const auto* e = reinterpret_cast<const GraphExec*>(exec);
+  // The recorded work in its order, as one operation of the stream (a graph launched in a
+  // capture is recorded as that operation, as CUDA records a child graph).
+  enqueue_on(*stream_of(stream), [work = e->work] {
+    for (const std::function<void()>& op : *work) op();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<GraphExec*>(exec);  // a queued launch keeps its work alive
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<Graph*>(graph);
   return cudaSuccess;
 }
 
