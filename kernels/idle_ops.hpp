@@ -28,6 +28,10 @@ class IdleOps final : public Ops {
     return inner_.allocate(dtype, numel);
   }
   void synchronize() override { inner_.synchronize(); }
+  [[nodiscard]] bool can_capture() const noexcept override { return inner_.can_capture(); }
+  [[nodiscard]] std::unique_ptr<OpsGraph> capture(const std::function<void()>& record) override {
+    return inner_.capture(record);
+  }
   [[nodiscard]] double take_input_wait_ms() override { return inner_.take_input_wait_ms(); }
 
   // Nothing to compute on no rows.

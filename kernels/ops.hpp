@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -328,6 +330,23 @@ struct AdamWArgs {
 // `automatic` (a choice, never an Ops' own) is CUDA when compiled in and a device is visible.
 enum class Backend : std::uint8_t { automatic, cpu, cuda };
 
+// A recorded sequence of a backend's ops (Ops::capture): a CUDA graph. Replaying it queues the
+// same work on the same buffers (their contents at the time it runs, not at the recording), in
+// order with the backend's other work, for one launch's host cost.
+class OpsGraph {
+ public:
+  OpsGraph() = default;
+  virtual ~OpsGraph() = default;
+  OpsGraph(const OpsGraph&) = delete;
+  OpsGraph& operator=(const OpsGraph&) = delete;
+  OpsGraph(OpsGraph&&) = delete;
+  OpsGraph& operator=(OpsGraph&&) = delete;
+  virtual void replay() = 0;
+  // false once the backend has replaced memory the recording uses (a grown scratch buffer):
+  // record again rather than replay.
+  [[nodiscard]] virtual bool valid() const noexcept = 0;
+};
+
 // Every member is pure: a backend, and a decorator such as ProfilingOps, states each one, so
 // that one it forgets is a compile error rather than a silent default.
 class Ops {
@@ -415,6 +434,17 @@ class Ops {
   // out[i] = sum_squares(xs[i]), the same values; a backend with a queue returns them all with
   // one synchronisation instead of one each.
   virtual void sum_squares_each(std::span<const ConstTensorView> xs, std::span<double> out) = 0;
+
+  // ---- graphs ------------------------------------------------------------------------------
+  // Whether capture() records (CUDA). Such a backend also skips, in kv_cache_write and
+  // decode_attention, a row whose slot is outside the cache (-1): a pad row of a fixed-shape
+  // pass writes and reads nothing there (the CPU backend throws instead).
+  [[nodiscard]] virtual bool can_capture() const noexcept = 0;
+  // Records the ops that `record` issues on this backend into a graph without running them.
+  // Everything it issues must be capture-safe: no allocation, no synchronisation, no copy from
+  // or to host memory, no host decision on device data (an internal Error names the call that
+  // was not, and nothing is recorded). An internal Error where !can_capture().
+  [[nodiscard]] virtual std::unique_ptr<OpsGraph> capture(const std::function<void()>& record) = 0;
 };
 
 // A zero-initialised buffer of `shape` on `ops`'s memory.

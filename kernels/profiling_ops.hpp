@@ -150,6 +150,11 @@ class ProfilingOps final : public Ops {
   void sum_squares_each(std::span<const ConstTensorView> xs, std::span<double> out) override {
     timed("sum_squares_each", [&] { inner_.sum_squares_each(xs, out); });
   }
+  // The recording's ops are timed as they are issued (host time); replays are not.
+  [[nodiscard]] bool can_capture() const noexcept override { return inner_.can_capture(); }
+  [[nodiscard]] std::unique_ptr<OpsGraph> capture(const std::function<void()>& record) override {
+    return inner_.capture(record);
+  }
 
   Ops& inner_;
   std::map<std::string, core::TimeAccumulator> times_;

@@ -69,6 +69,10 @@ class RowInvariantOps final : public Ops {
   void policy_loss(const PolicyLossArgs& a) override { inner_.policy_loss(a); }
   void adamw(const AdamWArgs& a) override { inner_.adamw(a); }
   void add_into(TensorView dst, ConstTensorView src) override { inner_.add_into(dst, src); }
+  [[nodiscard]] bool can_capture() const noexcept override { return inner_.can_capture(); }
+  [[nodiscard]] std::unique_ptr<OpsGraph> capture(const std::function<void()>& record) override {
+    return inner_.capture(record);
+  }
 
  private:
   Ops& inner_;

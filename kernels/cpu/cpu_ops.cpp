@@ -185,6 +185,10 @@ void CpuOps::add_into(TensorView dst, ConstTensorView src) {
 
 double CpuOps::sum_squares(ConstTensorView x) { return cpu::sum_squares(f32(x)); }
 
+std::unique_ptr<OpsGraph> CpuOps::capture(const std::function<void()>& /*record*/) {
+  throw core::internal_error("the cpu backend does not capture graphs");
+}
+
 void CpuOps::sum_squares_each(std::span<const ConstTensorView> xs, std::span<double> out) {
   for (std::size_t i = 0; i < xs.size(); ++i) out[i] = sum_squares(xs[i]);
 }

@@ -52,6 +52,9 @@ class CpuOps final : public Ops {
   void add_into(TensorView dst, ConstTensorView src) override;
   [[nodiscard]] double sum_squares(ConstTensorView x) override;
   void sum_squares_each(std::span<const ConstTensorView> xs, std::span<double> out) override;
+  // The CPU runs each op as it is called: nothing to record.
+  [[nodiscard]] bool can_capture() const noexcept override { return false; }
+  [[nodiscard]] std::unique_ptr<OpsGraph> capture(const std::function<void()>& record) override;
 
  private:
   std::atomic<std::int64_t> allocated_{0};

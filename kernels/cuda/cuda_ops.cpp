@@ -81,9 +81,63 @@ void* DeviceScratch::get(std::size_t bytes, cudaStream_t stream) {
   check(cudaFree(data_), "scratch: free");
   data_ = nullptr;
   bytes_ = 0;
+  ++generation_;
   check(cudaMalloc(&data_, bytes), fmt::format("scratch: cudaMalloc of {} bytes", bytes));
   bytes_ = bytes;
   return data_;
+}
+
+namespace {
+
+// An instantiated graph of the backend's stream; stale once the scratch buffer it records
+// pointers into has been replaced.
+class CudaGraph final : public kernels::OpsGraph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream, const DeviceScratch& scratch)
+      : exec_(exec), stream_(stream), scratch_(scratch), generation_(scratch.generation()) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  CudaGraph(CudaGraph&&) = delete;
+  CudaGraph& operator=(CudaGraph&&) = delete;
+
+  void replay() override {
+    if (!valid()) throw core::internal_error("cuda graph replayed after its scratch was replaced");
+    check(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+  }
+  [[nodiscard]] bool valid() const noexcept override {
+    return scratch_.generation() == generation_;
+  }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+  const DeviceScratch& scratch_;
+  std::uint64_t generation_;
+};
+
+}  // namespace
+
+std::unique_ptr<kernels::OpsGraph> CudaOps::capture(const std::function<void()>& record) {
+  // Thread-local mode: this thread may not make calls that are unsafe in a capture (allocation,
+  // synchronisation), which then fail instead of silently breaking the graph.
+  check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+        "cudaStreamBeginCapture");
+  cudaGraph_t graph = nullptr;
+  try {
+    record();
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);  // invalidated: nothing to keep
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // the capture's error is reported by the exception
+    throw;
+  }
+  check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check(instantiated, "cudaGraphInstantiate");
+  return std::make_unique<CudaGraph>(exec, stream_, scratch_);
 }
 
 CudaOps::CudaOps(CudaOptions options) {

@@ -36,10 +36,13 @@ class DeviceScratch {
   DeviceScratch& operator=(DeviceScratch&&) = delete;
   // At least `bytes`, 256-byte aligned; the previous contents are not kept.
   void* get(std::size_t bytes, cudaStream_t stream);
+  // Changes whenever get() replaces the buffer (a graph recorded before then is stale).
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
 
  private:
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
+  std::uint64_t generation_ = 0;
 };
 
 class CudnnAttention;
@@ -125,6 +128,11 @@ class CudaOps final : public kernels::Ops {
   [[nodiscard]] double sum_squares(kernels::ConstTensorView x) override;
   void sum_squares_each(std::span<const kernels::ConstTensorView> xs,
                         std::span<double> out) override;
+  // CUDA graphs: stream capture of the backend's stream (thread-local mode), instantiated;
+  // replay() launches it on the stream. A graph must not outlive this backend.
+  [[nodiscard]] bool can_capture() const noexcept override { return true; }
+  [[nodiscard]] std::unique_ptr<kernels::OpsGraph> capture(
+      const std::function<void()>& record) override;
 
  private:
   // The segment table on the host: segments.host when given, else downloaded (a sync).

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "core/error.hpp"
@@ -40,7 +43,34 @@ std::int64_t rows_of(const EngineShape& shape) {
                             : shape.slots + std::min(shape.capacity, chunk_of(shape));
 }
 
+// DecodePath::automatic as $L3_DECODE_GRAPHS says; then what the backend and the model allow.
+DecodePath resolve_decode(DecodePath asked, const kernels::Ops& ops, const LlamaModel& model) {
+  if (asked == DecodePath::automatic) {
+    const char* text = std::getenv("L3_DECODE_GRAPHS");
+    if (text == nullptr || *text == '\0' || std::strcmp(text, "1") == 0) {
+      asked = DecodePath::graphs;
+    } else if (std::strcmp(text, "0") == 0) {
+      asked = DecodePath::per_pass;
+    } else if (std::strcmp(text, "eager") == 0) {
+      asked = DecodePath::bucketed;
+    } else {
+      throw core::usage_error(
+          fmt::format("L3_DECODE_GRAPHS={}: expected 1 (graphs), 0 (none) or eager", text));
+    }
+  }
+  // Pad rows need a backend that skips rows outside the cache; a parameter window may gather
+  // each pass's weights into other memory than the recording's.
+  if (!ops.can_capture() || model.has_parameter_window()) return DecodePath::per_pass;
+  return asked;
+}
+
 }  // namespace
+
+std::int64_t decode_bucket(std::int64_t rows, int slots) {
+  std::int64_t bucket = 1;
+  while (bucket < rows) bucket *= 2;
+  return std::min<std::int64_t>(bucket, slots);
+}
 
 void validate(const SamplingSettings& settings) {
   if (!std::isfinite(settings.temperature) || settings.temperature < 0.0) {
@@ -85,6 +115,17 @@ struct GenerationEngine::Slot {
 
 // One pass's rows: the fresh prompt segments first (they attend with the training kernel),
 // then the rest (decoding tokens, prompt chunks after a cached prefix).
+// What enqueue_pass runs: n rows, the first `fresh` in new prompt segments, m drawing tokens.
+struct GenerationEngine::PassShape {
+  std::int64_t n = 0;
+  std::int64_t fresh = 0;
+  std::int64_t m = 0;
+  std::span<const std::int32_t> cu_seqlens{};  // of the fresh segments, on the host
+  int max_segment = 0;
+  int max_keys = 0;                                  // of the other rows
+  std::span<const std::int32_t> decode_positions{};  // of the other rows; empty: not checked
+};
+
 struct GenerationEngine::PassRows {
   std::vector<std::int32_t> tokens, positions, slots;
   std::vector<std::int32_t> cu_seqlens{0};  // of the fresh segments
@@ -125,6 +166,7 @@ GenerationEngine::GenerationEngine(LlamaModel& model, const EngineShape& shape,
   }
   shape_.prefill_chunk = chunk_of(shape_);
   shape_.max_rows = rows_of(shape_);
+  shape_.decode = resolve_decode(shape_.decode, ops_, model);
   if (shape_.max_rows < shape_.slots - 1 + std::min(shape_.prefill_chunk, shape_.capacity)) {
     throw core::internal_error(
         fmt::format("generation engine: {} rows per pass for {} slots and chunks of {} tokens",
@@ -278,14 +320,23 @@ GenerationEngine::PassRows GenerationEngine::plan_pass() {
   return sorted;
 }
 
+std::vector<double> GenerationEngine::uniforms(const std::vector<int>& logit_slots) const {
+  std::vector<double> values(logit_slots.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const Slot& slot = slots_[static_cast<std::size_t>(logit_slots[i])];
+    const core::CounterRng rng(settings_.seed, core::RngPurpose::sampling,
+                               static_cast<std::uint32_t>(slot.request.sample));
+    const auto index = static_cast<std::uint64_t>(slot.request.record) << 32U |
+                       static_cast<std::uint64_t>(slot.output.tokens.size());
+    values[i] = rng.uniform(index);
+  }
+  return values;
+}
+
 void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>& tokens,
                                 std::vector<float>& logprobs) {
-  const ModelConfig& c = model_.config();
   const std::int64_t n = rows.size();
-  const std::int64_t fresh = rows.fresh;
   const auto m = static_cast<std::int64_t>(rows.logit_rows.size());
-  const std::int64_t per_layer = shape_.slots * shape_.capacity * c.kv_size();
-  const Shape cache{shape_.slots, shape_.capacity, c.n_kv_heads, c.head_dim};
   if (n > 0) {
     ops_.copy(tokens_.first_rows(n), host_view(rows.tokens));
     ops_.copy(positions_.first_rows(n), host_view(rows.positions));
@@ -293,8 +344,80 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
     ops_.copy(cu_seqlens_.first_rows(static_cast<std::int64_t>(rows.cu_seqlens.size())),
               host_view(rows.cu_seqlens));
   }
-  if (m > 0) ops_.copy(logit_rows_.first_rows(m), host_view(rows.logit_rows));
+  if (m > 0) {
+    ops_.copy(logit_rows_.first_rows(m), host_view(rows.logit_rows));
+    ops_.copy(uniforms_.first_rows(m), host_view(uniforms(rows.logit_slots)));
+  }
+  enqueue_pass({.n = n,
+                .fresh = rows.fresh,
+                .m = m,
+                .cu_seqlens = rows.cu_seqlens,
+                .max_segment = rows.max_segment,
+                .max_keys = rows.max_keys,
+                .decode_positions = std::span<const std::int32_t>(rows.positions)
+                                        .subspan(static_cast<std::size_t>(rows.fresh))});
+  tokens.assign(static_cast<std::size_t>(m), 0);
+  logprobs.assign(static_cast<std::size_t>(m), 0.0F);
+  if (m == 0) return;
+  ops_.copy(TensorView(std::span<std::int32_t>(tokens)), sampled_.first_rows(m));
+  ops_.copy(TensorView(std::span<float>(logprobs)), sampled_logprobs_.first_rows(m));
+  ops_.synchronize();
+}
 
+void GenerationEngine::run_decode(const PassRows& rows, std::vector<std::int32_t>& tokens,
+                                  std::vector<float>& logprobs, bool graphs) {
+  const std::int64_t r = rows.size();
+  const std::int64_t b = decode_bucket(r, shape_.slots);
+  const auto pad = static_cast<std::size_t>(b);
+  // Pad rows: token 0 at position 0 of slot -1 (outside the cache: nothing is written or read
+  // for them, their attention output is 0), uniform 0; their draws are not read.
+  std::vector<std::int32_t> ids = rows.tokens, positions = rows.positions, slots = rows.slots;
+  ids.resize(pad, 0);
+  positions.resize(pad, 0);
+  slots.resize(pad, -1);
+  std::vector<std::int32_t> logit_rows(pad);
+  std::iota(logit_rows.begin(), logit_rows.end(), 0);  // a decoding pass draws on every row
+  std::vector<double> draws = uniforms(rows.logit_slots);
+  draws.resize(pad, 0.0);
+  ops_.copy(tokens_.first_rows(b), host_view(ids));
+  ops_.copy(positions_.first_rows(b), host_view(positions));
+  ops_.copy(row_slots_.first_rows(b), host_view(slots));
+  ops_.copy(logit_rows_.first_rows(b), host_view(logit_rows));
+  ops_.copy(uniforms_.first_rows(b), host_view(draws));
+  // Every row against the whole capacity (the last split reaches each row's own position): a
+  // plan that holds for every token of the bucket.
+  const PassShape shape{.n = b, .fresh = 0, .m = b, .max_keys = static_cast<int>(shape_.capacity)};
+  std::unique_ptr<kernels::OpsGraph>& graph = graphs_[b];
+  if (graphs && graph && graph->valid()) {
+    graph->replay();
+    ++graph_replays_;
+  } else {
+    // The first pass of a bucket (or after the backend replaced memory the graph used) runs
+    // op by op, which also sizes the backend's scratch and plans the matmuls; then the same
+    // work is recorded for the next passes.
+    enqueue_pass(shape);
+    if (graphs) {
+      graph.reset();
+      graph = ops_.capture([&] { enqueue_pass(shape); });
+      ++graphs_recorded_;
+    }
+  }
+  tokens.assign(pad, 0);
+  logprobs.assign(pad, 0.0F);
+  ops_.copy(TensorView(std::span<std::int32_t>(tokens)), sampled_.first_rows(b));
+  ops_.copy(TensorView(std::span<float>(logprobs)), sampled_logprobs_.first_rows(b));
+  ops_.synchronize();
+  tokens.resize(static_cast<std::size_t>(r));
+  logprobs.resize(static_cast<std::size_t>(r));
+}
+
+void GenerationEngine::enqueue_pass(const PassShape& p) {
+  const ModelConfig& c = model_.config();
+  const std::int64_t n = p.n;
+  const std::int64_t fresh = p.fresh;
+  const std::int64_t m = p.m;
+  const std::int64_t per_layer = shape_.slots * shape_.capacity * c.kv_size();
+  const Shape cache{shape_.slots, shape_.capacity, c.n_kv_heads, c.head_dim};
   const BlockViews block = [&] {
     BlockViews a{.ln1 = ln_.first_rows(n),
                  .rstd1 = rstd_.first_rows(n),
@@ -314,8 +437,6 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
     }
     return a;
   }();
-  const std::span<const std::int32_t> decode_positions =
-      std::span<const std::int32_t>(rows.positions).subspan(static_cast<std::size_t>(fresh));
   const auto attend = [&](int layer) {
     if (n == 0) return;
     const TensorView k_cache = k_cache_.slice(layer * per_layer, per_layer).reshape(cache);
@@ -334,9 +455,9 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
                       .k = row_range(block.k, 0, fresh),
                       .v = row_range(block.v, 0, fresh),
                       .segments = {.cu_seqlens = cu_seqlens_.first_rows(
-                                       static_cast<std::int64_t>(rows.cu_seqlens.size())),
-                                   .max_segment = rows.max_segment,
-                                   .host = rows.cu_seqlens}});
+                                       static_cast<std::int64_t>(p.cu_seqlens.size())),
+                                   .max_segment = p.max_segment,
+                                   .host = p.cu_seqlens}});
     }
     if (n > fresh) {
       ops_.decode_attention({.out = row_range(block.att, fresh, n - fresh),
@@ -345,8 +466,8 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
                              .v_cache = v_cache,
                              .slots = row_range(row_slots_.view(), fresh, n - fresh),
                              .positions = row_range(positions_.view(), fresh, n - fresh),
-                             .max_keys = rows.max_keys,
-                             .host_positions = decode_positions});
+                             .max_keys = p.max_keys,
+                             .host_positions = p.decode_positions});
     }
   };
   model_.forward_rows(
@@ -366,23 +487,11 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
   }
   model_.final_norm(picked_norm_.first_rows(m), picked_rstd_.first_rows(m), picked_.first_rows(m));
   const HeldGroup held = model_.hold_head(Pass::forward);
-  tokens.assign(static_cast<std::size_t>(m), 0);
-  logprobs.assign(static_cast<std::size_t>(m), 0.0F);
   if (m == 0) return;
   ops_.matmul({.y = logits_.first_rows(m),
                .x = picked_norm_.first_rows(m),
                .w = model_.lm_head_weight(),
                .row_invariant = true});
-  std::vector<double> uniforms(static_cast<std::size_t>(m));
-  for (std::size_t i = 0; i < uniforms.size(); ++i) {
-    const Slot& slot = slots_[static_cast<std::size_t>(rows.logit_slots[i])];
-    const core::CounterRng rng(settings_.seed, core::RngPurpose::sampling,
-                               static_cast<std::uint32_t>(slot.request.sample));
-    const auto index = static_cast<std::uint64_t>(slot.request.record) << 32U |
-                       static_cast<std::uint64_t>(slot.output.tokens.size());
-    uniforms[i] = rng.uniform(index);
-  }
-  ops_.copy(uniforms_.first_rows(m), host_view(uniforms));
   ops_.sample_tokens({.tokens = sampled_.first_rows(m),
                       .logprobs = sampled_logprobs_.first_rows(m),
                       .logits = logits_.first_rows(m),
@@ -394,14 +503,12 @@ void GenerationEngine::run_pass(const PassRows& rows, std::vector<std::int32_t>&
                       .logprob_scale = settings_.tempered_logprobs
                                            ? kernels::logit_scale(settings_.temperature)
                                            : 1.0F});
-  ops_.copy(TensorView(std::span<std::int32_t>(tokens)), sampled_.first_rows(m));
-  ops_.copy(TensorView(std::span<float>(logprobs)), sampled_logprobs_.first_rows(m));
-  ops_.synchronize();
 }
 
 void GenerationEngine::set_sampling(SamplingSettings settings) {
   validate(settings);
   settings_ = std::move(settings);
+  graphs_.clear();  // they hold the sampling settings as kernel arguments
 }
 
 void GenerationEngine::run(const RequestSource& next, const OutputSink& done, const StopCheck& stop,
@@ -431,7 +538,15 @@ void GenerationEngine::run(const RequestSource& next, const OutputSink& done, co
     const PassRows rows = plan_pass();
     const bool work = rows.size() > 0;
     if (agree ? !agree(work) : !work) return;
-    run_pass(rows, tokens, logprobs);
+    // A pass of decoding rows only (no prompt rows) at a bucket's fixed shape, where allowed.
+    const bool decoding = work && rows.fresh == 0 &&
+                          std::all_of(rows.prompt_rows.begin(), rows.prompt_rows.end(),
+                                      [](std::int64_t t) { return t == 0; });
+    if (decoding && !agree && shape_.decode != DecodePath::per_pass) {
+      run_decode(rows, tokens, logprobs, shape_.decode == DecodePath::graphs);
+    } else {
+      run_pass(rows, tokens, logprobs);
+    }
     // The cache now holds every row run.
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       Slot& slot = slots_[s];

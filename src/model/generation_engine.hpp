@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -75,6 +77,26 @@ struct GenerationOutput {
   float stop_logprob = 0.0F;
 };
 
+// How a pass that only decodes (one row per generating slot, no prompt rows) runs.
+//   per_pass: as planned, its ops issued one by one (rows = decoding slots; the decode attention
+//     sized by the longest row).
+//   bucketed: at a fixed shape, issued one by one: the rows padded up to a bucket (the next power
+//     of two, at most `slots`) with pad rows outside the cache (slot -1: nothing written or
+//     read, their tokens not used), the decode attention sized by the capacity. The same work as
+//     `graphs`, without them: what the tests compare graphs with, bit for bit.
+//   graphs: bucketed, recorded once per bucket as a graph (Ops::capture; the first pass of a
+//     bucket runs as bucketed and records it) and replayed: one launch per token instead of
+//     hundreds. Only the inputs (tokens, positions, slots, uniforms) are uploaded before a
+//     replay and the drawn tokens read back after it.
+// bucketed and graphs need a backend that captures (Ops::can_capture: CUDA), a model without a
+// parameter window and an engine run without a PassAgreement; elsewhere passes run per_pass.
+// automatic: $L3_DECODE_GRAPHS: unset or 1 graphs, 0 per_pass, eager bucketed.
+enum class DecodePath : std::uint8_t { automatic, per_pass, bucketed, graphs };
+
+// The rows a decode-only pass of `rows` rows runs at under bucketed and graphs: the next power
+// of two, at most `slots`.
+[[nodiscard]] std::int64_t decode_bucket(std::int64_t rows, int slots);
+
 struct EngineShape {
   int slots = 1;              // sequences in flight
   std::int64_t capacity = 0;  // positions per sequence: prompt + max_new at most
@@ -87,6 +109,7 @@ struct EngineShape {
   // slots - 1 + min(prefill_chunk, capacity), so that a chunk always fits beside the others'
   // decoding rows. 0: slots + min(prefill_chunk, capacity).
   std::int64_t max_rows = 0;
+  DecodePath decode = DecodePath::automatic;  // resolved by the engine (shape())
 };
 
 // Backend bytes an engine of this shape allocates (the memory plan counts them): the KV cache
@@ -110,7 +133,12 @@ class GenerationEngine {
   GenerationEngine(GenerationEngine&&) = delete;
   GenerationEngine& operator=(GenerationEngine&&) = delete;
 
+  // With prefill_chunk, max_rows and decode resolved (decode: what this backend and model allow).
   [[nodiscard]] const EngineShape& shape() const noexcept { return shape_; }
+  // Graphs recorded so far (DecodePath::graphs): one per bucket, again when one went stale.
+  [[nodiscard]] std::int64_t graphs_recorded() const noexcept { return graphs_recorded_; }
+  // Decode-only passes that replayed a graph.
+  [[nodiscard]] std::int64_t graph_replays() const noexcept { return graph_replays_; }
   // How the requests run from now on are sampled (online RL: a seed per step, greedy for
   // evaluations). A usage Error as validate() says.
   void set_sampling(SamplingSettings settings);
@@ -137,6 +165,7 @@ class GenerationEngine {
  private:
   struct Slot;
   struct PassRows;
+  struct PassShape;
 
   void admit(Slot& slot, GenerationRequest&& request);
   // Plans the next pass's rows from the busy slots; empty when there is nothing to run.
@@ -144,6 +173,15 @@ class GenerationEngine {
   // Runs one pass and samples a token for each row that wants one: (token, logprob) each.
   void run_pass(const PassRows& rows, std::vector<std::int32_t>& tokens,
                 std::vector<float>& logprobs);
+  // A decode-only pass at its bucket's shape (DecodePath::bucketed and graphs).
+  void run_decode(const PassRows& rows, std::vector<std::int32_t>& tokens,
+                  std::vector<float>& logprobs, bool graphs);
+  // The pass's device work once its inputs are in tokens_ ... uniforms_: the blocks, the
+  // gather, the final norm, the lm_head and the draws into sampled_ and sampled_logprobs_.
+  // Capture-safe when the shape has no fresh rows and no host positions.
+  void enqueue_pass(const PassShape& p);
+  // The uniform numbers of the rows that draw a token (their slots' requests and token counts).
+  [[nodiscard]] std::vector<double> uniforms(const std::vector<int>& logit_slots) const;
 
   LlamaModel& model_;
   kernels::Ops& ops_;
@@ -153,6 +191,9 @@ class GenerationEngine {
   SamplingSettings settings_;
   std::vector<Slot> slots_;
   std::int64_t admissions_ = 0;
+  std::map<std::int64_t, std::unique_ptr<kernels::OpsGraph>> graphs_;  // by bucket
+  std::int64_t graphs_recorded_ = 0;
+  std::int64_t graph_replays_ = 0;
   RopeBuffers rope_;
   kernels::Buffer k_cache_, v_cache_;  // (layers, slots, capacity, n_kv_heads, head_dim)
   // The pass's inputs (max_rows) i32 and outputs.

@@ -206,6 +206,7 @@ class LlamaModel {
   // group before reading it (ParameterWindow), in layout order forward and in reverse
   // backward. Initialisation, loading and the generator still use parameters().
   void set_parameter_window(ParameterWindow* window) noexcept { parameter_window_ = window; }
+  [[nodiscard]] bool has_parameter_window() const noexcept { return parameter_window_ != nullptr; }
   // A pass over one micro-batch: load_batch() uploads it (with `reference`, 2P values an
   // objective reads back from head().reference, or none), forward() runs the embedding, the
   // blocks and the final norm into head().hidden, the objective's head reads it (holding

@@ -355,3 +355,64 @@ TEST_CASE("sample_tokens draws each kept token with its probability", "[gpu]") {
     }
   }
 }
+
+TEST_CASE("a captured op replays on the inputs of the moment; capture-unsafe calls are errors",
+          "[gpu][graphs]") {
+  l3::cuda::CudaOps gpu;
+  REQUIRE(gpu.can_capture());
+  const std::int64_t rows = 4, vocab = 300;
+  l3::test::Random rnd(29);
+  const auto logits = upload(gpu, rnd.uniform(static_cast<std::size_t>(rows * vocab), -3.0F, 3.0F),
+                             {rows, vocab}, DType::f32);
+  const auto uniforms = upload_raw(gpu, std::vector<double>(static_cast<std::size_t>(rows), 0.5));
+  const auto tokens =
+      upload_raw(gpu, std::vector<std::int32_t>(static_cast<std::size_t>(rows), -1));
+  const auto logprobs = poisoned(gpu, rows, DType::f32);
+  const auto sample = [&] {
+    gpu.sample_tokens({.tokens = tokens.view(),
+                       .logprobs = logprobs.view(),
+                       .logits = logits.view(),
+                       .uniforms = uniforms.view(),
+                       .temperature = 0.7,
+                       .top_p = 0.9});
+  };
+  // The op's workspace does not exist before its first eager run: recording it would allocate.
+  CHECK_THROWS_WITH(
+      static_cast<void>(gpu.capture(sample)),
+      Catch::Contains("cudaErrorStreamCaptureUnsupported") || Catch::Contains("capture"));
+  sample();  // eager: sizes the scratch
+  const auto eager_tokens = l3::test::download_raw<std::int32_t>(gpu, tokens.view());
+  const auto graph = gpu.capture(sample);
+  REQUIRE(graph->valid());
+  // New inputs in the same buffers: the replay samples them, as the eager op does.
+  for (const std::uint32_t stream : {31U, 37U}) {
+    l3::test::Random next(stream);
+    gpu.copy(logits.view(), l3::kernels::ConstTensorView(std::span<const float>(next.uniform(
+                                static_cast<std::size_t>(rows * vocab), -3.0F, 3.0F))));
+    sample();
+    const auto expected_tokens = l3::test::download_raw<std::int32_t>(gpu, tokens.view());
+    const auto expected_logprobs = download(gpu, logprobs.view());
+    gpu.copy(tokens.view(), l3::kernels::ConstTensorView(std::span<const std::int32_t>(
+                                std::vector<std::int32_t>(static_cast<std::size_t>(rows), -1))));
+    graph->replay();
+    CHECK(l3::test::download_raw<std::int32_t>(gpu, tokens.view()) == expected_tokens);
+    CHECK(download(gpu, logprobs.view()) == expected_logprobs);
+  }
+  CHECK(eager_tokens.size() == static_cast<std::size_t>(rows));
+  // An eager op that needs more scratch replaces it: the graph is stale and refuses to replay.
+  const std::int64_t more = 4096;
+  const auto big = upload(gpu, std::vector<float>(static_cast<std::size_t>(more * 8), 0.0F),
+                          {more, 8}, DType::f32);
+  const auto big_uniforms =
+      upload_raw(gpu, std::vector<double>(static_cast<std::size_t>(more), 0.5));
+  const auto big_tokens =
+      upload_raw(gpu, std::vector<std::int32_t>(static_cast<std::size_t>(more), -1));
+  gpu.sample_tokens({.tokens = big_tokens.view(),
+                     .logits = big.view(),
+                     .uniforms = big_uniforms.view(),
+                     .temperature = 0.7,
+                     .top_p = 0.9});
+  gpu.synchronize();
+  CHECK_FALSE(graph->valid());
+  CHECK_THROWS_WITH(graph->replay(), Catch::Contains("scratch"));
+}

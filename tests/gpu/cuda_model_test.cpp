@@ -1,5 +1,11 @@
 // The whole tiny model on the CUDA backend against the CPU backend, from identical weights
 // (the CPU model starts from the bf16-rounded initialisation the GPU computes with).
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
 #include "catch.hpp"
 #include "gpu_test_support.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
@@ -214,4 +220,126 @@ TEST_CASE("the generation engine on the device follows the CPU model", "[gpu][mo
       }
     }
   }
+}
+
+namespace {
+// Every output of an engine run, by (record, sample).
+std::map<std::pair<std::int64_t, std::int64_t>, l3::model::GenerationOutput> run_engine(
+    l3::model::GenerationEngine& engine,
+    const std::vector<l3::model::GenerationRequest>& requests) {
+  std::size_t next = 0;
+  std::map<std::pair<std::int64_t, std::int64_t>, l3::model::GenerationOutput> outputs;
+  engine.run(
+      [&]() -> std::optional<l3::model::GenerationRequest> {
+        if (next == requests.size()) return std::nullopt;
+        return requests[next++];
+      },
+      [&](l3::model::GenerationOutput&& out) {
+        outputs[{out.record, out.sample}] = std::move(out);
+      });
+  return outputs;
+}
+}  // namespace
+
+TEST_CASE("decoding by CUDA graphs gives the tokens and log-probabilities of decoding without",
+          "[gpu][model][generate][graphs]") {
+  using l3::model::DecodePath;
+  INFO("seed " << l3::test::test_seed());
+  const auto config = l3::model::preset("tiny");
+  l3::cuda::CudaOps gpu_ops;
+  LlamaModel gpu(config, HeadKind::language_model, gpu_ops);
+  gpu.initialize(12);
+  l3::test::Random rnd(131);
+  // 7 requests of different lengths on 5 slots: decoding passes of 5, 4, 3 (a bucket of 4 with a
+  // pad row), 2 and 1 rows as sequences end at different times, and passes that mix prefill
+  // with decoding (run op by op in every mode).
+  std::vector<l3::model::GenerationRequest> requests;
+  const std::vector<std::size_t> lengths{5, 9, 3, 12, 6, 4, 8};
+  const std::vector<std::int64_t> news{9, 3, 12, 5, 7, 2, 10};
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    requests.push_back({.record = static_cast<std::int64_t>(r),
+                        .sample = static_cast<std::int64_t>(r % 2),
+                        .prompt = rnd.integers(lengths[r], 512),
+                        .max_new = news[r]});
+  }
+  const l3::model::EngineShape base{.slots = 5, .capacity = 40, .prefill_chunk = 8};
+  for (const double temperature : {0.0, 0.9}) {
+    INFO("temperature " << temperature);
+    const l3::model::SamplingSettings sampling{
+        .temperature = temperature, .top_p = 0.9, .seed = 5, .stop_tokens = {7, 100, 300}};
+    l3::model::EngineShape shape = base;
+    shape.decode = DecodePath::graphs;
+    l3::model::GenerationEngine graphs(gpu, shape, sampling);
+    REQUIRE(graphs.shape().decode == DecodePath::graphs);
+    shape.decode = DecodePath::bucketed;
+    l3::model::GenerationEngine bucketed(gpu, shape, sampling);
+    shape.decode = DecodePath::per_pass;
+    l3::model::GenerationEngine per_pass(gpu, shape, sampling);
+
+    const auto replayed = run_engine(graphs, requests);
+    CHECK(graphs.graphs_recorded() >= 3);  // buckets 4, 2 and 1 at least
+    CHECK(graphs.graph_replays() > graphs.graphs_recorded());
+    const auto eager = run_engine(bucketed, requests);
+    CHECK(bucketed.graphs_recorded() == 0);
+    const auto reference = run_engine(per_pass, requests);
+    REQUIRE(replayed.size() == requests.size());
+    REQUIRE(eager.size() == requests.size());
+    REQUIRE(reference.size() == requests.size());
+    for (const auto& [key, out] : replayed) {
+      INFO("record " << key.first);
+      // The graphs replay the bucketed passes' work: the same bits.
+      const auto& same = eager.at(key);
+      CHECK(out.tokens == same.tokens);
+      CHECK(out.logprobs == same.logprobs);
+      CHECK(out.stopped == same.stopped);
+      CHECK(out.stop_token == same.stop_token);
+      // Per pass the decode attention splits the keys by the longest row rather than by the
+      // capacity: the same tokens, log-probabilities within fp32 summation order of each other.
+      const auto& other = reference.at(key);
+      CHECK(out.tokens == other.tokens);
+      REQUIRE(out.logprobs.size() == other.logprobs.size());
+      for (std::size_t t = 0; t < out.logprobs.size(); ++t) {
+        CHECK(std::abs(out.logprobs[t] - other.logprobs[t]) <= 2e-2F);
+      }
+    }
+    // A second run replays the graphs already recorded: the same outputs again.
+    const std::int64_t recorded = graphs.graphs_recorded();
+    const auto again = run_engine(graphs, requests);
+    CHECK(graphs.graphs_recorded() == recorded);
+    for (const auto& [key, out] : again) {
+      CHECK(out.tokens == replayed.at(key).tokens);
+      CHECK(out.logprobs == replayed.at(key).logprobs);
+    }
+  }
+}
+
+TEST_CASE("$L3_DECODE_GRAPHS picks the decode path; the CPU backend decodes per pass",
+          "[gpu][model][generate][graphs]") {
+  using l3::model::DecodePath;
+  const auto config = l3::model::preset("tiny");
+  l3::cuda::CudaOps gpu_ops;
+  l3::kernels::CpuOps cpu_ops;
+  LlamaModel gpu(config, HeadKind::language_model, gpu_ops);
+  LlamaModel cpu(config, HeadKind::language_model, cpu_ops);
+  const l3::model::EngineShape shape{.slots = 2, .capacity = 16};
+  const auto path = [&](LlamaModel& model, const char* value) {
+    if (value == nullptr) {
+      unsetenv("L3_DECODE_GRAPHS");
+    } else {
+      setenv("L3_DECODE_GRAPHS", value, 1);
+    }
+    const l3::model::GenerationEngine engine(model, shape, {});
+    unsetenv("L3_DECODE_GRAPHS");
+    return engine.shape().decode;
+  };
+  CHECK(path(gpu, nullptr) == DecodePath::graphs);
+  CHECK(path(gpu, "1") == DecodePath::graphs);
+  CHECK(path(gpu, "0") == DecodePath::per_pass);
+  CHECK(path(gpu, "eager") == DecodePath::bucketed);
+  CHECK_THROWS_WITH(path(gpu, "yes"), Catch::Contains("L3_DECODE_GRAPHS"));
+  CHECK(path(cpu, nullptr) == DecodePath::per_pass);
+  CHECK(l3::model::decode_bucket(3, 64) == 4);
+  CHECK(l3::model::decode_bucket(33, 64) == 64);
+  CHECK(l3::model::decode_bucket(5, 5) == 5);
+  CHECK(l3::model::decode_bucket(1, 5) == 1);
 }
