@@ -7,6 +7,18 @@
 //   l3-bench-gpu [--quick] [--rehearsal] [--json FILE]        exits 77 without a CUDA device
 // --rehearsal: toy shapes and a 512^3 GEMM, for running the whole program in seconds on the CPU
 // emulation of the CUDA backend before a GPU session (it checks the program, not the GPU).
+//
+//   l3-bench-gpu --attention-variants [--rehearsal] [--json FILE]
+// Instead of the op table: cuDNN's attention step (forward + backward) with its deterministic
+// backward (--attention auto/cudnn) and its non-deterministic one (--attention
+// cudnn-nondeterministic), on the 1B (32 heads, 8 kv heads, head_dim 64) and 8B (head_dim 128)
+// layer shapes at 2048 and 8192 tokens, as packed documents (halving lengths) and as one
+// document: tokens/s, what ran (cuDNN, or the fallback where cuDNN declined, with its reason),
+// each variant's buffer and cuDNN workspace bytes, whether a repeated backward gave the same
+// bits, and the deterministic/non-deterministic tokens/s ratio against the 0.85 gate of issue 59.
+// Where the deterministic plan is refused for its workspace, it is also timed with the limit
+// raised to 32 GiB (what it would cost). Where cuDNN runs nowhere (the emulation), every row says
+// so and the program still exits 0.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -28,7 +40,9 @@
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/lt_matmul.hpp"
+#include "kernels/op_shapes.hpp"
 #include "model/rope_table.hpp"
 
 namespace {
@@ -551,21 +565,275 @@ void bench_layer(l3::cuda::CudaOps& gpu, l3::cuda::CudaOps* cudnn_ops, const Lay
   }
 }
 
+// ---- --attention-variants ----------------------------------------------------------------
+
+constexpr double kDeterministicGate = 0.85;  // issue 59: the deterministic step keeps >= 0.85
+
+// Packed documents of n tokens: halves down to `smallest`, the rest as the last one
+// (2048: 1024 512 256 128 64 64).
+std::vector<std::int32_t> halving_lengths(std::int64_t n, std::int64_t smallest) {
+  std::vector<std::int32_t> lengths;
+  std::int64_t left = n;
+  std::int64_t next = n / 2;
+  while (left > 0) {
+    const std::int64_t take = next >= smallest && next < left ? next : left;
+    lengths.push_back(static_cast<std::int32_t>(take));
+    left -= take;
+    next /= 2;
+  }
+  return lengths;
+}
+
+struct VariantRun {
+  json row;
+  double tokens_per_s = 0;
+};
+
+// One variant's step on the inputs: cuDNN (`options`) where it takes the call, else the plain
+// backend's fallback (as CudaOps does), timed; then two more backwards compared bit for bit.
+VariantRun run_variant(l3::cuda::CudaOps& gpu, const l3::cuda::CudnnAttentionOptions& options,
+                       const l3::kernels::AttentionArgs& forward,
+                       const l3::kernels::AttentionBackwardArgs& backward, std::int64_t tokens,
+                       int repeats) {
+  l3::cuda::CudnnAttention cudnn(options);
+  const l3::kernels::AttentionShape fshape = l3::kernels::attention_shape(forward);
+  const l3::kernels::AttentionShape bshape = l3::kernels::attention_shape(backward);
+  std::string forward_declined;
+  std::string backward_declined;
+  auto step_forward = [&] {
+    if (!cudnn.forward(forward, fshape, gpu.stream())) {
+      forward_declined = cudnn.last_unsupported_reason();
+      gpu.attention(forward);
+    }
+  };
+  auto step_backward = [&] {
+    if (!cudnn.backward(backward, bshape, gpu.stream())) {
+      backward_declined = cudnn.last_unsupported_reason();
+      gpu.attention_backward(backward);
+    }
+  };
+  const double ms = time_ms(
+      gpu,
+      [&] {
+        step_forward();
+        step_backward();
+      },
+      repeats);
+  // Two more backwards from the same forward: the same bits?
+  step_backward();
+  const std::vector<float> dq1 = download(gpu, backward.dq);
+  const std::vector<float> dk1 = download(gpu, backward.dk);
+  step_backward();
+  const std::vector<float> dq2 = download(gpu, backward.dq);
+  const std::vector<float> dk2 = download(gpu, backward.dk);
+  const bool same_bits = std::memcmp(dq1.data(), dq2.data(), dq1.size() * sizeof(float)) == 0 &&
+                         std::memcmp(dk1.data(), dk2.data(), dk1.size() * sizeof(float)) == 0;
+  VariantRun run;
+  run.tokens_per_s = static_cast<double>(tokens) / (ms / 1e3);
+  run.row = {{"ms", ms},
+             {"tokens_per_s", run.tokens_per_s},
+             {"forward", forward_declined.empty() ? "cudnn" : "fallback"},
+             {"backward", backward_declined.empty() ? "cudnn" : "fallback"},
+             {"buffer_bytes", cudnn.buffer_bytes()},
+             {"plan_workspace_bytes", cudnn.largest_plan_workspace()},
+             {"max_plan_workspace_bytes", options.max_plan_workspace_bytes},
+             {"repeated_backward_bit_identical", same_bits}};
+  if (!forward_declined.empty()) run.row["forward_declined"] = forward_declined;
+  if (!backward_declined.empty()) run.row["backward_declined"] = backward_declined;
+  return run;
+}
+
+void print_variant(const std::string& name, const json& row) {
+  fmt::print(
+      "    {:<34} {:9.3f} ms {:12.0f} tokens/s  fwd {:<8} bwd {:<8} buffer {:7.1f} MiB, "
+      "cuDNN workspace {:7.1f} MiB, repeat bit-identical: {}\n",
+      name, row["ms"].get<double>(), row["tokens_per_s"].get<double>(),
+      row["forward"].get<std::string>(), row["backward"].get<std::string>(),
+      static_cast<double>(row["buffer_bytes"].get<std::size_t>()) / (1 << 20U),
+      static_cast<double>(row["plan_workspace_bytes"].get<std::int64_t>()) / (1 << 20U),
+      row["repeated_backward_bit_identical"].get<bool>() ? "yes" : "no");
+  if (row.contains("forward_declined"))
+    fmt::print("      forward: cuDNN declined: {}\n", row["forward_declined"].get<std::string>());
+  if (row.contains("backward_declined"))
+    fmt::print("      backward: cuDNN declined: {}\n", row["backward_declined"].get<std::string>());
+}
+
+int attention_variants(const cudaDeviceProp& prop, bool quick, bool rehearsal,
+                       const std::string& json_path) {
+  l3::cuda::CudaOps gpu(0);
+  const int repeats = quick || rehearsal ? 3 : 7;
+  const std::vector<LayerShape> shapes =
+      rehearsal ? std::vector<LayerShape>{{"toy layer", 128, 256, 512, 2, 1, 64}}
+                : std::vector<LayerShape>{{"llama3.2-1b layer", 2048, 8192, 128256, 32, 8, 64},
+                                          {"llama3-8b layer", 4096, 14336, 128256, 32, 8, 128}};
+  const std::vector<std::int64_t> lengths =
+      rehearsal ? std::vector<std::int64_t>{64, 128} : std::vector<std::int64_t>{2048, 8192};
+  fmt::print(
+      "{} (sm_{}{}): cuDNN attention step (forward + backward), deterministic vs "
+      "non-deterministic backward; gate: deterministic >= {:.2f} x non-deterministic tokens/s\n",
+      prop.name, prop.major, prop.minor, kDeterministicGate);
+  json cases = json::array();
+  bool cudnn_ran = false;
+  bool all_pass = true;
+  int failed = 0;
+  auto write = [&](bool complete) {
+    if (json_path.empty()) return;
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    json doc = {
+        {"impl", "llama3-hpc"},
+        {"gpu", prop.name},
+        {"commit", l3::core::build_info().git_commit},
+        {"date", fmt::format("{:04}-{:02}-{:02}", utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday)},
+        {"rehearsal", rehearsal},
+        {"what",
+         "cuDNN attention step (forward + backward): deterministic vs non-deterministic "
+         "backward"},
+        {"gate", kDeterministicGate},
+        {"cudnn_ran", cudnn_ran},
+        {"all_cases_pass_gate", cudnn_ran && all_pass},
+        {"cases", cases},
+        {"complete", complete}};
+    const std::string temporary = json_path + ".partial";
+    std::ofstream(temporary) << doc.dump(2) << '\n';
+    std::filesystem::rename(temporary, json_path);
+  };
+  for (const LayerShape& s : shapes) {
+    for (const std::int64_t n : lengths) {
+      const std::int64_t smallest = rehearsal ? 16 : 64;
+      struct Packing {
+        const char* name;
+        std::vector<std::int32_t> lengths;
+      };
+      for (const Packing& packing :
+           {Packing{"packed (halving lengths)", halving_lengths(n, smallest)},
+            Packing{"one document", {static_cast<std::int32_t>(n)}}}) {
+        const std::string what = fmt::format("{} T={} {}", s.name, n, packing.name);
+        fmt::print("  {} ({} segments, longest {})\n", what, packing.lengths.size(),
+                   *std::max_element(packing.lengths.begin(), packing.lengths.end()));
+        try {
+          const Shape q_heads{n, s.heads, s.head_dim};
+          const Shape kv_heads{n, s.kv_heads, s.head_dim};
+          Buffer q = device_random(gpu, q_heads, 1.0F, 31);
+          Buffer k = device_random(gpu, kv_heads, 1.0F, 32);
+          Buffer v = device_random(gpu, kv_heads, 1.0F, 33);
+          Buffer dout = device_random(gpu, q_heads, 1.0F, 34);
+          Buffer out = allocate(gpu, DType::bf16, q_heads);
+          Buffer lse = allocate(gpu, DType::f32, {s.heads, n});
+          Buffer dq = allocate(gpu, DType::bf16, q_heads);
+          Buffer dk = allocate(gpu, DType::bf16, kv_heads);
+          Buffer dv = allocate(gpu, DType::bf16, kv_heads);
+          std::vector<std::int32_t> cu{0};
+          for (const std::int32_t length : packing.lengths) cu.push_back(cu.back() + length);
+          Buffer cub = gpu.allocate(DType::i32, static_cast<std::int64_t>(cu.size()));
+          gpu.copy(cub.view(), ConstTensorView(std::span<const std::int32_t>(cu)));
+          const l3::kernels::PackedSegments segments{
+              .cu_seqlens = cub.view(),
+              .max_segment = *std::max_element(packing.lengths.begin(), packing.lengths.end()),
+              .host = std::span<const std::int32_t>(cu)};
+          const l3::kernels::AttentionArgs forward{.out = out.view(),
+                                                   .lse = lse.view(),
+                                                   .q = q.view(),
+                                                   .k = k.view(),
+                                                   .v = v.view(),
+                                                   .segments = segments};
+          const l3::kernels::AttentionBackwardArgs backward{.dq = dq.view(),
+                                                            .dk = dk.view(),
+                                                            .dv = dv.view(),
+                                                            .dout = dout.view(),
+                                                            .out = out.view(),
+                                                            .lse = lse.view(),
+                                                            .q = q.view(),
+                                                            .k = k.view(),
+                                                            .v = v.view(),
+                                                            .segments = segments};
+          l3::cuda::CudnnAttentionOptions deterministic_options;
+          deterministic_options.deterministic = true;
+          l3::cuda::CudnnAttentionOptions fast_options;
+          fast_options.deterministic = false;
+          const VariantRun fast = run_variant(gpu, fast_options, forward, backward, n, repeats);
+          print_variant("non-deterministic (cudnn-nondet.)", fast.row);
+          const VariantRun det =
+              run_variant(gpu, deterministic_options, forward, backward, n, repeats);
+          print_variant("deterministic (auto, cudnn)", det.row);
+          json row = {{"case", what},
+                      {"shape", s.name},
+                      {"tokens", n},
+                      {"heads", s.heads},
+                      {"kv_heads", s.kv_heads},
+                      {"head_dim", s.head_dim},
+                      {"packing", packing.name},
+                      {"segments", packing.lengths},
+                      {"nondeterministic", fast.row},
+                      {"deterministic", det.row}};
+          const bool both_cudnn = fast.row["backward"] == "cudnn" && det.row["backward"] == "cudnn";
+          cudnn_ran = cudnn_ran || fast.row["backward"] == "cudnn";
+          const double ratio = det.tokens_per_s / fast.tokens_per_s;
+          row["ratio_deterministic_to_nondeterministic"] = ratio;
+          row["both_on_cudnn"] = both_cudnn;
+          row["passes_gate"] = both_cudnn && ratio >= kDeterministicGate;
+          all_pass = all_pass && row["passes_gate"].get<bool>();
+          // Refused for its workspace: what the deterministic plan would take without the limit.
+          if (det.row["backward"] == "fallback" && fast.row["backward"] == "cudnn") {
+            l3::cuda::CudnnAttentionOptions unlimited = deterministic_options;
+            unlimited.max_plan_workspace_bytes = std::size_t{32} << 30U;
+            try {
+              const VariantRun big = run_variant(gpu, unlimited, forward, backward, n, repeats);
+              print_variant("deterministic, workspace limit 32 GiB", big.row);
+              row["deterministic_limit_32gib"] = big.row;
+              row["ratio_limit_32gib"] = big.tokens_per_s / fast.tokens_per_s;
+            } catch (const std::exception& e) {
+              fmt::print("    deterministic, workspace limit 32 GiB: failed: {}\n", e.what());
+              row["deterministic_limit_32gib"] = {{"error", e.what()}};
+            }
+          }
+          fmt::print("    deterministic / non-deterministic tokens/s: {:.3f} ({})\n", ratio,
+                     !both_cudnn ? "not both on cuDNN: the gate is not measured here"
+                     : ratio >= kDeterministicGate ? "passes the 0.85 gate"
+                                                   : "below the 0.85 gate");
+          cases.push_back(row);
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "{}: {}\n", what, e.what());
+          cases.push_back({{"case", what}, {"error", e.what()}});
+          all_pass = false;
+          ++failed;
+        }
+        write(false);
+      }
+    }
+  }
+  if (!cudnn_ran) {
+    fmt::print(
+        "cuDNN attention ran in no case here (see the reasons above): no variant was measured, "
+        "every figure is the fallback's\n");
+  } else {
+    fmt::print("all cases on cuDNN and deterministic >= {:.2f} x non-deterministic: {}\n",
+               kDeterministicGate, all_pass ? "yes" : "no");
+  }
+  write(true);
+  return failed == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   bool quick = false;
   bool rehearsal = false;
+  bool variants = false;
   std::string json_path;
   for (int a = 1; a < argc; ++a) {
     if (std::strcmp(argv[a], "--quick") == 0)
       quick = true;
     else if (std::strcmp(argv[a], "--rehearsal") == 0)
       rehearsal = true;
+    else if (std::strcmp(argv[a], "--attention-variants") == 0)
+      variants = true;
     else if (std::strcmp(argv[a], "--json") == 0 && a + 1 < argc)
       json_path = argv[++a];
     else {
-      fmt::print(stderr, "usage: {} [--quick] [--rehearsal] [--json FILE]\n", argv[0]);
+      fmt::print(stderr, "usage: {} [--attention-variants] [--quick] [--rehearsal] [--json FILE]\n",
+                 argv[0]);
       return 2;
     }
   }
@@ -576,6 +844,7 @@ int main(int argc, char** argv) try {
   }
   cudaDeviceProp prop{};
   l3::cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  if (variants) return attention_variants(prop, quick, rehearsal, json_path);
   l3::cuda::CudaOps gpu(0);
   std::unique_ptr<l3::cuda::CudaOps> cudnn;
   std::string cudnn_error;

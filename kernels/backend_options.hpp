@@ -12,7 +12,8 @@ namespace l3::kernels {
 [[nodiscard]] Backend parse_backend(std::string_view name);
 [[nodiscard]] std::string_view backend_name(Backend backend) noexcept;
 
-// "fallback" or "cudnn"; usage Error naming --attention for anything else.
+// "auto", "cudnn", "cudnn-nondeterministic" or "fallback"; usage Error naming --attention for
+// anything else.
 [[nodiscard]] Attention parse_attention(std::string_view name);
 [[nodiscard]] std::string_view attention_name(Attention attention) noexcept;
 

@@ -4,14 +4,18 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
+
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/words.hpp"
+#include "kernels/backend_options.hpp"
 #include "kernels/cpu/blas_core.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/runtime_info.hpp"
 #endif
 
@@ -97,12 +101,47 @@ double default_peak_tflops(Backend backend, int local_rank) {
 #endif
 }
 
+CudnnSupport cudnn_support(int local_rank, int device) {
+#if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+  const cuda::RuntimeInfo info = cuda::query_runtime();
+  if (!info.devices.empty()) {
+    const std::size_t index =
+        device >= 0 && static_cast<std::size_t>(device) < info.devices.size()
+            ? static_cast<std::size_t>(device)
+            : static_cast<std::size_t>(std::max(local_rank, 0)) % info.devices.size();
+    const cuda::DeviceInfo& d = info.devices[index];
+    return {.unavailable = cuda::cudnn_attention_unavailable(
+                static_cast<std::size_t>(info.cudnn_version), d.cc_major, d.cc_minor),
+            .deterministic_unavailable =
+                cuda::cudnn_deterministic_backward_unavailable(d.cc_major, d.cc_minor)};
+  }
+  // No GPU here (planning for GPU nodes): an sm_90 GPU with the cuDNN this process loads.
+  return {.unavailable =
+              cuda::cudnn_attention_unavailable(static_cast<std::size_t>(info.cudnn_version), 9, 0),
+          .deterministic_unavailable = {}};
+#else
+  (void)local_rank;
+  (void)device;
+  return {};  // planning for a GPU build: an sm_90 GPU with a recent cuDNN
+#endif
+}
+
+AttentionChoice attention_choice(Attention attention, bool deterministic, int local_rank,
+                                 int device) {
+  // Only auto asks the device; the rest (and auto's usage rules) need no CUDA at all.
+  if (attention != Attention::automatic) return choose_attention(attention, deterministic, {});
+  return choose_attention(attention, deterministic, cudnn_support(local_rank, device));
+}
+
 std::unique_ptr<Ops> make_ops(Backend backend, int local_rank, const BackendOptions& options) {
   const int device = options.device;
   const int devices = visible_cuda_devices();
   if (backend == Backend::cpu || (backend == Backend::automatic && devices == 0)) {
-    if (options.attention == Attention::cudnn) {
-      throw core::usage_error("--attention cudnn needs the CUDA backend (--backend cuda)");
+    // The CPU backend has one attention; auto and fallback name nothing else.
+    if (options.attention == Attention::cudnn ||
+        options.attention == Attention::cudnn_nondeterministic) {
+      throw core::usage_error(fmt::format("--attention {} needs the CUDA backend (--backend cuda)",
+                                          attention_name(options.attention)));
     }
     return std::make_unique<CpuOps>();
   }
@@ -115,10 +154,12 @@ std::unique_ptr<Ops> make_ops(Backend backend, int local_rank, const BackendOpti
     throw core::usage_error(fmt::format("--device {}: this rank sees {} CUDA device{}", device,
                                         devices, devices == 1 ? "" : "s"));
   }
+  const AttentionChoice attention =
+      attention_choice(options.attention, options.deterministic, local_rank, device);
   return std::make_unique<cuda::CudaOps>(
       cuda::CudaOptions{.device = device >= 0 ? device : local_rank % devices,
-                        .cudnn_attention = options.attention == Attention::cudnn,
-                        .deterministic = options.deterministic});
+                        .cudnn_attention = attention.cudnn,
+                        .deterministic = attention.deterministic_backward});
 #else
   (void)local_rank;
   (void)device;

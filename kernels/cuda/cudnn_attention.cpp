@@ -46,6 +46,7 @@
 #include "core/error.hpp"
 #include "kernels/cuda/carver.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cudnn_attention_sizes.hpp"
 
 namespace l3::cuda {
 
@@ -59,10 +60,10 @@ namespace {
 
 // cudnn-frontend's packed-layout SDPA tests start at 9.10 and it refuses 9.10.0/9.10.1 (bugs)
 constexpr std::size_t kMinRuntimeVersion = 91002;
-constexpr std::int64_t kMinSeqBucket = 128;  // smallest S of a plan (one cuDNN tile)
-constexpr std::int64_t kTokenMargin = 128;   // spare tokens at the end of our fp32 scratch
-constexpr std::int64_t kAlignment = 16;      // bytes; tensor-core engines need 16
-constexpr int kMaxHeadDim = 128;             // what the tests cover (64 and 128)
+constexpr std::int64_t kMinSeqBucket = kCudnnMinSeqBucket;  // smallest S of a plan
+constexpr std::int64_t kTokenMargin = kCudnnTokenMargin;    // spare tokens after our fp32 scratch
+constexpr std::int64_t kAlignment = 16;                     // bytes; tensor-core engines need 16
+constexpr int kMaxHeadDim = kCudnnMaxHeadDim;
 
 // ---- errors ----------------------------------------------------------------------------------
 
@@ -144,6 +145,7 @@ class DeviceBuffer {
     bytes_ = grown;
     return raw;
   }
+  [[nodiscard]] std::size_t bytes() const { return bytes_; }
 
  private:
   std::unique_ptr<void, DeviceFree> data_;
@@ -629,9 +631,7 @@ std::string engine_name(cudnnBackendDescriptor_t config) {
   return fmt::format("engine {}", index);
 }
 
-std::int64_t bucket(std::int64_t n, std::int64_t minimum) {
-  return std::max(minimum, static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(n))));
-}
+std::int64_t bucket(std::int64_t n, std::int64_t minimum) { return cudnn_bucket(n, minimum); }
 
 std::string shape_refusal(const AttentionShape& shape) {
   if (shape.n_heads <= 0 || shape.n_kv_heads <= 0 || shape.n_heads % shape.n_kv_heads != 0) {
@@ -691,21 +691,10 @@ struct Tables {
   std::int64_t* offset_kv = nullptr;
   std::int64_t* offset_stats = nullptr;
 };
-struct TablesAt {
-  std::size_t seq_len = 0;
-  std::size_t offset_q = 0;
-  std::size_t offset_kv = 0;
-  std::size_t offset_stats = 0;
-};
+using TablesAt = CudnnTablesAt;
 
 TablesAt reserve_tables(Carver& carve, std::int64_t batch) {
-  const auto entries = static_cast<std::size_t>(batch);
-  TablesAt where;
-  where.seq_len = carve.reserve_bytes(entries * sizeof(std::int32_t));
-  where.offset_q = carve.reserve_bytes((entries + 1) * sizeof(std::int64_t));
-  where.offset_kv = carve.reserve_bytes((entries + 1) * sizeof(std::int64_t));
-  where.offset_stats = carve.reserve_bytes((entries + 1) * sizeof(std::int64_t));
-  return where;
+  return carve_cudnn_tables(carve, batch);
 }
 
 Tables place_tables(void* base, const TablesAt& where) {
@@ -861,6 +850,13 @@ class CudnnAttention::Impl {
 
   [[nodiscard]] const std::string& reason() const { return reason_; }
   [[nodiscard]] std::size_t plan_count() const { return plans_.size(); }
+  [[nodiscard]] std::size_t buffer_bytes() const { return buffer_.bytes(); }
+  [[nodiscard]] std::int64_t largest_plan_workspace() const {
+    std::int64_t largest = 0;
+    for (const auto& [key, plan] : plans_)
+      if (plan) largest = std::max(largest, plan->workspace);
+    return largest;
+  }
   [[nodiscard]] std::string describe_plans() const {
     std::string text;
     for (const auto& [key, plan] : plans_) {
@@ -970,13 +966,8 @@ std::string CudnnAttention::Impl::prepare(cudaStream_t stream) {
           "cuDNN attention: compute capability");
     check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
           "cuDNN attention: compute capability");
-    if (version < kMinRuntimeVersion) {
-      unavailable_ = fmt::format("cuDNN runtime {} is older than {}", version, kMinRuntimeVersion);
-    } else if (major != 9 && major != 10) {
-      // packed (THD) statistics in the backward: Hopper and datacenter Blackwell only
-      unavailable_ =
-          fmt::format("GPU sm_{}{} (cuDNN attention here: sm_90 or sm_100)", major, minor);
-    } else {
+    unavailable_ = cudnn_attention_unavailable(version, major, minor);
+    if (unavailable_.empty()) {
       cudnnHandle_t raw = nullptr;
       const cudnnStatus_t status = cudnnCreate(&raw);
       if (status != CUDNN_STATUS_SUCCESS) {
@@ -984,13 +975,7 @@ std::string CudnnAttention::Impl::prepare(cudaStream_t stream) {
       } else {
         handle_.reset(raw);
       }
-      // On Blackwell, cudnn-frontend gets a deterministic backward only from cuDNN 9.18 on and by
-      // pinning one engine and its knobs; this graph takes the heuristic's choice, which there may
-      // reduce in any order. The fallback attention's backward is deterministic.
-      if (major == 10) {
-        deterministic_backward_refusal_ = fmt::format(
-            "a deterministic backward on sm_{}{} (cuDNN attention here: sm_90)", major, minor);
-      }
+      deterministic_backward_refusal_ = cudnn_deterministic_backward_unavailable(major, minor);
     }
     checked_environment_ = true;  // only once the questions above got answers
   }
@@ -1144,20 +1129,19 @@ bool CudnnAttention::Impl::backward(const kernels::AttentionBackwardArgs& a,
   // scratch: tables, statistics and row sums D (N + margin, heads), the fp32 dQ accumulator
   // (N + margin, heads, head_dim) unless deterministic, per-query-head dK/dV for GQA, cuDNN's
   // workspace
-  const auto rows = static_cast<std::size_t>((n + kTokenMargin) * call.heads);
+  // (cudnn_attention_sizes.hpp, which the memory plan counts too)
   Carver carve;
-  const TablesAt tables_at = reserve_tables(carve, key.batch);
-  const std::size_t stats_at = carve.reserve_bytes(rows * sizeof(float));
-  const std::size_t dot_at = carve.reserve_bytes(rows * sizeof(float));
-  const std::size_t accum_bytes =
-      key.deterministic ? 0 : rows * static_cast<std::size_t>(call.head_dim) * sizeof(float);
-  const std::size_t accum_at = carve.reserve_bytes(accum_bytes);
-  // GQA per-query-head dK, dV: bf16 in the graph, sized for fp32 as cudnn-frontend does
+  const CudnnBackwardScratch scratch = carve_cudnn_backward(
+      carve, n, call.heads, call.kv_heads, call.head_dim, key.batch, key.deterministic);
+  const TablesAt tables_at{scratch.seq_len, scratch.offset_q, scratch.offset_kv,
+                           scratch.offset_stats};
+  const std::size_t stats_at = scratch.stats;
+  const std::size_t dot_at = scratch.dot;
+  const std::size_t accum_bytes = scratch.accum_bytes;
+  const std::size_t accum_at = scratch.accum;
   const bool gqa = call.heads != call.kv_heads;
-  const std::size_t full_bytes =
-      gqa ? rows * static_cast<std::size_t>(call.head_dim) * sizeof(float) : 0;
-  const std::size_t dk_full_at = carve.reserve_bytes(full_bytes);
-  const std::size_t dv_full_at = carve.reserve_bytes(full_bytes);
+  const std::size_t dk_full_at = scratch.dk_full;
+  const std::size_t dv_full_at = scratch.dv_full;
   const std::size_t workspace_at = carve.reserve_bytes(static_cast<std::size_t>(plan->workspace));
   void* base = buffer_.get(carve.total(), stream_);
   const Tables t = place_tables(base, tables_at);
@@ -1202,6 +1186,28 @@ bool CudnnAttention::Impl::backward(const kernels::AttentionBackwardArgs& a,
 }
 
 // ---- public interface ------------------------------------------------------------------------
+
+std::string cudnn_attention_unavailable(std::size_t cudnn_version, int cc_major, int cc_minor) {
+  if (cudnn_version < kMinRuntimeVersion) {
+    return fmt::format("cuDNN runtime {} is older than {}", cudnn_version, kMinRuntimeVersion);
+  }
+  if (cc_major != 9 && cc_major != 10) {
+    // packed (THD) statistics in the backward: Hopper and datacenter Blackwell only
+    return fmt::format("GPU sm_{}{} (cuDNN attention here: sm_90 or sm_100)", cc_major, cc_minor);
+  }
+  return {};
+}
+
+std::string cudnn_deterministic_backward_unavailable(int cc_major, int cc_minor) {
+  // On Blackwell, cudnn-frontend gets a deterministic backward only from cuDNN 9.18 on and by
+  // pinning one engine and its knobs; this graph takes the heuristic's choice, which there may
+  // reduce in any order. The fallback attention's backward is deterministic.
+  if (cc_major == 10) {
+    return fmt::format("a deterministic backward on sm_{}{} (cuDNN attention here: sm_90)",
+                       cc_major, cc_minor);
+  }
+  return {};
+}
 
 CudnnAttention::CudnnAttention(CudnnAttentionOptions options)
     : impl_(std::make_unique<Impl>(options)) {}
@@ -1261,6 +1267,10 @@ std::string CudnnAttention::compile_offline(std::string_view device_properties_j
 
 std::string CudnnAttention::last_unsupported_reason() const { return impl_->reason(); }
 std::size_t CudnnAttention::plan_count() const { return impl_->plan_count(); }
+std::size_t CudnnAttention::buffer_bytes() const { return impl_->buffer_bytes(); }
+std::int64_t CudnnAttention::largest_plan_workspace() const {
+  return impl_->largest_plan_workspace();
+}
 std::string CudnnAttention::describe_plans() const { return impl_->describe_plans(); }
 
 }  // namespace l3::cuda

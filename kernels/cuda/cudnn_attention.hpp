@@ -59,19 +59,28 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/cuda/cudnn_attention_sizes.hpp"
 #include "kernels/ops.hpp"
 
 namespace l3::cuda {
 
 struct CudnnAttentionOptions {
   // false: cuDNN's fastest backward, whose dq accumulation order (fp32 atomics) differs from
-  // run to run. true: the backward that stores dP in the workspace instead (bitwise
-  // reproducible, workspace about B * n_heads * S^2 * 2 bytes for the bucket B x S); the
-  // caller's --deterministic runs want this or the fallback.
+  // run to run (--attention cudnn-nondeterministic). true: the backward that stores dP in the
+  // workspace instead (bitwise reproducible, workspace about B * n_heads * S^2 * 2 bytes for the
+  // bucket B x S: cudnn_attention_sizes.hpp); what --attention auto and cudnn use.
   bool deterministic = false;
   // Plans whose cuDNN workspace exceeds this are refused (the call returns false).
-  std::size_t max_plan_workspace_bytes = std::size_t{4} << 30U;
+  std::size_t max_plan_workspace_bytes = kCudnnMaxPlanWorkspaceBytes;
 };
+
+// Why cuDNN attention cannot run at all with cuDNN runtime `cudnn_version` (cudnnGetVersion())
+// on a GPU of compute capability cc_major.cc_minor; empty when it can (shapes aside). Pure: the
+// backend's --attention choice (kernels::choose_attention) and its tests ask it too.
+[[nodiscard]] std::string cudnn_attention_unavailable(std::size_t cudnn_version, int cc_major,
+                                                      int cc_minor);
+// Why its deterministic backward cannot run on such a GPU; empty when it can.
+[[nodiscard]] std::string cudnn_deterministic_backward_unavailable(int cc_major, int cc_minor);
 
 class CudnnAttention {
  public:
@@ -106,6 +115,10 @@ class CudnnAttention {
   [[nodiscard]] std::string last_unsupported_reason() const;
   // Execution plans built so far (forward and backward, all buckets); for tests and logs.
   [[nodiscard]] std::size_t plan_count() const;
+  // The device buffer's size now (our scratch and cuDNN's workspace of the largest call so far,
+  // grown in steps) and the largest cuDNN workspace of the plans built; for benchmarks.
+  [[nodiscard]] std::size_t buffer_bytes() const;
+  [[nodiscard]] std::int64_t largest_plan_workspace() const;
   // A line per built plan: bucket, engine, workspace; for logs.
   [[nodiscard]] std::string describe_plans() const;
 

@@ -340,10 +340,12 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "attention",
       po::value<std::string>()
           ->default_value(std::string(kernels::attention_name(d.attention)))
-          ->value_name("fallback|cudnn"),
-      "CUDA attention: fallback (cuBLAS GEMMs and softmax kernels, exact) or cudnn (cuDNN's fused "
-      "flash attention where it supports the shape, the fallback elsewhere; with "
-      "--deterministic its deterministic backward)")(
+          ->value_name("auto|cudnn|cudnn-nondeterministic|fallback"),
+      "CUDA attention: auto (cuDNN's fused flash attention with its deterministic backward where "
+      "cuDNN serves the GPU and shape, the fallback elsewhere), cudnn (the same, cuDNN asked for "
+      "by name), cudnn-nondeterministic (cuDNN's faster backward: gives up bit-identical reruns "
+      "and bitwise restart), fallback (cuBLAS GEMMs and softmax kernels); all but "
+      "cudnn-nondeterministic are deterministic; the CPU backend ignores auto and fallback")(
       "device", core::number<int>(core::between(-1, 1 << 16))->default_value(-1)->value_name("N"),
       "CUDA device of this rank (-1: the node-local rank modulo the visible devices)")(
       "prefetch-depth",

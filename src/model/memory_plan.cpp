@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/carver.hpp"
+#include "kernels/cuda/cudnn_attention_sizes.hpp"
 #include "kernels/cuda/scratch_sizes.hpp"
 #include "model/generation_engine.hpp"
 #include "model/llama_model.hpp"
@@ -67,7 +68,7 @@ struct Scratch {
 };
 
 Scratch cuda_scratch(const ModelConfig& c, std::int64_t n, std::int64_t seq_len,
-                     bool cudnn_attention) {
+                     bool fallback_attention) {
   const std::int64_t v = c.vocab_size;
   const std::int64_t h = c.hidden_size;
   // lm_head + cross-entropy, every token counted (the worst case), with the backward: laid
@@ -98,12 +99,37 @@ Scratch cuda_scratch(const ModelConfig& c, std::int64_t n, std::int64_t seq_len,
                          8 * n + (std::int64_t{1} << 20U);
   Scratch s{bytes(lm), "lm_head + loss"};
   if (embedding > s.bytes) s = {embedding, "embedding gradient"};
-  if (!cudnn_attention && bytes(attention) > s.bytes) s = {bytes(attention), "fallback attention"};
+  if (fallback_attention && bytes(attention) > s.bytes)
+    s = {bytes(attention), "fallback attention"};
   if (bytes(conversion) > s.bytes) s = {bytes(conversion), "converting copies"};
   return s;
 }
 
 }  // namespace
+
+CudnnAttentionBytes cudnn_attention_bytes(const ModelConfig& model, std::int64_t tokens,
+                                          std::int64_t seq_len, bool deterministic) {
+  // The largest bucket of a micro-batch: as many segments as tokens at most (rounded up), the
+  // longest a whole row (rounded up). Realistic packings make smaller ones, but the limit is
+  // what a plan can reach (cudnn_attention.cpp refuses plans above it).
+  const std::int64_t batch = cuda::cudnn_bucket(tokens, 1);
+  cuda::Carver carve;
+  (void)cuda::carve_cudnn_backward(carve, tokens, model.n_heads, model.n_kv_heads, model.head_dim,
+                                   batch, deterministic);
+  CudnnAttentionBytes out;
+  out.scratch = static_cast<std::int64_t>(carve.total());
+  if (deterministic) {
+    const auto limit = static_cast<std::int64_t>(cuda::kCudnnMaxPlanWorkspaceBytes);
+    // min() first on the bucket counts: 2 * B * H * S^2 overflows for long rows of many tokens
+    const std::int64_t s = cuda::cudnn_bucket(seq_len, cuda::kCudnnMinSeqBucket);
+    const std::int64_t per_batch =
+        cuda::cudnn_deterministic_workspace_estimate(1, s, model.n_heads);
+    const std::int64_t batches_in_limit = limit / std::max<std::int64_t>(per_batch, 1);
+    out.over_limit = batch > batches_in_limit;
+    out.workspace = out.over_limit ? limit : batch * per_batch;
+  }
+  return out;
+}
 
 std::int64_t MemoryPlan::total() const noexcept {
   std::int64_t sum = 0;
@@ -247,10 +273,27 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   }
   plan.lines.push_back({"batch inputs, final norm, RoPE tables", w.inputs + w.final_norm + w.rope});
   if (in.compute != DType::f32) {
-    const Scratch scratch = cuda_scratch(c, n, in.seq_len, in.cudnn_attention);
-    plan.lines.push_back({fmt::format("CUDA scratch ({}{})", scratch.largest,
-                                      in.cudnn_attention ? "; cuDNN workspace extra" : ""),
-                          scratch.bytes});
+    // cuDNN where it takes the model's heads (else every call runs on the fallback); the
+    // fallback's scratch too where a deterministic plan can go over its workspace limit.
+    const bool cudnn = in.attention != AttentionPlan::fallback &&
+                       cuda::cudnn_attention_takes_heads(c.n_heads, c.n_kv_heads, c.head_dim);
+    const bool deterministic = in.attention == AttentionPlan::cudnn_deterministic;
+    const CudnnAttentionBytes own =
+        cudnn ? cudnn_attention_bytes(c, n, in.seq_len, deterministic) : CudnnAttentionBytes{};
+    const Scratch scratch = cuda_scratch(c, n, in.seq_len, !cudnn || own.over_limit);
+    plan.lines.push_back({fmt::format("CUDA scratch ({})", scratch.largest), scratch.bytes});
+    if (cudnn && deterministic) {
+      plan.lines.push_back(
+          {fmt::format("cuDNN attention (deterministic backward): its scratch and cuDNN's dP "
+                       "workspace{}",
+                       own.over_limit ? " at its 4 GiB limit (larger buckets: the fallback)" : ""),
+           own.scratch + own.workspace});
+    } else if (cudnn) {
+      plan.lines.push_back(
+          {"cuDNN attention (non-deterministic backward): its scratch; cuDNN's "
+           "own workspace not counted",
+           own.scratch});
+    }
     plan.lines.push_back(
         {"cuBLASLt workspace", static_cast<std::int64_t>(cuda::kLtWorkspaceBytes)});
   }

@@ -16,6 +16,8 @@
 
 namespace l3::model {
 
+enum class AttentionPlan : std::uint8_t { fallback, cudnn_deterministic, cudnn_nondeterministic };
+
 struct MemoryPlanInput {
   ModelConfig model;
   HeadKind head = HeadKind::language_model;
@@ -30,7 +32,9 @@ struct MemoryPlanInput {
   // placement.fp32_gradients: gradients add up in fp32 (in bf16 only): the whole buffer, or
   // ZeRO-2's 1/G.
   Placement placement{};
-  bool cudnn_attention = false;  // CUDA: --attention cudnn (its own workspace is not planned)
+  // CUDA: the attention the backend resolved --attention to (kernels::attention_choice): cuDNN
+  // keeps a buffer of its own (cudnn_attention_sizes.hpp); the fallback's lives in the scratch.
+  AttentionPlan attention = AttentionPlan::fallback;
   // LoRA (rank > 0): the weights frozen (no gradients, no master copy); gradients, master
   // weights and moments are the adapters' (and a reward model's score head), and each adapter
   // keeps (tokens, r) activations.
@@ -62,6 +66,20 @@ struct MemoryPlan {
 };
 
 [[nodiscard]] MemoryPlan plan_training_memory(const MemoryPlanInput& input);
+
+// cuDNN attention's own buffer for micro-batches of `tokens` tokens in rows of `seq_len`: its
+// backward's scratch and, for the deterministic backward, cuDNN's dP workspace of the largest
+// bucket such a micro-batch can make, at most the plan limit (above it a call runs on the
+// fallback: `over_limit`). The non-deterministic backward's own cuDNN workspace is small and
+// not counted (l3-bench-gpu --attention-variants measures both).
+struct CudnnAttentionBytes {
+  std::int64_t scratch = 0;
+  std::int64_t workspace = 0;
+  bool over_limit = false;
+};
+[[nodiscard]] CudnnAttentionBytes cudnn_attention_bytes(const ModelConfig& model,
+                                                        std::int64_t tokens, std::int64_t seq_len,
+                                                        bool deterministic);
 
 // The parts of the plan that LlamaModel itself allocates when training (weights, gradients
 // unless ZeRO-2 holds them, and the workspace of one micro-batch of `tokens` with RoPE tables

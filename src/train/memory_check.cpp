@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "dist/collectives.hpp"
+#include "kernels/backends.hpp"
 #include "train/grpo/rollout_source.hpp"
 #include "train/model_source.hpp"
 #include "train/placement_choice.hpp"
@@ -46,7 +47,16 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
   // DPO: LoRA's reference is the same model without its adapters, full fine-tuning's is
   // precomputed: no second model either way (GRPO's: below).
   in.placement = choose_placement(config, ranks, in.compute);
-  in.cudnn_attention = config.attention == kernels::Attention::cudnn;
+  // The attention the backend resolves --attention to on this node's GPU (without one: an
+  // sm_90 GPU; kernels::attention_choice), with the buffer it needs.
+  if (cuda) {
+    const kernels::AttentionChoice attention =
+        kernels::attention_choice(config.attention, config.deterministic, 0, config.device);
+    in.attention = !attention.cudnn ? model::AttentionPlan::fallback
+                   : attention.deterministic_backward
+                       ? model::AttentionPlan::cudnn_deterministic
+                       : model::AttentionPlan::cudnn_nondeterministic;
+  }
   in.lora = config.lora;
   if (config.phase == Phase::grpo) {
     in.generation_slots =

@@ -33,6 +33,10 @@ void TrainConfig::validate() const {
           "--resume takes auto, none or a checkpoint path");
   require(resume.mode != ckpt::ResumeMode::path || !ckpt_dir.empty(),
           "--resume CKPT needs --ckpt-dir (where the resumed run writes its checkpoints)");
+  // (--attention's other rules, and this one again, in kernels::choose_attention)
+  require(!(deterministic && attention == kernels::Attention::cudnn_nondeterministic),
+          "--attention cudnn-nondeterministic gives up the bit-identical results that "
+          "--deterministic asks for: drop one of them (--attention auto is deterministic)");
   lora.validate();
   check_sharding_options(*this);
   require(init_adapter.empty() || lora.enabled(),

@@ -38,7 +38,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string val_data;         // validation dataset; empty: none
   kernels::Backend backend = kernels::Backend::automatic;
   int device = -1;  // CUDA device; -1: node-local rank modulo the visible devices
-  kernels::Attention attention = kernels::Attention::fallback;
+  // auto: cuDNN's fused attention with its deterministic backward where it runs, else the
+  // fallback (kernels/backends.hpp)
+  kernels::Attention attention = kernels::Attention::automatic;
 
   std::int64_t seq_len = 2048;
   std::int64_t global_batch = 0;  // rows (SFT) or pairs (reward) per optimizer step

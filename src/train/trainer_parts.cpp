@@ -713,6 +713,17 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
       c.backend, world.local_rank(),
       {.device = c.device, .attention = c.attention, .deterministic = c.deterministic});
   p.placement = choose_placement(c, world.size(), p.ops->compute_dtype());
+  if (p.ops->backend() == kernels::Backend::cuda && world.is_root()) {
+    // Which attention runs and whether its backward keeps reruns and restarts bit-identical.
+    const kernels::AttentionChoice attention =
+        kernels::attention_choice(c.attention, c.deterministic, world.local_rank(), c.device);
+    const std::string line = kernels::describe_attention(c.attention, attention);
+    if (attention.cudnn && !attention.deterministic_backward) {
+      log.warn("{}", line);
+    } else {
+      log.info("{}", line);
+    }
+  }
   if (c.device >= 0 && p.ops->backend() == kernels::Backend::cpu && world.is_root()) {
     log.warn("--device {} names a CUDA device; the CPU backend runs on the host and ignores it",
              c.device);

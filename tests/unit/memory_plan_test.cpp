@@ -127,9 +127,38 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   CHECK(scratch_of(lean).what == "CUDA scratch (fallback attention)");
   // + fp32 row dots (32 heads) and fp32 dK, dV of the segment (8192 x 1024 each).
   CHECK(scratch_of(lean).bytes == 12 * squares + 4 * 32 * 8192 + 2 * 4 * 8192 * 1024);
-  in.cudnn_attention = true;
-  const l3::model::MemoryLine with_cudnn = scratch_of(l3::model::plan_training_memory(in));
-  CHECK(with_cudnn.what == "CUDA scratch (lm_head + loss; cuDNN workspace extra)");
+  // cuDNN's deterministic backward (--attention auto, cudnn): a single 8192-token document is a
+  // 1 x 8192 bucket whose dP workspace (2 bytes x 32 heads x 8192^2) reaches the 4 GiB limit, so
+  // the plan counts the limit, and the fallback's scratch for the buckets above it.
+  auto line_of = [](const l3::model::MemoryPlan& plan, std::string_view start) {
+    for (const auto& line : plan.lines)
+      if (line.what.starts_with(start)) return line;
+    return l3::model::MemoryLine{};
+  };
+  in.attention = l3::model::AttentionPlan::cudnn_deterministic;
+  const l3::model::MemoryPlan deterministic = l3::model::plan_training_memory(in);
+  CHECK(scratch_of(deterministic).what == "CUDA scratch (fallback attention)");
+  const l3::model::MemoryLine cudnn_own = line_of(deterministic, "cuDNN attention");
+  CHECK(cudnn_own.what ==
+        "cuDNN attention (deterministic backward): its scratch and cuDNN's dP workspace at its "
+        "4 GiB limit (larger buckets: the fallback)");
+  // Its scratch: tables of 8192 batches (i32 lengths, three i64 offsets of 8193), fp32
+  // statistics and row sums of (8192 + 128) x 32, per-query-head dK and dV sized as fp32 for
+  // GQA (x 128), no dQ accumulator (its empty piece still takes 256 bytes); each piece
+  // 256-byte aligned.
+  const std::int64_t rows = (8192 + 128) * 32;
+  const std::int64_t tables = 8192 * 4 + 3 * ((8193 * 8 + 255) / 256 * 256);
+  CHECK(cudnn_own.bytes ==
+        tables + 2 * rows * 4 + 256 + 2 * rows * 128 * 4 + (std::int64_t{4} << 30));
+  CHECK(deterministic.total() - lean.total() == cudnn_own.bytes);
+  // The non-deterministic backward: the fallback's scratch is not needed; its own scratch adds
+  // the fp32 dQ accumulator; cuDNN's own (small) workspace is not counted.
+  in.attention = l3::model::AttentionPlan::cudnn_nondeterministic;
+  const l3::model::MemoryPlan nondeterministic = l3::model::plan_training_memory(in);
+  CHECK(line_of(nondeterministic, "cuDNN attention").bytes ==
+        tables + 3 * rows * 128 * 4 + 2 * rows * 4);
+  const l3::model::MemoryLine with_cudnn = scratch_of(nondeterministic);
+  CHECK(with_cudnn.what == "CUDA scratch (lm_head + loss)");
   CHECK(with_cudnn.bytes > (std::int64_t{256} << 20));
   CHECK(with_cudnn.bytes < (std::int64_t{512} << 20));
   // 128 rows of 8192 tokens: the embedding gradient's partial sums (two fp32 rows of 4096 per
@@ -138,7 +167,7 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   in.micro_batch_rows = 128;
   const l3::model::MemoryLine big_batch = scratch_of(l3::model::plan_training_memory(in));
   const std::int64_t tokens = 128 * 8192;
-  CHECK(big_batch.what == "CUDA scratch (embedding gradient; cuDNN workspace extra)");
+  CHECK(big_batch.what == "CUDA scratch (embedding gradient)");
   CHECK(big_batch.bytes == 2 * (tokens / 64) * 4096 * 4 + 12 * tokens + 8 * tokens + (1 << 20));
   in.micro_batch_rows = 1;
   // ZeRO-2: the bf16 gradients of two groups (the largest is the 8B model's head: the final
@@ -163,6 +192,39 @@ TEST_CASE("the memory plan of an 8B model at seq 8192 on 8 ranks", "[memory]") {
   // The CPU backend has none of it.
   in.compute = DType::f32;
   CHECK(scratch_of(l3::model::plan_training_memory(in)).what.empty());
+}
+
+TEST_CASE("cuDNN's deterministic dP workspace is planned by bucket below its limit", "[memory]") {
+  // The tiny model (4 heads, 2 kv heads, head_dim 16), 2 rows of 128: at most 256 segments
+  // (bucket 256) of at most 128 tokens (bucket 128): 2 x 256 x 4 x 128^2 bytes, under 4 GiB,
+  // so no call needs the fallback and the scratch does not hold its matrices.
+  l3::model::MemoryPlanInput in;
+  in.model = l3::model::preset("tiny");
+  in.compute = DType::bf16;
+  in.seq_len = 128;
+  in.micro_batch_rows = 2;
+  const l3::model::CudnnAttentionBytes own =
+      l3::model::cudnn_attention_bytes(in.model, 256, 128, true);
+  CHECK_FALSE(own.over_limit);
+  CHECK(own.workspace == std::int64_t{2} * 256 * 4 * 128 * 128);
+  in.attention = l3::model::AttentionPlan::cudnn_deterministic;
+  const l3::model::MemoryPlan plan = l3::model::plan_training_memory(in);
+  bool counted = false;
+  for (const auto& line : plan.lines) {
+    CHECK(line.what != "CUDA scratch (fallback attention)");
+    if (line.what ==
+        "cuDNN attention (deterministic backward): its scratch and cuDNN's dP "
+        "workspace") {
+      counted = true;
+      CHECK(line.bytes == own.scratch + own.workspace);
+    }
+  }
+  CHECK(counted);
+  // A model cuDNN does not take (head_dim 8): the fallback's scratch, no cuDNN buffer.
+  in.model.head_dim = 8;
+  in.model.hidden_size = 32;
+  for (const auto& line : l3::model::plan_training_memory(in).lines)
+    CHECK_FALSE(line.what.starts_with("cuDNN attention"));
 }
 
 TEST_CASE("ZeRO-3 plans 1/G of the weights and two gathered layer groups", "[memory]") {
