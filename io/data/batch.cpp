@@ -154,4 +154,17 @@ Batch BatchBuilder::finish() {
   return out;
 }
 
+Batch BatchBuilder::finish_packed(std::int64_t align) {
+  if (batch_.rows != 1 || row_ != 0 || align < 1)
+    throw core::internal_error("BatchBuilder::finish_packed: one row, not yet closed, align >= 1");
+  // (used rounded up to align, at most the capacity; a row of nothing keeps one token of padding)
+  const std::int64_t length =
+      std::min(batch_.seq_len, std::max<std::int64_t>((used_ + align - 1) / align * align, 1));
+  batch_.seq_len = length;
+  close_row();
+  Batch out = std::move(batch_);
+  batch_ = Batch{};
+  return out;
+}
+
 }  // namespace l3::data

@@ -61,6 +61,10 @@ struct Batch {
   [[nodiscard]] static Batch none(std::int64_t seq_len);
 };
 
+// A packed row (BatchBuilder::finish_packed) is rounded up to this many tokens: GEMMs of a
+// multiple of 16 rows keep the GPU's tensor-core tiles whole, for at most 15 tokens of padding.
+inline constexpr std::int64_t kPackedRowAlignment = 16;
+
 // Fills rows of seq_len tokens with whole documents in the order given (a document that does
 // not fit in the current row starts the next one), pads the rest of each row, and derives
 // targets, masks, segments and positions. loss_mask of a document marks its target tokens
@@ -87,6 +91,11 @@ class BatchBuilder {
   [[nodiscard]] std::int64_t row_space() const noexcept { return batch_.seq_len - used_; }
 
   [[nodiscard]] Batch finish();
+  // One row of documents end to end (built with rows 1 and seq_len the capacity): the row is cut
+  // after its last document, rounded up to a multiple of `align` tokens (the rest one padding
+  // segment), so that a pass computes the documents' tokens and not a full row's padding: the
+  // batch's seq_len is that length. GRPO's completions travel this way, packed as SFT packs.
+  [[nodiscard]] Batch finish_packed(std::int64_t align);
 
  private:
   void close_row();

@@ -82,6 +82,9 @@ void declare_grpo_options(po::options_description& options) {
       "raw-logprobs", po::bool_switch(),
       "compute the log-probabilities (policy, old policy, reference, generator) and the entropy "
       "from the raw logits; default: from the logits divided by --temperature, as TRL")(
+      "pad-completions", po::bool_switch(),
+      "give each completion a row of --seq-len in the training passes (slower: for comparison); "
+      "default: completions and their prompts packed end to end, as SFT packs documents")(
       "reward-match", po::value<std::string>()->value_name("answer"),
       "built-in reward: 1 when the completion, stripped, equals the record's \"answer\", else 0")(
       "reward-command", po::value<std::string>()->value_name("\"CMD ARGS\""),
@@ -616,6 +619,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     g.num_iterations = get<std::int64_t>(o, "num-iterations");
     g.mask_truncated_completions = get<bool>(o, "mask-truncated-completions");
     g.tempered_logprobs = !get<bool>(o, "raw-logprobs");
+    g.pack_completions = !get<bool>(o, "pad-completions");
     if (const std::string match = optional_string(o, "reward-match"); !match.empty()) {
       if (match != "answer")
         throw core::usage_error(

@@ -409,12 +409,14 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
     fresh.rope = std::move(ws.rope);
     ws = std::move(fresh);
   }
-  if (batch.seq_len > c.max_position_embeddings) {
+  // RoPE positions restart in each segment: a packed row (GRPO's completions end to end,
+  // BatchBuilder::finish_packed) may be longer than the model's positions, its segments not.
+  if (const std::int64_t longest = batch.longest_segment(); longest > c.max_position_embeddings) {
     throw core::usage_error(
-        fmt::format("sequence length {} exceeds the model's max_position_embeddings {}",
-                    batch.seq_len, c.max_position_embeddings));
+        fmt::format("sequence length {} exceeds the model's max_position_embeddings {}", longest,
+                    c.max_position_embeddings));
   }
-  ws.rope.ensure(ops_, c, batch.seq_len);
+  ws.rope.ensure(ops_, c, std::min<std::int64_t>(batch.seq_len, c.max_position_embeddings));
 
   ws.n = n;
   // The counted rows are listed here, on the host, where the mask is: the backend then knows

@@ -59,6 +59,7 @@ void GrpoSettings::add_to(nlohmann::json& j) const {
   j["num_iterations"] = num_iterations;
   j["mask_truncated_completions"] = mask_truncated_completions;
   j["logprobs"] = tempered_logprobs ? "tempered" : "raw";
+  j["completions_layout"] = pack_completions ? "packed" : "padded";
   j["reward_match"] = reward_match_answer ? "answer" : "";
   j["reward_command"] = reward_command;
   j["reward_timeout"] = reward_timeout;

@@ -43,6 +43,10 @@ struct GrpoSettings {
   // generator's) and the entropy are of softmax(logits / temperature), as TRL computes them;
   // false (--raw-logprobs): of the raw logits.
   bool tempered_logprobs = true;
+  // How the training passes (policy, old policy, reference) lay out a micro-batch's completions:
+  // true, end to end in one row, each with its prompt as a segment of its own (padding-free,
+  // as SFT packs documents); false (--pad-completions): one row of --seq-len per completion.
+  bool pack_completions = true;
   // Rewards, in this order: the built-in answer match, the verifier command, the reward model.
   // Weights: one per reward in use (empty: all 1).
   bool reward_match_answer = false;

@@ -4,6 +4,7 @@
 #   prep prompts: the records kept whole, errors named;
 #   2 ranks generate step 1's completions of 1 rank (the same bytes in --log-completions) and
 #   follow its losses; the log lets an outsider recompute every advantage and the step's loss;
+#   the padded layout (--pad-completions) gives the packed one's completions and losses;
 #   ZeRO-3 generates and trains as the unsharded run;
 #   with LoRA and --beta > 0 step 1's KL is exactly 0 (the policy is its base) and, the ratio
 #   being 1, nothing is clipped;
@@ -126,6 +127,30 @@ PY
   pass "2 ranks follow 1 rank; the log gives every advantage and the loss; the metrics are TRL's"
 else
   fail "2 ranks against 1, the log's advantages and loss, the metrics"
+fi
+
+# --- the padded layout (--pad-completions): the packed run's completions and losses ---
+run 1 "${base_args[@]}" "${similarity[@]}" --steps 2 --pad-completions --ckpt-dir "$work/padded" \
+  --metrics "$work/padded.jsonl" --log-completions "$work/padded-samples.jsonl" ||
+  fail "grpo --pad-completions (rc $?): $(tail -3 "$work/last.err")"
+if cmp -s <(grep -E '"step":[12],' "$work/one-samples.jsonl") "$work/padded-samples.jsonl" &&
+  python3 - "$work/one.jsonl" "$work/padded.jsonl" <<'PY'; then
+import json, sys
+packed = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"train"' in l][:2]
+padded = [json.loads(l) for l in open(sys.argv[2]) if '"kind":"train"' in l]
+assert len(padded) == 2, len(padded)
+for a, b in zip(packed, padded):
+    for key in ("loss", "grad_norm", "entropy"):
+        assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(b[key])), (key, a[key], b[key])
+    # rows of --seq-len 64 against the completions end to end (rounded up to 16 per pass)
+    assert a["train_tokens"] < b["train_tokens"] == 16 * 64, (a["train_tokens"], b["train_tokens"])
+    assert a["train_padding_share"] < 0.1 < b["train_padding_share"], a
+    print(f"step {a['step']}: loss {a['loss']:.8g} packed, {b['loss']:.8g} padded; "
+          f"{a['train_tokens']:.0f} tokens against {b['train_tokens']:.0f}")
+PY
+  pass "packed completions: the padded layout's completions and losses (fp32), fewer tokens"
+else
+  fail "packed against padded completions"
 fi
 
 # --- eval of the GRPO checkpoint on prompt data: grpo's own greedy evaluation, on 1 and 2 ranks ---

@@ -52,3 +52,33 @@ TEST_CASE("batch validation: token and counted target ids below the vocabulary s
     CHECK_THROWS_AS(batch.validate(vocab), l3::core::Error);
   }
 }
+
+TEST_CASE("a packed row is cut after its last document, rounded up to the alignment", "[model]") {
+  BatchBuilder builder(1, 40, 3);
+  CHECK(builder.add({5, 6, 7}, {0, 1, 1}) == 2);
+  CHECK(builder.add({8, 9, 4, 4, 4}, {0, 0, 1, 1, 1}) == 7);
+  CHECK(builder.add({1, 2}, {0, 1}) == 9);
+  const Batch packed = builder.finish_packed(4);  // 10 tokens: a row of 12
+  CHECK(packed.rows == 1);
+  CHECK(packed.seq_len == 12);
+  CHECK(packed.tokens_count() == 12);
+  CHECK(packed.document_tokens == 10);
+  CHECK(packed.cu_seqlens == std::vector<std::int32_t>{0, 3, 8, 10, 12});
+  CHECK(packed.positions == std::vector<std::int32_t>{0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 0, 1});
+  CHECK(packed.targets == std::vector<std::int32_t>{6, 7, 3, 9, 4, 4, 4, 3, 2, 3, 3, 3});
+  CHECK(packed.loss_mask == std::vector<std::uint8_t>{1, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0});
+  CHECK(packed.longest_segment() == 5);
+  CHECK_NOTHROW(packed.validate(10));
+
+  // Exactly aligned: no padding segment; never longer than the capacity it was built with.
+  BatchBuilder whole(1, 6, 0);
+  whole.add({1, 2, 3, 4}, {0, 1, 1, 1});
+  const Batch exact = whole.finish_packed(4);
+  CHECK(exact.seq_len == 4);
+  CHECK(exact.cu_seqlens == std::vector<std::int32_t>{0, 4});
+  BatchBuilder near_full(1, 6, 0);
+  near_full.add({1, 2, 3, 4, 5}, {0, 1, 1, 1, 1});
+  CHECK(near_full.finish_packed(4).seq_len == 6);
+  BatchBuilder rows(2, 6, 0);
+  CHECK_THROWS_AS(rows.finish_packed(4), l3::core::Error);
+}

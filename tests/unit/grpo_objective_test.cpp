@@ -87,6 +87,44 @@ double token_logp(const std::vector<double>& x, const l3::model::ParameterLayout
   return token_logp_entropy(x, layout, s, k, temperature).logp;
 }
 
+// The batch as the rollout builds it (train/grpo/rollout_source.cpp): one completion per row
+// (padded) or all end to end in one row (packed), with per-position advantages, weights and
+// the old and reference log-probabilities when given.
+Batch rollout_batch(const std::vector<Completion>& completions, bool packed,
+                    const std::vector<double>& weight, const std::vector<std::vector<double>>* old,
+                    const std::vector<std::vector<double>>* ref) {
+  const auto count = static_cast<std::int64_t>(completions.size());
+  BatchBuilder builder(packed ? 1 : count, packed ? count * kRow : kRow, 0);
+  std::vector<std::int64_t> ends;
+  for (const Completion& s : completions) {
+    std::vector<std::uint8_t> mask(s.tokens.size(), 0);
+    std::fill(mask.begin() + static_cast<std::ptrdiff_t>(s.prompt), mask.end(), 1);
+    ends.push_back(builder.add(s.tokens, mask));
+    if (!packed) builder.end_row();
+  }
+  Batch batch = packed ? builder.finish_packed(l3::data::kPackedRowAlignment) : builder.finish();
+  const auto n = static_cast<std::size_t>(batch.tokens_count());
+  batch.advantages.assign(n, 0.0F);
+  batch.loss_weights.assign(n, 0.0F);
+  batch.sampled_logprobs.assign(n, 0.0F);
+  if (old != nullptr) batch.old_logprobs.assign(n, 0.0F);
+  if (ref != nullptr) batch.ref_logprobs.assign(n, 0.0F);
+  batch.completions = count;
+  for (std::size_t s = 0; s < completions.size(); ++s) {
+    const auto length =
+        static_cast<std::int64_t>(completions[s].tokens.size() - completions[s].prompt);
+    for (std::int64_t k = 0; k < length; ++k) {
+      const auto t = static_cast<std::size_t>(ends[s] - length + k);
+      const auto u = static_cast<std::size_t>(k);
+      batch.advantages[t] = completions[s].advantage;
+      batch.loss_weights[t] = static_cast<float>(weight[s]);
+      if (old != nullptr) batch.old_logprobs[t] = static_cast<float>((*old)[s][u]);
+      if (ref != nullptr) batch.ref_logprobs[t] = static_cast<float>((*ref)[s][u]);
+    }
+  }
+  return batch;
+}
+
 }  // namespace
 
 TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differences",
@@ -182,25 +220,9 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       settings.epsilon = 0.2;
       settings.temperature = tc.temperature;
       settings.tempered_logprobs = !tc.raw;
-      // The batch as the rollout builds it: per-position advantages, weights, log-probabilities.
-      BatchBuilder builder(3, kRow, 0);
-      std::vector<std::int64_t> ends;
       std::int64_t tokens = 0;
-      for (const Completion& s : completions) {
-        std::vector<std::uint8_t> mask(s.tokens.size(), 0);
-        std::fill(mask.begin() + static_cast<std::ptrdiff_t>(s.prompt), mask.end(), 1);
-        ends.push_back(builder.add(s.tokens, mask));
-        builder.end_row();
+      for (const Completion& s : completions)
         tokens += static_cast<std::int64_t>(s.tokens.size() - s.prompt);
-      }
-      Batch batch = builder.finish();
-      const auto n = static_cast<std::size_t>(batch.tokens_count());
-      batch.advantages.assign(n, 0.0F);
-      batch.loss_weights.assign(n, 0.0F);
-      batch.sampled_logprobs.assign(n, 0.0F);
-      if (with_old) batch.old_logprobs.assign(n, 0.0F);
-      if (beta > 0) batch.ref_logprobs.assign(n, 0.0F);
-      batch.completions = 3;
       std::vector<double> weight(3);
       for (std::size_t s = 0; s < 3; ++s) {
         const auto length =
@@ -208,16 +230,9 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
         weight[s] = type == PolicyLossType::grpo   ? 1.0 / static_cast<double>(length)
                     : type == PolicyLossType::bnpo ? 1.0 / static_cast<double>(tokens)
                                                    : 1.0;
-        for (std::int64_t k = 0; k < length; ++k) {
-          const auto t = static_cast<std::size_t>(ends[s] - length + k);
-          batch.advantages[t] = completions[s].advantage;
-          batch.loss_weights[t] = static_cast<float>(weight[s]);
-          if (with_old)
-            batch.old_logprobs[t] = static_cast<float>(old[s][static_cast<std::size_t>(k)]);
-          if (beta > 0)
-            batch.ref_logprobs[t] = static_cast<float>(ref[s][static_cast<std::size_t>(k)]);
-        }
       }
+      const Batch batch = rollout_batch(completions, false, weight, with_old ? &old : nullptr,
+                                        beta > 0 ? &ref : nullptr);
       l3::train::PolicyGradientLoss objective(model, settings);
       const std::int64_t units = objective.units(batch);
       CHECK(units == (type == PolicyLossType::dapo      ? tokens
@@ -280,4 +295,74 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       CHECK(rel_error(analytic, fd) < 1e-3);
     }
   }
+}
+
+TEST_CASE("GRPO's completions packed end to end give the padded layout's loss and gradients",
+          "[model][grpo]") {
+  INFO("seed " << l3::test::test_seed());
+  const l3::model::ModelConfig c = check_config();
+  l3::kernels::CpuOps ops;
+  l3::model::LlamaModel model(c, l3::model::HeadKind::language_model, ops);
+  model.initialize(l3::test::test_seed() + 9);
+  l3::test::Random rnd(53);
+  // Five completions (prompts of 2-4 tokens, completions of 1-8), advantages of both signs, old
+  // and reference log-probabilities near the policy's: every term of the loss is exercised.
+  std::vector<Completion> completions;
+  for (const auto& [prompt, length, advantage] :
+       {std::tuple{3, 5, 1.25F}, std::tuple{2, 8, -0.75F}, std::tuple{4, 1, 0.5F},
+        std::tuple{2, 6, -1.5F}, std::tuple{3, 3, 0.25F}}) {
+    const auto n = static_cast<std::size_t>(prompt + length);
+    completions.push_back({rnd.integers(n, static_cast<std::int32_t>(c.vocab_size)),
+                           static_cast<std::size_t>(prompt), advantage});
+  }
+  std::vector<std::vector<double>> old;
+  std::vector<std::vector<double>> ref;
+  std::vector<double> weight;
+  for (const Completion& s : completions) {
+    const std::size_t length = s.tokens.size() - s.prompt;
+    old.push_back({});
+    ref.push_back({});
+    for (std::size_t k = 0; k < length; ++k) {
+      old.back().push_back(-3.7 + rnd.uniform(1, -0.3F, 0.3F)[0]);
+      ref.back().push_back(-3.7 + rnd.uniform(1, -0.3F, 0.3F)[0]);
+    }
+    weight.push_back(1.0 / static_cast<double>(length));  // grpo's per-completion mean
+  }
+  l3::train::GrpoSettings settings;
+  settings.beta = 0.1;
+  settings.loss_type = PolicyLossType::grpo;
+  settings.max_completion_length = 8;
+  settings.temperature = 0.7;
+
+  const Batch padded = rollout_batch(completions, false, weight, &old, &ref);
+  const Batch packed = rollout_batch(completions, true, weight, &old, &ref);
+  // 5 rows of 12 against one row of the 37 tokens rounded up to 48
+  CHECK(padded.tokens_count() == 60);
+  CHECK(packed.rows == 1);
+  CHECK(packed.tokens_count() == 48);
+  CHECK(packed.document_tokens == padded.document_tokens);
+
+  l3::train::PolicyGradientLoss objective(model, settings);
+  const auto run = [&](const Batch& batch) {
+    model.zero_gradients();
+    const l3::train::LossSums sums = objective.forward_backward(batch, 0.2F);
+    const auto g = model.gradients().as<float>();
+    return std::pair{sums, std::vector<float>(g.begin(), g.end())};
+  };
+  const auto [a, ga] = run(padded);
+  const auto [b, gb] = run(packed);
+  CHECK(b.loss == Approx(a.loss).epsilon(1e-6));
+  CHECK(b.correct == Approx(a.correct).epsilon(1e-6));    // KL
+  CHECK(b.extra[0] == Approx(a.extra[0]).epsilon(1e-6));  // entropy
+  CHECK(b.chosen == a.chosen);                            // clipped tokens
+  CHECK(b.margin == a.margin);
+  double largest = 0;
+  double scale = 0;
+  for (std::size_t i = 0; i < ga.size(); ++i) {
+    largest = std::max(largest, static_cast<double>(std::abs(ga[i] - gb[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(ga[i])));
+  }
+  INFO("largest gradient difference " << largest << " of a largest gradient " << scale);
+  CHECK(scale > 0);
+  CHECK(largest <= 1e-5 * scale);
 }

@@ -151,7 +151,8 @@ std::vector<double> RewardModel::score(const std::vector<RewardModelRequest>& re
   }
   dist::agree_on_failure(world_, failure);
 
-  // Packed into passes of `rows` rows (a sequence longer than a row gets rows that long).
+  // Packed end to end into passes of at most `rows` rows' tokens (a sequence longer than a row
+  // gets rows that long), each pass cut after its last sequence (BatchBuilder::finish_packed).
   std::int64_t length = config_.seq_len;
   for (const auto& s : sequences) length = std::max(length, static_cast<std::int64_t>(s.size()));
   std::vector<double> rewards;
@@ -161,7 +162,7 @@ std::vector<double> RewardModel::score(const std::vector<RewardModelRequest>& re
   std::vector<std::int32_t> lasts;
   const auto close = [&] {
     if (!builder) return;
-    data::Batch batch = builder->finish();
+    data::Batch batch = builder->finish_packed(data::kPackedRowAlignment);
     batch.chosen_last = lasts;
     batch.rejected_last = lasts;
     batch.margins.assign(lasts.size(), 0.0F);
@@ -170,11 +171,11 @@ std::vector<double> RewardModel::score(const std::vector<RewardModelRequest>& re
     lasts.clear();
   };
   for (const std::vector<std::int32_t>& s : sequences) {
-    if (!builder) builder.emplace(config_.rows, length, pad_);
+    if (!builder) builder.emplace(1, config_.rows * length, pad_);
     std::int64_t last = builder->add(s, std::vector<std::uint8_t>(s.size(), 0));
     if (last < 0) {
       close();
-      builder.emplace(config_.rows, length, pad_);
+      builder.emplace(1, config_.rows * length, pad_);
       last = builder->add(s, std::vector<std::uint8_t>(s.size(), 0));
     }
     lasts.push_back(static_cast<std::int32_t>(last));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <exception>
 #include <filesystem>
@@ -457,6 +458,19 @@ void RolloutSource::roll_out(std::int64_t step) {
   current_ = data::StepData{};
   current_.samples = static_cast<std::int64_t>(mine.size());
   build_batches(completions);
+  {
+    // What one pass over the step's micro-batches computes (every rank's): positions, padding
+    // included, and the share of them that is padding (packed: at most 15 per micro-batch).
+    std::array<double, 2> tokens{0.0, 0.0};
+    for (const data::Batch& b : current_.micro) {
+      tokens[0] += static_cast<double>(b.tokens_count());
+      tokens[1] += static_cast<double>(b.document_tokens);
+    }
+    dist::all_reduce(world_.comm(), std::span<double>(tokens), dist::ReduceOp::sum,
+                     "rollout tokens");
+    metrics.emplace_back("train_tokens", tokens[0]);
+    metrics.emplace_back("train_padding_share", tokens[0] > 0 ? 1.0 - tokens[1] / tokens[0] : 0.0);
+  }
   if (reference_.model != nullptr) {
     watch = core::Stopwatch();
     reference_log_probabilities(completions);
@@ -541,8 +555,12 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
       current_.micro.push_back(data::Batch::none(config_.seq_len));
       continue;
     }
-    // One completion per row (a prompt and its completion fit in --seq-len).
-    data::BatchBuilder builder(last - first, config_.seq_len, pad_);
+    // Packed: the completions end to end in one row, each with its prompt a segment of its own
+    // (no token attends to another completion), the row cut after the last one. Padded
+    // (--pad-completions): one completion per row of --seq-len.
+    const bool packed = s.pack_completions;
+    data::BatchBuilder builder(packed ? 1 : last - first,
+                               packed ? (last - first) * config_.seq_len : config_.seq_len, pad_);
     struct Placed {
       std::int64_t end = 0;  // flat position of the last token
       std::size_t completion = 0;
@@ -560,11 +578,12 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
         std::fill(mask.begin() + static_cast<std::ptrdiff_t>(prompt.size()), mask.end(), 1);
       const std::int64_t end = builder.add(tokens, mask);
       if (end < 0) throw core::internal_error("rollout: a completion did not fit in its row");
-      builder.end_row();
+      if (!packed) builder.end_row();
       placed.push_back({end, static_cast<std::size_t>(i)});
       if (!masked) counted += static_cast<std::int64_t>(c.ids.size());
     }
-    data::Batch batch = builder.finish();
+    data::Batch batch =
+        packed ? builder.finish_packed(data::kPackedRowAlignment) : builder.finish();
     const std::size_t positions = static_cast<std::size_t>(batch.tokens_count());
     batch.advantages.assign(positions, 0.0F);
     batch.sampled_logprobs.assign(positions, 0.0F);
