@@ -18,6 +18,10 @@
 // values come back to the host. When a sequence ends (a stop token, a stop check, its length
 // limit) its slot takes the next request (continuous batching).
 //
+// A pass of decoding rows only runs, on a backend that captures (CUDA), at its bucket's fixed
+// shape and as a graph recorded once per bucket and replayed per token (DecodePath below,
+// docs/GPU.md "Decoding as CUDA graphs"): hundreds of launches become one.
+//
 // A request's token t is drawn with the uniform number CounterRng(seed, sampling, stream
 // `sample`).uniform(record * 2^32 + t): a completion depends on its record, its sample index
 // and the model, never on the batch, the slot or the rank it ran in.
