@@ -4,7 +4,9 @@
 // match. Per step: tokens/s (prompt + completion tokens trained), and how the step divides
 // between generating, scoring and training, as the run's own metrics measure them
 // (time/generate_ms, time/score_ms, the rest). The baseline is the same step's training
-// pass: generation's time against it, for full fine-tuning and for LoRA rank 16.
+// pass: generation's time against it, for full fine-tuning and for LoRA rank 16. Full
+// fine-tuning runs twice: with the completions packed (the default) and padded to rows of
+// --seq-len (--pad-completions), the positions one training pass computes and its time compared.
 //
 // --rehearsal: the tiny preset model, 2 completions of 4 tokens per rank and rows of 48 (the GPU
 // check's rehearsal on the CUDA emulation; the same JSON). LoRA adapts the full run's final
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -50,10 +53,23 @@ double metric(const l3::StepMetrics& m, std::string_view name) {
 struct Figures {
   double step_ms = 0, generate_ms = 0, score_ms = 0, train_ms = 0, tokens_per_s = 0;
   double completion_tokens = 0;
+  double train_tokens = 0, padding_share = 0;  // positions of one pass over the step's batch
 };
 
+// The runs: full fine-tuning with the completions packed (the default) and padded (one row of
+// --seq-len each, --pad-completions), LoRA packed.
+struct Mode {
+  const char* name;
+  bool lora;
+  bool padded;
+};
+constexpr std::array<Mode, 3> kModes{
+    {{"full", false, false}, {"full_padded", false, true}, {"lora_r16", true, false}}};
+
 Figures run(const std::string& dir, const std::string& model, const std::string& backend,
-            std::int64_t seq_len, bool lora, int steps, int prompts, int generations, int length) {
+            std::int64_t seq_len, const Mode& mode, int steps, int prompts, int generations,
+            int length) {
+  const bool lora = mode.lora;
   std::vector<std::string> args = {"grpo",
                                    "--model",
                                    model,
@@ -85,10 +101,11 @@ Figures run(const std::string& dir, const std::string& model, const std::string&
     args.insert(args.end(), {"--init", dir + "/ckpt", "--lora-rank", "16", "--lora-alpha", "32"});
     args.erase(args.begin() + 1, args.begin() + 3);  // not --model as well
   } else {
-    args.insert(args.end(), {"--ckpt-dir", dir + "/ckpt"});
+    args.insert(args.end(), {"--ckpt-dir", dir + (mode.padded ? "/ckpt-padded" : "/ckpt")});
   }
+  if (mode.padded) args.emplace_back("--pad-completions");
   l3::Session session(MPI_COMM_WORLD, l3::RunConfig::from_args(args));
-  std::vector<double> step, generate, score, tps, completion;
+  std::vector<double> step, generate, score, tps, completion, tokens, padding;
   session.on_step([&](const l3::StepMetrics& m) {
     if (m.step == 1) return;  // warm-up
     step.push_back(m.step_ms);
@@ -96,6 +113,8 @@ Figures run(const std::string& dir, const std::string& model, const std::string&
     score.push_back(metric(m, "time/score_ms"));
     tps.push_back(m.tokens_per_s);
     completion.push_back(metric(m, "completions/mean_length"));
+    tokens.push_back(metric(m, "train_tokens"));
+    padding.push_back(metric(m, "train_padding_share"));
   });
   (void)session.run();
   Figures f;
@@ -105,6 +124,8 @@ Figures run(const std::string& dir, const std::string& model, const std::string&
   f.train_ms = f.step_ms - f.generate_ms - f.score_ms;
   f.tokens_per_s = median(tps);
   f.completion_tokens = median(completion) * prompts * generations;
+  f.train_tokens = median(tokens);
+  f.padding_share = median(padding);
   return f;
 }
 
@@ -167,28 +188,46 @@ int main(int argc, char** argv) {
     const std::int64_t seq_len = rehearsal ? 48 : 256;  // the prompts have about 30 tokens
     const std::string model = rehearsal ? std::string("tiny") : (dir / "config.json").string();
     json results = json::array();
-    for (const bool lora : {false, true}) {
+    Figures packed_full;
+    for (const Mode& mode : kModes) {
       const Figures f =
-          run(dir.string(), model, backend, seq_len, lora, steps, prompts, generations, length);
+          run(dir.string(), model, backend, seq_len, mode, steps, prompts, generations, length);
       const double generated_per_s = f.completion_tokens / std::max(1e-9, f.generate_ms / 1e3);
+      if (!mode.lora && !mode.padded) packed_full = f;
       if (world.is_root()) {
         fmt::print(
-            "{} | {} prompts x {} completions of up to {} tokens: step {:.0f} ms, {:.0f} tok/s "
+            "{:11} | {} prompts x {} completions of up to {} tokens: step {:.0f} ms, {:.0f} tok/s "
             "| generate {:.0f} ms ({:.0f}%, {:.0f} new tok/s), score {:.1f} ms, train {:.0f} ms "
-            "| generate / train = {:.2f}\n",
-            lora ? "LoRA r16" : "full    ", prompts, generations, length, f.step_ms, f.tokens_per_s,
-            f.generate_ms, 100.0 * f.generate_ms / f.step_ms, generated_per_s, f.score_ms,
-            f.train_ms, f.generate_ms / std::max(1e-9, f.train_ms));
+            "on {:.0f} positions ({:.0f}% padding) | generate / train = {:.2f}\n",
+            mode.name, prompts, generations, length, f.step_ms, f.tokens_per_s, f.generate_ms,
+            100.0 * f.generate_ms / f.step_ms, generated_per_s, f.score_ms, f.train_ms,
+            f.train_tokens, 100.0 * f.padding_share, f.generate_ms / std::max(1e-9, f.train_ms));
+        if (mode.padded) {
+          fmt::print(
+              "packed against padded (full fine-tuning): {:.2f}x fewer positions trained, train "
+              "time {:.2f}x lower, step {:.2f}x faster\n",
+              f.train_tokens / std::max(1.0, packed_full.train_tokens),
+              f.train_ms / std::max(1e-9, packed_full.train_ms),
+              f.step_ms / std::max(1e-9, packed_full.step_ms));
+        }
       }
-      results.push_back({{"mode", lora ? "lora_r16" : "full"},
-                         {"step_ms", f.step_ms},
-                         {"tokens_per_s", f.tokens_per_s},
-                         {"generate_ms", f.generate_ms},
-                         {"score_ms", f.score_ms},
-                         {"train_ms", f.train_ms},
-                         {"generate_share", f.generate_ms / f.step_ms},
-                         {"generate_over_train", f.generate_ms / std::max(1e-9, f.train_ms)},
-                         {"generated_tokens_per_s", generated_per_s}});
+      json row = {{"mode", mode.name},
+                  {"step_ms", f.step_ms},
+                  {"tokens_per_s", f.tokens_per_s},
+                  {"generate_ms", f.generate_ms},
+                  {"score_ms", f.score_ms},
+                  {"train_ms", f.train_ms},
+                  {"train_tokens", f.train_tokens},
+                  {"train_padding_share", f.padding_share},
+                  {"generate_share", f.generate_ms / f.step_ms},
+                  {"generate_over_train", f.generate_ms / std::max(1e-9, f.train_ms)},
+                  {"generated_tokens_per_s", generated_per_s}};
+      if (mode.padded) {
+        row["packed_fewer_tokens"] = f.train_tokens / std::max(1.0, packed_full.train_tokens);
+        row["packed_train_speedup"] = f.train_ms / std::max(1e-9, packed_full.train_ms);
+        row["packed_step_speedup"] = f.step_ms / std::max(1e-9, packed_full.step_ms);
+      }
+      results.push_back(std::move(row));
     }
     if (world.is_root()) {
       if (!json_path.empty()) {
