@@ -11,7 +11,8 @@
 // --rehearsal: the tiny preset model, 2 completions of 4 tokens per rank and rows of 48 (the GPU
 // check's rehearsal on the CUDA emulation; the same JSON). LoRA adapts the full run's final
 // weights (its checkpoint).
-//   l3-bench-grpo [--backend cpu|cuda] [--quick] [--rehearsal] [--json FILE]
+// --model llama3.2-1b (or any preset): that shape, random weights, instead of the mid model.
+//   l3-bench-grpo [--backend cpu|cuda] [--model PRESET] [--quick] [--rehearsal] [--json FILE]
 #include <fmt/format.h>
 #include <mpi.h>
 #include <omp.h>
@@ -140,6 +141,7 @@ int main(int argc, char** argv) {
     bool rehearsal = false;
     std::string json_path;
     std::string backend = "cpu";
+    std::string preset;  // empty: the mid model
     for (int i = 1; i < argc; ++i) {
       if (std::strcmp(argv[i], "--quick") == 0) {
         quick = true;
@@ -149,8 +151,12 @@ int main(int argc, char** argv) {
         json_path = argv[++i];
       } else if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
         backend = argv[++i];
+      } else if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
+        preset = argv[++i];
       } else {
-        fmt::print(stderr, "usage: {} [--backend cpu|cuda] [--quick] [--rehearsal] [--json FILE]\n",
+        fmt::print(stderr,
+                   "usage: {} [--backend cpu|cuda] [--model PRESET] [--quick] [--rehearsal] "
+                   "[--json FILE]\n",
                    argv[0]);
         MPI_Finalize();
         return 2;
@@ -162,7 +168,11 @@ int main(int argc, char** argv) {
     const fs::path dir = fs::temp_directory_path() / fmt::format("l3-bench-grpo-{}", ::getpid());
     if (world.is_root()) {
       fs::create_directories(dir);
-      l3::bench::write_mid_model_inputs(dir.string(), 1024);
+      if (preset.empty()) {
+        l3::bench::write_mid_model_inputs(dir.string(), 1024);
+      } else {
+        l3::bench::write_model_inputs(dir.string(), l3::model::preset(preset), 1024);
+      }
       std::ofstream prompts(dir / "prompts.jsonl");
       for (int i = 0; i < 64; ++i) {
         prompts << json{{"prompt", fmt::format("What is {} plus {}?", i % 10, i / 10)},
@@ -234,7 +244,9 @@ int main(int argc, char** argv) {
         const l3::core::BuildInfo build = l3::core::build_info();
         const json doc = {{"benchmark", "grpo"},
                           {"backend", backend},
-                          {"model", rehearsal ? "tiny" : "mid (156M)"},
+                          {"model", rehearsal        ? std::string("tiny")
+                                    : preset.empty() ? std::string("mid (156M)")
+                                                     : preset},
                           {"ranks", world.size()},
                           {"threads", omp_get_max_threads()},
                           {"prompts_per_step", prompts},

@@ -11,10 +11,13 @@
 // against the datasheet dense bf16 peak of the GPU (989 TFLOP/s for H100/H200).
 //
 //   l3-bench-train-throughput [--backend cuda|cpu] [--case NAME ...] [--steps N] [--warmup N]
-//                             [--attention fallback|cudnn] [--micro-batch N]
+//                             [--attention auto|cudnn|cudnn-nondeterministic|fallback]
+//                             [--micro-batch N]
 //                  [--peak-tflops T] [--datasheet-tflops T] [--json FILE]
 //   cases: 1b-sft, 1b-reward, 8b-sft, 8b-reward (cuda default: all four), tiny-sft,
 //   tiny-reward (cpu default)
+// Without --attention the runs take the program's default (rows marked "default_options": true,
+// what a user gets); with it, that attention.
 // --micro-batch N: that many rows (pairs) per step instead of the largest that the memory plan
 // fits (recomputation then only if N rows do not fit without it).
 #include <fmt/format.h>
@@ -132,9 +135,9 @@ std::string model_file(const Case& c, int layers, const fs::path& dir) {
   return path.string();
 }
 
-// --attention, for every case of this run.
+// --attention, for every case of this run; empty: the program's default (none passed).
 std::string& attention_choice() {
-  static std::string choice = "fallback";
+  static std::string choice;
   return choice;
 }
 
@@ -160,7 +163,7 @@ std::vector<std::string> run_args(const std::string& phase, const Case& c, const
                                    "warn",
                                    "--no-progress"};
   if (recompute) args.emplace_back("--recompute");
-  if (backend == "cuda") {
+  if (backend == "cuda" && !attention_choice().empty()) {
     args.emplace_back("--attention");
     args.push_back(attention_choice());
   }
@@ -259,7 +262,10 @@ json run_case(const Case& c, const std::string& backend, int steps, int warmup,
       {"seq", c.seq},
       {"micro_batch", choice.rows},
       {"recompute", choice.recompute},
-      {"attention", backend == "cuda" ? attention_choice() : std::string("cpu")},
+      {"attention", backend != "cuda"            ? std::string("cpu")
+                    : attention_choice().empty() ? std::string("default")
+                                                 : attention_choice()},
+      {"default_options", attention_choice().empty()},
       {"planned_gib", static_cast<double>(choice.planned_bytes) / (1 << 30)},
       {"steps_timed", step_ms.size()},
       {"tokens_per_s", tps},
