@@ -216,6 +216,17 @@ run "an unknown --grad-exchange" 2 "$bin" sft --model tiny --data "$work/train" 
 expect "names the choices" contains "$err" "--grad-exchange takes auto, mpi or nccl"
 run "NCCL on the CPU backend" 2 "$mpiexec" -n 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --backend cpu --grad-exchange nccl
 expect "says NCCL needs CUDA" contains "$err" "--grad-exchange nccl needs the CUDA backend"
+run "an unknown --attention" 2 "$bin" sft --model tiny --data "$work/train" --global-batch 2 --attention fast
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "names the choices" contains "$err" "--attention takes auto, cudnn, cudnn-nondeterministic or fallback"
+run "--attention cudnn-nondeterministic with --deterministic" 2 "$bin" sft --model tiny --data "$work/train" --global-batch 2 --attention cudnn-nondeterministic --deterministic
+expect "one error line" [ "$(lines "$err")" = 1 ]
+expect "names both options" contains "$err" "--attention cudnn-nondeterministic gives up the bit-identical results that --deterministic asks for"
+run "cuDNN attention on the CPU backend" 2 "$bin" sft --model tiny --data "$work/train" --seq-len 64 --global-batch 2 --steps 1 --backend cpu --attention cudnn-nondeterministic --no-progress
+expect "says it needs CUDA" contains "$err" "--attention cudnn-nondeterministic needs the CUDA backend"
+run "sft --help" 0 "$bin" sft --help
+expect "--attention's default is auto" contains "$out" "--attention auto|cudnn|cudnn-nondeterministic|fallback (=auto)"
+expect "the help says what the non-deterministic choice gives up" contains "$(tr -s ' \n' ' ' <<<"$out")" "cudnn-nondeterministic (cuDNN's faster backward: gives up bit-identical reruns and bitwise restart)"
 run "--shard-gradients without the sharded optimizer" 2 "$bin" sft --model tiny --data "$work/train" --global-batch 2 --shard-gradients --no-shard-optimizer
 expect "one error line" [ "$(lines "$err")" = 1 ]
 expect "says why" contains "$err" "--shard-gradients (ZeRO-2) needs the sharded optimizer"
