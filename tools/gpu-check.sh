@@ -5,19 +5,29 @@
 #   1. version report and GPU smoke test;
 #   2. the GPU test suite (every CUDA op and the tiny model against the CPU reference; ZeRO-2's
 #      and fp32 gradient accumulation);
-#   3. training through the program (tests/gpu/training_test.sh: CPU trajectory, bitwise
-#      restart, NCCL on one rank, two ranks sharing the GPU through MPI);
-#   4. the op benchmark (l3-bench-gpu: bf16 GEMM rate, copy bandwidth, per-op times);
-#   5. training throughput and MFU (l3-bench-train-throughput) for the 1B shape, then the
-#      Hugging Face baseline of the same shapes (bench/baselines/hf_train.py) where the node's
-#      python3 has torch, then numerical parity with transformers on identical weights
-#      (bench/baselines/hf_parity.py), then the 8B shape (fallback and cuDNN attention);
-#   6. LoRA against full fine-tuning (l3-bench-lora: step time and memory, mid model and 1B);
-#   7. generation (l3-bench-generate: decode tokens/s at batch 1, 8, 64 against the weights' read
-#      time and the training forward, prefill tokens/s; the mid model);
-#   8. GRPO (l3-bench-grpo: a step's tokens/s and its split between generating, scoring and
-#      training, full fine-tuning and LoRA; the mid model);
-#   9. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
+#   3. cuDNN attention's deterministic backward against its non-deterministic one (l3-bench-gpu
+#      --attention-variants: 1B and 8B layer shapes at 2048 and 8192 tokens, packed segments,
+#      forward + backward, each variant's workspace, the 0.85 gate of the default's choice);
+#   4. training throughput and MFU (l3-bench-train-throughput) of the 1B shape, SFT and reward,
+#      with the program's default options, then the Hugging Face baseline of the same shapes
+#      (bench/baselines/hf_train.py) where the node's python3 has torch;
+#   5. decoding on the Llama-3.2-1B shape (l3-bench-generate --model llama3.2-1b: batch 1
+#      against the weights' read bound, batch 64 against the training forward, CUDA graphs on
+#      and off);
+#   6. a GRPO step on the 1B shape (l3-bench-grpo --model llama3.2-1b: its generation share,
+#      completions packed and padded, LoRA);
+#   7. training through the program (tests/gpu/training_test.sh: CPU trajectory, two default
+#      runs and a killed-and-resumed run bit-identical, NCCL on one rank, two ranks sharing the
+#      GPU through MPI);
+#   8. the 8B shape with default options (and its baseline), the 1B SFT with the fallback and
+#      with cuDNN's non-deterministic backward (the alternatives' figures);
+#   9. the op benchmark (l3-bench-gpu: bf16 GEMM rate, copy bandwidth, per-op times), then
+#      numerical parity with transformers on identical weights (bench/baselines/hf_parity.py);
+#  10. LoRA against full fine-tuning (l3-bench-lora), generation and GRPO on the mid model;
+#  11. compute-sanitizer memcheck of one cuDNN attention test, if time is left.
+# L3_GPU_CHECK_ONLY=REGEX runs only the stages whose names match (grep -E), for a second call on
+# the same machine that runs what the first one's budget skipped (its "skipped_stages"), e.g.
+#   L3_GPU_CHECK_ONLY='8B|op benchmark|LoRA' bash .gpubundle/run.sh bash tools/gpu-check.sh OUT2
 # Writes under OUTDIR: logs, tests.xml (JUnit), tests-progress.log (each test's start, failures
 # and end as they happen) and gpu-<date>-<gpu>.json (tools/gpu_check_summary.py), the results
 # file committed to bench/results/ (schema in docs/GPU.md).
@@ -53,7 +63,12 @@ if [[ $rehearsal == 1 ]]; then
   test_spec=('~"sample_tokens draws*" ~"sample_tokens with*" ~"a few training steps*"')
 fi
 # stage NAME LIMIT: true when there is time left for a stage of up to LIMIT seconds.
+only=${L3_GPU_CHECK_ONLY:-}
 stage() {
+  if [[ -n $only ]] && ! grep -qE -- "$only" <<<"$1"; then
+    echo "== $1: not selected (L3_GPU_CHECK_ONLY)"
+    return 1
+  fi
   local left=$((budget - ($(date +%s) - start)))
   if ((left < $2 / 3)); then
     echo "== $1: skipped ($left s of the budget left)"
@@ -99,32 +114,19 @@ if command -v l3_gpu_zero2_test >/dev/null && stage "ZeRO-2 accumulation test" 6
   zero2_rc=$?
 fi
 
-training_rc=-1
-if stage "training tests" 240; then
-  timeout "$(limit 240)" bash "$root/tests/gpu/training_test.sh" "$(command -v llama3-hpc)" \
-    "$(command -v mpiexec.hydra || command -v mpiexec || true)" 2>&1 | tee "$out/training-tests.log"
-  training_rc=${PIPESTATUS[0]}
-fi
-
-bench_rc=-1
-if stage "op benchmark" 150; then
-  timeout "$(limit 150)" l3-bench-gpu ${bench_args[@]+"${bench_args[@]}"} --json "$out/bench.json" 2>&1 |
-    tee "$out/bench.log"
-  bench_rc=${PIPESTATUS[0]}
-fi
-peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("gemm_tflops", 0))' \
-  "$out/bench.json" 2>/dev/null || echo 0)
-
-# train ATTENTION CASE...: llama3-hpc's throughput rows into train-CASE[-cudnn].json.
+# train ATTENTION CASE...: llama3-hpc's throughput rows into train-CASE[-ATTENTION].json;
+# ATTENTION default: no --attention (the program's default; rows marked "default_options").
 train() {
   local attention=$1
   shift
   for c in "$@"; do
     local suffix=""
-    [[ $attention == fallback ]] || suffix="-$attention"
+    [[ $attention == default ]] || suffix="-$attention"
     if stage "throughput $c$suffix" 120; then
+      local choice=()
+      [[ $attention == default ]] || choice=(--attention "$attention")
       timeout "$(limit 180)" l3-bench-train-throughput --case "$c" --peak-tflops "$peak" \
-        --attention "$attention" ${train_args[@]+"${train_args[@]}"} --json "$out/train-$c$suffix.json" 2>&1 |
+        ${choice[@]+"${choice[@]}"} ${train_args[@]+"${train_args[@]}"} --json "$out/train-$c$suffix.json" 2>&1 |
         tee -a "$out/train.log"
       local rc=${PIPESTATUS[0]}
       # The benchmark writes its rows at the end: a case that failed or ran out of time leaves a
@@ -199,20 +201,77 @@ parity() {
   cp "$work/llama3-hpc.log" "$out/parity-llama3-hpc.log" 2>/dev/null
   rm -rf "$work"
 }
-if [[ $rehearsal == 1 ]]; then
-  train fallback tiny-sft tiny-reward
-  train cudnn tiny-sft
-  parity
-else
-  train fallback 1b-sft 1b-reward
-  train cudnn 1b-sft
-  baseline 1b-sft 1b-reward
-  parity
-  train fallback 8b-sft
-  train cudnn 8b-sft
-  baseline 8b-sft
-  train fallback 8b-reward
+# cuDNN's deterministic backward against its non-deterministic one (bench/gpu_ops.cpp
+# --attention-variants): whether the default (--attention auto) keeps 0.85 of the fast one.
+attention_rc=-1
+if stage "attention variants" 60; then
+  timeout "$(limit 90)" l3-bench-gpu --attention-variants ${bench_args[@]+"${bench_args[@]}"} \
+    --json "$out/attention-variants.json" 2>&1 | tee "$out/attention-variants.log"
+  attention_rc=${PIPESTATUS[0]}
 fi
+
+# decode NAME MODEL RC_VAR: l3-bench-generate on that model into generate.json (mid) or
+# generate-NAME.json, its exit code into RC_VAR (left at -1 where the stage did not run);
+# grpo_step likewise with l3-bench-grpo.
+generate_rc=-1
+generate_1b_rc=-1
+decode() {
+  command -v l3-bench-generate >/dev/null && stage "generation benchmark $1" 90 || return 0
+  local args=(--backend cuda --model "$2") file=generate.json
+  [[ $rehearsal == 1 ]] && args+=(--rehearsal --quick)
+  [[ $1 == mid ]] || file="generate-$1.json"
+  timeout "$(limit 90)" l3-bench-generate "${args[@]}" --json "$out/$file" 2>&1 | tee -a "$out/generate.log"
+  printf -v "$3" '%s' "${PIPESTATUS[0]}"
+}
+grpo_rc=-1
+grpo_1b_rc=-1
+grpo_step() {
+  command -v l3-bench-grpo >/dev/null && stage "GRPO benchmark $1" 120 || return 0
+  local args=(--backend cuda) file=grpo.json
+  [[ $1 == mid ]] || args+=(--model "$2")
+  [[ $rehearsal == 1 ]] && args+=(--rehearsal --quick)
+  [[ $1 == mid ]] || file="grpo-$1.json"
+  timeout "$(limit 120)" l3-bench-grpo "${args[@]}" --json "$out/$file" 2>&1 | tee -a "$out/grpo.log"
+  printf -v "$3" '%s' "${PIPESTATUS[0]}"
+}
+
+# In order of value (issue 59): the default options' speed first, the alternatives after.
+peak=0 # the measured bf16 GEMM rate, from the op benchmark (later): until then rows have only
+#        "mfu_datasheet", against the GPU's datasheet peak
+if [[ $rehearsal == 1 ]]; then
+  sft=tiny-sft reward=tiny-reward big=tiny-sft
+else
+  sft=1b-sft reward=1b-reward big=8b-sft
+fi
+train default "$sft" "$reward"
+[[ $rehearsal == 1 ]] || baseline "$sft" "$reward"
+decode 1b llama3.2-1b generate_1b_rc
+grpo_step 1b llama3.2-1b grpo_1b_rc
+training_rc=-1
+if stage "training tests" 240; then
+  timeout "$(limit 240)" bash "$root/tests/gpu/training_test.sh" "$(command -v llama3-hpc)" \
+    "$(command -v mpiexec.hydra || command -v mpiexec || true)" 2>&1 | tee "$out/training-tests.log"
+  training_rc=${PIPESTATUS[0]}
+fi
+
+if [[ $rehearsal != 1 ]]; then
+  train default "$big"
+  baseline "$big"
+fi
+train fallback "$sft"
+train cudnn-nondeterministic "$sft"
+bench_rc=-1
+op_benchmark() {
+  stage "op benchmark" 150 || return
+  timeout "$(limit 150)" l3-bench-gpu ${bench_args[@]+"${bench_args[@]}"} --json "$out/bench.json" 2>&1 |
+    tee "$out/bench.log"
+  bench_rc=${PIPESTATUS[0]}
+  peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("gemm_tflops", 0))' \
+    "$out/bench.json" 2>/dev/null || echo 0)
+}
+
+op_benchmark
+parity
 
 # LoRA against full fine-tuning on the same model and batch, in one run (bench/lora.cpp).
 lora_rc=-1
@@ -223,28 +282,9 @@ if command -v l3-bench-lora >/dev/null && stage "LoRA benchmark" 90; then
   lora_rc=${PIPESTATUS[0]}
 fi
 
-# Batched generation (bench/generate.cpp): decode tokens/s at batch 1, 8 and 64 against the
-# weights' read time (batch 1, goal >= 0.7) and the training forward's tokens/s (batch 64, goal
-# >= 0.5), and prefill tokens/s, on the mid model.
-generate_rc=-1
-if command -v l3-bench-generate >/dev/null && stage "generation benchmark" 90; then
-  generate_args=(--backend cuda)
-  [[ $rehearsal == 1 ]] && generate_args+=(--rehearsal --quick)
-  timeout "$(limit 90)" l3-bench-generate "${generate_args[@]}" --json "$out/generate.json" 2>&1 |
-    tee "$out/generate.log"
-  generate_rc=${PIPESTATUS[0]}
-fi
-
-# GRPO (bench/grpo.cpp): a step through the program's API, its tokens/s and how it divides
-# between generating, scoring and training, full fine-tuning and LoRA r16, on the mid model.
-grpo_rc=-1
-if command -v l3-bench-grpo >/dev/null && stage "GRPO benchmark" 60; then
-  grpo_args=(--backend cuda)
-  [[ $rehearsal == 1 ]] && grpo_args+=(--rehearsal --quick)
-  timeout "$(limit 60)" l3-bench-grpo "${grpo_args[@]}" --json "$out/grpo.json" 2>&1 |
-    tee "$out/grpo.log"
-  grpo_rc=${PIPESTATUS[0]}
-fi
+# Generation and GRPO on the mid model (the earlier checks' shape, for comparison).
+decode mid mid generate_rc
+grpo_step mid mid grpo_rc
 
 # Last, while time is left: cuDNN's attention under compute-sanitizer's memcheck (reads past the
 # last packed token are possible in principle with ragged layouts; the tests see only writes).
@@ -264,7 +304,9 @@ elif stage "memcheck cuDNN attention" 150; then
   tail -3 "$out/memcheck.log"
 fi
 
-L3_GPU_CHECK_LORA_RC=$lora_rc L3_GPU_CHECK_GENERATE_RC=$generate_rc L3_GPU_CHECK_GRPO_RC=$grpo_rc python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
+L3_GPU_CHECK_LORA_RC=$lora_rc L3_GPU_CHECK_GENERATE_RC=$generate_rc L3_GPU_CHECK_GRPO_RC=$grpo_rc \
+  L3_GPU_CHECK_GENERATE_1B_RC=$generate_1b_rc L3_GPU_CHECK_GRPO_1B_RC=$grpo_1b_rc \
+  L3_GPU_CHECK_ATTENTION_RC=$attention_rc python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
   "$(($(date +%s) - start))" "$rehearsal" "$parity_rc" "$zero2_rc" "$(
     IFS=';'
     echo "${skipped[*]:-}"

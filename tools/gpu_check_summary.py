@@ -6,9 +6,11 @@ the transformers baseline and parity rows). Schema in docs/GPU.md.
 
   gpu_check_summary.py OUTDIR SMOKE_RC TESTS_RC TRAINING_RC BENCH_RC MEMCHECK_RC SECONDS REHEARSAL
                        PARITY_RC ZERO2_RC [SKIPPED_STAGES;...]
-(an exit code of -1: the stage did not run). The LoRA and generation benchmarks' exit codes come
-in the environment (L3_GPU_CHECK_LORA_RC, L3_GPU_CHECK_GENERATE_RC), their rows from
-OUTDIR/lora.json, OUTDIR/generate.json and OUTDIR/grpo.json.
+(an exit code of -1: the stage did not run). The LoRA, generation, GRPO and attention-variant
+benchmarks' exit codes come in the environment (L3_GPU_CHECK_LORA_RC, L3_GPU_CHECK_GENERATE_RC,
+L3_GPU_CHECK_GENERATE_1B_RC, L3_GPU_CHECK_GRPO_RC, L3_GPU_CHECK_GRPO_1B_RC,
+L3_GPU_CHECK_ATTENTION_RC), their rows from OUTDIR/lora.json, generate.json, generate-1b.json,
+grpo.json, grpo-1b.json and attention-variants.json.
 """
 import json, sys, os, re, glob, datetime, xml.etree.ElementTree as ET
 out, smoke, tests_rc, training_rc, bench_rc, memcheck_rc, seconds, rehearsal, parity_rc, zero2_rc = \
@@ -126,32 +128,31 @@ except OSError:
     pass
 except ValueError as e:
     doc["lora_error"] = str(e)
-# Generation: decode rows (batch 1 against the weights' read time, the others against the
-# training forward), prefill; the stage's exit code beside them.
-generate_rc = int(os.environ.get("L3_GPU_CHECK_GENERATE_RC", "-1"))
-try:
-    gen = json.load(open(os.path.join(out, "generate.json")))
-    doc["generate"] = {k: gen.get(k) for k in (
-        "backend", "model", "parameters", "weight_read_ms", "training_forward_tokens_per_s", "decode",
-        "batch1_ratio_to_weight_read", "batch64_ratio_to_training_forward", "prefill_tokens_per_s")}
-    doc["generate"]["exit_code"] = generate_rc
-except OSError:
-    if generate_rc != -1:  # the stage ran and wrote no results (failed, or its time limit)
-        doc["generate_error"] = f"no generate.json; exit code {generate_rc}"
-except ValueError as e:
-    doc["generate_error"] = f"generate.json: {e}; exit code {generate_rc}"
-# GRPO: a step's tokens/s and split (generate, score, train), full and LoRA.
-grpo_rc = int(os.environ.get("L3_GPU_CHECK_GRPO_RC", "-1"))
-try:
-    grpo = json.load(open(os.path.join(out, "grpo.json")))
-    doc["grpo"] = {k: grpo.get(k) for k in (
-        "backend", "model", "prompts_per_step", "num_generations", "max_completion_length", "runs")}
-    doc["grpo"]["exit_code"] = grpo_rc
-except OSError:
-    if grpo_rc != -1:  # the stage ran and wrote no results
-        doc["grpo_error"] = f"no grpo.json; exit code {grpo_rc}"
-except ValueError as e:
-    doc["grpo_error"] = f"grpo.json: {e}; exit code {grpo_rc}"
+# Generation (decode rows: batch 1 against the weights' read time, the others against the
+# training forward; prefill), GRPO (a step's tokens/s and split, full and LoRA, packed and
+# padded) and cuDNN attention's variants: each stage's file under its key, its exit code beside
+# it; a stage that ran and left no readable file gets KEY_error.
+def stage_results(key, file, rc_variable, fields=None):
+    rc = int(os.environ.get(rc_variable, "-1"))
+    try:
+        data = json.load(open(os.path.join(out, file)))
+        doc[key] = {k: data.get(k) for k in fields} if fields else data
+        doc[key]["exit_code"] = rc
+    except OSError:
+        if rc != -1:  # the stage ran and wrote no results (failed, or its time limit)
+            doc[f"{key}_error"] = f"no {file}; exit code {rc}"
+    except ValueError as e:
+        doc[f"{key}_error"] = f"{file}: {e}; exit code {rc}"
+
+
+generate_fields = ("backend", "model", "parameters", "weight_read_ms", "training_forward_tokens_per_s", "decode",
+                   "batch1_ratio_to_weight_read", "batch64_ratio_to_training_forward", "prefill_tokens_per_s")
+grpo_fields = ("backend", "model", "prompts_per_step", "num_generations", "max_completion_length", "runs")
+stage_results("generate", "generate.json", "L3_GPU_CHECK_GENERATE_RC", generate_fields)
+stage_results("generate_1b", "generate-1b.json", "L3_GPU_CHECK_GENERATE_1B_RC", generate_fields)
+stage_results("grpo", "grpo.json", "L3_GPU_CHECK_GRPO_RC", grpo_fields)
+stage_results("grpo_1b", "grpo-1b.json", "L3_GPU_CHECK_GRPO_1B_RC", grpo_fields)
+stage_results("attention_variants", "attention-variants.json", "L3_GPU_CHECK_ATTENTION_RC")
 try:
     doc.update(json.load(open(os.path.join(out, "bench.json"))))
 except Exception as e:
@@ -173,6 +174,9 @@ for path in sorted(glob.glob(os.path.join(out, "hf-*.json"))):
         ours = [t for t in ours if "tokens_per_s" in t]
         if ours and "tokens_per_s" in row:  # the faster of llama3-hpc's attentions
             row["llama3_hpc_speedup"] = max(t["tokens_per_s"] for t in ours) / row["tokens_per_s"]
+        default = [t for t in ours if t.get("default_options")]
+        if default and "tokens_per_s" in row:  # what a user gets without options (issue 59)
+            row["default_options_speedup"] = default[0]["tokens_per_s"] / row["tokens_per_s"]
         training.append(row)
     except Exception as e:
         training.append({"impl": "transformers", "error": f"{os.path.basename(path)}: {e}"})

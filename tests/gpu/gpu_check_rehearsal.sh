@@ -106,13 +106,17 @@ check(bool(cudnn) and all(math.isfinite(o.get("rel_err", math.inf)) and "referen
 check(all("declined" in o for o in cudnn), "the cuDNN rows say where cuDNN declined")
 training = doc.get("training", [])
 rows = [(t.get("phase"), t.get("attention")) for t in training if t.get("tokens_per_s", 0) > 0]
-check(sorted(rows) == [("reward", "fallback"), ("sft", "cudnn"), ("sft", "fallback")],
-      "training rows for SFT (both attentions) and reward", json.dumps(training)[:600])
+check(sorted(rows) == [("reward", "default"), ("sft", "cudnn-nondeterministic"), ("sft", "default"),
+                      ("sft", "fallback")],
+      "training rows: SFT and reward with the default options, SFT with the fallback and cuDNN's "
+      "non-deterministic backward", json.dumps(training)[:600])
+check(all(t.get("default_options") == (t.get("attention") == "default") for t in training),
+      "the default options' rows, and only they, say so", json.dumps(training)[:600])
 check(all(t.get("micro_batch") == 1 and t.get("model") == "tiny" for t in training),
       "the rehearsal's training ran the tiny model at one row")
 # Which attention ran is counted: on the emulation cuDNN declines, so the cuDNN row's calls all
 # went to the fallback, and the row says why.
-cudnn_rows = [t for t in training if t.get("attention") == "cudnn"]
+cudnn_rows = [t for t in training if t.get("attention") == "cudnn-nondeterministic"]
 check(bool(cudnn_rows) and all(t.get("cudnn_calls") == 0 and t.get("fallback_calls", 0) > 0
                                and t.get("cudnn_declined") for t in cudnn_rows),
       "the cuDNN training row counts the calls cuDNN and the fallback ran, and cuDNN's refusal",
@@ -137,6 +141,24 @@ if lora_given:
                   for v in models[0].get("lora", {}).values()),
           "the LoRA benchmark ran on the CUDA backend: time and memory against full fine-tuning",
           json.dumps(lora)[:600])
+variants = doc.get("attention_variants", {})
+check(variants.get("exit_code") == 0 and "attention_variants_error" not in doc,
+      "the attention variants' stage ran (cuDNN's deterministic and non-deterministic backward)",
+      json.dumps({k: doc.get(k) for k in ("attention_variants", "attention_variants_error")})[:800])
+if generate_given:
+    gen = doc.get("generate_1b", {})
+    check(gen.get("exit_code") == 0 and "generate_1b_error" not in doc and gen.get("backend") == "cuda"
+          and gen.get("batch1_ratio_to_weight_read", 0) > 0,
+          "the 1B-shaped decoding stage ran on the CUDA backend (its rehearsal's toy model)",
+          json.dumps({k: doc.get(k) for k in ("generate_1b", "generate_1b_error")})[:800])
+if grpo_given:
+    grpo = doc.get("grpo_1b", {})
+    runs = {r.get("mode"): r for r in grpo.get("runs") or []}
+    check(grpo.get("exit_code") == 0 and "grpo_1b_error" not in doc
+          and sorted(runs) == ["full", "full_padded", "lora_r16"]
+          and runs["full"].get("train_tokens", 0) < runs["full_padded"].get("train_tokens", 0),
+          "the 1B-shaped GRPO stage ran: packed completions train fewer positions than padded ones",
+          json.dumps({k: doc.get(k) for k in ("grpo_1b", "grpo_1b_error")})[:800])
 if generate_given:
     gen = doc.get("generate", {})
     decode = {r.get("batch"): r for r in gen.get("decode") or []}
@@ -155,7 +177,7 @@ if grpo_given:
     grpo = doc.get("grpo", {})
     runs = {r.get("mode"): r for r in grpo.get("runs") or []}
     check(grpo.get("exit_code") == 0 and "grpo_error" not in doc and grpo.get("backend") == "cuda"
-          and sorted(runs) == ["full", "lora_r16"]
+          and sorted(runs) == ["full", "full_padded", "lora_r16"]
           and all(r.get("step_ms", 0) > 0 and r.get("tokens_per_s", 0) > 0
                   and 0 < r.get("generate_share", 0) < 1 and r.get("train_ms", 0) > 0
                   for r in runs.values()),
