@@ -175,7 +175,33 @@ if [[ $backend == cuda && $emulated == false ]]; then
   fi
 fi
 
-# --- bitwise: repeat, restart, NCCL on one rank ---
+# --- the default attention (--attention auto): cuDNN's deterministic backward where the GPU has
+# it (the emulation says sm_90, then declines every call to the fallback), so the bitwise checks
+# below, with default options, cover it ---
+if [[ $backend == cuda ]]; then
+  grep "attention (--attention auto)\|calls on cuDNN" "$work/gpu.log" | sed 's/^/  /'
+  if grep -q "attention (--attention auto): .*deterministic backward" "$work/gpu.log" &&
+    ! { [[ $emulated == false ]] &&
+      grep -q "attention (--attention auto): cuDNN" "$work/gpu.log" &&
+      grep -q "attention: 0 calls on cuDNN" "$work/gpu.log"; }; then
+    pass "the default attention is deterministic and the log says which (on a GPU: cuDNN ran)"
+  else
+    fail "the default attention is deterministic and the log says which (on a GPU: cuDNN ran)"
+  fi
+fi
+# (on a GPU only: the emulation would run the fallback again, for a minute of CI)
+if [[ $backend == cuda && $emulated == false ]]; then
+  if train fast -- sft "${common[@]}" --data "$work/sft" --backend cuda \
+    --attention cudnn-nondeterministic &&
+    grep -q "warn: attention (--attention cudnn-nondeterministic): .*not bit-identical" \
+      "$work/fast.log" && ! grep -q "attention: 0 calls on cuDNN" "$work/fast.log"; then
+    pass "--attention cudnn-nondeterministic runs on cuDNN and warns that it gives up bit-identical runs"
+  else
+    fail "--attention cudnn-nondeterministic runs on cuDNN and warns that it gives up bit-identical runs"
+  fi
+fi
+
+# --- bitwise (default options): repeat, restart, NCCL on one rank ---
 ref=$(digest "$work/gpu/step-00000010")
 train again -- sft "${common[@]}" --data "$work/sft" --backend "$backend" --ckpt-dir "$work/again" \
   --checkpoint-every 5
