@@ -49,6 +49,7 @@ class IdleOps final : public Ops {
   void attention(const AttentionArgs& /*a*/) override {}
   void attention_backward(const AttentionBackwardArgs& /*a*/) override {}
   void kv_cache_write(const KvCacheWriteArgs& /*a*/) override {}
+  void rope_kv_cache_write(const RopeKvCacheWriteArgs& /*a*/) override {}
   void decode_attention(const DecodeAttentionArgs& /*a*/) override {}
   void sample_tokens(const SampleTokensArgs& /*a*/) override {}
   void swiglu(const SwigluArgs& /*a*/) override {}

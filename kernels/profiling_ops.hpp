@@ -102,6 +102,9 @@ class ProfilingOps final : public Ops {
   void kv_cache_write(const KvCacheWriteArgs& a) override {
     timed("kv_cache_write", [&] { inner_.kv_cache_write(a); });
   }
+  void rope_kv_cache_write(const RopeKvCacheWriteArgs& a) override {
+    timed("rope_kv_cache_write", [&] { inner_.rope_kv_cache_write(a); });
+  }
   void decode_attention(const DecodeAttentionArgs& a) override {
     timed("decode_attention", [&] { inner_.decode_attention(a); });
   }

@@ -51,6 +51,9 @@ class RowInvariantOps final : public Ops {
   void attention(const AttentionArgs& a) override { inner_.attention(a); }
   void attention_backward(const AttentionBackwardArgs& a) override { inner_.attention_backward(a); }
   void kv_cache_write(const KvCacheWriteArgs& a) override { inner_.kv_cache_write(a); }
+  void rope_kv_cache_write(const RopeKvCacheWriteArgs& a) override {
+    inner_.rope_kv_cache_write(a);
+  }
   void decode_attention(const DecodeAttentionArgs& a) override { inner_.decode_attention(a); }
   void sample_tokens(const SampleTokensArgs& a) override { inner_.sample_tokens(a); }
   void swiglu(const SwigluArgs& a) override { inner_.swiglu(a); }

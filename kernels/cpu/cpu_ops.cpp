@@ -135,6 +135,18 @@ void CpuOps::kv_cache_write(const KvCacheWriteArgs& a) {
       {.n_heads = d.n_kv_heads, .n_kv_heads = d.n_kv_heads, .head_dim = d.head_dim});
 }
 
+// The three ops in turn: on the CPU a launch costs nothing to save.
+void CpuOps::rope_kv_cache_write(const RopeKvCacheWriteArgs& a) {
+  rope({.x = a.q, .positions = a.positions, .cos = a.cos, .sin = a.sin});
+  rope({.x = a.k, .positions = a.positions, .cos = a.cos, .sin = a.sin});
+  kv_cache_write({.k_cache = a.k_cache,
+                  .v_cache = a.v_cache,
+                  .k = a.k,
+                  .v = a.v,
+                  .slots = a.slots,
+                  .positions = a.positions});
+}
+
 void CpuOps::decode_attention(const DecodeAttentionArgs& a) {
   const KvCacheDims d = decode_attention_dims(a);
   cpu::decode_attention(f32(a.out), f32(a.q), f32(a.k_cache), f32(a.v_cache), i32(a.slots),

@@ -122,6 +122,12 @@ struct CacheGeometry {
 void kv_cache_write(BFloat16* k_cache, BFloat16* v_cache, const BFloat16* k, const BFloat16* v,
                     const std::int32_t* slots, const std::int32_t* positions,
                     const CacheGeometry& g, cudaStream_t stream);
+// rope.cu: rope(q), rope(k) forward and kv_cache_write(k, v) in one launch (decoding), the same
+// bits; q (rows, q_heads, head_dim), k and v (rows, n_kv_heads, head_dim) as g says.
+void rope_kv_cache_write(BFloat16* q, BFloat16* k, const BFloat16* v, BFloat16* k_cache,
+                         BFloat16* v_cache, const std::int32_t* slots,
+                         const std::int32_t* positions, const float* cos, const float* sin,
+                         int q_heads, const CacheGeometry& g, cudaStream_t stream);
 // How the keys of each row are split over blocks (flash-decoding) for rows whose longest has
 // max_keys keys: split s takes keys [s * split_keys, (s + 1) * split_keys), the last one all the
 // rest; with splits > 1 the partial results take workspace_bytes of device memory.

@@ -633,6 +633,29 @@ void CudaOps::kv_cache_write(const kernels::KvCacheWriteArgs& a) {
                        cache_geometry(d), stream_);
 }
 
+void CudaOps::rope_kv_cache_write(const kernels::RopeKvCacheWriteArgs& a) {
+  // The checks of the three ops it fuses.
+  const kernels::RopeDims dq =
+      kernels::rope_dims({.x = a.q, .positions = a.positions, .cos = a.cos, .sin = a.sin});
+  const kernels::RopeDims dk =
+      kernels::rope_dims({.x = a.k, .positions = a.positions, .cos = a.cos, .sin = a.sin});
+  const kernels::KvCacheDims d = kernels::kv_cache_write_dims({.k_cache = a.k_cache,
+                                                               .v_cache = a.v_cache,
+                                                               .k = a.k,
+                                                               .v = a.v,
+                                                               .slots = a.slots,
+                                                               .positions = a.positions});
+  if (dq.head_dim != dk.head_dim || dq.tokens != dk.tokens) {
+    throw core::internal_error(
+        fmt::format("cuda rope_kv_cache_write: q of {} rows x {} dims, k of {} rows x {} dims",
+                    dq.tokens, dq.head_dim, dk.tokens, dk.head_dim));
+  }
+  cuda::rope_kv_cache_write(
+      out<BFloat16>(a.q), out<BFloat16>(a.k), in<BFloat16>(a.v), out<BFloat16>(a.k_cache),
+      out<BFloat16>(a.v_cache), in<std::int32_t>(a.slots), in<std::int32_t>(a.positions),
+      in<float>(a.cos), in<float>(a.sin), dq.heads, cache_geometry(d), stream_);
+}
+
 void CudaOps::decode_attention(const kernels::DecodeAttentionArgs& a) {
   const kernels::KvCacheDims d = kernels::decode_attention_dims(a);
   if (d.rows == 0) return;

@@ -111,6 +111,7 @@ class CudaOps final : public kernels::Ops {
   void attention(const kernels::AttentionArgs& a) override;
   void attention_backward(const kernels::AttentionBackwardArgs& a) override;
   void kv_cache_write(const kernels::KvCacheWriteArgs& a) override;
+  void rope_kv_cache_write(const kernels::RopeKvCacheWriteArgs& a) override;
   void decode_attention(const kernels::DecodeAttentionArgs& a) override;
   void sample_tokens(const kernels::SampleTokensArgs& a) override;
   void swiglu(const kernels::SwigluArgs& a) override;

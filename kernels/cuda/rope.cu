@@ -59,7 +59,65 @@ __global__ void rope_vec_kernel(bf16* x, const std::int32_t* positions, const fl
   *reinterpret_cast<Bf16x8*>(row + i0) = a;
   *reinterpret_cast<Bf16x8*>(row + half + i0) = b;
 }
+// Decoding's RoPE and cache write: one thread per (row, head, pair i < head_dim/2) over the row's
+// q_heads query heads, then its KV heads (rotated, and written to the cache), then its value
+// heads (copied to the cache). A row whose slot or position lies outside the cache is rotated
+// and not written (kv_cache_write's rule). The rotation is rope_kernel's, so the values are
+// rope's bit for bit.
+__global__ void rope_kv_cache_write_kernel(bf16* q, bf16* k, const bf16* v, bf16* k_cache,
+                                           bf16* v_cache, const std::int32_t* slots,
+                                           const std::int32_t* positions, const float* cos,
+                                           const float* sin, std::int64_t pairs_total, int q_heads,
+                                           CacheGeometry g, int half) {
+  const std::int64_t id = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (id >= pairs_total) return;
+  const int i = static_cast<int>(id % half);
+  const int heads = q_heads + 2 * g.n_kv_heads;
+  const std::int64_t head_row = id / half;
+  const std::int64_t row = head_row / heads;
+  const int head = static_cast<int>(head_row % heads);
+  const std::int64_t position = positions[row];
+  const std::int64_t table = position * half + i;
+  if (head < q_heads) {
+    bf16* x = q + (row * q_heads + head) * 2 * half;
+    rotate(x[i], x[i + half], cos[table], sin[table]);
+    return;
+  }
+  const std::int64_t slot = slots[row];
+  const bool cached = slot >= 0 && slot < g.slots && position >= 0 && position < g.capacity;
+  const int kv_head =
+      head < q_heads + g.n_kv_heads ? head - q_heads : head - q_heads - g.n_kv_heads;
+  const std::int64_t at = (row * g.n_kv_heads + kv_head) * 2 * half;
+  const std::int64_t to = ((slot * g.capacity + position) * g.n_kv_heads + kv_head) * 2 * half;
+  if (head < q_heads + g.n_kv_heads) {
+    bf16* x = k + at;
+    rotate(x[i], x[i + half], cos[table], sin[table]);
+    if (cached) {
+      k_cache[to + i] = x[i];
+      k_cache[to + i + half] = x[i + half];
+    }
+    return;
+  }
+  if (cached) {
+    v_cache[to + i] = v[at + i];
+    v_cache[to + i + half] = v[at + i + half];
+  }
+}
+
 }  // namespace
+
+void rope_kv_cache_write(BFloat16* q, BFloat16* k, const BFloat16* v, BFloat16* k_cache,
+                         BFloat16* v_cache, const std::int32_t* slots,
+                         const std::int32_t* positions, const float* cos, const float* sin,
+                         int q_heads, const CacheGeometry& g, cudaStream_t stream) {
+  const int half = g.head_dim / 2;
+  const std::int64_t total = g.rows * (q_heads + 2 * std::int64_t{g.n_kv_heads}) * half;
+  if (total == 0) return;
+  rope_kv_cache_write_kernel<<<blocks_for(total, kThreads), kThreads, 0, stream>>>(
+      device_cast(q), device_cast(k), device_cast(v), device_cast(k_cache), device_cast(v_cache),
+      slots, positions, cos, sin, total, q_heads, g, half);
+  check_launch("rope and kv cache write");
+}
 
 void rope(BFloat16* x, const std::int32_t* positions, const float* cos, const float* sin,
           std::int64_t n, int heads, int head_dim, float sign, cudaStream_t stream) {

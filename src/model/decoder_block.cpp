@@ -82,8 +82,10 @@ void decoder_block_forward(kernels::Ops& ops, const ModelConfig& c, const BlockW
   project(LoraTarget::q, a.q, a.ln1, w.q_proj, false);
   project(LoraTarget::k, a.k, a.ln1, w.k_proj, false);
   project(LoraTarget::v, a.v, a.ln1, w.v_proj, false);
-  rotate(a.q);
-  rotate(a.k);
+  if (!rope.in_attend) {
+    rotate(a.q);
+    rotate(a.k);
+  }
   attend();
   ops.copy(a.h, x_in);  // the residual, then += o_proj(att)
   project(LoraTarget::o, a.h, a.att, w.o_proj, true);

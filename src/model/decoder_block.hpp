@@ -118,6 +118,9 @@ struct BlockViews {
 // RoPE's inputs: each row's position (n) i32 and the backend's tables (rope_table.hpp).
 struct RopeViews {
   kernels::ConstTensorView positions, cos, sin;
+  // Generation's decoding passes: attend() rotates q and k itself (Ops::rope_kv_cache_write,
+  // fused with the cache write); the block does not.
+  bool in_attend = false;
 };
 
 // A block's weight gradients, shaped as BlockWeights: views into the gradient buffer or a

@@ -124,6 +124,8 @@ struct GenerationEngine::PassShape {
   int max_segment = 0;
   int max_keys = 0;                                  // of the other rows
   std::span<const std::int32_t> decode_positions{};  // of the other rows; empty: not checked
+  // Decoding rows only: RoPE and the cache write fused (Ops::rope_kv_cache_write).
+  bool fused = false;
 };
 
 struct GenerationEngine::PassRows {
@@ -385,8 +387,10 @@ void GenerationEngine::run_decode(const PassRows& rows, std::vector<std::int32_t
   ops_.copy(logit_rows_.first_rows(b), host_view(logit_rows));
   ops_.copy(uniforms_.first_rows(b), host_view(draws));
   // Every row against the whole capacity (the last split reaches each row's own position): a
-  // plan that holds for every token of the bucket.
-  const PassShape shape{.n = b, .fresh = 0, .m = b, .max_keys = static_cast<int>(shape_.capacity)};
+  // plan that holds for every token of the bucket. RoPE and the cache write fused: one launch
+  // instead of three per layer.
+  const PassShape shape{
+      .n = b, .fresh = 0, .m = b, .max_keys = static_cast<int>(shape_.capacity), .fused = true};
   std::unique_ptr<kernels::OpsGraph>& graph = graphs_[b];
   if (graphs && graph && graph->valid()) {
     graph->replay();
@@ -441,12 +445,24 @@ void GenerationEngine::enqueue_pass(const PassShape& p) {
     if (n == 0) return;
     const TensorView k_cache = k_cache_.slice(layer * per_layer, per_layer).reshape(cache);
     const TensorView v_cache = v_cache_.slice(layer * per_layer, per_layer).reshape(cache);
-    ops_.kv_cache_write({.k_cache = k_cache,
-                         .v_cache = v_cache,
-                         .k = block.k,
-                         .v = block.v,
-                         .slots = row_slots_.first_rows(n),
-                         .positions = positions_.first_rows(n)});
+    if (p.fused) {
+      ops_.rope_kv_cache_write({.q = block.q,
+                                .k = block.k,
+                                .k_cache = k_cache,
+                                .v_cache = v_cache,
+                                .v = block.v,
+                                .slots = row_slots_.first_rows(n),
+                                .positions = positions_.first_rows(n),
+                                .cos = rope_.cos(),
+                                .sin = rope_.sin()});
+    } else {
+      ops_.kv_cache_write({.k_cache = k_cache,
+                           .v_cache = v_cache,
+                           .k = block.k,
+                           .v = block.v,
+                           .slots = row_slots_.first_rows(n),
+                           .positions = positions_.first_rows(n)});
+    }
     if (fresh > 0) {
       // The new prompts attend only to themselves: the training kernel on packed segments.
       ops_.attention({.out = row_range(block.att, 0, fresh),
@@ -470,13 +486,15 @@ void GenerationEngine::enqueue_pass(const PassShape& p) {
                              .host_positions = p.decode_positions});
     }
   };
-  model_.forward_rows(
-      {.tokens = tokens_.first_rows(n),
-       .rope = {.positions = positions_.first_rows(n), .cos = rope_.cos(), .sin = rope_.sin()},
-       .x = x_.first_rows(n),
-       .block = block,
-       .ops = &invariant_ops_},
-      attend);
+  model_.forward_rows({.tokens = tokens_.first_rows(n),
+                       .rope = {.positions = positions_.first_rows(n),
+                                .cos = rope_.cos(),
+                                .sin = rope_.sin(),
+                                .in_attend = p.fused},
+                       .x = x_.first_rows(n),
+                       .block = block,
+                       .ops = &invariant_ops_},
+                      attend);
 
   // The rows that draw a token: gathered (an embedding lookup in the pass's rows), normed,
   // and through the lm_head into logits that stay on the backend.

@@ -416,3 +416,84 @@ TEST_CASE("a captured op replays on the inputs of the moment; capture-unsafe cal
   CHECK_FALSE(graph->valid());
   CHECK_THROWS_WITH(graph->replay(), Catch::Contains("scratch"));
 }
+
+TEST_CASE("rope_kv_cache_write: rope(q), rope(k) and kv_cache_write in one launch, bit for bit",
+          "[gpu][graphs]") {
+  INFO("seed " << l3::test::test_seed());
+  l3::cuda::CudaOps gpu;
+  // head_dim 64: the unfused rope's 16-byte path; 36: its one-pair path
+  const int head_dim = GENERATE(64, 36);
+  INFO("head_dim " << head_dim);
+  const int n_heads = 4, n_kv_heads = 2, pairs = head_dim / 2;
+  const std::int64_t slots = 3, capacity = 16;
+  l3::test::Random rnd(211);
+  // rows of slots 1, 0 and 2 at positions 5, 15 and 0, and a pad row outside the cache (-1)
+  const std::vector<std::int32_t> row_slots = {1, -1, 0, 2};
+  const std::vector<std::int32_t> row_positions = {5, 0, 15, 0};
+  const auto rows = static_cast<std::int64_t>(row_slots.size());
+  const auto values = [&](std::int64_t n) {
+    return round_bf16(rnd.normal(static_cast<std::size_t>(n)));
+  };
+  const auto q = values(rows * n_heads * head_dim);
+  const auto k = values(rows * n_kv_heads * head_dim);
+  const auto v = values(rows * n_kv_heads * head_dim);
+  const auto k_cache = values(slots * capacity * n_kv_heads * head_dim);
+  const auto v_cache = values(slots * capacity * n_kv_heads * head_dim);
+  const auto cos = rnd.uniform(static_cast<std::size_t>(capacity * pairs));
+  const auto sin = rnd.uniform(static_cast<std::size_t>(capacity * pairs));
+  const auto gcos = upload(gpu, cos, {capacity, pairs}, DType::f32);
+  const auto gsin = upload(gpu, sin, {capacity, pairs}, DType::f32);
+  const auto gslots = upload_raw(gpu, row_slots);
+  const auto gpositions = upload_raw(gpu, row_positions);
+  const auto gv = upload(gpu, v, {rows, n_kv_heads, head_dim});
+  const l3::kernels::Shape cache_shape{slots, capacity, n_kv_heads, head_dim};
+  struct State {
+    l3::kernels::Buffer q, k, k_cache, v_cache;
+  };
+  const auto fresh = [&] {
+    return State{upload(gpu, q, {rows, n_heads, head_dim}),
+                 upload(gpu, k, {rows, n_kv_heads, head_dim}), upload(gpu, k_cache, cache_shape),
+                 upload(gpu, v_cache, cache_shape)};
+  };
+  const State unfused = fresh();
+  gpu.rope({.x = unfused.q.view(),
+            .positions = gpositions.view(),
+            .cos = gcos.view(),
+            .sin = gsin.view()});
+  gpu.rope({.x = unfused.k.view(),
+            .positions = gpositions.view(),
+            .cos = gcos.view(),
+            .sin = gsin.view()});
+  gpu.kv_cache_write({.k_cache = unfused.k_cache.view(),
+                      .v_cache = unfused.v_cache.view(),
+                      .k = unfused.k.view(),
+                      .v = gv.view(),
+                      .slots = gslots.view(),
+                      .positions = gpositions.view()});
+  const State fused = fresh();
+  gpu.rope_kv_cache_write({.q = fused.q.view(),
+                           .k = fused.k.view(),
+                           .k_cache = fused.k_cache.view(),
+                           .v_cache = fused.v_cache.view(),
+                           .v = gv.view(),
+                           .slots = gslots.view(),
+                           .positions = gpositions.view(),
+                           .cos = gcos.view(),
+                           .sin = gsin.view()});
+  const auto fq = download(gpu, fused.q.view());
+  CHECK(fq == download(gpu, unfused.q.view()));
+  CHECK(fq != q);  // rotated
+  CHECK(download(gpu, fused.k.view()) == download(gpu, unfused.k.view()));
+  const auto fk_cache = download(gpu, fused.k_cache.view());
+  const auto fv_cache = download(gpu, fused.v_cache.view());
+  CHECK(fk_cache == download(gpu, unfused.k_cache.view()));
+  CHECK(fv_cache == download(gpu, unfused.v_cache.view()));
+  // Slot 1 position 5 holds row 0's value heads; the pad row wrote nothing.
+  const std::int64_t kv_row = std::int64_t{n_kv_heads} * head_dim;
+  const auto at = static_cast<std::size_t>((1 * capacity + 5) * kv_row);
+  CHECK(std::equal(v.begin(), v.begin() + kv_row,
+                   fv_cache.begin() + static_cast<std::ptrdiff_t>(at)));
+  std::size_t changed = 0;
+  for (std::size_t e = 0; e < fv_cache.size(); ++e) changed += fv_cache[e] != v_cache[e] ? 1 : 0;
+  CHECK(changed <= static_cast<std::size_t>(3 * kv_row));  // the three rows in the cache only
+}
