@@ -8,17 +8,17 @@
 // --rehearsal: toy shapes and a 512^3 GEMM, for running the whole program in seconds on the CPU
 // emulation of the CUDA backend before a GPU session (it checks the program, not the GPU).
 //
-//   l3-bench-gpu --attention-variants [--rehearsal] [--json FILE]
+//   l3-bench-gpu --attention-variants [--quick] [--rehearsal] [--json FILE]
 // Instead of the op table: cuDNN's attention step (forward + backward) with its deterministic
 // backward (--attention auto/cudnn) and its non-deterministic one (--attention
 // cudnn-nondeterministic), on the 1B (32 heads, 8 kv heads, head_dim 64) and 8B (head_dim 128)
 // layer shapes at 2048 and 8192 tokens, as packed documents (halving lengths) and as one
-// document: tokens/s, what ran (cuDNN, or the fallback where cuDNN declined, with its reason),
-// each variant's buffer and cuDNN workspace bytes, whether a repeated backward gave the same
-// bits, and the deterministic/non-deterministic tokens/s ratio against the 0.85 gate of issue 59.
-// Where the deterministic plan is refused for its workspace, it is also timed with the limit
-// raised to 32 GiB (what it would cost). Where cuDNN runs nowhere (the emulation), every row says
-// so and the program still exits 0.
+// document (--quick: packed only): tokens/s, what ran (cuDNN, or the fallback where cuDNN declined,
+// with its reason), each variant's buffer and cuDNN workspace bytes, whether a repeated backward
+// gave the same bits, and the deterministic/non-deterministic tokens/s ratio against the 0.85 gate
+// of issue 59. Where the deterministic plan is refused for its workspace, it is also timed with the
+// limit raised to 32 GiB (what it would cost). Where cuDNN runs nowhere (the emulation), every row
+// says so and the program still exits 0.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -706,9 +706,10 @@ int attention_variants(const cudaDeviceProp& prop, bool quick, bool rehearsal,
         const char* name;
         std::vector<std::int32_t> lengths;
       };
-      for (const Packing& packing :
-           {Packing{"packed (halving lengths)", halving_lengths(n, smallest)},
-            Packing{"one document", {static_cast<std::int32_t>(n)}}}) {
+      // --quick: the packed rows only (the one-document buckets cost plans of their own)
+      std::vector<Packing> packings = {{"packed (halving lengths)", halving_lengths(n, smallest)}};
+      if (!quick) packings.push_back({"one document", {static_cast<std::int32_t>(n)}});
+      for (const Packing& packing : packings) {
         const std::string what = fmt::format("{} T={} {}", s.name, n, packing.name);
         fmt::print("  {} ({} segments, longest {})\n", what, packing.lengths.size(),
                    *std::max_element(packing.lengths.begin(), packing.lengths.end()));

@@ -14,6 +14,9 @@
 #include "kernels/cpu/cpu_ops.hpp"
 
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/runtime_info.hpp"
@@ -103,22 +106,28 @@ double default_peak_tflops(Backend backend, int local_rank) {
 
 CudnnSupport cudnn_support(int local_rank, int device) {
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
-  const cuda::RuntimeInfo info = cuda::query_runtime();
-  if (!info.devices.empty()) {
-    const std::size_t index =
-        device >= 0 && static_cast<std::size_t>(device) < info.devices.size()
-            ? static_cast<std::size_t>(device)
-            : static_cast<std::size_t>(std::max(local_rank, 0)) % info.devices.size();
-    const cuda::DeviceInfo& d = info.devices[index];
-    return {.unavailable = cuda::cudnn_attention_unavailable(
-                static_cast<std::size_t>(info.cudnn_version), d.cc_major, d.cc_minor),
-            .deterministic_unavailable =
-                cuda::cudnn_deterministic_backward_unavailable(d.cc_major, d.cc_minor)};
+  // Asked directly (not through cuda::query_runtime, which loads cuBLAS to read its version).
+  const std::size_t version = cudnnGetVersion();
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear it: later calls start clean
+    count = 0;
   }
-  // No GPU here (planning for GPU nodes): an sm_90 GPU with the cuDNN this process loads.
-  return {.unavailable =
-              cuda::cudnn_attention_unavailable(static_cast<std::size_t>(info.cudnn_version), 9, 0),
+  int major = 9;  // no GPU here (planning for GPU nodes): an sm_90 GPU with this cuDNN
+  int minor = 0;
+  if (count > 0) {
+    const int index = device >= 0 && device < count ? device : std::max(local_rank, 0) % count;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
+      cudaGetLastError();
+      return {
+          .unavailable = fmt::format("the compute capability of CUDA device {} is unknown", index),
           .deterministic_unavailable = {}};
+    }
+  }
+  return {
+      .unavailable = cuda::cudnn_attention_unavailable(version, major, minor),
+      .deterministic_unavailable = cuda::cudnn_deterministic_backward_unavailable(major, minor)};
 #else
   (void)local_rank;
   (void)device;
