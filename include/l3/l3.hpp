@@ -143,8 +143,9 @@ struct RunSummary {
   std::string checkpoint;  // the last checkpoint written, if any
   double seconds = 0;
   double tokens_per_s = 0;  // over the whole run
-  // What the backend says about the run, as the run's log line (CUDA with --attention cudnn:
-  // "attention: N calls on cuDNN, M on the fallback (cuDNN declined: ...)"); empty if nothing.
+  // What the backend says about the run, as the run's log line (CUDA where cuDNN attention is in
+  // use, the default --attention auto on sm_90 included: "attention: N calls on cuDNN, M on the
+  // fallback (cuDNN declined: ...)"); empty if nothing.
   std::string backend_report;
 };
 
