@@ -8,7 +8,7 @@
 // fine-tuning runs twice: with the completions packed (the default) and padded to rows of
 // --seq-len (--pad-completions), the positions one training pass computes and its time compared.
 //
-// --rehearsal: the tiny preset model, 2 completions of 4 tokens per rank and rows of 48 (the GPU
+// --rehearsal: the tiny preset model, 2 completions of 4 tokens per rank and rows of 64 (the GPU
 // check's rehearsal on the CUDA emulation; the same JSON). LoRA adapts the full run's final
 // weights (its checkpoint).
 // --model llama3.2-1b (or any preset): that shape, random weights, instead of the mid model.
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
     const int prompts = (rehearsal ? 1 : 2) * world.size();
     const int generations = rehearsal ? 2 : 8;
     const int length = rehearsal ? 4 : quick ? 32 : 128;
-    const std::int64_t seq_len = rehearsal ? 48 : 256;  // the prompts have about 30 tokens
+    const std::int64_t seq_len = rehearsal ? 64 : 256;  // the prompts have about 30 tokens
     const std::string model = rehearsal ? std::string("tiny") : (dir / "config.json").string();
     json results = json::array();
     Figures packed_full;
