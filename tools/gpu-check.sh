@@ -203,9 +203,14 @@ parity() {
 }
 # cuDNN's deterministic backward against its non-deterministic one (bench/gpu_ops.cpp
 # --attention-variants): whether the default (--attention auto) keeps 0.85 of the fast one.
+# --quick: the packed rows only (each cuDNN plan compiles at run time); the one-document rows run
+# alone in a follow-up call (L3_GPU_CHECK_ONLY='attention variants', L3_GPU_CHECK_ATTENTION_FULL=1).
 attention_rc=-1
 if stage "attention variants" 60; then
-  timeout "$(limit 90)" l3-bench-gpu --attention-variants ${bench_args[@]+"${bench_args[@]}"} \
+  attention_args=(--quick)
+  [[ ${L3_GPU_CHECK_ATTENTION_FULL:-0} == 1 ]] && attention_args=()
+  [[ $rehearsal == 1 ]] && attention_args=(--rehearsal)
+  timeout "$(limit 120)" l3-bench-gpu --attention-variants ${attention_args[@]+"${attention_args[@]}"} \
     --json "$out/attention-variants.json" 2>&1 | tee "$out/attention-variants.log"
   attention_rc=${PIPESTATUS[0]}
 fi
