@@ -221,11 +221,12 @@ fi
 generate_rc=-1
 generate_1b_rc=-1
 decode() {
-  command -v l3-bench-generate >/dev/null && stage "generation benchmark $1" 90 || return 0
+  # (graphs, then per pass, at each batch: up to 150 s for the 1B shape)
+  command -v l3-bench-generate >/dev/null && stage "generation benchmark $1" 150 || return 0
   local args=(--backend cuda --model "$2") file=generate.json
   [[ $rehearsal == 1 ]] && args+=(--rehearsal --quick)
   [[ $1 == mid ]] || file="generate-$1.json"
-  timeout "$(limit 90)" l3-bench-generate "${args[@]}" --json "$out/$file" 2>&1 | tee -a "$out/generate.log"
+  timeout "$(limit 150)" l3-bench-generate "${args[@]}" --json "$out/$file" 2>&1 | tee -a "$out/generate.log"
   printf -v "$3" '%s' "${PIPESTATUS[0]}"
 }
 grpo_rc=-1

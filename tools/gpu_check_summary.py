@@ -145,7 +145,8 @@ def stage_results(key, file, rc_variable, fields=None):
         doc[f"{key}_error"] = f"{file}: {e}; exit code {rc}"
 
 
-generate_fields = ("backend", "model", "parameters", "weight_read_ms", "training_forward_tokens_per_s", "decode",
+generate_fields = ("backend", "model", "parameters", "weight_bytes", "weight_read_ms", "weight_read_gb_per_s",
+                   "training_forward_tokens_per_s", "decode", "decode_paths",
                    "batch1_ratio_to_weight_read", "batch64_ratio_to_training_forward", "prefill_tokens_per_s")
 grpo_fields = ("backend", "model", "prompts_per_step", "num_generations", "max_completion_length", "runs")
 stage_results("generate", "generate.json", "L3_GPU_CHECK_GENERATE_RC", generate_fields)
