@@ -108,7 +108,12 @@ std::int64_t BatchBuilder::add(const std::vector<std::int32_t>& tokens,
                     "rows of {}",
                     length, loss_mask.size(), batch_.seq_len));
   }
-  if (used_ + length > batch_.seq_len) close_row();
+  if (used_ + length > batch_.seq_len) {
+    // No row after this one: the document does not fit, and the row stays open (finish_packed
+    // may still cut it).
+    if (row_ + 1 >= batch_.rows) return -1;
+    close_row();
+  }
   if (row_ >= batch_.rows) return -1;
   for (std::int64_t i = 0; i < length; ++i) {
     const auto u = static_cast<std::size_t>(i);

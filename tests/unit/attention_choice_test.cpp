@@ -27,7 +27,7 @@ std::string usage_error_of(Attention attention, bool deterministic) {
 
 }  // namespace
 
-TEST_CASE("--attention names round-trip and anything else names the choices", "[attention]") {
+TEST_CASE("the --attention names round-trip and anything else names the choices", "[attention]") {
   for (const Attention a : {Attention::automatic, Attention::cudnn,
                             Attention::cudnn_nondeterministic, Attention::fallback}) {
     CHECK(l3::kernels::parse_attention(l3::kernels::attention_name(a)) == a);

@@ -81,4 +81,11 @@ TEST_CASE("a packed row is cut after its last document, rounded up to the alignm
   CHECK(near_full.finish_packed(4).seq_len == 6);
   BatchBuilder rows(2, 6, 0);
   CHECK_THROWS_AS(rows.finish_packed(4), l3::core::Error);
+  // A document that does not fit leaves the row open: the pass is cut after what did fit.
+  BatchBuilder full(1, 8, 0);
+  CHECK(full.add({1, 2, 3, 4, 5}, {0, 1, 1, 1, 1}) == 4);
+  CHECK(full.add({6, 7, 8, 9}, {0, 1, 1, 1}) == -1);
+  const Batch cut = full.finish_packed(2);
+  CHECK(cut.seq_len == 6);
+  CHECK(cut.cu_seqlens == std::vector<std::int32_t>{0, 5, 6});
 }
