@@ -356,7 +356,7 @@ TEST_CASE("sample_tokens draws each kept token with its probability", "[gpu]") {
   }
 }
 
-TEST_CASE("a captured op replays on the inputs of the moment; capture-unsafe calls are errors",
+TEST_CASE("a captured op replays on the inputs of the moment and capture-unsafe calls are errors",
           "[gpu][graphs]") {
   l3::cuda::CudaOps gpu;
   REQUIRE(gpu.can_capture());

@@ -313,7 +313,7 @@ TEST_CASE("decoding by CUDA graphs gives the tokens and log-probabilities of dec
   }
 }
 
-TEST_CASE("$L3_DECODE_GRAPHS picks the decode path; the CPU backend decodes per pass",
+TEST_CASE("L3_DECODE_GRAPHS picks the decode path and the CPU backend decodes per pass",
           "[gpu][model][generate][graphs]") {
   using l3::model::DecodePath;
   const auto config = l3::model::preset("tiny");
