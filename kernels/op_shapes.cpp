@@ -356,7 +356,8 @@ std::int64_t dpo_pairs(const DpoLossArgs& a) {
 std::int64_t policy_rows(const PolicyLossArgs& a) {
   const ShapeCheck check("policy_loss");
   const std::int64_t rows = a.row_loss.numel();
-  check.numel("sums", a.sums, 5);
+  const bool sampling = a.importance_sampling != ImportanceSampling::off;
+  check.numel("sums", a.sums, sampling ? 8 : 5);
   check.dtype("sums", a.sums, DType::f64);
   // Per row, f32: required (may be empty only with C = 0), then optional.
   const std::pair<std::string_view, ConstTensorView> required[] = {
@@ -377,8 +378,29 @@ std::int64_t policy_rows(const PolicyLossArgs& a) {
     check.dtype(name, x, DType::f32);
   }
   if (!a.sampled_logps.empty() || !a.largest.empty()) {
-    check.numel("largest", a.largest, 1);
+    check.numel("largest", a.largest, sampling ? 3 : 1);
     check.dtype("largest", a.largest, DType::f64);
+  }
+  if (sampling) {
+    // The ratio is the trainer's probability over the generator's: it needs the latter.
+    if (rows > 0 && a.sampled_logps.empty())
+      throw core::internal_error("policy_loss: importance sampling without sampled_logps");
+    if (!(a.clip_min >= 0.0 && a.clip_max >= a.clip_min)) {
+      throw core::internal_error(
+          fmt::format("policy_loss: importance sampling bounds [{}, {}]", a.clip_min, a.clip_max));
+    }
+  }
+  if (is_sequence_level(a.importance_sampling)) {
+    // (S + 1) boundaries, S >= 1 when there are rows (their contents: the backend's check).
+    if (rows > 0 && a.completion_starts.numel() < 2)
+      check.fail("completion_starts", a.completion_starts, "S + 1 >= 2 elements");
+    if (!a.completion_starts.empty()) {
+      check.rank("completion_starts", a.completion_starts, 1);
+      check.dtype("completion_starts", a.completion_starts, DType::i32);
+    }
+  } else if (!a.completion_starts.empty()) {
+    throw core::internal_error(
+        "policy_loss: completion_starts without sequence-level importance sampling");
   }
   if (!(a.epsilon_low >= 0.0 && a.epsilon_high >= 0.0 && a.beta >= 0.0) ||
       !std::isfinite(a.epsilon_high) || !std::isfinite(a.beta)) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -300,25 +301,57 @@ struct DpoLossArgs {
 };
 
 // ---- the clipped policy-gradient loss of GRPO and its variants (TRL's _compute_loss, token level)
+// How the loss corrects for the generator's log-probabilities (sampled_logps) differing from the
+// trainer's (TRL 1.10's vllm_importance_sampling_mode; off: vllm_importance_sampling_correction
+// false). The ratio rho = exp(old - sampled), per token or per completion (the sum of its tokens'
+// differences), is truncated into [clip_min, clip_max] or, masked, set to 0 outside it.
+enum class ImportanceSampling : std::uint8_t {
+  off,
+  token_truncate,
+  token_mask,
+  sequence_truncate,
+  sequence_mask
+};
+[[nodiscard]] constexpr bool is_sequence_level(ImportanceSampling mode) noexcept {
+  return mode == ImportanceSampling::sequence_truncate || mode == ImportanceSampling::sequence_mask;
+}
+[[nodiscard]] constexpr bool is_masking(ImportanceSampling mode) noexcept {
+  return mode == ImportanceSampling::token_mask || mode == ImportanceSampling::sequence_mask;
+}
+
 // Per counted row c of C (lm_head_cross_entropy's row_loss: logp_c = -row_loss[c]):
 //   old_c = old_logps[c] (C f32), or logp_c itself when old_logps is empty (detached: ratio 1)
 //   r_c = exp(logp_c - old_c); r'_c = clamp(r_c, 1 - epsilon_low, 1 + epsilon_high)
 //   kl_c = exp(ref_c - logp_c) - (ref_c - logp_c) - 1   (k3; ref_c = -ref_row_loss[c]: the
 //          reference model's cross-entropy of the row, C f32; 0 when ref_row_loss is empty)
 //   low_c = r_c < 1 - epsilon_low and A_c < 0;  high_c = r_c > 1 + epsilon_high and A_c > 0
-//   L_c = weights[c] * (-min(r_c A_c, r'_c A_c) + beta kl_c)      (advantages (C), weights (C) f32)
+//   rho_c = 1 when importance_sampling is off; else, with s_c = sampled_logps[c] (C f32, needed),
+//           token_*: raw_c = exp(old_c - s_c); sequence_*: raw_c = exp(sum over c's completion
+//           of (old - s)), the completions given by completion_starts (S + 1) i32 (completion k
+//           is rows [starts[k], starts[k+1]), starts[0] = 0, starts[S] = C); *_truncate: rho_c =
+//           clamp(raw_c, clip_min, clip_max); *_mask: rho_c = raw_c, or 0 when raw_c < clip_min
+//           or raw_c > clip_max (clip_min 0 / clip_max +inf: no bound). A constant: no gradient.
+//   L_c = weights[c] * (-min(r_c A_c, r'_c A_c) rho_c + beta kl_c)  (advantages (C), weights (C)
+//   f32)
 // in fp64. Adds {sum L_c, sum kl_c, sum low_c, sum high_c, sum row_entropy[c]} to sums (5) f64
-// (row_entropy (C) f32 may be empty: adds 0); largest (1) f64 = max(largest, max_c |logp_c -
-// sampled_logps[c]|) when sampled_logps (C f32) is non-empty (the generator's log-probabilities:
-// how far the trainer's differ; largest may be empty without them). With d_rows (C) f32 non-empty:
-//   d_rows[c] = grad_scale * weights[c] * (A_c r_c [not low_c and not high_c]
+// (row_entropy (C) f32 may be empty: adds 0); with importance sampling, sums has 8 and also gets
+// {sum of rho, units, rows whose raw_c was outside [clip_min, clip_max]}, over units = the
+// completions (sequence_*: each one rho) or the rows (token_*). largest (1) f64 = max(largest,
+// max_c |logp_c - sampled_logps[c]|) when sampled_logps (C f32) is non-empty (the generator's
+// log-probabilities: how far the trainer's differ; largest may be empty without them); with
+// importance sampling largest has 3 and also gets max(largest[1], max rho) and max(largest[2],
+// 1 / (1 + min rho)) over the units (maxima that start at 0 and reduce over ranks with max; 0:
+// no unit). With d_rows (C) f32 non-empty:
+//   d_rows[c] = grad_scale * weights[c] * (A_c r_c rho_c [not low_c and not high_c]
 //                                          - beta (1 - exp(ref_c - logp_c)))
 // = grad_scale * dL_c/d row_loss[c]: lm_head_cross_entropy's row_scale for the backward.
 struct PolicyLossArgs {
   TensorView sums, largest, d_rows;
   ConstTensorView row_loss, advantages, weights, old_logps, ref_row_loss, sampled_logps,
-      row_entropy;
+      row_entropy, completion_starts;
   double epsilon_low = 0.2, epsilon_high = 0.2, beta = 0.0;
+  ImportanceSampling importance_sampling = ImportanceSampling::off;
+  double clip_min = 0.0, clip_max = std::numeric_limits<double>::infinity();
   float grad_scale = 1.0F;
 };
 

@@ -252,10 +252,14 @@ void CpuOps::policy_loss(const PolicyLossArgs& a) {
                                                    .old_logps = f32(a.old_logps),
                                                    .ref_row_loss = f32(a.ref_row_loss),
                                                    .sampled_logps = f32(a.sampled_logps),
-                                                   .row_entropy = f32(a.row_entropy)},
+                                                   .row_entropy = f32(a.row_entropy),
+                                                   .completion_starts = i32(a.completion_starts)},
                                                   {.epsilon_low = a.epsilon_low,
                                                    .epsilon_high = a.epsilon_high,
                                                    .beta = a.beta,
+                                                   .importance_sampling = a.importance_sampling,
+                                                   .clip_min = a.clip_min,
+                                                   .clip_max = a.clip_max,
                                                    .grad_scale = a.grad_scale},
                                                   f32(a.d_rows));
   const std::span<double> out = a.sums.as<double>();
@@ -264,9 +268,19 @@ void CpuOps::policy_loss(const PolicyLossArgs& a) {
   out[2] += static_cast<double>(stats.low);
   out[3] += static_cast<double>(stats.high);
   out[4] += stats.entropy;
+  if (a.importance_sampling != ImportanceSampling::off) {
+    out[5] += stats.ratio_sum;
+    out[6] += static_cast<double>(stats.ratio_units);
+    out[7] += static_cast<double>(stats.rejected);
+  }
   if (!a.sampled_logps.empty()) {
-    double& largest = a.largest.as<double>()[0];
-    largest = std::max(largest, stats.largest);
+    const std::span<double> largest = a.largest.as<double>();
+    largest[0] = std::max(largest[0], stats.largest);
+    if (a.importance_sampling != ImportanceSampling::off) {
+      largest[1] = std::max(largest[1], stats.ratio_max);
+      // The smallest ratio as a maximum that starts at 0 (no unit: 1 / inf = 0).
+      largest[2] = std::max(largest[2], 1.0 / (1.0 + stats.ratio_min));
+    }
   }
 }
 

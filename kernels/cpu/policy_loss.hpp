@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
+
+#include "kernels/ops.hpp"
 
 namespace l3::kernels::cpu {
 
@@ -18,12 +21,17 @@ struct PolicyRows {
   std::span<const float> ref_row_loss{};   // -log p under the reference; empty: no KL term
   std::span<const float> sampled_logps{};  // the generator's, for `largest`
   std::span<const float> row_entropy{};    // summed into `entropy`
+  // (S + 1): completion k's rows are [starts[k], starts[k+1]); needed by sequence_* modes.
+  std::span<const std::int32_t> completion_starts{};
 };
 
 struct PolicyParams {
   double epsilon_low = 0.2;
   double epsilon_high = 0.2;
   double beta = 0.0;
+  ImportanceSampling importance_sampling = ImportanceSampling::off;
+  double clip_min = 0.0;
+  double clip_max = std::numeric_limits<double>::infinity();
   float grad_scale = 1.0F;
 };
 
@@ -34,6 +42,14 @@ struct PolicyStats {
   std::int64_t high = 0;  // rows clipped above (ratio > 1 + epsilon_high, A > 0)
   double entropy = 0.0;   // sum of row_entropy
   double largest = 0.0;   // max |logp_c - sampled_logps[c]| (0 without sampled_logps)
+  // Importance sampling (0 when off), over its units (completions or rows): the sum of rho,
+  // the units, the rows whose raw ratio was outside the bounds, the largest and smallest rho
+  // (+inf without units).
+  double ratio_sum = 0.0;
+  std::int64_t ratio_units = 0;
+  std::int64_t rejected = 0;
+  double ratio_max = 0.0;
+  double ratio_min = std::numeric_limits<double>::infinity();
 };
 
 // Sums in row order in fp64. With d_rows (C) non-empty, d_rows[c] = grad_scale * dL_c/d

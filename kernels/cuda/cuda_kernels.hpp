@@ -194,10 +194,11 @@ void dpo_loss(double* sums, float* d_rows, const float* row_loss, std::int64_t r
               cudaStream_t stream);
 
 // policy_loss.cu: GRPO's clipped surrogate over C counted rows, as kernels::PolicyLossArgs
-// (old_logps, ref_row_loss, sampled_logps, row_entropy, largest and d_rows may be null): sums[0..4]
-// += {loss, k3 KL, rows clipped low, rows clipped high, entropy}; *largest = max(*largest,
-// max |logp - sampled|); d_rows = grad_scale * d loss / d row_loss. fp64, one block, a fixed
-// summation order.
+// (old_logps, ref_row_loss, sampled_logps, row_entropy, completion_starts, largest and d_rows may
+// be null): sums[0..4] += {loss, k3 KL, rows clipped low, rows clipped high, entropy}; largest[0]
+// = max(largest[0], max |logp - sampled|); with importance sampling also sums[5..7] += {sum of
+// rho, units, rejected rows}, largest[1..2] = max with {max rho, 1 / (1 + min rho)}; d_rows =
+// grad_scale * d loss / d row_loss. fp64, one block, a fixed summation order.
 struct PolicyLossRows {
   const float* row_loss = nullptr;
   const float* advantages = nullptr;
@@ -206,11 +207,16 @@ struct PolicyLossRows {
   const float* ref_row_loss = nullptr;
   const float* sampled_logps = nullptr;
   const float* row_entropy = nullptr;
+  const std::int32_t* completion_starts = nullptr;  // (completions + 1): sequence_* modes
+  std::int64_t completions = 0;
 };
 struct PolicyLossParams {
   double epsilon_low = 0.2;
   double epsilon_high = 0.2;
   double beta = 0.0;
+  kernels::ImportanceSampling importance_sampling = kernels::ImportanceSampling::off;
+  double clip_min = 0.0;
+  double clip_max = 0.0;
   float grad_scale = 1.0F;
 };
 void policy_loss(double* sums, double* largest, float* d_rows, const PolicyLossRows& rows,

@@ -854,21 +854,28 @@ void CudaOps::policy_loss(const kernels::PolicyLossArgs& a) {
   auto optional = [](ConstTensorView x) -> const float* {
     return x.empty() ? nullptr : in<float>(x);
   };
-  cuda::policy_loss(out<double>(a.sums), a.sampled_logps.empty() ? nullptr : out<double>(a.largest),
-                    a.d_rows.empty() ? nullptr : out<float>(a.d_rows),
-                    {.row_loss = in<float>(a.row_loss),
-                     .advantages = in<float>(a.advantages),
-                     .weights = in<float>(a.weights),
-                     .old_logps = optional(a.old_logps),
-                     .ref_row_loss = optional(a.ref_row_loss),
-                     .sampled_logps = optional(a.sampled_logps),
-                     .row_entropy = optional(a.row_entropy)},
-                    rows,
-                    {.epsilon_low = a.epsilon_low,
-                     .epsilon_high = a.epsilon_high,
-                     .beta = a.beta,
-                     .grad_scale = a.grad_scale},
-                    stream_);
+  cuda::policy_loss(
+      out<double>(a.sums), a.sampled_logps.empty() ? nullptr : out<double>(a.largest),
+      a.d_rows.empty() ? nullptr : out<float>(a.d_rows),
+      {.row_loss = in<float>(a.row_loss),
+       .advantages = in<float>(a.advantages),
+       .weights = in<float>(a.weights),
+       .old_logps = optional(a.old_logps),
+       .ref_row_loss = optional(a.ref_row_loss),
+       .sampled_logps = optional(a.sampled_logps),
+       .row_entropy = optional(a.row_entropy),
+       .completion_starts =
+           a.completion_starts.empty() ? nullptr : in<std::int32_t>(a.completion_starts),
+       .completions = std::max<std::int64_t>(a.completion_starts.numel() - 1, 0)},
+      rows,
+      {.epsilon_low = a.epsilon_low,
+       .epsilon_high = a.epsilon_high,
+       .beta = a.beta,
+       .importance_sampling = a.importance_sampling,
+       .clip_min = a.clip_min,
+       .clip_max = a.clip_max,
+       .grad_scale = a.grad_scale},
+      stream_);
 }
 
 void CudaOps::gather_dot(const kernels::GatherDotArgs& a) {

@@ -79,6 +79,19 @@ void declare_grpo_options(po::options_description& options) {
       "optimizer steps per generation batch")(
       "mask-truncated-completions", po::bool_switch(),
       "leave completions cut by --max-completion-length out of the loss")(
+      "no-importance-sampling-correction", po::bool_switch(),
+      "do not weigh each token's loss by the ratio of the trainer's to the generator's "
+      "probability (TRL's vllm_importance_sampling_correction=False)")(
+      "importance-sampling-mode",
+      po::value<std::string>()->default_value("sequence_mask")->value_name("MODE"),
+      "the ratio per completion (sequence_*) or per token (token_*), set to 0 outside its bounds "
+      "(*_mask) or clipped into them (*_truncate)")(
+      "importance-sampling-clip-max",
+      po::value<std::string>()->default_value("3")->value_name("C|none"),
+      "the ratio's upper bound")(
+      "importance-sampling-clip-min",
+      po::value<std::string>()->default_value("none")->value_name("C|none"),
+      "the ratio's lower bound")(
       "raw-logprobs", po::bool_switch(),
       "compute the log-probabilities (policy, old policy, reference, generator) and the entropy "
       "from the raw logits; default: from the logits divided by --temperature, as TRL")(
@@ -618,6 +631,13 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     g.advantage = train::parse_advantage_estimator(get<std::string>(o, "advantage"));
     g.num_iterations = get<std::int64_t>(o, "num-iterations");
     g.mask_truncated_completions = get<bool>(o, "mask-truncated-completions");
+    g.importance_sampling_correction = !get<bool>(o, "no-importance-sampling-correction");
+    g.importance_sampling_mode =
+        train::parse_importance_sampling_mode(get<std::string>(o, "importance-sampling-mode"));
+    g.importance_sampling_clip_max = train::parse_importance_sampling_bound(
+        "importance-sampling-clip-max", get<std::string>(o, "importance-sampling-clip-max"));
+    g.importance_sampling_clip_min = train::parse_importance_sampling_bound(
+        "importance-sampling-clip-min", get<std::string>(o, "importance-sampling-clip-min"));
     g.tempered_logprobs = !get<bool>(o, "raw-logprobs");
     g.pack_completions = !get<bool>(o, "pad-completions");
     if (const std::string match = optional_string(o, "reward-match"); !match.empty()) {

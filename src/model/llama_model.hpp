@@ -238,7 +238,7 @@ class LlamaModel {
   // Loss sums in backend memory, kSumValues f64 per slot, that heads add into, so that a
   // backend with a queue never waits inside a step: zero_sums(), the passes, then read_sums()
   // once (it waits). What the values mean is the objective's.
-  static constexpr int kSumValues = 8;
+  static constexpr int kSumValues = 11;
   static constexpr int kSumSlotCount = 3;
   static constexpr std::int64_t kLossSumElements = std::int64_t{kSumSlotCount} * kSumValues;
   [[nodiscard]] kernels::TensorView sums(SumSlot slot) const;

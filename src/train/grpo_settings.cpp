@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <exception>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/error.hpp"
 #include "kernels/ops.hpp"
@@ -38,6 +41,12 @@ void GrpoSettings::validate() const {
   }
   if (advantage == AdvantageEstimator::rloo && num_generations < 2)
     throw core::usage_error("--advantage rloo needs --num-generations >= 2");
+  if (importance_sampling_clip_min && importance_sampling_clip_max &&
+      *importance_sampling_clip_min > *importance_sampling_clip_max) {
+    throw core::usage_error(
+        fmt::format("--importance-sampling-clip-min {} is above --importance-sampling-clip-max {}",
+                    *importance_sampling_clip_min, *importance_sampling_clip_max));
+  }
 }
 
 float GrpoSettings::logit_scale() const noexcept {
@@ -58,6 +67,14 @@ void GrpoSettings::add_to(nlohmann::json& j) const {
   j["advantage"] = advantage_estimator_name(advantage);
   j["num_iterations"] = num_iterations;
   j["mask_truncated_completions"] = mask_truncated_completions;
+  j["importance_sampling_correction"] = importance_sampling_correction;
+  j["importance_sampling_mode"] = importance_sampling_mode_name(importance_sampling_mode);
+  j["importance_sampling_clip_max"] = importance_sampling_clip_max
+                                          ? nlohmann::json(*importance_sampling_clip_max)
+                                          : nlohmann::json(nullptr);
+  j["importance_sampling_clip_min"] = importance_sampling_clip_min
+                                          ? nlohmann::json(*importance_sampling_clip_min)
+                                          : nlohmann::json(nullptr);
   j["logprobs"] = tempered_logprobs ? "tempered" : "raw";
   j["completions_layout"] = pack_completions ? "packed" : "padded";
   j["reward_match"] = reward_match_answer ? "answer" : "";
@@ -120,6 +137,49 @@ AdvantageEstimator parse_advantage_estimator(std::string_view name) {
 
 std::string_view advantage_estimator_name(AdvantageEstimator estimator) noexcept {
   return estimator == AdvantageEstimator::rloo ? "rloo" : "grpo";
+}
+
+ImportanceSamplingMode parse_importance_sampling_mode(std::string_view name) {
+  if (name == "sequence_mask") return ImportanceSamplingMode::sequence_mask;
+  if (name == "sequence_truncate") return ImportanceSamplingMode::sequence_truncate;
+  if (name == "token_mask") return ImportanceSamplingMode::token_mask;
+  if (name == "token_truncate") return ImportanceSamplingMode::token_truncate;
+  throw core::usage_error(fmt::format(
+      "--importance-sampling-mode {}: use sequence_mask, sequence_truncate, token_mask or "
+      "token_truncate",
+      std::string(name)));
+}
+
+std::string_view importance_sampling_mode_name(ImportanceSamplingMode mode) noexcept {
+  switch (mode) {
+    case ImportanceSamplingMode::sequence_truncate:
+      return "sequence_truncate";
+    case ImportanceSamplingMode::token_mask:
+      return "token_mask";
+    case ImportanceSamplingMode::token_truncate:
+      return "token_truncate";
+    case ImportanceSamplingMode::sequence_mask:
+      break;
+  }
+  return "sequence_mask";
+}
+
+std::optional<double> parse_importance_sampling_bound(std::string_view option,
+                                                      std::string_view text) {
+  if (text == "none") return std::nullopt;
+  const std::string item(text);
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(item, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != item.size() || !std::isfinite(value) || value < 0) {
+    throw core::usage_error(
+        fmt::format("--{} {}: give a number >= 0, or none", std::string(option), item));
+  }
+  return value;
 }
 
 }  // namespace l3::train

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,15 @@ enum class PolicyLossType : std::uint8_t { grpo, bnpo, dr_grpo, dapo };
 enum class RewardScaling : std::uint8_t { group, batch, none };
 // The baseline: the group's mean (GRPO), or the mean of the group's other completions (RLOO).
 enum class AdvantageEstimator : std::uint8_t { grpo, rloo };
+// TRL's vllm_importance_sampling_mode: the ratio of the trainer's to the generator's probability
+// per completion (sequence_*) or per token (token_*), masked to 0 or truncated outside its
+// bounds (kernels::ImportanceSampling).
+enum class ImportanceSamplingMode : std::uint8_t {
+  sequence_mask,
+  sequence_truncate,
+  token_mask,
+  token_truncate
+};
 
 struct GrpoSettings {
   // Sampling.
@@ -39,6 +49,13 @@ struct GrpoSettings {
   AdvantageEstimator advantage = AdvantageEstimator::grpo;
   std::int64_t num_iterations = 1;  // optimizer steps per generation batch
   bool mask_truncated_completions = false;
+  // TRL's vllm_importance_sampling_correction (on by default): each token's loss times the
+  // ratio of the trainer's probability of the completion (or token) before this generation
+  // batch's updates to the generator's, in [clip_min, clip_max] (no bound: nullopt).
+  bool importance_sampling_correction = true;
+  ImportanceSamplingMode importance_sampling_mode = ImportanceSamplingMode::sequence_mask;
+  std::optional<double> importance_sampling_clip_max = 3.0;
+  std::optional<double> importance_sampling_clip_min;
   // Every log-probability the loss uses (the policy's, the old policy's, the reference's, the
   // generator's) and the entropy are of softmax(logits / temperature), as TRL computes them;
   // false (--raw-logprobs): of the raw logits.
@@ -75,5 +92,10 @@ struct GrpoSettings {
 [[nodiscard]] std::string_view reward_scaling_name(RewardScaling scaling) noexcept;
 [[nodiscard]] AdvantageEstimator parse_advantage_estimator(std::string_view name);
 [[nodiscard]] std::string_view advantage_estimator_name(AdvantageEstimator estimator) noexcept;
+[[nodiscard]] ImportanceSamplingMode parse_importance_sampling_mode(std::string_view name);
+[[nodiscard]] std::string_view importance_sampling_mode_name(ImportanceSamplingMode mode) noexcept;
+// --importance-sampling-clip-max/-min (`option`): a number >= 0, or "none".
+[[nodiscard]] std::optional<double> parse_importance_sampling_bound(std::string_view option,
+                                                                    std::string_view text);
 
 }  // namespace l3::train

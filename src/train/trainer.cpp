@@ -162,9 +162,10 @@ struct Trainer::Impl {
     // The step's one read of its losses (the micro-batches added them up in backend memory);
     // the queue is empty by now, so it costs a small copy, not a second wait.
     std::array<double, LossSums::kValues> sums = objective.step_sums().values();
-    dist::all_reduce(world.comm(), std::span<double>(sums).first(LossSums::kValues - 1),
+    dist::all_reduce(world.comm(), std::span<double>(sums).first(LossSums::kSums),
                      dist::ReduceOp::sum, "step loss");
-    sums.back() = dist::all_reduce(world.comm(), sums.back(), dist::ReduceOp::max, "step maximum");
+    dist::all_reduce(world.comm(), std::span<double>(sums).last(LossSums::kMaxima),
+                     dist::ReduceOp::max, "step maxima");
 
     StepMetrics m;
     m.step = done + 1;

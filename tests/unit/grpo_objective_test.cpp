@@ -89,10 +89,11 @@ double token_logp(const std::vector<double>& x, const l3::model::ParameterLayout
 
 // The batch as the rollout builds it (train/grpo/rollout_source.cpp): one completion per row
 // (padded) or all end to end in one row (packed), with per-position advantages, weights and
-// the old and reference log-probabilities when given.
+// the old, reference and generator's log-probabilities when given (the latter 0 otherwise).
 Batch rollout_batch(const std::vector<Completion>& completions, bool packed,
                     const std::vector<double>& weight, const std::vector<std::vector<double>>* old,
-                    const std::vector<std::vector<double>>* ref) {
+                    const std::vector<std::vector<double>>* ref,
+                    const std::vector<std::vector<double>>* sampled = nullptr) {
   const auto count = static_cast<std::int64_t>(completions.size());
   BatchBuilder builder(packed ? 1 : count, packed ? count * kRow : kRow, 0);
   std::vector<std::int64_t> ends;
@@ -120,6 +121,7 @@ Batch rollout_batch(const std::vector<Completion>& completions, bool packed,
       batch.loss_weights[t] = static_cast<float>(weight[s]);
       if (old != nullptr) batch.old_logprobs[t] = static_cast<float>((*old)[s][u]);
       if (ref != nullptr) batch.ref_logprobs[t] = static_cast<float>((*ref)[s][u]);
+      if (sampled != nullptr) batch.sampled_logprobs[t] = static_cast<float>((*sampled)[s][u]);
     }
   }
   return batch;
@@ -180,12 +182,21 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
     return out;
   };
 
+  // Importance sampling: the generator's log-probabilities are the old policy's (the current
+  // one's without old log-probabilities) minus these, per token. Completion 0's sum is 1.3
+  // (sequence ratio e^1.3 = 3.67: masked by clip_max 3) and its second token's 1.2 (e^1.2 = 3.32:
+  // truncated to 3); the other ratios stay within [0.5, 3].
+  const std::vector<std::vector<double>> generator_gap = {
+      {0.2, 1.2, -0.1}, {0.1, -0.2, 0.05, 0.0}, {-0.3, 0.2}};
+  using l3::train::ImportanceSamplingMode;
   struct Case {
     PolicyLossType type;
     bool with_old;
     double beta;
-    double temperature;  // the sampling temperature
-    bool raw = false;    // --raw-logprobs: the log-probabilities of the raw logits
+    double temperature;     // the sampling temperature
+    bool raw = false;       // --raw-logprobs: the log-probabilities of the raw logits
+    bool sampling = false;  // importance sampling (TRL's default, off in the other cases)
+    ImportanceSamplingMode mode = ImportanceSamplingMode::sequence_mask;
   };
   std::vector<Case> cases;
   for (const PolicyLossType type : {PolicyLossType::dapo, PolicyLossType::grpo,
@@ -201,6 +212,11 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
   cases.push_back({PolicyLossType::dapo, true, 0.1, 0.7});
   cases.push_back({PolicyLossType::grpo, false, 0.0, 0.7});
   cases.push_back({PolicyLossType::dapo, true, 0.1, 0.7, true});
+  // Importance sampling with TRL's default mode and bounds, and per token, truncated.
+  cases.push_back(
+      {PolicyLossType::grpo, true, 0.1, 0.7, false, true, ImportanceSamplingMode::sequence_mask});
+  cases.push_back(
+      {PolicyLossType::dapo, false, 0.0, 1.0, false, true, ImportanceSamplingMode::token_truncate});
 
   for (const Case& tc : cases) {
     {
@@ -220,6 +236,40 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       settings.epsilon = 0.2;
       settings.temperature = tc.temperature;
       settings.tempered_logprobs = !tc.raw;
+      settings.importance_sampling_correction = tc.sampling;
+      settings.importance_sampling_mode = tc.mode;
+      // The ratio of each token (rho, held constant: TRL computes it once per generation
+      // batch), from the generator's log-probabilities; 1 without importance sampling.
+      const std::vector<std::vector<double>> own =
+          shifted_logps(t_logp, std::vector<std::vector<double>>(3, std::vector<double>(4, 0.0)));
+      std::vector<std::vector<double>> sampled(3);
+      std::vector<std::vector<double>> rho(3);
+      double ratio_sum = 0;
+      double rejected = 0;
+      const bool per_sequence = tc.mode == ImportanceSamplingMode::sequence_mask;
+      for (std::size_t s = 0; s < 3; ++s) {
+        const std::vector<double>& before = with_old ? old[s] : own[s];
+        double gap = 0;
+        for (std::size_t k = 0; k < before.size(); ++k) {
+          sampled[s].push_back(before[k] - generator_gap[s][k]);
+          gap += generator_gap[s][k];
+        }
+        for (std::size_t k = 0; k < before.size(); ++k) {
+          if (!tc.sampling) {
+            rho[s].push_back(1.0);
+          } else if (per_sequence) {  // sequence_mask, [0, 3]
+            const double r = std::exp(gap) > 3.0 ? 0.0 : std::exp(gap);
+            rho[s].push_back(r);
+            if (k == 0) ratio_sum += r;
+            rejected += r == 0.0 ? 1.0 : 0.0;
+          } else {  // token_truncate, [0, 3]
+            const double raw = std::exp(generator_gap[s][k]);
+            rho[s].push_back(std::min(raw, 3.0));
+            ratio_sum += std::min(raw, 3.0);
+            rejected += raw > 3.0 ? 1.0 : 0.0;
+          }
+        }
+      }
       std::int64_t tokens = 0;
       for (const Completion& s : completions)
         tokens += static_cast<std::int64_t>(s.tokens.size() - s.prompt);
@@ -232,7 +282,7 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
                                                    : 1.0;
       }
       const Batch batch = rollout_batch(completions, false, weight, with_old ? &old : nullptr,
-                                        beta > 0 ? &ref : nullptr);
+                                        beta > 0 ? &ref : nullptr, &sampled);
       l3::train::PolicyGradientLoss objective(model, settings);
       const std::int64_t units = objective.units(batch);
       CHECK(units == (type == PolicyLossType::dapo      ? tokens
@@ -263,13 +313,14 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
               kl_sum += kl;
               total += weight[s] * beta * kl;
             }
+            const double is = rho[s][k - cs.prompt];
             if (!with_old || surrogate_only) {
-              total += weight[s] * -a * (surrogate_only ? logp : 1.0);
+              total += weight[s] * -a * (surrogate_only ? logp : 1.0) * is;
               continue;
             }
             const double r = std::exp(logp - old[s][k - cs.prompt]);
             const double clipped = std::clamp(r, 0.8, 1.2);
-            total += weight[s] * -std::min(r * a, clipped * a);
+            total += weight[s] * -std::min(r * a, clipped * a) * is;
           }
         }
         return scale * total;
@@ -279,6 +330,15 @@ TEST_CASE("GRPO's loss and gradients of the whole model match fp64 finite differ
       CHECK(sums.loss * scale == Approx(fp64_loss(params, false)).epsilon(1e-5));
       CHECK(sums.correct == Approx(kl_sum).epsilon(1e-5));        // the KL's sum over the tokens
       CHECK(sums.extra[0] == Approx(entropy_sum).epsilon(1e-5));  // TRL's entropy, at t_logp
+      if (tc.sampling) {
+        CHECK(rejected == (per_sequence ? 3.0 : 1.0));  // completion 0, or its second token
+        CHECK(sums.extra[1] == Approx(ratio_sum).epsilon(1e-5));
+        CHECK(sums.extra[2] == (per_sequence ? 3.0 : static_cast<double>(tokens)));
+        CHECK(sums.extra[3] == rejected);
+      } else {
+        CHECK(sums.extra[1] == 0.0);
+        CHECK(sums.extra[2] == 0.0);
+      }
       if (with_old) {
         CHECK(sums.chosen == 1.0);  // clipped high
         CHECK(sums.margin == 1.0);  // clipped low
@@ -317,25 +377,39 @@ TEST_CASE("GRPO's completions packed end to end give the padded layout's loss an
   }
   std::vector<std::vector<double>> old;
   std::vector<std::vector<double>> ref;
+  std::vector<std::vector<double>> sampled;  // near the old policy's
   std::vector<double> weight;
   for (const Completion& s : completions) {
     const std::size_t length = s.tokens.size() - s.prompt;
     old.push_back({});
     ref.push_back({});
+    sampled.push_back({});
     for (std::size_t k = 0; k < length; ++k) {
       old.back().push_back(-3.7 + rnd.uniform(1, -0.3F, 0.3F)[0]);
       ref.back().push_back(-3.7 + rnd.uniform(1, -0.3F, 0.3F)[0]);
+      sampled.back().push_back(old.back().back() + rnd.uniform(1, -0.25F, 0.25F)[0]);
     }
     weight.push_back(1.0 / static_cast<double>(length));  // grpo's per-completion mean
   }
+  // Out of bounds: completion 1's ratio e^(8 x 0.3) = 11 > 3, completion 3's first token's
+  // e^-1 < 0.5.
+  for (std::size_t k = 0; k < sampled[1].size(); ++k) sampled[1][k] = old[1][k] - 0.3;
+  sampled[3][0] = old[3][0] + 1.0;
   l3::train::GrpoSettings settings;
   settings.beta = 0.1;
   settings.loss_type = PolicyLossType::grpo;
   settings.max_completion_length = 8;
   settings.temperature = 0.7;
+  // Importance sampling (TRL's default, sequence_mask), per completion truncated, per token.
+  const auto mode = GENERATE(l3::train::ImportanceSamplingMode::sequence_mask,
+                             l3::train::ImportanceSamplingMode::sequence_truncate,
+                             l3::train::ImportanceSamplingMode::token_mask);
+  INFO("importance sampling " << l3::train::importance_sampling_mode_name(mode));
+  settings.importance_sampling_mode = mode;
+  settings.importance_sampling_clip_min = 0.5;
 
-  const Batch padded = rollout_batch(completions, false, weight, &old, &ref);
-  const Batch packed = rollout_batch(completions, true, weight, &old, &ref);
+  const Batch padded = rollout_batch(completions, false, weight, &old, &ref, &sampled);
+  const Batch packed = rollout_batch(completions, true, weight, &old, &ref, &sampled);
   // 5 rows of 12 against one row of the 37 tokens rounded up to 48
   CHECK(padded.tokens_count() == 60);
   CHECK(packed.rows == 1);
@@ -351,6 +425,15 @@ TEST_CASE("GRPO's completions packed end to end give the padded layout's loss an
   };
   const auto [a, ga] = run(padded);
   const auto [b, gb] = run(packed);
+  // The completions' ratios: one per completion (each its own segment or row), or per token;
+  // some out of [0.5, 3].
+  CHECK(a.extra[2] == (mode == l3::train::ImportanceSamplingMode::token_mask ? 23.0 : 5.0));
+  CHECK(a.extra[3] > 0);
+  CHECK(b.extra[1] == Approx(a.extra[1]).epsilon(1e-6));
+  CHECK(b.extra[2] == a.extra[2]);
+  CHECK(b.extra[3] == a.extra[3]);
+  CHECK(b.largest[1] == Approx(a.largest[1]).epsilon(1e-6));
+  CHECK(b.largest[2] == Approx(a.largest[2]).epsilon(1e-6));
   CHECK(b.loss == Approx(a.loss).epsilon(1e-6));
   CHECK(b.correct == Approx(a.correct).epsilon(1e-6));    // KL
   CHECK(b.extra[0] == Approx(a.extra[0]).epsilon(1e-6));  // entropy

@@ -21,28 +21,36 @@ namespace l3::train {
 using Phase = l3::Phase;
 
 // What a pass's head adds into a sum slot (LlamaModel::sums), in this order. The trainer sums
-// every value over the ranks but the last, `largest`, of which it takes the maximum.
+// the first kSums values over the ranks and takes the maximum of the last kMaxima (`largest`).
 struct LossSums {
   double loss = 0.0;     // summed cross-entropy of counted tokens, or summed pair losses
   double correct = 0.0;  // pairs whose chosen score (DPO: reward) is the higher; GRPO: kl
   double margin = 0.0;   // summed chosen - rejected scores (DPO: rewards); GRPO: low-clipped
   double chosen = 0.0;   // DPO: summed chosen rewards; GRPO: high-clipped tokens
-  std::array<double, 3> extra{};  // an objective's own (GRPO: summed entropy)
-  double largest = 0.0;           // a maximum (GRPO: the generator's log-probability error)
+  // An objective's own (GRPO: summed entropy; importance sampling's sum of ratios, its units,
+  // its masked or truncated tokens).
+  std::array<double, 4> extra{};
+  // Maxima (GRPO: the generator's log-probability error; the largest importance-sampling
+  // ratio, and 1 / (1 + the smallest)): 0 is the neutral value.
+  std::array<double, 3> largest{};
 
-  static constexpr std::size_t kValues = 8;
+  static constexpr std::size_t kSums = 8;
+  static constexpr std::size_t kMaxima = 3;
+  static constexpr std::size_t kValues = kSums + kMaxima;
   [[nodiscard]] std::array<double, kValues> values() const noexcept {
-    return {loss, correct, margin, chosen, extra[0], extra[1], extra[2], largest};
+    return {loss,     correct,  margin,     chosen,     extra[0],  extra[1],
+            extra[2], extra[3], largest[0], largest[1], largest[2]};
   }
   [[nodiscard]] static LossSums of(const std::array<double, kValues>& v) noexcept {
     return {.loss = v[0],
             .correct = v[1],
             .margin = v[2],
             .chosen = v[3],
-            .extra = {v[4], v[5], v[6]},
-            .largest = v[7]};
+            .extra = {v[4], v[5], v[6], v[7]},
+            .largest = {v[8], v[9], v[10]}};
   }
 };
+static_assert(LossSums::kValues == model::LlamaModel::kSumValues);
 
 // An evaluation's totals on one rank, summed over the ranks before eval_metrics().
 struct EvalTotals {

@@ -10,7 +10,11 @@
 // tokens; grpo, its completions; dr_grpo, completions x max_completion_length; bnpo, its
 // micro-batches (over every rank). The op (kernels::PolicyLossArgs) also sums the KL, the
 // clipped tokens, the entropy, and the largest difference between the trainer's and the
-// generator's log-probabilities (logp_mismatch).
+// generator's log-probabilities (logp_mismatch). With importance sampling (TRL's
+// vllm_importance_sampling_correction) each token's surrogate loss is weighted by the ratio of
+// the trainer's to the generator's probability, per token or per completion: a completion is
+// the counted positions of one segment (packed: each completion and its prompt are a segment;
+// padded: a row), as grpo::RolloutSource lays them out.
 #pragma once
 
 #include <vector>
@@ -52,6 +56,10 @@ class PolicyGradientLoss final : public Objective {
   std::array<kernels::Buffer, 5> rows_{};
   std::array<std::vector<float>, 5> host_{};
   std::vector<float> negated_;  // -log ref per position
+  // Sequence-level importance sampling: each completion's first counted row (S + 1), then
+  // the completions with none (masked), empty, as TRL counts them.
+  kernels::Buffer starts_{};
+  std::vector<std::int32_t> host_starts_;
   std::int64_t capacity_ = 0;
 };
 
