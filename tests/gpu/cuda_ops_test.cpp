@@ -1097,6 +1097,102 @@ TEST_CASE("GRPO policy loss on the device", "[gpu][policy_loss]") {
   CHECK((download_raw<double>(gpu, gplain.view()) == plain));
 }
 
+TEST_CASE("GRPO policy loss with importance sampling on the device", "[gpu][policy_loss]") {
+  INFO("seed " << l3::test::test_seed());
+  namespace cpu = l3::kernels::cpu;
+  using l3::kernels::ImportanceSampling;
+  l3::cuda::CudaOps gpu;
+  l3::test::Random rnd(115);
+  // 300 completions of 1-6 rows (more than the block's 256 threads) and one of 100: the
+  // sequence modes' per-completion sums; 1000+ rows for the token modes.
+  std::vector<std::int32_t> starts = {0};
+  const auto lengths = rnd.integers(300, 6);
+  for (const std::int32_t n : lengths) starts.push_back(starts.back() + n + 1);
+  starts.push_back(starts.back() + 100);
+  const auto rows = static_cast<std::size_t>(starts.back());
+  const auto row_loss = rnd.uniform(rows, 0.0F, 6.0F);
+  const auto advantages = rnd.uniform(rows, -2.0F, 2.0F);
+  const auto weights = rnd.uniform(rows, 0.0F, 0.01F);
+  const auto old_shift = rnd.uniform(rows, -0.6F, 0.6F);
+  const auto ref_shift = rnd.uniform(rows, -0.5F, 0.5F);
+  // token ratios 0.3 .. 3.3, sequence ratios beyond both bounds
+  const auto sampled_shift = rnd.uniform(rows, -1.2F, 1.2F);
+  std::vector<float> old_logps(rows), ref_row_loss(rows), sampled(rows);
+  for (std::size_t c = 0; c < rows; ++c) {
+    old_logps[c] = -row_loss[c] + old_shift[c];
+    ref_row_loss[c] = row_loss[c] - ref_shift[c];
+    sampled[c] = -row_loss[c] + sampled_shift[c];
+  }
+  const ImportanceSampling mode =
+      GENERATE(ImportanceSampling::token_truncate, ImportanceSampling::token_mask,
+               ImportanceSampling::sequence_truncate, ImportanceSampling::sequence_mask);
+  const bool with_old = GENERATE(false, true);
+  const bool sequence =
+      mode == ImportanceSampling::sequence_truncate || mode == ImportanceSampling::sequence_mask;
+  INFO("mode " << static_cast<int>(mode) << ", old_logps " << with_old);
+  const cpu::PolicyParams params{.epsilon_low = 0.2,
+                                 .epsilon_high = 0.28,
+                                 .beta = 0.04,
+                                 .importance_sampling = mode,
+                                 .clip_min = 0.5,
+                                 .clip_max = 3.0,
+                                 .grad_scale = 0.25F};
+  const std::vector<float> none;
+  const std::vector<std::int32_t> no_starts;
+  std::vector<float> d_rows(rows);
+  const cpu::PolicyStats want =
+      cpu::policy_loss({.row_loss = row_loss,
+                        .advantages = advantages,
+                        .weights = weights,
+                        .old_logps = with_old ? old_logps : none,
+                        .ref_row_loss = ref_row_loss,
+                        .sampled_logps = sampled,
+                        .completion_starts = sequence ? starts : no_starts},
+                       params, d_rows);
+  CHECK(want.rejected > 0);
+  CHECK(want.ratio_min < want.ratio_max);
+  const auto f32 = [&](const std::vector<float>& v) { return upload(gpu, v, DType::f32); };
+  const auto gloss = f32(row_loss), gadv = f32(advantages), gweights = f32(weights),
+             gold = f32(old_logps), gref = f32(ref_row_loss), gsampled = f32(sampled);
+  const auto gstarts = upload_raw(gpu, starts);
+  const auto gsums = upload_raw(gpu, std::vector<double>{1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0});
+  const auto glargest = upload_raw(gpu, std::vector<double>{1e-6, 1e-6, 1e-6});
+  const auto gd = poisoned(gpu, static_cast<std::int64_t>(rows), DType::f32);
+  gpu.policy_loss({.sums = gsums.view(),
+                   .largest = glargest.view(),
+                   .d_rows = gd.view(),
+                   .row_loss = gloss.view(),
+                   .advantages = gadv.view(),
+                   .weights = gweights.view(),
+                   .old_logps = with_old ? gold.view() : l3::kernels::TensorView{},
+                   .ref_row_loss = gref.view(),
+                   .sampled_logps = gsampled.view(),
+                   .completion_starts = sequence ? gstarts.view() : l3::kernels::TensorView{},
+                   .epsilon_low = params.epsilon_low,
+                   .epsilon_high = params.epsilon_high,
+                   .beta = params.beta,
+                   .importance_sampling = mode,
+                   .clip_min = params.clip_min,
+                   .clip_max = params.clip_max,
+                   .grad_scale = params.grad_scale});
+  const auto sums = download_raw<double>(gpu, gsums.view());
+  CHECK(sums[0] - 1.0 == Approx(want.loss).epsilon(1e-10));
+  CHECK(sums[1] - 2.0 == Approx(want.kl).epsilon(1e-10));
+  CHECK(sums[2] - 3.0 == static_cast<double>(want.low));
+  CHECK(sums[3] - 4.0 == static_cast<double>(want.high));
+  CHECK(sums[4] == 5.0);
+  CHECK(sums[5] - 6.0 == Approx(want.ratio_sum).epsilon(1e-10));
+  CHECK(sums[6] - 7.0 == static_cast<double>(want.ratio_units));
+  CHECK(sums[6] - 7.0 == static_cast<double>(sequence ? starts.size() - 1 : rows));
+  CHECK(sums[7] - 8.0 == static_cast<double>(want.rejected));
+  const auto largest = download_raw<double>(gpu, glargest.view());
+  CHECK(largest[0] == want.largest);  // a max of differences: exact
+  // the ratios: the device's exp, within an ulp or two of the host's
+  CHECK(largest[1] == Approx(want.ratio_max).epsilon(1e-14));
+  CHECK(largest[2] == Approx(1.0 / (1.0 + want.ratio_min)).epsilon(1e-14));
+  expect_close("d_rows", download(gpu, gd.view()), d_rows, 1e-6);
+}
+
 TEST_CASE("fused lm_head cross-entropy: per-row entropies", "[gpu][policy_loss]") {
   INFO("seed " << l3::test::test_seed());
   l3::cuda::CudaOps gpu;
