@@ -6,6 +6,7 @@
 // and the entropy), and with the raw ones that --raw-logprobs keeps.
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -448,4 +449,56 @@ TEST_CASE("GRPO's completions packed end to end give the padded layout's loss an
   INFO("largest gradient difference " << largest << " of a largest gradient " << scale);
   CHECK(scale > 0);
   CHECK(largest <= 1e-5 * scale);
+}
+
+TEST_CASE("GRPO's step metrics: TRL's importance-sampling names, from the summed values",
+          "[model][grpo]") {
+  l3::kernels::CpuOps ops;
+  l3::model::LlamaModel model(check_config(), l3::model::HeadKind::language_model, ops);
+  l3::train::GrpoSettings settings;
+  // Sums over the ranks: 4 units whose ratios add up to 3.2 with 6 of 40 tokens masked; the
+  // maxima: largest ratio 1.5, smallest 0.25 (1 / (1 + 0.25) = 0.8).
+  const l3::train::LossSums sums{
+      .loss = 2.0, .extra = {10.0, 3.2, 4.0, 6.0}, .largest = {1e-5, 1.5, 0.8}};
+  const auto metric = [](const l3::StepMetrics& m, const std::string& name) {
+    for (const auto& [key, value] : m.extra) {
+      if (key == name) return value;
+    }
+    FAIL("no metric " << name);
+    return 0.0;
+  };
+  const auto has = [](const l3::StepMetrics& m, const std::string& prefix) {
+    return std::any_of(m.extra.begin(), m.extra.end(),
+                       [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
+  };
+  {
+    l3::train::PolicyGradientLoss objective(model, settings);
+    l3::StepMetrics m;
+    m.loss_tokens = 40;
+    objective.describe_step(sums, 40, m);
+    CHECK(metric(m, "logp_mismatch") == 1e-5);
+    CHECK(metric(m, "sampling/importance_sampling_ratio/min") == Approx(0.25).epsilon(1e-12));
+    CHECK(metric(m, "sampling/importance_sampling_ratio/mean") == Approx(0.8).epsilon(1e-12));
+    CHECK(metric(m, "sampling/importance_sampling_ratio/max") == 1.5);
+    CHECK(metric(m, "sampling/importance_sampling_masked") == Approx(0.15).epsilon(1e-12));
+    CHECK(!has(m, "sampling/importance_sampling_truncated"));
+  }
+  {
+    settings.importance_sampling_mode = l3::train::ImportanceSamplingMode::token_truncate;
+    l3::train::PolicyGradientLoss objective(model, settings);
+    l3::StepMetrics m;
+    m.loss_tokens = 40;
+    objective.describe_step(sums, 40, m);
+    CHECK(metric(m, "sampling/importance_sampling_truncated") == Approx(0.15).epsilon(1e-12));
+    CHECK(!has(m, "sampling/importance_sampling_masked"));
+  }
+  {
+    settings.importance_sampling_correction = false;
+    l3::train::PolicyGradientLoss objective(model, settings);
+    l3::StepMetrics m;
+    m.loss_tokens = 40;
+    objective.describe_step(sums, 40, m);
+    CHECK(!has(m, "sampling/"));
+    CHECK(metric(m, "logp_mismatch") == 1e-5);
+  }
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -223,4 +224,48 @@ TEST_CASE("GRPO's rewards: their names in weight order, and settings that cannot
   s.reward_adapter = "adapters/rm";
   CHECK_THROWS_WITH(s.validate(),
                     Catch::Matchers::Contains("--reward-adapter DIR needs --reward-model"));
+}
+
+TEST_CASE("GRPO's importance-sampling settings: TRL's defaults, names, bounds", "[grpo]") {
+  using l3::train::ImportanceSamplingMode;
+  l3::train::GrpoSettings s;
+  // TRL 1.10's GRPOConfig: vllm_importance_sampling_correction True, mode sequence_mask,
+  // clip_max 3.0, clip_min None.
+  CHECK(s.importance_sampling_correction);
+  CHECK(s.importance_sampling_mode == ImportanceSamplingMode::sequence_mask);
+  CHECK(s.importance_sampling_clip_max == 3.0);
+  CHECK(!s.importance_sampling_clip_min.has_value());
+  for (const ImportanceSamplingMode mode :
+       {ImportanceSamplingMode::sequence_mask, ImportanceSamplingMode::sequence_truncate,
+        ImportanceSamplingMode::token_mask, ImportanceSamplingMode::token_truncate}) {
+    CHECK(l3::train::parse_importance_sampling_mode(
+              l3::train::importance_sampling_mode_name(mode)) == mode);
+  }
+  CHECK_THROWS_WITH(l3::train::parse_importance_sampling_mode("sequence"),
+                    Catch::Matchers::Contains("sequence_mask, sequence_truncate"));
+  const auto bound = [](std::string_view text) {
+    return l3::train::parse_importance_sampling_bound("importance-sampling-clip-max", text);
+  };
+  CHECK(!bound("none").has_value());
+  CHECK(bound("3") == 3.0);
+  CHECK(bound("0.5") == 0.5);
+  CHECK(bound("0") == 0.0);
+  for (const std::string_view bad : {"-1", "3x", "", "inf", "nan", "None"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(bound(bad), Catch::Matchers::Contains("--importance-sampling-clip-max"));
+  }
+  s.reward_match_answer = true;
+  s.importance_sampling_clip_min = 0.5;
+  CHECK_NOTHROW(s.validate());
+  s.importance_sampling_clip_max = 0.4;
+  CHECK_THROWS_WITH(s.validate(), Catch::Matchers::Contains("--importance-sampling-clip-min"));
+  s.importance_sampling_clip_max.reset();  // no upper bound
+  CHECK_NOTHROW(s.validate());
+  nlohmann::json j;
+  s.importance_sampling_mode = ImportanceSamplingMode::token_truncate;
+  s.add_to(j);
+  CHECK(j["importance_sampling_correction"] == true);
+  CHECK(j["importance_sampling_mode"] == "token_truncate");
+  CHECK(j["importance_sampling_clip_max"].is_null());
+  CHECK(j["importance_sampling_clip_min"] == 0.5);
 }
