@@ -4,7 +4,8 @@
 # bf16 generation, the policy_loss op, the lm_head's entropy, the bf16 backward) and on the CPU
 # from the same start: step 1's completions and rewards follow the CPU's (bf16 may part a
 # sampled sequence at a near-tie, rarely), its loss, entropy and the generator's agreement with
-# the trainer (logp_mismatch, bf16's size) are those of a working step, and the run checkpoints.
+# the trainer (logp_mismatch, bf16's size; the importance-sampling ratios near 1, none masked)
+# are those of a working step, and the run checkpoints.
 #   grpo_test.sh PATH/TO/llama3-hpc
 set -uo pipefail
 bin=${1:?usage: grpo_test.sh LLAMA3_HPC}
@@ -60,15 +61,29 @@ m_cpu = [json.loads(l) for l in open(sys.argv[3]) if '"kind":"train"' in l]
 m_gpu = [json.loads(l) for l in open(sys.argv[4]) if '"kind":"train"' in l]
 assert len(m_gpu) == 3, len(m_gpu)
 first_cpu, first_gpu = m_cpu[0], m_gpu[0]
+ratio = "sampling/importance_sampling_ratio/"
 print(f"step 1: {same} of 8 completions identical on the device; loss {first_gpu['loss']:.4f} "
       f"(CPU {first_cpu['loss']:.4f}), entropy {first_gpu['entropy']:.3f} "
-      f"(CPU {first_cpu['entropy']:.3f}), logp_mismatch {first_gpu['logp_mismatch']:.2e}")
+      f"(CPU {first_cpu['entropy']:.3f}), logp_mismatch {first_gpu['logp_mismatch']:.2e}, "
+      f"importance-sampling ratios {first_gpu[ratio + 'min']:.5f} .. {first_gpu[ratio + 'max']:.5f} "
+      f"(CPU {first_cpu[ratio + 'min']:.7f} .. {first_cpu[ratio + 'max']:.7f})")
 assert same >= 6, same
 assert first_gpu["clip_ratio/region_mean"] == 0.0
 assert first_gpu["logp_mismatch"] < 0.1, first_gpu["logp_mismatch"]
 assert abs(first_gpu["entropy"] - first_cpu["entropy"]) < 0.05 * max(1.0, first_cpu["entropy"])
+# TRL's sequence_mask correction: each completion's ratio exp(sum of trainer - generator log
+# differences), bf16's differences over at most 12 tokens: near 1, none masked.
+for m in m_gpu:
+    assert 0.5 < m[ratio + "min"] <= m[ratio + "mean"] <= m[ratio + "max"] < 2.0, m
+    assert m["sampling/importance_sampling_masked"] == 0.0, m
 if same == 8:
-    assert abs(first_gpu["loss"] - first_cpu["loss"]) < 1e-3 * max(1.0, abs(first_cpu["loss"]))
+    # dapo: -sum(w_i A_i |y_i|) / sum |y_i|; the device's ratios w differ from 1 by up to
+    # max |w - 1|, the CPU's by ~1e-5: that much of sum |A_i| |y_i| / sum |y_i| apart, besides
+    # bf16's rounding.
+    spread = max(abs(first_gpu[ratio + "min"] - 1.0), abs(first_gpu[ratio + "max"] - 1.0))
+    weight = sum(abs(g["advantage"]) * len(g["ids"]) for g in gpu) / sum(len(g["ids"]) for g in gpu)
+    allowed = 1e-3 * max(1.0, abs(first_cpu["loss"])) + (spread + 1e-4) * weight
+    assert abs(first_gpu["loss"] - first_cpu["loss"]) < allowed, (first_gpu["loss"], first_cpu["loss"], allowed)
 assert all(m["grad_norm"] > 0 for m in m_gpu)
 PY
 echo "PASS"
