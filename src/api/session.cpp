@@ -7,9 +7,11 @@
 #include "api/public_errors.hpp"
 #include "api/run_config_parsed.hpp"
 #include "core/build_info.hpp"
+#include "core/error.hpp"
 #include "dist/thread_budget.hpp"
 #include "dist/world.hpp"
 #include "l3/l3.hpp"
+#include "train/grpo/generation_worker.hpp"
 #include "train/trainer.hpp"
 
 namespace l3 {
@@ -35,13 +37,47 @@ struct Session::Impl {
        std::unique_ptr<train::StepSource> host_data, const std::atomic<bool>* stop)
       : world(comm),
         log(world.rank(), world.size(), parsed.log),
-        threads(dist::apply_thread_budget(world)),
-        trainer(world, log, std::move(train), std::move(host_data), stop) {}
+        threads(dist::apply_thread_budget(world)) {
+    if (train.phase != Phase::grpo || train.grpo.generation_ranks == 0) {
+      trainer = std::make_unique<train::Trainer>(world, log, std::move(train), std::move(host_data),
+                                                 stop);
+      return;
+    }
+    // Asynchronous GRPO: the last ranks generate, the others train (train/grpo/generation_link).
+    split = train::grpo::split_for_generation(world, train.grpo.generation_ranks);
+    if (split.link->generating()) {
+      worker = std::make_unique<train::grpo::GenerationWorker>(world, *split.link, *split.group,
+                                                               log, train);
+      return;
+    }
+    try {
+      trainer = std::make_unique<train::Trainer>(*split.group, log, std::move(train),
+                                                 std::move(host_data), stop, split.link.get());
+    } catch (...) {
+      // The generating ranks wait for their setup: they end with this error too.
+      if (world.is_root()) {
+        const core::ErrorSummary summary = core::summarize(std::current_exception());
+        train::grpo::send_setup_failure(*split.link, summary.exit_code, summary.text);
+      }
+      throw;
+    }
+  }
+
+  // A generating rank's whole part of the run (it has no steps of its own).
+  RunSummary generate() {
+    RunSummary out;
+    if (!generated) out.stopped = worker->run();
+    generated = true;
+    return out;
+  }
 
   dist::World world;
   core::Logger log;
   dist::ThreadBudget threads;
-  train::Trainer trainer;
+  train::grpo::SplitWorld split;  // asynchronous GRPO only
+  std::unique_ptr<train::Trainer> trainer;
+  std::unique_ptr<train::grpo::GenerationWorker> worker;  // a generating rank's, instead
+  bool generated = false;
 };
 
 Session::Session(MPI_Comm comm, const RunConfig& config) : Session(comm, config, nullptr) {}
@@ -66,43 +102,61 @@ Session& Session::operator=(Session&&) noexcept = default;
 
 RunSummary Session::run() {
   RunSummary out;
-  api::rethrow_as_public([&] { out = impl_->trainer.run(); });
+  api::rethrow_as_public([&] { out = impl_->worker ? impl_->generate() : impl_->trainer->run(); });
   return out;
 }
 
 bool Session::step() {
   bool more = false;
-  api::rethrow_as_public([&] { more = impl_->trainer.step(); });
+  api::rethrow_as_public([&] {
+    if (impl_->worker) {
+      (void)impl_->generate();  // the generating ranks' part ends with the run
+    } else {
+      more = impl_->trainer->step();
+    }
+  });
   return more;
 }
 
 std::optional<EvalMetrics> Session::evaluate() {
   std::optional<EvalMetrics> out;
-  api::rethrow_as_public([&] { out = impl_->trainer.evaluate(); });
+  api::rethrow_as_public([&] {
+    if (impl_->trainer) out = impl_->trainer->evaluate();
+  });
   return out;
 }
 
 CheckpointInfo Session::checkpoint() {
   CheckpointInfo out;
-  api::rethrow_as_public([&] { out = impl_->trainer.checkpoint(); });
+  api::rethrow_as_public([&] {
+    if (impl_->trainer) out = impl_->trainer->checkpoint();
+  });
   return out;
 }
 
-void Session::request_checkpoint() noexcept { impl_->trainer.request_checkpoint(); }
-void Session::request_stop() noexcept { impl_->trainer.request_stop(); }
+void Session::request_checkpoint() noexcept {
+  if (impl_->trainer) impl_->trainer->request_checkpoint();
+}
+void Session::request_stop() noexcept {
+  if (impl_->trainer) impl_->trainer->request_stop();
+}
 
 void Session::on_step(std::function<void(const StepMetrics&)> callback) {
-  impl_->trainer.on_step(std::move(callback));
+  if (impl_->trainer) impl_->trainer->on_step(std::move(callback));
 }
 void Session::on_eval(std::function<void(const EvalMetrics&)> callback) {
-  impl_->trainer.on_eval(std::move(callback));
+  if (impl_->trainer) impl_->trainer->on_eval(std::move(callback));
 }
 void Session::on_checkpoint(std::function<void(const CheckpointInfo&)> callback) {
-  impl_->trainer.on_checkpoint(std::move(callback));
+  if (impl_->trainer) impl_->trainer->on_checkpoint(std::move(callback));
 }
 
-std::int64_t Session::steps_done() const noexcept { return impl_->trainer.steps_done(); }
-std::int64_t Session::total_steps() const noexcept { return impl_->trainer.total_steps(); }
+std::int64_t Session::steps_done() const noexcept {
+  return impl_->trainer ? impl_->trainer->steps_done() : 0;
+}
+std::int64_t Session::total_steps() const noexcept {
+  return impl_->trainer ? impl_->trainer->total_steps() : 0;
+}
 int Session::rank() const noexcept { return impl_->world.rank(); }
 int Session::size() const noexcept { return impl_->world.size(); }
 

@@ -77,6 +77,12 @@ void declare_grpo_options(po::options_description& options) {
           ->default_value(d.num_iterations)
           ->value_name("N"),
       "optimizer steps per generation batch")(
+      "generation-ranks", core::number<std::int64_t>(core::between(1, 65536))->value_name("N"),
+      "asynchronous GRPO: the last N ranks generate and score while the others train, with a "
+      "fixed lag (--max-staleness); default: every rank generates, then trains")(
+      "max-staleness", core::number<std::int64_t>(core::between(0, 64))->value_name("S"),
+      "with --generation-ranks: step k trains on completions of the policy after step k-1-S "
+      "(fixed, so runs are reproducible; default 1; 0: on-policy)")(
       "mask-truncated-completions", po::bool_switch(),
       "leave completions cut by --max-completion-length out of the loss")(
       "no-importance-sampling-correction", po::bool_switch(),
@@ -630,6 +636,9 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
     g.scale_rewards = train::parse_reward_scaling(get<std::string>(o, "scale-rewards"));
     g.advantage = train::parse_advantage_estimator(get<std::string>(o, "advantage"));
     g.num_iterations = get<std::int64_t>(o, "num-iterations");
+    if (o.count("generation-ranks") != 0)
+      g.generation_ranks = get<std::int64_t>(o, "generation-ranks");
+    if (o.count("max-staleness") != 0) g.max_staleness = get<std::int64_t>(o, "max-staleness");
     g.mask_truncated_completions = get<bool>(o, "mask-truncated-completions");
     g.importance_sampling_correction = !get<bool>(o, "no-importance-sampling-correction");
     g.importance_sampling_mode =

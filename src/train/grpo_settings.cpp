@@ -39,6 +39,16 @@ void GrpoSettings::validate() const {
     throw core::usage_error(
         "--num-generations must be at least 2 (advantages compare a prompt's completions)");
   }
+  if (max_staleness >= 0 && generation_ranks == 0) {
+    throw core::usage_error(
+        "--max-staleness S needs --generation-ranks N (the lag between the generating and the "
+        "training ranks)");
+  }
+  if (generation_ranks > 0 && num_iterations > 1) {
+    throw core::usage_error(
+        "--generation-ranks with --num-iterations > 1 is not supported yet: each generation "
+        "batch trains one step");
+  }
   if (advantage == AdvantageEstimator::rloo && num_generations < 2)
     throw core::usage_error("--advantage rloo needs --num-generations >= 2");
   if (importance_sampling_clip_min && importance_sampling_clip_max &&
@@ -83,6 +93,8 @@ void GrpoSettings::add_to(nlohmann::json& j) const {
   j["reward_model"] = reward_model;
   j["reward_adapter"] = reward_adapter;
   j["reward_weights"] = reward_weights;
+  j["generation_ranks"] = generation_ranks;
+  j["max_staleness"] = staleness();
 }
 
 PolicyLossType parse_policy_loss_type(std::string_view name) {

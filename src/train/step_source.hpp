@@ -46,6 +46,15 @@ class StepSource {
   // The run's last step and evaluation are done (not called when it stops early): a source
   // ends its helpers and checks what they said last (online RL: its verifier). Collective.
   virtual void finish() {}
+  // The run's step count, once it is known (after start()).
+  virtual void set_total_steps(std::int64_t /*total*/) {}
+  // A checkpoint of the state after `steps` optimizer steps is about to be written: what it
+  // needs from the source must be on disk first (asynchronous GRPO: the batches already
+  // generated for the steps after it). Collective.
+  virtual void before_checkpoint(std::int64_t /*steps*/) {}
+  // The run ends here (done, or stopped with `stopped`): a source with helper ranks lets them
+  // go. Collective; called once, after the last step and checkpoint.
+  virtual void end_run(bool /*stopped*/) {}
 
   StepSource() = default;
   StepSource(const StepSource&) = delete;

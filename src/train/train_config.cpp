@@ -47,6 +47,12 @@ void TrainConfig::validate() const {
     require(data_from_host == false, "grpo reads its prompts from --data (made by 'prep prompts')");
     require(grpo.max_completion_length < seq_len,
             "--max-completion-length must leave room for a prompt in --seq-len");
+    if (grpo.generation_ranks > 0 && global_batch % grpo.generation_ranks != 0) {
+      throw core::usage_error(fmt::format(
+          "--global-batch {} (prompts per step) must be a multiple of --generation-ranks {}: a "
+          "prompt's completions are generated on one rank",
+          global_batch, grpo.generation_ranks));
+    }
   }
 }
 

@@ -26,10 +26,10 @@ namespace l3::train {
 
 struct Trainer::Impl {
   Impl(const dist::World& w, const core::Logger& l, TrainConfig c, std::unique_ptr<StepSource> d,
-       const std::atomic<bool>* stop_flag)
+       const std::atomic<bool>* stop_flag, const grpo::GenerationLink* link)
       : world(w),
         log(l),
-        parts(assemble_trainer(w, l, std::move(c), std::move(d), stop_flag)),
+        parts(assemble_trainer(w, l, std::move(c), std::move(d), stop_flag, link)),
         config(parts->config),
         ops(*parts->ops),
         model(*parts->model),
@@ -258,6 +258,7 @@ struct Trainer::Impl {
   // --checkpoint-sync), unless one of this step exists.
   void checkpoint() {
     if (checkpoints.has(done)) return;
+    parts->data->before_checkpoint(done);
     reporter.sync();  // the steps it holds are on disk in the metrics before it commits
     checkpoints.start(facts(), parallel, model.trainable_layout());
   }
@@ -265,6 +266,7 @@ struct Trainer::Impl {
   // Starts a node-local checkpoint of the state after `done` steps (flushed to --ckpt-dir when
   // it is the flush_every-th, unless `allow_flush` is false).
   void local_checkpoint(bool allow_flush = true) {
+    parts->data->before_checkpoint(done);
     reporter.sync();
     checkpoints.start_local(facts(), parallel, model.trainable_layout(), allow_flush);
   }
@@ -365,8 +367,9 @@ struct Trainer::Impl {
 };
 
 Trainer::Trainer(const dist::World& world, const core::Logger& log, TrainConfig config,
-                 std::unique_ptr<StepSource> data, const std::atomic<bool>* stop)
-    : impl_(std::make_unique<Impl>(world, log, std::move(config), std::move(data), stop)) {}
+                 std::unique_ptr<StepSource> data, const std::atomic<bool>* stop,
+                 const grpo::GenerationLink* link)
+    : impl_(std::make_unique<Impl>(world, log, std::move(config), std::move(data), stop, link)) {}
 
 Trainer::~Trainer() = default;
 
@@ -408,6 +411,7 @@ TrainSummary Trainer::run() {
     if (s.checkpoints.enabled()) s.checkpoint();
   }
   s.checkpoints.finish();
+  s.parts->data->end_run(s.stopped);
   TrainSummary summary;
   summary.backend_report = s.ops.report();
   if (!summary.backend_report.empty()) s.log.info("{}", summary.backend_report);

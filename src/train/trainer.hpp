@@ -29,6 +29,9 @@ class LlamaModel;
 }
 
 namespace l3::train {
+namespace grpo {
+struct GenerationLink;
+}
 
 // The public structs (include/l3/l3.hpp): what the trainer reports is what a host gets.
 using CheckpointReport = l3::CheckpointInfo;
@@ -43,8 +46,11 @@ class Trainer {
   // `stop`: a host's stop flag (set by a signal handler, maybe before the trainer exists):
   // while the trainer is built, setting it stops every rank with core's "stopped" Error (exit
   // 75); afterwards it asks to stop at the next boundary, as request_stop(). nullptr: none.
+  // `link`: asynchronous GRPO's link to the generating ranks (`world` is then the training
+  // ranks' group; train/grpo/generation_link.hpp); null: none.
   Trainer(const dist::World& world, const core::Logger& log, TrainConfig config,
-          std::unique_ptr<StepSource> data = nullptr, const std::atomic<bool>* stop = nullptr);
+          std::unique_ptr<StepSource> data = nullptr, const std::atomic<bool>* stop = nullptr,
+          const grpo::GenerationLink* link = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -656,6 +656,11 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
     prepare_dpo_reference(world, log, p, lc, resumed.manifest, initial_digest);
   }
   if (c.phase == Phase::grpo) {
+    if (p.link != nullptr && p.model->has_adapters() && p.model->parameters().numel() == 0) {
+      throw core::usage_error(
+          "--generation-ranks with LoRA and --shard-parameters is not supported yet: the "
+          "generating ranks take the frozen base whole from rank 0");
+    }
     // Online RL: the steps are made by the model being trained (grpo/rollout_source.hpp).
     const grpo::ReferencePolicy reference =
         prepare_grpo_reference(world, log, p, resumed.manifest, initial_digest);
@@ -673,7 +678,30 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
             .cache_dir = c.ckpt_dir.empty()
                              ? std::string()
                              : (std::filesystem::path(c.ckpt_dir) / "rollouts").string(),
-            .stop = p.stop});
+            .stop = p.stop,
+            .link = p.link,
+            .generate = false,
+            .trained_weights =
+                [&p] {
+                  // This rank's pieces of the fp32 master weights, whatever the ZeRO stage.
+                  grpo::WeightPieces w;
+                  w.ranges = p.parallel->write_ranges();
+                  std::int64_t n = 0;
+                  for (const model::FlatRange& r : w.ranges) n += r.size();
+                  w.values.resize(static_cast<std::size_t>(n));
+                  p.parallel->optimizer().save_master(w.ranges, w.values);
+                  return w;
+                },
+            .frozen_base =
+                [&p, &world] {
+                  // LoRA: the frozen weights, whole on rank 0 (sharded ones are refused).
+                  std::vector<float> base;
+                  if (!world.is_root()) return base;
+                  base.resize(static_cast<std::size_t>(p.model->layout().total()));
+                  p.ops->copy(kernels::TensorView(std::span<float>(base)), p.model->parameters());
+                  p.ops->synchronize();
+                  return base;
+                }});
   } else {
     p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(world, p.index, lc);
     lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
@@ -691,6 +719,7 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
                                                   : std::nullopt},
                 p.resumed ? p.resumed->position : data::Position{0, 0});
   p.total_steps = count_steps(c, *p.data);
+  p.data->set_total_steps(p.total_steps);
   log_plan(world, log, p);
 }
 
@@ -698,11 +727,13 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
 
 std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const core::Logger& log,
                                                TrainConfig config, std::unique_ptr<StepSource> data,
-                                               const std::atomic<bool>* stop) {
+                                               const std::atomic<bool>* stop,
+                                               const grpo::GenerationLink* link) {
   // In place, never moved: the data source holds a reference to `index`.
   auto parts = std::make_unique<TrainerParts>();
   TrainerParts& p = *parts;
   p.stop = stop;
+  p.link = link;
   p.config = std::move(config);
   const TrainConfig& c = p.config;
   c.validate();

@@ -18,6 +18,7 @@
 #include "train/data_parallel.hpp"
 #include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
+#include "train/grpo/generation_link.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics.hpp"
 #include "train/model_assembly.hpp"
@@ -73,9 +74,10 @@ struct TrainerParts {
   ReferenceTable reference;
   ReferenceTable val_reference;
   nlohmann::json reference_record = nlohmann::json::object();
-  std::string run_key;                      // train/run_identity.hpp
-  std::string run_id;                       // new_run_id(), or the resumed checkpoint's
-  const std::atomic<bool>* stop = nullptr;  // the host's stop flag (assemble_trainer)
+  std::string run_key;                         // train/run_identity.hpp
+  std::string run_id;                          // new_run_id(), or the resumed checkpoint's
+  const std::atomic<bool>* stop = nullptr;     // the host's stop flag (assemble_trainer)
+  const grpo::GenerationLink* link = nullptr;  // asynchronous GRPO's generating ranks
 };
 
 // How a run evaluates its --val-data: the batches the DPO reference's validation table is
@@ -92,6 +94,7 @@ struct TrainerParts {
 // any rank, every rank stops with core's "stopped" Error (exit 75); nullptr: none.
 [[nodiscard]] std::unique_ptr<TrainerParts> assemble_trainer(
     const dist::World& world, const core::Logger& log, TrainConfig config,
-    std::unique_ptr<StepSource> data, const std::atomic<bool>* stop = nullptr);
+    std::unique_ptr<StepSource> data, const std::atomic<bool>* stop = nullptr,
+    const grpo::GenerationLink* link = nullptr);
 
 }  // namespace l3::train

@@ -48,6 +48,14 @@ PromptSet PromptSet::load(const dist::World& world, const data::DatasetIndex& in
   return set;
 }
 
+void PromptSet::share(MPI_Comm comm, int root) {
+  directory_ = dist::broadcast_string(comm, directory_, root);
+  dist::broadcast_vector(comm, tokens_, root);
+  dist::broadcast_vector(comm, offsets_, root);
+  dist::broadcast_vector(comm, record_offsets_, root);
+  records_ = dist::broadcast_string(comm, records_, root);
+}
+
 std::span<const std::int32_t> PromptSet::prompt(std::int64_t i) const {
   const auto k = static_cast<std::size_t>(i);
   return std::span<const std::int32_t>(tokens_).subspan(

@@ -21,6 +21,9 @@ class PromptSet {
   // Collective over `world`: the prompts of `index` (a prompt dataset), in sample order.
   // bad_input Errors name the shard.
   static PromptSet load(const dist::World& world, const data::DatasetIndex& index);
+  // Collective over `comm`: `root`'s set on every rank (asynchronous GRPO: the training ranks
+  // loaded it, the generating ranks take theirs).
+  void share(MPI_Comm comm, int root);
 
   [[nodiscard]] std::int64_t size() const noexcept {
     return static_cast<std::int64_t>(offsets_.size()) - 1;

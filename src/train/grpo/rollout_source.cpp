@@ -145,9 +145,11 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
       }
     }
   }
-  if (!s.reward_command.empty())
+  // Asynchronous GRPO's training ranks score only what they evaluate.
+  const bool scores = config_.link == nullptr || config_.generate || validation_.size() > 0;
+  if (!s.reward_command.empty() && scores)
     command_ = std::make_unique<RewardCommand>(s.reward_command, s.reward_timeout, config_.stop);
-  if (!s.reward_model.empty()) {
+  if (!s.reward_model.empty() && scores) {
     reward_model_ =
         std::make_unique<RewardModel>(world_, log_, model_.ops(),
                                       RewardModelConfig{.path = s.reward_model,
@@ -157,16 +159,17 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
                                                         .seq_len = config_.seq_len},
                                       tokenizer_);
   }
-  if (s.beta > 0 && reference_.model == nullptr)
+  if (s.beta > 0 && reference_.model == nullptr && !config_.generate)
     throw core::internal_error("GRPO with beta > 0 and no reference policy");
 
   // The engine: this rank's completions of a step in flight at once (at most 64), each a prompt
   // and its completion within one row.
   if (config_.prompts_per_step % world_.size() != 0) {
     throw core::usage_error(fmt::format(
-        "--global-batch {} (prompts per step) must be a multiple of the {} ranks: a prompt's "
+        "--global-batch {} (prompts per step) must be a multiple of the {} {}ranks: a prompt's "
         "completions are generated and trained on one rank",
-        config_.prompts_per_step, world_.size()));
+        config_.prompts_per_step, world_.size(),
+        config_.link == nullptr ? "" : (config_.generate ? "generating " : "training ")));
   }
   model::SamplingSettings sampling{
       .temperature = s.temperature,
@@ -187,7 +190,16 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
       std::move(sampling));
 }
 
-RolloutSource::~RolloutSource() = default;
+RolloutSource::~RolloutSource() {
+  // A training rank leaving on an error: the generating ranks wait for a control message; let
+  // them go (they report the run as stopped). Nothing may throw from here.
+  if (config_.link != nullptr && !config_.generate && !ended_) {
+    try {
+      end_run(true);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the error on its way out is what counts
+    }
+  }
+}
 
 std::optional<std::int64_t> RolloutSource::steps_in_epoch(std::int64_t /*epoch*/) const {
   // Each generation batch trains --num-iterations steps.
@@ -347,7 +359,9 @@ const data::StepData& RolloutSource::next() {
   // The generation batch of this step: made now, kept from the cycle's first step, or (a run
   // resumed inside a cycle) read back from where that step saved it.
   const std::int64_t cycle = step - step % iterations;
-  if (step == cycle) {
+  if (config_.link != nullptr) {
+    linked_next(step);
+  } else if (step == cycle) {
     roll_out(step);
   } else if (cycle_ != cycle) {
     restore_cycle(cycle);
@@ -366,7 +380,17 @@ const data::StepData& RolloutSource::next() {
   return current_;
 }
 
+struct RolloutSource::Rolled {
+  std::vector<Completion> completions;
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
 void RolloutSource::roll_out(std::int64_t step) {
+  Rolled rolled = generate_batch(step);
+  use_batch(std::move(rolled.completions), std::move(rolled.metrics), step);
+}
+
+RolloutSource::Rolled RolloutSource::generate_batch(std::int64_t step) {
   const GrpoSettings& s = config_.settings;
   const std::vector<std::int64_t> all =
       step_prompts(position_.epoch, position_.step / s.num_iterations);
@@ -380,11 +404,11 @@ void RolloutSource::roll_out(std::int64_t step) {
                       .bits64(0);
   std::vector<Completion> completions = generate(prompts_, mine, s.num_generations, sampling);
   const double generate_ms = watch.milliseconds();
-  core::fault_point("grpo.generated", world_.rank());
+  core::fault_point("grpo.generated", config_.link != nullptr ? config_.link->rank : world_.rank());
   watch = core::Stopwatch();
   score(prompts_, completions);
   const double score_ms = watch.milliseconds();
-  core::fault_point("grpo.scored", world_.rank());
+  core::fault_point("grpo.scored", config_.link != nullptr ? config_.link->rank : world_.rank());
 
   // Every rank's rewards, lengths and truncations in the step's global order.
   const std::size_t functions = s.reward_names().size();
@@ -449,14 +473,24 @@ void RolloutSource::roll_out(std::int64_t step) {
   metrics.emplace_back("completions/mean_terminated_length", mean_of(terminated));
   metrics.emplace_back("completions/min_terminated_length", terminated.empty() ? 0.0 : *t_min);
   metrics.emplace_back("completions/max_terminated_length", terminated.empty() ? 0.0 : *t_max);
-  metrics.emplace_back("time/generate_ms", dist::all_reduce(world_.comm(), generate_ms,
-                                                            dist::ReduceOp::max, "generate time"));
-  metrics.emplace_back("time/score_ms", dist::all_reduce(world_.comm(), score_ms,
-                                                         dist::ReduceOp::max, "score time"));
+  // Generating ranks time their own work (generation/...): the training ranks' step time does
+  // not include it.
+  const std::string prefix = config_.generate ? "generation/" : "time/";
+  metrics.emplace_back(
+      prefix + "generate_ms",
+      dist::all_reduce(world_.comm(), generate_ms, dist::ReduceOp::max, "generate time"));
+  metrics.emplace_back(prefix + "score_ms", dist::all_reduce(world_.comm(), score_ms,
+                                                             dist::ReduceOp::max, "score time"));
+  return {std::move(completions), std::move(metrics)};
+}
 
-  if (!s.log_completions.empty()) write_log(completions, mine, step);
+void RolloutSource::use_batch(std::vector<Completion> completions,
+                              std::vector<std::pair<std::string, double>> metrics,
+                              std::int64_t step) {
+  const GrpoSettings& s = config_.settings;
+  if (!s.log_completions.empty()) write_log(completions, step);
   current_ = data::StepData{};
-  current_.samples = static_cast<std::int64_t>(mine.size());
+  current_.samples = static_cast<std::int64_t>(completions.size()) / s.num_generations;
   build_batches(completions);
   {
     // What one pass over the step's micro-batches computes (every rank's): positions, padding
@@ -472,7 +506,7 @@ void RolloutSource::roll_out(std::int64_t step) {
     metrics.emplace_back("train_padding_share", tokens[0] > 0 ? 1.0 - tokens[1] / tokens[0] : 0.0);
   }
   if (reference_.model != nullptr) {
-    watch = core::Stopwatch();
+    const core::Stopwatch watch;
     reference_log_probabilities(completions);
     metrics.emplace_back("time/reference_ms",
                          dist::all_reduce(world_.comm(), watch.milliseconds(), dist::ReduceOp::max,
@@ -683,11 +717,11 @@ std::string RolloutSource::cycle_file(std::int64_t step) const {
   return (std::filesystem::path(config_.cache_dir) / rollout_file_name(step)).string();
 }
 
-void RolloutSource::save_cycle(const std::vector<Completion>& completions,
-                               const std::vector<std::pair<std::string, double>>& metrics,
-                               std::int64_t step) {
-  // Every rank's completions in the global order (rank by rank), in one file rank 0 writes: a
-  // run resumed inside the cycle, on any number of ranks, trains on the same batch.
+std::string RolloutSource::batch_text(const std::vector<Completion>& completions,
+                                      const std::vector<std::pair<std::string, double>>& metrics,
+                                      std::int64_t step) {
+  // Every rank's completions in the global order (rank by rank): a run resumed inside the
+  // cycle, on any number of ranks, trains on the same batch.
   json mine = json::array();
   for (const Completion& c : completions) {
     mine.push_back({{"prompt", c.prompt},
@@ -704,20 +738,26 @@ void RolloutSource::save_cycle(const std::vector<Completion>& completions,
   }
   const std::vector<std::string> parts = dist::gather_strings(
       world_.comm(), mine.dump(-1, ' ', false, json::error_handler_t::replace), 0);
+  if (!world_.is_root()) return {};
+  json all = json::array();
+  for (const std::string& part : parts)
+    for (json& c : json::parse(part)) all.push_back(std::move(c));
+  json metric_object = json::object();
+  for (const auto& [name, value] : metrics) metric_object[name] = value;
+  return json{{"step", step}, {"metrics", metric_object}, {"completions", all}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
+}
+
+void RolloutSource::save_cycle(const std::vector<Completion>& completions,
+                               const std::vector<std::pair<std::string, double>>& metrics,
+                               std::int64_t step) {
+  const std::string text = batch_text(completions, metrics, step);
   std::exception_ptr failure;
   if (world_.is_root()) {
     try {
-      json all = json::array();
-      for (const std::string& part : parts)
-        for (json& c : json::parse(part)) all.push_back(std::move(c));
-      json metric_object = json::object();
-      for (const auto& [name, value] : metrics) metric_object[name] = value;
       check_rollout_cache(config_.cache_dir);  // again: planted while the run went on
       std::filesystem::create_directories(config_.cache_dir);
-      core::write_file_atomically(
-          cycle_file(step),
-          json{{"step", step}, {"metrics", metric_object}, {"completions", all}}.dump(
-              -1, ' ', false, json::error_handler_t::replace));
+      core::write_file_atomically(cycle_file(step), text);
       // Older cycles' files go once no checkpoint can resume inside them: those before the
       // cycle of the oldest checkpoint kept. Checkpoints are written in the background: while
       // no checkpoint is complete, the first one may still be in flight and need an older
@@ -763,12 +803,23 @@ void RolloutSource::restore_cycle(std::int64_t cycle) {
   }
   dist::agree_on_failure(world_, failure);
   text = dist::broadcast_string(world_.comm(), text);
+  std::vector<Completion> completions = parse_batch(text, cycle, path, cycle_metrics_);
+  current_ = data::StepData{};
+  current_.samples = static_cast<std::int64_t>(completions.size()) / s.num_generations;
+  build_batches(completions);
+  cycle_ = cycle;
+}
+
+std::vector<RolloutSource::Completion> RolloutSource::parse_batch(
+    const std::string& text, std::int64_t cycle, const std::string& path,
+    std::vector<std::pair<std::string, double>>& metrics) {
+  const GrpoSettings& s = config_.settings;
   const std::vector<std::int64_t> all =
       step_prompts(position_.epoch, position_.step / s.num_iterations);
   const auto [begin, end] = share(static_cast<std::int64_t>(all.size()), world_.rank());
   const auto g = static_cast<std::size_t>(s.num_generations);
   std::vector<Completion> completions;
-  cycle_metrics_.clear();
+  metrics.clear();
   try {
     const json saved = json::parse(text);
     const json& list = saved.at("completions");
@@ -790,8 +841,12 @@ void RolloutSource::restore_cycle(std::int64_t cycle) {
       out.rewards = c.at("rewards").get<std::vector<double>>();
       out.reward = c.at("reward").get<double>();
       out.advantage = c.at("advantage").get<double>();
-      if (out.logprobs.size() != out.ids.size() || out.old_logprobs.size() != out.ids.size() ||
-          out.ref_logprobs.size() != (s.beta > 0 ? out.ids.size() : 0) ||
+      // Generating ranks leave the old and the reference log-probabilities to the training
+      // ranks (a batch of --num-iterations 1 has no old ones; the reference's come after).
+      const bool linked = config_.link != nullptr;
+      if (out.logprobs.size() != out.ids.size() ||
+          out.old_logprobs.size() != (linked ? 0 : out.ids.size()) ||
+          out.ref_logprobs.size() != (s.beta > 0 && !linked ? out.ids.size() : 0) ||
           static_cast<std::int64_t>(out.ids.size()) > s.max_completion_length)
         throw core::bad_input(fmt::format("completion {} is malformed", i), {.file = path});
       for (const std::int32_t id : out.ids) {
@@ -802,18 +857,14 @@ void RolloutSource::restore_cycle(std::int64_t cycle) {
       completions.push_back(std::move(out));
     }
     for (const auto& [name, value] : saved.at("metrics").items())
-      cycle_metrics_.emplace_back(name, value.get<double>());
+      metrics.emplace_back(name, value.get<double>());
   } catch (const json::exception& e) {
     throw core::bad_input(fmt::format("not a generation batch: {}", e.what()), {.file = path});
   }
-  current_ = data::StepData{};
-  current_.samples = end - begin;
-  build_batches(completions);
-  cycle_ = cycle;
+  return completions;
 }
 
-void RolloutSource::write_log(const std::vector<Completion>& completions,
-                              const std::vector<std::int64_t>& /*mine*/, std::int64_t step) {
+void RolloutSource::write_log(const std::vector<Completion>& completions, std::int64_t step) {
   std::string lines;
   for (const Completion& c : completions) {
     nlohmann::ordered_json line = {
@@ -824,6 +875,8 @@ void RolloutSource::write_log(const std::vector<Completion>& completions,
         {"completion", c.text},
         {"ids", c.ids},
         {"truncated", c.truncated},
+        {"logprobs", c.logprobs},
+        {"policy_version", config_.settings.behaviour_version(step)},
         {"reward", c.reward},
         {"advantage", c.advantage}};
     const std::vector<std::string> names = config_.settings.reward_names();
@@ -834,6 +887,212 @@ void RolloutSource::write_log(const std::vector<Completion>& completions,
   const std::vector<std::string> all = dist::gather_strings(world_.comm(), lines, 0);
   if (!world_.is_root()) return;
   for (const std::string& part : all) log_file_->append(part);
+}
+
+// ---- asynchronous GRPO (generation_link.hpp) ------------------------------------------------
+
+std::string RolloutSource::setup_text(const model::ModelConfig& config,
+                                      const std::string& tokenizer) {
+  return json{{"model", config.to_hf_json()}, {"tokenizer", tokenizer}}.dump();
+}
+
+void RolloutSource::send_setup() {
+  // The generating ranks wait for this in GenerationWorker's constructor, in this order.
+  const GenerationLink& link = *config_.link;
+  const MPI_Comm comm = link.comm.get();
+  if (world_.is_root()) {
+    const std::string text = setup_text(model_.config(), config_.tokenizer);
+    for (int g = 0; g < link.generators; ++g)
+      send_text(comm, text, link.first_generator() + g, kSetupTag);
+    if (model_.has_adapters()) {
+      const std::vector<float> base = config_.frozen_base();
+      const WeightPieces whole{.ranges = {{0, static_cast<std::int64_t>(base.size())}},
+                               .values = base};
+      for (int g = 0; g < link.generators; ++g)
+        send_pieces(comm, whole, link.first_generator() + g);
+    }
+  }
+  prompts_.share(comm, 0);
+  set_up_ = true;
+}
+
+void RolloutSource::send_weights(std::int64_t version) {
+  if (version <= sent_version_) return;
+  const GenerationLink& link = *config_.link;
+  const MPI_Comm comm = link.comm.get();
+  const core::Stopwatch watch;
+  // The steps whose batch this version generates: every one not asked for yet whose behaviour
+  // version it is (the first: 0 .. S; then k + S), up to the run's end.
+  std::vector<std::int64_t> batches;
+  while (next_request_ < total_ && config_.settings.behaviour_version(next_request_) <= version) {
+    batches.push_back(next_request_++);
+  }
+  const WeightPieces pieces = config_.trained_weights();
+  if (world_.is_root()) {
+    const std::string control = json{{"version", version}, {"batches", batches}}.dump();
+    for (int g = 0; g < link.generators; ++g)
+      send_text(comm, control, link.first_generator() + g, kControlTag);
+  }
+  for (int g = 0; g < link.generators; ++g) send_pieces(comm, pieces, link.first_generator() + g);
+  sent_version_ = version;
+  weights_ms_ += watch.milliseconds();
+  weights_bytes_ +=
+      static_cast<std::int64_t>(pieces.values.size() * sizeof(float)) * link.generators;
+}
+
+const std::string& RolloutSource::receive_batch(std::int64_t step) {
+  const GenerationLink& link = *config_.link;
+  const core::Stopwatch watch;
+  // The batches come in the order they were asked for.
+  while (last_received_ < step) {
+    std::string text = receive_text(link.comm.get(), link.first_generator(), kBatchTag);
+    json head = json::parse(text, nullptr, false);
+    if (head.is_discarded() || !head.is_object())
+      throw core::internal_error("asynchronous GRPO: a batch message that is not JSON");
+    if (head.contains("error")) {
+      // A generating rank failed (a verifier, a reward model): its error is the run's.
+      generators_failed_ = true;
+      const std::string message = head["error"].get<std::string>();
+      if (head.value("exit_code", 1) == core::kExitBadInput) throw core::bad_input(message);
+      throw core::internal_error(message);
+    }
+    const auto got = head.at("step").get<std::int64_t>();
+    if (got != last_received_ + 1)
+      throw core::internal_error(
+          fmt::format("asynchronous GRPO: the batch of step {} came when step {}'s was due",
+                      got + 1, last_received_ + 2));
+    if (!config_.cache_dir.empty()) {
+      // Before any checkpoint that needs it (before_checkpoint), where a resumed run finds it.
+      check_rollout_cache(config_.cache_dir);
+      std::filesystem::create_directories(config_.cache_dir);
+      core::write_file_atomically(cycle_file(got), text);
+    }
+    received_[got] = std::move(text);
+    last_received_ = got;
+  }
+  wait_ms_ += watch.milliseconds();
+  return received_.at(step);
+}
+
+void RolloutSource::linked_next(std::int64_t step) {
+  const GrpoSettings& s = config_.settings;
+  if (!set_up_) {
+    send_setup();
+    // A resumed run's batches of steps [step, step + S) were generated before its checkpoint
+    // (with policies it no longer has): they come from the cache; the first one asked for is
+    // generated with the checkpoint's weights.
+    next_request_ = first_request_ = step == 0 ? 0 : step + s.staleness();
+    last_received_ = first_request_ - 1;
+  }
+  wait_ms_ = weights_ms_ = 0.0;
+  weights_bytes_ = 0;
+  // On-policy (S = 0), the batch of step k needs the weights after k steps: they go first.
+  // Otherwise the batch was generated while the last step trained, and is taken first (the
+  // generating ranks take the new weights once they have sent it).
+  // The first step of a run sends first too: nothing was generated with this run's weights.
+  const bool weights_first = s.staleness() == 0 || sent_version_ < 0;
+  if (weights_first) send_weights(step);
+  std::string text;
+  std::exception_ptr failure;
+  if (world_.is_root()) {
+    try {
+      if (step >= first_request_) {
+        text = receive_batch(step);
+      } else {
+        // Generated before the checkpoint this run resumed from.
+        const std::string path = cycle_file(step);
+        if (config_.cache_dir.empty() || !std::filesystem::exists(path)) {
+          throw core::bad_input(
+              fmt::format("resuming asynchronous GRPO (--max-staleness {}) needs the generation "
+                          "batch of step {}, made before the checkpoint; it is missing",
+                          s.staleness(), step + 1),
+              {.file = path});
+        }
+        text = core::read_text_file(path, "a GRPO generation batch", std::size_t{1} << 30);
+      }
+      received_.erase(received_.begin(), received_.upper_bound(step));
+      prune_cache();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world_, failure);
+  text = dist::broadcast_string(world_.comm(), text);
+  if (!weights_first) send_weights(step);
+  std::vector<std::pair<std::string, double>> metrics;
+  std::vector<Completion> completions = parse_batch(text, step, cycle_file(step), metrics);
+  if (s.staleness() > 0) {
+    // Off-policy by a fixed lag: the probability ratio is taken against the log-probabilities
+    // of the policy that generated the batch (TRL's AsyncGRPOTrainer).
+    for (Completion& c : completions) c.old_logprobs = c.logprobs;
+  }
+  std::array<double, 2> waits{wait_ms_, weights_ms_};
+  dist::all_reduce(world_.comm(), std::span<double>(waits), dist::ReduceOp::max, "linked waits");
+  metrics.emplace_back("time/generation_wait_ms", waits[0]);
+  metrics.emplace_back("time/weights_ms", waits[1]);
+  metrics.emplace_back("weights/bytes",
+                       static_cast<double>(dist::all_reduce(world_.comm(), weights_bytes_,
+                                                            dist::ReduceOp::sum, "weight bytes")));
+  metrics.emplace_back("staleness", static_cast<double>(step - s.behaviour_version(step)));
+  use_batch(std::move(completions), std::move(metrics), step);
+}
+
+void RolloutSource::before_checkpoint(std::int64_t steps) {
+  if (config_.link == nullptr || config_.generate) return;
+  // The batches of steps [steps, steps + S) exist only on the generating ranks' side of the
+  // lag: a run resumed from this checkpoint reads them from the cache. Rank 0 takes them now
+  // (those asked for; the others are generated from the checkpoint's weights).
+  std::exception_ptr failure;
+  if (world_.is_root()) {
+    try {
+      const std::int64_t last = std::min(steps + config_.settings.staleness(), next_request_);
+      if (last_received_ < last - 1) (void)receive_batch(last - 1);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world_, failure);
+}
+
+void RolloutSource::end_run(bool stopped) {
+  if (config_.link == nullptr || config_.generate || ended_ || generators_failed_) return;
+  ended_ = true;
+  const GenerationLink& link = *config_.link;
+  // Stopped before the first step: the generating ranks still wait for their setup.
+  if (!set_up_) send_setup();
+  if (!world_.is_root()) return;
+  // Every batch asked for is taken (its sender waits for that), then the stop.
+  if (last_received_ < next_request_ - 1) (void)receive_batch(next_request_ - 1);
+  const std::string control = json{{"stop", true}, {"stopped", stopped}}.dump();
+  for (int g = 0; g < link.generators; ++g)
+    send_text(link.comm.get(), control, link.first_generator() + g, kControlTag);
+}
+
+void RolloutSource::prune_cache() {
+  // Batches before the oldest checkpoint kept are no longer needed by any resume (as for
+  // --num-iterations, nothing goes while no checkpoint is complete).
+  if (config_.cache_dir.empty()) return;
+  std::optional<std::int64_t> oldest;
+  const std::filesystem::path parent = std::filesystem::path(config_.cache_dir).parent_path();
+  if (!std::filesystem::is_directory(parent)) return;
+  for (const auto& entry : std::filesystem::directory_iterator(parent)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("step-") && name.size() == 13 &&
+        name.find_first_not_of("0123456789", 5) == std::string::npos)
+      oldest = std::min<std::int64_t>(oldest.value_or(std::stoll(name.substr(5))),
+                                      std::stoll(name.substr(5)));
+  }
+  if (oldest && std::filesystem::is_directory(config_.cache_dir))
+    prune_rollout_cache(config_.cache_dir, *oldest);
+}
+
+std::string RolloutSource::make_batch(std::int64_t step,
+                                      const std::vector<std::pair<std::string, double>>& extra) {
+  const std::int64_t per_epoch = *steps_in_epoch(0);
+  position_ = {step / per_epoch, step % per_epoch};
+  Rolled rolled = generate_batch(step);
+  for (const auto& m : extra) rolled.metrics.push_back(m);
+  return batch_text(rolled.completions, rolled.metrics, step);
 }
 
 }  // namespace l3::train::grpo

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "model/generation_engine.hpp"
 #include "model/llama_model.hpp"
 #include "train/grpo/completions_log.hpp"
+#include "train/grpo/generation_link.hpp"
 #include "train/grpo/prompt_set.hpp"
 #include "train/grpo/reward_command.hpp"
 #include "train/grpo/reward_model.hpp"
@@ -55,6 +57,15 @@ struct RolloutConfig {
   std::string cache_dir;
   // A stop request's flag (SIGTERM, SIGUSR1), which ends a wait for --reward-command (exit 75).
   const std::atomic<bool>* stop = nullptr;
+  // Asynchronous GRPO (--generation-ranks; generation_link.hpp): the link to the other group,
+  // null without. On a training rank, the steps' batches come over it and the weights go; on a
+  // generating rank (generate = true) the source makes batches for make_batch() only.
+  const GenerationLink* link = nullptr;
+  bool generate = false;
+  // Training ranks: this rank's pieces of the trained weights (fp32 master, trainable layout),
+  // and (LoRA) the frozen base whole on rank 0 (empty elsewhere).
+  std::function<WeightPieces()> trained_weights;
+  std::function<std::vector<float>()> frozen_base;
 };
 
 // The engine's sequences in flight on each rank: a step's completions there, at most 64.
@@ -70,7 +81,6 @@ class RolloutSource final : public StepSource {
   RolloutSource(const dist::World& world, const core::Logger& log, model::LlamaModel& model,
                 ReferencePolicy reference, PromptSet prompts, PromptSet validation,
                 RolloutConfig config);
-  ~RolloutSource() override;
   RolloutSource(const RolloutSource&) = delete;
   RolloutSource& operator=(const RolloutSource&) = delete;
   RolloutSource(RolloutSource&&) = delete;
@@ -86,6 +96,21 @@ class RolloutSource final : public StepSource {
   [[nodiscard]] std::optional<EvalMetrics> evaluate() override;
   // The verifier's input ended and its last words checked (RewardCommand::finish). Collective.
   void finish() override;
+
+  void set_total_steps(std::int64_t total) override { total_ = total; }
+  void before_checkpoint(std::int64_t steps) override;
+  void end_run(bool stopped) override;
+  ~RolloutSource() override;  // (declared again below: the link's stop on an error's way out)
+
+  // A generating rank's work: the generation batch of global step `step` (from 0) with the
+  // model's current weights, generated, scored and with its advantages, as the rollout cache
+  // stores it, on this group's rank 0 (empty elsewhere); `extra`: metrics to add. Collective
+  // over this source's world.
+  [[nodiscard]] std::string make_batch(std::int64_t step,
+                                       const std::vector<std::pair<std::string, double>>& extra);
+  // The setup a training rank 0 sends each generating rank (generation_link.hpp).
+  [[nodiscard]] static std::string setup_text(const model::ModelConfig& config,
+                                              const std::string& tokenizer);
 
   // Prompts too long to leave room for a completion (left out of every epoch).
   [[nodiscard]] std::int64_t skipped_prompts() const noexcept { return skipped_; }
@@ -104,6 +129,27 @@ class RolloutSource final : public StepSource {
   void score(const PromptSet& set, std::vector<Completion>& completions);
   // The step's generation batch: generated, scored, its advantages, its micro-batches.
   void roll_out(std::int64_t step);
+  // roll_out's two halves: the completions of this rank's share, scored, with their advantages
+  // and the step's metrics; then their micro-batches, log, reference log-probabilities, ...
+  struct Rolled;
+  Rolled generate_batch(std::int64_t step);
+  void use_batch(std::vector<Completion> completions,
+                 std::vector<std::pair<std::string, double>> metrics, std::int64_t step);
+  // Every rank's completions in the global order, as one cache file's text, on rank 0.
+  [[nodiscard]] std::string batch_text(const std::vector<Completion>& completions,
+                                       const std::vector<std::pair<std::string, double>>& metrics,
+                                       std::int64_t step);
+  // This rank's share of a cache file's text (`path` names it in errors), and its metrics.
+  std::vector<Completion> parse_batch(const std::string& text, std::int64_t cycle,
+                                      const std::string& path,
+                                      std::vector<std::pair<std::string, double>>& metrics);
+  // Asynchronous GRPO, a training rank: the step's batch from the generating ranks.
+  void linked_next(std::int64_t step);
+  void send_weights(std::int64_t version);
+  // Rank 0: the batch of `step` received (and saved to the cache) unless it is already here.
+  const std::string& receive_batch(std::int64_t step);
+  void send_setup();
+  void prune_cache();
   void build_batches(const std::vector<Completion>& completions);
   // --num-iterations > 1: the completions' log-probabilities under the current weights (the
   // trainer's forward pass), into the micro-batches and the completions.
@@ -123,8 +169,7 @@ class RolloutSource final : public StepSource {
   void save_cycle(const std::vector<Completion>& completions,
                   const std::vector<std::pair<std::string, double>>& metrics, std::int64_t step);
   void restore_cycle(std::int64_t cycle);
-  void write_log(const std::vector<Completion>& completions, const std::vector<std::int64_t>& mine,
-                 std::int64_t step);
+  void write_log(const std::vector<Completion>& completions, std::int64_t step);
   // Rank 0: --log-completions opened, without the lines of the steps after `resumed_at` that
   // an interrupted run wrote (train/grpo/completions_log.hpp).
   void open_log(std::optional<std::int64_t> resumed_at);
@@ -152,6 +197,21 @@ class RolloutSource final : public StepSource {
   std::int64_t cycle_ = -1;
   std::vector<std::pair<std::string, double>> cycle_metrics_;
   std::map<std::size_t, std::pair<std::size_t, std::int64_t>> placement_;
+  // Asynchronous GRPO, training ranks: the run's steps, the batches received (rank 0), the next
+  // step whose batch is to be asked for, the last version sent, whether the generating ranks
+  // were let go, and the step's waits.
+  std::int64_t total_ = 0;
+  std::map<std::int64_t, std::string> received_;
+  std::int64_t next_request_ = 0;
+  std::int64_t first_request_ = 0;  // the first step this run asked the generating ranks for
+  std::int64_t last_received_ = -1;
+  bool generators_failed_ = false;
+  std::int64_t sent_version_ = -1;
+  bool set_up_ = false;
+  bool ended_ = false;
+  double wait_ms_ = 0.0;
+  double weights_ms_ = 0.0;
+  std::int64_t weights_bytes_ = 0;
 };
 
 }  // namespace l3::train::grpo
