@@ -50,6 +50,7 @@ std::vector<double> importance_ratios(const PolicyRows& rows, const PolicyParams
     return rho;
   }
   const std::span<const std::int32_t> starts = rows.completion_starts;
+  if (count == 0 && starts.empty()) return rho;  // a pass of no rows: nothing to count
   if (starts.empty() || starts.front() != 0 || std::cmp_not_equal(starts.back(), count) ||
       !std::is_sorted(starts.begin(), starts.end())) {
     throw core::internal_error(

@@ -436,6 +436,12 @@ TEST_CASE("GRPO's completions packed end to end give the padded layout's loss an
   CHECK(b.largest[1] == Approx(a.largest[1]).epsilon(1e-6));
   CHECK(b.largest[2] == Approx(a.largest[2]).epsilon(1e-6));
   CHECK(b.loss == Approx(a.loss).epsilon(1e-6));
+  // A rank's micro-batch of no rows (the other ranks' passes have some) adds nothing.
+  model.zero_gradients();
+  const l3::train::LossSums none = objective.forward_backward(Batch::none(kRow), 0.2F);
+  CHECK(none.loss == 0.0);
+  CHECK(none.extra[2] == 0.0);
+  CHECK(none.largest[2] == 0.0);
   CHECK(b.correct == Approx(a.correct).epsilon(1e-6));    // KL
   CHECK(b.extra[0] == Approx(a.extra[0]).epsilon(1e-6));  // entropy
   CHECK(b.chosen == a.chosen);                            // clipped tokens

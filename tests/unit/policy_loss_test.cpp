@@ -253,6 +253,14 @@ TEST_CASE("GRPO policy loss: no rows, and the shape checks", "[policy_loss]") {
   std::vector<double> sums = {1.0, 2.0, 3.0, 4.0, 5.0};
   ops.policy_loss({.sums = view_of(sums), .beta = 0.04});
   CHECK((sums == std::vector<double>{1.0, 2.0, 3.0, 4.0, 5.0}));
+  // A pass of no rows (a rank's empty micro-batch) with sequence-level importance sampling.
+  std::vector<double> eight = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0}, maxima = {1.0, 2.0, 3.0};
+  ops.policy_loss({.sums = view_of(eight),
+                   .largest = view_of(maxima),
+                   .importance_sampling = l3::kernels::ImportanceSampling::sequence_mask,
+                   .clip_max = 3.0});
+  CHECK((eight == std::vector<double>{1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0}));
+  CHECK((maxima == std::vector<double>{1.0, 2.0, 3.0}));
 
   std::vector<float> row_loss(4, 1.0F), advantages(4, 1.0F), weights(4, 1.0F), three(3, 0.0F);
   std::vector<double> largest = {0.0}, four_sums(4, 0.0);
