@@ -4,8 +4,8 @@
 #     run's weights and log its completions byte for byte;
 #   - with the default lag (1) the steps report the staleness, the generating ranks' work and the
 #     weights sent; 2 generating ranks give the 1-rank generation's weights and completions;
-#   - a training rank killed after a checkpoint, and a generating rank killed while scoring,
-#     resume to the uninterrupted run's weights and completions log;
+#   - a training rank killed after a checkpoint, a generating rank killed while scoring, and a
+#     SIGUSR1 stop (exit 75) resume to the uninterrupted run's weights and completions log;
 #   - a verifier failing on a generating rank is one error line, exit 2; bad splits are exit 2.
 # Usage:
 #   grpo_async_test.sh LLAMA3_HPC MPIEXEC
@@ -58,8 +58,19 @@ run 2 "${args[@]}" --ckpt-dir "$work/sync" --log-completions "$work/sync.jsonl" 
   fail "synchronous run (rc $?): $(tail -3 "$work/last.err")"
 run 3 "${args[@]}" --generation-ranks 1 --max-staleness 0 --ckpt-dir "$work/s0" \
   --log-completions "$work/s0.jsonl" || fail "--max-staleness 0 (rc $?): $(tail -3 "$work/last.err")"
+# The asynchronous log has two fields more (policy_version, logprobs): the rest is the same.
+same_completions() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+for x in a:
+    assert x.pop("policy_version") == max(0, x["step"] - 1) and len(x.pop("logprobs")) == len(x["ids"])
+assert len(a) == 64 and a == b
+PY
+}
 if [[ -n "$(step4 "$work/sync")" && "$(step4 "$work/s0")" == "$(step4 "$work/sync")" ]] &&
-  cmp -s "$work/s0.jsonl" "$work/sync.jsonl"; then
+  same_completions "$work/s0.jsonl" "$work/sync.jsonl"; then
   pass "1 generating + 2 training ranks, --max-staleness 0: the synchronous run's weights and completions"
 else
   fail "--max-staleness 0 on split ranks is not the synchronous run"
@@ -101,15 +112,18 @@ else
   fail "2 generating ranks differ from 1"
 fi
 
-# --- killed, resumed: the uninterrupted run (a training rank after step 2's checkpoint; a
-# generating rank scoring step 4's batch, the batch of step 3 in CKPT_DIR/rollouts) ---
-for spec in "train.update@1#3=kill" "grpo.scored@2#4=kill"; do
+# --- killed or stopped, resumed: the uninterrupted run (a training rank after step 2's
+# checkpoint; a generating rank scoring step 4's batch, the batch of step 3 in CKPT_DIR/rollouts;
+# SIGUSR1 to a training rank before step 3) ---
+for spec in "train.update@1#3=kill" "grpo.scored@2#4=kill" "train.step@1#3=raise:USR1"; do
   dir="$work/kill-${spec%%@*}"
   L3_FAULT="$spec" run 3 "${args[@]}" --generation-ranks 1 --checkpoint-sync --ckpt-dir "$dir" \
     --log-completions "$dir.jsonl"
   killed=$?
   run 3 "${args[@]}" --generation-ranks 1 --ckpt-dir "$dir" --log-completions "$dir.jsonl" ||
     fail "resume after $spec (rc $?): $(tail -3 "$work/last.err")"
+  # SIGUSR1 on a training rank: both groups stop at step 2, its checkpoint written (exit 75).
+  [[ $spec == *USR1 && ($killed -ne 75 || ! -d "$dir/step-00000002") ]] && killed=0
   if [[ $killed -ne 0 && "$(step4 "$dir")" == "$reference" ]] && cmp -s "$dir.jsonl" "$work/s1.jsonl"; then
     pass "killed ($spec), resumed: the uninterrupted run's weights and completions"
   else

@@ -77,12 +77,15 @@ void check_rollout_cache(const fs::path& dir) {
 }
 
 void prune_rollout_cache(const fs::path& dir, std::int64_t keep) {
+  prune_rollout_cache(dir, [keep](std::int64_t step) { return step >= keep; });
+}
+
+void prune_rollout_cache(const fs::path& dir, const std::function<bool(std::int64_t)>& kept) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::optional<std::int64_t> step = rollout_file_step(it->path().filename().string());
     struct stat entry {};
-    if (!step || *step >= keep || ::lstat(it->path().c_str(), &entry) != 0 ||
-        !kind_of(entry).empty())
+    if (!step || kept(*step) || ::lstat(it->path().c_str(), &entry) != 0 || !kind_of(entry).empty())
       continue;
     if (::unlink(it->path().c_str()) != 0 && errno != ENOENT) {
       throw core::internal_error(fmt::format("cannot remove: {}", core::errno_text(errno)),

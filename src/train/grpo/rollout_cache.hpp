@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,5 +29,8 @@ void check_rollout_cache(const std::filesystem::path& dir);
 // Removes the generation batches of steps before `keep` (after check_rollout_cache()): only
 // regular files of ours, never followed.
 void prune_rollout_cache(const std::filesystem::path& dir, std::int64_t keep);
+// The same for the batches `kept` does not keep.
+void prune_rollout_cache(const std::filesystem::path& dir,
+                         const std::function<bool(std::int64_t)>& kept);
 
 }  // namespace l3::train::grpo

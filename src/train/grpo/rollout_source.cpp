@@ -875,13 +875,16 @@ void RolloutSource::write_log(const std::vector<Completion>& completions, std::i
         {"completion", c.text},
         {"ids", c.ids},
         {"truncated", c.truncated},
-        {"logprobs", c.logprobs},
-        {"policy_version", config_.settings.behaviour_version(step)},
         {"reward", c.reward},
         {"advantage", c.advantage}};
     const std::vector<std::string> names = config_.settings.reward_names();
     for (std::size_t k = 0; k < names.size(); ++k)
       line[fmt::format("rewards/{}", names[k])] = c.rewards[k];
+    if (config_.link != nullptr) {
+      // Asynchronous GRPO: which policy generated it, and its log-probabilities then.
+      line["policy_version"] = config_.settings.behaviour_version(step);
+      line["logprobs"] = c.logprobs;
+    }
     lines += line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   }
   const std::vector<std::string> all = dist::gather_strings(world_.comm(), lines, 0);
@@ -924,11 +927,15 @@ void RolloutSource::send_weights(std::int64_t version) {
   // The steps whose batch this version generates: every one not asked for yet whose behaviour
   // version it is (the first: 0 .. S; then k + S), up to the run's end.
   std::vector<std::int64_t> batches;
+  next_request_before_ = next_request_;
   while (next_request_ < total_ && config_.settings.behaviour_version(next_request_) <= version) {
     batches.push_back(next_request_++);
   }
   const WeightPieces pieces = config_.trained_weights();
   if (world_.is_root()) {
+    // The generating ranks take a control once they have sent every batch asked for before
+    // (blocking sends both ways): those are taken first.
+    if (last_received_ < next_request_before_ - 1) (void)receive_batch(next_request_before_ - 1);
     const std::string control = json{{"version", version}, {"batches", batches}}.dump();
     for (int g = 0; g < link.generators; ++g)
       send_text(comm, control, link.first_generator() + g, kControlTag);
@@ -1011,7 +1018,7 @@ void RolloutSource::linked_next(std::int64_t step) {
         text = core::read_text_file(path, "a GRPO generation batch", std::size_t{1} << 30);
       }
       received_.erase(received_.begin(), received_.upper_bound(step));
-      prune_cache();
+      prune_cache(step);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -1068,22 +1075,29 @@ void RolloutSource::end_run(bool stopped) {
     send_text(link.comm.get(), control, link.first_generator() + g, kControlTag);
 }
 
-void RolloutSource::prune_cache() {
-  // Batches before the oldest checkpoint kept are no longer needed by any resume (as for
-  // --num-iterations, nothing goes while no checkpoint is complete).
-  if (config_.cache_dir.empty()) return;
-  std::optional<std::int64_t> oldest;
-  const std::filesystem::path parent = std::filesystem::path(config_.cache_dir).parent_path();
-  if (!std::filesystem::is_directory(parent)) return;
-  for (const auto& entry : std::filesystem::directory_iterator(parent)) {
+void RolloutSource::prune_cache(std::int64_t step) {
+  // A checkpoint after c steps needs the batches of steps [c, c + S) (asynchronous GRPO's
+  // pending ones); the run needs those after `step`. The rest go, once a checkpoint is complete
+  // (before that, the first one may still be in flight and need its batches).
+  if (config_.cache_dir.empty() || !std::filesystem::is_directory(config_.cache_dir)) return;
+  std::vector<std::int64_t> checkpoints;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           std::filesystem::path(config_.cache_dir).parent_path())) {
     const std::string name = entry.path().filename().string();
     if (name.starts_with("step-") && name.size() == 13 &&
         name.find_first_not_of("0123456789", 5) == std::string::npos)
-      oldest = std::min<std::int64_t>(oldest.value_or(std::stoll(name.substr(5))),
-                                      std::stoll(name.substr(5)));
+      checkpoints.push_back(std::stoll(name.substr(5)));
   }
-  if (oldest && std::filesystem::is_directory(config_.cache_dir))
-    prune_rollout_cache(config_.cache_dir, *oldest);
+  if (checkpoints.empty()) return;
+  // Everything since the newest one is kept as well: a node-local checkpoint newer than it
+  // (the one a restart would take) needs its batches too.
+  const std::int64_t lag = config_.settings.staleness();
+  const std::int64_t newest = *std::max_element(checkpoints.begin(), checkpoints.end());
+  prune_rollout_cache(config_.cache_dir, [&](std::int64_t j) {
+    if (j > step || j >= newest) return true;
+    return std::any_of(checkpoints.begin(), checkpoints.end(),
+                       [&](std::int64_t c) { return c <= j && j < c + lag; });
+  });
 }
 
 std::string RolloutSource::make_batch(std::int64_t step,

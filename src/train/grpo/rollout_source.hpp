@@ -149,7 +149,7 @@ class RolloutSource final : public StepSource {
   // Rank 0: the batch of `step` received (and saved to the cache) unless it is already here.
   const std::string& receive_batch(std::int64_t step);
   void send_setup();
-  void prune_cache();
+  void prune_cache(std::int64_t step);
   void build_batches(const std::vector<Completion>& completions);
   // --num-iterations > 1: the completions' log-probabilities under the current weights (the
   // trainer's forward pass), into the micro-batches and the completions.
@@ -203,7 +203,9 @@ class RolloutSource final : public StepSource {
   std::int64_t total_ = 0;
   std::map<std::int64_t, std::string> received_;
   std::int64_t next_request_ = 0;
-  std::int64_t first_request_ = 0;  // the first step this run asked the generating ranks for
+  std::int64_t first_request_ = 0;
+  std::int64_t next_request_before_ = 0;  // next_request_ before the last send_weights  // the
+                                          // first step this run asked the generating ranks for
   std::int64_t last_received_ = -1;
   bool generators_failed_ = false;
   std::int64_t sent_version_ = -1;
