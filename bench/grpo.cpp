@@ -12,7 +12,13 @@
 // check's rehearsal on the CUDA emulation; the same JSON). LoRA adapts the full run's final
 // weights (its checkpoint).
 // --model llama3.2-1b (or any preset): that shape, random weights, instead of the mid model.
-//   l3-bench-grpo [--backend cpu|cuda] [--model PRESET] [--quick] [--rehearsal] [--json FILE]
+// --async (under mpiexec, 4 ranks or more): asynchronous GRPO instead: the synchronous step on
+// every rank against --generation-ranks 1 and 2 with --max-staleness 1, on the tiny model (or
+// --model) with completions long enough for generation to be about half the synchronous step:
+// steps/s, and each group's idle share (the training ranks waiting for a batch, the generating
+// ranks waiting for weights).
+//   l3-bench-grpo [--backend cpu|cuda] [--model PRESET] [--quick] [--rehearsal] [--async]
+//                 [--json FILE]
 #include <fmt/format.h>
 #include <mpi.h>
 #include <omp.h>
@@ -24,6 +30,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -130,6 +138,61 @@ Figures run(const std::string& dir, const std::string& model, const std::string&
   return f;
 }
 
+struct AsyncFigures {
+  double step_ms = 0, generate_share = 0, train_idle_share = 0, generate_idle_share = 0;
+};
+
+// One configuration of the asynchronous comparison: `generation_ranks` 0 is the synchronous
+// run. Medians over the steps after the first two (the first waits for the first batch).
+AsyncFigures run_async(const std::string& dir, const std::string& model, const std::string& backend,
+                       int generation_ranks, int steps, int prompts, int length) {
+  std::vector<std::string> args = {"grpo",
+                                   "--model",
+                                   model,
+                                   "--data",
+                                   dir + "/prompts",
+                                   "--reward-match",
+                                   "answer",
+                                   "--backend",
+                                   backend,
+                                   "--seq-len",
+                                   std::to_string(64 + length),
+                                   "--global-batch",
+                                   std::to_string(prompts),
+                                   "--num-generations",
+                                   "4",
+                                   "--max-completion-length",
+                                   std::to_string(length),
+                                   "--micro-batch",
+                                   "8",
+                                   "--steps",
+                                   std::to_string(steps + 2),
+                                   "--log-every",
+                                   "0",
+                                   "--no-progress",
+                                   "--log-level",
+                                   "warn"};
+  if (generation_ranks > 0)
+    args.insert(args.end(), {"--generation-ranks", std::to_string(generation_ranks)});
+  l3::Session session(MPI_COMM_WORLD, l3::RunConfig::from_args(args));
+  std::vector<double> step, generate, train_idle, generate_idle;
+  session.on_step([&](const l3::StepMetrics& m) {
+    if (m.step <= 2) return;
+    step.push_back(m.step_ms);
+    if (generation_ranks == 0) {
+      generate.push_back((metric(m, "time/generate_ms") + metric(m, "time/score_ms")) / m.step_ms);
+    } else {
+      train_idle.push_back(metric(m, "time/generation_wait_ms") / m.step_ms);
+      generate_idle.push_back(metric(m, "generation/idle_ms") / m.step_ms);
+    }
+  });
+  (void)session.run();
+  return {.step_ms = median(step),
+          .generate_share = median(generate),
+          .train_idle_share = median(train_idle),
+          .generate_idle_share = median(generate_idle)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +202,7 @@ int main(int argc, char** argv) {
   try {
     bool quick = false;
     bool rehearsal = false;
+    bool async = false;
     std::string json_path;
     std::string backend = "cpu";
     std::string preset;  // empty: the mid model
@@ -147,6 +211,8 @@ int main(int argc, char** argv) {
         quick = true;
       } else if (std::strcmp(argv[i], "--rehearsal") == 0) {
         rehearsal = true;
+      } else if (std::strcmp(argv[i], "--async") == 0) {
+        async = true;
       } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
         json_path = argv[++i];
       } else if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
@@ -156,7 +222,7 @@ int main(int argc, char** argv) {
       } else {
         fmt::print(stderr,
                    "usage: {} [--backend cpu|cuda] [--model PRESET] [--quick] [--rehearsal] "
-                   "[--json FILE]\n",
+                   "[--async] [--json FILE]\n",
                    argv[0]);
         MPI_Finalize();
         return 2;
@@ -191,6 +257,69 @@ int main(int argc, char** argv) {
                                  l3::core::LogConfig{.level = l3::core::LogLevel::warn});
     (void)l3::prep::run_prep(world, quiet, prep);
 
+    if (async) {
+      // Prompts per step: a multiple of the synchronous ranks, of both splits' training ranks and
+      // of their generating ranks (12 on 4 ranks).
+      const int ranks = world.size();
+      if (ranks < 3) throw std::runtime_error("--async needs at least 3 ranks (mpiexec -n 4)");
+      const int prompts = std::lcm(std::lcm(ranks, ranks - 1), std::lcm(std::max(ranks - 2, 1), 2));
+      const int length = quick ? 32 : 96;
+      const std::string model = preset.empty() ? std::string("tiny") : preset;
+      const int steps = quick ? 3 : 8;
+      json rows = json::array();
+      AsyncFigures synchronous;
+      for (const int g : {0, 1, 2}) {
+        if (g >= ranks - 1) break;
+        const AsyncFigures f = run_async(dir.string(), model, backend, g, steps, prompts, length);
+        if (g == 0) synchronous = f;
+        const double speedup = synchronous.step_ms / std::max(1e-9, f.step_ms);
+        if (world.is_root()) {
+          if (g == 0) {
+            fmt::print(
+                "synchronous, {} ranks | {} prompts x 4 completions of up to {} tokens: "
+                "step {:.0f} ms ({:.2f} steps/s), generation and scoring {:.0f}% of it\n",
+                ranks, prompts, length, f.step_ms, 1e3 / f.step_ms, 100.0 * f.generate_share);
+          } else {
+            fmt::print(
+                "{} generating + {} training ranks, --max-staleness 1: step {:.0f} ms "
+                "({:.2f} steps/s, {:.2f}x the synchronous rate) | idle: training ranks "
+                "{:.0f}%, generating ranks {:.0f}%\n",
+                g, ranks - g, f.step_ms, 1e3 / f.step_ms, speedup, 100.0 * f.train_idle_share,
+                100.0 * f.generate_idle_share);
+          }
+        }
+        rows.push_back({{"generation_ranks", g},
+                        {"training_ranks", ranks - g},
+                        {"max_staleness", g == 0 ? 0 : 1},
+                        {"step_ms", f.step_ms},
+                        {"steps_per_s", 1e3 / std::max(1e-9, f.step_ms)},
+                        {"speedup", speedup},
+                        {"generate_share", f.generate_share},
+                        {"training_idle_share", f.train_idle_share},
+                        {"generating_idle_share", f.generate_idle_share}});
+      }
+      if (world.is_root()) {
+        if (!json_path.empty()) {
+          const l3::core::BuildInfo build = l3::core::build_info();
+          const json doc = {{"benchmark", "grpo_async"},
+                            {"backend", backend},
+                            {"model", model},
+                            {"ranks", ranks},
+                            {"threads", omp_get_max_threads()},
+                            {"cpus", static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))},
+                            {"prompts_per_step", prompts},
+                            {"num_generations", 4},
+                            {"max_completion_length", length},
+                            {"commit", build.git_commit},
+                            {"runs", rows}};
+          std::ofstream(json_path) << doc.dump(2) << '\n';
+        }
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+      }
+      MPI_Finalize();
+      return 0;
+    }
     const int steps = quick ? 1 : 3;
     const int prompts = (rehearsal ? 1 : 2) * world.size();
     const int generations = rehearsal ? 2 : 8;

@@ -148,6 +148,15 @@ constexpr std::array kGrpoCharts = {ChartSpec{.metric = "reward",
                                               .train_field = "clip_ratio/region_mean",
                                               .short_name = "clip ratio",
                                               .fixed_with_one_iteration = true},
+                                    ChartSpec{.metric = "time/generation_wait_ms",
+                                              .title = "Waiting (asynchronous GRPO)",
+                                              .y_label = "ms per step: training ranks for a "
+                                                         "batch, generating ranks (dashed) for "
+                                                         "weights",
+                                              .train_field = "time/generation_wait_ms",
+                                              .dashed_field = "generation/idle_ms",
+                                              .short_name = "waiting",
+                                              .absent = "no --generation-ranks"},
                                     kLearningRate,
                                     kGradNorm,
                                     kThroughput};
@@ -290,7 +299,7 @@ bool one_iteration_everywhere(Phase phase, std::span<const RunView> runs) {
     if (p == nullptr) continue;
     if (p->starts.empty()) return false;  // a file that does not say
     for (const RunStart& start : p->starts) {
-      if (start.num_iterations != 1) return false;
+      if (start.num_iterations != 1 || start.max_staleness.value_or(0) > 0) return false;
     }
     any = true;
   }

@@ -25,7 +25,7 @@ using nlohmann::json;
 namespace {
 
 // The fields of training records kept: those the report shows.
-constexpr std::array<std::string_view, 17> kTrainFields = {"loss",
+constexpr std::array<std::string_view, 19> kTrainFields = {"loss",
                                                            "lr",
                                                            "grad_norm",
                                                            "tokens_per_s",
@@ -41,7 +41,9 @@ constexpr std::array<std::string_view, 17> kTrainFields = {"loss",
                                                            "entropy",
                                                            "kl",
                                                            "clip_ratio/region_mean",
-                                                           "logp_mismatch"};
+                                                           "logp_mismatch",
+                                                           "time/generation_wait_ms",
+                                                           "generation/idle_ms"};
 
 constexpr std::array kPhases = {Phase::sft, Phase::reward, Phase::dpo, Phase::grpo};
 
@@ -204,6 +206,7 @@ void RunReader::add_run(const json& record, Phase phase) {
   if (const auto grpo = record.find("grpo"); grpo != record.end() && grpo->is_object()) {
     start.beta = number_field(*grpo, "beta");
     start.num_iterations = integer_field(*grpo, "num_iterations");
+    start.max_staleness = integer_field(*grpo, "max_staleness");
   }
   if (start.total_steps) b.metrics.total_steps = start.total_steps;
   b.metrics.starts.push_back(std::move(start));

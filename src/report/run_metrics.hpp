@@ -48,6 +48,9 @@ struct RunStart {
   // that cannot move in this run (clipping with one iteration) from one that did not.
   std::optional<double> beta;
   std::optional<std::int64_t> num_iterations;
+  // Asynchronous GRPO's lag (0 when synchronous, and in files before it was recorded): with a
+  // lag the ratio moves even with one iteration.
+  std::optional<std::int64_t> max_staleness;
 };
 
 // A "checkpoint" record.

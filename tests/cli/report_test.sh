@@ -184,7 +184,8 @@ def grpo(page):
 html, charts, line = grpo("real.html")
 if "kl" in charts or "clip_ratio/region_mean" in charts:
     problems.append("an empty chart drawn: %s" % sorted(charts))
-want = "Not drawn: KL to the reference (no --beta), clip ratio (--num-iterations 1: the ratio is 1)."
+want = ("Not drawn: KL to the reference (no --beta), clip ratio (--num-iterations 1: the ratio is 1), "
+        "waiting (no --generation-ranks).")
 if line != [want]:
     problems.append("the not-drawn line %s" % line)
 train, greedy = charts.get("reward", ""), charts.get("eval_reward", "")
@@ -195,7 +196,8 @@ if "evaluation reward<" not in greedy or "training reward<" in greedy:
 if html.count('class="not-drawn"') != 1:
     problems.append("a not-drawn line outside GRPO's section")
 html, charts, line = grpo("beta.html")
-if "kl" not in charts or "clip_ratio/region_mean" not in charts or line:
+if "kl" not in charts or "clip_ratio/region_mean" not in charts or line != [
+        "Not drawn: waiting (no --generation-ranks)."]:
     problems.append("with --beta: charts %s, line %s" % (sorted(charts), line))
 print("; ".join(problems) or "ok")
 PY
