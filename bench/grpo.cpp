@@ -14,11 +14,12 @@
 // --model llama3.2-1b (or any preset): that shape, random weights, instead of the mid model.
 // --async (under mpiexec, 4 ranks or more): asynchronous GRPO instead: the synchronous step on
 // every rank against --generation-ranks 1 and 2 with --max-staleness 1, on the tiny model (or
-// --model) with completions long enough for generation to be about half the synchronous step:
+// --model) with completions of 16 tokens (--length N), for which generation and scoring are about
+// half of the synchronous step on the 2-core build machine (4 ranks of one thread):
 // steps/s, and each group's idle share (the training ranks waiting for a batch, the generating
 // ranks waiting for weights).
-//   l3-bench-grpo [--backend cpu|cuda] [--model PRESET] [--quick] [--rehearsal] [--async]
-//                 [--json FILE]
+//   l3-bench-grpo [--backend cpu|cuda] [--model PRESET] [--quick] [--rehearsal]
+//                 [--async [--length N]] [--json FILE]
 #include <fmt/format.h>
 #include <mpi.h>
 #include <omp.h>
@@ -26,6 +27,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -203,6 +205,7 @@ int main(int argc, char** argv) {
     bool quick = false;
     bool rehearsal = false;
     bool async = false;
+    int async_length = 0;  // --length: completion tokens of --async (0: 16)
     std::string json_path;
     std::string backend = "cpu";
     std::string preset;  // empty: the mid model
@@ -213,6 +216,8 @@ int main(int argc, char** argv) {
         rehearsal = true;
       } else if (std::strcmp(argv[i], "--async") == 0) {
         async = true;
+      } else if (std::strcmp(argv[i], "--length") == 0 && i + 1 < argc) {
+        async_length = std::atoi(argv[++i]);
       } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
         json_path = argv[++i];
       } else if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
@@ -222,7 +227,7 @@ int main(int argc, char** argv) {
       } else {
         fmt::print(stderr,
                    "usage: {} [--backend cpu|cuda] [--model PRESET] [--quick] [--rehearsal] "
-                   "[--async] [--json FILE]\n",
+                   "[--async [--length N]] [--json FILE]\n",
                    argv[0]);
         MPI_Finalize();
         return 2;
@@ -263,9 +268,9 @@ int main(int argc, char** argv) {
       const int ranks = world.size();
       if (ranks < 3) throw std::runtime_error("--async needs at least 3 ranks (mpiexec -n 4)");
       const int prompts = std::lcm(std::lcm(ranks, ranks - 1), std::lcm(std::max(ranks - 2, 1), 2));
-      const int length = quick ? 32 : 96;
+      const int length = async_length > 0 ? async_length : 16;
       const std::string model = preset.empty() ? std::string("tiny") : preset;
-      const int steps = quick ? 3 : 8;
+      const int steps = quick ? 3 : 16;
       json rows = json::array();
       AsyncFigures synchronous;
       for (const int g : {0, 1, 2}) {
