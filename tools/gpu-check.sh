@@ -16,6 +16,8 @@
 #      and off);
 #   6. a GRPO step on the 1B shape (l3-bench-grpo --model llama3.2-1b: its generation share,
 #      completions packed and padded, LoRA);
+#   6b. asynchronous GRPO on two ranks sharing the device (l3-bench-grpo --async: synchronous
+#      against 1 generating + 1 training rank, --max-staleness 1; "grpo_async");
 #   7. training through the program (tests/gpu/training_test.sh: CPU trajectory, two default
 #      runs and a killed-and-resumed run bit-identical, NCCL on one rank, two ranks sharing the
 #      GPU through MPI);
@@ -253,6 +255,17 @@ train default "$sft" "$reward"
 [[ $rehearsal == 1 ]] || baseline "$sft" "$reward"
 decode 1b llama3.2-1b generate_1b_rc
 grpo_step 1b llama3.2-1b grpo_1b_rc
+# Asynchronous GRPO: two ranks sharing the device, the synchronous step on both against one
+# generating and one training rank with --max-staleness 1 (bench/grpo.cpp --async).
+grpo_async_rc=-1
+mpiexec_cmd=$(command -v mpiexec.hydra || command -v mpiexec || true)
+if command -v l3-bench-grpo >/dev/null && [[ -n $mpiexec_cmd ]] && stage "asynchronous GRPO" 120; then
+  async_args=(--backend cuda --async)
+  [[ $rehearsal == 1 ]] && async_args+=(--quick)
+  timeout "$(limit 120)" "$mpiexec_cmd" -n 2 l3-bench-grpo "${async_args[@]}" \
+    --json "$out/grpo-async.json" 2>&1 | tee -a "$out/grpo.log"
+  grpo_async_rc=${PIPESTATUS[0]}
+fi
 training_rc=-1
 if stage "training tests" 240; then
   timeout "$(limit 240)" bash "$root/tests/gpu/training_test.sh" "$(command -v llama3-hpc)" \
@@ -312,6 +325,7 @@ fi
 
 L3_GPU_CHECK_LORA_RC=$lora_rc L3_GPU_CHECK_GENERATE_RC=$generate_rc L3_GPU_CHECK_GRPO_RC=$grpo_rc \
   L3_GPU_CHECK_GENERATE_1B_RC=$generate_1b_rc L3_GPU_CHECK_GRPO_1B_RC=$grpo_1b_rc \
+  L3_GPU_CHECK_GRPO_ASYNC_RC=$grpo_async_rc \
   L3_GPU_CHECK_ATTENTION_RC=$attention_rc python3 "$root/tools/gpu_check_summary.py" "$out" "$smoke" "$tests_rc" "$training_rc" "$bench_rc" "$memcheck_rc" \
   "$(($(date +%s) - start))" "$rehearsal" "$parity_rc" "$zero2_rc" "$(
     IFS=';'

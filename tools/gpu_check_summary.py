@@ -8,7 +8,7 @@ the transformers baseline and parity rows). Schema in docs/GPU.md.
                        PARITY_RC ZERO2_RC [SKIPPED_STAGES;...]
 (an exit code of -1: the stage did not run). The LoRA, generation, GRPO and attention-variant
 benchmarks' exit codes come in the environment (L3_GPU_CHECK_LORA_RC, L3_GPU_CHECK_GENERATE_RC,
-L3_GPU_CHECK_GENERATE_1B_RC, L3_GPU_CHECK_GRPO_RC, L3_GPU_CHECK_GRPO_1B_RC,
+L3_GPU_CHECK_GENERATE_1B_RC, L3_GPU_CHECK_GRPO_RC, L3_GPU_CHECK_GRPO_1B_RC, L3_GPU_CHECK_GRPO_ASYNC_RC,
 L3_GPU_CHECK_ATTENTION_RC), their rows from OUTDIR/lora.json, generate.json, generate-1b.json,
 grpo.json, grpo-1b.json and attention-variants.json.
 """
@@ -153,6 +153,8 @@ stage_results("generate", "generate.json", "L3_GPU_CHECK_GENERATE_RC", generate_
 stage_results("generate_1b", "generate-1b.json", "L3_GPU_CHECK_GENERATE_1B_RC", generate_fields)
 stage_results("grpo", "grpo.json", "L3_GPU_CHECK_GRPO_RC", grpo_fields)
 stage_results("grpo_1b", "grpo-1b.json", "L3_GPU_CHECK_GRPO_1B_RC", grpo_fields)
+stage_results("grpo_async", "grpo-async.json", "L3_GPU_CHECK_GRPO_ASYNC_RC",
+              ("backend", "model", "ranks", "prompts_per_step", "max_completion_length", "runs"))
 stage_results("attention_variants", "attention-variants.json", "L3_GPU_CHECK_ATTENTION_RC")
 try:
     doc.update(json.load(open(os.path.join(out, "bench.json"))))

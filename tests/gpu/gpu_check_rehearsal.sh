@@ -159,6 +159,13 @@ if grpo_given:
           and runs["full"].get("train_tokens", 0) < runs["full_padded"].get("train_tokens", 0),
           "the 1B-shaped GRPO stage ran: packed completions train fewer positions than padded ones",
           json.dumps({k: doc.get(k) for k in ("grpo_1b", "grpo_1b_error")})[:800])
+if grpo_given:
+    runs = doc.get("grpo_async", {}).get("runs") or []
+    check(doc.get("grpo_async", {}).get("exit_code") == 0 and "grpo_async_error" not in doc
+          and [r.get("generation_ranks") for r in runs] == [0, 1]
+          and all(r.get("step_ms", 0) > 0 for r in runs),
+          "the asynchronous GRPO stage ran on two ranks sharing the device (synchronous, 1 + 1)",
+          json.dumps({k: doc.get(k) for k in ("grpo_async", "grpo_async_error")})[:800])
 if generate_given:
     gen = doc.get("generate", {})
     decode = {r.get("batch"): r for r in gen.get("decode") or []}
