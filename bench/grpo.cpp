@@ -13,7 +13,9 @@
 // weights (its checkpoint).
 // --model llama3.2-1b (or any preset): that shape, random weights, instead of the mid model.
 // --async (under mpiexec, 4 ranks; at least 2): asynchronous GRPO instead: the synchronous step on
-// every rank against --generation-ranks 1 and 2 with --max-staleness 1, on the tiny model (or
+// every rank against --generation-ranks 1 and 2 with --max-staleness 1 (with the
+// importance-sampling correction, and without: no behaviour pass on the generating ranks), on the
+// tiny model (or
 // --model) with completions of 16 tokens (--length N), for which generation and scoring are about
 // half of the synchronous step on the 2-core build machine (4 ranks of one thread):
 // steps/s, and each group's idle share (the training ranks waiting for a batch, the generating
@@ -147,7 +149,7 @@ struct AsyncFigures {
 // One configuration of the asynchronous comparison: `generation_ranks` 0 is the synchronous
 // run. Medians over the steps after the first two (the first waits for the first batch).
 AsyncFigures run_async(const std::string& dir, const std::string& model, const std::string& backend,
-                       int generation_ranks, int steps, int prompts, int length) {
+                       int generation_ranks, bool correction, int steps, int prompts, int length) {
   std::vector<std::string> args = {"grpo",
                                    "--model",
                                    model,
@@ -176,6 +178,7 @@ AsyncFigures run_async(const std::string& dir, const std::string& model, const s
                                    "warn"};
   if (generation_ranks > 0)
     args.insert(args.end(), {"--generation-ranks", std::to_string(generation_ranks)});
+  if (!correction) args.emplace_back("--no-importance-sampling-correction");
   l3::Session session(MPI_COMM_WORLD, l3::RunConfig::from_args(args));
   std::vector<double> step, generate, train_idle, generate_idle;
   session.on_step([&](const l3::StepMetrics& m) {
@@ -273,9 +276,18 @@ int main(int argc, char** argv) {
       const int steps = quick ? 3 : 16;
       json rows = json::array();
       AsyncFigures synchronous;
-      for (const int g : {0, 1, 2}) {
-        if (g >= ranks) break;  // at least one training rank
-        const AsyncFigures f = run_async(dir.string(), model, backend, g, steps, prompts, length);
+      // The synchronous step; each split with the importance-sampling correction (the default:
+      // the generating ranks' behaviour pass) and without it (TRL's AsyncGRPOTrainer's ratio).
+      struct Config {
+        int generation_ranks;
+        bool correction;
+      };
+      for (const Config c : {Config{0, true}, Config{1, true}, Config{2, true}, Config{1, false},
+                             Config{2, false}}) {
+        const int g = c.generation_ranks;
+        if (g >= ranks) continue;  // at least one training rank
+        const AsyncFigures f =
+            run_async(dir.string(), model, backend, g, c.correction, steps, prompts, length);
         if (g == 0) synchronous = f;
         const double speedup = synchronous.step_ms / std::max(1e-9, f.step_ms);
         if (world.is_root()) {
@@ -286,16 +298,17 @@ int main(int argc, char** argv) {
                 ranks, prompts, length, f.step_ms, 1e3 / f.step_ms, 100.0 * f.generate_share);
           } else {
             fmt::print(
-                "{} generating + {} training ranks, --max-staleness 1: step {:.0f} ms "
+                "{} generating + {} training ranks, --max-staleness 1{}: step {:.0f} ms "
                 "({:.2f} steps/s, {:.2f}x the synchronous rate) | idle: training ranks "
                 "{:.0f}%, generating ranks {:.0f}%\n",
-                g, ranks - g, f.step_ms, 1e3 / f.step_ms, speedup, 100.0 * f.train_idle_share,
-                100.0 * f.generate_idle_share);
+                g, ranks - g, c.correction ? "" : ", no correction", f.step_ms, 1e3 / f.step_ms,
+                speedup, 100.0 * f.train_idle_share, 100.0 * f.generate_idle_share);
           }
         }
         rows.push_back({{"generation_ranks", g},
                         {"training_ranks", ranks - g},
                         {"max_staleness", g == 0 ? 0 : 1},
+                        {"importance_sampling_correction", c.correction},
                         {"step_ms", f.step_ms},
                         {"steps_per_s", 1e3 / std::max(1e-9, f.step_ms)},
                         {"speedup", speedup},

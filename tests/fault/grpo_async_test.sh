@@ -96,9 +96,25 @@ log = [json.loads(l) for l in open(sys.argv[2])]
 assert len(log) == 64
 for c in log:
     assert c["policy_version"] == max(0, c["step"] - 2), c
-    assert len(c["logprobs"]) == len(c["ids"]) and all(p <= 0 for p in c["logprobs"])
+    assert len(c["logprobs"]) == len(c["ids"]) == len(c["behaviour_logprobs"])
+    assert all(p <= 0 for p in c["logprobs"] + c["behaviour_logprobs"])
+# An outsider's importance-sampling ratios (TRL's sequence_mask, clip max 3), from the log alone:
+# exp of the sum over a completion of behaviour (the trainer's pass of the generating policy)
+# minus sampled (the generator's) log-probabilities, 0 above 3; the step's min, mean and max.
+import math
+for s in steps:
+    w, tokens, masked = [], 0, 0
+    for c in (c for c in log if c["step"] == s["step"]):
+        r = math.exp(sum(b - p for b, p in zip(c["behaviour_logprobs"], c["logprobs"])))
+        w.append(r if r <= 3.0 else 0.0)
+        tokens += len(c["ids"])
+        masked += len(c["ids"]) if r > 3.0 else 0
+    got = [s["sampling/importance_sampling_ratio/" + k] for k in ("min", "mean", "max")]
+    want = [min(w), sum(w) / len(w), max(w)]
+    assert all(abs(a - b) <= 1e-12 for a, b in zip(got, want)), (s["step"], got, want)
+    assert abs(s["sampling/importance_sampling_masked"] - masked / tokens) <= 1e-12, s["step"]
 PY
-  pass "--max-staleness 1: staleness, policy versions, weights sent, the generating ranks' times"
+  pass "--max-staleness 1: staleness, versions, weights, times; the log's importance ratios recomputed"
 else
   fail "--max-staleness 1's metrics or completions log"
 fi

@@ -475,6 +475,13 @@ RolloutSource::Rolled RolloutSource::generate_batch(std::int64_t step) {
   metrics.emplace_back("completions/max_terminated_length", terminated.empty() ? 0.0 : *t_max);
   // Generating ranks time their own work (generation/...): the training ranks' step time does
   // not include it.
+  if (config_.generate && s.staleness() > 0 && s.importance_sampling_correction) {
+    watch = core::Stopwatch();
+    behaviour_log_probabilities(completions);
+    metrics.emplace_back("generation/behaviour_ms",
+                         dist::all_reduce(world_.comm(), watch.milliseconds(), dist::ReduceOp::max,
+                                          "behaviour time"));
+  }
   const std::string prefix = config_.generate ? "generation/" : "time/";
   metrics.emplace_back(
       prefix + "generate_ms",
@@ -845,7 +852,7 @@ std::vector<RolloutSource::Completion> RolloutSource::parse_batch(
       // ranks (a batch of --num-iterations 1 has no old ones; the reference's come after).
       const bool linked = config_.link != nullptr;
       if (out.logprobs.size() != out.ids.size() ||
-          out.old_logprobs.size() != (linked ? 0 : out.ids.size()) ||
+          (out.old_logprobs.size() != out.ids.size() && !(linked && out.old_logprobs.empty())) ||
           out.ref_logprobs.size() != (s.beta > 0 && !linked ? out.ids.size() : 0) ||
           static_cast<std::int64_t>(out.ids.size()) > s.max_completion_length)
         throw core::bad_input(fmt::format("completion {} is malformed", i), {.file = path});
@@ -881,9 +888,11 @@ void RolloutSource::write_log(const std::vector<Completion>& completions, std::i
     for (std::size_t k = 0; k < names.size(); ++k)
       line[fmt::format("rewards/{}", names[k])] = c.rewards[k];
     if (config_.link != nullptr) {
-      // Asynchronous GRPO: which policy generated it, and its log-probabilities then.
+      // Asynchronous GRPO: which policy generated it, the log-probabilities it drew each token
+      // with, and (a lag) the trainer's forward pass of that policy: the ratio's denominator.
       line["policy_version"] = config_.settings.behaviour_version(step);
       line["logprobs"] = c.logprobs;
+      if (!c.old_logprobs.empty()) line["behaviour_logprobs"] = c.old_logprobs;
     }
     lines += line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   }
@@ -1028,9 +1037,9 @@ void RolloutSource::linked_next(std::int64_t step) {
   if (!weights_first) send_weights(step);
   std::vector<std::pair<std::string, double>> metrics;
   std::vector<Completion> completions = parse_batch(text, step, cycle_file(step), metrics);
-  if (s.staleness() > 0) {
-    // Off-policy by a fixed lag: the probability ratio is taken against the log-probabilities
-    // of the policy that generated the batch (TRL's AsyncGRPOTrainer).
+  if (s.staleness() > 0 && !s.importance_sampling_correction) {
+    // Without the correction the generating ranks compute no behaviour log-probabilities: the
+    // ratio is taken against the generator's own (TRL's AsyncGRPOTrainer).
     for (Completion& c : completions) c.old_logprobs = c.logprobs;
   }
   std::array<double, 2> waits{wait_ms_, weights_ms_};
@@ -1107,6 +1116,43 @@ std::string RolloutSource::make_batch(std::int64_t step,
   Rolled rolled = generate_batch(step);
   for (const auto& m : extra) rolled.metrics.push_back(m);
   return batch_text(rolled.completions, rolled.metrics, step);
+}
+
+void RolloutSource::behaviour_log_probabilities(std::vector<Completion>& completions) {
+  // The trainer's forward pass of the policy that generated them (the generating rank's
+  // weights), over each prompt's completions in packs of --micro-batch: the same packs whatever
+  // the number of generating ranks (a prompt's group is on one rank), so the same bits.
+  const core::TraceRange range("rollout: behaviour log-probabilities");
+  const auto g = static_cast<std::size_t>(config_.settings.num_generations);
+  const auto per = static_cast<std::size_t>(std::max<std::int64_t>(config_.micro_batch, 1));
+  for (std::size_t group = 0; group < completions.size(); group += g) {
+    for (std::size_t first = group; first < group + g; first += per) {
+      const std::size_t last = std::min(first + per, group + g);
+      data::BatchBuilder builder(1, static_cast<std::int64_t>(last - first) * config_.seq_len,
+                                 pad_);
+      for (std::size_t i = first; i < last; ++i) {
+        const Completion& c = completions[i];
+        const std::span<const std::int32_t> prompt = prompts_.prompt(c.prompt);
+        std::vector<std::int32_t> tokens(prompt.begin(), prompt.end());
+        tokens.insert(tokens.end(), c.ids.begin(), c.ids.end());
+        std::vector<std::uint8_t> mask(tokens.size(), 0);
+        std::fill(mask.begin() + static_cast<std::ptrdiff_t>(prompt.size()), mask.end(), 1);
+        if (builder.add(tokens, mask) < 0)
+          throw core::internal_error("rollout: a completion did not fit in its row");
+      }
+      const data::Batch batch = builder.finish_packed(data::kPackedRowAlignment);
+      const std::vector<float> values = log_probabilities(model_, true, batch);
+      std::size_t t = 0;  // the counted positions, completion after completion
+      for (std::size_t i = first; i < last; ++i) {
+        Completion& c = completions[i];
+        c.old_logprobs.clear();
+        while (c.old_logprobs.size() < c.ids.size()) {
+          while (batch.loss_mask[t] == 0) ++t;
+          c.old_logprobs.push_back(values[t++]);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace l3::train::grpo

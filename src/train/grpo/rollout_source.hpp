@@ -157,6 +157,9 @@ class RolloutSource final : public StepSource {
   // beta > 0: the completions' log-probabilities under the reference policy, into the
   // micro-batches and the completions.
   void reference_log_probabilities(std::vector<Completion>& completions);
+  // Asynchronous GRPO with a lag, a generating rank: the completions' log-probabilities under
+  // its weights (the behaviour policy) by the trainer's forward pass, into old_logprobs.
+  void behaviour_log_probabilities(std::vector<Completion>& completions);
   // The log-probability of every counted position of `batch` under `model` (its trainer's
   // forward pass), by position (0 where nothing counts).
   [[nodiscard]] std::vector<float> log_probabilities(model::LlamaModel& model, bool adapters,
