@@ -10,6 +10,12 @@
 // Sampling is keyed by (seed, step, prompt, sample, token): a step's completions do not depend
 // on the ranks, the batch or a restart, so a run resumed from a checkpoint generates what the
 // uninterrupted run did (CPU: bit for bit).
+//
+// Asynchronous GRPO (--generation-ranks, generation_link.hpp) splits that work: a source on the
+// generating ranks makes the batches (make_batch), one on the training ranks receives them and
+// trains. The class's code is in three files: rollout_source.cpp (generating, scoring, the
+// micro-batches, the log-probability passes), rollout_files.cpp (the cache files of
+// CKPT_DIR/rollouts and --log-completions) and rollout_link.cpp (the asynchronous parts).
 #pragma once
 
 #include <atomic>
@@ -26,6 +32,7 @@
 #include "io/tokenizer/tokenizer.hpp"
 #include "model/generation_engine.hpp"
 #include "model/llama_model.hpp"
+#include "train/grpo/completion.hpp"
 #include "train/grpo/completions_log.hpp"
 #include "train/grpo/generation_link.hpp"
 #include "train/grpo/prompt_set.hpp"
@@ -116,7 +123,7 @@ class RolloutSource final : public StepSource {
   [[nodiscard]] std::int64_t skipped_prompts() const noexcept { return skipped_; }
 
  private:
-  struct Completion;
+  using Completion = grpo::Completion;
   // The prompts (sample numbers) of (epoch, step), over all ranks, in order.
   [[nodiscard]] std::vector<std::int64_t> step_prompts(std::int64_t epoch, std::int64_t step) const;
   // This rank's slice [begin, end) of a step's n prompts.
@@ -131,7 +138,10 @@ class RolloutSource final : public StepSource {
   void roll_out(std::int64_t step);
   // roll_out's two halves: the completions of this rank's share, scored, with their advantages
   // and the step's metrics; then their micro-batches, log, reference log-probabilities, ...
-  struct Rolled;
+  struct Rolled {
+    std::vector<Completion> completions;
+    std::vector<std::pair<std::string, double>> metrics;
+  };
   Rolled generate_batch(std::int64_t step);
   void use_batch(std::vector<Completion> completions,
                  std::vector<std::pair<std::string, double>> metrics, std::int64_t step);

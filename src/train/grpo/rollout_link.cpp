@@ -1,0 +1,262 @@
+// RolloutSource's part in asynchronous GRPO (generation_link.hpp): on the training ranks, the
+// setup, the weights, the batches received and kept for checkpoints, the generating ranks let go;
+// on the generating ranks, a batch made with the behaviour policy's log-probabilities.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <unordered_map>
+
+#include "core/bounded_read.hpp"
+#include "core/durable_file.hpp"
+#include "core/error.hpp"
+#include "core/fault_injection.hpp"
+#include "core/rng.hpp"
+#include "core/timer.hpp"
+#include "core/trace_range.hpp"
+#include "dist/collectives.hpp"
+#include "io/data/epoch_plan.hpp"
+#include "train/grpo/advantages.hpp"
+#include "train/grpo/answer_match.hpp"
+#include "train/grpo/completion.hpp"
+#include "train/grpo/rollout_cache.hpp"
+#include "train/grpo/rollout_source.hpp"
+
+namespace l3::train::grpo {
+
+using nlohmann::json;
+std::string RolloutSource::setup_text(const model::ModelConfig& config,
+                                      const std::string& tokenizer) {
+  return json{{"model", config.to_hf_json()}, {"tokenizer", tokenizer}}.dump();
+}
+
+void RolloutSource::send_setup() {
+  // The generating ranks wait for this in GenerationWorker's constructor, in this order.
+  const GenerationLink& link = *config_.link;
+  const MPI_Comm comm = link.comm.get();
+  if (world_.is_root()) {
+    const std::string text = setup_text(model_.config(), config_.tokenizer);
+    for (int g = 0; g < link.generators; ++g)
+      send_text(comm, text, link.first_generator() + g, kSetupTag);
+    if (model_.has_adapters()) {
+      const std::vector<float> base = config_.frozen_base();
+      const WeightPieces whole{.ranges = {{0, static_cast<std::int64_t>(base.size())}},
+                               .values = base};
+      for (int g = 0; g < link.generators; ++g)
+        send_pieces(comm, whole, link.first_generator() + g);
+    }
+  }
+  prompts_.share(comm, 0);
+  set_up_ = true;
+}
+
+void RolloutSource::send_weights(std::int64_t version) {
+  if (version <= sent_version_) return;
+  const GenerationLink& link = *config_.link;
+  const MPI_Comm comm = link.comm.get();
+  const core::Stopwatch watch;
+  // The steps whose batch this version generates: every one not asked for yet whose behaviour
+  // version it is (the first: 0 .. S; then k + S), up to the run's end.
+  std::vector<std::int64_t> batches;
+  next_request_before_ = next_request_;
+  while (next_request_ < total_ && config_.settings.behaviour_version(next_request_) <= version) {
+    batches.push_back(next_request_++);
+  }
+  const WeightPieces pieces = config_.trained_weights();
+  if (world_.is_root()) {
+    // The generating ranks take a control once they have sent every batch asked for before
+    // (blocking sends both ways): those are taken first.
+    if (last_received_ < next_request_before_ - 1) (void)receive_batch(next_request_before_ - 1);
+    const std::string control = json{{"version", version}, {"batches", batches}}.dump();
+    for (int g = 0; g < link.generators; ++g)
+      send_text(comm, control, link.first_generator() + g, kControlTag);
+  }
+  for (int g = 0; g < link.generators; ++g) send_pieces(comm, pieces, link.first_generator() + g);
+  sent_version_ = version;
+  weights_ms_ += watch.milliseconds();
+  weights_bytes_ +=
+      static_cast<std::int64_t>(pieces.values.size() * sizeof(float)) * link.generators;
+}
+
+const std::string& RolloutSource::receive_batch(std::int64_t step) {
+  const GenerationLink& link = *config_.link;
+  const core::Stopwatch watch;
+  // The batches come in the order they were asked for.
+  while (last_received_ < step) {
+    std::string text = receive_text(link.comm.get(), link.first_generator(), kBatchTag);
+    json head = json::parse(text, nullptr, false);
+    if (head.is_discarded() || !head.is_object())
+      throw core::internal_error("asynchronous GRPO: a batch message that is not JSON");
+    if (head.contains("error")) {
+      // A generating rank failed (a verifier, a reward model): its error is the run's.
+      generators_failed_ = true;
+      const std::string message = head["error"].get<std::string>();
+      if (head.value("exit_code", 1) == core::kExitBadInput) throw core::bad_input(message);
+      throw core::internal_error(message);
+    }
+    const auto got = head.at("step").get<std::int64_t>();
+    if (got != last_received_ + 1)
+      throw core::internal_error(
+          fmt::format("asynchronous GRPO: the batch of step {} came when step {}'s was due",
+                      got + 1, last_received_ + 2));
+    if (!config_.cache_dir.empty()) {
+      // Before any checkpoint that needs it (before_checkpoint), where a resumed run finds it.
+      check_rollout_cache(config_.cache_dir);
+      std::filesystem::create_directories(config_.cache_dir);
+      core::write_file_atomically(cycle_file(got), text);
+    }
+    received_[got] = std::move(text);
+    last_received_ = got;
+  }
+  wait_ms_ += watch.milliseconds();
+  return received_.at(step);
+}
+
+void RolloutSource::linked_next(std::int64_t step) {
+  const GrpoSettings& s = config_.settings;
+  if (!set_up_) {
+    send_setup();
+    // A resumed run's batches of steps [step, step + S) were generated before its checkpoint
+    // (with policies it no longer has): they come from the cache; the first one asked for is
+    // generated with the checkpoint's weights.
+    next_request_ = first_request_ = step == 0 ? 0 : step + s.staleness();
+    last_received_ = first_request_ - 1;
+  }
+  wait_ms_ = weights_ms_ = 0.0;
+  weights_bytes_ = 0;
+  // On-policy (S = 0), the batch of step k needs the weights after k steps: they go first.
+  // Otherwise the batch was generated while the last step trained, and is taken first (the
+  // generating ranks take the new weights once they have sent it).
+  // The first step of a run sends first too: nothing was generated with this run's weights.
+  const bool weights_first = s.staleness() == 0 || sent_version_ < 0;
+  if (weights_first) send_weights(step);
+  std::string text;
+  std::exception_ptr failure;
+  if (world_.is_root()) {
+    try {
+      if (step >= first_request_) {
+        text = receive_batch(step);
+      } else {
+        // Generated before the checkpoint this run resumed from.
+        const std::string path = cycle_file(step);
+        if (config_.cache_dir.empty() || !std::filesystem::exists(path)) {
+          throw core::bad_input(
+              fmt::format("resuming asynchronous GRPO (--max-staleness {}) needs the generation "
+                          "batch of step {}, made before the checkpoint; it is missing",
+                          s.staleness(), step + 1),
+              {.file = path});
+        }
+        text = core::read_text_file(path, "a GRPO generation batch", std::size_t{1} << 30);
+      }
+      received_.erase(received_.begin(), received_.upper_bound(step));
+      prune_cache(step);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world_, failure);
+  text = dist::broadcast_string(world_.comm(), text);
+  if (!weights_first) send_weights(step);
+  std::vector<std::pair<std::string, double>> metrics;
+  std::vector<Completion> completions = parse_batch(text, step, cycle_file(step), metrics);
+  if (s.staleness() > 0 && !s.importance_sampling_correction) {
+    // Without the correction the generating ranks compute no behaviour log-probabilities: the
+    // ratio is taken against the generator's own (TRL's AsyncGRPOTrainer).
+    for (Completion& c : completions) c.old_logprobs = c.logprobs;
+  }
+  std::array<double, 2> waits{wait_ms_, weights_ms_};
+  dist::all_reduce(world_.comm(), std::span<double>(waits), dist::ReduceOp::max, "linked waits");
+  metrics.emplace_back("time/generation_wait_ms", waits[0]);
+  metrics.emplace_back("time/weights_ms", waits[1]);
+  metrics.emplace_back("weights/bytes",
+                       static_cast<double>(dist::all_reduce(world_.comm(), weights_bytes_,
+                                                            dist::ReduceOp::sum, "weight bytes")));
+  metrics.emplace_back("staleness", static_cast<double>(step - s.behaviour_version(step)));
+  use_batch(std::move(completions), std::move(metrics), step);
+}
+
+void RolloutSource::before_checkpoint(std::int64_t steps) {
+  if (config_.link == nullptr || config_.generate) return;
+  // The batches of steps [steps, steps + S) exist only on the generating ranks' side of the
+  // lag: a run resumed from this checkpoint reads them from the cache. Rank 0 takes them now
+  // (those asked for; the others are generated from the checkpoint's weights).
+  std::exception_ptr failure;
+  if (world_.is_root()) {
+    try {
+      const std::int64_t last = std::min(steps + config_.settings.staleness(), next_request_);
+      if (last_received_ < last - 1) (void)receive_batch(last - 1);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  dist::agree_on_failure(world_, failure);
+}
+
+void RolloutSource::end_run(bool stopped) {
+  if (config_.link == nullptr || config_.generate || ended_ || generators_failed_) return;
+  ended_ = true;
+  const GenerationLink& link = *config_.link;
+  // Stopped before the first step: the generating ranks still wait for their setup.
+  if (!set_up_) send_setup();
+  if (!world_.is_root()) return;
+  // Every batch asked for is taken (its sender waits for that), then the stop.
+  if (last_received_ < next_request_ - 1) (void)receive_batch(next_request_ - 1);
+  const std::string control = json{{"stop", true}, {"stopped", stopped}}.dump();
+  for (int g = 0; g < link.generators; ++g)
+    send_text(link.comm.get(), control, link.first_generator() + g, kControlTag);
+}
+
+std::string RolloutSource::make_batch(std::int64_t step,
+                                      const std::vector<std::pair<std::string, double>>& extra) {
+  const std::int64_t per_epoch = *steps_in_epoch(0);
+  position_ = {step / per_epoch, step % per_epoch};
+  Rolled rolled = generate_batch(step);
+  for (const auto& m : extra) rolled.metrics.push_back(m);
+  return batch_text(rolled.completions, rolled.metrics, step);
+}
+
+void RolloutSource::behaviour_log_probabilities(std::vector<Completion>& completions) {
+  // The trainer's forward pass of the policy that generated them (the generating rank's
+  // weights), over each prompt's completions in packs of --micro-batch: the same packs whatever
+  // the number of generating ranks (a prompt's group is on one rank), so the same bits.
+  const core::TraceRange range("rollout: behaviour log-probabilities");
+  const auto g = static_cast<std::size_t>(config_.settings.num_generations);
+  const auto per = static_cast<std::size_t>(std::max<std::int64_t>(config_.micro_batch, 1));
+  for (std::size_t group = 0; group < completions.size(); group += g) {
+    for (std::size_t first = group; first < group + g; first += per) {
+      const std::size_t last = std::min(first + per, group + g);
+      data::BatchBuilder builder(1, static_cast<std::int64_t>(last - first) * config_.seq_len,
+                                 pad_);
+      for (std::size_t i = first; i < last; ++i) {
+        const Completion& c = completions[i];
+        const std::span<const std::int32_t> prompt = prompts_.prompt(c.prompt);
+        std::vector<std::int32_t> tokens(prompt.begin(), prompt.end());
+        tokens.insert(tokens.end(), c.ids.begin(), c.ids.end());
+        std::vector<std::uint8_t> mask(tokens.size(), 0);
+        std::fill(mask.begin() + static_cast<std::ptrdiff_t>(prompt.size()), mask.end(), 1);
+        if (builder.add(tokens, mask) < 0)
+          throw core::internal_error("rollout: a completion did not fit in its row");
+      }
+      const data::Batch batch = builder.finish_packed(data::kPackedRowAlignment);
+      const std::vector<float> values = log_probabilities(model_, true, batch);
+      std::size_t t = 0;  // the counted positions, completion after completion
+      for (std::size_t i = first; i < last; ++i) {
+        Completion& c = completions[i];
+        c.old_logprobs.clear();
+        while (c.old_logprobs.size() < c.ids.size()) {
+          while (batch.loss_mask[t] == 0) ++t;
+          c.old_logprobs.push_back(values[t++]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace l3::train::grpo
