@@ -13,7 +13,7 @@
 // weights (its checkpoint).
 // --model llama3.2-1b (or any preset): that shape, random weights, instead of the mid model.
 // --async (under mpiexec, 4 ranks; at least 2): asynchronous GRPO instead: the synchronous step on
-// every rank against --generation-ranks 1 and 2 with --max-staleness 1 (with the
+// every rank against --generation-ranks 1, 2 and 3 with --max-staleness 1 (with the
 // importance-sampling correction, and without: no behaviour pass on the generating ranks), on the
 // tiny model (or
 // --model) with completions of 16 tokens (--length N), for which generation and scoring are about
@@ -282,8 +282,8 @@ int main(int argc, char** argv) {
         int generation_ranks;
         bool correction;
       };
-      for (const Config c : {Config{0, true}, Config{1, true}, Config{2, true}, Config{1, false},
-                             Config{2, false}}) {
+      for (const Config c : {Config{0, true}, Config{1, true}, Config{2, true}, Config{3, true},
+                             Config{1, false}, Config{2, false}}) {
         const int g = c.generation_ranks;
         if (g >= ranks) continue;  // at least one training rank
         const AsyncFigures f =
