@@ -79,36 +79,45 @@ struct Mode {
 constexpr std::array<Mode, 3> kModes{
     {{"full", false, false}, {"full_padded", false, true}, {"lora_r16", true, false}}};
 
+// The options both comparisons share: the mid or given model from random weights on the
+// prompts, rewarded by the answer match, 8 completions per pass, quiet.
+std::vector<std::string> grpo_args(const std::string& dir, const std::string& model,
+                                   const std::string& backend, std::int64_t seq_len, int prompts,
+                                   int generations, int length, int steps) {
+  return {"grpo",
+          "--model",
+          model,
+          "--data",
+          dir + "/prompts",
+          "--reward-match",
+          "answer",
+          "--backend",
+          backend,
+          "--seq-len",
+          std::to_string(seq_len),
+          "--global-batch",
+          std::to_string(prompts),
+          "--num-generations",
+          std::to_string(generations),
+          "--max-completion-length",
+          std::to_string(length),
+          "--micro-batch",
+          "8",
+          "--steps",
+          std::to_string(steps),
+          "--log-every",
+          "0",
+          "--no-progress",
+          "--log-level",
+          "warn"};
+}
+
 Figures run(const std::string& dir, const std::string& model, const std::string& backend,
             std::int64_t seq_len, const Mode& mode, int steps, int prompts, int generations,
             int length) {
   const bool lora = mode.lora;
-  std::vector<std::string> args = {"grpo",
-                                   "--model",
-                                   model,
-                                   "--data",
-                                   dir + "/prompts",
-                                   "--reward-match",
-                                   "answer",
-                                   "--backend",
-                                   backend,
-                                   "--seq-len",
-                                   std::to_string(seq_len),
-                                   "--global-batch",
-                                   std::to_string(prompts),
-                                   "--num-generations",
-                                   std::to_string(generations),
-                                   "--max-completion-length",
-                                   std::to_string(length),
-                                   "--micro-batch",
-                                   "8",
-                                   "--steps",
-                                   std::to_string(steps + 1),
-                                   "--log-every",
-                                   "0",
-                                   "--no-progress",
-                                   "--log-level",
-                                   "warn"};
+  std::vector<std::string> args =
+      grpo_args(dir, model, backend, seq_len, prompts, generations, length, steps + 1);
   // LoRA adapts the full run's final weights (a checkpoint: LoRA needs a model to adapt).
   if (lora) {
     args.insert(args.end(), {"--init", dir + "/ckpt", "--lora-rank", "16", "--lora-alpha", "32"});
@@ -150,32 +159,8 @@ struct AsyncFigures {
 // run. Medians over the steps after the first two (the first waits for the first batch).
 AsyncFigures run_async(const std::string& dir, const std::string& model, const std::string& backend,
                        int generation_ranks, bool correction, int steps, int prompts, int length) {
-  std::vector<std::string> args = {"grpo",
-                                   "--model",
-                                   model,
-                                   "--data",
-                                   dir + "/prompts",
-                                   "--reward-match",
-                                   "answer",
-                                   "--backend",
-                                   backend,
-                                   "--seq-len",
-                                   std::to_string(64 + length),
-                                   "--global-batch",
-                                   std::to_string(prompts),
-                                   "--num-generations",
-                                   "4",
-                                   "--max-completion-length",
-                                   std::to_string(length),
-                                   "--micro-batch",
-                                   "8",
-                                   "--steps",
-                                   std::to_string(steps + 2),
-                                   "--log-every",
-                                   "0",
-                                   "--no-progress",
-                                   "--log-level",
-                                   "warn"};
+  std::vector<std::string> args =
+      grpo_args(dir, model, backend, 64 + length, prompts, 4, length, steps + 2);
   if (generation_ranks > 0)
     args.insert(args.end(), {"--generation-ranks", std::to_string(generation_ranks)});
   if (!correction) args.emplace_back("--no-importance-sampling-correction");

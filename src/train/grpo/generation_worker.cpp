@@ -81,12 +81,13 @@ GenerationWorker::~GenerationWorker() = default;
 
 void GenerationWorker::take_weights() {
   model::LlamaModel& model = *model_.model;
-  std::vector<float> whole(static_cast<std::size_t>(model.trainable_layout().total()));
-  for (int r = 0; r < link_.trainers; ++r) (void)receive_pieces(link_.comm.get(), r, whole);
+  // One host buffer for every version (the training ranks' pieces cover the whole layout).
+  whole_.resize(static_cast<std::size_t>(model.trainable_layout().total()));
+  for (int r = 0; r < link_.trainers; ++r) (void)receive_pieces(link_.comm.get(), r, whole_);
   if (model.has_adapters()) {
-    model.load_adapters(whole);
+    model.load_adapters(whole_);
   } else {
-    model.load_parameters(whole);
+    model.load_parameters(whole_);
   }
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "core/log.hpp"
 #include "dist/world.hpp"
@@ -45,6 +46,7 @@ class GenerationWorker {
   std::unique_ptr<kernels::Ops> ops_;
   AssembledModel model_;
   std::unique_ptr<RolloutSource> source_;
+  std::vector<float> whole_;  // the trainable layout's weights as received (fp32, host)
 };
 
 // Training rank 0 when the run cannot start: the generating ranks, waiting for their setup, end
