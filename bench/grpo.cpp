@@ -271,6 +271,7 @@ int main(int argc, char** argv) {
                              Config{1, false}, Config{2, false}}) {
         const int g = c.generation_ranks;
         if (g >= ranks) continue;  // at least one training rank
+        if (quick && !c.correction) continue;  // the rehearsal checks that each path runs
         const AsyncFigures f =
             run_async(dir.string(), model, backend, g, c.correction, steps, prompts, length);
         if (g == 0) synchronous = f;

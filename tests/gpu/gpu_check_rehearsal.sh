@@ -243,4 +243,6 @@ else
   echo "FAIL [the memcheck stage names a test of cudnn_attention_test.cpp: '${memcheck_test}' is not one]"
   exit 1
 fi
+# Where the time went (each stage's start), for CI's budget.
+grep '^== ' "$work/check.log" | sed 's/^/  | /'
 echo "the GPU check ran end to end on the emulation"
