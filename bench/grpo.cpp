@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
       for (const Config c : {Config{0, true}, Config{1, true}, Config{2, true}, Config{3, true},
                              Config{1, false}, Config{2, false}}) {
         const int g = c.generation_ranks;
-        if (g >= ranks) continue;  // at least one training rank
+        if (g >= ranks) continue;              // at least one training rank
         if (quick && !c.correction) continue;  // the rehearsal checks that each path runs
         const AsyncFigures f =
             run_async(dir.string(), model, backend, g, c.correction, steps, prompts, length);
