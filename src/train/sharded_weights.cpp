@@ -46,4 +46,12 @@ ShardedWeights::ShardedWeights(const dist::World& world, kernels::Ops& ops,
       layout.lm_head_tied() ? std::size_t{0} : ParameterGather::kNoGroup);
 }
 
+ShardedWeights::HostPieces ShardedWeights::host_pieces(kernels::Ops& ops) const {
+  HostPieces out{.ranges = plan_.owned(rank_), .values = {}};
+  out.values.resize(static_cast<std::size_t>(held_));
+  ops.copy(kernels::TensorView(std::span<float>(out.values)), pieces_.view());
+  ops.synchronize();
+  return out;
+}
+
 }  // namespace l3::train

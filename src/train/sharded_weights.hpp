@@ -41,6 +41,13 @@ class ShardedWeights {
   [[nodiscard]] std::int64_t gather_slot_bytes() const noexcept { return gather_->slot_bytes(); }
   // The gathers' times and counts since the last call (ParameterGather::take_times).
   [[nodiscard]] GatherTimes take_gather_times() noexcept { return gather_->take_times(); }
+  // This rank's pieces: their ranges of the layout (ascending) and their values widened to fp32
+  // on the host (asynchronous GRPO's generating ranks take the frozen model from them).
+  struct HostPieces {
+    std::vector<model::FlatRange> ranges;
+    std::vector<float> values;
+  };
+  [[nodiscard]] HostPieces host_pieces(kernels::Ops& ops) const;
 
  private:
   ShardPlan plan_;

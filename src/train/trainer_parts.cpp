@@ -656,11 +656,6 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
     prepare_dpo_reference(world, log, p, lc, resumed.manifest, initial_digest);
   }
   if (c.phase == Phase::grpo) {
-    if (p.link != nullptr && p.model->has_adapters() && p.model->parameters().numel() == 0) {
-      throw core::usage_error(
-          "--generation-ranks with LoRA and --shard-parameters is not supported yet: the "
-          "generating ranks take the frozen base whole from rank 0");
-    }
     // Online RL: the steps are made by the model being trained (grpo/rollout_source.hpp).
     const grpo::ReferencePolicy reference =
         prepare_grpo_reference(world, log, p, resumed.manifest, initial_digest);
@@ -694,14 +689,27 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
                 },
             .frozen_base =
                 [&p, &world] {
-                  // LoRA: the frozen weights, whole on rank 0 (sharded ones are refused).
-                  std::vector<float> base;
+                  // LoRA: this rank's pieces of the frozen weights: its share with
+                  // --shard-parameters, else the whole of them on rank 0 and none elsewhere.
+                  grpo::WeightPieces base;
+                  if (p.frozen) {
+                    ShardedWeights::HostPieces mine = p.frozen->host_pieces(*p.ops);
+                    base.ranges = std::move(mine.ranges);
+                    base.values = std::move(mine.values);
+                    return base;
+                  }
                   if (!world.is_root()) return base;
-                  base.resize(static_cast<std::size_t>(p.model->layout().total()));
-                  p.ops->copy(kernels::TensorView(std::span<float>(base)), p.model->parameters());
+                  base.ranges = {{0, p.model->layout().total()}};
+                  base.values.resize(static_cast<std::size_t>(p.model->layout().total()));
+                  p.ops->copy(kernels::TensorView(std::span<float>(base.values)),
+                              p.model->parameters());
                   p.ops->synchronize();
                   return base;
-                }});
+                },
+            // What the generating ranks' model computes with: fp32 keeps every bit on the CPU,
+            // bf16 (rounded as the device rounds) halves the bytes on CUDA.
+            .weights_wire = p.ops->compute_dtype() == kernels::DType::bf16 ? grpo::WireType::bf16
+                                                                           : grpo::WireType::f32});
   } else {
     p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(world, p.index, lc);
     lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Asynchronous GRPO (--generation-ranks, --max-staleness) on the tiny reversal task, 4 steps:
 #   - 1 generating + 2 training ranks with --max-staleness 0 end with the synchronous 2-rank
-#     run's weights and log its completions byte for byte;
+#     run's weights and log its completions byte for byte, also with LoRA over a frozen model
+#     sharded on the training ranks and a KL term;
 #   - with the default lag (1) the steps report the staleness, the generating ranks' work and the
 #     weights sent; 2 generating ranks give the 1-rank generation's weights and completions;
 #   - a training rank killed after a checkpoint, a generating rank killed while scoring, and a
@@ -76,6 +77,22 @@ else
   fail "--max-staleness 0 on split ranks is not the synchronous run"
 fi
 
+# LoRA over a frozen model sharded on the training ranks (--shard-parameters), with a KL term:
+# the generating rank takes the frozen model from both training ranks' pieces once and the
+# adapters each step; on-policy, the synchronous run's adapters and completions.
+lora=(--lora-rank 4 --lora-alpha 8 --shard-parameters --beta 0.04)
+run 2 "${args[@]}" "${lora[@]}" --ckpt-dir "$work/lsync" --log-completions "$work/lsync.jsonl" ||
+  fail "synchronous LoRA run (rc $?): $(tail -3 "$work/last.err")"
+run 3 "${args[@]}" "${lora[@]}" --generation-ranks 1 --max-staleness 0 --ckpt-dir "$work/ls0" \
+  --log-completions "$work/ls0.jsonl" ||
+  fail "LoRA, --shard-parameters, --max-staleness 0 (rc $?): $(tail -3 "$work/last.err")"
+if [[ -n "$(step4 "$work/lsync")" && "$(step4 "$work/ls0")" == "$(step4 "$work/lsync")" ]] &&
+  same_completions "$work/ls0.jsonl" "$work/lsync.jsonl" && ! cmp -s "$work/lsync.jsonl" "$work/sync.jsonl"; then
+  pass "LoRA, the frozen model sharded, --beta: --max-staleness 0 gives the synchronous run"
+else
+  fail "LoRA with --shard-parameters on split ranks is not the synchronous run"
+fi
+
 # --- the default lag of 1: its metrics; 2 generating ranks give the same bits ---
 run 3 "${args[@]}" --generation-ranks 1 --ckpt-dir "$work/s1" --metrics "$work/s1-metrics.jsonl" \
   --log-completions "$work/s1.jsonl" || fail "--generation-ranks 1 (rc $?): $(tail -3 "$work/last.err")"
@@ -87,7 +104,8 @@ assert [s["generation/policy_version"] for s in steps] == [0, 0, 1, 2]
 for s in steps:
     assert s["weights/bytes"] == 4 * 164160, s["weights/bytes"]  # the tiny model's fp32 weights
     for key in ("generation/generate_ms", "generation/score_ms", "generation/idle_ms",
-                "time/generation_wait_ms", "time/weights_ms"):
+                "generation/transfer_ms", "generation/weights_ms", "time/generation_wait_ms",
+                "time/weights_ms"):
         assert key in s and s[key] >= 0, key
 # Off-policy from step 2: the ratio against the generator's log-probabilities moves and clips.
 assert steps[0]["clip_ratio/region_mean"] == 0.0

@@ -5,10 +5,17 @@
 # from the same start: step 1's completions and rewards follow the CPU's (bf16 may part a
 # sampled sequence at a near-tie, rarely), its loss, entropy and the generator's agreement with
 # the trainer (logp_mismatch, bf16's size; the importance-sampling ratios near 1, none masked)
-# are those of a working step, and the run checkpoints.
-#   grpo_test.sh PATH/TO/llama3-hpc
+# are those of a working step, and the run checkpoints. With MPIEXEC, asynchronous GRPO on the
+# device: 1 generating + 1 training rank with --max-staleness 0 generate the device's synchronous
+# run's completions, token for token over 3 steps, from weights sent in bf16 (half the bytes; the
+# generating rank's bf16 model holds what the training rank's does, the master weights rounded to
+# nearest even), and train on them: step 1's loss and entropy agree to fp32 summation order (not
+# bit for bit on the device, unlike the CPU: the training pass's sums come out in another order,
+# entropy 1e-9 apart on the emulation).
+#   grpo_test.sh PATH/TO/llama3-hpc [MPIEXEC]
 set -uo pipefail
-bin=${1:?usage: grpo_test.sh LLAMA3_HPC}
+bin=${1:?usage: grpo_test.sh LLAMA3_HPC [MPIEXEC]}
+mpiexec=${2:-}
 if "$bin" --version | grep -q "^backend cuda: .*devices: none"; then
   echo "SKIP: no CUDA device ($("$bin" --version | grep '^backend cuda:'))"
   exit 77
@@ -39,11 +46,12 @@ import json, sys
 for line in sys.stdin:  # a graded reward: short completions score higher
     print(json.dumps({"reward": 1.0 / (1 + len(json.loads(line)["completion"]))}), flush=True)
 PY
+grpo_args=(grpo --init "$work/ck" --data "$work/prompts" --reward-match answer
+  --reward-command "python3 $work/length.py" --steps 3 --seq-len 64 --global-batch 2
+  --num-generations 4 --max-completion-length 12 --temperature 0.7 --lr 1e-3 --log-every 0
+  --no-progress)
 for backend in cpu cuda; do
-  "$bin" grpo --init "$work/ck" --data "$work/prompts" --reward-match answer \
-    --reward-command "python3 $work/length.py" --steps 3 --seq-len 64 --global-batch 2 \
-    --num-generations 4 --max-completion-length 12 --temperature 0.7 --lr 1e-3 --log-every 0 \
-    --no-progress --backend "$backend" --ckpt-dir "$work/ck-$backend" \
+  "$bin" "${grpo_args[@]}" --backend "$backend" --ckpt-dir "$work/ck-$backend" \
     --metrics "$work/$backend-metrics.jsonl" --log-completions "$work/$backend.jsonl" \
     >"$work/$backend.log" 2>&1 || fail "grpo on $backend: $(tail -3 "$work/$backend.log")"
 done
@@ -86,4 +94,32 @@ if same == 8:
     assert abs(first_gpu["loss"] - first_cpu["loss"]) < allowed, (first_gpu["loss"], first_cpu["loss"], allowed)
 assert all(m["grad_norm"] > 0 for m in m_gpu)
 PY
+
+if [[ -n $mpiexec ]]; then
+  # Two ranks on the device(s): the emulation gives each its own.
+  L3_EMULATION_DEVICES=2 "$mpiexec" -n 2 "$bin" "${grpo_args[@]}" --backend cuda \
+    --generation-ranks 1 --max-staleness 0 --ckpt-dir "$work/ck-async" \
+    --metrics "$work/async-metrics.jsonl" --log-completions "$work/async.jsonl" \
+    >"$work/async.log" 2>&1 || fail "asynchronous grpo on the device: $(tail -3 "$work/async.log")"
+  python3 - "$work/cuda.jsonl" "$work/async.jsonl" "$work/cuda-metrics.jsonl" \
+    "$work/async-metrics.jsonl" <<'PY' || fail "the asynchronous run on the device"
+import json, sys
+sync = [json.loads(l) for l in open(sys.argv[1])]
+split = [json.loads(l) for l in open(sys.argv[2])]
+for c in split:
+    assert c.pop("policy_version") == c["step"] - 1 and len(c.pop("logprobs")) == len(c["ids"])
+assert len(sync) == 24 and [c["ids"] for c in split] == [c["ids"] for c in sync], \
+    "the completions differ"
+a = [json.loads(l) for l in open(sys.argv[3]) if '"kind":"train"' in l]
+b = [json.loads(l) for l in open(sys.argv[4]) if '"kind":"train"' in l]
+# The tiny model's 164,160 weights in bf16: 2 bytes each.
+assert [s["weights/bytes"] for s in b] == [2 * 164160] * 3, [s["weights/bytes"] for s in b]
+assert abs(a[0]["loss"] - b[0]["loss"]) < 1e-6, (a[0]["loss"], b[0]["loss"])
+assert abs(a[0]["entropy"] - b[0]["entropy"]) < 1e-6 * a[0]["entropy"], (a[0]["entropy"], b[0]["entropy"])
+assert all(abs(x["grad_norm"] - y["grad_norm"]) < 0.01 * x["grad_norm"] for x, y in zip(a, b))
+print("1 generating + 1 training rank, --max-staleness 0: the synchronous run's 24 completions, "
+      f"{b[0]['weights/bytes']:.0f} bytes of bf16 weights a step; step 1's loss "
+      f"{b[0]['loss']:.9f} (synchronous {a[0]['loss']:.9f})")
+PY
+fi
 echo "PASS"

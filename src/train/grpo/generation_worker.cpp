@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <deque>
 #include <exception>
 #include <nlohmann/json.hpp>
 
@@ -56,8 +58,9 @@ GenerationWorker::GenerationWorker(const dist::World& world, const GenerationLin
                                    .seed = config.seed});
   model::LlamaModel& model = *model_.model;
   if (model.has_adapters()) {
+    // The frozen base: every training rank's pieces (generation_link.hpp).
     std::vector<float> base(static_cast<std::size_t>(model.layout().total()));
-    (void)receive_pieces(comm, 0, base);
+    for (int r = 0; r < link.trainers; ++r) (void)receive_pieces(comm, r, base);
     model.load_parameters(base);
   }
   PromptSet prompts;
@@ -75,37 +78,45 @@ GenerationWorker::GenerationWorker(const dist::World& world, const GenerationLin
                         .generate = true};
   source_ = std::make_unique<RolloutSource>(group, log, model, ReferencePolicy{},
                                             std::move(prompts), PromptSet(), std::move(rollout));
+  receiver_ = std::make_unique<VersionReceiver>(
+      link, model.trainable_layout().total(),
+      wire_type_from(setup.value("weights_dtype", std::string("f32"))),
+      world.thread_level() == MPI_THREAD_MULTIPLE);
 }
 
 GenerationWorker::~GenerationWorker() = default;
 
-void GenerationWorker::take_weights() {
-  model::LlamaModel& model = *model_.model;
-  // One host buffer for every version (the training ranks' pieces cover the whole layout).
-  whole_.resize(static_cast<std::size_t>(model.trainable_layout().total()));
-  for (int r = 0; r < link_.trainers; ++r) (void)receive_pieces(link_.comm.get(), r, whole_);
-  if (model.has_adapters()) {
-    model.load_adapters(whole_);
-  } else {
-    model.load_parameters(whole_);
-  }
-}
-
 bool GenerationWorker::run() {
   const MPI_Comm comm = link_.comm.get();
   ops_->bind_thread();
+  model::LlamaModel& model = *model_.model;
+  // The batches on their way to training rank 0 (nonblocking: with S >= 2 this rank may make the
+  // next one before the last is taken).
+  std::deque<std::unique_ptr<VersionSends>> sending;
+  const std::array<int, 1> trainer0{0};
   for (;;) {
-    core::Stopwatch idle;
-    const json control = json::parse(receive_text(comm, 0, kControlTag));
-    if (control.contains("stop")) {
+    while (!sending.empty() && sending.front()->done()) sending.pop_front();
+    const core::Stopwatch idle;
+    const VersionReceiver::Version received = receiver_->take();
+    const json control = json::parse(received.control);
+    if (received.stop) {
+      for (const auto& s : sending) s->complete();  // taken before the stop was sent
       const bool stopped = control.at("stopped").get<bool>();
       if (!stopped) source_->finish();  // the verifier's last words
       return stopped;
     }
-    const double idle_ms = idle.milliseconds();
+    // Received on the receiver's thread, the transfer overlapped the last batches' generation;
+    // received here, it is part of this rank's time on the weights.
+    const double inline_transfer_ms = receiver_->background() ? 0.0 : received.transfer_ms;
+    const double idle_ms = idle.milliseconds() - inline_transfer_ms;
     const core::Stopwatch watch;
-    take_weights();
-    const double weights_ms = watch.milliseconds();
+    if (model.has_adapters()) {
+      model.load_adapters(received.weights);
+    } else {
+      model.load_parameters(received.weights);
+    }
+    receiver_->release();
+    const double weights_ms = watch.milliseconds() + inline_transfer_ms;
     const auto version = control.at("version").get<std::int64_t>();
     bool first = true;
     for (const json& j : control.at("batches")) {
@@ -116,6 +127,7 @@ bool GenerationWorker::run() {
         text = source_->make_batch(step,
                                    {{"generation/idle_ms", first ? idle_ms : 0.0},
                                     {"generation/weights_ms", first ? weights_ms : 0.0},
+                                    {"generation/transfer_ms", first ? received.transfer_ms : 0.0},
                                     {"generation/policy_version", static_cast<double>(version)}});
       } catch (...) {
         failure = std::current_exception();
@@ -129,7 +141,10 @@ bool GenerationWorker::run() {
         }
         std::rethrow_exception(failure);
       }
-      if (group_.is_root()) send_text(comm, text, 0, kBatchTag);
+      if (group_.is_root()) {
+        sending.push_back(std::make_unique<VersionSends>(step));
+        sending.back()->send_text(comm, std::move(text), trainer0, kBatchTag);
+      }
     }
   }
 }

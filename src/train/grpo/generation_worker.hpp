@@ -1,6 +1,7 @@
 // A generating rank of asynchronous GRPO (--generation-ranks; generation_link.hpp): it holds a
 // whole copy of the policy (no sharding; with LoRA the frozen base once, then the adapters),
-// takes the training ranks' weights after each optimizer step, and makes the generation
+// takes the training ranks' weights after each optimizer step (received while it generates with
+// the version before: version_receiver.hpp), and makes the generation
 // batches they ask for with RolloutSource's own generation and scoring, so that a batch is what
 // the synchronous program makes with the same weights, bit for bit. Its group (the generating
 // ranks) shares a prompt set's steps as the synchronous ranks do; the first of them sends the
@@ -15,6 +16,7 @@
 #include "kernels/ops.hpp"
 #include "train/grpo/generation_link.hpp"
 #include "train/grpo/rollout_source.hpp"
+#include "train/grpo/version_receiver.hpp"
 #include "train/model_assembly.hpp"
 #include "train/train_config.hpp"
 
@@ -37,16 +39,13 @@ class GenerationWorker {
   bool run();
 
  private:
-  // The weights of version `version` from every training rank, into the model.
-  void take_weights();
-
   const GenerationLink& link_;
   const dist::World& group_;
   const core::Logger& log_;
   std::unique_ptr<kernels::Ops> ops_;
   AssembledModel model_;
   std::unique_ptr<RolloutSource> source_;
-  std::vector<float> whole_;  // the trainable layout's weights as received (fp32, host)
+  std::unique_ptr<VersionReceiver> receiver_;  // last: its thread stops first
 };
 
 // Training rank 0 when the run cannot start: the generating ranks, waiting for their setup, end

@@ -33,8 +33,11 @@ namespace l3::train::grpo {
 
 using nlohmann::json;
 std::string RolloutSource::setup_text(const model::ModelConfig& config,
-                                      const std::string& tokenizer) {
-  return json{{"model", config.to_hf_json()}, {"tokenizer", tokenizer}}.dump();
+                                      const std::string& tokenizer, WireType weights) {
+  return json{{"model", config.to_hf_json()},
+              {"tokenizer", tokenizer},
+              {"weights_dtype", to_string(weights)}}
+      .dump();
 }
 
 void RolloutSource::send_setup() {
@@ -42,16 +45,15 @@ void RolloutSource::send_setup() {
   const GenerationLink& link = *config_.link;
   const MPI_Comm comm = link.comm.get();
   if (world_.is_root()) {
-    const std::string text = setup_text(model_.config(), config_.tokenizer);
+    const std::string text = setup_text(model_.config(), config_.tokenizer, config_.weights_wire);
     for (int g = 0; g < link.generators; ++g)
       send_text(comm, text, link.first_generator() + g, kSetupTag);
-    if (model_.has_adapters()) {
-      const std::vector<float> base = config_.frozen_base();
-      const WeightPieces whole{.ranges = {{0, static_cast<std::int64_t>(base.size())}},
-                               .values = base};
-      for (int g = 0; g < link.generators; ++g)
-        send_pieces(comm, whole, link.first_generator() + g);
-    }
+  }
+  if (model_.has_adapters()) {
+    // The frozen base once, from every training rank its pieces (whole from rank 0 unless it
+    // is sharded), in fp32: the generating ranks' model rounds it as this rank's did.
+    const WeightPieces base = config_.frozen_base();
+    for (int g = 0; g < link.generators; ++g) send_pieces(comm, base, link.first_generator() + g);
   }
   prompts_.share(comm, 0);
   set_up_ = true;
@@ -65,24 +67,31 @@ void RolloutSource::send_weights(std::int64_t version) {
   // The steps whose batch this version generates: every one not asked for yet whose behaviour
   // version it is (the first: 0 .. S; then k + S), up to the run's end.
   std::vector<std::int64_t> batches;
-  next_request_before_ = next_request_;
   while (next_request_ < total_ && config_.settings.behaviour_version(next_request_) <= version) {
     batches.push_back(next_request_++);
   }
-  const WeightPieces pieces = config_.trained_weights();
-  if (world_.is_root()) {
-    // The generating ranks take a control once they have sent every batch asked for before
-    // (blocking sends both ways): those are taken first.
-    if (last_received_ < next_request_before_ - 1) (void)receive_batch(next_request_before_ - 1);
-    const std::string control = json{{"version", version}, {"batches", batches}}.dump();
-    for (int g = 0; g < link.generators; ++g)
-      send_text(comm, control, link.first_generator() + g, kControlTag);
-  }
-  for (int g = 0; g < link.generators; ++g) send_pieces(comm, pieces, link.first_generator() + g);
+  std::vector<int> generators(static_cast<std::size_t>(link.generators));
+  for (int g = 0; g < link.generators; ++g)
+    generators[static_cast<std::size_t>(g)] = link.first_generator() + g;
+  // Nonblocking: the version travels while this rank trains (complete_sends).
+  auto sends = std::make_unique<VersionSends>(version);
+  if (world_.is_root())
+    sends->send_text(comm, json{{"version", version}, {"batches", batches}}.dump(), generators,
+                     kControlTag);
+  weights_bytes_ +=
+      sends->send_pieces(comm, config_.trained_weights(), generators, config_.weights_wire);
+  outgoing_.push_back(std::move(sends));
   sent_version_ = version;
   weights_ms_ += watch.milliseconds();
-  weights_bytes_ +=
-      static_cast<std::int64_t>(pieces.values.size() * sizeof(float)) * link.generators;
+}
+
+void RolloutSource::complete_sends(std::optional<std::int64_t> version) {
+  const core::Stopwatch watch;
+  while (!outgoing_.empty() && (!version || outgoing_.front()->version() <= *version)) {
+    outgoing_.front()->complete();
+    outgoing_.pop_front();
+  }
+  weights_ms_ += watch.milliseconds();
 }
 
 const std::string& RolloutSource::receive_batch(std::int64_t step) {
@@ -131,12 +140,10 @@ void RolloutSource::linked_next(std::int64_t step) {
   }
   wait_ms_ = weights_ms_ = 0.0;
   weights_bytes_ = 0;
-  // On-policy (S = 0), the batch of step k needs the weights after k steps: they go first.
-  // Otherwise the batch was generated while the last step trained, and is taken first (the
-  // generating ranks take the new weights once they have sent it).
-  // The first step of a run sends first too: nothing was generated with this run's weights.
-  const bool weights_first = s.staleness() == 0 || sent_version_ < 0;
-  if (weights_first) send_weights(step);
+  // The weights after `step` steps go first (nonblocking): on-policy (S = 0) they generate this
+  // step's batch; otherwise a later one's, and the generating ranks receive them while they
+  // still generate this step's batch with the version before.
+  send_weights(step);
   std::string text;
   std::exception_ptr failure;
   if (world_.is_root()) {
@@ -163,7 +170,10 @@ void RolloutSource::linked_next(std::int64_t step) {
   }
   dist::agree_on_failure(world_, failure);
   text = dist::broadcast_string(world_.comm(), text);
-  if (!weights_first) send_weights(step);
+  // The version that generated this batch was received before it was generated: its sends, and
+  // the older ones', are complete or about to be. (Waiting for a newer one could wait for a
+  // generating rank that first sends batches this rank takes later.)
+  complete_sends(s.behaviour_version(step));
   std::vector<std::pair<std::string, double>> metrics;
   std::vector<Completion> completions = parse_batch(text, step, cycle_file(step), metrics);
   if (s.staleness() > 0 && !s.importance_sampling_correction) {
@@ -205,9 +215,13 @@ void RolloutSource::end_run(bool stopped) {
   const GenerationLink& link = *config_.link;
   // Stopped before the first step: the generating ranks still wait for their setup.
   if (!set_up_) send_setup();
+  // Every batch asked for is taken (its sender waits for that), every version's sends
+  // completed, then the stop. On an error's way out nothing waits for the sends: a generating
+  // rank that failed takes them no more (the Requests let them go).
+  if (world_.is_root() && last_received_ < next_request_ - 1)
+    (void)receive_batch(next_request_ - 1);
+  if (!leaving_on_error_) complete_sends(std::nullopt);
   if (!world_.is_root()) return;
-  // Every batch asked for is taken (its sender waits for that), then the stop.
-  if (last_received_ < next_request_ - 1) (void)receive_batch(next_request_ - 1);
   const std::string control = json{{"stop", true}, {"stopped", stopped}}.dump();
   for (int g = 0; g < link.generators; ++g)
     send_text(link.comm.get(), control, link.first_generator() + g, kControlTag);

@@ -178,6 +178,7 @@ RolloutSource::~RolloutSource() {
   // them go (they report the run as stopped). Nothing may throw from here.
   if (config_.link != nullptr && !config_.generate && !ended_) {
     try {
+      leaving_on_error_ = true;
       end_run(true);
     } catch (...) {  // NOLINT(bugprone-empty-catch): the error on its way out is what counts
     }

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -70,9 +71,11 @@ struct RolloutConfig {
   const GenerationLink* link = nullptr;
   bool generate = false;
   // Training ranks: this rank's pieces of the trained weights (fp32 master, trainable layout),
-  // and (LoRA) the frozen base whole on rank 0 (empty elsewhere).
+  // and (LoRA) its pieces of the frozen base (together they cover it).
   std::function<WeightPieces()> trained_weights;
-  std::function<std::vector<float>()> frozen_base;
+  std::function<WeightPieces()> frozen_base;
+  // How the trained weights travel: the backend's compute dtype (generation_link.hpp).
+  WireType weights_wire = WireType::f32;
 };
 
 // The engine's sequences in flight on each rank: a step's completions there, at most 64.
@@ -117,7 +120,7 @@ class RolloutSource final : public StepSource {
                                        const std::vector<std::pair<std::string, double>>& extra);
   // The setup a training rank 0 sends each generating rank (generation_link.hpp).
   [[nodiscard]] static std::string setup_text(const model::ModelConfig& config,
-                                              const std::string& tokenizer);
+                                              const std::string& tokenizer, WireType weights);
 
   // Prompts too long to leave room for a completion (left out of every epoch).
   [[nodiscard]] std::int64_t skipped_prompts() const noexcept { return skipped_; }
@@ -156,6 +159,8 @@ class RolloutSource final : public StepSource {
   // Asynchronous GRPO, a training rank: the step's batch from the generating ranks.
   void linked_next(std::int64_t step);
   void send_weights(std::int64_t version);
+  // Completes the sends of the versions up to `version` (all with nullopt).
+  void complete_sends(std::optional<std::int64_t> version);
   // Rank 0: the batch of `step` received (and saved to the cache) unless it is already here.
   const std::string& receive_batch(std::int64_t step);
   void send_setup();
@@ -216,11 +221,12 @@ class RolloutSource final : public StepSource {
   std::int64_t total_ = 0;
   std::map<std::int64_t, std::string> received_;
   std::int64_t next_request_ = 0;
-  std::int64_t first_request_ = 0;
-  std::int64_t next_request_before_ = 0;  // next_request_ before the last send_weights  // the
-                                          // first step this run asked the generating ranks for
+  std::int64_t first_request_ = 0;  // the first step this run asked the generating ranks for
   std::int64_t last_received_ = -1;
+  // The versions sent whose sends may not be complete yet (oldest first).
+  std::deque<std::unique_ptr<VersionSends>> outgoing_;
   bool generators_failed_ = false;
+  bool leaving_on_error_ = false;  // the destructor's end_run: wait for no send
   std::int64_t sent_version_ = -1;
   bool set_up_ = false;
   bool ended_ = false;
