@@ -82,7 +82,8 @@ void declare_grpo_options(po::options_description& options) {
       "fixed lag (--max-staleness); default: every rank generates, then trains")(
       "max-staleness", core::number<std::int64_t>(core::between(0, 64))->value_name("S"),
       "with --generation-ranks: step k trains on completions of the policy after step k-1-S "
-      "(fixed, so runs are reproducible; default 1; 0: on-policy)")(
+      "(with --num-iterations N: a batch's N steps on those of the policy S batches older); "
+      "fixed, so runs are reproducible; default 1; 0: on-policy")(
       "mask-truncated-completions", po::bool_switch(),
       "leave completions cut by --max-completion-length out of the loss")(
       "no-importance-sampling-correction", po::bool_switch(),

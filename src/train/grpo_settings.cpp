@@ -44,11 +44,6 @@ void GrpoSettings::validate() const {
         "--max-staleness S needs --generation-ranks N (the lag between the generating and the "
         "training ranks)");
   }
-  if (generation_ranks > 0 && num_iterations > 1) {
-    throw core::usage_error(
-        "--generation-ranks with --num-iterations > 1 is not supported yet: each generation "
-        "batch trains one step");
-  }
   if (advantage == AdvantageEstimator::rloo && num_generations < 2)
     throw core::usage_error("--advantage rloo needs --num-generations >= 2");
   if (importance_sampling_clip_min && importance_sampling_clip_max &&

@@ -77,7 +77,7 @@ std::string RolloutSource::batch_text(const std::vector<Completion>& completions
 
 void RolloutSource::save_cycle(const std::vector<Completion>& completions,
                                const std::vector<std::pair<std::string, double>>& metrics,
-                               std::int64_t step) {
+                               std::int64_t step, bool prune) {
   const std::string text = batch_text(completions, metrics, step);
   std::exception_ptr failure;
   if (world_.is_root()) {
@@ -85,23 +85,25 @@ void RolloutSource::save_cycle(const std::vector<Completion>& completions,
       check_rollout_cache(config_.cache_dir);  // again: planted while the run went on
       std::filesystem::create_directories(config_.cache_dir);
       core::write_file_atomically(cycle_file(step), text);
-      // Older cycles' files go once no checkpoint can resume inside them: those before the
-      // cycle of the oldest checkpoint kept. Checkpoints are written in the background: while
-      // no checkpoint is complete, the first one may still be in flight and need an older
-      // cycle's file (the step-3 checkpoint of --num-iterations 2 needs the batch of step 3,
-      // which a prune at step 5 deleted), so nothing goes before one is complete; later ones
-      // in flight are newer than the oldest complete one and need nothing older.
-      std::optional<std::int64_t> oldest;
-      for (const auto& entry : std::filesystem::directory_iterator(
-               std::filesystem::path(config_.cache_dir).parent_path())) {
-        const std::string name = entry.path().filename().string();
-        if (name.starts_with("step-") && name.size() == 13 &&
-            name.find_first_not_of("0123456789", 5) == std::string::npos)
-          oldest = std::min<std::int64_t>(oldest.value_or(step), std::stoll(name.substr(5)));
+      if (prune) {
+        // Older cycles' files go once no checkpoint can resume inside them: those before the
+        // cycle of the oldest checkpoint kept. Checkpoints are written in the background: while
+        // no checkpoint is complete, the first one may still be in flight and need an older
+        // cycle's file (the step-3 checkpoint of --num-iterations 2 needs the batch of step 3,
+        // which a prune at step 5 deleted), so nothing goes before one is complete; later ones
+        // in flight are newer than the oldest complete one and need nothing older.
+        std::optional<std::int64_t> oldest;
+        for (const auto& entry : std::filesystem::directory_iterator(
+                 std::filesystem::path(config_.cache_dir).parent_path())) {
+          const std::string name = entry.path().filename().string();
+          if (name.starts_with("step-") && name.size() == 13 &&
+              name.find_first_not_of("0123456789", 5) == std::string::npos)
+            oldest = std::min<std::int64_t>(oldest.value_or(step), std::stoll(name.substr(5)));
+        }
+        const std::int64_t keep =
+            oldest ? *oldest - *oldest % config_.settings.num_iterations : std::int64_t{0};
+        prune_rollout_cache(config_.cache_dir, keep);
       }
-      const std::int64_t keep =
-          oldest ? *oldest - *oldest % config_.settings.num_iterations : std::int64_t{0};
-      prune_rollout_cache(config_.cache_dir, keep);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -169,12 +171,16 @@ std::vector<RolloutSource::Completion> RolloutSource::parse_batch(
       out.reward = c.at("reward").get<double>();
       out.advantage = c.at("advantage").get<double>();
       // Generating ranks leave the old and the reference log-probabilities to the training
-      // ranks (a batch of --num-iterations 1 has no old ones; the reference's come after).
+      // ranks (a batch of --num-iterations 1 has no old ones; the reference's come after); a
+      // cycle's batch the training ranks saved (--num-iterations > 1) has them.
       const bool linked = config_.link != nullptr;
-      if (out.logprobs.size() != out.ids.size() ||
-          (out.old_logprobs.size() != out.ids.size() && !(linked && out.old_logprobs.empty())) ||
-          out.ref_logprobs.size() != (s.beta > 0 && !linked ? out.ids.size() : 0) ||
-          static_cast<std::int64_t>(out.ids.size()) > s.max_completion_length)
+      const std::size_t n = out.ids.size();
+      const bool old_ok = out.old_logprobs.size() == n || (linked && out.old_logprobs.empty());
+      const bool ref_ok = s.beta > 0
+                              ? out.ref_logprobs.size() == n || (linked && out.ref_logprobs.empty())
+                              : out.ref_logprobs.empty();
+      if (out.logprobs.size() != n || !old_ok || !ref_ok ||
+          static_cast<std::int64_t>(n) > s.max_completion_length)
         throw core::bad_input(fmt::format("completion {} is malformed", i), {.file = path});
       for (const std::int32_t id : out.ids) {
         if (id < 0 || id >= model_.config().vocab_size)
@@ -222,8 +228,9 @@ void RolloutSource::write_log(const std::vector<Completion>& completions, std::i
 }
 
 void RolloutSource::prune_cache(std::int64_t step) {
-  // A checkpoint after c steps needs the batches of steps [c, c + S) (asynchronous GRPO's
-  // pending ones); the run needs those after `step`. The rest go, once a checkpoint is complete
+  // A checkpoint after c steps needs the batches of the cycles [c, first_generated_after(c))
+  // (asynchronous GRPO's pending ones, and inside a cycle its own); the run needs those after
+  // `step`. The rest go, once a checkpoint is complete
   // (before that, the first one may still be in flight and need its batches).
   if (config_.cache_dir.empty() || !std::filesystem::is_directory(config_.cache_dir)) return;
   std::vector<std::int64_t> checkpoints;
@@ -237,12 +244,15 @@ void RolloutSource::prune_cache(std::int64_t step) {
   if (checkpoints.empty()) return;
   // Everything since the newest one is kept as well: a node-local checkpoint newer than it
   // (the one a restart would take) needs its batches too.
-  const std::int64_t lag = config_.settings.staleness();
+  const GrpoSettings& s = config_.settings;
   const std::int64_t newest = *std::max_element(checkpoints.begin(), checkpoints.end());
   prune_rollout_cache(config_.cache_dir, [&](std::int64_t j) {
-    if (j > step || j >= newest) return true;
-    return std::any_of(checkpoints.begin(), checkpoints.end(),
-                       [&](std::int64_t c) { return c <= j && j < c + lag; });
+    // Later checkpoints: from the cycle of the step after this one on.
+    if (j >= s.cycle_start(step + 1) || j >= s.cycle_start(newest)) return true;
+    // A checkpoint after c steps: its cycle's batch (inside a cycle) and the next S cycles'.
+    return std::any_of(checkpoints.begin(), checkpoints.end(), [&](std::int64_t c) {
+      return s.cycle_start(c) <= j && j < s.first_generated_after(c);
+    });
   });
 }
 

@@ -64,11 +64,13 @@ void RolloutSource::send_weights(std::int64_t version) {
   const GenerationLink& link = *config_.link;
   const MPI_Comm comm = link.comm.get();
   const core::Stopwatch watch;
-  // The steps whose batch this version generates: every one not asked for yet whose behaviour
-  // version it is (the first: 0 .. S; then k + S), up to the run's end.
+  // The cycles whose batch this version generates (by their first step): every one not asked
+  // for yet whose behaviour version it is (the first: cycles 0 .. S; then c + S), up to the
+  // run's end.
   std::vector<std::int64_t> batches;
   while (next_request_ < total_ && config_.settings.behaviour_version(next_request_) <= version) {
-    batches.push_back(next_request_++);
+    batches.push_back(next_request_);
+    next_request_ += config_.settings.num_iterations;
   }
   std::vector<int> generators(static_cast<std::size_t>(link.generators));
   for (int g = 0; g < link.generators; ++g)
@@ -111,10 +113,10 @@ const std::string& RolloutSource::receive_batch(std::int64_t step) {
       throw core::internal_error(message);
     }
     const auto got = head.at("step").get<std::int64_t>();
-    if (got != last_received_ + 1)
-      throw core::internal_error(
-          fmt::format("asynchronous GRPO: the batch of step {} came when step {}'s was due",
-                      got + 1, last_received_ + 2));
+    const std::int64_t due = last_received_ + config_.settings.num_iterations;
+    if (got != due)
+      throw core::internal_error(fmt::format(
+          "asynchronous GRPO: the batch of step {} came when step {}'s was due", got + 1, due + 1));
     if (!config_.cache_dir.empty()) {
       // Before any checkpoint that needs it (before_checkpoint), where a resumed run finds it.
       check_rollout_cache(config_.cache_dir);
@@ -132,11 +134,18 @@ void RolloutSource::linked_next(std::int64_t step) {
   const GrpoSettings& s = config_.settings;
   if (!set_up_) {
     send_setup();
-    // A resumed run's batches of steps [step, step + S) were generated before its checkpoint
-    // (with policies it no longer has): they come from the cache; the first one asked for is
-    // generated with the checkpoint's weights.
-    next_request_ = first_request_ = step == 0 ? 0 : step + s.staleness();
-    last_received_ = first_request_ - 1;
+    // A resumed run's batches of the next S cycles (and of the one it resumes inside) were
+    // generated before its checkpoint, with policies it no longer has: they come from the cache;
+    // the first one asked for is generated with the checkpoint's weights or later ones.
+    next_request_ = first_request_ = s.first_generated_after(step);
+    last_received_ = first_request_ - s.num_iterations;
+  }
+  const std::int64_t cycle = s.cycle_start(step);
+  if (step != cycle) {
+    // Inside a cycle of --num-iterations: its batch is in use, or (a run resumed here) in the
+    // cache as its first step completed it (use_batch).
+    if (cycle_ != cycle) restore_cycle(cycle);
+    return;
   }
   wait_ms_ = weights_ms_ = 0.0;
   weights_bytes_ = 0;
@@ -194,14 +203,15 @@ void RolloutSource::linked_next(std::int64_t step) {
 
 void RolloutSource::before_checkpoint(std::int64_t steps) {
   if (config_.link == nullptr || config_.generate) return;
-  // The batches of steps [steps, steps + S) exist only on the generating ranks' side of the
-  // lag: a run resumed from this checkpoint reads them from the cache. Rank 0 takes them now
+  // The batches of the next S cycles exist only on the generating ranks' side of the lag: a run
+  // resumed from this checkpoint reads them from the cache. Rank 0 takes them now
   // (those asked for; the others are generated from the checkpoint's weights).
   std::exception_ptr failure;
   if (world_.is_root()) {
     try {
-      const std::int64_t last = std::min(steps + config_.settings.staleness(), next_request_);
-      if (last_received_ < last - 1) (void)receive_batch(last - 1);
+      const GrpoSettings& s = config_.settings;
+      const std::int64_t last = std::min(s.first_generated_after(steps), next_request_);
+      if (last_received_ < last - s.num_iterations) (void)receive_batch(last - s.num_iterations);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -218,8 +228,8 @@ void RolloutSource::end_run(bool stopped) {
   // Every batch asked for is taken (its sender waits for that), every version's sends
   // completed, then the stop. On an error's way out nothing waits for the sends: a generating
   // rank that failed takes them no more (the Requests let them go).
-  if (world_.is_root() && last_received_ < next_request_ - 1)
-    (void)receive_batch(next_request_ - 1);
+  const std::int64_t last = next_request_ - config_.settings.num_iterations;
+  if (world_.is_root() && last_received_ < last) (void)receive_batch(last);
   if (!leaving_on_error_) complete_sends(std::nullopt);
   if (!world_.is_root()) return;
   const std::string control = json{{"stop", true}, {"stopped", stopped}}.dump();

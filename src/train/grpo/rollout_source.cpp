@@ -345,7 +345,12 @@ const data::StepData& RolloutSource::next() {
   current_.metrics = cycle_metrics_;
   if (iterations > 1) {
     for (auto& [name, value] : current_.metrics) {
-      if (step != cycle && name.starts_with("time/")) value = 0.0;  // nothing generated now
+      // Nothing generated, waited for or sent now.
+      if (step != cycle && (name.starts_with("time/") || name == "weights/bytes" ||
+                            (name.starts_with("generation/") && name.ends_with("_ms"))))
+        value = 0.0;
+      if (name == "staleness")
+        value = static_cast<double>(step - config_.settings.behaviour_version(step));
     }
     current_.metrics.emplace_back("iteration", static_cast<double>(step - cycle));
   }
@@ -490,8 +495,13 @@ void RolloutSource::use_batch(std::vector<Completion> completions,
                                           "reference time"));
   }
   if (s.num_iterations > 1) {
-    old_log_probabilities(completions);
-    if (!config_.cache_dir.empty()) save_cycle(completions, metrics, step);
+    // The cycle's old log-probabilities: the training ranks' pass at its first step. With
+    // --generation-ranks and a lag they are the behaviour policy's, which came with the batch
+    // (or, without the correction, the generator's own); on-policy (S = 0) that policy is this
+    // one, and the pass is the synchronous run's.
+    const bool linked = config_.link != nullptr;
+    if (!linked || s.staleness() == 0) old_log_probabilities(completions);
+    if (!config_.cache_dir.empty()) save_cycle(completions, metrics, step, /*prune=*/!linked);
   }
   cycle_ = step;
   cycle_metrics_ = std::move(metrics);

@@ -184,8 +184,12 @@ class RolloutSource final : public StepSource {
                                                      std::size_t completion,
                                                      std::size_t length) const;
   [[nodiscard]] std::string cycle_file(std::int64_t step) const;
+  // The cycle's batch into the rollout cache, old and reference log-probabilities included (a
+  // run resumed inside the cycle reads it back); with `prune`, older cycles' files go
+  // (asynchronous GRPO prunes its own way: prune_cache).
   void save_cycle(const std::vector<Completion>& completions,
-                  const std::vector<std::pair<std::string, double>>& metrics, std::int64_t step);
+                  const std::vector<std::pair<std::string, double>>& metrics, std::int64_t step,
+                  bool prune = true);
   void restore_cycle(std::int64_t cycle);
   void write_log(const std::vector<Completion>& completions, std::int64_t step);
   // Rank 0: --log-completions opened, without the lines of the steps after `resumed_at` that
