@@ -68,7 +68,10 @@ MpiDefault=pmi2
 ReturnToService=2
 KillWait=10
 MinJobAge=600
-NodeName=$host CPUs=$(nproc) RealMemory=$memory_mb State=UNKNOWN
+# At least 4 CPUs, whatever the machine has (config_overrides: slurmd takes the configured
+# count): asynchronous GRPO's job runs 3 ranks (tests/slurm/slurm_test.sh grpo_async).
+SlurmdParameters=config_overrides
+NodeName=$host CPUs=$(($(nproc) < 4 ? 4 : $(nproc))) RealMemory=$memory_mb State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
 export SLURM_CONF=$state/slurm.conf

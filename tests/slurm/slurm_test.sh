@@ -248,6 +248,67 @@ restart)
   [[ $failures -eq 0 ]] || show_output "$out" 20
   ;;
 
+grpo_async)
+  # jobs/grpo.sbatch with a generating rank (generation-ranks = 1: 1 generating + 2 training
+  # ranks on one node, a verifier command on the generating one), signalled once its first
+  # checkpoint is in (USR1 to the batch shell, as --signal=B:USR1 does before the time limit):
+  # both groups stop at a checkpoint, exit 75, the job requeues and resumes, and it ends with the
+  # weights of the same run uninterrupted under mpiexec.
+  prep_data || { echo "prep failed"; exit 1; }
+  write_reversal_prompts sft.jsonl prompts.jsonl
+  "$bin" prep prompts --input prompts.jsonl --tokenizer bytes --output prompts >/dev/null 2>&1 ||
+    { echo "prep prompts failed"; exit 1; }
+  sft_config sft.ini "$work/sft-ckpt" 8 seq-len=64 global-batch=8
+  "$mpiexec" -n 2 "$bin" sft --config sft.ini >sft.log 2>&1 || { tail -3 sft.log; exit 1; }
+  cat >similarity.py <<'PY'
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    answer, completion = r["record"]["answer"], r["completion"].strip()
+    same = sum(1 for a, b in zip(answer, completion) if a == b)
+    print(json.dumps({"reward": same / max(len(answer), len(completion), 1)}), flush=True)
+PY
+  {
+    echo "init = $work/sft-ckpt"
+    echo "data = $work/prompts"
+    echo "reward-match = answer"
+    echo "reward-command = python3 $work/similarity.py"
+    echo "steps = 40"
+    echo "seq-len = 64"
+    echo "global-batch = 4"
+    echo "num-generations = 4"
+    echo "micro-batch = 4"
+    echo "max-completion-length = 12"
+    echo "lr = 1e-3"
+    echo "checkpoint-every = 5"
+    echo "log-every = 5"
+    echo "generation-ranks = 1"
+    echo "deterministic = true"
+    echo "no-progress = true"
+  } >grpo-common.ini
+  { cat grpo-common.ini; echo "ckpt-dir = $work/ckpt"; } >grpo.ini
+  { cat grpo-common.ini; echo "ckpt-dir = $work/ref"; } >ref.ini
+  "$mpiexec" -n 3 "$bin" grpo --config ref.ini >ref.log 2>&1 || { tail -3 ref.log; exit 1; }
+  id=$(sbatch --parsable --ntasks-per-node=3 "$source_dir/jobs/grpo.sbatch" grpo.ini)
+  for ((t = 0; t < 240; t++)); do
+    [[ -e ckpt/latest ]] && break
+    sleep 0.5
+  done
+  scancel --signal=USR1 --batch "$id"
+  state=$(wait_job "$id" 240)
+  out=l3-grpo-$id.out
+  check "grpo.sbatch, 1 generating + 2 training ranks: signalled job $id completes ($state) after $(job_field "$id" Restarts) requeue(s)" \
+    test "$state" = COMPLETED -a "$(job_field "$id" Restarts)" -ge 1
+  check "... both groups stopped at a checkpoint with exit 75 ($(grep -o 'stopped at step [0-9]*' "$out" | head -n 1))" \
+    grep -q "stopped at step .* (exit 75)" "$out"
+  check "... and resumed ($(grep -o 'resumed at step [0-9]*' "$out" | head -n 1) of 40)" \
+    grep -q "resumed at step" "$out"
+  check "... to the uninterrupted run's weights (not the initial ones)" \
+    test -n "$(digest ref/step-00000040)" -a "$(digest ckpt/step-00000040)" = "$(digest ref/step-00000040)" \
+    -a "$(digest ref/step-00000040)" != "$(digest "$work/sft-ckpt/step-00000008")"
+  [[ $failures -eq 0 ]] || show_output "$out" 40
+  ;;
+
 pipeline)
   # Each stage's sbatch line, from a stand-in sbatch that records its arguments ([word] each).
   mkdir -p fake-bin

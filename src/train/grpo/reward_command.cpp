@@ -54,8 +54,14 @@ RewardCommand::RewardCommand(std::string command, double timeout_seconds,
   posix_spawn_file_actions_adddup2(&actions, ends[1], STDOUT_FILENO);
   const std::string shell = "/bin/sh";
   std::string dash_c = "-c";
-  std::vector<char*> argv = {const_cast<char*>(shell.c_str()), dash_c.data(),
-                             const_cast<char*>(command_.c_str()), nullptr};
+  // The job's stop signals (SIGTERM, SIGUSR1, SIGUSR2: Slurm sends them to every process of a
+  // job step) are ignored by the verifier and what it starts (an ignored signal stays ignored
+  // across exec; a blocked one would not: dash clears the mask): they ask this rank to
+  // checkpoint, and a verifier they killed would fail the step it scores. The rank ends it
+  // (stop(): end of input, then SIGKILL).
+  std::string script = "trap '' TERM USR1 USR2; " + command_;
+  std::vector<char*> argv = {const_cast<char*>(shell.c_str()), dash_c.data(), script.data(),
+                             nullptr};
   // Its own process group: what the verifier starts (a shell's children, a pipeline) is killed
   // with it. Killing the shell alone left its children holding our stderr: a `sleep 30` behind a
   // timed-out verifier outlived the run by 30 s and kept whoever reads our output waiting.
@@ -106,6 +112,14 @@ void RewardCommand::stop() noexcept {
 }
 
 void RewardCommand::fail(const std::string& record, const std::string& what) {
+  if (stop_ != nullptr && stop_->load()) {
+    // A stop was asked for meanwhile (whatever reached the verifier reached this rank too).
+    stop();
+    throw core::Error(core::ErrorKind::stopped,
+                      fmt::format("stopped by a signal while --reward-command \"{}\" scored {}: "
+                                  "the run continues from its last checkpoint",
+                                  command_, record));
+  }
   std::string status;
   if (pid_ > 0) {
     // Its exit status, if it has ended, without reaping it (stop() kills its group, then reaps).

@@ -109,7 +109,10 @@ const std::string& RolloutSource::receive_batch(std::int64_t step) {
       // A generating rank failed (a verifier, a reward model): its error is the run's.
       generators_failed_ = true;
       const std::string message = head["error"].get<std::string>();
-      if (head.value("exit_code", 1) == core::kExitBadInput) throw core::bad_input(message);
+      const int code = head.value("exit_code", 1);
+      if (code == core::kExitBadInput) throw core::bad_input(message);
+      // Stopped by the job's signal while it scored: the run continues from its last checkpoint.
+      if (code == core::kExitCheckpointed) throw core::Error(core::ErrorKind::stopped, message);
       throw core::internal_error(message);
     }
     const auto got = head.at("step").get<std::int64_t>();
