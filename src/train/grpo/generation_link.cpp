@@ -35,17 +35,23 @@ SplitWorld split_for_generation(const dist::World& world, std::int64_t generatio
 
 namespace {
 
-// Receives `data` from `source` (dist::receive), or with `stop`: polls the receipt with short
-// sleeps (a waiting thread takes no core from the computing one) and calls it off once `stop`
-// is set (false then).
+// How long a polling receipt may sleep between two polls: the first message of a version comes
+// when the training ranks end a step, a long wait, polled every 2 ms at most (the waiting thread
+// takes next to nothing from the computing one on a shared core, and 2 ms is far less than a
+// step); the messages after it are on their way, and each poll moves them on (50 us).
+enum class Expect : std::uint8_t { later, now };
+
+// Receives `data` from `source` (dist::receive), or with `stop`: polls the receipt with sleeps
+// between polls and calls it off once `stop` is set (false then).
 template <dist::MpiValue T>
 bool receive_part(MPI_Comm comm, std::span<T> data, int source, int tag, std::string_view what,
-                  const std::atomic<bool>* stop) {
+                  const std::atomic<bool>* stop, Expect expect = Expect::now) {
   if (stop == nullptr) {
     dist::receive(comm, data, source, tag, what);
     return true;
   }
   dist::Request request = dist::start_receive(comm, data, source, tag, what);
+  const std::chrono::microseconds longest{expect == Expect::later ? 2000 : 50};
   std::chrono::microseconds pause{10};
   while (!request.test(what)) {
     if (stop->load(std::memory_order_acquire)) {
@@ -53,7 +59,7 @@ bool receive_part(MPI_Comm comm, std::span<T> data, int source, int tag, std::st
       return false;
     }
     std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds{200});
+    pause = std::min(pause * 2, longest);
   }
   return true;
 }
@@ -62,7 +68,7 @@ std::optional<std::string> receive_text_part(MPI_Comm comm, int source, int tag,
                                              const std::atomic<bool>* stop) {
   std::int64_t length = 0;
   if (!receive_part(comm, std::span<std::int64_t>(&length, 1), source, tag, "a message's length",
-                    stop))
+                    stop, Expect::later))
     return std::nullopt;
   std::string text(static_cast<std::size_t>(length), '\0');
   if (!receive_part(comm, std::span<char>(text.data(), text.size()), source, tag, "a message",
