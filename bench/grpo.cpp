@@ -256,9 +256,10 @@ int main(int argc, char** argv) {
       const int ranks = world.size();
       if (ranks < 2) throw std::runtime_error("--async needs at least 2 ranks (mpiexec -n 4)");
       const int prompts = std::lcm(std::lcm(ranks, ranks - 1), std::lcm(std::max(ranks - 2, 1), 2));
-      const int length = async_length > 0 ? async_length : 16;
+      // --quick (the GPU check's rehearsal): shorter completions and fewer steps, each path once.
+      const int length = async_length > 0 ? async_length : quick ? 8 : 16;
       const std::string model = preset.empty() ? std::string("tiny") : preset;
-      const int steps = quick ? 3 : 16;
+      const int steps = quick ? 2 : 16;
       json rows = json::array();
       AsyncFigures synchronous;
       // The synchronous step; each split with the importance-sampling correction (the default:

@@ -7,11 +7,11 @@
 # the trainer (logp_mismatch, bf16's size; the importance-sampling ratios near 1, none masked)
 # are those of a working step, and the run checkpoints. With MPIEXEC, asynchronous GRPO on the
 # device: 1 generating + 1 training rank with --max-staleness 0 generate the device's synchronous
-# run's completions (step 1's all, token for token; on the emulation all 3 steps'), from weights
-# sent in bf16 (half the bytes; the generating rank's bf16 model holds what the training rank's
-# does, the master weights rounded to nearest even), and train on them: step 1's loss and entropy
-# agree to fp32 summation order (not bit for bit on the device, unlike the CPU: the training
-# pass's sums come out in another order, entropy 1e-9 apart on the emulation).
+# run's step-1 completions token for token, from weights sent in bf16 (half the bytes; the
+# generating rank's bf16 model holds what the training rank's does, the master weights rounded
+# to nearest even), and train on them: the loss and entropy agree to fp32 summation order (not
+# bit for bit on the device, unlike the CPU: the training pass's sums come out in another order,
+# entropy 1e-9 apart on the emulation; over 3 steps all 24 completions were the same there).
 #   grpo_test.sh PATH/TO/llama3-hpc [MPIEXEC]
 set -uo pipefail
 bin=${1:?usage: grpo_test.sh LLAMA3_HPC [MPIEXEC]}
@@ -96,8 +96,11 @@ assert all(m["grad_norm"] > 0 for m in m_gpu)
 PY
 
 if [[ -n $mpiexec ]]; then
-  # Two ranks on the device(s): the emulation gives each its own.
-  L3_EMULATION_DEVICES=2 "$mpiexec" -n 2 "$bin" "${grpo_args[@]}" --backend cuda \
+  # Two ranks on the device(s): the emulation gives each its own. One step (of a 1-step
+  # schedule: the learning rate does not enter step 1's loss).
+  split_args=("${grpo_args[@]}")
+  for i in "${!split_args[@]}"; do [[ ${split_args[i]} == --steps ]] && split_args[i + 1]=1; done
+  L3_EMULATION_DEVICES=2 "$mpiexec" -n 2 "$bin" "${split_args[@]}" --backend cuda \
     --generation-ranks 1 --max-staleness 0 --ckpt-dir "$work/ck-async" \
     --metrics "$work/async-metrics.jsonl" --log-completions "$work/async.jsonl" \
     >"$work/async.log" 2>&1 || fail "asynchronous grpo on the device: $(tail -3 "$work/async.log")"
@@ -108,20 +111,17 @@ sync = [json.loads(l) for l in open(sys.argv[1])]
 split = [json.loads(l) for l in open(sys.argv[2])]
 for c in split:
     assert c.pop("policy_version") == c["step"] - 1 and len(c.pop("logprobs")) == len(c["ids"])
-# Step 1 from the same weights: every completion the same. Steps 2 and 3 come after updates
-# that agree to fp32 summation order (see above): on a GPU a bf16 weight may round the other way
-# and part a sampled sequence at a near-tie (on the emulation all 24 are the same).
-same = [a["ids"] == b["ids"] for a, b in zip(split, sync)]
-assert len(sync) == len(split) == 24 and all(same[:8]) and sum(same) >= 20, same
+# Step 1 from the same weights: every completion the same.
+assert len(split) == 8 and [c["ids"] for c in split] == [c["ids"] for c in sync[:8]]
 a = [json.loads(l) for l in open(sys.argv[3]) if '"kind":"train"' in l]
 b = [json.loads(l) for l in open(sys.argv[4]) if '"kind":"train"' in l]
 # The tiny model's 164,160 weights in bf16: 2 bytes each.
-assert [s["weights/bytes"] for s in b] == [2 * 164160] * 3, [s["weights/bytes"] for s in b]
+assert [s["weights/bytes"] for s in b] == [2 * 164160], [s["weights/bytes"] for s in b]
 assert abs(a[0]["loss"] - b[0]["loss"]) < 1e-6, (a[0]["loss"], b[0]["loss"])
 assert abs(a[0]["entropy"] - b[0]["entropy"]) < 1e-6 * a[0]["entropy"], (a[0]["entropy"], b[0]["entropy"])
-assert all(abs(x["grad_norm"] - y["grad_norm"]) < 0.01 * x["grad_norm"] for x, y in zip(a, b))
-print(f"1 generating + 1 training rank, --max-staleness 0: {sum(same)} of the synchronous run's 24 "
-      f"completions, {b[0]['weights/bytes']:.0f} bytes of bf16 weights a step; step 1's loss "
+assert abs(a[0]["grad_norm"] - b[0]["grad_norm"]) < 1e-3 * a[0]["grad_norm"]
+print("1 generating + 1 training rank, --max-staleness 0: the synchronous run's 8 completions of "
+      f"step 1, {b[0]['weights/bytes']:.0f} bytes of bf16 weights; its loss "
       f"{b[0]['loss']:.9f} (synchronous {a[0]['loss']:.9f})")
 PY
 fi
