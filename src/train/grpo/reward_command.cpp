@@ -111,15 +111,18 @@ void RewardCommand::stop() noexcept {
   }
 }
 
+void RewardCommand::stop_if_asked(const std::string& record) {
+  if (stop_ == nullptr || !stop_->load()) return;
+  stop();
+  throw core::Error(core::ErrorKind::stopped,
+                    fmt::format("stopped by a signal while --reward-command \"{}\" scored {}: "
+                                "the run continues from its last checkpoint",
+                                command_, record));
+}
+
 void RewardCommand::fail(const std::string& record, const std::string& what) {
-  if (stop_ != nullptr && stop_->load()) {
-    // A stop was asked for meanwhile (whatever reached the verifier reached this rank too).
-    stop();
-    throw core::Error(core::ErrorKind::stopped,
-                      fmt::format("stopped by a signal while --reward-command \"{}\" scored {}: "
-                                  "the run continues from its last checkpoint",
-                                  command_, record));
-  }
+  // A stop asked for meanwhile: whatever reached the verifier reached this rank too.
+  stop_if_asked(record);
   std::string status;
   if (pid_ > 0) {
     // Its exit status, if it has ended, without reaping it (stop() kills its group, then reaps).
@@ -167,13 +170,7 @@ double RewardCommand::score(std::string_view request, const std::string& record)
   std::size_t sent = 0;
   std::size_t newline = std::string::npos;
   while (sent < line.size() || newline == std::string::npos) {
-    if (stop_ != nullptr && stop_->load()) {
-      stop();
-      throw core::Error(core::ErrorKind::stopped,
-                        fmt::format("stopped by a signal while --reward-command \"{}\" scored {}: "
-                                    "the run continues from its last checkpoint",
-                                    command_, record));
-    }
+    stop_if_asked(record);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now())
                           .count();

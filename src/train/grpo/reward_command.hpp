@@ -47,6 +47,9 @@ class RewardCommand {
 
  private:
   [[noreturn]] void fail(const std::string& record, const std::string& what);
+  // A stop request (SIGTERM, SIGUSR1) while it scores `record`: the verifier ended, a stopped
+  // Error (exit 75) thrown. Returns when none is pending.
+  void stop_if_asked(const std::string& record);
   // Appends what the verifier wrote, without waiting, to pending_.
   void receive(const std::string& record);
   void stop() noexcept;
