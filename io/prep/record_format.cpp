@@ -88,6 +88,13 @@ void RecordFormatter::append_text(Example& out, std::string_view text, std::uint
 
 void RecordFormatter::begin(Example& out) const { append_special(out, Special::begin_of_text, 0); }
 
+void RecordFormatter::append_assistant_header(Example& out) const {
+  append_special(out, Special::start_header, 0);
+  append_text(out, "assistant", 0);
+  append_special(out, Special::end_header, 0);
+  append_text(out, "\n\n", 0);
+}
+
 void RecordFormatter::append_message(Example& out, const Message& message, bool trained) const {
   append_special(out, Special::start_header, 0);
   append_text(out, message.role, 0);
@@ -143,10 +150,14 @@ Example RecordFormatter::conversation_prompt(const json& messages) const {
         R"("messages" must end before the assistant's answer, not with an assistant turn)");
   }
   Example out = conversation(turns, false);
-  append_special(out, Special::start_header, 0);
-  append_text(out, "assistant", 0);
-  append_special(out, Special::end_header, 0);
-  append_text(out, "\n\n", 0);
+  append_assistant_header(out);
+  return out;
+}
+
+Example RecordFormatter::continuation(const json& messages) const {
+  Example out;
+  for (const Message& m : messages_of(messages, "messages")) append_message(out, m, false);
+  append_assistant_header(out);
   return out;
 }
 

@@ -75,6 +75,11 @@ class RecordFormatter {
   // with an assistant turn).
   [[nodiscard]] Example conversation_prompt(const nlohmann::json& messages) const;
 
+  // What follows a policy's turn in a multi-turn episode (GRPO's --environment): `messages`
+  // ({"role", "content"} objects, an environment's) in the chat template, then the assistant
+  // header, without <|begin_of_text|>: appended after the turn's <|eot_id|>, the conversation
+  // reads as prompt() formats it. The mask is all 0.
+  [[nodiscard]] Example continuation(const nlohmann::json& messages) const;
   // Whether to keep an example, after truncating it to max_len when the policy allows:
   // truncation removes prompt tokens right after <|begin_of_text|> (never targets).
   [[nodiscard]] Verdict fit(Example& example) const;
@@ -86,6 +91,8 @@ class RecordFormatter {
     std::string content;
   };
   void begin(Example& out) const;
+  // <|start_header_id|>assistant<|end_header_id|>\n\n: the model answers next.
+  void append_assistant_header(Example& out) const;
   void append_message(Example& out, const Message& message, bool trained) const;
   void append_text(Example& out, std::string_view text, std::uint8_t mask) const;
   void append_special(Example& out, tokenizer::Special token, std::uint8_t mask) const;

@@ -105,6 +105,11 @@ void declare_grpo_options(po::options_description& options) {
       "pad-completions", po::bool_switch(),
       "give each completion a row of --seq-len in the training passes (slower: for comparison); "
       "default: completions and their prompts packed end to end, as SFT packs documents")(
+      "environment", po::value<std::string>()->value_name("\"CMD ARGS\""),
+      "multi-turn episodes: after each policy turn the environment reads the conversation (one "
+      "JSON line) and answers with messages to append or the episode's {\"reward\": x}")(
+      "max-turns", core::number<std::int64_t>(core::between(1, 1024))->value_name("N"),
+      "policy turns per episode at most (default 8; with --environment)")(
       "reward-match", po::value<std::string>()->value_name("answer"),
       "built-in reward: 1 when the completion, stripped, equals the record's \"answer\", else 0")(
       "reward-command", po::value<std::string>()->value_name("\"CMD ARGS\""),
@@ -114,12 +119,13 @@ void declare_grpo_options(po::options_description& options) {
       core::number<double>(core::Domain{.lowest = 0, .lowest_excluded = true, .highest = 86400})
           ->default_value(d.reward_timeout)
           ->value_name("SECONDS"),
-      "how long the verifier may take to answer one request")(
+      "how long the verifier (or the environment) may take to answer one request")(
       "reward-weights", po::value<std::string>()->value_name("W,W,..."),
-      "weights of the rewards in use, in the order answer-match, command, model (default all "
-      "1)")("reward-model", po::value<std::string>()->value_name("CKPT"),
-            "a reward model scores each completion as `score` does: a reward checkpoint, a Hugging "
-            "Face LlamaForSequenceClassification directory, or a base with --reward-adapter")(
+      "weights of the rewards in use, in the order environment, answer-match, command, model "
+      "(default all 1)")(
+      "reward-model", po::value<std::string>()->value_name("CKPT"),
+      "a reward model scores each completion as `score` does: a reward checkpoint, a Hugging "
+      "Face LlamaForSequenceClassification directory, or a base with --reward-adapter")(
       "reward-adapter", po::value<std::string>()->value_name("DIR"),
       "a LoRA reward adapter in PEFT's format (SEQ_CLS) folded into --reward-model")(
       "log-completions", po::value<std::string>()->value_name("FILE"),
@@ -656,6 +662,8 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
             fmt::format("--reward-match {}: the built-in match is 'answer'", match));
       g.reward_match_answer = true;
     }
+    g.environment = optional_string(o, "environment");
+    if (o.count("max-turns") > 0) g.max_turns = get<std::int64_t>(o, "max-turns");
     g.reward_command = optional_string(o, "reward-command");
     g.reward_timeout = get<double>(o, "reward-timeout");
     g.reward_model = optional_string(o, "reward-model");

@@ -69,13 +69,15 @@ constexpr std::array kCommands = {
             .stops_cleanly = true},
     Command{.name = "grpo",
             .summary = "Online RL: the policy trained on its own completions, scored (GRPO, RLOO)",
-            .usage = "grpo --init SFT_MODEL --data PROMPTS (--reward-match answer | "
-                     "--reward-command CMD | --reward-model CKPT)... [--ckpt-dir DIR] [options]",
+            .usage = "grpo --init SFT_MODEL --data PROMPTS (--environment CMD | --reward-match "
+                     "answer | --reward-command CMD | --reward-model CKPT)... [--ckpt-dir DIR] "
+                     "[options]",
             .description =
                 "Each step samples --num-generations completions of every prompt with the "
-                "generation engine on the weights being trained, scores them (the built-in "
-                "answer match, a verifier command, a reward model), turns each group's rewards "
-                "into advantages "
+                "generation engine on the weights being trained (with --environment, "
+                "multi-turn episodes: a program answers each turn with tool results or user "
+                "replies), scores them (the environment's reward, the built-in answer match, a "
+                "verifier command, a reward model), turns each group's rewards into advantages "
                 "and trains the policy with the clipped surrogate loss of TRL's GRPOTrainer "
                 "(--loss-type dapo, grpo, dr_grpo, bnpo). See docs/TRAINING.md.",
             .declare = declare_grpo_options,

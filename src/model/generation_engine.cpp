@@ -111,6 +111,7 @@ struct GenerationEngine::Slot {
   std::int64_t cached = 0;    // positions in the cache
   std::int64_t admitted = 0;  // the order requests came in: the longest waiting prefills first
   std::int32_t pending = -1;  // the latest token, drawn but not yet run (a decoding slot)
+  std::int64_t draws = 0;     // tokens drawn for the sequence so far, over all its turns
 };
 
 // One pass's rows: the fresh prompt segments first (they attend with the training kernel),
@@ -242,8 +243,39 @@ void GenerationEngine::admit(Slot& slot, GenerationRequest&& request) {
   slot.admitted = admissions_++;
   slot.cached = 0;
   slot.pending = -1;
+  slot.draws = 0;
   slot.output = GenerationOutput{.record = request.record, .sample = request.sample};
   slot.request = std::move(request);
+}
+
+void GenerationEngine::continue_slot(Slot& slot, Continuation&& next) {
+  // The sequence so far: what was prefilled, the turn's tokens and the token it stopped on.
+  // Every token but the last drawn one is in the cache (slot.cached).
+  std::vector<std::int32_t>& sequence = slot.request.prompt;
+  sequence.insert(sequence.end(), slot.output.tokens.begin(), slot.output.tokens.end());
+  if (slot.output.stop_token >= 0) sequence.push_back(slot.output.stop_token);
+  if (slot.cached + 1 != static_cast<std::int64_t>(sequence.size())) {
+    throw core::internal_error(
+        fmt::format("generation engine: a turn ended with {} positions cached of {}", slot.cached,
+                    sequence.size()));
+  }
+  const ModelConfig& c = model_.config();
+  for (const std::int32_t id : next.tokens) {
+    if (id < 0 || id >= c.vocab_size) {
+      throw core::bad_input(fmt::format(
+          "a continuation's token id {} is not below the vocabulary size {}", id, c.vocab_size));
+    }
+  }
+  const auto length = static_cast<std::int64_t>(sequence.size() + next.tokens.size());
+  if (next.max_new < 1 || length + next.max_new > shape_.capacity) {
+    throw core::usage_error(
+        fmt::format("a sequence of {} tokens and {} new tokens do not fit in {} positions", length,
+                    next.max_new, shape_.capacity));
+  }
+  sequence.insert(sequence.end(), next.tokens.begin(), next.tokens.end());
+  slot.request.max_new = next.max_new;
+  slot.pending = -1;  // the rest of the sequence is prefilled from slot.cached on
+  slot.output = GenerationOutput{.record = slot.request.record, .sample = slot.request.sample};
 }
 
 GenerationEngine::PassRows GenerationEngine::plan_pass() {
@@ -329,7 +361,7 @@ std::vector<double> GenerationEngine::uniforms(const std::vector<int>& logit_slo
     const core::CounterRng rng(settings_.seed, core::RngPurpose::sampling,
                                static_cast<std::uint32_t>(slot.request.sample));
     const auto index = static_cast<std::uint64_t>(slot.request.record) << 32U |
-                       static_cast<std::uint64_t>(slot.output.tokens.size());
+                       static_cast<std::uint64_t>(slot.draws);
     values[i] = rng.uniform(index);
   }
   return values;
@@ -531,9 +563,30 @@ void GenerationEngine::set_sampling(SamplingSettings settings) {
 
 void GenerationEngine::run(const RequestSource& next, const OutputSink& done, const StopCheck& stop,
                            const PassAgreement& agree) {
+  run_loop(next, done, {}, stop, agree);
+}
+
+void GenerationEngine::run_turns(const RequestSource& next, const TurnEnd& turn_end,
+                                 const PassAgreement& agree) {
+  run_loop(next, {}, turn_end, {}, agree);
+}
+
+void GenerationEngine::run_loop(const RequestSource& next, const OutputSink& done,
+                                const TurnEnd& turn_end, const StopCheck& stop,
+                                const PassAgreement& agree) {
   bool source_empty = false;
   const auto finish = [&](Slot& slot, bool stopped) {
     slot.output.stopped = stopped;
+    if (turn_end) {
+      GenerationOutput turn = slot.output;  // (continue_slot appends the turn's tokens)
+      if (std::optional<Continuation> then = turn_end(std::move(turn))) {
+        continue_slot(slot, std::move(*then));
+        return;
+      }
+      slot.busy = false;
+      slot.pending = -1;
+      return;
+    }
     slot.busy = false;
     slot.pending = -1;
     done(std::move(slot.output));
@@ -579,6 +632,7 @@ void GenerationEngine::run(const RequestSource& next, const OutputSink& done, co
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       Slot& slot = slots_[static_cast<std::size_t>(rows.logit_slots[i])];
       const std::int32_t token = tokens[i];
+      ++slot.draws;
       if (std::find(settings_.stop_tokens.begin(), settings_.stop_tokens.end(), token) !=
           settings_.stop_tokens.end()) {
         slot.output.stop_token = token;

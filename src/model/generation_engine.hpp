@@ -166,12 +166,37 @@ class GenerationEngine {
   void run(const RequestSource& next, const OutputSink& done, const StopCheck& stop = {},
            const PassAgreement& agree = {});
 
+  // Multi-turn sequences (online RL with an environment, train/grpo/episode.hpp). When a
+  // sequence's turn ends (a stop token, its max_new), the caller may continue it: `tokens` (an
+  // environment's messages, the next turn's header) go after the turn's tokens (its stop token
+  // included) and are prefilled against the slot's cache, never generated, and the sequence
+  // then generates its next turn of at most `max_new` (>= 1) tokens. Nothing before is run
+  // again. The draws go on counting across turns: a sequence's k-th drawn token has the
+  // uniform number of index record * 2^32 + k whatever its turn, so an episode depends on its
+  // record, sample, model and continuations only.
+  struct Continuation {
+    std::vector<std::int32_t> tokens;
+    std::int64_t max_new = 0;
+  };
+  // A turn has ended (its tokens, log-probabilities and stop as GenerationOutput has them, for
+  // this turn alone): its continuation, or nullopt to end the sequence.
+  using TurnEnd = std::function<std::optional<Continuation>(GenerationOutput&& turn)>;
+  // run() with turns: the sequence so far plus a continuation must fit in the capacity (a
+  // usage Error otherwise, as for a request).
+  void run_turns(const RequestSource& next, const TurnEnd& turn_end,
+                 const PassAgreement& agree = {});
+
  private:
   struct Slot;
   struct PassRows;
   struct PassShape;
 
   void admit(Slot& slot, GenerationRequest&& request);
+  // run() and run_turns(): `turn_end` empty ends every sequence at its first turn (done).
+  void run_loop(const RequestSource& next, const OutputSink& done, const TurnEnd& turn_end,
+                const StopCheck& stop, const PassAgreement& agree);
+  // Continues `slot`'s sequence after its turn as `next` says (run_turns).
+  void continue_slot(Slot& slot, Continuation&& next);
   // Plans the next pass's rows from the busy slots; empty when there is nothing to run.
   [[nodiscard]] PassRows plan_pass();
   // Runs one pass and samples a token for each row that wants one: (token, logprob) each.

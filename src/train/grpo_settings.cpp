@@ -14,6 +14,7 @@ namespace l3::train {
 
 std::vector<std::string> GrpoSettings::reward_names() const {
   std::vector<std::string> names;
+  if (!environment.empty()) names.emplace_back("environment");
   if (reward_match_answer) names.emplace_back("answer_match");
   if (!reward_command.empty()) names.emplace_back("command");
   if (!reward_model.empty()) names.emplace_back("reward_model");
@@ -24,8 +25,12 @@ void GrpoSettings::validate() const {
   const std::vector<std::string> names = reward_names();
   if (names.empty()) {
     throw core::usage_error(
-        "grpo needs a reward: --reward-match answer, --reward-command \"CMD ARGS\" and/or "
-        "--reward-model CKPT");
+        "grpo needs a reward: --environment \"CMD ARGS\", --reward-match answer, "
+        "--reward-command \"CMD ARGS\" and/or --reward-model CKPT");
+  }
+  if (max_turns > 0 && environment.empty()) {
+    throw core::usage_error(
+        "--max-turns N needs --environment \"CMD ARGS\" (without one an episode is one turn)");
   }
   if (!reward_adapter.empty() && reward_model.empty())
     throw core::usage_error("--reward-adapter DIR needs --reward-model, the model it adapts");
@@ -82,6 +87,8 @@ void GrpoSettings::add_to(nlohmann::json& j) const {
                                           : nlohmann::json(nullptr);
   j["logprobs"] = tempered_logprobs ? "tempered" : "raw";
   j["completions_layout"] = pack_completions ? "packed" : "padded";
+  j["environment"] = environment;
+  j["max_turns"] = environment.empty() ? 1 : turns();
   j["reward_match"] = reward_match_answer ? "answer" : "";
   j["reward_command"] = reward_command;
   j["reward_timeout"] = reward_timeout;

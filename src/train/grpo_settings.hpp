@@ -64,8 +64,12 @@ struct GrpoSettings {
   // true, end to end in one row, each with its prompt as a segment of its own (padding-free,
   // as SFT packs documents); false (--pad-completions): one row of --seq-len per completion.
   bool pack_completions = true;
-  // Rewards, in this order: the built-in answer match, the verifier command, the reward model.
-  // Weights: one per reward in use (empty: all 1).
+  // Multi-turn episodes (train/grpo/episodes.hpp): the environment every sample talks to, and
+  // the policy's turns per episode at most; empty: one turn, no environment.
+  std::string environment;
+  std::int64_t max_turns = 0;  // 0: the default, 8 with an environment
+  // Rewards, in this order: the environment's, the built-in answer match, the verifier command,
+  // the reward model. Weights: one per reward in use (empty: all 1).
   bool reward_match_answer = false;
   std::string reward_command;
   double reward_timeout = 60;  // seconds a verifier may take to answer one request
@@ -86,8 +90,11 @@ struct GrpoSettings {
   [[nodiscard]] double clip_high() const noexcept {
     return epsilon_high < 0 ? epsilon : epsilon_high;
   }
-  // The rewards in use, by name (rewards/NAME/mean): "answer_match", "command", "reward_model".
+  // The rewards in use, by name (rewards/NAME/mean): "environment", "answer_match", "command",
+  // "reward_model".
   [[nodiscard]] std::vector<std::string> reward_names() const;
+  // max_turns with its default applied.
+  [[nodiscard]] std::int64_t turns() const noexcept { return max_turns > 0 ? max_turns : 8; }
   // max_staleness with its default applied.
   [[nodiscard]] std::int64_t staleness() const noexcept {
     return max_staleness >= 0 ? max_staleness : (generation_ranks > 0 ? 1 : 0);

@@ -11,7 +11,7 @@ docs name (chat.jsonl, pairs.jsonl, prefs.jsonl, sft.jsonl, prompts.jsonl, data/
 the demo's llama3-hpc-demo/input/{instructions,preferences,prompts}.jsonl, sft.ini, a
 model directory standing for a Hugging Face download (the tiny model, its tokenizer the bytes
 one), tokenizer.model when Meta's is given)
-and build/bin/llama3-hpc, with llama3-hpc on PATH. VAR=VALUE sets a variable the block shows
+and build/bin/llama3-hpc (and examples/, the repository's), with llama3-hpc on PATH. VAR=VALUE sets a variable the block shows
 (a size, the model directory) to the test's value: the block's own `VAR=...` lines are left
 out, everything else runs as written ($MODEL_DIR in a value is that model directory).
 `with=data` prepares data/sft, data/prefs and data/prefs-val first, `with=splits` sft/ and
@@ -181,6 +181,8 @@ def main():
         """A directory with the docs' inputs and build/bin/llama3-hpc."""
         os.makedirs(os.path.join(path, "build", "bin"))
         os.symlink(binary, os.path.join(path, "build", "bin", "llama3-hpc"))
+        # The repository's examples (environments, ...), as the docs' commands from its root see them.
+        os.symlink(os.path.join(os.path.abspath(a.source), "examples"), os.path.join(path, "examples"))
         cwd = os.getcwd()
         os.chdir(path)
         write_inputs(path, tokenizer)

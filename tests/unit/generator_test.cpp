@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <vector>
 
 #include "catch.hpp"
@@ -462,4 +464,93 @@ TEST_CASE("sequence rewards equal the scores of a reward batch", "[generate][rew
   CHECK(out.chosen[0] == Approx(pair.chosen).epsilon(1e-5).margin(1e-5));
   CHECK(out.rejected[0] == Approx(pair.rejected).epsilon(1e-5).margin(1e-5));
   CHECK(pair.chosen != pair.rejected);
+}
+
+namespace {
+
+// Every turn of every request's multi-turn sequence through one engine: after turn 1 the
+// sequence goes on with {3 + record, 7, 11} and 5 new tokens at most, after turn 2 with
+// {5 + sample} and 4, and it ends after turn 3. Turns by (record, sample), in order.
+using Turns = std::map<std::pair<std::int64_t, std::int64_t>, std::vector<GenerationOutput>>;
+Turns run_three_turns(LlamaModel& model, const std::vector<GenerationRequest>& requests,
+                      const EngineShape& shape, const SamplingSettings& settings) {
+  GenerationEngine engine(model, shape, settings);
+  std::size_t next = 0;
+  Turns turns;
+  engine.run_turns(
+      [&]() -> std::optional<GenerationRequest> {
+        if (next == requests.size()) return std::nullopt;
+        return requests[next++];
+      },
+      [&](GenerationOutput&& turn) -> std::optional<GenerationEngine::Continuation> {
+        std::vector<GenerationOutput>& mine = turns[{turn.record, turn.sample}];
+        const std::int64_t record = turn.record;
+        const std::int64_t sample = turn.sample;
+        mine.push_back(std::move(turn));
+        if (mine.size() == 1) {
+          return GenerationEngine::Continuation{
+              .tokens = {static_cast<std::int32_t>(3 + record), 7, 11}, .max_new = 5};
+        }
+        if (mine.size() == 2) {
+          return GenerationEngine::Continuation{.tokens = {static_cast<std::int32_t>(5 + sample)},
+                                                .max_new = 4};
+        }
+        return std::nullopt;
+      });
+  return turns;
+}
+
+}  // namespace
+
+TEST_CASE("multi-turn sequences continue from the cache, as a whole sequence's forward pass",
+          "[generate]") {
+  INFO("seed " << l3::test::test_seed());
+  TinyModel tiny(52);
+  const auto requests = mixed_requests(53, 6);
+  const SamplingSettings settings{.temperature = 0.9, .seed = 13};
+  // Prompts of up to 17 tokens, 6 + 3 + 5 + 1 + 4 more: capacity 36. One slot at a time, then
+  // slots sharing passes with few rows (continuations prefilled beside decoding rows).
+  const Turns one = run_three_turns(tiny.model, requests,
+                                    {.slots = 1, .capacity = 36, .prefill_chunk = 6}, settings);
+  REQUIRE(one.size() == requests.size());
+  const Turns many =
+      run_three_turns(tiny.model, requests,
+                      {.slots = 4, .capacity = 36, .prefill_chunk = 6, .max_rows = 10}, settings);
+  double worst = 0.0;
+  for (const GenerationRequest& request : requests) {
+    INFO("record " << request.record << ", sample " << request.sample);
+    const std::vector<GenerationOutput>& turns = one.at({request.record, request.sample});
+    const std::vector<GenerationOutput>& other = many.at({request.record, request.sample});
+    REQUIRE(turns.size() == 3);
+    REQUIRE(other.size() == 3);
+    // The whole sequence: prompt, turn, continuation, turn, continuation, turn.
+    std::vector<std::int32_t> sequence = request.prompt;
+    std::vector<std::size_t> drawn;  // positions after the prompt of the drawn tokens
+    const std::vector<std::vector<std::int32_t>> continuations = {
+        {static_cast<std::int32_t>(3 + request.record), 7, 11},
+        {static_cast<std::int32_t>(5 + request.sample)}};
+    const std::vector<std::size_t> limits = {6, 5, 4};
+    for (std::size_t k = 0; k < 3; ++k) {
+      CHECK(turns[k].tokens.size() == limits[k]);  // no stop token: each turn to its max_new
+      CHECK_FALSE(turns[k].stopped);
+      CHECK(other[k].tokens == turns[k].tokens);  // whatever the slots and rows: bit for bit
+      CHECK(other[k].logprobs == turns[k].logprobs);
+      for (const std::int32_t t : turns[k].tokens) {
+        drawn.push_back(sequence.size() - request.prompt.size());
+        sequence.push_back(t);
+      }
+      if (k < 2) sequence.insert(sequence.end(), continuations[k].begin(), continuations[k].end());
+    }
+    const auto expected =
+        l3::test::training_logprobs(tiny.model, sequence, request.prompt.size(), 1.0F);
+    std::size_t d = 0;
+    for (const GenerationOutput& turn : turns) {
+      for (const float logprob : turn.logprobs) {
+        const double e = expected[drawn[d++]];
+        worst = std::max(worst, std::abs(logprob - e) / std::max(1.0, std::abs(e)));
+      }
+    }
+  }
+  INFO("largest relative difference from the whole sequence's forward pass " << worst);
+  CHECK(worst <= 1e-6);
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "catch.hpp"
@@ -17,6 +18,7 @@
 #include "io/data/shard_format.hpp"
 #include "temp_dir.hpp"
 #include "train/grpo/advantages.hpp"
+#include "train/grpo/environment.hpp"
 #include "train/grpo/reward_command.hpp"
 #include "train/grpo_settings.hpp"
 
@@ -131,6 +133,66 @@ TEST_CASE("A verifier command answers in order, and each failure is one line nam
   CHECK(failure("no-such-command-xyz", 10).find("before answering") != std::string::npos);
   for (const std::string& message : {died, failure("sleep 30", 0.2)})
     CHECK(message.find('\n') == std::string::npos);
+}
+
+TEST_CASE("An environment answers with messages or a reward, and each failure is one line",
+          "[grpo]") {
+  using l3::train::grpo::Environment;
+  using l3::train::grpo::EnvironmentReply;
+  const nlohmann::json request = {{"record", {{"answer", "4"}}},
+                                  {"messages", nlohmann::json::array()},
+                                  {"turn", 1},
+                                  {"final", false},
+                                  {"truncated", false}};
+  {
+    // A tool result, then a reward (a shell environment, no python needed).
+    Environment env(
+        R"(read l; echo '{"messages": [{"role": "ipython", "content": "4"}]}'; read l; )"
+        R"(echo '{"reward": 0.5, "id": 2}')",
+        10);
+    const EnvironmentReply first = env.step(request, false, "prompt 0 (sample 0), turn 1");
+    CHECK_FALSE(first.reward);
+    REQUIRE(first.messages.size() == 1);
+    CHECK(first.messages[0].role == "ipython");
+    CHECK(first.messages[0].content == "4");
+    const EnvironmentReply second = env.step(request, true, "prompt 0 (sample 0), turn 2");
+    CHECK(second.reward == 0.5);
+  }
+  const auto failure = [&](const std::string& command, bool final = false) {
+    return failure_of([&] {
+      Environment env(command, 0.5);
+      (void)env.step(request, final, "prompt 7 of DIR (sample 1), turn 2");
+    });
+  };
+  const auto answering = [](const std::string& answer) { return "read l; echo '" + answer + "'"; };
+  for (const auto& [command, final, expected] :
+       std::vector<std::tuple<std::string, bool, std::string>>{
+           {"exit 3", false, "before answering"},
+           {"sleep 30", false, "no answer within --reward-timeout 0.5 s"},
+           {answering("not json"), false, "not JSON"},
+           {answering("[1]"), false, "the answer is not {\"messages\""},
+           {answering(R"({"score": 1})"), false, "neither is there"},
+           {answering(R"({"reward": 1, "messages": []})"), false, "not both"},
+           {answering(R"({"reward": "1"})"), false, "is not a number"},
+           {answering(R"({"reward": 1e999})"), false, "not"},
+           {answering(R"({"messages": []})"), false, "non-empty list"},
+           {answering(R"({"messages": ["4"]})"), false, "messages[0] is not"},
+           {answering(R"({"messages": [{"role": "assistant", "content": "4"}]})"), false,
+            "the policy is the assistant"},
+           {answering(R"({"messages": [{"role": "tool", "content": "4"}]})"), false,
+            "names tool results \"ipython\""},
+           {answering(R"({"messages": [{"role": "ipython", "content": 4}]})"), false,
+            "messages[0] is not"},
+           {answering(R"({"messages": [{"role": "user", "content": "go on"}]})"), true,
+            "no turn left"},
+       }) {
+    const std::string message = failure(command, final);
+    INFO(command);
+    CHECK(contains(message, "--environment \"" + command + "\""));
+    CHECK(contains(message, "prompt 7 of DIR (sample 1), turn 2"));
+    CHECK(contains(message, expected));
+    CHECK(message.find('\n') == std::string::npos);
+  }
 }
 
 TEST_CASE("A verifier's late second answer is caught when its input ends", "[grpo]") {

@@ -27,6 +27,28 @@ struct Completion {
   std::vector<float> old_logprobs;
   // beta > 0: the log-probability of each id under the reference policy.
   std::vector<float> ref_logprobs;
+
+  // Multi-turn episodes (--environment, episodes.hpp). `ids` are then every token after the
+  // prompt: `policy` says which are the policy's (1: its turns and their stop tokens, what the
+  // loss counts) and which the environment's (0: its messages and the next turn's header,
+  // context with log-probability 0). Empty: a single turn, every id the policy's. `text` is the
+  // policy's last turn.
+  std::vector<std::uint8_t> policy;
+  std::int64_t turns = 1;       // the policy's turns
+  std::int64_t tool_calls = 0;  // the environment's "ipython" messages
+  std::string conversation;     // the whole conversation, a JSON list of {"role", "content"}
+  double environment_reward = 0.0;
+
+  // Whether ids[k] is the policy's.
+  [[nodiscard]] bool is_policy(std::size_t k) const noexcept {
+    return policy.empty() || policy[k] != 0;
+  }
+  // The policy's tokens (the completion's length as the metrics and the loss count it).
+  [[nodiscard]] std::int64_t policy_tokens() const noexcept {
+    std::int64_t n = 0;
+    for (std::size_t k = 0; k < ids.size(); ++k) n += is_policy(k) ? 1 : 0;
+    return n;
+  }
 };
 
 }  // namespace l3::train::grpo

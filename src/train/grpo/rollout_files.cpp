@@ -51,17 +51,24 @@ std::string RolloutSource::batch_text(const std::vector<Completion>& completions
   // cycle, on any number of ranks, trains on the same batch.
   json mine = json::array();
   for (const Completion& c : completions) {
-    mine.push_back({{"prompt", c.prompt},
-                    {"sample", c.sample},
-                    {"ids", c.ids},
-                    {"logprobs", c.logprobs},
-                    {"old_logprobs", c.old_logprobs},
-                    {"ref_logprobs", c.ref_logprobs},
-                    {"truncated", c.truncated},
-                    {"text", c.text},
-                    {"rewards", c.rewards},
-                    {"reward", c.reward},
-                    {"advantage", c.advantage}});
+    json& saved = mine.emplace_back(json{{"prompt", c.prompt},
+                                         {"sample", c.sample},
+                                         {"ids", c.ids},
+                                         {"logprobs", c.logprobs},
+                                         {"old_logprobs", c.old_logprobs},
+                                         {"ref_logprobs", c.ref_logprobs},
+                                         {"truncated", c.truncated},
+                                         {"text", c.text},
+                                         {"rewards", c.rewards},
+                                         {"reward", c.reward},
+                                         {"advantage", c.advantage}});
+    if (!c.policy.empty()) {  // a multi-turn episode: the whole conversation
+      saved["policy"] = c.policy;
+      saved["turns"] = c.turns;
+      saved["tool_calls"] = c.tool_calls;
+      saved["conversation"] = c.conversation;
+      saved["environment_reward"] = c.environment_reward;
+    }
   }
   const std::vector<std::string> parts = dist::gather_strings(
       world_.comm(), mine.dump(-1, ' ', false, json::error_handler_t::replace), 0);
@@ -170,6 +177,14 @@ std::vector<RolloutSource::Completion> RolloutSource::parse_batch(
       out.rewards = c.at("rewards").get<std::vector<double>>();
       out.reward = c.at("reward").get<double>();
       out.advantage = c.at("advantage").get<double>();
+      if (c.contains("policy")) {
+        out.policy = c.at("policy").get<std::vector<std::uint8_t>>();
+        out.turns = c.at("turns").get<std::int64_t>();
+        out.tool_calls = c.at("tool_calls").get<std::int64_t>();
+        out.conversation = c.at("conversation").get<std::string>();
+        out.environment_reward = c.at("environment_reward").get<double>();
+      }
+      const bool episodes = !s.environment.empty();
       // Generating ranks leave the old and the reference log-probabilities to the training
       // ranks (a batch of --num-iterations 1 has no old ones; the reference's come after); a
       // cycle's batch the training ranks saved (--num-iterations > 1) has them.
@@ -180,7 +195,8 @@ std::vector<RolloutSource::Completion> RolloutSource::parse_batch(
                               ? out.ref_logprobs.size() == n || (linked && out.ref_logprobs.empty())
                               : out.ref_logprobs.empty();
       if (out.logprobs.size() != n || !old_ok || !ref_ok ||
-          static_cast<std::int64_t>(n) > s.max_completion_length)
+          static_cast<std::int64_t>(n) > s.max_completion_length ||
+          (episodes ? out.policy.size() != n : !out.policy.empty()))
         throw core::bad_input(fmt::format("completion {} is malformed", i), {.file = path});
       for (const std::int32_t id : out.ids) {
         if (id < 0 || id >= model_.config().vocab_size)
@@ -213,6 +229,14 @@ void RolloutSource::write_log(const std::vector<Completion>& completions, std::i
     const std::vector<std::string> names = config_.settings.reward_names();
     for (std::size_t k = 0; k < names.size(); ++k)
       line[fmt::format("rewards/{}", names[k])] = c.rewards[k];
+    if (!c.policy.empty()) {
+      // A multi-turn episode: the whole conversation, and which of "ids" (every token after
+      // the prompt) are the policy's, the tokens the loss counts.
+      line["turns"] = c.turns;
+      line["tool_calls"] = c.tool_calls;
+      line["messages"] = nlohmann::ordered_json::parse(c.conversation);
+      line["policy"] = c.policy;
+    }
     if (config_.link != nullptr) {
       // Asynchronous GRPO: which policy generated it, the log-probabilities it drew each token
       // with, and (a lag) the trainer's forward pass of that policy: the ratio's denominator.

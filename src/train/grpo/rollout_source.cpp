@@ -33,8 +33,9 @@ using nlohmann::json;
 
 namespace {
 
-// Values gathered per completion from every rank: reward, its parts, length, truncated.
-constexpr std::size_t kFixedValues = 3;
+// Values gathered per completion from every rank: reward, length (the policy's tokens),
+// truncated, policy turns, tool calls; then the reward's parts.
+constexpr std::size_t kFixedValues = 5;
 
 // Every reward finite and every sum the advantages take (means, standard deviations) too: finite
 // rewards near 1e308 overflow a group's mean into inf, and the step would be skipped silently.
@@ -132,6 +133,14 @@ RolloutSource::RolloutSource(const dist::World& world, const core::Logger& log,
   const bool scores = config_.link == nullptr || config_.generate || validation_.size() > 0;
   if (!s.reward_command.empty() && scores)
     command_ = std::make_unique<RewardCommand>(s.reward_command, s.reward_timeout, config_.stop);
+  if (!s.environment.empty() && scores) {
+    environment_ = std::make_unique<Environment>(s.environment, s.reward_timeout, config_.stop);
+    episodes_ = std::make_unique<EpisodeRunner>(
+        *environment_, tokenizer_,
+        EpisodeLimits{.max_turns = s.turns(),
+                      .max_tokens = s.max_completion_length,
+                      .fault_rank = config_.link != nullptr ? config_.link->rank : world_.rank()});
+  }
   if (!s.reward_model.empty() && scores) {
     reward_model_ =
         std::make_unique<RewardModel>(world_, log_, model_.ops(),
@@ -229,6 +238,19 @@ std::vector<RolloutSource::Completion> RolloutSource::generate(
   const core::TraceRange range("rollout: generate");
   const GrpoSettings& s = config_.settings;
   engine_->set_sampling(sampling);
+  // Every rank runs the engine's passes together: with sharded weights a pass gathers them.
+  const model::GenerationEngine::PassAgreement agree = [&](bool work) {
+    return dist::all_reduce(world_.comm(), work ? 1 : 0, dist::ReduceOp::max, "rollout pass") > 0;
+  };
+  environment_ms_ = 0.0;
+  if (episodes_) {
+    // An environment's failure on one rank ends that rank's episodes; every rank then throws it.
+    EpisodeOutcome outcome;
+    std::vector<Completion> out = episodes_->run(*engine_, set, mine, samples, agree, outcome);
+    dist::agree_on_failure(world_, outcome.failure);
+    environment_ms_ = outcome.environment_ms;
+    return out;
+  }
   std::unordered_map<std::int64_t, std::size_t> position;  // a prompt appears once
   for (std::size_t i = 0; i < mine.size(); ++i) position[mine[i]] = i;
   const auto per = static_cast<std::size_t>(samples);
@@ -258,10 +280,6 @@ std::vector<RolloutSource::Completion> RolloutSource::generate(
     }
     c.truncated = !o.stopped;
   };
-  // Every rank runs the engine's passes together: with sharded weights a pass gathers them.
-  const model::GenerationEngine::PassAgreement agree = [&](bool work) {
-    return dist::all_reduce(world_.comm(), work ? 1 : 0, dist::ReduceOp::max, "rollout pass") > 0;
-  };
   engine_->run(source, sink, {}, agree);
   return out;
 }
@@ -284,6 +302,7 @@ void RolloutSource::score(const PromptSet& set, std::vector<Completion>& complet
       Completion& c = completions[i];
       const json& record = records[i];
       c.rewards.clear();
+      if (environment_) c.rewards.push_back(c.environment_reward);
       if (s.reward_match_answer) c.rewards.push_back(answer_match(record, c.text));
       if (command_) {
         const json request = {
@@ -321,6 +340,7 @@ void RolloutSource::finish() {
   std::exception_ptr failure;
   try {
     if (command_) command_->finish();
+    if (environment_) environment_->finish();
   } catch (...) {
     failure = std::current_exception();
   }
@@ -403,8 +423,10 @@ RolloutSource::Rolled RolloutSource::generate_batch(std::int64_t step) {
     const Completion& c = completions[i];
     double* row = table.data() + static_cast<std::size_t>(begin) * g * width + i * width;
     row[0] = c.reward;
-    row[1] = static_cast<double>(c.ids.size());
+    row[1] = static_cast<double>(c.policy_tokens());
     row[2] = c.truncated ? 1.0 : 0.0;
+    row[3] = static_cast<double>(c.turns);
+    row[4] = static_cast<double>(c.tool_calls);
     for (std::size_t k = 0; k < functions; ++k) row[kFixedValues + k] = c.rewards[k];
   }
   dist::all_gatherv(world_.comm(), std::span<double>(table), counts, displacements,
@@ -448,6 +470,25 @@ RolloutSource::Rolled RolloutSource::generate_batch(std::int64_t step) {
   metrics.emplace_back("completions/mean_terminated_length", mean_of(terminated));
   metrics.emplace_back("completions/min_terminated_length", terminated.empty() ? 0.0 : *t_min);
   metrics.emplace_back("completions/max_terminated_length", terminated.empty() ? 0.0 : *t_max);
+  if (environment_) {
+    // Episodes: the policy's turns, the environment's tool results ("ipython" messages) per
+    // episode, and the policy's tokens per turn over the step.
+    double turns = 0.0;
+    double most = 0.0;
+    double calls = 0.0;
+    double tokens = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      turns += table[i * width + 3];
+      most = std::max(most, table[i * width + 3]);
+      calls += table[i * width + 4];
+      tokens += lengths[i];
+    }
+    const double episodes = std::max<double>(static_cast<double>(n), 1.0);
+    metrics.emplace_back("turns/mean", turns / episodes);
+    metrics.emplace_back("turns/max", most);
+    metrics.emplace_back("tools/call_frequency", calls / episodes);
+    metrics.emplace_back("tokens_per_turn", turns > 0 ? tokens / turns : 0.0);
+  }
   // Generating ranks time their own work (generation/...): the training ranks' step time does
   // not include it.
   if (config_.generate && s.staleness() > 0 && s.importance_sampling_correction) {
@@ -458,9 +499,11 @@ RolloutSource::Rolled RolloutSource::generate_batch(std::int64_t step) {
                                           "behaviour time"));
   }
   const std::string prefix = config_.generate ? "generation/" : "time/";
-  metrics.emplace_back(
-      prefix + "generate_ms",
-      dist::all_reduce(world_.comm(), generate_ms, dist::ReduceOp::max, "generate time"));
+  // The environment's answers came during the generation: its own share, not the engine's.
+  std::array<double, 2> times{generate_ms - environment_ms_, environment_ms_};
+  dist::all_reduce(world_.comm(), std::span<double>(times), dist::ReduceOp::max, "generate time");
+  metrics.emplace_back(prefix + "generate_ms", times[0]);
+  if (environment_) metrics.emplace_back(prefix + "environment_ms", times[1]);
   metrics.emplace_back(prefix + "score_ms", dist::all_reduce(world_.comm(), score_ms,
                                                              dist::ReduceOp::max, "score time"));
   return {std::move(completions), std::move(metrics)};
@@ -539,7 +582,7 @@ std::optional<EvalMetrics> RolloutSource::evaluate() {
   std::vector<double> sums(3 + functions, 0.0);
   for (const Completion& c : first) {
     sums[0] += c.reward;
-    sums[2] += static_cast<double>(c.ids.size());
+    sums[2] += static_cast<double>(c.policy_tokens());
     for (std::size_t k = 0; k < functions; ++k) sums[3 + k] += c.rewards[k];
   }
   for (const Completion& c : second) sums[1] += c.reward;
@@ -593,15 +636,18 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
       const std::span<const std::int32_t> prompt = prompts_.prompt(c.prompt);
       std::vector<std::int32_t> tokens(prompt.begin(), prompt.end());
       tokens.insert(tokens.end(), c.ids.begin(), c.ids.end());
+      // The loss counts the policy's tokens (an episode's environment tokens are context).
       const bool masked = s.mask_truncated_completions && c.truncated;
       std::vector<std::uint8_t> mask(tokens.size(), 0);
-      if (!masked)
-        std::fill(mask.begin() + static_cast<std::ptrdiff_t>(prompt.size()), mask.end(), 1);
+      if (!masked) {
+        for (std::size_t k = 0; k < c.ids.size(); ++k)
+          mask[prompt.size() + k] = c.is_policy(k) ? 1 : 0;
+      }
       const std::int64_t end = builder.add(tokens, mask);
       if (end < 0) throw core::internal_error("rollout: a completion did not fit in its row");
       if (!packed) builder.end_row();
       placed.push_back({end, static_cast<std::size_t>(i)});
-      if (!masked) counted += static_cast<std::int64_t>(c.ids.size());
+      if (!masked) counted += c.policy_tokens();
     }
     data::Batch batch =
         packed ? builder.finish_packed(data::kPackedRowAlignment) : builder.finish();
@@ -621,12 +667,14 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
       // position before it.
       const std::int64_t first_target = p.end - length;
       placement_[p.completion] = {static_cast<std::size_t>(m), first_target};
-      const float weight = s.loss_type == PolicyLossType::grpo
-                               ? 1.0F / static_cast<float>(std::max<std::int64_t>(length, 1))
-                           : s.loss_type == PolicyLossType::bnpo
-                               ? 1.0F / static_cast<float>(std::max<std::int64_t>(counted, 1))
-                               : 1.0F;
+      const float weight =
+          s.loss_type == PolicyLossType::grpo
+              ? 1.0F / static_cast<float>(std::max<std::int64_t>(c.policy_tokens(), 1))
+          : s.loss_type == PolicyLossType::bnpo
+              ? 1.0F / static_cast<float>(std::max<std::int64_t>(counted, 1))
+              : 1.0F;
       for (std::int64_t k = 0; k < length; ++k) {
+        if (!c.is_policy(static_cast<std::size_t>(k))) continue;  // context: nothing to learn
         const auto t = static_cast<std::size_t>(first_target + k);
         batch.advantages[t] = static_cast<float>(c.advantage);
         batch.sampled_logprobs[t] = c.logprobs[static_cast<std::size_t>(k)];

@@ -35,6 +35,8 @@
 #include "model/llama_model.hpp"
 #include "train/grpo/completion.hpp"
 #include "train/grpo/completions_log.hpp"
+#include "train/grpo/environment.hpp"
+#include "train/grpo/episodes.hpp"
 #include "train/grpo/generation_link.hpp"
 #include "train/grpo/prompt_set.hpp"
 #include "train/grpo/reward_command.hpp"
@@ -209,6 +211,9 @@ class RolloutSource final : public StepSource {
   model::SamplingSettings sampling_;  // the training's (a step's seed set per step)
   std::unique_ptr<model::GenerationEngine> engine_;
   std::unique_ptr<RewardCommand> command_;
+  std::unique_ptr<Environment> environment_;  // --environment: episodes_ talk to it
+  std::unique_ptr<EpisodeRunner> episodes_;
+  double environment_ms_ = 0.0;  // the last generate()'s wait for the environment
   std::unique_ptr<RewardModel> reward_model_;
   std::unique_ptr<CompletionsLog> log_file_;  // rank 0, with --log-completions
   data::Position position_{0, 0};
