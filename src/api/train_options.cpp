@@ -276,6 +276,8 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "eval-every",
       core::number<std::int64_t>(core::between(0, kMaxSteps))->default_value(0)->value_name("N"),
       "evaluate on --val-data every N steps (and always at the end)")(
+      "eval-on-start", po::bool_switch(),
+      "evaluate on --val-data before the first step too (a run from the start: step 0)")(
       "log-every",
       core::number<std::int64_t>(core::between(0, kMaxSteps))
           ->default_value(d.log_every)
@@ -560,6 +562,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.init_adapter = optional_string(o, "init-adapter");
   if (!c.init_adapter.empty()) adopt_adapter_settings(o, c);
   c.eval_every = get<std::int64_t>(o, "eval-every");
+  c.eval_on_start = get<bool>(o, "eval-on-start");
   c.log_every = get<std::int64_t>(o, "log-every");
   c.metrics = optional_string(o, "metrics");
   c.tensorboard = optional_string(o, "tensorboard");

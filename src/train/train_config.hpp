@@ -101,6 +101,7 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
 
   // Cadence and output.
   std::int64_t eval_every = 0;  // 0: at the end only (when val_data is given)
+  bool eval_on_start = false;   // also before the first step of a run from the start (TRL's)
   std::int64_t log_every = 10;
   std::string metrics;      // JSONL file, appended to; empty: none
   std::string tensorboard;  // directory of TensorBoard event files (rank 0); empty: none

@@ -401,6 +401,9 @@ bool Trainer::step() {
 TrainSummary Trainer::run() {
   Impl& s = *impl_;
   s.ops.bind_thread();
+  // The starting point's evaluation (step 0), written before any checkpoint: a resumed run,
+  // which has done steps, does not evaluate it again.
+  if (s.config.eval_on_start && s.done == 0) s.evaluate();
   while (step()) {
   }
   s.progress.finish();

@@ -773,6 +773,8 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
         "for example prep's val/ split, to have it)",
         c.eval_every);
   }
+  if (c.eval_on_start && c.val_data.empty() && world.is_root())
+    log.warn("--eval-on-start without --val-data: nothing is evaluated");
   check_outputs_writable(world, c);
   stop_if_requested(world, stop, "while starting");
 

@@ -28,7 +28,7 @@ fail() {
 }
 
 # Conversations as users write them: a system prompt, stray whitespace around contents (the
-# template trims it), several turns, Unicode, digits and code.
+# template trims it), several turns, Unicode, digits and code, a tool's result.
 python3 - >chats.jsonl <<'PY'
 import json
 turns = [
@@ -47,6 +47,10 @@ for i, (question, answer) in enumerate(turns):
         messages += [{"role": "user", "content": "And the next one?"},
                      {"role": "assistant", "content": "11"}]
     print(json.dumps({"messages": messages}, ensure_ascii=False))
+# A tool call and its result (Llama 3.1's "ipython" role), as grpo --environment renders them.
+print(json.dumps({"messages": [
+    {"role": "user", "content": "What is 12*7?"}, {"role": "assistant", "content": "calc 12*7"},
+    {"role": "ipython", "content": " 84\n"}, {"role": "assistant", "content": "84"}]}))
 PY
 "$bin" prep sft --input chats.jsonl --tokenizer "$L3_LLAMA3_TOKENIZER" --output sft >prep.log 2>&1 ||
   fail "prep with Meta's tokenizer: $(tail -1 prep.log)"

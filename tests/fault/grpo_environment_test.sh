@@ -45,11 +45,18 @@ with open(f"{sys.argv[1]}/prompts.jsonl", "w") as out:
     for _ in range(32):
         expression, value = problem()
         out.write(json.dumps({"prompt": f"What is {expression}?", "answer": value}) + "\n")
+rng = random.Random(7)  # the accuracy's prompts: 2/3 to train on, 1/3 held out
+with open(f"{sys.argv[1]}/gain.jsonl", "w") as out:
+    for _ in range(96):
+        expression, value = problem()
+        out.write(json.dumps({"prompt": f"What is {expression}?", "answer": value}) + "\n")
 PY
 if "$bin" prep sft --input "$work/transcripts.jsonl" --tokenizer bytes --output "$work/sft" \
   >"$work/last.out" 2>&1 &&
   "$bin" prep prompts --input "$work/prompts.jsonl" --tokenizer bytes --output "$work/prompts" \
-    >>"$work/last.out" 2>&1; then
+    >>"$work/last.out" 2>&1 &&
+  "$bin" prep prompts --input "$work/gain.jsonl" --tokenizer bytes --output "$work/gain" \
+    --val-fraction 0.33 >>"$work/last.out" 2>&1; then
   pass "prep sft takes transcripts with tool results (role ipython); prep prompts the prompts"
 else
   fail "prep: $(cat "$work/last.out")"
@@ -194,6 +201,23 @@ else
   fail "killed during an episode ($killed_at checkpoints in) and resumed: not the uninterrupted run's"
 fi
 
+# --- --num-iterations 2: a batch of episodes trains two steps; killed in step 4 (the second of
+# its batch), resumed from step 3's checkpoint: the batch's conversations read back from
+# CKPT_DIR/rollouts, the uninterrupted run's weights ---
+run 2 "${args[@]}" --num-iterations 2 --ckpt-dir "$work/mu" ||
+  fail "--num-iterations 2 (rc $?): $(tail -3 "$work/last.err")"
+L3_FAULT="train.update@1#4=kill" run 2 "${args[@]}" --num-iterations 2 --checkpoint-sync \
+  --ckpt-dir "$work/mu-kill"
+run 2 "${args[@]}" --num-iterations 2 --ckpt-dir "$work/mu-kill" ||
+  fail "resume inside a batch (rc $?): $(tail -3 "$work/last.err")"
+if [[ -n "$(digest "$work/mu/step-00000004")" &&
+  "$(digest "$work/mu-kill/step-00000004")" == "$(digest "$work/mu/step-00000004")" ]] &&
+  grep -q "step-00000003" "$work/last.err" && grep -q '"policy"' "$work"/mu-kill/rollouts/*; then
+  pass "--num-iterations 2, killed inside a batch of episodes and resumed: the uninterrupted run's weights"
+else
+  fail "--num-iterations 2 resumed inside a batch of episodes: not the uninterrupted run's weights"
+fi
+
 # --- an environment that fails in step 2 (at its 17th episode's first turn; a step has 16 on
 # one rank): exit 2, one line, step 1's checkpoint kept ---
 cat >"$work/flaky.py" <<PY
@@ -219,5 +243,58 @@ if [[ $rc -eq 2 && -d "$work/flaky/step-00000001" ]] &&
   pass "a failing environment: exit 2, one line naming it, the episode and the turn; step 1's checkpoint kept"
 else
   fail "a failing environment (rc $rc): $error"
+fi
+# --- the guessing game: user turns ("higher", "lower"), at most --max-turns guesses ---
+guess_number="$(dirname "$calculator")/guess_number.py"
+for n in 7 42 63 88; do
+  echo "{\"prompt\": \"Guess my number from 1 to 100.\", \"answer\": $n}"
+done >"$work/guess.jsonl"
+"$bin" prep prompts --input "$work/guess.jsonl" --tokenizer bytes --output "$work/guess" >/dev/null 2>&1
+run 1 grpo --init "$work/sft-ckpt" --data "$work/guess" --environment "python3 $guess_number" \
+  --max-turns 4 --seq-len 160 --global-batch 4 --num-generations 2 --max-completion-length 96 \
+  --steps 1 --log-completions "$work/guess-samples.jsonl" --log-every 0 --no-progress ||
+  fail "grpo with guess_number.py (rc $?): $(tail -3 "$work/last.err")"
+if python3 - "$work/guess-samples.jsonl" <<'PY'; then
+import json, sys
+episodes = [json.loads(l) for l in open(sys.argv[1])]
+assert len(episodes) == 8
+for e in episodes:
+    replies = [m for m in e["messages"][1:] if m["role"] != "assistant"]
+    assert all(m["role"] == "user" for m in replies), replies
+    assert all(m["content"] in ("higher", "lower", "a number, please") for m in replies), replies
+    assert 1 <= e["turns"] <= 4, e["turns"]
+    # a reply after each guess but the last (one that did not fit ends the episode truncated)
+    assert len(replies) == e["turns"] - 1 or (e["truncated"] and len(replies) < e["turns"]), e
+    assert e["reward"] == 0.0 or e["reward"] >= 0.1
+assert any(e["turns"] > 1 for e in episodes)
+PY
+  pass "guess_number.py: the user's replies between the policy's guesses, at most 4 turns"
+else
+  fail "episodes with guess_number.py"
+fi
+
+# --- the calculator's GRPO raises the held-out accuracy: greedy episodes (exact answers) and
+# sampled ones, evaluated at step 0 (--eval-on-start) and every 20 steps ---
+run 2 grpo --init "$work/sft-ckpt" --data "$work/gain/train" --val-data "$work/gain/val" \
+  --eval-every 20 --eval-on-start --environment "python3 $calculator" --max-turns 3 \
+  --seq-len 128 --global-batch 16 --num-generations 8 --micro-batch 8 \
+  --max-completion-length 48 --temperature 0.7 --lr 5e-4 --steps 60 --ckpt-dir "$work/gain-ckpt" \
+  --metrics "$work/gain.jsonl" --log-every 0 --no-progress --deterministic ||
+  fail "grpo for the accuracy (rc $?): $(tail -3 "$work/last.err")"
+if gain=$(python3 - "$work/gain.jsonl" <<'PY'
+import json, sys
+evals = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"eval"' in l]
+assert [e["step"] for e in evals] == [0, 20, 40, 60], [e["step"] for e in evals]
+first, last = evals[0], evals[-1]
+assert last["reward"] > first["reward"], (first["reward"], last["reward"])
+assert last["reward_sampled"] > first["reward_sampled"], (first["reward_sampled"], last["reward_sampled"])
+print(f"greedy {100 * first['reward']:.1f}% -> {100 * last['reward']:.1f}%, sampled "
+      f"{100 * first['reward_sampled']:.1f}% -> {100 * last['reward_sampled']:.1f}% "
+      f"of {first['prompts']:.0f} prompts")
+PY
+); then
+  pass "the held-out exact-answer accuracy rises with GRPO on the calculator: $gain"
+else
+  fail "the held-out accuracy with the calculator: $gain"
 fi
 finish_checks "multi-turn GRPO checks"
