@@ -24,6 +24,9 @@ struct ChartSpec {
   std::string_view train_field;   // "": none (a chart of evaluations only)
   std::string_view eval_field;    // "": no evaluation points
   std::string_view dashed_field;  // "": none
+  // The legend's entries for the solid and the dashed line, when there is a dashed one.
+  std::string_view solid_legend = "chosen";
+  std::string_view dashed_legend = "rejected";
   ChartLine::Style style = ChartLine::Style::smoothed;
   bool checkpoints = false;                     // checkpoints on its step axis (the loss chart)
   std::string_view eval_legend = "evaluation";  // the evaluations' entry in the legend
@@ -155,8 +158,20 @@ constexpr std::array kGrpoCharts = {ChartSpec{.metric = "reward",
                                                          "weights",
                                               .train_field = "time/generation_wait_ms",
                                               .dashed_field = "generation/idle_ms",
+                                              .solid_legend = "training ranks",
+                                              .dashed_legend = "generating ranks",
                                               .short_name = "waiting",
                                               .absent = "no --generation-ranks"},
+                                    ChartSpec{.metric = "turns/mean",
+                                              .title = "Episodes (multi-turn)",
+                                              .y_label = "policy turns per episode (mean), tool "
+                                                         "results (dashed)",
+                                              .train_field = "turns/mean",
+                                              .dashed_field = "tools/call_frequency",
+                                              .solid_legend = "turns",
+                                              .dashed_legend = "tool results",
+                                              .short_name = "turns",
+                                              .absent = "no --environment"},
                                     kLearningRate,
                                     kGradNorm,
                                     kThroughput};
@@ -258,10 +273,12 @@ Chart make_chart(Phase phase, const ChartSpec& spec, std::span<const RunView> ru
     }
   }
   if (dashed) {
-    chart.legend.push_back(
-        {.symbol = LegendEntry::Symbol::line, .colour = kNeutral, .label = "chosen"});
-    chart.legend.push_back(
-        {.symbol = LegendEntry::Symbol::dashed_line, .colour = kNeutral, .label = "rejected"});
+    chart.legend.push_back({.symbol = LegendEntry::Symbol::line,
+                            .colour = kNeutral,
+                            .label = std::string(spec.solid_legend)});
+    chart.legend.push_back({.symbol = LegendEntry::Symbol::dashed_line,
+                            .colour = kNeutral,
+                            .label = std::string(spec.dashed_legend)});
   }
   if (evaluations && !spec.train_field.empty()) {  // (a chart of evaluations only: its lines)
     chart.legend.push_back({.symbol = LegendEntry::Symbol::marker,

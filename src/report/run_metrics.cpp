@@ -25,7 +25,7 @@ using nlohmann::json;
 namespace {
 
 // The fields of training records kept: those the report shows.
-constexpr std::array<std::string_view, 19> kTrainFields = {"loss",
+constexpr std::array<std::string_view, 21> kTrainFields = {"loss",
                                                            "lr",
                                                            "grad_norm",
                                                            "tokens_per_s",
@@ -43,7 +43,9 @@ constexpr std::array<std::string_view, 19> kTrainFields = {"loss",
                                                            "clip_ratio/region_mean",
                                                            "logp_mismatch",
                                                            "time/generation_wait_ms",
-                                                           "generation/idle_ms"};
+                                                           "generation/idle_ms",
+                                                           "turns/mean",
+                                                           "tools/call_frequency"};
 
 constexpr std::array kPhases = {Phase::sft, Phase::reward, Phase::dpo, Phase::grpo};
 

@@ -185,7 +185,7 @@ html, charts, line = grpo("real.html")
 if "kl" in charts or "clip_ratio/region_mean" in charts:
     problems.append("an empty chart drawn: %s" % sorted(charts))
 want = ("Not drawn: KL to the reference (no --beta), clip ratio (--num-iterations 1: the ratio is 1), "
-        "waiting (no --generation-ranks).")
+        "waiting (no --generation-ranks), turns (no --environment).")
 if line != [want]:
     problems.append("the not-drawn line %s" % line)
 train, greedy = charts.get("reward", ""), charts.get("eval_reward", "")
@@ -197,7 +197,7 @@ if html.count('class="not-drawn"') != 1:
     problems.append("a not-drawn line outside GRPO's section")
 html, charts, line = grpo("beta.html")
 if "kl" not in charts or "clip_ratio/region_mean" not in charts or line != [
-        "Not drawn: waiting (no --generation-ranks)."]:
+        "Not drawn: waiting (no --generation-ranks), turns (no --environment)."]:
     problems.append("with --beta: charts %s, line %s" % (sorted(charts), line))
 print("; ".join(problems) or "ok")
 PY

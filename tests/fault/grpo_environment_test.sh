@@ -166,6 +166,20 @@ else
   fail "the episodes' metrics or log"
 fi
 
+# --- report: the episodes' chart (turns per episode, tool results dashed) ---
+if "$bin" report "$work/one.jsonl" --output "$work/report.html" >/dev/null 2>&1 &&
+  python3 - "$work/report.html" <<'PY'; then
+import re, sys
+html = open(sys.argv[1], encoding="utf-8").read()
+chart = re.search(r'<svg class="chart" data-phase="grpo" data-metric="turns/mean"(.*?)</svg>', html, re.S)
+assert chart and "training turns/mean" in chart.group(1) and "tool results" in chart.group(1)
+assert "no --environment" not in html
+PY
+  pass "report: the episodes' chart, turns and tool results"
+else
+  fail "report of a run with an environment"
+fi
+
 # --- split ranks (--generation-ranks 1, on-policy): the environment on the generating rank ---
 run 3 "${args[@]}" --generation-ranks 1 --max-staleness 0 --ckpt-dir "$work/split" \
   --log-completions "$work/split.jsonl" ||

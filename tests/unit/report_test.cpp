@@ -380,10 +380,10 @@ TEST_CASE("report: no empty chart: what no run has, or cannot move, is named in 
   const std::vector<RunMetrics> one = {grpo_run("one.jsonl", 1)};
   const std::vector<RunView> views = {{.run = &one[0], .label = "one", .colour = "#000"}};
   const PhaseCharts charts = phase_charts(Phase::grpo, views);
-  CHECK(charts.charts.size() == chart_count(Phase::grpo) - 3);
+  CHECK(charts.charts.size() == chart_count(Phase::grpo) - 4);
   CHECK(not_drawn_text(charts.left_out) ==
         "Not drawn: KL to the reference (no --beta), clip ratio (--num-iterations 1: the ratio "
-        "is 1), waiting (no --generation-ranks)");
+        "is 1), waiting (no --generation-ranks), turns (no --environment)");
   // The sampled training reward and the greedy evaluation's: two charts, two axes.
   REQUIRE(charts.charts.size() >= 2);
   CHECK(charts.charts[0].lines.front().label == "one: training reward");
@@ -396,7 +396,8 @@ TEST_CASE("report: no empty chart: what no run has, or cannot move, is named in 
                                      {.run = &two[1], .label = "b", .colour = "#111"}};
   const PhaseCharts drawn = phase_charts(Phase::grpo, both);
   CHECK(not_drawn_text(drawn.left_out) ==
-        "Not drawn: KL to the reference (no --beta), waiting (no --generation-ranks)");
+        "Not drawn: KL to the reference (no --beta), waiting (no --generation-ranks), turns (no "
+        "--environment)");
   CHECK(render_report(two).find(R"(<p class="not-drawn" data-phase="grpo">Not drawn: KL)") !=
         std::string::npos);
 }
