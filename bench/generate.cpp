@@ -19,8 +19,14 @@
 //     level, aiming at 0.7);
 //   - at batch 64 the ratio to the training forward pass's tokens/s on the same model (a batch
 //     of 4 x 512 tokens; goal >= 0.5);
-//   - prefill tokens/s (8 prompts of 512 tokens, one new token each).
-// (--rehearsal: prompts of 4 tokens and 3 new tokens, a forward batch of 2 x 32, prefill 4 x 32.)
+//   - prefill tokens/s (8 prompts of 512 tokens, one new token each);
+//   - multi-turn episodes (grpo --environment): 8 conversations of a 256-token prompt and 4
+//     policy turns of 32 tokens, each turn followed by a 64-token message (the environment's),
+//     with the engine continuing each sequence from its KV cache (GenerationEngine::run_turns)
+//     against a generator without turns, which runs each turn as a new request whose prompt is
+//     the whole conversation so far (prefilled again): the ratio of their times.
+// (--rehearsal: prompts of 4 tokens and 3 new tokens, a forward batch of 2 x 32, prefill 4 x 32,
+// episodes of 2 turns of 3 tokens after 4-token prompts, 2-token messages.)
 // The 2-rank job's throughput against 1 rank is bench/generate_scaling.sh (the CLI batch job).
 #include <fmt/format.h>
 #include <omp.h>
@@ -152,7 +158,85 @@ struct Sizes {
   std::int64_t new_tokens = 33;
   int prefill_batch = 8;
   std::int64_t prefill_prompt = 512;
+  int episodes = 8;  // multi-turn: conversations, their turns, each turn's tokens, each message's
+  std::int64_t episode_prompt = 256;
+  int turns = 4;
+  std::int64_t turn_tokens = 32;
+  std::int64_t message_tokens = 64;
 };
+
+// Seconds for sizes.episodes conversations of sizes.turns policy turns (greedy, no stop, each
+// sizes.turn_tokens long) with a message of sizes.message_tokens after each turn but the last:
+// from the cache (run_turns), or each turn a new request of the whole conversation so far. Best
+// of `repeats` runs after an untimed one.
+double episode_seconds(LlamaModel& model, const Sizes& sizes, bool from_cache, int repeats) {
+  const int n = sizes.episodes;
+  const std::int64_t capacity = sizes.episode_prompt + sizes.turns * sizes.turn_tokens +
+                                (sizes.turns - 1) * sizes.message_tokens;
+  GenerationEngine engine(model, {.slots = n, .capacity = capacity}, {});
+  const std::int32_t vocab = model.config().vocab_size;
+  const auto message = [&](std::int64_t episode, int turn) {
+    return random_tokens(sizes.message_tokens, vocab,
+                         static_cast<std::uint32_t>(1000 + episode * 64 + turn));
+  };
+  double best = 1e30;
+  for (int r = -1; r < repeats; ++r) {
+    std::int64_t produced = 0;
+    const l3::core::Stopwatch watch;
+    if (from_cache) {
+      int next = 0;
+      std::vector<int> turns(static_cast<std::size_t>(n), 0);
+      engine.run_turns(
+          [&]() -> std::optional<GenerationRequest> {
+            if (next == n) return std::nullopt;
+            const auto i = static_cast<std::uint32_t>(next++);
+            return GenerationRequest{.record = i,
+                                     .prompt = random_tokens(sizes.episode_prompt, vocab, 500 + i),
+                                     .max_new = sizes.turn_tokens};
+          },
+          [&](GenerationOutput&& turn) -> std::optional<GenerationEngine::Continuation> {
+            produced += static_cast<std::int64_t>(turn.tokens.size());
+            int& done = turns[static_cast<std::size_t>(turn.record)];
+            if (++done == sizes.turns) return std::nullopt;
+            return GenerationEngine::Continuation{.tokens = message(turn.record, done),
+                                                  .max_new = sizes.turn_tokens};
+          });
+    } else {
+      std::vector<std::vector<std::int32_t>> conversations(static_cast<std::size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        conversations[static_cast<std::size_t>(i)] =
+            random_tokens(sizes.episode_prompt, vocab, 500 + static_cast<std::uint32_t>(i));
+      }
+      for (int t = 0; t < sizes.turns; ++t) {
+        int next = 0;
+        engine.run(
+            [&]() -> std::optional<GenerationRequest> {
+              if (next == n) return std::nullopt;
+              const int i = next++;
+              return GenerationRequest{.record = i,
+                                       .prompt = conversations[static_cast<std::size_t>(i)],
+                                       .max_new = sizes.turn_tokens};
+            },
+            [&](GenerationOutput&& out) {
+              produced += static_cast<std::int64_t>(out.tokens.size());
+              std::vector<std::int32_t>& c = conversations[static_cast<std::size_t>(out.record)];
+              c.insert(c.end(), out.tokens.begin(), out.tokens.end());
+              if (t + 1 < sizes.turns) {
+                const std::vector<std::int32_t> m = message(out.record, t + 1);
+                c.insert(c.end(), m.begin(), m.end());
+              }
+            });
+      }
+    }
+    model.ops().synchronize();
+    if (r >= 0) best = std::min(best, watch.seconds());
+    if (produced != std::int64_t{n} * sizes.turns * sizes.turn_tokens) {
+      throw std::runtime_error(fmt::format("{} tokens generated in episodes, {} expected", produced,
+                                           std::int64_t{n} * sizes.turns * sizes.turn_tokens));
+    }
+  }
+  return best;
+}
 
 // The training forward pass (no backward) over rows x seq tokens: tokens/s, best of runs.
 double forward_tokens_per_second(LlamaModel& model, const Sizes& sizes, int repeats) {
@@ -220,7 +304,12 @@ int main(int argc, char** argv) try {
              .prompt = 4,
              .new_tokens = 3,
              .prefill_batch = 4,
-             .prefill_prompt = 32};
+             .prefill_prompt = 32,
+             .episodes = 2,
+             .episode_prompt = 4,
+             .turns = 2,
+             .turn_tokens = 3,
+             .message_tokens = 2};
   }
   if (quick) sizes.new_tokens = std::min<std::int64_t>(sizes.new_tokens, 9);
   LlamaModel model(config, l3::model::HeadKind::language_model, *ops);
@@ -286,6 +375,16 @@ int main(int argc, char** argv) try {
       "prefill: {:.0f} tokens/s ({} prompts of {} tokens) = {:.2f} x the training "
       "forward's tokens/s\n",
       prefill, prefill_batch, prefill_prompt, prefill / forward);
+  const double cached = episode_seconds(model, sizes, true, repeats);
+  const double again = episode_seconds(model, sizes, false, repeats);
+  const double episode_tokens =
+      static_cast<double>(sizes.episodes) * static_cast<double>(sizes.turns * sizes.turn_tokens);
+  fmt::print(
+      "episodes: {} of {} turns of {} tokens after a {}-token prompt, {}-token messages: "
+      "{:.0f} tokens/s from the cache = {:.2f} x a generator that prefills each turn's whole "
+      "conversation again ({:.0f} tokens/s)\n",
+      sizes.episodes, sizes.turns, sizes.turn_tokens, sizes.episode_prompt, sizes.message_tokens,
+      episode_tokens / cached, again / cached, episode_tokens / again);
 
   if (!json_path.empty()) {
     const l3::core::BuildInfo build = l3::core::build_info();
@@ -304,7 +403,16 @@ int main(int argc, char** argv) try {
                       {"decode_paths", json(ratios)},
                       {"batch1_ratio_to_weight_read", batch1_ratio},
                       {"batch64_ratio_to_training_forward", batch64_ratio},
-                      {"prefill_tokens_per_s", prefill}};
+                      {"prefill_tokens_per_s", prefill},
+                      {"episodes",
+                       {{"conversations", sizes.episodes},
+                        {"turns", sizes.turns},
+                        {"turn_tokens", sizes.turn_tokens},
+                        {"prompt_tokens", sizes.episode_prompt},
+                        {"message_tokens", sizes.message_tokens},
+                        {"from_cache_tokens_per_s", episode_tokens / cached},
+                        {"prefilled_again_tokens_per_s", episode_tokens / again},
+                        {"ratio_to_prefilled_again", again / cached}}}};
     std::ofstream(json_path) << doc.dump(2) << '\n';
   }
   return 0;

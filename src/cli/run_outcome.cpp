@@ -123,14 +123,26 @@ int conclude_run(MPI_Comm comm, MPI_Comm abort_comm, const RankOutcome& mine, do
   const std::vector<int> codes = dist::all_gather(comm, mine.exit_code, "exit codes");
   const int job_code = combine_exit_codes(codes);
   const bool any_message =
-      std::any_of(codes.begin(), codes.end(), [](int c) { return c != 0 && c != 75; });
+      std::any_of(codes.begin(), codes.end(), [](int c) { return c != core::kExitOk; });
   if (any_message) {
     const std::vector<std::string> messages = dist::gather_strings(comm, mine.message, 0);
     if (rank == 0 && out) {
       std::vector<RankOutcome> outcomes;
       outcomes.reserve(messages.size());
       for (std::size_t r = 0; r < messages.size(); ++r) outcomes.push_back({codes[r], messages[r]});
-      for (const std::string& line : error_lines(outcomes)) out(line + "\n");
+      if (job_code != core::kExitCheckpointed) {
+        for (const std::string& line : error_lines(outcomes)) out(line + "\n");
+      } else {
+        // A stop (exit 75) that a rank explained (a signal while a verifier or an environment
+        // answered): said once, not as an error. A run stopped at a checkpoint said it itself.
+        std::vector<std::string> said;
+        for (const RankOutcome& o : outcomes) {
+          if (o.message.empty() || std::find(said.begin(), said.end(), o.message) != said.end())
+            continue;
+          said.push_back(o.message);
+          out(o.message + " (exit 75)\n");
+        }
+      }
     }
   }
   return job_code;

@@ -258,6 +258,27 @@ if [[ $rc -eq 2 && -d "$work/flaky/step-00000001" ]] &&
 else
   fail "a failing environment (rc $rc): $error"
 fi
+# --- SIGTERM while the environment thinks: the wait ends at once, exit 75 ---
+stuck=("${args[@]}")
+stuck[6]="read -r line; touch '$work/asked'; sleep 60"
+rm -f "$work/asked"
+"$bin" "${stuck[@]}" --ckpt-dir "$work/stuck" >"$work/stuck.out" 2>"$work/stuck.err" &
+pid=$!
+for ((t = 0; t < 300; t++)); do
+  [[ -e "$work/asked" ]] && break
+  sleep 0.1
+done
+started=$(date +%s)
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+if [[ $rc -eq 75 && $(($(date +%s) - started)) -le 10 ]] &&
+  grep -q 'stopped by a signal while --environment ".*" answered prompt .* turn 1' "$work/stuck.err"; then
+  pass "SIGTERM while the environment thinks: exit 75 at once, naming it"
+else
+  fail "SIGTERM while the environment thinks (rc $rc): $(grep -v '^\[' "$work/stuck.err" | tail -2)"
+fi
+
 # --- the guessing game: user turns ("higher", "lower"), at most --max-turns guesses ---
 guess_number="$(dirname "$calculator")/guess_number.py"
 for n in 7 42 63 88; do
