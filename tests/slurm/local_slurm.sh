@@ -61,6 +61,9 @@ SlurmdLogFile=$state/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
+# A pending job that becomes eligible (a requeued one, after cred_expire) starts at the next
+# scheduling pass, not at an event: every second here, not every 30 s (backfill) or 60 s (main).
+SchedulerParameters=sched_interval=1,bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobRequeue=1

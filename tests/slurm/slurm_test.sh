@@ -133,9 +133,9 @@ complete)
   state=$(wait_job "$id" 60)
   check "no config file: the job fails with the usage" grep -q "no config file" "l3-sft-$id.out"
   # Preemption: SIGTERM to the batch shell and the job step (what Slurm sends) -> checkpoint,
-  # exit 75, requeue, resume, finish. SIGTERM goes once the checkpoint of step 100 is in: about
-  # step 120 of 1000 (0.5 s polls at ~20 ms a step), 880 steps before the end.
-  sft_config term.ini "$work/ckpt-term" 1000 checkpoint-every=100 log-every=100
+  # exit 75, requeue, resume, finish. SIGTERM goes once the checkpoint of step 50 is in: about
+  # step 75 of 500 (0.5 s polls at ~20 ms a step), 425 steps before the end.
+  sft_config term.ini "$work/ckpt-term" 500 checkpoint-every=50 log-every=50
   id=$(sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" term.ini)
   for ((t = 0; t < 240; t++)); do
     [[ -e ckpt-term/latest ]] && break
@@ -148,7 +148,7 @@ complete)
     test "$state" = COMPLETED -a "$(job_field "$id" Restarts)" -ge 1
   check "... having forwarded SIGTERM and stopped with exit 75" \
     grep -q "SIGTERM received: asking llama3-hpc" "$out"
-  check "... and resumed from its checkpoint ($(grep -o 'resumed at step [0-9]*' "$out" | head -n 1) of 1000)" \
+  check "... and resumed from its checkpoint ($(grep -o 'resumed at step [0-9]*' "$out" | head -n 1) of 500)" \
     grep -q "resumed at step" "$out"
   [[ $failures -eq 0 ]] || show_output "$out" 30
   ;;
@@ -189,9 +189,9 @@ requeue)
 
 restart)
   prep_data || { echo "prep failed"; exit 1; }
-  # Rank 1 is killed once the checkpoint of step 100 is in: about step 120 of 1000 (0.5 s polls
-  # at ~20 ms a step beside the reference run), 880 steps before the end.
-  sft_config long.ini "$work/ckpt" 1000 checkpoint-every=100 log-every=100
+  # Rank 1 is killed once the checkpoint of step 50 is in: about step 75 of 500 (0.5 s polls
+  # at ~20 ms a step beside the reference run), 425 steps before the end.
+  sft_config long.ini "$work/ckpt" 500 checkpoint-every=50 log-every=50
   reference long.ini 2 "$work/ref" &
   ref_pid=$!
   id=$(sbatch --parsable --ntasks-per-node=2 "$source_dir/jobs/sft.sbatch" long.ini)
@@ -215,10 +215,10 @@ restart)
   check "job $id completes ($state)" test "$state" = COMPLETED
   check "the restart loop logged the failure and a second attempt" \
     grep -q "attempt 2/3: .* --resume auto" "$out"
-  check "the second attempt resumed from a checkpoint ($(grep -o 'resumed at step [0-9]*' "$out" | head -n 1) of 1000)" \
+  check "the second attempt resumed from a checkpoint ($(grep -o 'resumed at step [0-9]*' "$out" | head -n 1) of 500)" \
     grep -q "resumed at step" "$out"
   check "the final weights equal an uninterrupted run's" \
-    test -n "$(digest ref/step-00001000)" -a "$(digest ckpt/step-00001000)" = "$(digest ref/step-00001000)"
+    test -n "$(digest ref/step-00000500)" -a "$(digest ckpt/step-00000500)" = "$(digest ref/step-00000500)"
   [[ $failures -eq 0 ]] || show_output "$out" 40
   # With node-local checkpoints (every 50 steps, every 2nd flushed to ckpt-dir): rank 1 killed
   # right after the node-local checkpoint of step 150; the restart loop resumes from it, not
