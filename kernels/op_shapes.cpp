@@ -131,24 +131,31 @@ namespace {
 
 AttentionShape attention_shape_of(const ShapeCheck& check, ConstTensorView q, ConstTensorView k,
                                   ConstTensorView v, ConstTensorView lse,
-                                  const PackedSegments& segments) {
+                                  const PackedSegments& segments, ConstTensorView query_rows) {
   check.rank("q", q, 3);
   check.rank("k", k, 3);
-  AttentionShape s{.tokens = q.dim(0),
+  AttentionShape s{.tokens = k.dim(0),
+                   .queries = q.dim(0),
                    .n_heads = static_cast<int>(q.dim(1)),
                    .n_kv_heads = static_cast<int>(k.dim(1)),
                    .head_dim = static_cast<int>(q.dim(2)),
                    .n_segments = static_cast<int>(segments.cu_seqlens.numel()) - 1,
                    .max_segment = segments.max_segment,
                    .host_cu_seqlens = segments.host};
-  if (k.dim(0) != s.tokens || k.dim(2) != s.head_dim) {
+  if (query_rows.empty() ? k.dim(0) != s.queries : query_rows.numel() != s.queries) {
+    if (query_rows.empty())
+      check.fail("k", k, fmt::format("({}, n_kv_heads, {})", s.queries, s.head_dim));
+    check.fail("query_rows", query_rows, fmt::format("({}) i32, a row of q each", s.queries));
+  }
+  if (!query_rows.empty()) check.dtype("query_rows", query_rows, DType::i32);
+  if (k.dim(2) != s.head_dim) {
     check.fail("k", k, fmt::format("({}, n_kv_heads, {})", s.tokens, s.head_dim));
   }
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) {
     check.fail("k", k, fmt::format("a number of heads dividing q's {}", s.n_heads));
   }
   check.same("v", v, "k", k);
-  check.matrix("lse", lse, s.n_heads, s.tokens);
+  check.matrix("lse", lse, s.n_heads, s.queries);
   if (s.n_segments < 0) check.fail("cu_seqlens", segments.cu_seqlens, "n_segments + 1 entries");
   if (!segments.host.empty() &&
       static_cast<std::int64_t>(segments.host.size()) != segments.cu_seqlens.numel()) {
@@ -162,14 +169,16 @@ AttentionShape attention_shape_of(const ShapeCheck& check, ConstTensorView q, Co
 
 AttentionShape attention_shape(const AttentionArgs& a) {
   const ShapeCheck check("attention");
-  const AttentionShape s = attention_shape_of(check, a.q, a.k, a.v, a.lse, a.segments);
+  const AttentionShape s =
+      attention_shape_of(check, a.q, a.k, a.v, a.lse, a.segments, a.query_rows);
   check.same("out", a.out, "q", a.q);
   return s;
 }
 
 AttentionShape attention_shape(const AttentionBackwardArgs& a) {
   const ShapeCheck check("attention_backward");
-  const AttentionShape s = attention_shape_of(check, a.q, a.k, a.v, a.lse, a.segments);
+  const AttentionShape s =
+      attention_shape_of(check, a.q, a.k, a.v, a.lse, a.segments, a.query_rows);
   check.same("out", a.out, "q", a.q);
   check.same("dout", a.dout, "q", a.q);
   check.same("dq", a.dq, "q", a.q);

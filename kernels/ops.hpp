@@ -34,7 +34,8 @@ struct PackedSegments {
 // An attention call's sizes, derived from its views by attention_shape (op_shapes.hpp) for the
 // backends' own planning.
 struct AttentionShape {
-  std::int64_t tokens = 0;  // N
+  std::int64_t tokens = 0;   // N, the keys
+  std::int64_t queries = 0;  // Nq: N, or query_rows' length
   int n_heads = 0;
   int n_kv_heads = 0;  // n_heads % n_kv_heads == 0 (GQA); K/V are never replicated in memory
   int head_dim = 0;
@@ -121,18 +122,25 @@ struct RopeArgs {
 };
 
 // ---- causal GQA attention over packed segments, softmax scale 1/sqrt(head_dim) -------------
-// q, out (N, n_heads, head_dim); k, v (N, n_kv_heads, head_dim);
-// lse (n_heads, N) f32: log-sum-exp of each query's scaled scores, saved for the backward
+// k, v (N, n_kv_heads, head_dim), the N tokens the segments cut. The queries are every token
+// (query_rows empty: Nq = N), or (context parallelism) only some: query_rows (Nq) i32, strictly
+// ascending, the token each query row is (a rank's chunks of the whole sequence, whose keys
+// and values were gathered from every rank). q, out (Nq, n_heads, head_dim);
+// lse (n_heads, Nq) f32: log-sum-exp of each query's scaled scores, saved for the backward.
+// query_rows is read on the host: the CPU backend's only (a CUDA backend declines it).
 struct AttentionArgs {
   TensorView out, lse;
   ConstTensorView q, k, v;
   PackedSegments segments;
+  ConstTensorView query_rows{};
 };
-// dq (N, n_heads, head_dim), dk, dv (N, n_kv_heads, head_dim): overwritten
+// dq (Nq, n_heads, head_dim), dk, dv (N, n_kv_heads, head_dim): overwritten; with query_rows,
+// dk and dv hold the listed queries' share only (the other ranks' queries add theirs).
 struct AttentionBackwardArgs {
   TensorView dq, dk, dv;
   ConstTensorView dout, out, lse, q, k, v;
   PackedSegments segments;
+  ConstTensorView query_rows{};
 };
 
 // ---- generation: sequences in the slots of a KV cache, and attention against it ------------

@@ -35,17 +35,29 @@ void Batch::validate(std::int64_t vocab_size) const {
       positions.size() != un) {
     fail(fmt::format("arrays of {} tokens expected", n));
   }
-  if (cu_seqlens.empty() || cu_seqlens.front() != 0 || cu_seqlens.back() != n) {
+  const bool share = !context_rows.empty();
+  const std::int64_t whole = whole_tokens();
+  if (cu_seqlens.empty() || cu_seqlens.front() != 0 || cu_seqlens.back() != whole ||
+      (share && (context_rows.size() != un || whole % n != 0))) {
     fail("cu_seqlens must run from 0 to the number of tokens");
   }
+  const std::int64_t row_tokens = rows > 0 ? whole / rows : seq_len;  // the whole's rows
+  // Each token's index in the segmented sequence: itself, or in a share its context row.
+  const auto token_at = [&](std::size_t i) -> std::int64_t {
+    return share ? context_rows[i] : static_cast<std::int64_t>(i);
+  };
+  std::size_t i = 0;  // the next of this batch's tokens
   for (std::size_t s = 1; s < cu_seqlens.size(); ++s) {
     const std::int64_t begin = cu_seqlens[s - 1];
     const std::int64_t end = cu_seqlens[s];
     if (end <= begin) fail(fmt::format("segment {} is empty or reversed", s - 1));
-    if (begin / seq_len != (end - 1) / seq_len)
+    if (begin / row_tokens != (end - 1) / row_tokens)
       fail(fmt::format("segment {} crosses a row", s - 1));
-    for (std::int64_t t = begin; t < end; ++t) {
-      if (positions[static_cast<std::size_t>(t)] != t - begin) {
+    for (; i < un && token_at(i) < end; ++i) {
+      const std::int64_t t = token_at(i);
+      if (t < begin || (i > 0 && t <= token_at(i - 1)))
+        fail(fmt::format("context row {} of token {} does not ascend", t, i));
+      if (positions[i] != t - begin) {
         fail(fmt::format("position of token {} is not its index in its segment", t));
       }
     }

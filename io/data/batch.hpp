@@ -42,8 +42,19 @@ struct Batch {
   std::vector<float> ref_logprobs{};
   std::int64_t completions = 0;      // online RL: the completions it holds (masked-out ones too)
   std::int64_t document_tokens = 0;  // tokens of documents (not padding): throughput counts these
+  // Context parallelism (data::context_share): this batch is one rank's share of a whole one
+  // that its group holds between them. context_rows (N): each token's index in the whole,
+  // ascending; cu_seqlens then cuts the whole's tokens (the keys the attention gathers from the
+  // group) and positions are the shared tokens'. context_document_tokens: the whole's document
+  // tokens (every rank of the group has work when the whole has). Empty: a whole batch.
+  std::vector<std::int32_t> context_rows{};
+  std::int64_t context_document_tokens = 0;
 
   [[nodiscard]] std::int64_t tokens_count() const noexcept { return rows * seq_len; }
+  // The tokens the segments cut: the whole batch's (context parallelism), else this one's.
+  [[nodiscard]] std::int64_t whole_tokens() const noexcept {
+    return context_rows.empty() || cu_seqlens.empty() ? tokens_count() : cu_seqlens.back();
+  }
   [[nodiscard]] std::int64_t segments() const noexcept {
     return cu_seqlens.empty() ? 0 : static_cast<std::int64_t>(cu_seqlens.size()) - 1;
   }

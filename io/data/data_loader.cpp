@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "dist/communicator.hpp"
+#include "io/data/context_share.hpp"
 #include "io/data/prefetcher.hpp"
 
 namespace l3::data {
@@ -50,6 +51,9 @@ struct DataLoader::Impl {
     return out;
   }
 
+  // The plan's rank: a context-parallel group's, whose ranks read the same samples.
+  [[nodiscard]] int data_rank() const { return world.rank() / config.context_ranks; }
+
   void produce(Position position, StepData& out) {
     const core::Stopwatch watch;
     const EpochPlan& plan = plan_for(position.epoch);
@@ -72,7 +76,7 @@ struct DataLoader::Impl {
         static_cast<std::size_t>(micro_count));  // [micro][row][sample]
     std::vector<ReadRequest> requests;
     for (std::int64_t m = 0; m < micro_count; ++m) {
-      for (const auto& unit : plan.micro_batch(position.step, world.rank(), m)) {
+      for (const auto& unit : plan.micro_batch(position.step, data_rank(), m)) {
         auto& row = micro[static_cast<std::size_t>(m)].emplace_back();
         row.reserve(unit.size());
         for (const std::int64_t id : unit) row.push_back({id, {}, {}, {}, {}});
@@ -113,7 +117,7 @@ struct DataLoader::Impl {
     std::vector<std::int32_t> shards;
     if (reader.collective()) {
       std::set<std::int32_t> all;
-      for (int r = 0; r < world.size(); ++r) {
+      for (int r = 0; r < config.plan.world_size; ++r) {
         for (std::int64_t m = 0; m < micro_count; ++m) {
           for (const auto& unit : plan.micro_batch(position.step, r, m)) {
             for (const std::int64_t id : unit)
@@ -162,7 +166,11 @@ struct DataLoader::Impl {
           }
           builder.end_row();
         }
-        out.micro.push_back(builder.finish());
+        out.micro.push_back(config.context_ranks > 1
+                                ? context_share(builder.finish(),
+                                                world.rank() % config.context_ranks,
+                                                config.context_ranks)
+                                : builder.finish());
         continue;
       }
       // Reward: pairs packed into as many rows as they need, in order.
@@ -228,7 +236,11 @@ struct DataLoader::Impl {
 DataLoader::DataLoader(const dist::World& world, const DatasetIndex& index, LoaderConfig config,
                        Position start)
     : impl_(std::make_unique<Impl>(world, index, config)) {
-  impl_->config.plan.world_size = world.size();
+  if (config.context_ranks < 1 || world.size() % config.context_ranks != 0) {
+    throw core::internal_error(fmt::format("data loader: context groups of {} over {} ranks",
+                                           config.context_ranks, world.size()));
+  }
+  impl_->config.plan.world_size = world.size() / config.context_ranks;
   impl_->config.plan.validate();
   if (impl_->config.model_vocab <= 0) impl_->config.model_vocab = index.vocab_size;
   impl_->cursor = start;

@@ -32,6 +32,9 @@ struct LoaderConfig {
   std::int32_t pad_id = 0;         // token of padding (<|finetune_right_pad_id|>)
   std::int64_t model_vocab = 0;    // token ids must be below this
   bool margins_from_data = false;  // reward: use the shards' margins (else 0)
+  // Context parallelism: groups of this many consecutive ranks read the same samples (the plan's
+  // rank is the group's) and each keeps its share of every micro-batch (data::context_share).
+  int context_ranks = 1;
 };
 
 // One step of this rank: its micro-batches, in order.

@@ -46,6 +46,50 @@ void check_heads(AttentionHeads h, std::string_view kernel) {
   }
 }
 
+// A run of queries whose tokens are consecutive in one segment: local rows
+// [local, local + length) are the tokens [start + first, start + first + length).
+struct QueryRun {
+  std::size_t segment = 0;  // index into cu_seqlens
+  std::int64_t start = 0;   // the segment's first token
+  std::int64_t first = 0;   // the run's first token, relative to the segment
+  std::int64_t local = 0;   // the run's first query row
+  std::int64_t length = 0;
+};
+
+// The runs of the query rows: every token when query_rows is empty (one run per non-empty
+// segment), else the listed tokens, strictly ascending below cu_seqlens.back().
+std::vector<QueryRun> query_runs(std::span<const std::int32_t> cu_seqlens,
+                                 std::span<const std::int32_t> query_rows,
+                                 std::string_view kernel) {
+  std::vector<QueryRun> runs;
+  if (query_rows.empty()) {
+    for (std::size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+      const std::int64_t length = cu_seqlens[s + 1] - cu_seqlens[s];
+      if (length > 0) runs.push_back({s, cu_seqlens[s], 0, cu_seqlens[s], length});
+    }
+    return runs;
+  }
+  const std::int64_t keys = cu_seqlens.back();
+  std::size_t segment = 0;
+  for (std::size_t i = 0; i < query_rows.size(); ++i) {
+    const std::int64_t token = query_rows[i];
+    if (token < 0 || token >= keys || (i > 0 && token <= query_rows[i - 1])) {
+      throw core::internal_error(fmt::format(
+          "cpu {}: query row {} is token {}: rows must ascend below {}", kernel, i, token, keys));
+    }
+    while (cu_seqlens[segment + 1] <= token) ++segment;
+    QueryRun* last = runs.empty() ? nullptr : &runs.back();
+    if (last != nullptr && last->segment == segment &&
+        last->start + last->first + last->length == token) {
+      ++last->length;
+      continue;
+    }
+    runs.push_back({segment, cu_seqlens[segment], token - cu_seqlens[segment],
+                    static_cast<std::int64_t>(i), 1});
+  }
+  return runs;
+}
+
 // Turns a tile of scaled scores into probabilities in place: row r is query `first + r`,
 // which sees keys 0..first+r. Writes each row's log-sum-exp to lse[r * lse_stride].
 void causal_softmax(float* scores, std::int64_t rows, std::int64_t cols, std::int64_t first,
@@ -64,35 +108,37 @@ void causal_softmax(float* scores, std::int64_t rows, std::int64_t cols, std::in
 
 void attention(std::span<float> out, std::span<float> lse, std::span<const float> q,
                std::span<const float> k, std::span<const float> v,
-               std::span<const std::int32_t> cu_seqlens, AttentionHeads heads) {
+               std::span<const std::int32_t> cu_seqlens, AttentionHeads heads,
+               std::span<const std::int32_t> query_rows) {
   check_heads(heads, "attention");
   const Segments segments = check_segments(cu_seqlens, "attention");
-  const std::int64_t n = segments.tokens;
+  const std::int64_t n = segments.tokens;  // keys
+  const std::int64_t nq = query_rows.empty() ? n : static_cast<std::int64_t>(query_rows.size());
   const std::int64_t hd = heads.head_dim;
   const std::int64_t q_stride = heads.n_heads * hd;
   const std::int64_t kv_stride = heads.n_kv_heads * hd;
-  require_size(q.size(), n * q_stride, "attention", "q");
-  require_size(out.size(), n * q_stride, "attention", "out");
+  require_size(q.size(), nq * q_stride, "attention", "q");
+  require_size(out.size(), nq * q_stride, "attention", "out");
   require_size(k.size(), n * kv_stride, "attention", "k");
   require_size(v.size(), n * kv_stride, "attention", "v");
-  require_size(lse.size(), n * heads.n_heads, "attention", "lse");
+  require_size(lse.size(), nq * heads.n_heads, "attention", "lse");
   const int group = heads.n_heads / heads.n_kv_heads;
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
 
-  // Work items: (segment, head, query tile), all independent.
+  // Work items: (run of queries, head, query tile), all independent.
   struct Item {
     std::int64_t start;  // first token of the segment
     std::int64_t first;  // first query of the tile, relative to the segment
+    std::int64_t local;  // its query row
     std::int64_t rows;   // queries in the tile
     int head;
   };
   std::vector<Item> items;
-  for (std::size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
-    const std::int64_t start = cu_seqlens[s];
-    const std::int64_t length = cu_seqlens[s + 1] - start;
+  for (const QueryRun& run : query_runs(cu_seqlens, query_rows, "attention")) {
     for (int h = 0; h < heads.n_heads; ++h) {
-      for (std::int64_t first = 0; first < length; first += kQueryTile) {
-        items.push_back({start, first, std::min(kQueryTile, length - first), h});
+      for (std::int64_t done = 0; done < run.length; done += kQueryTile) {
+        items.push_back({run.start, run.first + done, run.local + done,
+                         std::min(kQueryTile, run.length - done), h});
       }
     }
   }
@@ -105,17 +151,17 @@ void attention(std::span<float> out, std::span<float> lse, std::span<const float
       const Item& it = items[i];
       const std::int64_t keys = it.first + it.rows;  // causal: the tile sees keys [0, keys)
       const int kv_head = it.head / group;
-      const float* q_tile = q.data() + (it.start + it.first) * q_stride + it.head * hd;
+      const float* q_tile = q.data() + it.local * q_stride + it.head * hd;
       const float* k_seg = k.data() + it.start * kv_stride + kv_head * hd;
       const float* v_seg = v.data() + it.start * kv_stride + kv_head * hd;
-      float* out_tile = out.data() + (it.start + it.first) * q_stride + it.head * hd;
+      float* out_tile = out.data() + it.local * q_stride + it.head * hd;
       // scores (rows, keys) = scale * q_tile (rows, hd) . k_seg^T (hd, keys)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(it.rows),
                   static_cast<int>(keys), static_cast<int>(hd), scale, q_tile,
                   static_cast<int>(q_stride), k_seg, static_cast<int>(kv_stride), 0.0F,
                   scores.data(), static_cast<int>(keys));
-      causal_softmax(scores.data(), it.rows, keys, it.first,
-                     lse.data() + it.head * n + it.start + it.first, 1);
+      causal_softmax(scores.data(), it.rows, keys, it.first, lse.data() + it.head * nq + it.local,
+                     1);
       // out_tile (rows, hd) = probabilities (rows, keys) . v_seg (keys, hd)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(it.rows),
                   static_cast<int>(hd), static_cast<int>(keys), 1.0F, scores.data(),
@@ -129,36 +175,44 @@ void attention_backward(std::span<float> dq, std::span<float> dk, std::span<floa
                         std::span<const float> dout, std::span<const float> out,
                         std::span<const float> lse, std::span<const float> q,
                         std::span<const float> k, std::span<const float> v,
-                        std::span<const std::int32_t> cu_seqlens, AttentionHeads heads) {
+                        std::span<const std::int32_t> cu_seqlens, AttentionHeads heads,
+                        std::span<const std::int32_t> query_rows) {
   check_heads(heads, "attention_backward");
   const Segments segments = check_segments(cu_seqlens, "attention_backward");
   const std::int64_t n = segments.tokens;
+  const std::int64_t nq = query_rows.empty() ? n : static_cast<std::int64_t>(query_rows.size());
   const std::int64_t hd = heads.head_dim;
   const std::int64_t q_stride = heads.n_heads * hd;
   const std::int64_t kv_stride = heads.n_kv_heads * hd;
   for (const auto& [size, name] :
        {std::pair{q.size(), "q"}, {dq.size(), "dq"}, {out.size(), "out"}, {dout.size(), "dout"}}) {
-    require_size(size, n * q_stride, "attention_backward", name);
+    require_size(size, nq * q_stride, "attention_backward", name);
   }
   for (const auto& [size, name] :
        {std::pair{k.size(), "k"}, {v.size(), "v"}, {dk.size(), "dk"}, {dv.size(), "dv"}}) {
     require_size(size, n * kv_stride, "attention_backward", name);
   }
-  require_size(lse.size(), n * heads.n_heads, "attention_backward", "lse");
+  require_size(lse.size(), nq * heads.n_heads, "attention_backward", "lse");
   const int group = heads.n_heads / heads.n_kv_heads;
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
 
   // Work items: (segment, kv head). An item owns its rows of dk/dv and, through the heads of
-  // its group, the matching columns of dq, so items never write the same memory.
+  // its group, the matching columns of its queries' dq, so items never write the same memory.
+  // A segment without queries still zeroes its dk/dv.
+  const std::vector<QueryRun> runs = query_runs(cu_seqlens, query_rows, "attention_backward");
   struct Item {
     std::int64_t start;
     std::int64_t length;
+    std::size_t first_run, end_run;  // the segment's runs of queries
     int kv_head;
   };
   std::vector<Item> items;
+  std::size_t run = 0;
   for (std::size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    const std::size_t first_run = run;
+    while (run < runs.size() && runs[run].segment == s) ++run;
     for (int g = 0; g < heads.n_kv_heads; ++g) {
-      items.push_back({cu_seqlens[s], cu_seqlens[s + 1] - cu_seqlens[s], g});
+      items.push_back({cu_seqlens[s], cu_seqlens[s + 1] - cu_seqlens[s], first_run, run, g});
     }
   }
 
@@ -180,56 +234,61 @@ void attention_backward(std::span<float> dq, std::span<float> dk, std::span<floa
         std::fill_n(dv_seg + t * kv_stride, hd, 0.0F);
       }
       for (int h = it.kv_head * group; h < (it.kv_head + 1) * group; ++h) {
-        for (std::int64_t first = 0; first < it.length; first += kQueryTile) {
-          const std::int64_t rows = std::min(kQueryTile, it.length - first);
-          const std::int64_t keys = first + rows;
-          const std::int64_t offset = (it.start + first) * q_stride + h * hd;
-          const float* q_tile = q.data() + offset;
-          const float* o_tile = out.data() + offset;
-          const float* do_tile = dout.data() + offset;
-          float* dq_tile = dq.data() + offset;
-          const float* lse_tile = lse.data() + h * n + it.start + first;
-          const int ir = static_cast<int>(rows);
-          const int ik = static_cast<int>(keys);
-          const int ihd = static_cast<int>(hd);
-          const int iq = static_cast<int>(q_stride);
-          const int ikv = static_cast<int>(kv_stride);
+        for (std::size_t r_i = it.first_run; r_i < it.end_run; ++r_i) {
+          const QueryRun& qr = runs[r_i];
+          for (std::int64_t done = 0; done < qr.length; done += kQueryTile) {
+            const std::int64_t first = qr.first + done;  // relative to the segment
+            const std::int64_t rows = std::min(kQueryTile, qr.length - done);
+            const std::int64_t keys = first + rows;
+            const std::int64_t local = qr.local + done;
+            const std::int64_t offset = local * q_stride + h * hd;
+            const float* q_tile = q.data() + offset;
+            const float* o_tile = out.data() + offset;
+            const float* do_tile = dout.data() + offset;
+            float* dq_tile = dq.data() + offset;
+            const float* lse_tile = lse.data() + h * nq + local;
+            const int ir = static_cast<int>(rows);
+            const int ik = static_cast<int>(keys);
+            const int ihd = static_cast<int>(hd);
+            const int iq = static_cast<int>(q_stride);
+            const int ikv = static_cast<int>(kv_stride);
 
-          // probs = exp(scale * q k^T - lse), zero above the diagonal
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, ik, ihd, scale, q_tile, iq,
-                      k_seg, ikv, 0.0F, probs.data(), ik);
-          for (std::int64_t r = 0; r < rows; ++r) {
-            float* row = probs.data() + r * keys;
-            const std::int64_t visible = first + r + 1;
-            const float l = lse_tile[r];
-            exp_shifted_row(row, visible, l);
-            std::fill(row + visible, row + keys, 0.0F);
-            float dot = 0.0F;  // D = sum(dout * out) for this query
+            // probs = exp(scale * q k^T - lse), zero above the diagonal
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, ik, ihd, scale, q_tile, iq,
+                        k_seg, ikv, 0.0F, probs.data(), ik);
+            for (std::int64_t r = 0; r < rows; ++r) {
+              float* row = probs.data() + r * keys;
+              const std::int64_t visible = first + r + 1;
+              const float l = lse_tile[r];
+              exp_shifted_row(row, visible, l);
+              std::fill(row + visible, row + keys, 0.0F);
+              float dot = 0.0F;  // D = sum(dout * out) for this query
 #pragma omp simd reduction(+ : dot)
-            for (std::int64_t d = 0; d < hd; ++d)
-              dot += do_tile[r * q_stride + d] * o_tile[r * q_stride + d];
-            row_dot[static_cast<std::size_t>(r)] = dot;
-          }
-          // dv (keys, hd) += probs^T (keys, rows) . dout (rows, hd)
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ik, ihd, ir, 1.0F, probs.data(), ik,
-                      do_tile, iq, 1.0F, dv_seg, ikv);
-          // dprobs (rows, keys) = dout (rows, hd) . v^T (hd, keys)
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, ik, ihd, 1.0F, do_tile, iq,
-                      v_seg, ikv, 0.0F, dprobs.data(), ik);
-          // dscores = probs * (dprobs - D), reusing dprobs
-          for (std::int64_t r = 0; r < rows; ++r) {
-            float* ds = dprobs.data() + r * keys;
-            const float* p = probs.data() + r * keys;
-            const float d = row_dot[static_cast<std::size_t>(r)];
+              for (std::int64_t d = 0; d < hd; ++d)
+                dot += do_tile[r * q_stride + d] * o_tile[r * q_stride + d];
+              row_dot[static_cast<std::size_t>(r)] = dot;
+            }
+            // dv (keys, hd) += probs^T (keys, rows) . dout (rows, hd)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ik, ihd, ir, 1.0F, probs.data(),
+                        ik, do_tile, iq, 1.0F, dv_seg, ikv);
+            // dprobs (rows, keys) = dout (rows, hd) . v^T (hd, keys)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, ik, ihd, 1.0F, do_tile, iq,
+                        v_seg, ikv, 0.0F, dprobs.data(), ik);
+            // dscores = probs * (dprobs - D), reusing dprobs
+            for (std::int64_t r = 0; r < rows; ++r) {
+              float* ds = dprobs.data() + r * keys;
+              const float* p = probs.data() + r * keys;
+              const float d = row_dot[static_cast<std::size_t>(r)];
 #pragma omp simd
-            for (std::int64_t j = 0; j < keys; ++j) ds[j] = p[j] * (ds[j] - d);
+              for (std::int64_t j = 0; j < keys; ++j) ds[j] = p[j] * (ds[j] - d);
+            }
+            // dq (rows, hd) = scale * dscores (rows, keys) . k (keys, hd)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ir, ihd, ik, scale,
+                        dprobs.data(), ik, k_seg, ikv, 0.0F, dq_tile, iq);
+            // dk (keys, hd) += scale * dscores^T (keys, rows) . q (rows, hd)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ik, ihd, ir, scale, dprobs.data(),
+                        ik, q_tile, iq, 1.0F, dk_seg, ikv);
           }
-          // dq (rows, hd) = scale * dscores (rows, keys) . k (keys, hd)
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ir, ihd, ik, scale, dprobs.data(),
-                      ik, k_seg, ikv, 0.0F, dq_tile, iq);
-          // dk (keys, hd) += scale * dscores^T (keys, rows) . q (rows, hd)
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ik, ihd, ir, scale, dprobs.data(),
-                      ik, q_tile, iq, 1.0F, dk_seg, ikv);
         }
       }
     }

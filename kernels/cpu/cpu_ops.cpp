@@ -124,7 +124,7 @@ void CpuOps::rope_backward(const RopeArgs& a) {
 void CpuOps::attention(const AttentionArgs& a) {
   const AttentionShape s = attention_shape(a);
   cpu::attention(f32(a.out), f32(a.lse), f32(a.q), f32(a.k), f32(a.v), i32(a.segments.cu_seqlens),
-                 {s.n_heads, s.n_kv_heads, s.head_dim});
+                 {s.n_heads, s.n_kv_heads, s.head_dim}, i32(a.query_rows));
 }
 
 void CpuOps::kv_cache_write(const KvCacheWriteArgs& a) {
@@ -168,7 +168,7 @@ void CpuOps::attention_backward(const AttentionBackwardArgs& a) {
   const AttentionShape s = attention_shape(a);
   cpu::attention_backward(f32(a.dq), f32(a.dk), f32(a.dv), f32(a.dout), f32(a.out), f32(a.lse),
                           f32(a.q), f32(a.k), f32(a.v), i32(a.segments.cu_seqlens),
-                          {s.n_heads, s.n_kv_heads, s.head_dim});
+                          {s.n_heads, s.n_kv_heads, s.head_dim}, i32(a.query_rows));
 }
 
 void CpuOps::swiglu(const SwigluArgs& a) {

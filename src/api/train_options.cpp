@@ -340,6 +340,12 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "--shard-parameters: shard within groups of G consecutive ranks (one node, say) and "
       "replicate across the groups, whose gradients are then added up (0: all ranks; G must "
       "divide the ranks)")(
+      "context-parallel",
+      core::number<int>(core::between(1, 1 << 16))->default_value(1)->value_name("C"),
+      "split every sequence over groups of C consecutive ranks (long context: each rank holds "
+      "1/C of the tokens and their activations; attention gathers the keys and values from the "
+      "group); the other ranks' groups are data parallel. --seq-len must be a multiple of 2C "
+      "(sft, on the CPU backend so far)")(
       "no-prefetch-gathers", po::bool_switch(),
       "--shard-parameters: gather each layer's weights when it is reached instead of while the "
       "previous one computes (for comparison; the results are bit-identical)")(
@@ -588,6 +594,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.shard_parameters = get<bool>(o, "shard-parameters");
   c.prefetch_gathers = !get<bool>(o, "no-prefetch-gathers");
   c.shard_group_size = get<int>(o, "shard-group-size");
+  c.context_parallel = get<int>(o, "context-parallel");
   c.shard_gradients = get<bool>(o, "shard-gradients") || c.shard_parameters;
   c.grad_accum_dtype = train::parse_grad_accum_dtype(get<std::string>(o, "grad-accum-dtype"));
   c.bucket_mb = get<double>(o, "bucket-mb");

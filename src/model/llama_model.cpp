@@ -72,6 +72,16 @@ struct LlamaModel::Workspace {
   std::int64_t counted = 0;                   // C
   std::int64_t sequences = 0;                 // 2P: a preference batch's chosen and rejected
   std::vector<std::int32_t> host_cu_seqlens;  // the same segment table, for the attention
+  std::int64_t segment_capacity = 0;          // tokens the segment tables may cut
+  // Context parallelism: the current batch is a share of a whole of `whole` tokens in `rows`
+  // rows (0: a whole batch); its tokens' indices in the whole (read on the host: the CPU
+  // backend's), and the whole's keys and values gathered from the group and their gradients,
+  // (whole, n_kv_heads, head_dim), one layer at a time.
+  std::int64_t whole = 0;
+  std::int64_t rows = 0;
+  std::vector<std::int32_t> query_rows;
+  std::int64_t context_capacity = 0;
+  Buffer k_whole, v_whole, dk_whole, dv_whole;
   RopeBuffers rope;
   // forward
   std::vector<Buffer> layer_inputs;  // n_layers + 1 of (N, H): the residual stream
@@ -345,15 +355,23 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
   batch.validate(c.vocab_size);
   Workspace& ws = *ws_;
   const std::int64_t n = batch.tokens_count();
+  const bool share = !batch.context_rows.empty();
+  if (share && context_ == nullptr)
+    throw core::internal_error("a context-parallel share of a batch without a context group");
   pass_ = n == 0 ? &idle_ops_ : &ops_;  // no rows: the same calls, nothing computed
   const DType act = ops_.compute_dtype();
   // At least one row: a pass over an empty batch (IdleOps) still names its views.
-  if (const std::int64_t cap = std::max<std::int64_t>(n, 1); cap > ws.capacity) {
+  const std::int64_t segment_cap = std::max<std::int64_t>(batch.whole_tokens(), 1);
+  if (const std::int64_t needed = std::max<std::int64_t>(n, 1);
+      needed > ws.capacity || segment_cap > ws.segment_capacity) {
     Workspace fresh;
-    fresh.capacity = cap;
+    fresh.capacity = std::max(needed, ws.capacity);
+    fresh.segment_capacity = std::max(segment_cap, ws.segment_capacity);
+    fresh.context_capacity = 0;  // allocated below when a share needs them
     auto alloc = [&](DType dtype, const Shape& shape) {
       return kernels::allocate(ops_, dtype, shape);
     };
+    const std::int64_t cap = fresh.capacity;
     const Shape hidden{cap, c.hidden_size};               // (N, H)
     const Shape heads{cap, c.n_heads, c.head_dim};        // (N, n_heads, head_dim)
     const Shape kv_heads{cap, c.n_kv_heads, c.head_dim};  // (N, n_kv_heads, head_dim)
@@ -362,7 +380,7 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
       // A sequence has a token at least: 2P <= N.
       set = {alloc(DType::i32, cap),
              alloc(DType::i32, cap),
-             alloc(DType::i32, cap + 1),
+             alloc(DType::i32, fresh.segment_capacity + 1),
              alloc(DType::i32, cap),
              alloc(DType::i32, cap),
              alloc(DType::i32, cap),
@@ -409,6 +427,17 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
     fresh.rope = std::move(ws.rope);
     ws = std::move(fresh);
   }
+  ws.whole = share ? batch.whole_tokens() : 0;
+  ws.rows = batch.rows;
+  ws.query_rows.assign(batch.context_rows.begin(), batch.context_rows.end());
+  if (share && ws.whole > ws.context_capacity) {
+    const Shape kv_whole{ws.whole, c.n_kv_heads, c.head_dim};  // (whole, n_kv_heads, head_dim)
+    ws.k_whole = kernels::allocate(ops_, act, kv_whole);
+    ws.v_whole = kernels::allocate(ops_, act, kv_whole);
+    ws.dk_whole = kernels::allocate(ops_, act, kv_whole);
+    ws.dv_whole = kernels::allocate(ops_, act, kv_whole);
+    ws.context_capacity = ws.whole;
+  }
   // RoPE positions restart in each segment: a packed row (GRPO's completions end to end,
   // BatchBuilder::finish_packed) may be longer than the model's positions, its segments not.
   if (const std::int64_t longest = batch.longest_segment(); longest > c.max_position_embeddings) {
@@ -416,7 +445,8 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
         fmt::format("sequence length {} exceeds the model's max_position_embeddings {}", longest,
                     c.max_position_embeddings));
   }
-  ws.rope.ensure(ops_, c, std::min<std::int64_t>(batch.seq_len, c.max_position_embeddings));
+  const std::int64_t row_tokens = share ? ws.whole / batch.rows : batch.seq_len;  // the whole's
+  ws.rope.ensure(ops_, c, std::min<std::int64_t>(row_tokens, c.max_position_embeddings));
 
   ws.n = n;
   // The counted rows are listed here, on the host, where the mask is: the backend then knows
@@ -476,6 +506,33 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
                  .host = ws.host_cu_seqlens};
 }
 
+void LlamaModel::attention_backward_share(const BlockViews& a) {
+  Workspace& ws = *ws_;
+  const std::int64_t n = ws.n;
+  // The whole's keys and values again (not kept from the forward), the gradients of every key
+  // and value from this rank's queries, and their sums over the group at this rank's tokens.
+  const TensorView k_whole = ws.k_whole.first_rows(ws.whole);
+  const TensorView v_whole = ws.v_whole.first_rows(ws.whole);
+  const TensorView dk_whole = ws.dk_whole.first_rows(ws.whole);
+  const TensorView dv_whole = ws.dv_whole.first_rows(ws.whole);
+  context_->all_gather(a.k, k_whole, ws.rows);
+  context_->all_gather(a.v, v_whole, ws.rows);
+  pass_ops().attention_backward(
+      {.dq = ws.d_q.first_rows(n),
+       .dk = dk_whole,
+       .dv = dv_whole,
+       .dout = ws.d_att.first_rows(n),
+       .out = a.att,
+       .lse = a.lse,
+       .q = a.q,
+       .k = k_whole,
+       .v = v_whole,
+       .segments = ws.segments,
+       .query_rows = ConstTensorView(std::span<const std::int32_t>(ws.query_rows))});
+  context_->reduce_scatter(dk_whole, ws.d_k.first_rows(n), ws.rows);
+  context_->reduce_scatter(dv_whole, ws.d_v.first_rows(n), ws.rows);
+}
+
 void LlamaModel::forward_backbone() {
   const ModelConfig& c = config();
   Workspace& ws = *ws_;
@@ -519,8 +576,24 @@ void LlamaModel::block_forward(int layer, ConstTensorView x_in, TensorView x_out
       {.positions = ws.in().positions.first_rows(ws.n), .cos = ws.rope.cos(), .sin = ws.rope.sin()},
       x_in, x_out, a,
       [&] {
+        if (ws.whole == 0) {
+          pass_ops().attention(
+              {.out = a.att, .lse = a.lse, .q = a.q, .k = a.k, .v = a.v, .segments = ws.segments});
+          return;
+        }
+        // A share: this rank's queries against the whole sequence's keys and values.
+        const TensorView k_whole = ws.k_whole.first_rows(ws.whole);
+        const TensorView v_whole = ws.v_whole.first_rows(ws.whole);
+        context_->all_gather(a.k, k_whole, ws.rows);
+        context_->all_gather(a.v, v_whole, ws.rows);
         pass_ops().attention(
-            {.out = a.att, .lse = a.lse, .q = a.q, .k = a.k, .v = a.v, .segments = ws.segments});
+            {.out = a.att,
+             .lse = a.lse,
+             .q = a.q,
+             .k = k_whole,
+             .v = v_whole,
+             .segments = ws.segments,
+             .query_rows = ConstTensorView(std::span<const std::int32_t>(ws.query_rows))});
       },
       adapters_ ? &adapters : nullptr);
 }
@@ -567,6 +640,10 @@ void LlamaModel::backward_backbone() {
          .d_k = ws.d_k.first_rows(n),
          .d_v = ws.d_v.first_rows(n)},
         [&] {
+          if (ws.whole > 0) {
+            attention_backward_share(a);
+            return;
+          }
           pass_ops().attention_backward({.dq = ws.d_q.first_rows(n),
                                          .dk = ws.d_k.first_rows(n),
                                          .dv = ws.d_v.first_rows(n),

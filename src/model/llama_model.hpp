@@ -27,6 +27,7 @@
 #include "kernels/idle_ops.hpp"
 #include "kernels/ops.hpp"
 #include "model/batch.hpp"
+#include "model/context_exchange.hpp"
 #include "model/decoder_block.hpp"
 #include "model/gradient_window.hpp"
 #include "model/lora_config.hpp"
@@ -201,6 +202,10 @@ class LlamaModel {
   // Where backward passes write their gradients without own_gradients (not owned; it must
   // outlive the passes). Its ready() is called where the hook is.
   void set_gradient_window(GradientWindow* window) noexcept { window_ = window; }
+  // Context parallelism: the group's exchanges (not owned; it must outlive the passes). A
+  // batch that is a share (data::Batch::context_rows) needs one: its queries attend to the
+  // whole sequence's keys and values, gathered from the group in each layer's attention.
+  void set_context_exchange(ContextExchange* exchange) noexcept { context_ = exchange; }
   // Where forward and backward passes read the weights from instead of parameters() (not
   // owned; it must outlive the passes; null: parameters()). The passes acquire each gradient
   // group before reading it (ParameterWindow), in layout order forward and in reverse
@@ -298,6 +303,8 @@ class LlamaModel {
   [[nodiscard]] std::int64_t head_ready_offset() const;
   [[nodiscard]] std::int64_t block_ready_offset(int layer) const;
   [[nodiscard]] std::size_t group_at(std::int64_t offset) const;
+  // A share's attention backward (context parallelism): gathers, the gradients, their sums.
+  void attention_backward_share(const BlockViews& a);
   void require_own_parameters(std::string_view what) const;  // internal Error without
   [[nodiscard]] HeldGroup hold(std::int64_t offset, Pass pass) const {
     return {parameter_window_, group_at(offset), pass};
@@ -322,6 +329,7 @@ class LlamaModel {
   GradientReadyHook gradient_ready_;
   GradientWindow* window_ = nullptr;
   ParameterWindow* parameter_window_ = nullptr;
+  ContextExchange* context_ = nullptr;
 };
 
 }  // namespace l3::model

@@ -37,6 +37,10 @@ struct Placement {
   bool fp32_gradients = false;
   // Forward passes only (evaluate, score, generate): no gradients, no optimizer.
   bool forward_only = false;
+  // The process grid: groups of `context_parallel` consecutive ranks share each sequence
+  // (context parallelism); the ranks / context_parallel groups are data parallel. The states
+  // are sharded and reduced over all the ranks, as pure data parallelism does.
+  int context_parallel = 1;
 
   // Forward passes only, over frozen weights held whole or sharded over `ranks` ranks.
   [[nodiscard]] static Placement frozen(bool sharded, int ranks) noexcept;
@@ -55,6 +59,8 @@ struct Placement {
   [[nodiscard]] bool hybrid() const noexcept { return shard_group > 0 && shard_group < ranks; }
   // The ranks the trained states are sharded over.
   [[nodiscard]] int shard_ranks() const noexcept { return hybrid() ? shard_group : ranks; }
+  // The data-parallel groups: the ranks that read different samples.
+  [[nodiscard]] int data_parallel_ranks() const noexcept { return ranks / context_parallel; }
 
   // "0 (off)", "1", "2", "3", "3 (hybrid: shard groups of G ranks)", or LoRA's "2 over the
   // adapters, the frozen model sharded (1/N on each rank)": for logs and plans.

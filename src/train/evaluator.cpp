@@ -25,8 +25,9 @@ data::LoaderConfig evaluation_loader(const dist::World& world, const model::Llam
   data::LoaderConfig loader_config;
   loader_config.plan.seq_len = config.seq_len;
   loader_config.plan.micro_batch = config.micro_batch;
-  loader_config.plan.global_batch = config.micro_batch * world.size();
-  loader_config.plan.world_size = world.size();
+  loader_config.plan.global_batch = config.micro_batch * (world.size() / config.context_ranks);
+  loader_config.plan.world_size = world.size() / config.context_ranks;
+  loader_config.context_ranks = config.context_ranks;
   loader_config.plan.seed = 0;  // the order does not change token-weighted sums
   loader_config.plan.long_samples =
       config.drop_long ? data::LongSamples::drop : data::LongSamples::truncate;

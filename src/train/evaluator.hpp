@@ -25,6 +25,8 @@ struct EvalConfig {
   // null with LoRA (the model without its adapters is the reference).
   std::optional<model::DpoSettings> dpo;
   const ReferenceTable* reference = nullptr;
+  // Context parallelism: groups of this many consecutive ranks share each batch's rows.
+  int context_ranks = 1;
 };
 
 // The data plan of an evaluation (every pair once, split over the ranks).

@@ -38,6 +38,23 @@ model::Placement choose_placement(const TrainConfig& c, int ranks, kernels::DTyp
         "divisor of {})",
         g, ranks, ranks));
   }
+  const int cp = c.context_parallel;
+  if (cp < 1 || ranks % cp != 0) {
+    throw core::usage_error(fmt::format(
+        "--context-parallel {}: the {} ranks must split into groups of {} (a divisor of {})", cp,
+        ranks, cp, ranks));
+  }
+  if (cp > 1) {
+    require(c.phase == Phase::sft,
+            "--context-parallel: the sft phase only so far (reward, dpo and grpo keep a "
+            "sequence on one rank)");
+    if (c.seq_len % (2 * cp) != 0) {
+      throw core::usage_error(fmt::format(
+          "--context-parallel {}: --seq-len {} must be a multiple of {} (each row is cut into "
+          "2 x {} chunks)",
+          cp, c.seq_len, 2 * cp, cp));
+    }
+  }
   using model::ZeroStage;
   const ZeroStage stage = c.shard_parameters  ? ZeroStage::parameters
                           : c.shard_gradients ? ZeroStage::gradients
@@ -53,6 +70,7 @@ model::Placement choose_placement(const TrainConfig& c, int ranks, kernels::DTyp
       .master_in_optimizer =
           compute != kernels::DType::f32 || c.master_in_optimizer || c.shard_parameters,
       .fp32_gradients = c.fp32_gradients(ranks),
+      .context_parallel = cp,
   };
 }
 

@@ -147,6 +147,7 @@ nlohmann::json TrainConfig::to_json() const {
                       {"shard_parameters", shard_parameters},
                       {"prefetch_gathers", prefetch_gathers},
                       {"shard_group_size", shard_group_size},
+                      {"context_parallel", context_parallel},
                       {"grad_accum_dtype", grad_accum_dtype_name(grad_accum_dtype)},
                       {"bucket_mb", bucket_mb},
                       {"overlap_reduction", overlap_reduction},

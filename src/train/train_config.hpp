@@ -87,6 +87,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // ZeRO-3 hybrid sharding: shard within groups of this many consecutive ranks, replicate across
   // the groups (0: one group of all the ranks).
   int shard_group_size = 0;
+  // Context parallelism: groups of this many consecutive ranks share each micro-batch's rows,
+  // each rank holding 2 of their 2C chunks (data::context_share); 1: off.
+  int context_parallel = 1;
   GradAccumDtype grad_accum_dtype = GradAccumDtype::automatic;  // see fp32_gradients()
   double bucket_mb = 32.0;
   bool overlap_reduction = true;
@@ -133,8 +136,9 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // usage Error for what cannot be right whatever the data and model.
   void validate() const;
   // Micro-batches per step on each of `ranks` ranks (at least 1; the data plan checks that the
-  // global batch divides).
-  [[nodiscard]] std::int64_t accumulation(int ranks) const noexcept {
+  // global batch divides). A context-parallel group's ranks share theirs.
+  [[nodiscard]] std::int64_t accumulation(int world) const noexcept {
+    const int ranks = std::max(world / std::max(context_parallel, 1), 1);
     const std::int64_t micro = std::max<std::int64_t>(1, micro_batch);
     if (phase == Phase::grpo) {  // prompts per step, num_generations completions each
       const std::int64_t completions =

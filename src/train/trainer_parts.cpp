@@ -144,8 +144,8 @@ void require_training_memory(const dist::World& world, const kernels::Ops& ops,
   require_memory(
       world, ops,
       {.backend = model::plan_training_memory(planned).lines,
-       .host = prefetch_host_bytes(config.global_batch / world.size(), config.seq_len,
-                                   config.prefetch_depth),
+       .host = prefetch_host_bytes(config.global_batch / (world.size() / config.context_parallel),
+                                   config.seq_len, config.prefetch_depth),
        .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute, "
                  "--shard-gradients or --shard-parameters, run on more ranks, or check the "
                  "model's config (--dry-run-memory prints the whole plan)"});
@@ -389,7 +389,8 @@ EvalConfig validation_config(const TrainConfig& c) {
           .margin_from_data = c.margin_from_data,
           .drop_long = c.drop_long,
           .prefetch_depth = c.prefetch_depth,
-          .dpo = c.phase == Phase::dpo ? std::optional(c.dpo) : std::nullopt};
+          .dpo = c.phase == Phase::dpo ? std::optional(c.dpo) : std::nullopt,
+          .context_ranks = c.context_parallel};
 }
 
 namespace {
@@ -508,6 +509,7 @@ std::string build_training_model(const dist::World& world, const core::Logger& l
   if (c.lora.enabled()) base = load_frozen_weights(&world, *p.ops, p.source, recipe, assembled);
   p.frozen = std::move(assembled.frozen);
   p.model = std::move(assembled.model);
+  if (p.context) p.model->set_context_exchange(p.context.get());
   // What trains: the model's weights, or with LoRA the adapters (and a reward model's score).
   const ModelWeights weights =
       p.placement.master_in_optimizer
@@ -565,7 +567,8 @@ data::LoaderConfig training_loader(const dist::World& world, const TrainerParts&
   lc.plan.seq_len = c.seq_len;
   lc.plan.global_batch = c.global_batch;
   lc.plan.micro_batch = c.micro_batch;
-  lc.plan.world_size = world.size();
+  lc.plan.world_size = world.size() / c.context_parallel;  // the data-parallel groups
+  lc.context_ranks = c.context_parallel;
   lc.plan.seed = c.seed;
   lc.plan.long_samples = c.drop_long ? data::LongSamples::drop : data::LongSamples::truncate;
   lc.depth = c.prefetch_depth;
@@ -716,13 +719,13 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
   }
   p.data->start(StepShape{.phase = c.phase,
                           .seq_len = c.seq_len,
-                          .per_rank = c.global_batch / world.size(),
+                          .per_rank = c.global_batch / (world.size() / c.context_parallel),
                           .micro_batch = c.micro_batch,
                           .pad_id = lc.pad_id,
                           .vocab_size = p.source.config.vocab_size,
                           .margins_from_data = c.margin_from_data,
-                          .rank = world.rank(),
-                          .ranks = world.size(),
+                          .rank = world.rank() / c.context_parallel,
+                          .ranks = world.size() / c.context_parallel,
                           .resumed_at = p.resumed ? std::optional<std::int64_t>(p.resumed->step)
                                                   : std::nullopt},
                 p.resumed ? p.resumed->position : data::Position{0, 0});
@@ -752,6 +755,14 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
       c.backend, world.local_rank(),
       {.device = c.device, .attention = c.attention, .deterministic = c.deterministic});
   p.placement = choose_placement(c, world.size(), p.ops->compute_dtype());
+  // (Planned for any backend by --dry-run-memory; run on the CPU's.)
+  if (p.placement.context_parallel > 1 && p.ops->backend() != kernels::Backend::cpu) {
+    throw core::usage_error(
+        "--context-parallel: the CPU backend only so far (the CUDA attention takes no query "
+        "rows yet)");
+  }
+  if (p.placement.context_parallel > 1)
+    p.context = std::make_unique<ContextGroup>(world, p.placement.context_parallel);
   if (p.ops->backend() == kernels::Backend::cuda && world.is_root()) {
     // Which attention runs and whether its backward keeps reruns and restarts bit-identical.
     const kernels::AttentionChoice attention =

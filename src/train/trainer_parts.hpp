@@ -15,6 +15,7 @@
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
 #include "model/placement.hpp"
+#include "train/context_group.hpp"
 #include "train/data_parallel.hpp"
 #include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
@@ -40,6 +41,8 @@ struct TrainerParts {
   TrainConfig config;
   std::unique_ptr<kernels::Ops> ops;
   model::Placement placement;  // where the weights, gradients and optimizer state live
+  // --context-parallel C > 1: this rank's group, whose exchanges the model's attention calls.
+  std::unique_ptr<ContextGroup> context;
   ModelSource source;
   data::DatasetIndex index;      // the training shards (empty when the host gives the data)
   data::DatasetIndex val_index;  // empty without --val-data

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "catch.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
@@ -150,6 +151,144 @@ TEST_CASE("attention backward on segments longer than a tile", "[kernels][attent
   CHECK(rel_error(pick(dq), l3::test::finite_differences(
                                 [&](const auto& x) { return loss(x, kd, vd); }, qd, sample)) <
         1e-3);
+}
+
+namespace {
+// Context parallelism's load-balanced layout: N tokens in 2C chunks, rank r holding chunks r
+// and 2C - 1 - r (ascending tokens).
+std::vector<std::int32_t> context_rows(std::int64_t n, int ranks, int rank) {
+  const std::int64_t chunk = n / (2 * ranks);
+  std::vector<std::int32_t> rows;
+  for (const std::int64_t c : {std::int64_t{rank}, std::int64_t{2 * ranks - 1 - rank}}) {
+    for (std::int64_t t = 0; t < chunk; ++t)
+      rows.push_back(static_cast<std::int32_t>(c * chunk + t));
+  }
+  return rows;
+}
+
+// The rows of a (N, width) matrix that `rows` lists.
+template <typename T>
+std::vector<T> take_rows(const std::vector<T>& x, std::span<const std::int32_t> rows,
+                         std::int64_t width) {
+  std::vector<T> out;
+  out.reserve(rows.size() * static_cast<std::size_t>(width));
+  for (const std::int32_t r : rows) {
+    out.insert(out.end(), x.begin() + r * width, x.begin() + (r + 1) * width);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("attention of some query rows: each context-parallel rank's share of the whole",
+          "[kernels][attention][context]") {
+  INFO("seed " << l3::test::test_seed());
+  // A segment longer than a query tile and boundaries inside chunks; 2 and 4 ranks.
+  const std::vector<std::int32_t> cu = {0, 20, 155, 160};
+  const std::int64_t n = 160;
+  const AttentionHeads h{4, 2, 8};
+  const std::int64_t qw = h.n_heads * h.head_dim;
+  const std::int64_t kw = h.n_kv_heads * h.head_dim;
+  l3::test::Random rnd(12);
+  const auto q = rnd.normal(n * qw);
+  const auto k = rnd.normal(n * kw);
+  const auto v = rnd.normal(n * kw);
+  const auto dout = rnd.uniform(q.size());
+  const auto expected =
+      ref::attention(l3::test::to_double(q), l3::test::to_double(k), l3::test::to_double(v), cu,
+                     h.n_heads, h.n_kv_heads, h.head_dim);
+  std::vector<float> out(q.size());
+  std::vector<float> lse(n * h.n_heads);
+  l3::kernels::cpu::attention(out, lse, q, k, v, cu, h);
+  std::vector<float> dq(q.size());
+  std::vector<float> dk(k.size());
+  std::vector<float> dv(v.size());
+  l3::kernels::cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, cu, h);
+
+  for (const int ranks : {2, 4}) {
+    INFO(ranks << " ranks");
+    std::vector<float> dk_sum(k.size(), 0.0F);
+    std::vector<float> dv_sum(v.size(), 0.0F);
+    for (int rank = 0; rank < ranks; ++rank) {
+      const std::vector<std::int32_t> rows = context_rows(n, ranks, rank);
+      const auto nq = static_cast<std::int64_t>(rows.size());
+      const auto q_r = take_rows(q, rows, qw);
+      std::vector<float> out_r(q_r.size(), NAN);
+      std::vector<float> lse_r(nq * h.n_heads, NAN);
+      l3::kernels::cpu::attention(out_r, lse_r, q_r, k, v, cu, h, rows);
+      CHECK(rel_error(out_r, take_rows(expected, rows, qw)) < 1e-5);
+      for (int head = 0; head < h.n_heads; ++head) {
+        for (std::int64_t i = 0; i < nq; ++i) {
+          CHECK(std::abs(lse_r[head * nq + i] - lse[head * n + rows[i]]) < 1e-5);
+        }
+      }
+      const auto dout_r = take_rows(dout, rows, qw);
+      std::vector<float> dq_r(q_r.size(), NAN);
+      std::vector<float> dk_r(k.size(), NAN);
+      std::vector<float> dv_r(v.size(), NAN);
+      l3::kernels::cpu::attention_backward(dq_r, dk_r, dv_r, dout_r, out_r, lse_r, q_r, k, v, cu, h,
+                                           rows);
+      CHECK(rel_error(dq_r, take_rows(dq, rows, qw)) < 1e-5);
+      for (std::size_t i = 0; i < k.size(); ++i) {
+        dk_sum[i] += dk_r[i];
+        dv_sum[i] += dv_r[i];
+      }
+    }
+    // The ranks' shares of dk and dv add up to the whole attention's (a reduce-scatter's sum).
+    CHECK(rel_error(dk_sum, dk) < 1e-5);
+    CHECK(rel_error(dv_sum, dv) < 1e-5);
+  }
+
+  // Unordered or out-of-range rows are refused.
+  const std::vector<std::int32_t> unordered = {3, 2};
+  std::vector<float> two(2 * qw);
+  std::vector<float> two_lse(2 * h.n_heads);
+  CHECK_THROWS(l3::kernels::cpu::attention(two, two_lse, two, k, v, cu, h, unordered));
+  const std::vector<std::int32_t> beyond = {5, 160};
+  CHECK_THROWS(l3::kernels::cpu::attention(two, two_lse, two, k, v, cu, h, beyond));
+}
+
+TEST_CASE("attention backward of some query rows matches finite differences",
+          "[kernels][attention][context]") {
+  INFO("seed " << l3::test::test_seed());
+  const std::vector<std::int32_t> cu = {0, 3, 9, 12};
+  const std::int64_t n = 12;
+  const AttentionHeads h{4, 2, 4};
+  const std::int64_t qw = h.n_heads * h.head_dim;
+  l3::test::Random rnd(13);
+  const auto k = rnd.normal(n * h.n_kv_heads * h.head_dim);
+  const auto v = rnd.normal(n * h.n_kv_heads * h.head_dim);
+  const std::vector<std::int32_t> rows = context_rows(n, 2, 0);  // tokens 0-2 and 9-11
+  const auto nq = static_cast<std::int64_t>(rows.size());
+  const auto q = rnd.normal(nq * qw);
+  const auto dout = rnd.uniform(q.size());
+  std::vector<float> out(q.size());
+  std::vector<float> lse(nq * h.n_heads);
+  l3::kernels::cpu::attention(out, lse, q, k, v, cu, h, rows);
+  std::vector<float> dq(q.size(), NAN);
+  std::vector<float> dk(k.size(), NAN);
+  std::vector<float> dv(v.size(), NAN);
+  l3::kernels::cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, cu, h, rows);
+
+  // The fp64 reference of the listed rows: whole-sequence attention with these queries placed
+  // at their tokens (the other tokens' queries are zeros and not read).
+  const auto kd = l3::test::to_double(k);
+  const auto vd = l3::test::to_double(v);
+  const auto qd = l3::test::to_double(q);
+  auto loss = [&](const std::vector<double>& qv, const std::vector<double>& kv,
+                  const std::vector<double>& vv) {
+    std::vector<double> q_all(static_cast<std::size_t>(n * qw), 0.0);
+    for (std::int64_t i = 0; i < nq; ++i) {
+      std::copy_n(qv.begin() + i * qw, qw, q_all.begin() + rows[static_cast<std::size_t>(i)] * qw);
+    }
+    const auto all = ref::attention(q_all, kv, vv, cu, h.n_heads, h.n_kv_heads, h.head_dim);
+    return l3::test::weighted_sum(take_rows(all, rows, qw), dout);
+  };
+  CHECK(rel_error(dq, l3::test::finite_differences([&](const auto& x) { return loss(x, kd, vd); },
+                                                   qd)) < 1e-3);
+  CHECK(rel_error(dk, l3::test::finite_differences([&](const auto& x) { return loss(qd, x, vd); },
+                                                   kd)) < 1e-3);
+  CHECK(rel_error(dv, l3::test::finite_differences([&](const auto& x) { return loss(qd, kd, x); },
+                                                   vd)) < 1e-3);
 }
 
 TEST_CASE("decode attention against the KV cache matches fp64", "[kernels][attention][generate]") {

@@ -8,6 +8,7 @@
 
 #include "catch.hpp"
 #include "core/error.hpp"
+#include "io/data/context_share.hpp"
 
 using l3::model::Batch;
 using l3::model::BatchBuilder;
@@ -88,4 +89,45 @@ TEST_CASE("a packed row is cut after its last document, rounded up to the alignm
   const Batch cut = full.finish_packed(2);
   CHECK(cut.seq_len == 6);
   CHECK(cut.cu_seqlens == std::vector<std::int32_t>{0, 5, 6});
+}
+
+TEST_CASE("a context-parallel share: chunks r and 2C - 1 - r of every row", "[model][context]") {
+  // Two rows of 8 tokens: documents of 3, 4 (then padding) and 8 tokens.
+  BatchBuilder builder(2, 8, 0);
+  builder.add({1, 2, 3}, {0, 1, 1});
+  builder.add({4, 5, 6, 7}, {0, 1, 1, 1});
+  builder.end_row();
+  builder.add({8, 9, 10, 11, 12, 13, 14, 15}, {0, 1, 1, 1, 1, 1, 1, 1});
+  const Batch whole = builder.finish();
+  CHECK(l3::data::context_rows(2, 8, 0, 2) == std::vector<std::int32_t>{0, 1, 6, 7, 8, 9, 14, 15});
+  CHECK(l3::data::context_rows(2, 8, 1, 2) ==
+        std::vector<std::int32_t>{2, 3, 4, 5, 10, 11, 12, 13});
+  std::int64_t documents = 0;
+  std::int64_t counted = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const Batch share = l3::data::context_share(whole, rank, 2);
+    share.validate(16);
+    CHECK(share.rows == 2);
+    CHECK(share.seq_len == 4);
+    CHECK(share.cu_seqlens == whole.cu_seqlens);  // the whole's segments: the attention's keys
+    CHECK(share.context_document_tokens == whole.document_tokens);
+    for (std::size_t i = 0; i < share.tokens.size(); ++i) {
+      const auto t = static_cast<std::size_t>(share.context_rows[i]);
+      CHECK(share.tokens[i] == whole.tokens[t]);
+      CHECK(share.targets[i] == whole.targets[t]);
+      CHECK(share.positions[i] == whole.positions[t]);
+      CHECK(share.loss_mask[i] == whole.loss_mask[t]);
+    }
+    documents += share.document_tokens;
+    counted += share.counted_tokens();
+  }
+  CHECK(documents == whole.document_tokens);
+  CHECK(counted == whole.counted_tokens());
+  // Rows that do not cut into 2C chunks, pairs, and a share of a share are refused.
+  CHECK_THROWS(l3::data::context_share(whole, 0, 3));
+  const Batch share = l3::data::context_share(whole, 0, 2);
+  CHECK_THROWS(l3::data::context_share(share, 0, 2));
+  Batch bad = share;
+  bad.positions[1] = 0;  // not its index in its segment
+  CHECK_THROWS(bad.validate(16));
 }

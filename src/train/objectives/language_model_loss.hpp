@@ -16,8 +16,9 @@ class LanguageModelLoss final : public Objective {
   [[nodiscard]] std::int64_t units(const model::Batch& batch) const override {
     return batch.counted_tokens();
   }
+  // A context-parallel share has work when its whole has (the group's ranks run together).
   [[nodiscard]] bool has_work(const model::Batch& batch) const override {
-    return batch.document_tokens > 0;
+    return (batch.context_rows.empty() ? batch.document_tokens : batch.context_document_tokens) > 0;
   }
   void describe_step(const LossSums& global, std::int64_t units, StepMetrics& m) const override;
   [[nodiscard]] EvalMetrics eval_metrics(const EvalTotals& global) const override;
