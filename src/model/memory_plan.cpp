@@ -30,10 +30,14 @@ struct Workspace {
   std::int64_t backward = 0;    // gradients of activations, scratch
   std::int64_t final_norm = 0;  // the final RMSNorm output and statistics
   std::int64_t rope = 0;        // cos and sin tables
+  // Context parallelism: one layer's keys and values of the whole sequence, gathered from the
+  // group, and their gradients.
+  std::int64_t context = 0;
 };
 
+// n: this rank's tokens; whole: the tokens the segments cut (n, or n x C: context parallelism).
 Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_t n,
-                    std::int64_t seq_len) {
+                    std::int64_t seq_len, std::int64_t whole) {
   const std::int64_t h = c.hidden_size;
   const std::int64_t i = c.intermediate_size;
   const std::int64_t q = c.q_size();
@@ -43,7 +47,7 @@ Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_
   // targets, score rows; the segment table; margins (at most N / 2 pairs); DPO's sequences'
   // row ranges and reference log-probabilities. Then the scores and their gradients, DPO's
   // per-row losses, their gradients and the sequences' log-probabilities, and the loss sums.
-  const std::int64_t input_set = bytes_of(DType::i32, n) * 5 + bytes_of(DType::i32, n + 1) +
+  const std::int64_t input_set = bytes_of(DType::i32, n) * 5 + bytes_of(DType::i32, whole + 1) +
                                  bytes_of(DType::f32, n / 2) + bytes_of(DType::i32, 2 * n) +
                                  bytes_of(DType::f64, n);
   w.inputs = input_set * 2 + bytes_of(DType::f32, n) * 4 + bytes_of(DType::f64, n) +
@@ -57,6 +61,7 @@ Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_
   w.backward = bytes_of(act, n * h) * 4 + bytes_of(act, n * q) * 2 + bytes_of(act, n * kv) * 2 +
                bytes_of(act, n * i) * 3;
   w.rope = bytes_of(DType::f32, seq_len * (c.head_dim / 2)) * 2;
+  w.context = whole > n ? bytes_of(act, whole * kv) * 4 : 0;
   return w;
 }
 
@@ -151,11 +156,12 @@ std::int64_t lora_activation_bytes(const ModelConfig& model, DType compute, bool
 
 std::int64_t model_bytes(const ModelConfig& model, HeadKind head, DType compute, bool recompute,
                          std::int64_t tokens, std::int64_t seq_len, bool own_gradients,
-                         const LoraConfig& lora) {
+                         const LoraConfig& lora, int context_ranks) {
   const std::int64_t params = ParameterLayout(model, head).total();
-  const Workspace w = workspace(model, compute, recompute, tokens, seq_len);
+  const Workspace w =
+      workspace(model, compute, recompute, tokens, seq_len, tokens * std::max(context_ranks, 1));
   const std::int64_t activations = w.inputs + w.residual + w.blocks + w.backward + w.final_norm +
-                                   w.rope +
+                                   w.rope + w.context +
                                    lora_activation_bytes(model, compute, recompute, tokens, lora);
   if (!lora.enabled()) return bytes_of(compute, params) * (own_gradients ? 2 : 1) + activations;
   // The frozen weights once; the adapters and their gradients.
@@ -176,9 +182,12 @@ std::int64_t gradient_slot_elements(const ParameterLayout& layout) {
 MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   const ModelConfig& c = in.model;
   const std::int64_t params = ParameterLayout(c, in.head).total();
-  const std::int64_t n = in.micro_batch_rows * in.seq_len;
+  // Context parallelism: a rank holds 1/C of each row's tokens and their activations.
+  const int cp = std::max(in.placement.context_parallel, 1);
+  const std::int64_t whole = in.micro_batch_rows * in.seq_len;
+  const std::int64_t n = whole / cp;
   const std::string dtype(kernels::dtype_name(in.compute));
-  const Workspace w = workspace(c, in.compute, in.recompute, n, in.seq_len);
+  const Workspace w = workspace(c, in.compute, in.recompute, n, in.seq_len, whole);
   const bool lora = in.lora.enabled();
   const Placement& place = in.placement;
   const int ranks = place.ranks;
@@ -272,6 +281,11 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
          lora_activation_bytes(c, in.compute, in.recompute, n, in.lora)});
   }
   plan.lines.push_back({"batch inputs, final norm, RoPE tables", w.inputs + w.final_norm + w.rope});
+  if (cp > 1) {
+    plan.lines.push_back(
+        {fmt::format("gathered keys and values ({} tokens, one layer) and gradients", whole),
+         w.context});
+  }
   if (in.compute != DType::f32) {
     // cuDNN where it takes the model's heads (else every call runs on the fallback); the
     // fallback's scratch too where a deterministic plan can go over its workspace limit.
@@ -324,7 +338,7 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
                                         dtype, static_cast<double>(count) / 1e9),
                             bytes_of(in.compute, count)});
     }
-    const Workspace fw = workspace(f.model, in.compute, true, n, in.seq_len);
+    const Workspace fw = workspace(f.model, in.compute, true, n, in.seq_len, n);
     plan.lines.push_back(
         {fmt::format("{}: a micro-batch's forward pass ({} tokens, one block's activations)",
                      f.what, n),

@@ -84,11 +84,12 @@ struct CudnnAttentionBytes {
 // The parts of the plan that LlamaModel itself allocates when training (weights, gradients
 // unless ZeRO-2 holds them, and the workspace of one micro-batch of `tokens` with RoPE tables
 // for `seq_len` positions; the master weights are the optimizer's: ModelOptions::keep_master
-// false).
+// false). context_ranks C > 1: `tokens` is a share of a whole batch of C x tokens, whose
+// keys and values the model gathers a layer at a time.
 [[nodiscard]] std::int64_t model_bytes(const ModelConfig& model, HeadKind head,
                                        kernels::DType compute, bool recompute, std::int64_t tokens,
                                        std::int64_t seq_len, bool own_gradients = true,
-                                       const LoraConfig& lora = {});
+                                       const LoraConfig& lora = {}, int context_ranks = 1);
 
 // LoRA's activations in the model's workspace: each adapter's (tokens, r), the backward's one,
 // and with dropout the dropped input (tokens, widest input). Bytes; 0 without LoRA.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 
 #include "core/error.hpp"
@@ -23,8 +24,24 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // and segment bounds (at most one int32 per token), and the token and mask read from a shard.
 constexpr std::int64_t kHostBytesPerToken = 4 + 4 + 4 + 1 + 4 + 4 + 1;
 
+// GiB, or MiB below one (a small model's or a small budget's figures are not all 0.0 GiB).
 std::string gib(std::int64_t bytes) {
-  return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / kGiB);
+  const auto b = static_cast<double>(bytes);
+  return b < kGiB ? fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0))
+                  : fmt::format("{:.1f} GiB", b / kGiB);
+}
+
+// L3_MEMORY_PER_RANK_MIB in bytes; 0 when unset.
+std::int64_t memory_per_rank_override() {
+  const char* text = std::getenv("L3_MEMORY_PER_RANK_MIB");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long long mib = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || mib <= 0 || mib > (std::int64_t{1} << 40)) {
+    throw core::usage_error(
+        fmt::format("L3_MEMORY_PER_RANK_MIB={}: a number of MiB above 0 expected", text));
+  }
+  return static_cast<std::int64_t>(mib) << 20U;
 }
 
 }  // namespace
@@ -96,16 +113,19 @@ void require_memory(const dist::World& world, const kernels::Ops& ops, const Mem
       if (largest == nullptr || line.bytes > largest->bytes) largest = &line;
     }
     const int sharing = std::max(1, world.local_size());
-    const std::int64_t host_share = core::host_memory_bytes() / sharing;
-    const std::int64_t device = ops.memory_capacity();
+    std::int64_t host_share = core::host_memory_bytes() / sharing;
+    std::int64_t device = ops.memory_capacity();
+    const std::int64_t given = memory_per_rank_override();
+    if (given > 0) (device > 0 ? device : host_share) = given;
     const auto refuse = [&](std::int64_t needed, std::int64_t has, std::string_view where,
                             const std::string& part) {
       throw core::bad_input(fmt::format(
           "this run needs {} of {} memory per rank, more than the {} it has here{}; the largest "
           "part: {}. Lower {}",
           gib(needed), where, gib(has),
-          device > 0 && where == "GPU"
-              ? ""
+          given > 0 ? std::string(" (L3_MEMORY_PER_RANK_MIB)")
+          : device > 0 && where == "GPU"
+              ? std::string()
               : fmt::format(" ({} rank{} on this node)", sharing, sharing == 1 ? "" : "s"),
           part, need.remedy));
     };

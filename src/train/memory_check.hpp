@@ -34,7 +34,9 @@ struct MemoryNeed {
 
 // bad_input Error on every rank (they agree) when `need` does not fit: the backend's part in
 // ops.memory_capacity() (or, on the CPU backend, with the host part in this node's memory
-// shared by its ranks), the host part in host memory.
+// shared by its ranks), the host part in host memory. L3_MEMORY_PER_RANK_MIB=M sets what a rank
+// has instead (the GPU's part, or on the CPU backend the rank's share of the node): a node
+// shared with other jobs, or a test of what fits.
 void require_memory(const dist::World& world, const kernels::Ops& ops, const MemoryNeed& need);
 
 }  // namespace l3::train

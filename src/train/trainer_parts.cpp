@@ -147,8 +147,9 @@ void require_training_memory(const dist::World& world, const kernels::Ops& ops,
        .host = prefetch_host_bytes(config.global_batch / (world.size() / config.context_parallel),
                                    config.seq_len, config.prefetch_depth),
        .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute, "
-                 "--shard-gradients or --shard-parameters, run on more ranks, or check the "
-                 "model's config (--dry-run-memory prints the whole plan)"});
+                 "--shard-gradients or --shard-parameters, split each sequence over ranks "
+                 "(--context-parallel), run on more ranks, or check the model's config "
+                 "(--dry-run-memory prints the whole plan)"});
 }
 
 DataParallelConfig data_parallel_config(const TrainConfig& config,
@@ -250,8 +251,17 @@ void log_plan(const dist::World& world, const core::Logger& log, const TrainerPa
   const TrainConfig& config = p.config;
   const std::int64_t params = p.model->layout().parameter_count();
   log.info(
-      "{} on {} rank{} ({} backend): model {} ({:.2f}M parameters{}), {} of {} {}",
-      phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s", p.ops->name(),
+      "{} on {} rank{}{} ({} backend): model {} ({:.2f}M parameters{}), {} of {} {}",
+      phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s",
+      p.placement.context_parallel > 1
+          ? fmt::format(
+                " = {} data-parallel group{} x context parallel {} (each sequence in 2 x {} "
+                "chunks of {} tokens)",
+                p.placement.data_parallel_ranks(),
+                p.placement.data_parallel_ranks() == 1 ? "" : "s", p.placement.context_parallel,
+                p.placement.context_parallel, config.seq_len / (2 * p.placement.context_parallel))
+          : "",
+      p.ops->name(),
       p.source.initial_head() ? fmt::format("from {}", p.source.origin()) : p.source.config.name,
       static_cast<double>(params) / 1e6,
       p.model->has_adapters()

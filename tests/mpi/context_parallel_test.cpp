@@ -17,6 +17,7 @@
 #include "kernels/cpu/cpu_ops.hpp"
 #include "model/batch.hpp"
 #include "model/llama_model.hpp"
+#include "model/memory_plan.hpp"
 #include "relative_rms.hpp"
 #include "train/context_group.hpp"
 #include "train/objectives/language_model_loss.hpp"
@@ -119,4 +120,21 @@ TEST_CASE("a share without its group is refused", "[context]") {
   model.initialize(11);
   l3::train::LanguageModelLoss objective(model);
   CHECK_THROWS(objective.forward_backward(share, 1.0F));
+}
+
+TEST_CASE("the memory plan is what a share allocates", "[context][memory]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const int ranks = world.size();
+  l3::kernels::CpuOps ops;
+  const l3::model::ModelConfig config = test_model();
+  const Batch whole = whole_batch(ranks, config.vocab_size);
+  const Batch share = l3::data::context_share(whole, world.rank(), ranks);
+  l3::train::ContextGroup group(world, ranks);
+  LlamaModel model(config, l3::model::HeadKind::language_model, ops, {});
+  model.initialize(11);
+  model.set_context_exchange(&group);
+  (void)run(model, share);
+  CHECK(ops.allocated_bytes() ==
+        l3::model::model_bytes(config, l3::model::HeadKind::language_model, l3::kernels::DType::f32,
+                               false, share.tokens_count(), whole.seq_len, true, {}, ranks));
 }

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Context parallelism (--context-parallel C) through the real program under mpiexec, on the
+# reversal task (many short documents per row of 128 tokens: segments cross the chunks):
+#   CP 2 and 4, CP 2 x data parallel 2 with ZeRO-3, CP 2 with --recompute: the 1-rank run's
+#   losses, gradient norms and evaluation loss within 1e-5 over 5 steps;
+#   a sequence longer than one rank's memory budget (L3_MEMORY_PER_RANK_MIB) refused on 1 rank
+#   and trained under CP 4;
+#   killed (SIGKILL) after a checkpoint and resumed on the same layout: bit for bit; resumed on
+#   another layout (1 rank, CP 4): the same losses within reduction-order tolerance;
+#   what it refuses: --seq-len not a multiple of 2C, ranks not a multiple of C, a phase other
+#   than sft.
+#
+#   context_parallel_test.sh LLAMA3_HPC MPIEXEC
+set -uo pipefail
+bin=$1
+mpiexec=$2
+failures=0
+export OMP_NUM_THREADS=1
+
+fail() {
+  echo "FAIL [$1]"
+  failures=$((failures + 1))
+}
+pass() { echo "ok   [$1]"; }
+check() { # NAME COMMAND...: pass when the command succeeds
+  local name=$1
+  shift
+  if "$@"; then pass "$name"; else fail "$name"; fi
+}
+
+# shellcheck source=tests/support/reversal_data.sh
+source "$(dirname "$0")/../support/reversal_data.sh"
+reversal_workdir "$bin" l3-context
+
+# run RANKS ARGS...: one run's exit code (output in $work/last.out, $work/last.err).
+run() {
+  local ranks=$1
+  shift
+  timeout -k 5 120 "$mpiexec" -n "$ranks" "$bin" "$@" >"$work/last.out" 2>"$work/last.err"
+}
+
+common=(sft --model tiny --data "$work/sft" --val-data "$work/sft" --seq-len 128 --global-batch 4
+  --micro-batch 2 --lr 3e-3 --warmup 2 --steps 5 --eval-every 5 --log-every 0 --no-progress)
+
+# differences REF.jsonl RUN.jsonl: the largest relative difference of the steps' losses and
+# gradient norms and of the evaluations' losses.
+differences() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def values(path):
+    steps, evals = [], []
+    for line in open(path):
+        r = json.loads(line)
+        if "grad_norm" in r:
+            steps += [r["loss"], r["grad_norm"]]
+        elif r.get("kind") == "eval":
+            evals += [r["loss"], r["tokens"]]
+    return steps, evals
+(a, ea), (b, eb) = values(sys.argv[1]), values(sys.argv[2])
+if len(a) != len(b) or len(a) == 0 or len(ea) != len(eb) or len(ea) == 0:
+    print("inf")
+else:
+    print(max(abs(x - y) / abs(x) for x, y in zip(a + ea, b + eb)))
+PY
+}
+within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d < t)}'; }
+
+# --- the same training on 1 rank and split over 2 and 4 ---
+run 1 "${common[@]}" --metrics "$work/cp1.jsonl" || {
+  cat "$work/last.err"
+  echo "the 1-rank reference failed"
+  exit 1
+}
+for layout in "2:--context-parallel 2" "4:--context-parallel 4" \
+  "4:--context-parallel 2 --shard-parameters" "2:--context-parallel 2 --recompute"; do
+  ranks=${layout%%:*}
+  read -r -a extra <<<"${layout#*:}"
+  name="$ranks ranks, ${layout#*:}"
+  metrics="$work/cp-${ranks}-${extra[*]// /}.jsonl"
+  metrics=${metrics//--/}
+  if run "$ranks" "${common[@]}" "${extra[@]}" --metrics "$metrics"; then
+    worst=$(differences "$work/cp1.jsonl" "$metrics")
+    check "$name: the 1-rank run's losses, gradient norms and evaluation within 1e-5 ($worst)" \
+      within "$worst" 1e-5
+  else
+    fail "$name ran"
+    tail -3 "$work/last.err"
+  fi
+done
+if grep -q "context parallel 2" "$work/last.out" "$work/last.err"; then
+  pass "the log names the process grid"
+else
+  fail "the log names the process grid"
+fi
+
+# --- a sequence longer than one rank's budget ---
+python3 - "$work/long.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(4):
+        body = "".join("abcdefghij klmnop"[(i * 7 + j * 3) % 17] for j in range(2100))
+        f.write(json.dumps({"prompt": f"Summarise {i}.", "completion": body}) + "\n")
+PY
+"$bin" prep sft --input "$work/long.jsonl" --tokenizer bytes --output "$work/long" >/dev/null 2>&1
+long=(sft --model tiny --data "$work/long" --seq-len 2048 --global-batch 1 --steps 2 --no-progress)
+L3_MEMORY_PER_RANK_MIB=20 run 1 "${long[@]}"
+rc=$?
+if [[ $rc -eq 2 ]] && grep -q "more than the .* it has here (L3_MEMORY_PER_RANK_MIB)" "$work/last.err" &&
+  grep -q -- "--context-parallel" "$work/last.err"; then
+  pass "2048 tokens on one rank with 20 MiB: refused (exit 2), --context-parallel suggested"
+else
+  fail "2048 tokens on one rank with 20 MiB: refused (exit $rc)"
+  tail -2 "$work/last.err"
+fi
+if L3_MEMORY_PER_RANK_MIB=20 run 4 "${long[@]}" --context-parallel 4; then
+  pass "the same sequence trains over 4 ranks of 20 MiB each (--context-parallel 4)"
+else
+  fail "the same sequence trains over 4 ranks of 20 MiB each (--context-parallel 4)"
+  tail -2 "$work/last.err"
+fi
+
+# --- kill and resume ---
+restart=(sft --model tiny --data "$work/sft" --seq-len 128 --global-batch 4 --micro-batch 2 --lr 3e-3
+  --warmup 2 --steps 12 --checkpoint-every 4 --log-every 0 --no-progress)
+digest() { "$bin" ckpt verify --json "$1" 2>/dev/null; }
+run 2 "${restart[@]}" --context-parallel 2 --ckpt-dir "$work/ref" --metrics "$work/ref.jsonl" || {
+  cat "$work/last.err"
+  echo "the uninterrupted CP 2 run failed"
+  exit 1
+}
+L3_FAULT="train.update@1#7=kill" run 2 "${restart[@]}" --context-parallel 2 --ckpt-dir "$work/killed"
+rc=$?
+run 2 "${restart[@]}" --context-parallel 2 --ckpt-dir "$work/killed"
+if [[ $rc -ne 0 && -n "$(digest "$work/ref/step-00000012")" ]] &&
+  [[ "$(digest "$work/killed/step-00000012")" == "$(digest "$work/ref/step-00000012")" ]]; then
+  pass "CP 2 killed in step 7 and resumed: bit for bit"
+else
+  fail "CP 2 killed in step 7 and resumed: bit for bit (first exit $rc)"
+  tail -2 "$work/last.err"
+fi
+# Resumed from step 4 on other layouts: steps 5-12 against the uninterrupted run.
+for layout in "1:--context-parallel 1" "4:--context-parallel 4"; do
+  ranks=${layout%%:*}
+  read -r -a extra <<<"${layout#*:}"
+  dir="$work/moved-$ranks"
+  mkdir -p "$dir" && cp -r "$work/ref/step-00000004" "$dir/" && echo step-00000004 >"$dir/latest"
+  if run "$ranks" "${restart[@]}" "${extra[@]}" --ckpt-dir "$dir" --resume auto \
+    --metrics "$dir/metrics.jsonl"; then
+    worst=$(paste <(grep -o '"loss":[^,]*' "$work/ref.jsonl" | tail -8 | cut -d: -f2) \
+      <(grep -o '"loss":[^,]*' "$dir/metrics.jsonl" | cut -d: -f2) |
+      awk '{d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d; n++} END {if (n != 8) m = 1; printf "%g", m}')
+    check "CP 2's step 4 resumed on $ranks rank(s), ${layout#*:}: losses within 1e-5 ($worst)" \
+      within "$worst" 1e-5
+  else
+    fail "CP 2's step 4 resumed on $ranks rank(s), ${layout#*:}"
+    tail -3 "$work/last.err"
+  fi
+done
+
+# --- what it refuses ---
+refused() { # NAME RANKS PATTERN ARGS...
+  local name=$1 ranks=$2 pattern=$3
+  shift 3
+  run "$ranks" "$@"
+  local rc=$?
+  if [[ $rc -eq 2 ]] && grep -q -- "$pattern" "$work/last.err"; then
+    pass "$name"
+  else
+    fail "$name (exit $rc)"
+    tail -2 "$work/last.err"
+  fi
+}
+refused "--seq-len 102 with --context-parallel 2: not a multiple of 4" 2 "must be a multiple of 4" \
+  sft --model tiny --data "$work/sft" --seq-len 102 --global-batch 2 --steps 1 --context-parallel 2
+refused "3 ranks in groups of 2" 3 "must split into groups of 2" \
+  sft --model tiny --data "$work/sft" --seq-len 128 --global-batch 3 --steps 1 --context-parallel 2
+refused "reward with --context-parallel" 2 "the sft phase only" \
+  reward --model tiny --data "$work/pref" --seq-len 128 --global-batch 2 --steps 1 --context-parallel 2
+
+echo "$failures failure(s)"
+[[ $failures -eq 0 ]]
