@@ -28,7 +28,7 @@ void write_mid_model_inputs(const std::string& dir, std::int64_t tokens) {
 }
 
 void write_model_inputs(const std::string& dir, const model::ModelConfig& model,
-                        std::int64_t tokens) {
+                        std::int64_t tokens, std::int64_t document_tokens) {
   using nlohmann::json;
   const std::int64_t vocab = model.vocab_size;
   std::filesystem::create_directories(dir + "/data");
@@ -36,7 +36,8 @@ void write_model_inputs(const std::string& dir, const model::ModelConfig& model,
   std::uint64_t draw = 0;
   data::Documents docs;
   while (docs.token_count() < tokens) {
-    const auto length = static_cast<std::size_t>(128 + rng.below(draw++, 385));
+    const auto length = static_cast<std::size_t>(
+        document_tokens > 0 ? document_tokens : 128 + rng.below(draw++, 385));
     std::vector<std::int32_t> t(length);
     for (auto& x : t)
       x = static_cast<std::int32_t>(rng.below(draw++, static_cast<std::uint64_t>(vocab)));

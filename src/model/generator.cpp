@@ -20,18 +20,6 @@ Generator::Generator(LlamaModel& model) : model_(model) {
   }
 }
 
-double log_probability(std::span<const float> logits, std::int32_t token, float scale) {
-  if (token < 0 || static_cast<std::size_t>(token) >= logits.size()) {
-    throw core::internal_error(
-        fmt::format("log_probability: token {} outside {} logits", token, logits.size()));
-  }
-  const auto z = [scale](float l) { return static_cast<double>(scale * l); };
-  const double top = z(*std::max_element(logits.begin(), logits.end()));
-  double sum = 0.0;
-  for (const float l : logits) sum += std::exp(z(l) - top);
-  return z(logits[static_cast<std::size_t>(token)]) - top - std::log(sum);
-}
-
 GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
                                      const GenerationOptions& options) {
   if (prompt.empty()) throw core::usage_error("generation needs a prompt of at least one token");
@@ -55,15 +43,13 @@ GenerationResult Generator::generate(std::span<const std::int32_t> prompt,
   }
   GenerationResult result;
   const float scale = options.tempered_logprobs ? kernels::logit_scale(options.temperature) : 1.0F;
-  if (options.prompt_logprobs) {
+  if (options.prompt_logprobs && prompt.size() > 1) {
+    // Each prompt token's log-probability given those before it: the training forward's
+    // cross-entropy, a block of logits at a time (never the prompt's whole (length, V)).
     BatchBuilder builder(1, length, 0);
     builder.add({prompt.begin(), prompt.end()}, std::vector<std::uint8_t>(prompt.size(), 1));
-    const std::vector<float> all = model_.logits(builder.finish());  // (prompt, V)
-    const auto v = static_cast<std::size_t>(model_.config().vocab_size);
-    for (std::size_t i = 1; i < prompt.size(); ++i) {
-      result.prompt_logprobs.push_back(
-          log_probability(std::span<const float>(all).subspan((i - 1) * v, v), prompt[i], scale));
-    }
+    const std::vector<float> logprobs = model_.target_log_probs(builder.finish(), scale);
+    result.prompt_logprobs.assign(logprobs.begin(), logprobs.end());
   }
   if (options.max_new == 0) return result;
 

@@ -39,11 +39,6 @@ struct GenerationResult {
   bool stopped = false;  // ended on a stop token (not on max_new)
 };
 
-// log-softmax of scale * `logits` at `token`, in double (the products rounded to f32, as the
-// backends' scaled logits are).
-[[nodiscard]] double log_probability(std::span<const float> logits, std::int32_t token,
-                                     float scale = 1.0F);
-
 class Generator {
  public:
   // The model must have a language-model head; it is used, never modified.

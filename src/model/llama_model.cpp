@@ -756,6 +756,31 @@ void LlamaModel::final_norm(TensorView out, TensorView rstd, ConstTensorView x) 
                .eps = static_cast<float>(config().rms_norm_eps)});
 }
 
+std::vector<float> LlamaModel::target_log_probs(const Batch& batch, float logit_scale,
+                                                bool adapters) {
+  if (layout_.head() != HeadKind::language_model) {
+    throw core::internal_error("log-probabilities of a model without a language-model head");
+  }
+  load_batch(batch);
+  forward({.training = false, .adapters = adapters});
+  const HeadInputs in = head();
+  const TensorView rows = in.row_f32[0].first_rows(in.counted);  // each row's cross-entropy
+  {
+    const HeldGroup held = hold_head(Pass::forward);
+    pass_ops().lm_head_cross_entropy({.row_loss = rows,
+                                      .h = in.hidden,
+                                      .w = lm_head_weight(),
+                                      .rows = in.loss_rows,
+                                      .targets = in.loss_targets,
+                                      .logit_scale = logit_scale});
+  }
+  std::vector<float> out(static_cast<std::size_t>(in.counted));
+  pass_ops().copy(TensorView(std::span<float>(out)), rows);
+  pass_ops().synchronize();
+  for (float& v : out) v = -v;
+  return out;
+}
+
 std::vector<float> LlamaModel::logits(const Batch& batch) {
   if (layout_.head() != HeadKind::language_model) {
     throw core::internal_error("logits of a model without a language-model head");

@@ -269,8 +269,16 @@ class LlamaModel {
   // out (m, H) = the final norm of x (m, H); rstd (m) f32.
   void final_norm(kernels::TensorView out, kernels::TensorView rstd, kernels::ConstTensorView x);
 
-  // Logits (N, V) of every position: for tests and generation on small inputs.
+  // Logits (N, V) of every position, whole: for tests on small inputs only (training,
+  // evaluation and generation never hold a sequence's logits: target_log_probs).
   [[nodiscard]] std::vector<float> logits(const Batch& batch);
+  // The log-probability of each counted position's target (the batch's loss_mask), in position
+  // order: -(its cross-entropy) from lm_head_cross_entropy, whose logits exist a block of rows
+  // at a time (the backend's block: kernels/cpu/cross_entropy.cpp, cuda::logit_block_rows), at
+  // logit_scale (lm_head_cross_entropy's). adapters false: LoRA's base model. Every rank of a
+  // ZeRO-3 or context-parallel run takes part (a batch of no rows: none computed).
+  [[nodiscard]] std::vector<float> target_log_probs(const Batch& batch, float logit_scale = 1.0F,
+                                                    bool adapters = true);
 
  private:
   struct Workspace;

@@ -471,5 +471,8 @@ std::int64_t Trainer::steps_done() const noexcept { return impl_->done; }
 std::int64_t Trainer::total_steps() const noexcept { return impl_->total; }
 const TrainConfig& Trainer::config() const noexcept { return impl_->config; }
 model::LlamaModel& Trainer::model() noexcept { return impl_->model; }
+std::int64_t Trainer::backend_allocated_bytes() const noexcept {
+  return impl_->ops.allocated_bytes();
+}
 
 }  // namespace l3::train

@@ -87,6 +87,9 @@ class Trainer {
   [[nodiscard]] std::int64_t total_steps() const noexcept;
   [[nodiscard]] const TrainConfig& config() const noexcept;
   [[nodiscard]] model::LlamaModel& model() noexcept;
+  // What the compute backend has allocated for this run (kernels::Ops::allocated_bytes: the
+  // model, its workspace, the optimizer's state): the memory plan's measure.
+  [[nodiscard]] std::int64_t backend_allocated_bytes() const noexcept;
 
  private:
   struct Impl;

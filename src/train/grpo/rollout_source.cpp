@@ -689,27 +689,14 @@ void RolloutSource::build_batches(const std::vector<Completion>& completions) {
 
 std::vector<float> RolloutSource::log_probabilities(model::LlamaModel& model, bool adapters,
                                                     const data::Batch& batch) {
-  model.load_batch(batch);
-  model.forward({.training = false, .adapters = adapters});
-  const model::HeadInputs in = model.head();
-  const kernels::TensorView rows = in.row_f32[0].first_rows(in.counted);
-  {
-    const model::HeldGroup held = model.hold_head(model::Pass::forward);
-    model.pass_ops().lm_head_cross_entropy({.row_loss = rows,
-                                            .h = in.hidden,
-                                            .w = model.lm_head_weight(),
-                                            .rows = in.loss_rows,
-                                            .targets = in.loss_targets,
-                                            .logit_scale = config_.settings.logit_scale()});
-  }
-  std::vector<float> losses(static_cast<std::size_t>(in.counted));
-  model.pass_ops().copy(kernels::TensorView(std::span<float>(losses)), rows);
+  const std::vector<float> counted =
+      model.target_log_probs(batch, config_.settings.logit_scale(), adapters);
   std::vector<float> out;
   if (batch.tokens_count() == 0) return out;
   out.assign(batch.loss_mask.size(), 0.0F);
   std::size_t c = 0;
   for (std::size_t t = 0; t < batch.loss_mask.size(); ++t) {
-    if (batch.loss_mask[t] != 0) out[t] = -losses[c++];
+    if (batch.loss_mask[t] != 0) out[t] = counted[c++];
   }
   return out;
 }
