@@ -425,8 +425,8 @@ void run(cublasHandle_t handle, const BatchedGemm& g, std::string_view what) {
 // column-major (L keys x L queries) matrix of key . query, i.e. row-major scores[query][key].
 void CudaOps::attention(const kernels::AttentionArgs& args) {
   const kernels::AttentionShape shape = kernels::attention_shape(args);
-  // Context parallelism's query rows are the CPU backend's so far (train::choose_placement
-  // refuses --context-parallel on CUDA before a model exists).
+  // Context parallelism's query rows are the CPU backend's so far (the trainer refuses
+  // --context-parallel on CUDA before a model exists: train/trainer_parts.cpp).
   if (!args.query_rows.empty())
     throw core::internal_error("attention: query rows (context parallelism) on the CUDA backend");
   if (cudnn_) {
@@ -513,8 +513,8 @@ void CudaOps::attention(const kernels::AttentionArgs& args) {
 
 void CudaOps::attention_backward(const kernels::AttentionBackwardArgs& args) {
   const kernels::AttentionShape shape = kernels::attention_shape(args);
-  // Context parallelism's query rows are the CPU backend's so far (train::choose_placement
-  // refuses --context-parallel on CUDA before a model exists).
+  // Context parallelism's query rows are the CPU backend's so far (the trainer refuses
+  // --context-parallel on CUDA before a model exists: train/trainer_parts.cpp).
   if (!args.query_rows.empty())
     throw core::internal_error("attention: query rows (context parallelism) on the CUDA backend");
   if (cudnn_) {
