@@ -47,8 +47,11 @@ struct Batch {
   // ascending; cu_seqlens then cuts the whole's tokens (the keys the attention gathers from the
   // group) and positions are the shared tokens'. context_document_tokens: the whole's document
   // tokens (every rank of the group has work when the whole has). Empty: a whole batch.
+  // Preference pairs keep the whole's chosen_last and rejected_last (tokens of the whole);
+  // context_rank: this share's rank in its group (its rank 0 counts the pairs once).
   std::vector<std::int32_t> context_rows{};
   std::int64_t context_document_tokens = 0;
+  std::int32_t context_rank = 0;
 
   [[nodiscard]] std::int64_t tokens_count() const noexcept { return rows * seq_len; }
   // The tokens the segments cut: the whole batch's (context parallelism), else this one's.

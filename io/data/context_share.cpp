@@ -38,7 +38,6 @@ std::vector<T> take(const std::vector<T>& whole, const std::vector<std::int32_t>
 }  // namespace
 
 Batch context_share(const Batch& whole, int rank, int ranks) {
-  if (whole.pairs() > 0) throw core::internal_error("context share of a batch of pairs");
   if (!whole.context_rows.empty()) throw core::internal_error("context share of a share");
   Batch share;
   share.rows = whole.rows;
@@ -60,6 +59,12 @@ Batch context_share(const Batch& whole, int rank, int ranks) {
   share.ref_logprobs = take(whole.ref_logprobs, rows);
   share.cu_seqlens = whole.cu_seqlens;
   share.completions = whole.completions;
+  // The sequences' last tokens stay the whole's (a sequence spans the group's ranks).
+  share.chosen_last = whole.chosen_last;
+  share.rejected_last = whole.rejected_last;
+  share.margins = whole.margins;
+  share.pair_ids = whole.pair_ids;
+  share.context_rank = rank;
   const std::int64_t d = whole.document_tokens;
   share.document_tokens = (rank + 1) * d / ranks - rank * d / ranks;
   share.context_document_tokens = d;

@@ -20,7 +20,7 @@ namespace l3::data {
 // taken at its context_rows, seq_len the share's tokens per row, cu_seqlens the whole's (the
 // attention's keys, gathered from the group), document_tokens this rank's part of the whole's
 // (an even split: the group adds up to the whole's) and context_document_tokens the whole's.
-// Preference batches (pairs) are not cut: an internal Error.
+// Preference pairs keep their last tokens as the whole's indices.
 [[nodiscard]] Batch context_share(const Batch& whole, int rank, int ranks);
 
 }  // namespace l3::data

@@ -196,7 +196,10 @@ struct DataLoader::Impl {
           throw core::internal_error("reward rows and batch builder disagree");
         }
       }
-      out.micro.push_back(builder.finish());
+      out.micro.push_back(config.context_ranks > 1
+                              ? context_share(builder.finish(), world.rank() % config.context_ranks,
+                                              config.context_ranks)
+                              : builder.finish());
     }
     out.assemble_seconds = watch.seconds();
   }

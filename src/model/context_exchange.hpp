@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "kernels/tensor.hpp"
 
@@ -30,6 +32,11 @@ class ContextExchange {
   // keys' and values' gradients, to which every rank's queries contributed). Collective.
   virtual void reduce_scatter(kernels::ConstTensorView whole, kernels::TensorView local,
                               std::int64_t rows) = 0;
+  // Every rank's `mine` (host values, any number) one after another in rank order: the small
+  // per-row values a loss over whole sequences needs (DPO's rows' cross-entropies). Collective.
+  [[nodiscard]] virtual std::vector<float> all_gather_varying(std::span<const float> mine) = 0;
+  [[nodiscard]] virtual std::vector<std::int32_t> all_gather_varying(
+      std::span<const std::int32_t> mine) = 0;
 };
 
 }  // namespace l3::model

@@ -80,6 +80,10 @@ struct LlamaModel::Workspace {
   std::int64_t whole = 0;
   std::int64_t rows = 0;
   std::vector<std::int32_t> query_rows;
+  // The counted rows' tokens (of the whole, in a share) and each sequence's segment [begin,
+  // end) in those tokens: gather_counted_rows' keys.
+  std::vector<std::int32_t> counted_tokens;
+  std::vector<std::int32_t> sequence_segments;
   std::int64_t context_capacity = 0;
   Buffer k_whole, v_whole, dk_whole, dv_whole;
   RopeBuffers rope;
@@ -377,16 +381,18 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
     const Shape kv_heads{cap, c.n_kv_heads, c.head_dim};  // (N, n_kv_heads, head_dim)
     const Shape intermediate{cap, c.intermediate_size};   // (N, I)
     for (InputBuffers& set : fresh.input_sets) {
-      // A sequence has a token at least: 2P <= N.
+      // A sequence has a token at least: 2P <= the tokens the segments cut (a share's
+      // sequences are the whole's).
+      const std::int64_t whole = fresh.segment_capacity;
       set = {alloc(DType::i32, cap),
              alloc(DType::i32, cap),
-             alloc(DType::i32, fresh.segment_capacity + 1),
+             alloc(DType::i32, whole + 1),
              alloc(DType::i32, cap),
              alloc(DType::i32, cap),
-             alloc(DType::i32, cap),
-             alloc(DType::f32, std::max<std::int64_t>(cap / 2, 1)),
-             alloc(DType::i32, 2 * cap),
-             alloc(DType::f64, cap)};
+             alloc(DType::i32, whole),
+             alloc(DType::f32, std::max<std::int64_t>(whole / 2, 1)),
+             alloc(DType::i32, 2 * whole),
+             alloc(DType::f64, whole)};
     }
     for (Buffer& b : fresh.head_f32) b = alloc(DType::f32, cap);
     fresh.head_f64 = alloc(DType::f64, cap);
@@ -461,23 +467,35 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
     targets.push_back(batch.targets[static_cast<std::size_t>(t)]);
   }
   ws.counted = static_cast<std::int64_t>(rows.size());
+  // The counted rows' tokens in the segmented sequence: the rows themselves, or in a share their
+  // tokens of the whole (ascending too).
+  ws.counted_tokens = rows;
+  if (share) {
+    for (std::int32_t& t : ws.counted_tokens) t = batch.context_rows[static_cast<std::size_t>(t)];
+  }
   std::vector<std::int32_t> score_rows(batch.chosen_last);  // chosen, then rejected
   score_rows.insert(score_rows.end(), batch.rejected_last.begin(), batch.rejected_last.end());
   ws.sequences = static_cast<std::int64_t>(score_rows.size());
+  if (share && layout_.head() == HeadKind::reward && !score_rows.empty())
+    throw core::internal_error("a reward head's scores of a context-parallel share");
   // Each sequence's counted rows: those of the segment that ends with its last token (its own:
-  // a document is a segment), a contiguous run of the ascending `rows`.
+  // a document is a segment), a contiguous run of the ascending `rows` (a share's of them).
   std::vector<std::int32_t> ranges;
   ranges.reserve(2 * score_rows.size());
+  ws.sequence_segments.clear();
   for (const std::int32_t last : score_rows) {
     const auto end_it = std::upper_bound(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), last);
     if (end_it == batch.cu_seqlens.begin() || end_it == batch.cu_seqlens.end())
       throw core::internal_error(fmt::format("a sequence's last token {} is in no segment", last));
     const std::int32_t begin = *(end_it - 1);
     const std::int32_t end = *end_it;
-    ranges.push_back(static_cast<std::int32_t>(std::lower_bound(rows.begin(), rows.end(), begin) -
-                                               rows.begin()));
-    ranges.push_back(
-        static_cast<std::int32_t>(std::lower_bound(rows.begin(), rows.end(), end) - rows.begin()));
+    const auto& tokens = ws.counted_tokens;
+    ranges.push_back(static_cast<std::int32_t>(
+        std::lower_bound(tokens.begin(), tokens.end(), begin) - tokens.begin()));
+    ranges.push_back(static_cast<std::int32_t>(std::lower_bound(tokens.begin(), tokens.end(), end) -
+                                               tokens.begin()));
+    ws.sequence_segments.push_back(begin);
+    ws.sequence_segments.push_back(end);
   }
   if (!reference.empty() && reference.size() != score_rows.size()) {
     throw core::internal_error(fmt::format("{} reference log-probabilities for {} sequences",
@@ -754,6 +772,39 @@ void LlamaModel::final_norm(TensorView out, TensorView rstd, ConstTensorView x) 
                .x = x,
                .w = weight(layout_.final_norm(), config().hidden_size),
                .eps = static_cast<float>(config().rms_norm_eps)});
+}
+
+bool LlamaModel::holds_share() const noexcept { return ws_->whole > 0; }
+
+LlamaModel::WholeRows LlamaModel::gather_counted_rows(ConstTensorView local) const {
+  const Workspace& ws = *ws_;
+  if (ws.whole == 0 || context_ == nullptr)
+    throw core::internal_error("gather_counted_rows: the loaded batch is not a share");
+  std::vector<float> mine(static_cast<std::size_t>(ws.counted));
+  pass_ops().copy(TensorView(std::span<float>(mine)), local);
+  pass_ops().synchronize();
+  const std::vector<std::int32_t> tokens =
+      context_->all_gather_varying(std::span<const std::int32_t>(ws.counted_tokens));
+  const std::vector<float> values = context_->all_gather_varying(std::span<const float>(mine));
+  // Every counted token is one rank's: sorting by token puts the rows in the whole's order.
+  std::vector<std::size_t> order(tokens.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return tokens[a] < tokens[b]; });
+  std::vector<std::int32_t> sorted(tokens.size());
+  WholeRows out;
+  out.values.resize(values.size());
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    sorted[k] = tokens[order[k]];
+    out.values[k] = values[order[k]];
+  }
+  const auto position = [&](std::int32_t token) {
+    return static_cast<std::int32_t>(std::lower_bound(sorted.begin(), sorted.end(), token) -
+                                     sorted.begin());
+  };
+  for (const std::int32_t t : ws.counted_tokens) out.mine.push_back(position(t));
+  for (const std::int32_t bound : ws.sequence_segments) out.ranges.push_back(position(bound));
+  return out;
 }
 
 std::vector<float> LlamaModel::target_log_probs(const Batch& batch, float logit_scale,

@@ -206,6 +206,19 @@ class LlamaModel {
   // batch that is a share (data::Batch::context_rows) needs one: its queries attend to the
   // whole sequence's keys and values, gathered from the group in each layer's attention.
   void set_context_exchange(ContextExchange* exchange) noexcept { context_ = exchange; }
+  // Context parallelism, a loaded share's counted rows over the whole batch: `local` (C) values
+  // of this rank's counted rows (their cross-entropies, say) and the group's, in the whole's
+  // token order (`values`), with each sequence's range of them (`ranges`, (2P, 2) as
+  // HeadInputs::ranges) and where this rank's rows are in them (`mine`). What a loss over whole
+  // sequences (DPO's) computes from, the same on every rank of the group. Collective.
+  struct WholeRows {
+    std::vector<float> values;
+    std::vector<std::int32_t> ranges;
+    std::vector<std::int32_t> mine;
+  };
+  [[nodiscard]] WholeRows gather_counted_rows(kernels::ConstTensorView local) const;
+  // Whether the loaded batch is a context-parallel share.
+  [[nodiscard]] bool holds_share() const noexcept;
   // Where forward and backward passes read the weights from instead of parameters() (not
   // owned; it must outlive the passes; null: parameters()). The passes acquire each gradient
   // group before reading it (ParameterWindow), in layout order forward and in reverse

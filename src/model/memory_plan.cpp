@@ -47,9 +47,11 @@ Workspace workspace(const ModelConfig& c, DType act, bool recompute, std::int64_
   // targets, score rows; the segment table; margins (at most N / 2 pairs); DPO's sequences'
   // row ranges and reference log-probabilities. Then the scores and their gradients, DPO's
   // per-row losses, their gradients and the sequences' log-probabilities, and the loss sums.
-  const std::int64_t input_set = bytes_of(DType::i32, n) * 5 + bytes_of(DType::i32, whole + 1) +
-                                 bytes_of(DType::f32, n / 2) + bytes_of(DType::i32, 2 * n) +
-                                 bytes_of(DType::f64, n);
+  // (A share's sequences are the whole's: their arrays have the whole's size.)
+  const std::int64_t input_set = bytes_of(DType::i32, n) * 4 + bytes_of(DType::i32, whole) +
+                                 bytes_of(DType::i32, whole + 1) +
+                                 bytes_of(DType::f32, std::max<std::int64_t>(whole / 2, 1)) +
+                                 bytes_of(DType::i32, 2 * whole) + bytes_of(DType::f64, whole);
   w.inputs = input_set * 2 + bytes_of(DType::f32, n) * 4 + bytes_of(DType::f64, n) +
              bytes_of(DType::f64, LlamaModel::kLossSumElements);
   w.residual = bytes_of(act, n * h) * (c.n_layers + 1);

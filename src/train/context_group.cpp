@@ -81,4 +81,27 @@ void ContextGroup::reduce_scatter(kernels::ConstTensorView whole, kernels::Tenso
                              dist::ReduceOp::sum, "context parallelism: key and value gradients");
 }
 
+template <typename T>
+std::vector<T> ContextGroup::gather_varying(std::span<const T> mine) const {
+  const int count = static_cast<int>(mine.size());
+  const std::vector<int> counts =
+      dist::all_gather(comm_.get(), count, "context parallelism: row counts");
+  std::vector<int> displacements(counts.size(), 0);
+  for (std::size_t r = 1; r < counts.size(); ++r)
+    displacements[r] = displacements[r - 1] + counts[r - 1];
+  std::vector<T> all(static_cast<std::size_t>(displacements.back() + counts.back()));
+  std::copy(mine.begin(), mine.end(), all.begin() + displacements[static_cast<std::size_t>(rank_)]);
+  dist::all_gatherv(comm_.get(), std::span<T>(all), std::span<const int>(counts),
+                    std::span<const int>(displacements), "context parallelism: rows' values");
+  return all;
+}
+
+std::vector<float> ContextGroup::all_gather_varying(std::span<const float> mine) {
+  return gather_varying(mine);
+}
+
+std::vector<std::int32_t> ContextGroup::all_gather_varying(std::span<const std::int32_t> mine) {
+  return gather_varying(mine);
+}
+
 }  // namespace l3::train

@@ -24,6 +24,9 @@ class ContextGroup final : public model::ContextExchange {
                   std::int64_t rows) override;
   void reduce_scatter(kernels::ConstTensorView whole, kernels::TensorView local,
                       std::int64_t rows) override;
+  [[nodiscard]] std::vector<float> all_gather_varying(std::span<const float> mine) override;
+  [[nodiscard]] std::vector<std::int32_t> all_gather_varying(
+      std::span<const std::int32_t> mine) override;
 
  private:
   // The (rows * 2 * chunk, width) layout of a share, checked against the whole's.
@@ -37,6 +40,8 @@ class ContextGroup final : public model::ContextExchange {
   // Element offset in a share of rank-major staging, and in the whole, of row b's part p
   // (0: chunk r, 1: chunk 2C - 1 - r) of rank r.
   [[nodiscard]] std::int64_t whole_offset(const Layout& l, int r, std::int64_t b, int p) const;
+  template <typename T>
+  [[nodiscard]] std::vector<T> gather_varying(std::span<const T> mine) const;
 
   dist::UniqueComm comm_;
   int rank_ = 0;

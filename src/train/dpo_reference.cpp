@@ -109,7 +109,9 @@ ReferenceTable compute_reference(const dist::World& world, model::LlamaModel& mo
       // this rank).
       const std::vector<double> logps =
           sequence_log_probs(model, batch.pairs() > 0 ? batch : none, key.mean);
-      const std::size_t p_count = batch.pair_ids.size();
+      // A context-parallel group computes each pair's values on all its ranks: rank 0 keeps them.
+      const std::size_t p_count =
+          batch.context_rows.empty() || batch.context_rank == 0 ? batch.pair_ids.size() : 0;
       for (std::size_t p = 0; p < p_count; ++p) {
         const auto id = static_cast<std::size_t>(batch.pair_ids[p]);
         values[id] = logps[p];

@@ -45,8 +45,8 @@ model::Placement choose_placement(const TrainConfig& c, int ranks, kernels::DTyp
         ranks, cp, ranks));
   }
   if (cp > 1) {
-    require(c.phase == Phase::sft,
-            "--context-parallel: the sft phase only so far (reward, dpo and grpo keep a "
+    require(c.phase == Phase::sft || c.phase == Phase::dpo,
+            "--context-parallel: the sft and dpo phases only so far (reward and grpo keep a "
             "sequence on one rank)");
     if (c.seq_len % (2 * cp) != 0) {
       throw core::usage_error(fmt::format(

@@ -7,8 +7,9 @@
 #   and trained under CP 4;
 #   killed (SIGKILL) after a checkpoint and resumed on the same layout: bit for bit; resumed on
 #   another layout (1 rank, CP 4): the same losses within reduction-order tolerance;
-#   what it refuses: --seq-len not a multiple of 2C, ranks not a multiple of C, a phase other
-#   than sft.
+#   DPO (full fine-tuning and LoRA) under CP 2 and 4: the 1-rank run's losses within 1e-5, step 1
+#   exactly log 2;
+#   what it refuses: --seq-len not a multiple of 2C, ranks not a multiple of C, the reward phase.
 #
 #   context_parallel_test.sh LLAMA3_HPC MPIEXEC
 set -uo pipefail
@@ -54,7 +55,7 @@ def values(path):
         if "grad_norm" in r:
             steps += [r["loss"], r["grad_norm"]]
         elif r.get("kind") == "eval":
-            evals += [r["loss"], r["tokens"]]
+            evals += [r["loss"], r.get("tokens", r.get("pairs", 0))]
     return steps, evals
 (a, ea), (b, eb) = values(sys.argv[1]), values(sys.argv[2])
 if len(a) != len(b) or len(a) == 0 or len(ea) != len(eb) or len(ea) == 0:
@@ -66,7 +67,7 @@ PY
 within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d < t)}'; }
 
 # --- the same training on 1 rank and split over 2 and 4 ---
-run 1 "${common[@]}" --metrics "$work/cp1.jsonl" || {
+run 1 "${common[@]}" --metrics "$work/cp1.jsonl" --ckpt-dir "$work/sft-ckpt" || {
   cat "$work/last.err"
   echo "the 1-rank reference failed"
   exit 1
@@ -91,6 +92,35 @@ if grep -q "context parallel 2" "$work/last.out" "$work/last.err"; then
   pass "the log names the process grid"
 else
   fail "the log names the process grid"
+fi
+
+# --- DPO: sequences' log-probabilities over the group's rows ---
+dpo=(dpo --init "$work/sft-ckpt" --data "$work/pref" --val-data "$work/pref" --seq-len 128
+  --global-batch 4 --micro-batch 2 --lr 1e-3 --steps 5 --eval-every 5 --log-every 0 --no-progress)
+for variant in "full:" "LoRA:--lora-rank 4"; do
+  read -r -a extra <<<"${variant#*:}"
+  name=${variant%%:*}
+  if ! run 1 "${dpo[@]}" "${extra[@]}" --metrics "$work/dpo-$name-1.jsonl"; then
+    fail "DPO ($name) on 1 rank ran"
+    tail -3 "$work/last.err"
+    continue
+  fi
+  for ranks in 2 4; do
+    if run "$ranks" "${dpo[@]}" "${extra[@]}" --context-parallel "$ranks" \
+      --metrics "$work/dpo-$name-$ranks.jsonl"; then
+      worst=$(differences "$work/dpo-$name-1.jsonl" "$work/dpo-$name-$ranks.jsonl")
+      check "DPO ($name), CP $ranks: the 1-rank run's losses, gradient norms and evaluation within 1e-5 ($worst)" \
+        within "$worst" 1e-5
+    else
+      fail "DPO ($name), CP $ranks ran"
+      tail -3 "$work/last.err"
+    fi
+  done
+done
+if grep -q '"loss":0.6931471805599453' "$work/dpo-full-2.jsonl"; then
+  pass "DPO under CP 2: step 1's loss exactly log 2"
+else
+  fail "DPO under CP 2: step 1's loss exactly log 2"
 fi
 
 # --- a sequence longer than one rank's budget ---
@@ -174,7 +204,7 @@ refused "--seq-len 102 with --context-parallel 2: not a multiple of 4" 2 "must b
   sft --model tiny --data "$work/sft" --seq-len 102 --global-batch 2 --steps 1 --context-parallel 2
 refused "3 ranks in groups of 2" 3 "must split into groups of 2" \
   sft --model tiny --data "$work/sft" --seq-len 128 --global-batch 3 --steps 1 --context-parallel 2
-refused "reward with --context-parallel" 2 "the sft phase only" \
+refused "reward with --context-parallel" 2 "the sft and dpo phases only" \
   reward --model tiny --data "$work/pref" --seq-len 128 --global-batch 2 --steps 1 --context-parallel 2
 
 echo "$failures failure(s)"

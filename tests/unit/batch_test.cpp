@@ -123,7 +123,7 @@ TEST_CASE("a context-parallel share: chunks r and 2C - 1 - r of every row", "[mo
   }
   CHECK(documents == whole.document_tokens);
   CHECK(counted == whole.counted_tokens());
-  // Rows that do not cut into 2C chunks, pairs, and a share of a share are refused.
+  // Rows that do not cut into 2C chunks and a share of a share are refused.
   CHECK_THROWS(l3::data::context_share(whole, 0, 3));
   const Batch share = l3::data::context_share(whole, 0, 2);
   CHECK_THROWS(l3::data::context_share(share, 0, 2));

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <vector>
+
 #include "core/error.hpp"
 #include "core/trace_range.hpp"
 
@@ -28,6 +31,24 @@ void sequence_log_probs_into(model::LlamaModel& model, const model::HeadInputs& 
                              .targets = in.loss_targets});
   if (logps.empty()) return;
   ops.sequence_log_probs({.logps = logps, .row_loss = row_loss, .ranges = in.ranges, .mean = mean});
+}
+
+// Context parallelism: the loaded share's counted rows' cross-entropies (into in.row_f32[0])
+// and the group's, over the whole batch (LlamaModel::gather_counted_rows).
+model::LlamaModel::WholeRows whole_row_losses(model::LlamaModel& model,
+                                              const model::HeadInputs& in) {
+  sequence_log_probs_into(model, in, false, TensorView{});
+  return model.gather_counted_rows(in.row_f32[0].first_rows(in.counted));
+}
+
+// Host views of the whole rows for the ops: context parallelism runs on the CPU backend, whose
+// memory is the host's.
+ConstTensorView values_of(const model::LlamaModel::WholeRows& rows) {
+  return ConstTensorView(std::span<const float>(rows.values));
+}
+ConstTensorView ranges_of(const model::LlamaModel::WholeRows& rows) {
+  const auto sequences = static_cast<std::int64_t>(rows.ranges.size() / 2);
+  return ConstTensorView(std::span<const std::int32_t>(rows.ranges)).reshape({sequences, 2});
 }
 
 void require_language_model(const model::LlamaModel& model, const char* what) {
@@ -57,6 +78,10 @@ void DpoLoss::pass(const model::Batch& batch, float grad_scale, bool backward,
 void DpoLoss::run(const model::Batch& batch, float grad_scale, bool backward, model::SumSlot slot,
                   std::span<const double> reference, bool from_base) {
   model_.load_batch(batch, reference);
+  if (model_.holds_share()) {
+    run_share(batch, grad_scale, backward, slot, reference, from_base);
+    return;
+  }
   const model::HeadInputs in = model_.head();
   kernels::Ops& ops = model_.pass_ops();
   const bool mean = settings_.loss == kernels::PreferenceLoss::ipo;
@@ -83,6 +108,49 @@ void DpoLoss::run(const model::Batch& batch, float grad_scale, bool backward, mo
                 .grad_scale = grad_scale});
   // Each row weighted by its sequence's share of the loss.
   if (backward) weighted_lm_head_backward(model_, in, d_rows, "DPO");
+}
+
+void DpoLoss::run_share(const model::Batch& batch, float grad_scale, bool backward,
+                        model::SumSlot slot, std::span<const double> reference, bool from_base) {
+  // A context-parallel share: the group gathers its rows' cross-entropies, every rank computes
+  // the whole batch's loss from them (the same sums in the same order as one rank holding the
+  // whole batch), rank 0 of the group adds it to the sums, and each rank's rows take their
+  // gradients.
+  const model::HeadInputs in = model_.head();
+  kernels::Ops& ops = model_.pass_ops();
+  const bool mean = settings_.loss == kernels::PreferenceLoss::ipo;
+  std::vector<double> reference_logps(reference.begin(), reference.end());
+  if (from_base) {
+    const core::TraceRange range("DPO reference (the base model)");
+    model_.forward({.training = false, .adapters = false});
+    const model::LlamaModel::WholeRows base = whole_row_losses(model_, in);
+    reference_logps.assign(static_cast<std::size_t>(in.sequences), 0.0);
+    ops.sequence_log_probs({.logps = TensorView(std::span<double>(reference_logps)),
+                            .row_loss = values_of(base),
+                            .ranges = ranges_of(base),
+                            .mean = mean});
+  }
+  model_.forward({.training = backward});
+  const model::LlamaModel::WholeRows rows = whole_row_losses(model_, in);
+  std::vector<float> d_whole(backward ? rows.values.size() : 0);
+  std::array<double, 4> not_counted{};  // the other ranks' copy of the sums
+  ops.dpo_loss({.sums = batch.context_rank == 0 ? model_.sums(slot).slice(0, 4)
+                                                : TensorView(std::span<double>(not_counted)),
+                .d_rows = backward ? TensorView(std::span<float>(d_whole)) : TensorView{},
+                .row_loss = values_of(rows),
+                .ranges = ranges_of(rows),
+                .reference = ConstTensorView(std::span<const double>(reference_logps)),
+                .beta = settings_.beta,
+                .label_smoothing = settings_.label_smoothing,
+                .loss = settings_.loss,
+                .grad_scale = grad_scale});
+  if (!backward) return;
+  std::vector<float> d_mine(rows.mine.size());
+  for (std::size_t i = 0; i < d_mine.size(); ++i)
+    d_mine[i] = d_whole[static_cast<std::size_t>(rows.mine[i])];
+  const TensorView d_rows = in.row_f32[1].first_rows(in.counted);
+  ops.copy(d_rows, ConstTensorView(std::span<const float>(d_mine)));
+  weighted_lm_head_backward(model_, in, d_rows, "DPO");
 }
 
 LossSums DpoLoss::forward_backward(const model::Batch& batch, float grad_scale,
@@ -114,6 +182,15 @@ std::vector<double> sequence_log_probs(model::LlamaModel& model, const model::Ba
   model.load_batch(batch);
   model.forward({.training = false, .adapters = adapters});
   const model::HeadInputs in = model.head();
+  if (model.holds_share()) {  // the group's rows, the whole sequences
+    const model::LlamaModel::WholeRows rows = whole_row_losses(model, in);
+    std::vector<double> host(static_cast<std::size_t>(in.sequences));
+    model.pass_ops().sequence_log_probs({.logps = TensorView(std::span<double>(host)),
+                                         .row_loss = values_of(rows),
+                                         .ranges = ranges_of(rows),
+                                         .mean = mean});
+    return host;
+  }
   const TensorView logps = in.row_f64.first_rows(in.sequences);
   sequence_log_probs_into(model, in, mean, logps);
   std::vector<double> host(static_cast<std::size_t>(in.sequences));

@@ -36,6 +36,9 @@ class DpoLoss final : public PreferenceObjective {
             model::SumSlot slot) override;
 
  private:
+  // A context-parallel share's pass (run's, over the group's gathered rows).
+  void run_share(const model::Batch& batch, float grad_scale, bool backward, model::SumSlot slot,
+                 std::span<const double> reference, bool from_base);
   // `from_base`: the reference is the model without its adapters (else `reference`, 2P values).
   void run(const model::Batch& batch, float grad_scale, bool backward, model::SumSlot slot,
            std::span<const double> reference, bool from_base);

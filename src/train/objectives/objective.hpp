@@ -120,8 +120,9 @@ class Objective {
 class PreferenceObjective : public Objective {
  public:
   using Objective::Objective;
+  // A context-parallel group's pairs count once: on its rank 0.
   [[nodiscard]] std::int64_t units(const model::Batch& batch) const override {
-    return batch.pairs();
+    return batch.context_rows.empty() || batch.context_rank == 0 ? batch.pairs() : 0;
   }
   [[nodiscard]] bool has_work(const model::Batch& batch) const override {
     return batch.pairs() > 0;
