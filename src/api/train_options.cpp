@@ -345,7 +345,7 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "split every sequence over groups of C consecutive ranks (long context: each rank holds "
       "1/C of the tokens and their activations; attention gathers the keys and values from the "
       "group); the other ranks' groups are data parallel. --seq-len must be a multiple of 2C "
-      "(sft and dpo, on the CPU backend so far)")(
+      "(sft, reward and dpo, on the CPU backend so far)")(
       "no-prefetch-gathers", po::bool_switch(),
       "--shard-parameters: gather each layer's weights when it is reached instead of while the "
       "previous one computes (for comparison; the results are bit-identical)")(

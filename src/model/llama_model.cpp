@@ -84,6 +84,7 @@ struct LlamaModel::Workspace {
   // end) in those tokens: gather_counted_rows' keys.
   std::vector<std::int32_t> counted_tokens;
   std::vector<std::int32_t> sequence_segments;
+  std::vector<std::int32_t> sequence_rows;  // a share's row of each sequence's last token, or -1
   std::int64_t context_capacity = 0;
   Buffer k_whole, v_whole, dk_whole, dv_whole;
   RopeBuffers rope;
@@ -476,8 +477,16 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
   std::vector<std::int32_t> score_rows(batch.chosen_last);  // chosen, then rejected
   score_rows.insert(score_rows.end(), batch.rejected_last.begin(), batch.rejected_last.end());
   ws.sequences = static_cast<std::int64_t>(score_rows.size());
-  if (share && layout_.head() == HeadKind::reward && !score_rows.empty())
-    throw core::internal_error("a reward head's scores of a context-parallel share");
+  // A share holds each sequence's last token or not: its row here, or -1.
+  ws.sequence_rows.clear();
+  if (share) {
+    for (const std::int32_t last : score_rows) {
+      const auto at = std::lower_bound(batch.context_rows.begin(), batch.context_rows.end(), last);
+      ws.sequence_rows.push_back(at != batch.context_rows.end() && *at == last
+                                     ? static_cast<std::int32_t>(at - batch.context_rows.begin())
+                                     : -1);
+    }
+  }
   // Each sequence's counted rows: those of the segment that ends with its last token (its own:
   // a document is a segment), a contiguous run of the ascending `rows` (a share's of them).
   std::vector<std::int32_t> ranges;
@@ -775,6 +784,15 @@ void LlamaModel::final_norm(TensorView out, TensorView rstd, ConstTensorView x) 
 }
 
 bool LlamaModel::holds_share() const noexcept { return ws_->whole > 0; }
+
+std::span<const std::int32_t> LlamaModel::share_sequence_rows() const noexcept {
+  return ws_->sequence_rows;
+}
+
+ContextExchange& LlamaModel::context_exchange() const {
+  if (context_ == nullptr) throw core::internal_error("a model without a context group");
+  return *context_;
+}
 
 LlamaModel::WholeRows LlamaModel::gather_counted_rows(ConstTensorView local) const {
   const Workspace& ws = *ws_;

@@ -219,6 +219,11 @@ class LlamaModel {
   [[nodiscard]] WholeRows gather_counted_rows(kernels::ConstTensorView local) const;
   // Whether the loaded batch is a context-parallel share.
   [[nodiscard]] bool holds_share() const noexcept;
+  // A loaded share's row of each sequence's last token (chosen, then rejected), or -1 where
+  // another rank of the group holds it (a reward head's scores are read there).
+  [[nodiscard]] std::span<const std::int32_t> share_sequence_rows() const noexcept;
+  // The group set_context_exchange gave (internal Error without one).
+  [[nodiscard]] ContextExchange& context_exchange() const;
   // Where forward and backward passes read the weights from instead of parameters() (not
   // owned; it must outlive the passes; null: parameters()). The passes acquire each gradient
   // group before reading it (ParameterWindow), in layout order forward and in reverse

@@ -45,9 +45,9 @@ model::Placement choose_placement(const TrainConfig& c, int ranks, kernels::DTyp
         ranks, cp, ranks));
   }
   if (cp > 1) {
-    require(c.phase == Phase::sft || c.phase == Phase::dpo,
-            "--context-parallel: the sft and dpo phases only so far (reward and grpo keep a "
-            "sequence on one rank)");
+    require(c.phase != Phase::grpo,
+            "--context-parallel: not with grpo so far (its completions are generated and scored "
+            "per rank)");
     if (c.seq_len % (2 * cp) != 0) {
       throw core::usage_error(fmt::format(
           "--context-parallel {}: --seq-len {} must be a multiple of {} (each row is cut into "

@@ -7,9 +7,9 @@
 #   and trained under CP 4;
 #   killed (SIGKILL) after a checkpoint and resumed on the same layout: bit for bit; resumed on
 #   another layout (1 rank, CP 4): the same losses within reduction-order tolerance;
-#   DPO (full fine-tuning and LoRA) under CP 2 and 4: the 1-rank run's losses within 1e-5, step 1
-#   exactly log 2;
-#   what it refuses: --seq-len not a multiple of 2C, ranks not a multiple of C, the reward phase.
+#   DPO (full fine-tuning and LoRA) and reward models under CP 2 and 4: the 1-rank run's losses,
+#   gradient norms and evaluation within 1e-5, DPO's step 1 exactly log 2;
+#   what it refuses: --seq-len not a multiple of 2C, ranks not a multiple of C, grpo.
 #
 #   context_parallel_test.sh LLAMA3_HPC MPIEXEC
 set -uo pipefail
@@ -55,16 +55,21 @@ def values(path):
         if "grad_norm" in r:
             steps += [r["loss"], r["grad_norm"]]
         elif r.get("kind") == "eval":
-            evals += [r["loss"], r.get("tokens", r.get("pairs", 0))]
+            evals += [r[k] for k in ("loss", "tokens", "pairs", "accuracy", "margin",
+                                     "reward_mean", "reward_std") if k in r]
     return steps, evals
-(a, ea), (b, eb) = values(sys.argv[1]), values(sys.argv[2])
-if len(a) != len(b) or len(a) == 0 or len(ea) != len(eb) or len(ea) == 0:
+def relative(x, y):
+    return 0.0 if x == y else abs(x - y) / max(abs(x), abs(y))
+try:
+    (a, ea), (b, eb) = values(sys.argv[1]), values(sys.argv[2])
+    ok = len(a) == len(b) and a and len(ea) == len(eb) and ea
+    print(max(relative(x, y) for x, y in zip(a + ea, b + eb)) if ok else "inf")
+except Exception as e:  # a missing or unreadable file: no figure
     print("inf")
-else:
-    print(max(abs(x - y) / abs(x) for x, y in zip(a + ea, b + eb)))
 PY
 }
-within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d < t)}'; }
+# within D T: D is a number below T ("inf" or nothing is not).
+within() { [[ $1 =~ ^[0-9.e+-]+$ ]] && awk -v d="$1" -v t="$2" 'BEGIN {exit !(d + 0 < t + 0)}'; }
 
 # --- the same training on 1 rank and split over 2 and 4 ---
 run 1 "${common[@]}" --metrics "$work/cp1.jsonl" --ckpt-dir "$work/sft-ckpt" || {
@@ -117,6 +122,24 @@ for variant in "full:" "LoRA:--lora-rank 4"; do
     fi
   done
 done
+# --- reward: each sequence's score read on the rank holding its last token ---
+reward=(reward --init "$work/sft-ckpt" --data "$work/pref" --val-data "$work/pref" --seq-len 128
+  --global-batch 4 --micro-batch 2 --lr 1e-3 --steps 5 --eval-every 5 --log-every 0 --no-progress)
+if run 1 "${reward[@]}" --metrics "$work/rm-1.jsonl"; then
+  for ranks in 2 4; do
+    if run "$ranks" "${reward[@]}" --context-parallel "$ranks" --metrics "$work/rm-$ranks.jsonl"; then
+      worst=$(differences "$work/rm-1.jsonl" "$work/rm-$ranks.jsonl")
+      check "reward, CP $ranks: the 1-rank run's losses, gradient norms and evaluation within 1e-5 ($worst)" \
+        within "$worst" 1e-5
+    else
+      fail "reward, CP $ranks ran"
+      tail -3 "$work/last.err"
+    fi
+  done
+else
+  fail "reward on 1 rank ran"
+  tail -3 "$work/last.err"
+fi
 if grep -q '"loss":0.6931471805599453' "$work/dpo-full-2.jsonl"; then
   pass "DPO under CP 2: step 1's loss exactly log 2"
 else
@@ -204,8 +227,12 @@ refused "--seq-len 102 with --context-parallel 2: not a multiple of 4" 2 "must b
   sft --model tiny --data "$work/sft" --seq-len 102 --global-batch 2 --steps 1 --context-parallel 2
 refused "3 ranks in groups of 2" 3 "must split into groups of 2" \
   sft --model tiny --data "$work/sft" --seq-len 128 --global-batch 3 --steps 1 --context-parallel 2
-refused "reward with --context-parallel" 2 "the sft and dpo phases only" \
-  reward --model tiny --data "$work/pref" --seq-len 128 --global-batch 2 --steps 1 --context-parallel 2
+write_reversal_prompts "$work/sft.jsonl" "$work/prompts.jsonl"
+"$bin" prep prompts --input "$work/prompts.jsonl" --tokenizer bytes --output "$work/prompts" \
+  >/dev/null 2>&1
+refused "grpo with --context-parallel" 2 "not with grpo so far" \
+  grpo --init "$work/sft-ckpt" --data "$work/prompts" --seq-len 128 --max-completion-length 32 \
+  --global-batch 2 --steps 1 --reward-match answer --context-parallel 2
 
 echo "$failures failure(s)"
 [[ $failures -eq 0 ]]

@@ -40,8 +40,12 @@ class BradleyTerryLoss final : public PreferenceObjective {
   void eval_pass(const model::Batch& batch) override;
 
  private:
-  void run(const model::Batch& batch, float grad_scale, double center, bool backward,
-           model::SumSlot slot);
+  // The pass; a context-parallel share's returns the batch's scores (2P, on the host), a whole
+  // batch's leaves them in head().row_f32[0] and returns nothing.
+  std::vector<float> run(const model::Batch& batch, float grad_scale, double center, bool backward,
+                         model::SumSlot slot);
+  std::vector<float> run_share(const model::Batch& batch, float grad_scale, double center,
+                               bool backward, model::SumSlot slot);
   RewardOutput call(const model::Batch& batch, float grad_scale, double center, bool backward);
 
   double center_;
