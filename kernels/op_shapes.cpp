@@ -135,13 +135,13 @@ AttentionShape attention_shape_of(const ShapeCheck& check, ConstTensorView q, Co
   check.rank("q", q, 3);
   check.rank("k", k, 3);
   AttentionShape s{.tokens = k.dim(0),
-                   .queries = q.dim(0),
                    .n_heads = static_cast<int>(q.dim(1)),
                    .n_kv_heads = static_cast<int>(k.dim(1)),
                    .head_dim = static_cast<int>(q.dim(2)),
                    .n_segments = static_cast<int>(segments.cu_seqlens.numel()) - 1,
                    .max_segment = segments.max_segment,
-                   .host_cu_seqlens = segments.host};
+                   .host_cu_seqlens = segments.host,
+                   .queries = q.dim(0)};
   if (query_rows.empty() ? k.dim(0) != s.queries : query_rows.numel() != s.queries) {
     if (query_rows.empty())
       check.fail("k", k, fmt::format("({}, n_kv_heads, {})", s.queries, s.head_dim));

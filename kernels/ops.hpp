@@ -34,14 +34,15 @@ struct PackedSegments {
 // An attention call's sizes, derived from its views by attention_shape (op_shapes.hpp) for the
 // backends' own planning.
 struct AttentionShape {
-  std::int64_t tokens = 0;   // N, the keys
-  std::int64_t queries = 0;  // Nq: N, or query_rows' length
+  std::int64_t tokens = 0;  // N, the keys
   int n_heads = 0;
   int n_kv_heads = 0;  // n_heads % n_kv_heads == 0 (GQA); K/V are never replicated in memory
   int head_dim = 0;
   int n_segments = 0;
   int max_segment = 0;
   std::span<const std::int32_t> host_cu_seqlens{};
+  // Nq: N, or query_rows' length (last: positional initialisers of the fields above stay valid)
+  std::int64_t queries = 0;
 };
 
 // The summed cross-entropy of the counted tokens and how many there were.

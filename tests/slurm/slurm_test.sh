@@ -158,14 +158,15 @@ requeue)
   # About 90 s of training on one rank: USR1 comes 60 s before the 2-minute limit (Slurm sends
   # it up to a minute early, never late), so it lands with a third or more of the steps left.
   # Machines differ several-fold in speed: the steps are what this one trains in 90 s, timed on
-  # 20 alone (1000 at most, 150 at least); beside its reference run the job trains 1.1 to 1.3
+  # 20 alone (4000 at most, 150 at least); beside its reference run the job trains 1.1 to 1.3
   # times slower than that, never faster (USR1 at step 507 of 604 with a 65-s target: too close).
+  # (A cap of 1000 was too low: at 55 ms a step the job ended in 56 s, before USR1 at 60 s.)
   sft_config probe.ini "$work/probe" 20 seq-len=512 global-batch=16 micro-batch=4
   started=$(date +%s%N)
   "$bin" sft --config probe.ini >/dev/null 2>&1
   elapsed_ms=$((($(date +%s%N) - started) / 1000000))
   steps=$((90 * 20 * 1000 / (elapsed_ms > 0 ? elapsed_ms : 1)))
-  steps=$((steps > 1000 ? 1000 : (steps < 150 ? 150 : steps)))
+  steps=$((steps > 4000 ? 4000 : (steps < 150 ? 150 : steps)))
   last=$(printf 'step-%08d' "$steps")
   echo "20 steps in $elapsed_ms ms: the job trains $steps steps"
   sft_config long.ini "$work/ckpt" "$steps" seq-len=512 global-batch=16 micro-batch=4 \
