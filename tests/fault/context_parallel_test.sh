@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Context parallelism (--context-parallel C) through the real program under mpiexec, on the
 # reversal task (many short documents per row of 128 tokens: segments cross the chunks):
-#   CP 2 and 4, CP 2 x data parallel 2 with ZeRO-3, CP 2 with --recompute: the 1-rank run's
+#   CP 2 and 4, CP 2 x data parallel 2 with ZeRO-3 (and hybrid shard groups of 2), CP 2 with
+#   --recompute: the 1-rank run's
 #   losses, gradient norms and evaluation loss within 1e-5 over 5 steps;
 #   a sequence longer than one rank's memory budget (L3_MEMORY_PER_RANK_MIB) refused on 1 rank
 #   and trained under CP 4;
@@ -78,7 +79,9 @@ run 1 "${common[@]}" --metrics "$work/cp1.jsonl" --ckpt-dir "$work/sft-ckpt" || 
   exit 1
 }
 for layout in "2:--context-parallel 2" "4:--context-parallel 4" \
-  "4:--context-parallel 2 --shard-parameters" "2:--context-parallel 2 --recompute"; do
+  "4:--context-parallel 2 --shard-parameters" \
+  "4:--context-parallel 2 --shard-parameters --shard-group-size 2" \
+  "2:--context-parallel 2 --recompute"; do
   ranks=${layout%%:*}
   read -r -a extra <<<"${layout#*:}"
   name="$ranks ranks, ${layout#*:}"
