@@ -16,6 +16,7 @@
 #include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
 #include "model/llama_model.hpp"
+#include "train/context_group.hpp"
 #include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
 #include "train/grpo/greedy_answers.hpp"
@@ -56,6 +57,11 @@ void declare_eval_options(po::options_description& options,
       "shard-parameters", po::bool_switch(),
       "hold 1/N of the weights per rank (a model larger than one rank's memory): each rank "
       "reads only its share, and each layer's weights are all-gathered before use")(
+      "context-parallel",
+      core::number<int>(core::between(1, 1 << 16))->default_value(1)->value_name("C"),
+      "split every sequence over groups of C consecutive ranks, as training does (long "
+      "sequences; SFT, preference and DPO evaluations on the CPU backend; --seq-len a multiple "
+      "of 2C)")(
       "reference-dir", po::value<std::string>()->value_name("DIR"),
       "a DPO checkpoint on preference data: where its reference's log-probabilities of this data "
       "are stored once computed, and read the next time (the tables the run stored are read "
@@ -129,11 +135,30 @@ int run_eval(const CommandContext& context) {
   const auto ops = kernels::make_ops(kernels::parse_backend(o["backend"].as<std::string>()),
                                      context.world.local_rank());
   const bool sharded = o["shard-parameters"].as<bool>();
+  const int ranks = context.world.size();
+  // Context parallelism: each rank holds 1/C of every row (train::ContextGroup).
+  const int cp = o["context-parallel"].as<int>();
+  if (ranks % cp != 0) {
+    throw core::usage_error(fmt::format(
+        "--context-parallel {}: the {} ranks must split into groups of {} (a divisor of {})", cp,
+        ranks, cp, ranks));
+  }
+  if (seq_len % (2 * cp) != 0) {
+    throw core::usage_error(fmt::format(
+        "--context-parallel {}: --seq-len {} must be a multiple of {} (each row is cut into "
+        "2 x {} chunks)",
+        cp, seq_len, 2 * cp, cp));
+  }
+  if (cp > 1 && ops->backend() != kernels::Backend::cpu) {
+    throw core::usage_error(
+        "--context-parallel: the CPU backend only so far (the CUDA attention takes no query "
+        "rows yet)");
+  }
   // Refused only when it cannot fit in any case: a pair planned as one row (as in training).
   const std::int64_t rows = micro;
-  const int ranks = context.world.size();
-  std::int64_t weights = model::model_bytes(source.config, head, ops->compute_dtype(), false,
-                                            rows * seq_len, seq_len, /*own_gradients=*/false);
+  std::int64_t weights =
+      model::model_bytes(source.config, head, ops->compute_dtype(), false, rows * seq_len / cp,
+                         seq_len, /*own_gradients=*/false, {}, cp);
   if (sharded) {
     // The share and two gathered layer groups (and the tied embedding) instead of the weights.
     const model::ParameterLayout layout(source.config, head);
@@ -167,6 +192,15 @@ int run_eval(const CommandContext& context) {
       head == model::HeadKind::language_model && data_kind == data::SampleKind::prompt;
   if (o.count("max-completion-length") != 0 && !prompts)
     throw core::usage_error("--max-completion-length is for prompt data (prep prompts)");
+  if (prompts && cp > 1) {
+    throw core::usage_error(
+        "--context-parallel: not on prompt data (its completions are generated per rank)");
+  }
+  std::unique_ptr<train::ContextGroup> group;
+  if (cp > 1) {
+    group = std::make_unique<train::ContextGroup>(context.world, cp);
+    model.set_context_exchange(group.get());
+  }
   data::DatasetExpectations expect;
   expect.kind = head == model::HeadKind::reward ? data::SampleKind::preference
                 : prompts                       ? data::SampleKind::prompt
@@ -192,6 +226,7 @@ int run_eval(const CommandContext& context) {
   config.micro_batch = micro;
   config.drop_long = o["drop-long"].as<bool>();
   config.margin_from_data = o["margin-from-data"].as<bool>();
+  config.context_ranks = cp;
   train::ReferenceTable reference;
   if (dpo) {
     if (!index.has_response_masks()) {

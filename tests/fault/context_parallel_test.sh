@@ -10,7 +10,10 @@
 #   another layout (1 rank, CP 4): the same losses within reduction-order tolerance;
 #   DPO (full fine-tuning and LoRA) and reward models under CP 2 and 4: the 1-rank run's losses,
 #   gradient norms and evaluation within 1e-5, DPO's step 1 exactly log 2;
-#   what it refuses: --seq-len not a multiple of 2C, ranks not a multiple of C, grpo.
+#   `eval --context-parallel 2` on 4 ranks of the SFT, reward and DPO checkpoints: the 1-rank
+#   figures within 1e-5;
+#   what it refuses: --seq-len not a multiple of 2C, ranks not a multiple of C, grpo, eval on
+#   prompt data.
 #
 #   context_parallel_test.sh LLAMA3_HPC MPIEXEC
 set -uo pipefail
@@ -108,7 +111,8 @@ dpo=(dpo --init "$work/sft-ckpt" --data "$work/pref" --val-data "$work/pref" --s
 for variant in "full:" "LoRA:--lora-rank 4"; do
   read -r -a extra <<<"${variant#*:}"
   name=${variant%%:*}
-  if ! run 1 "${dpo[@]}" "${extra[@]}" --metrics "$work/dpo-$name-1.jsonl"; then
+  if ! run 1 "${dpo[@]}" "${extra[@]}" --metrics "$work/dpo-$name-1.jsonl" \
+    --ckpt-dir "$work/dpo-$name-ckpt"; then
     fail "DPO ($name) on 1 rank ran"
     tail -3 "$work/last.err"
     continue
@@ -128,7 +132,7 @@ done
 # --- reward: each sequence's score read on the rank holding its last token ---
 reward=(reward --init "$work/sft-ckpt" --data "$work/pref" --val-data "$work/pref" --seq-len 128
   --global-batch 4 --micro-batch 2 --lr 1e-3 --steps 5 --eval-every 5 --log-every 0 --no-progress)
-if run 1 "${reward[@]}" --metrics "$work/rm-1.jsonl"; then
+if run 1 "${reward[@]}" --metrics "$work/rm-1.jsonl" --ckpt-dir "$work/rm-ckpt"; then
   for ranks in 2 4; do
     if run "$ranks" "${reward[@]}" --context-parallel "$ranks" --metrics "$work/rm-$ranks.jsonl"; then
       worst=$(differences "$work/rm-1.jsonl" "$work/rm-$ranks.jsonl")
@@ -143,6 +147,30 @@ else
   fail "reward on 1 rank ran"
   tail -3 "$work/last.err"
 fi
+# --- eval --context-parallel: the 1-rank evaluation's figures ---
+same_json() { # A.json B.json: every number within 1e-5 (relative), the same keys
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+ok = a.keys() == b.keys() and all(
+    a[k] == b[k] or abs(a[k] - b[k]) <= 1e-5 * max(abs(a[k]), abs(b[k])) for k in a)
+sys.exit(0 if ok else 1)
+PY
+}
+for pair in "sft-ckpt:sft" "rm-ckpt:pref" "dpo-full-ckpt:pref"; do
+  ckpt=${pair%%:*}
+  data=${pair#*:}
+  if run 1 eval --init "$work/$ckpt" --data "$work/$data" --seq-len 128 &&
+    cp "$work/last.out" "$work/eval-1.json" &&
+    run 4 eval --init "$work/$ckpt" --data "$work/$data" --seq-len 128 --context-parallel 2 &&
+    same_json "$work/eval-1.json" "$work/last.out"; then
+    pass "eval of $ckpt on $data, CP 2 x 2 groups: the 1-rank figures within 1e-5"
+  else
+    fail "eval of $ckpt on $data, CP 2 x 2 groups: the 1-rank figures within 1e-5"
+    cat "$work/eval-1.json" "$work/last.out"
+    tail -2 "$work/last.err"
+  fi
+done
 if grep -q '"loss":0.6931471805599453' "$work/dpo-full-2.jsonl"; then
   pass "DPO under CP 2: step 1's loss exactly log 2"
 else
@@ -233,6 +261,8 @@ refused "3 ranks in groups of 2" 3 "must split into groups of 2" \
 write_reversal_prompts "$work/sft.jsonl" "$work/prompts.jsonl"
 "$bin" prep prompts --input "$work/prompts.jsonl" --tokenizer bytes --output "$work/prompts" \
   >/dev/null 2>&1
+refused "eval of prompt data with --context-parallel" 2 "not on prompt data" \
+  eval --init "$work/sft-ckpt" --data "$work/prompts" --seq-len 128 --context-parallel 2
 refused "grpo with --context-parallel" 2 "not with grpo so far" \
   grpo --init "$work/sft-ckpt" --data "$work/prompts" --seq-len 128 --max-completion-length 32 \
   --global-batch 2 --steps 1 --reward-match answer --context-parallel 2
