@@ -533,29 +533,48 @@ void LlamaModel::load_batch(const Batch& batch, std::span<const double> referenc
                  .host = ws.host_cu_seqlens};
 }
 
+LlamaModel::WholeKeys LlamaModel::gather_whole_keys(const BlockViews& a) {
+  Workspace& ws = *ws_;
+  const WholeKeys whole{
+      .k = ws.k_whole.first_rows(ws.whole),
+      .v = ws.v_whole.first_rows(ws.whole),
+      .query_rows = ConstTensorView(std::span<const std::int32_t>(ws.query_rows))};
+  context_->all_gather(a.k, whole.k, ws.rows);
+  context_->all_gather(a.v, whole.v, ws.rows);
+  return whole;
+}
+
+void LlamaModel::attention_share(const BlockViews& a) {
+  // This rank's queries against the whole sequence's keys and values.
+  const WholeKeys whole = gather_whole_keys(a);
+  pass_ops().attention({.out = a.att,
+                        .lse = a.lse,
+                        .q = a.q,
+                        .k = whole.k,
+                        .v = whole.v,
+                        .segments = ws_->segments,
+                        .query_rows = whole.query_rows});
+}
+
 void LlamaModel::attention_backward_share(const BlockViews& a) {
   Workspace& ws = *ws_;
   const std::int64_t n = ws.n;
   // The whole's keys and values again (not kept from the forward), the gradients of every key
   // and value from this rank's queries, and their sums over the group at this rank's tokens.
-  const TensorView k_whole = ws.k_whole.first_rows(ws.whole);
-  const TensorView v_whole = ws.v_whole.first_rows(ws.whole);
+  const WholeKeys whole = gather_whole_keys(a);
   const TensorView dk_whole = ws.dk_whole.first_rows(ws.whole);
   const TensorView dv_whole = ws.dv_whole.first_rows(ws.whole);
-  context_->all_gather(a.k, k_whole, ws.rows);
-  context_->all_gather(a.v, v_whole, ws.rows);
-  pass_ops().attention_backward(
-      {.dq = ws.d_q.first_rows(n),
-       .dk = dk_whole,
-       .dv = dv_whole,
-       .dout = ws.d_att.first_rows(n),
-       .out = a.att,
-       .lse = a.lse,
-       .q = a.q,
-       .k = k_whole,
-       .v = v_whole,
-       .segments = ws.segments,
-       .query_rows = ConstTensorView(std::span<const std::int32_t>(ws.query_rows))});
+  pass_ops().attention_backward({.dq = ws.d_q.first_rows(n),
+                                 .dk = dk_whole,
+                                 .dv = dv_whole,
+                                 .dout = ws.d_att.first_rows(n),
+                                 .out = a.att,
+                                 .lse = a.lse,
+                                 .q = a.q,
+                                 .k = whole.k,
+                                 .v = whole.v,
+                                 .segments = ws.segments,
+                                 .query_rows = whole.query_rows});
   context_->reduce_scatter(dk_whole, ws.d_k.first_rows(n), ws.rows);
   context_->reduce_scatter(dv_whole, ws.d_v.first_rows(n), ws.rows);
 }
@@ -608,19 +627,7 @@ void LlamaModel::block_forward(int layer, ConstTensorView x_in, TensorView x_out
               {.out = a.att, .lse = a.lse, .q = a.q, .k = a.k, .v = a.v, .segments = ws.segments});
           return;
         }
-        // A share: this rank's queries against the whole sequence's keys and values.
-        const TensorView k_whole = ws.k_whole.first_rows(ws.whole);
-        const TensorView v_whole = ws.v_whole.first_rows(ws.whole);
-        context_->all_gather(a.k, k_whole, ws.rows);
-        context_->all_gather(a.v, v_whole, ws.rows);
-        pass_ops().attention(
-            {.out = a.att,
-             .lse = a.lse,
-             .q = a.q,
-             .k = k_whole,
-             .v = v_whole,
-             .segments = ws.segments,
-             .query_rows = ConstTensorView(std::span<const std::int32_t>(ws.query_rows))});
+        attention_share(a);
       },
       adapters_ ? &adapters : nullptr);
 }

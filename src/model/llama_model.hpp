@@ -329,7 +329,15 @@ class LlamaModel {
   [[nodiscard]] std::int64_t head_ready_offset() const;
   [[nodiscard]] std::int64_t block_ready_offset(int layer) const;
   [[nodiscard]] std::size_t group_at(std::int64_t offset) const;
-  // A share's attention backward (context parallelism): gathers, the gradients, their sums.
+  // Context parallelism, a share's attention: the whole row's keys and values gathered from the
+  // group (forward and backward each gather them), this rank's queries against them; the
+  // backward's key and value gradients reduce-scattered to their ranks.
+  struct WholeKeys {
+    kernels::TensorView k, v;             // (whole, n_kv_heads, head_dim)
+    kernels::ConstTensorView query_rows;  // this rank's tokens in the whole
+  };
+  WholeKeys gather_whole_keys(const BlockViews& a);
+  void attention_share(const BlockViews& a);
   void attention_backward_share(const BlockViews& a);
   void require_own_parameters(std::string_view what) const;  // internal Error without
   [[nodiscard]] HeldGroup hold(std::int64_t offset, Pass pass) const {
