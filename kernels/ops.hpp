@@ -91,15 +91,30 @@ struct MatmulBackwardArgs {
   bool accumulate_dx = false;
 };
 
+// ---- vocabulary parallelism: a table of V rows holding some of the vocabulary's ids ---------
+// Tensor parallelism splits the embedding and the lm_head by rows: rank r of T holds the ids
+// [begin, begin + V) of a vocabulary of `whole` ids. whole 0: the table is the vocabulary.
+// The CPU backend's only so far (a CUDA backend declines a slice).
+struct VocabSlice {
+  std::int64_t begin = 0;
+  std::int64_t whole = 0;
+  [[nodiscard]] bool sliced() const noexcept { return whole > 0; }
+};
+
 // ---- embedding: out (N, H) = table[tokens (N) i32], table (V, H) ----------------------------
+// With a vocabulary slice, a token of another rank's ids gets a row of zeros (the group's sum
+// is the embedding); a token outside the whole vocabulary is an error either way.
 struct EmbeddingArgs {
   TensorView out;
   ConstTensorView tokens, table;
+  VocabSlice vocab{};
 };
-// dtable (V, H) += scatter of dout (N, H) by tokens (deterministic order)
+// dtable (V, H) += scatter of dout (N, H) by tokens (deterministic order); tokens of another
+// rank's ids add nothing.
 struct EmbeddingBackwardArgs {
   TensorView dtable;
   ConstTensorView tokens, dout;
+  VocabSlice vocab{};
 };
 
 // ---- RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w, statistics in fp32 ---------------------
@@ -244,11 +259,28 @@ struct DropoutArgs {
 // no gradient flows through it; empty: not computed). The logits are z = logit_scale * h w^T
 // (logit_scale(T): divided by a sampling temperature, as TRL's GRPO computes every
 // log-probability and the entropy), and the gradients are those of that z.
+//
+// Vocabulary parallelism (`vocab` non-null): w holds the rows `vocab->slice` of the vocabulary,
+// targets are whole ids, and every block's softmax spans the group's slices: each rank's
+// statistics of its logits (kVocabStats f64 per row: max, sum of exp(z - max), sum of
+// exp(z - max) (z - max), the target's logit or 0 where another rank holds it) are gathered
+// with vocab->all_gather and combined in rank order, the same on every rank. Row losses, the
+// loss sum and the entropies are then the whole vocabulary's on every rank; dw is this slice's
+// gradient, and dh this slice's part of d/dh (the group's sum is the gradient).
+inline constexpr std::int64_t kVocabStats = 4;
+struct VocabShare {
+  VocabSlice slice;
+  int ranks = 1;
+  // all (ranks x mine.size()) = every rank's `mine` in rank order. Collective over the group,
+  // called once per block of rows (the same number of times on every rank).
+  std::function<void(std::span<const double> mine, std::span<double> all)> all_gather;
+};
 struct LmHeadCrossEntropyArgs {
   TensorView loss_sum, dh, dw, row_loss, row_entropy;
   ConstTensorView h, w, rows, targets, row_scale;
   float grad_scale = 1.0F;
   float logit_scale = 1.0F;
+  const VocabShare* vocab = nullptr;
 };
 
 // ---- reward head: scores (P) f32 = h[rows[p]] . w; h (N, H), w (H), rows (P) i32 ------------

@@ -92,12 +92,14 @@ void CpuOps::matmul_backward(const MatmulBackwardArgs& a) {
 
 void CpuOps::embedding(const EmbeddingArgs& a) {
   const RowDims d = embedding_dims(a);
-  cpu::embedding(f32(a.out), i32(a.tokens), f32(a.table), d.hidden);
+  cpu::embedding(f32(a.out), i32(a.tokens), f32(a.table), d.hidden,
+                 {.begin = a.vocab.begin, .whole = a.vocab.whole});
 }
 
 void CpuOps::embedding_backward(const EmbeddingBackwardArgs& a) {
   const RowDims d = embedding_dims(a);
-  cpu::embedding_backward(f32(a.dtable), i32(a.tokens), f32(a.dout), d.hidden);
+  cpu::embedding_backward(f32(a.dtable), i32(a.tokens), f32(a.dout), d.hidden,
+                          {.begin = a.vocab.begin, .whole = a.vocab.whole});
 }
 
 void CpuOps::rmsnorm(const RmsNormArgs& a) {
@@ -213,7 +215,8 @@ void CpuOps::lm_head_cross_entropy(const LmHeadCrossEntropyArgs& a) {
       {.loss = f32(a.row_loss),
        .scale = f32(a.row_scale),
        .entropy = f32(a.row_entropy),
-       .logit_scale = a.logit_scale});
+       .logit_scale = a.logit_scale},
+      cpu::kLogitBlockBytes, a.vocab);
   if (!a.loss_sum.empty()) a.loss_sum.as<double>()[0] += sum.loss;
 }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/ops.hpp"
+
 namespace l3::kernels::cpu {
 
 struct CrossEntropySum {
@@ -24,19 +26,19 @@ inline constexpr std::int64_t kLogitBlockBytes = 64LL << 20U;
 // weighs each row's gradient (grad_scale * row_scale[c]); entropy (C), when non-empty, receives
 // each counted row's entropy of softmax(logits) in nats (no gradient). The logits are
 // logit_scale * h w^T (kernels::logit_scale(T): divided by a sampling temperature), and the
-// gradients those of the scaled logits.
+// gradients those of the scaled logits. With `vocab` (vocabulary parallelism, as
+// LmHeadCrossEntropyArgs::vocab): w holds the slice's rows, targets are whole ids, the losses and
+// entropies are the whole vocabulary's, dw the slice's and dh the slice's part.
 struct CrossEntropyRows {
   std::span<float> loss{};
   std::span<const float> scale{};
   std::span<float> entropy{};
   float logit_scale = 1.0F;
 };
-CrossEntropySum lm_head_cross_entropy(std::span<float> dh, std::span<float> dw,
-                                      std::span<const float> h, std::span<const float> w,
-                                      std::span<const std::int32_t> rows,
-                                      std::span<const std::int32_t> targets, std::int64_t vocab,
-                                      std::int64_t hidden, float grad_scale,
-                                      CrossEntropyRows per_row = {},
-                                      std::int64_t block_bytes = kLogitBlockBytes);
+CrossEntropySum lm_head_cross_entropy(
+    std::span<float> dh, std::span<float> dw, std::span<const float> h, std::span<const float> w,
+    std::span<const std::int32_t> rows, std::span<const std::int32_t> targets, std::int64_t vocab,
+    std::int64_t hidden, float grad_scale, CrossEntropyRows per_row = {},
+    std::int64_t block_bytes = kLogitBlockBytes, const VocabShare* vocab_share = nullptr);
 
 }  // namespace l3::kernels::cpu

@@ -14,8 +14,8 @@ constexpr int kTileCols = 4;
 
 // A (R x C) tile of y: rows x[0..R) (stride k), W's rows w[0..C) (stride k).
 template <int R, int C>
-L3_VECTOR_CLONES void tile(float* y, std::int64_t y_stride, const float* x, const float* w,
-                           std::int64_t k, bool accumulate) {
+L3_FMA_CLONES void tile(float* y, std::int64_t y_stride, const float* x, const float* w,
+                        std::int64_t k, bool accumulate) {
   float acc[R][C][kLanes] = {};  // NOLINT(*-avoid-c-arrays): registers
   std::int64_t base = 0;
   for (; base + kLanes <= k; base += kLanes) {

@@ -42,8 +42,14 @@ inline float exp_approx(float x) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(__SANITIZE_THREAD__)
 #define L3_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// For loops written with std::fma (the row-invariant matmul): AVX2 alone has no FMA
+// instruction, so its clone would call libm's fmaf per element (a third of the time of
+// generation with --deterministic on an AVX2 CPU); x86-64-v3 is AVX2 with FMA. A fused
+// multiply-add is exactly rounded either way: the same bits on every clone.
+#define L3_FMA_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #else
 #define L3_VECTOR_CLONES
+#define L3_FMA_CLONES
 #endif
 
 namespace l3::kernels::cpu {
@@ -58,6 +64,8 @@ SoftmaxRow exp_row(float* row, std::int64_t n);
 // exp_row, and the softmax's entropy: log(sum) - (sum_j exp(x_j - max) (x_j - max)) / sum, with
 // x the row before exponentiation (in nats; the same exponentials, summed in fp32).
 SoftmaxRow exp_row_entropy(float* row, std::int64_t n, float& entropy);
+// exp_row, and dot = sum_j exp(x_j - max) (x_j - max) (what the entropy is computed from).
+SoftmaxRow exp_row_dot(float* row, std::int64_t n, float& dot);
 // row[j] = exp(row[j] - shift)
 void exp_shifted_row(float* row, std::int64_t n, float shift);
 // row[j] *= factor

@@ -321,13 +321,24 @@ void CudaOps::matmul_backward(const kernels::MatmulBackwardArgs& a) {
   }
 }
 
+namespace {
+// Tensor parallelism's vocabulary slices are the CPU backend's so far (the trainer refuses
+// --tensor-parallel on CUDA before a model exists).
+void decline_vocab_slice(const kernels::VocabSlice& slice, std::string_view op) {
+  if (slice.sliced())
+    throw core::internal_error(fmt::format("{}: a vocabulary slice on the CUDA backend", op));
+}
+}  // namespace
+
 void CudaOps::embedding(const kernels::EmbeddingArgs& a) {
+  decline_vocab_slice(a.vocab, "embedding");
   const kernels::RowDims d = kernels::embedding_dims(a);
   embedding_forward(out<BFloat16>(a.out), in<std::int32_t>(a.tokens), in<BFloat16>(a.table), d.rows,
                     d.hidden, d.vocab, stream_);
 }
 
 void CudaOps::embedding_backward(const kernels::EmbeddingBackwardArgs& a) {
+  decline_vocab_slice(a.vocab, "embedding_backward");
   const kernels::RowDims d = kernels::embedding_dims(a);
   const std::size_t bytes = embedding_backward_workspace(d.rows, d.hidden);
   void* workspace = scratch_.get(bytes, stream_);
@@ -769,6 +780,7 @@ void CudaOps::sum_squares_each(std::span<const ConstTensorView> xs, std::span<do
 }
 
 void CudaOps::lm_head_cross_entropy(const kernels::LmHeadCrossEntropyArgs& a) {
+  if (a.vocab != nullptr) decline_vocab_slice(a.vocab->slice, "lm_head_cross_entropy");
   const kernels::LmHeadDims d = kernels::lm_head_dims(a);
   const std::int64_t counted = d.counted;
   const std::int64_t vocab = d.vocab;

@@ -31,10 +31,7 @@ MemoryPlan plan_memory(const RunConfig& config, int ranks) {
     out.summary = fmt::format(
         "{} on {} rank{}{}, {}, micro-batch {} x {} tokens, recompute {}, ZeRO-{}",
         train::phase_name(t.phase), ranks, ranks == 1 ? "" : "s",
-        in.placement.context_parallel > 1
-            ? fmt::format(" (context parallel {} x data parallel {})",
-                          in.placement.context_parallel, in.placement.data_parallel_ranks())
-            : "",
+        in.placement.grid().empty() ? std::string() : fmt::format(" ({})", in.placement.grid()),
         out.backend,
         t.phase == Phase::sft ? fmt::format("{}", t.micro_batch)
         : t.phase == Phase::grpo

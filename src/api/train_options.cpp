@@ -346,6 +346,13 @@ void declare_common(po::options_description& o, train::Phase phase) {
       "1/C of the tokens and their activations; attention gathers the keys and values from the "
       "group); the other ranks' groups are data parallel. --seq-len must be a multiple of 2C "
       "(sft, reward and dpo, on the CPU backend so far)")(
+      "tensor-parallel",
+      core::number<int>(core::between(1, 1 << 10))->default_value(1)->value_name("T"),
+      "split every layer over groups of T consecutive ranks (Megatron-style: attention heads, "
+      "MLP columns and the vocabulary; each rank holds 1/T of the weights and runs the same "
+      "batch); composes with --context-parallel and the data-parallel groups. T must divide the "
+      "model's heads, key/value heads, MLP width and vocabulary (sft, reward and dpo with full "
+      "fine-tuning, on the CPU backend so far)")(
       "no-prefetch-gathers", po::bool_switch(),
       "--shard-parameters: gather each layer's weights when it is reached instead of while the "
       "previous one computes (for comparison; the results are bit-identical)")(
@@ -595,6 +602,7 @@ train::TrainConfig train_config_from(const po::variables_map& o, train::Phase ph
   c.prefetch_gathers = !get<bool>(o, "no-prefetch-gathers");
   c.shard_group_size = get<int>(o, "shard-group-size");
   c.context_parallel = get<int>(o, "context-parallel");
+  c.tensor_parallel = get<int>(o, "tensor-parallel");
   c.shard_gradients = get<bool>(o, "shard-gradients") || c.shard_parameters;
   c.grad_accum_dtype = train::parse_grad_accum_dtype(get<std::string>(o, "grad-accum-dtype"));
   c.bucket_mb = get<double>(o, "bucket-mb");

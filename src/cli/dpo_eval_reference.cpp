@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "parallel/sharded_weights.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/model_source.hpp"
-#include "train/sharded_weights.hpp"
 #include "train/train_config.hpp"
 
 namespace l3::cli {
@@ -104,7 +104,7 @@ DpoEvalReference dpo_eval_reference(const CommandContext& context, const ckpt::M
   const data::LoaderConfig loader = train::evaluation_loader(world, model, index, config);
   if (sharded) {
     check_digest(train::base_digest(world, *source, model.layout(), 0));
-    train::ShardedWeights reference(world, ops, model.layout(), *source, 0);
+    parallel::ShardedWeights reference(world, ops, model.layout(), *source, 0);
     model.set_parameter_window(&reference.window());
     out.table = train::compute_reference(world, model, index, loader, key);
     model.set_parameter_window(nullptr);

@@ -16,7 +16,8 @@
 #include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
 #include "model/llama_model.hpp"
-#include "train/context_group.hpp"
+#include "parallel/context_group.hpp"
+#include "parallel/sharded_weights.hpp"
 #include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
 #include "train/grpo/greedy_answers.hpp"
@@ -25,7 +26,6 @@
 #include "train/memory_check.hpp"
 #include "train/model_assembly.hpp"
 #include "train/model_source.hpp"
-#include "train/sharded_weights.hpp"
 #include "train/train_config.hpp"
 
 namespace l3::cli {
@@ -136,7 +136,7 @@ int run_eval(const CommandContext& context) {
                                      context.world.local_rank());
   const bool sharded = o["shard-parameters"].as<bool>();
   const int ranks = context.world.size();
-  // Context parallelism: each rank holds 1/C of every row (train::ContextGroup).
+  // Context parallelism: each rank holds 1/C of every row (parallel::ContextGroup).
   const int cp = o["context-parallel"].as<int>();
   if (ranks % cp != 0) {
     throw core::usage_error(fmt::format(
@@ -196,9 +196,9 @@ int run_eval(const CommandContext& context) {
     throw core::usage_error(
         "--context-parallel: not on prompt data (its completions are generated per rank)");
   }
-  std::unique_ptr<train::ContextGroup> group;
+  std::unique_ptr<parallel::ContextGroup> group;
   if (cp > 1) {
-    group = std::make_unique<train::ContextGroup>(context.world, cp);
+    group = std::make_unique<parallel::ContextGroup>(context.world, cp);
     model.set_context_exchange(group.get());
   }
   data::DatasetExpectations expect;

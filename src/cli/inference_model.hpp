@@ -14,8 +14,8 @@
 #include "io/tokenizer/tokenizer.hpp"
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
+#include "parallel/sharded_weights.hpp"
 #include "train/model_assembly.hpp"
-#include "train/sharded_weights.hpp"
 
 namespace l3::cli {
 
@@ -31,8 +31,8 @@ void declare_adapter_option(po::options_description& options);
 struct InferenceModel {
   std::string step_dir;  // the resolved checkpoint step directory, or the HF directory
   ckpt::Manifest manifest;
-  std::unique_ptr<kernels::Ops> ops;              // declared before the model: outlives it
-  std::unique_ptr<train::ShardedWeights> shards;  // sharded over ranks; else null
+  std::unique_ptr<kernels::Ops> ops;                 // declared before the model: outlives it
+  std::unique_ptr<parallel::ShardedWeights> shards;  // sharded over ranks; else null
   std::unique_ptr<model::LlamaModel> model;
   std::string adapter;        // the LoRA adapter folded into the weights (--adapter); empty: none
   train::ModelSource source;  // where the weights come from
@@ -42,7 +42,7 @@ struct InferenceModel {
 // model directory (its tokenizer.json or original/tokenizer.model is the model's tokenizer).
 // The model must have the `head` wanted (bad_input Error naming the path otherwise); anything
 // else is a bad_input Error naming the path. `shard_over`: hold 1/N of the weights on each rank
-// of this world (train::ShardedWeights; collective, and so is every forward pass); null: the
+// of this world (parallel::ShardedWeights; collective, and so is every forward pass); null: the
 // whole model on this rank alone. `adapter`: a PEFT LoRA adapter directory folded into the
 // weights (ckpt::apply_peft_adapter; with shard_over each rank folds it into its share), whose
 // SEQ_CLS score head lets a language model's checkpoint serve as a reward model's base; empty:

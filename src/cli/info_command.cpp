@@ -9,11 +9,13 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <utility>
 
 #include "cli/run_outcome.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
+#include "core/option_domain.hpp"
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
 #include "dist/library_versions.hpp"
@@ -59,6 +61,60 @@ struct WorldCheck {
   bool ok = true;
   std::vector<std::string> findings;
 };
+
+// The training process grid --tensor-parallel T and --context-parallel C would put the ranks
+// on (model::Placement): rank = (data group x C + context rank) x T + tensor rank.
+struct Grid {
+  int tensor = 1;
+  int context = 1;
+  [[nodiscard]] json of_rank(int rank) const {
+    return {{"data", rank / (tensor * context)},
+            {"context", (rank / tensor) % context},
+            {"tensor", rank % tensor}};
+  }
+  [[nodiscard]] bool used() const noexcept { return tensor > 1 || context > 1; }
+};
+
+Grid grid_of(const CommandContext& context) {
+  const Grid grid{.tensor = context.options["tensor-parallel"].as<int>(),
+                  .context = context.options["context-parallel"].as<int>()};
+  const int ranks = context.world.size();
+  if (ranks % (grid.tensor * grid.context) != 0) {
+    throw core::usage_error(fmt::format(
+        "--tensor-parallel {} --context-parallel {}: the {} ranks must split into groups of {}",
+        grid.tensor, grid.context, ranks, grid.tensor * grid.context));
+  }
+  return grid;
+}
+
+// Whether every group of `size` ranks that differ only in the axis of `stride` (the tensor
+// groups: consecutive ranks; the context groups: ranks T apart) lies on one node.
+bool groups_inside_nodes(const std::vector<json>& ranks, int size, int stride) {
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const auto rank = static_cast<int>(r);
+    const int first = rank / (size * stride) * (size * stride) + rank % stride;
+    if (ranks[r].at("node") != ranks.at(static_cast<std::size_t>(first)).at("node")) return false;
+  }
+  return true;
+}
+
+// What the grid's groups span, for the check's findings.
+void describe_grid(const Grid& grid, const std::vector<json>& ranks, WorldCheck& check) {
+  if (!grid.used()) return;
+  const int data = static_cast<int>(ranks.size()) / (grid.tensor * grid.context);
+  std::string text =
+      fmt::format("grid: tensor parallel {} x context parallel {} x data parallel {}", grid.tensor,
+                  grid.context, data);
+  for (const auto& [name, size, stride] :
+       {std::tuple{"tensor", grid.tensor, 1}, std::tuple{"context", grid.context, grid.tensor}}) {
+    if (size <= 1) continue;
+    text +=
+        groups_inside_nodes(ranks, size, stride)
+            ? fmt::format("; every {} group inside one node", name)
+            : fmt::format("; warning: {} groups span nodes (their exchanges leave the node)", name);
+  }
+  check.findings.push_back(text);
+}
 
 // The collective self-check: a reduction gives the known answer, and the node layout every
 // rank computed on its own is consistent with what the others computed.
@@ -180,7 +236,13 @@ bool report(const CommandContext& context) {
   ranks.reserve(gathered.size());
   for (const std::string& text : gathered) ranks.push_back(json::parse(text));
 
-  const WorldCheck check = check_world(world, ranks);
+  const Grid grid = grid_of(context);
+  if (grid.used()) {
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      ranks[r]["grid"] = grid.of_rank(static_cast<int>(r));
+  }
+  WorldCheck check = check_world(world, ranks);
+  if (world.is_root()) describe_grid(grid, ranks, check);
   if (world.is_root()) {
     if (context.options["json"].as<bool>()) {
       std::cout << to_json(world, ranks, check).dump() << '\n' << std::flush;
@@ -196,7 +258,14 @@ bool report(const CommandContext& context) {
 void declare_info_options(po::options_description& options,
                           po::positional_options_description& /*positional*/) {
   options.add_options()("json", po::bool_switch(),
-                        "print one JSON object on stdout instead of the human report");
+                        "print one JSON object on stdout instead of the human report")(
+      "tensor-parallel",
+      core::number<int>(core::between(1, 1 << 10))->default_value(1)->value_name("T"),
+      "show the process grid a training run with --tensor-parallel T would use: each rank's "
+      "tensor, context and data-parallel index, and whether each group stays inside a node")(
+      "context-parallel",
+      core::number<int>(core::between(1, 1 << 16))->default_value(1)->value_name("C"),
+      "the same for --context-parallel C");
 }
 
 int run_info(const CommandContext& context) {

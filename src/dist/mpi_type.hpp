@@ -15,7 +15,7 @@ namespace l3::dist {
 
 // MpiType<T>::get(): the MPI datatype of one T. The types below are the ones the library sends;
 // a type of a higher layer gets a specialisation where it travels (bf16 moves as its 16 bits,
-// MPI_UINT16_T, in train/gradient_exchange.cpp).
+// MPI_UINT16_T, in parallel/gradient_exchange.cpp).
 template <typename T>
 struct MpiType;
 

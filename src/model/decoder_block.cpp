@@ -63,7 +63,8 @@ BlockWeights block_weights(const ParameterLayout& layout, int layer, const Weigh
 void decoder_block_forward(kernels::Ops& ops, const ModelConfig& c, const BlockWeights& w,
                            const RopeViews& rope, kernels::ConstTensorView x_in,
                            kernels::TensorView x_out, const BlockViews& a,
-                           const std::function<void()>& attend, const BlockAdapters* adapters) {
+                           const std::function<void()>& attend, const BlockAdapters* adapters,
+                           const TensorReduce& reduce) {
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const auto rotate = [&](kernels::TensorView x) {
     ops.rope({.x = x, .positions = rope.positions, .cos = rope.cos, .sin = rope.sin});
@@ -87,14 +88,27 @@ void decoder_block_forward(kernels::Ops& ops, const ModelConfig& c, const BlockW
     rotate(a.k);
   }
   attend();
-  ops.copy(a.h, x_in);  // the residual, then += o_proj(att)
-  project(LoraTarget::o, a.h, a.att, w.o_proj, true);
+  if (reduce) {
+    // tensor parallelism: this rank's heads' part of o_proj, the group's sum, the residual
+    project(LoraTarget::o, a.h, a.att, w.o_proj, false);
+    reduce(a.h);
+    ops.add_into(a.h, x_in);
+  } else {
+    ops.copy(a.h, x_in);  // the residual, then += o_proj(att)
+    project(LoraTarget::o, a.h, a.att, w.o_proj, true);
+  }
 
   // MLP half: x' = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h)
   ops.rmsnorm({.out = a.ln2, .rstd = a.rstd2, .x = a.h, .w = w.post_attention_norm, .eps = eps});
   project(LoraTarget::gate, a.gate, a.ln2, w.gate_proj, false);
   project(LoraTarget::up, a.up, a.ln2, w.up_proj, false);
   ops.swiglu({.out = a.act, .gate = a.gate, .up = a.up});
+  if (reduce) {
+    project(LoraTarget::down, x_out, a.act, w.down_proj, false);
+    reduce(x_out);
+    ops.add_into(x_out, a.h);
+    return;
+  }
   ops.copy(x_out, a.h);
   project(LoraTarget::down, x_out, a.act, w.down_proj, true);
 }
@@ -105,7 +119,8 @@ void decoder_block_backward(kernels::Ops& ops, const ModelConfig& /*config*/, co
                             const BlockViews& a, const BlockBackwardViews& d,
                             const std::function<void()>& attend_backward,
                             const BlockAdapters* adapters,
-                            const BlockAdapterGradients* adapter_grads) {
+                            const BlockAdapterGradients* adapter_grads,
+                            const TensorReduce& reduce) {
   // dx (+)= dy W, dW += dy^T x; then the target's adapter, which fed the same y from x.
   const auto project_backward = [&](LoraTarget t, kernels::TensorView dx,
                                     kernels::ConstTensorView dy, kernels::ConstTensorView x,
@@ -126,6 +141,7 @@ void decoder_block_backward(kernels::Ops& ops, const ModelConfig& /*config*/, co
       {.dgate = d.d_gate, .dup = d.d_up, .dout = d.d_act, .gate = a.gate, .up = a.up});
   project_backward(LoraTarget::gate, d.d_ln, d.d_gate, a.ln2, w.gate_proj, g.gate_proj, false);
   project_backward(LoraTarget::up, d.d_ln, d.d_up, a.ln2, w.up_proj, g.up_proj, true);
+  if (reduce) reduce(d.d_ln);  // tensor parallelism: the group's columns' parts of d(ln2)
   ops.rmsnorm_backward({.dx = d_resid,
                         .dw = g.post_attention_norm,
                         .dout = d.d_ln,
@@ -143,6 +159,7 @@ void decoder_block_backward(kernels::Ops& ops, const ModelConfig& /*config*/, co
   project_backward(LoraTarget::q, d.d_ln, d.d_q, a.ln1, w.q_proj, g.q_proj, false);
   project_backward(LoraTarget::k, d.d_ln, d.d_k, a.ln1, w.k_proj, g.k_proj, true);
   project_backward(LoraTarget::v, d.d_ln, d.d_v, a.ln1, w.v_proj, g.v_proj, true);
+  if (reduce) reduce(d.d_ln);  // the group's heads' parts of d(ln1)
   ops.rmsnorm_backward({.dx = d_resid,
                         .dw = g.input_norm,
                         .dout = d.d_ln,

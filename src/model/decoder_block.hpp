@@ -146,24 +146,34 @@ struct BlockBackwardViews {
   kernels::TensorView d_k, d_v;             // (n, n_kv_heads, head_dim)
 };
 
-// x_in and x_out (n, H) may be the same buffer. adapters: null for none.
+// Tensor parallelism (tensor_exchange.hpp): x = the sum of x over the group, the same on every
+// rank. Empty: the block is whole.
+using TensorReduce = std::function<void(kernels::TensorView x)>;
+
+// x_in and x_out (n, H) may be the same buffer. adapters: null for none. With `reduce` (tensor
+// parallelism; the weights and activations are this rank's heads and MLP columns), the
+// row-parallel projections' outputs are summed over the group before the residual adds.
 void decoder_block_forward(kernels::Ops& ops, const ModelConfig& config, const BlockWeights& w,
                            const RopeViews& rope, kernels::ConstTensorView x_in,
                            kernels::TensorView x_out, const BlockViews& a,
                            const std::function<void()>& attend,
-                           const BlockAdapters* adapters = nullptr);
+                           const BlockAdapters* adapters = nullptr,
+                           const TensorReduce& reduce = {});
 
 // The backward of decoder_block_forward, given its activations `a` and its input x_in:
 // d_resid holds d(loss)/d(x_out) and is turned into d(loss)/d(x_in); the weights' gradients are
 // added into `g`, the adapters' (with `adapters`) into `adapter_grads`. `attend_backward` reads
 // d.d_att and a's attention inputs and output, and writes d.d_q, d.d_k, d.d_v (before RoPE's
 // backward). Each adapter's backward follows its layer's, before that layer's dx is read on.
+// With `reduce`, the column-parallel projections' input gradients are summed over the group
+// before each norm's backward (whose weight gradients are then the same on every rank).
 void decoder_block_backward(kernels::Ops& ops, const ModelConfig& config, const BlockWeights& w,
                             const BlockGradients& g, const RopeViews& rope,
                             kernels::ConstTensorView x_in, kernels::TensorView d_resid,
                             const BlockViews& a, const BlockBackwardViews& d,
                             const std::function<void()>& attend_backward,
                             const BlockAdapters* adapters = nullptr,
-                            const BlockAdapterGradients* adapter_grads = nullptr);
+                            const BlockAdapterGradients* adapter_grads = nullptr,
+                            const TensorReduce& reduce = {});
 
 }  // namespace l3::model

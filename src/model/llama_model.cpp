@@ -140,7 +140,8 @@ std::int64_t widest_adapter_input(const ModelConfig& c) {
 
 LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& ops,
                        ModelOptions options)
-    : layout_(config, head),
+    : whole_config_(config),
+      layout_(options.tensor.active() ? slice_config(config, options.tensor.ranks) : config, head),
       adapters_(options.lora.enabled()
                     ? std::optional<ParameterLayout>(std::in_place, config, head, options.lora)
                     : std::nullopt),
@@ -160,7 +161,39 @@ LlamaModel::LlamaModel(const ModelConfig& config, HeadKind head, kernels::Ops& o
                  : Buffer{}),
       sums_(ops.allocate(DType::f64, kLossSumElements)),
       idle_ops_(ops),
-      ws_(std::make_unique<Workspace>()) {}
+      ws_(std::make_unique<Workspace>()) {
+  if (options.tensor.active() && adapters_) {
+    throw core::internal_error("a tensor-parallel model with LoRA adapters (not built yet)");
+  }
+}
+
+void LlamaModel::set_tensor_exchange(TensorExchange* exchange) {
+  if (exchange != nullptr && exchange->ranks() != options_.tensor.ranks) {
+    throw core::internal_error(fmt::format("a tensor group of {} ranks for a model sliced {} ways",
+                                           exchange->ranks(), options_.tensor.ranks));
+  }
+  tensor_ = exchange;
+  if (exchange == nullptr || !options_.tensor.active()) {
+    vocab_share_ = {};
+    return;
+  }
+  const std::int64_t rows = config().vocab_size;
+  vocab_share_ = {
+      .slice = {.begin = rows * options_.tensor.rank, .whole = rows * exchange->ranks()},
+      .ranks = exchange->ranks(),
+      .all_gather = [exchange](std::span<const double> mine, std::span<double> all) {
+        exchange->all_gather(mine, all);
+      }};
+}
+
+TensorReduce LlamaModel::tensor_reduce() {
+  if (!options_.tensor.active()) return {};
+  if (tensor_ == nullptr) throw core::internal_error("a tensor-parallel pass without its group");
+  return [this](TensorView x) {
+    pass_ops().synchronize();  // the backend's queue holds x's producer
+    tensor_->all_reduce_sum(x);
+  };
+}
 
 LlamaModel::~LlamaModel() = default;
 
@@ -357,7 +390,7 @@ void LlamaModel::zero_gradients() {
 void LlamaModel::load_batch(const Batch& batch, std::span<const double> reference) {
   const core::TraceRange range("batch upload");
   const ModelConfig& c = config();
-  batch.validate(c.vocab_size);
+  batch.validate(whole_config_.vocab_size);  // ids of the whole vocabulary
   Workspace& ws = *ws_;
   const std::int64_t n = batch.tokens_count();
   const bool share = !batch.context_rows.empty();
@@ -589,7 +622,10 @@ void LlamaModel::forward_backbone() {
     const HeldGroup held = hold(layout_.embedding(), Pass::forward);
     pass_ops().embedding({.out = ws.layer_inputs[0].first_rows(n),
                           .tokens = ws.in().tokens.first_rows(n),
-                          .table = weight(layout_.embedding(), {c.vocab_size, h})});
+                          .table = weight(layout_.embedding(), {c.vocab_size, h}),
+                          .vocab = vocab_slice()});
+    // tensor parallelism: each token's row is one rank's, zeros elsewhere
+    if (const TensorReduce reduce = tensor_reduce()) reduce(ws.layer_inputs[0].first_rows(n));
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const HeldGroup held = hold(layout_.block(l).q_proj, Pass::forward);
@@ -629,7 +665,7 @@ void LlamaModel::block_forward(int layer, ConstTensorView x_in, TensorView x_out
         }
         attention_share(a);
       },
-      adapters_ ? &adapters : nullptr);
+      adapters_ ? &adapters : nullptr, tensor_reduce());
 }
 
 void LlamaModel::backward_backbone() {
@@ -641,6 +677,9 @@ void LlamaModel::backward_backbone() {
   const ConstTensorView positions = ws.in().positions.first_rows(n);
 
   pass_ops().zero(d_resid);
+  const TensorReduce reduce = tensor_reduce();
+  // tensor parallelism: the lm_head's slices each gave a part of d(final norm output)
+  if (reduce && layout_.head() == HeadKind::language_model) reduce(ws.d_final.first_rows(n));
   {
     const HeldGroup held = hold(layout_.final_norm(), Pass::backward);
     pass_ops().rmsnorm_backward({.dx = d_resid,
@@ -689,14 +728,15 @@ void LlamaModel::backward_backbone() {
                                          .v = a.v,
                                          .segments = ws.segments});
         },
-        adapters_ ? &ad : nullptr, adapters_ ? &adapter_grads : nullptr);
+        adapters_ ? &ad : nullptr, adapters_ ? &adapter_grads : nullptr, reduce);
     gradients_ready(block_ready_offset(l));
   }
   if (adapters_) return;  // a frozen embedding: nothing to compute or report
   const core::TraceRange range("embedding backward");
   pass_ops().embedding_backward({.dtable = weight_grad(layout_.embedding(), {c.vocab_size, h}),
                                  .tokens = ws.in().tokens.first_rows(n),
-                                 .dout = d_resid});
+                                 .dout = d_resid,
+                                 .vocab = vocab_slice()});
   gradients_ready(0);
 }
 
@@ -761,6 +801,9 @@ TensorView LlamaModel::lm_head_grad() const {
 void LlamaModel::forward_rows(const RowPass& pass, const std::function<void(int layer)>& attend) {
   const ModelConfig& c = config();
   const std::int64_t n = pass.x.rows();
+  if (options_.tensor.active()) {
+    throw core::internal_error("generation on a tensor-parallel model (not built yet)");
+  }
   kernels::Ops& ops =
       n == 0 ? static_cast<kernels::Ops&>(idle_ops_) : (pass.ops != nullptr ? *pass.ops : ops_);
   {
@@ -848,7 +891,8 @@ std::vector<float> LlamaModel::target_log_probs(const Batch& batch, float logit_
                                       .w = lm_head_weight(),
                                       .rows = in.loss_rows,
                                       .targets = in.loss_targets,
-                                      .logit_scale = logit_scale});
+                                      .logit_scale = logit_scale,
+                                      .vocab = vocab_share()});
   }
   std::vector<float> out(static_cast<std::size_t>(in.counted));
   pass_ops().copy(TensorView(std::span<float>(out)), rows);
@@ -861,6 +905,7 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
   if (layout_.head() != HeadKind::language_model) {
     throw core::internal_error("logits of a model without a language-model head");
   }
+  if (options_.tensor.active()) throw core::internal_error("whole logits of a vocabulary slice");
   load_batch(batch);
   ws_->training = false;
   forward_backbone();

@@ -34,6 +34,8 @@
 #include "model/parameter_layout.hpp"
 #include "model/parameter_window.hpp"
 #include "model/placement.hpp"
+#include "model/tensor_exchange.hpp"
+#include "model/tensor_slice.hpp"
 
 namespace l3::model {
 
@@ -60,6 +62,11 @@ struct ModelOptions {
   // master copy beside bf16 ones) and the adapters, with a reward model's score head, train.
   // keep_master, own_gradients and fp32_gradients then apply to the adapter buffer.
   LoraConfig lora{};
+  // Tensor parallelism: this model is rank `tensor.rank` of a group of `tensor.ranks`, holding
+  // its heads, MLP columns and vocabulary rows (model/tensor_slice.hpp): layout() and config()
+  // are the slice's. Its passes need the group's exchanges (set_tensor_exchange). Not with LoRA
+  // so far.
+  TensorSlice tensor{};
 
   // The buffers a model holds under `placement` (model/placement.hpp): no fp32 master copy
   // where the optimizers keep it (or nothing trains), no whole gradient buffer where ZeRO-2's
@@ -130,6 +137,9 @@ class LlamaModel {
 
   [[nodiscard]] const ParameterLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] const ModelConfig& config() const noexcept { return layout_.config(); }
+  // The model this one is a tensor-parallel slice of (config() itself without one): what
+  // checkpoints, FLOP counts and token checks describe.
+  [[nodiscard]] const ModelConfig& whole_config() const noexcept { return whole_config_; }
   [[nodiscard]] kernels::Ops& ops() const noexcept { return ops_; }
   [[nodiscard]] const ModelOptions& options() const noexcept { return options_; }
 
@@ -206,6 +216,18 @@ class LlamaModel {
   // batch that is a share (data::Batch::context_rows) needs one: its queries attend to the
   // whole sequence's keys and values, gathered from the group in each layer's attention.
   void set_context_exchange(ContextExchange* exchange) noexcept { context_ = exchange; }
+  // Tensor parallelism: the group's exchanges (not owned; it must outlive the passes), needed
+  // by every pass of a model built with ModelOptions::tensor.
+  void set_tensor_exchange(TensorExchange* exchange);
+  [[nodiscard]] const TensorSlice& tensor_slice() const noexcept { return options_.tensor; }
+  // The embedding's and lm_head's rows as ids of the whole vocabulary (whole 0: not sliced).
+  [[nodiscard]] kernels::VocabSlice vocab_slice() const noexcept { return vocab_share_.slice; }
+  // What an lm_head_cross_entropy over lm_head_weight() takes as its `vocab`: null without
+  // tensor parallelism. A head's d_hidden is then this slice's part, which backward() sums over
+  // the group.
+  [[nodiscard]] const kernels::VocabShare* vocab_share() const noexcept {
+    return options_.tensor.active() ? &vocab_share_ : nullptr;
+  }
   // Context parallelism, a loaded share's counted rows over the whole batch: `local` (C) values
   // of this rank's counted rows (their cross-entropies, say) and the group's, in the whole's
   // token order (`values`), with each sequence's range of them (`ranges`, (2P, 2) as
@@ -344,6 +366,7 @@ class LlamaModel {
     return {parameter_window_, group_at(offset), pass};
   }
 
+  ModelConfig whole_config_;
   ParameterLayout layout_;
   std::optional<ParameterLayout> adapters_;  // LoRA's trainable layout
   std::vector<FlatRange> groups_;            // layout_.gradient_groups()
@@ -364,6 +387,10 @@ class LlamaModel {
   GradientWindow* window_ = nullptr;
   ParameterWindow* parameter_window_ = nullptr;
   ContextExchange* context_ = nullptr;
+  TensorExchange* tensor_ = nullptr;
+  kernels::VocabShare vocab_share_{};
+  // x summed over the tensor-parallel group; empty without one.
+  [[nodiscard]] TensorReduce tensor_reduce();
 };
 
 }  // namespace l3::model

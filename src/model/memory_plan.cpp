@@ -10,6 +10,7 @@
 #include "kernels/cuda/scratch_sizes.hpp"
 #include "model/generation_engine.hpp"
 #include "model/llama_model.hpp"
+#include "model/tensor_slice.hpp"
 
 namespace l3::model {
 
@@ -182,7 +183,11 @@ std::int64_t gradient_slot_elements(const ParameterLayout& layout) {
 }
 
 MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
-  const ModelConfig& c = in.model;
+  // Tensor parallelism: a rank holds a slice of every layer (model/tensor_slice.hpp), which is
+  // a model of its own with 1/T of the heads, MLP columns and vocabulary; the residual stream
+  // and the norms stay whole.
+  const int tp = std::max(in.placement.tensor_parallel, 1);
+  const ModelConfig c = tp > 1 ? slice_config(in.model, tp) : in.model;
   const std::int64_t params = ParameterLayout(c, in.head).total();
   // Context parallelism: a rank holds 1/C of each row's tokens and their activations.
   const int cp = std::max(in.placement.context_parallel, 1);
@@ -195,10 +200,10 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   const int ranks = place.ranks;
   const bool zero3 = place.shards_trained_weights();
   // LoRA with --shard-parameters: the frozen weights are sharded over all ranks and gathered a
-  // layer group at a time (train/sharded_weights.hpp); the adapters are not.
+  // layer group at a time (parallel/sharded_weights.hpp); the adapters are not.
   const bool frozen_sharded = place.shards_frozen_weights();
   // The ranks the states are sharded over: a shard group (ZeRO-3, hybrid), else all of them.
-  const int shards = zero3 ? place.shard_ranks() : ranks;
+  const int shards = zero3 ? place.shard_ranks() : place.ranks_per_tensor_rank();
   // Gradients add up in fp32 only where the backend computes in bf16.
   const bool fp32_gradients = in.compute != DType::f32 && place.fp32_gradients;
   // What trains, and so has gradients, master weights and moments: the adapters with LoRA.
@@ -208,12 +213,13 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
   const std::int64_t owned = place.shards_optimizer() ? (trained + shards - 1) / shards : trained;
 
   MemoryPlan plan;
+  const std::string slice = tp > 1 ? fmt::format(", tensor slice 1/{}", tp) : std::string();
   if (zero3) {
     // In bf16 the fp32 master pieces (below) are the only copy: each rank rounds its pieces to
-    // bf16 as it gathers them (train/parameter_gather.hpp).
+    // bf16 as it gathers them (parallel/parameter_gather.hpp).
     if (in.compute == DType::f32) {
-      plan.lines.push_back({fmt::format("weights ({}, ZeRO-3: 1/{} of {:.3f}B parameters)", dtype,
-                                        shards, static_cast<double>(params) / 1e9),
+      plan.lines.push_back({fmt::format("weights ({}, ZeRO-3: 1/{} of {:.3f}B parameters{})", dtype,
+                                        shards, static_cast<double>(params) / 1e9, slice),
                             bytes_of(in.compute, owned)});
     }
     plan.lines.push_back({fmt::format("gathered weights ({}, ZeRO-3: two layer groups{})", dtype,
@@ -228,9 +234,10 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
                                       model_layout.lm_head_tied() ? " and the tied embedding" : ""),
                           bytes_of(in.compute, gradient_slot_elements(model_layout))});
   } else {
-    plan.lines.push_back({fmt::format("weights ({}, {:.3f}B parameters{})", dtype,
-                                      static_cast<double>(params) / 1e9, lora ? ", frozen" : ""),
-                          bytes_of(in.compute, params)});
+    plan.lines.push_back(
+        {fmt::format("weights ({}, {:.3f}B parameters{}{})", dtype,
+                     static_cast<double>(params) / 1e9, lora ? ", frozen" : "", slice),
+         bytes_of(in.compute, params)});
   }
   if (lora) {
     plan.lines.push_back(
@@ -287,6 +294,13 @@ MemoryPlan plan_training_memory(const MemoryPlanInput& in) {
     plan.lines.push_back(
         {fmt::format("gathered keys and values ({} tokens, one layer) and gradients", whole),
          w.context});
+  }
+  if (tp > 1 && in.compute == DType::f32) {
+    // The CPU backend's parallel::TensorGroup adds the residual stream's parts after an
+    // all-gather into host staging (a GPU's all-reduce works in place).
+    plan.lines.push_back(
+        {fmt::format("tensor-parallel exchange ({} parts of {} tokens x {})", tp, n, c.hidden_size),
+         bytes_of(DType::f32, std::int64_t{tp} * n * c.hidden_size)});
   }
   if (in.compute != DType::f32) {
     // cuDNN where it takes the model's heads (else every call runs on the fallback); the

@@ -97,7 +97,7 @@ struct CudnnAttentionBytes {
                                                  bool recompute, std::int64_t tokens,
                                                  const LoraConfig& lora);
 
-// ZeRO-2's gradient slots (train::DataParallel): two the size of the largest gradient group,
+// ZeRO-2's gradient slots (parallel::DataParallel): two the size of the largest gradient group,
 // and one for the embedding's group when the lm_head is tied to it. Elements. ZeRO-3's gather
 // buffers have the same shape.
 [[nodiscard]] std::int64_t gradient_slot_elements(const ParameterLayout& layout);

@@ -200,11 +200,11 @@ void ModelConfig::validate() const {
   if (head_dim <= 0 || head_dim % 2 != 0) {
     fail(fmt::format("head_dim must be positive and even for RoPE (got {})", head_dim));
   }
-  if (static_cast<std::int64_t>(n_heads) * head_dim != hidden_size) {
+  if (static_cast<std::int64_t>(n_heads) * head_dim * tensor_slices != hidden_size) {
     fail(
         fmt::format("num_attention_heads {} x head_dim {} must equal hidden_size {} (hidden "
                     "size % heads must be 0)",
-                    n_heads, head_dim, hidden_size));
+                    n_heads * tensor_slices, head_dim, hidden_size));
   }
   if (max_position_embeddings <= 0) {
     fail(fmt::format("max_position_embeddings must be positive (got {})", max_position_embeddings));

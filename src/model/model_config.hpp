@@ -42,6 +42,10 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
+  // Tensor parallelism (model/tensor_slice.hpp): this is one of `tensor_slices` slices of a
+  // model, with 1/tensor_slices of its heads, MLP columns and vocabulary (its attention's
+  // n_heads x head_dim is hidden_size / tensor_slices). 1: a whole model.
+  int tensor_slices = 1;
 
   // Throws a bad_input Error naming `name` when the numbers cannot describe a model.
   void validate() const;

@@ -29,6 +29,14 @@ std::string Placement::stage_name() const {
   return "?";
 }
 
+std::string Placement::grid() const {
+  if (context_parallel <= 1 && tensor_parallel <= 1) return {};
+  std::string out;
+  if (tensor_parallel > 1) out += fmt::format("tensor parallel {} x ", tensor_parallel);
+  if (context_parallel > 1) out += fmt::format("context parallel {} x ", context_parallel);
+  return out + fmt::format("data parallel {}", data_parallel_ranks());
+}
+
 std::string Placement::reduction_description(bool overlapping) const {
   if (shards_frozen_weights())
     return "of every micro-batch, the frozen weights all-gathered group by group";

@@ -1,7 +1,7 @@
 // Where a run's parameters, gradients and optimizer state live over its ranks: one typed value
-// built and validated once from the options (train::choose_placement) and read by every layer
+// built and validated once from the options (parallel::choose_placement) and read by every layer
 // that depends on it: the model (which buffers it owns: ModelOptions), the memory plan, the
-// data-parallel optimizer (train::DataParallel) and the logs.
+// data-parallel optimizer (parallel::DataParallel) and the logs.
 //
 //   stage       weights                 gradients               optimizer state
 //   replicated  whole on every rank     whole                   whole on every rank
@@ -41,6 +41,11 @@ struct Placement {
   // (context parallelism); the ranks / context_parallel groups are data parallel. The states
   // are sharded and reduced over all the ranks, as pure data parallelism does.
   int context_parallel = 1;
+  // Tensor parallelism: groups of `tensor_parallel` consecutive ranks hold each layer's slices
+  // (model/tensor_slice.hpp) and run the same micro-batches; the context and data groups are
+  // formed over the ranks of one tensor rank (rank = (data x C + context) x T + tensor), and the
+  // states are sharded and reduced over those ranks_data() ranks.
+  int tensor_parallel = 1;
 
   // Forward passes only, over frozen weights held whole or sharded over `ranks` ranks.
   [[nodiscard]] static Placement frozen(bool sharded, int ranks) noexcept;
@@ -56,15 +61,26 @@ struct Placement {
   }
   // The model holds no whole copy of its weights (it reads them through a ParameterWindow).
   [[nodiscard]] bool model_holds_weights() const noexcept { return stage != ZeroStage::parameters; }
-  [[nodiscard]] bool hybrid() const noexcept { return shard_group > 0 && shard_group < ranks; }
+  [[nodiscard]] bool hybrid() const noexcept {
+    return shard_group > 0 && shard_group < ranks_per_tensor_rank();
+  }
   // The ranks the trained states are sharded over.
-  [[nodiscard]] int shard_ranks() const noexcept { return hybrid() ? shard_group : ranks; }
+  [[nodiscard]] int shard_ranks() const noexcept {
+    return hybrid() ? shard_group : ranks_per_tensor_rank();
+  }
   // The data-parallel groups: the ranks that read different samples.
-  [[nodiscard]] int data_parallel_ranks() const noexcept { return ranks / context_parallel; }
+  [[nodiscard]] int data_parallel_ranks() const noexcept {
+    return ranks / (context_parallel * tensor_parallel);
+  }
+  // The ranks of one tensor rank: what the states are sharded and reduced over.
+  [[nodiscard]] int ranks_per_tensor_rank() const noexcept { return ranks / tensor_parallel; }
 
   // "0 (off)", "1", "2", "3", "3 (hybrid: shard groups of G ranks)", or LoRA's "2 over the
   // adapters, the frozen model sharded (1/N on each rank)": for logs and plans.
   [[nodiscard]] std::string stage_name() const;
+  // The process grid for logs and plans: "tensor parallel T x context parallel C x data
+  // parallel D" (the axes used), empty for pure data parallelism.
+  [[nodiscard]] std::string grid() const;
   // When and how gradients are reduced, for the run's plan line.
   [[nodiscard]] std::string reduction_description(bool overlapping) const;
 };

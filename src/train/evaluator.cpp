@@ -33,7 +33,7 @@ data::LoaderConfig evaluation_loader(const dist::World& world, const model::Llam
       config.drop_long ? data::LongSamples::drop : data::LongSamples::truncate;
   loader_config.depth = config.prefetch_depth;
   loader_config.pad_id = pad_token(index);
-  loader_config.model_vocab = model.config().vocab_size;
+  loader_config.model_vocab = model.whole_config().vocab_size;
   loader_config.margins_from_data = config.margin_from_data;
   loader_config.reader.response_masks = config.dpo.has_value();
   return loader_config;

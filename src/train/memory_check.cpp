@@ -10,9 +10,9 @@
 #include "core/host_memory.hpp"
 #include "dist/collectives.hpp"
 #include "kernels/backends.hpp"
+#include "parallel/placement_choice.hpp"
 #include "train/grpo/rollout_source.hpp"
 #include "train/model_source.hpp"
-#include "train/placement_choice.hpp"
 
 namespace l3::train {
 
@@ -63,7 +63,7 @@ model::MemoryPlanInput memory_plan_input(const TrainConfig& config, const model:
                             : 2 * config.micro_batch;
   // DPO: LoRA's reference is the same model without its adapters, full fine-tuning's is
   // precomputed: no second model either way (GRPO's: below).
-  in.placement = choose_placement(config, ranks, in.compute);
+  in.placement = parallel::choose_placement(config, ranks, in.compute);
   // The attention the backend resolves --attention to on this node's GPU (without one: an
   // sm_90 GPU; kernels::attention_choice), with the buffer it needs.
   if (cuda) {

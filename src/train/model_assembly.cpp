@@ -5,7 +5,7 @@
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "model/parameter_init.hpp"
-#include "train/data_parallel.hpp"
+#include "parallel/data_parallel.hpp"
 
 namespace l3::train {
 
@@ -15,9 +15,10 @@ AssembledModel build_model(kernels::Ops& ops, const model::ModelConfig& config,
     throw core::internal_error("build_model: a training model needs a training placement");
   }
   AssembledModel assembled;
-  assembled.model = std::make_unique<model::LlamaModel>(
-      config, recipe.head, ops,
-      model::ModelOptions::of(recipe.placement, recipe.recompute, recipe.lora));
+  model::ModelOptions options =
+      model::ModelOptions::of(recipe.placement, recipe.recompute, recipe.lora);
+  options.tensor = recipe.tensor;
+  assembled.model = std::make_unique<model::LlamaModel>(config, recipe.head, ops, options);
   return assembled;
 }
 
@@ -31,8 +32,8 @@ std::vector<float> load_frozen_weights(const dist::World* world, kernels::Ops& o
     // Each rank folds the adapter, if any, into its share of the weights.
     const std::optional<ckpt::PeftAdapter> peft =
         load_adapter_on_every_rank(*world, recipe.adapter, model.layout());
-    assembled.frozen = std::make_unique<ShardedWeights>(*world, ops, model.layout(), source,
-                                                        recipe.seed, peft ? &peft->fold : nullptr);
+    assembled.frozen = std::make_unique<parallel::ShardedWeights>(
+        *world, ops, model.layout(), source, recipe.seed, peft ? &peft->fold : nullptr);
     model.set_parameter_window(&assembled.frozen->window());
     return {};
   }
@@ -60,7 +61,7 @@ AssembledModel assemble_model(const dist::World* world, kernels::Ops& ops,
   return assembled;
 }
 
-void attach_parallel(model::LlamaModel& model, DataParallel& parallel) {
+void attach_parallel(model::LlamaModel& model, parallel::DataParallel& parallel) {
   if (model::GradientWindow* window = parallel.gradient_window()) model.set_gradient_window(window);
   if (model::ParameterWindow* window = parallel.parameter_window())
     model.set_parameter_window(window);

@@ -3,9 +3,9 @@
 // model is for and where its weights live (model/placement.hpp); the assembly builds the
 // LlamaModel with the buffers that placement gives it and, for a frozen model, loads the
 // weights: whole (rank 0 reads, every rank of the world holds them) or sharded over the ranks
-// (ShardedWeights: each rank reads its share, and the model reads them through its parameter
-// window), with a PEFT adapter folded in. Trained weights are the optimizer's to load
-// (DataParallel); attach_parallel gives the model its windows onto it.
+// (parallel::ShardedWeights: each rank reads its share, and the model reads them through its
+// parameter window), with a PEFT adapter folded in. Trained weights are the optimizer's to load
+// (parallel::DataParallel); attach_parallel gives the model its windows onto it.
 #pragma once
 
 #include <cstdint>
@@ -19,30 +19,35 @@
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
 #include "model/placement.hpp"
+#include "parallel/sharded_weights.hpp"
 #include "train/model_source.hpp"
-#include "train/sharded_weights.hpp"
+
+namespace l3::parallel {
+class DataParallel;
+}  // namespace l3::parallel
 
 namespace l3::train {
-
-class DataParallel;
 
 enum class ModelPurpose { train, evaluate, score, generate };
 
 struct ModelRecipe {
   ModelPurpose purpose = ModelPurpose::evaluate;
   model::HeadKind head = model::HeadKind::language_model;
-  // train: choose_placement's; the others: model::Placement::frozen (whole or sharded).
+  // train: parallel::choose_placement's; the others: model::Placement::frozen (whole or sharded).
   model::Placement placement = model::Placement::frozen(false, 1);
   bool recompute = false;
   model::LoraConfig lora{};  // train: the adapters the model trains over its frozen weights
   std::string adapter;       // evaluate, score, generate: a PEFT adapter folded into the weights
   std::uint64_t seed = 0;    // the random weights a source without weights starts from
+  // train with --tensor-parallel: this rank's slice of the model (its weights come from the
+  // caller, through parallel::TensorStateMap).
+  model::TensorSlice tensor{};
 };
 
 struct AssembledModel {
   // The frozen weights sharded over the ranks (declared first: the model reads them); null when
   // the model holds its weights, or the optimizer holds them (ZeRO-3).
-  std::unique_ptr<ShardedWeights> frozen;
+  std::unique_ptr<parallel::ShardedWeights> frozen;
   std::unique_ptr<model::LlamaModel> model;
 };
 
@@ -66,7 +71,7 @@ std::vector<float> load_frozen_weights(const dist::World* world, kernels::Ops& o
 
 // Training: the model reads its weights (ZeRO-3) and writes its gradients (ZeRO-2) through the
 // windows of `parallel` where the placement shards them.
-void attach_parallel(model::LlamaModel& model, DataParallel& parallel);
+void attach_parallel(model::LlamaModel& model, parallel::DataParallel& parallel);
 
 // The PEFT adapter `directory` for a model of `layout`, read and checked on every rank of
 // `world` (collective: a bad adapter is the same error everywhere); nothing when `directory` is

@@ -14,7 +14,8 @@
 #include "core/words.hpp"
 #include "dist/collectives.hpp"
 #include "dist/node_map.hpp"
-#include "train/data_parallel.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/tensor_state.hpp"
 #include "train/progress_bar.hpp"
 #include "train/train_config.hpp"
 
@@ -24,7 +25,7 @@ namespace {
 
 // This rank's master weights and AdamW moments over `ranges`, copied into `state` (a previous
 // snapshot's buffers when it has them: their pages are mapped already).
-ckpt::RankState snapshot(DataParallel& parallel, std::vector<model::FlatRange> ranges,
+ckpt::RankState snapshot(parallel::DataParallel& parallel, std::vector<model::FlatRange> ranges,
                          ckpt::RankState state) {
   state.allocate(std::move(ranges));
   parallel.optimizer().save_master(state.ranges, state.master);
@@ -34,7 +35,7 @@ ckpt::RankState snapshot(DataParallel& parallel, std::vector<model::FlatRange> r
 
 // Loads `state` (this rank's state ranges) and the AdamW count into the optimizer, and the
 // weights the model computes with; what the run continues from.
-ResumedState load_state(DataParallel& parallel, const ckpt::RankState& state,
+ResumedState load_state(parallel::DataParallel& parallel, const ckpt::RankState& state,
                         const ckpt::Manifest& manifest) {
   parallel.optimizer().load_master(state.ranges, state.master);
   parallel.optimizer().load_moments(state.ranges, state.exp_avg, state.exp_avg_sq);
@@ -94,13 +95,15 @@ std::optional<LocalLevel> plan_local_level(const dist::World& world, const core:
 
 RunCheckpoints::RunCheckpoints(const dist::World& world, const core::Logger& log,
                                ProgressBar& progress, const std::string& ckpt_dir,
-                               ckpt::WriterPolicy policy, const DataParallel& parallel,
-                               std::optional<LocalLevel> local)
-    : log_(log), progress_(progress), local_(std::move(local)) {
+                               ckpt::WriterPolicy policy, const parallel::DataParallel& parallel,
+                               std::optional<LocalLevel> local,
+                               const parallel::TensorStateMap* tensor)
+    : log_(log), progress_(progress), tensor_(tensor), local_(std::move(local)) {
   if (ckpt_dir.empty()) return;
   writer_ = std::make_unique<ckpt::CheckpointWriter>(world, ckpt_dir, policy);
   ckpt::RankState spare;
-  spare.allocate(parallel.write_ranges());
+  // (tensor parallelism: the snapshot is converted into a state of the whole layout's pieces)
+  if (tensor_ == nullptr) spare.allocate(parallel.write_ranges());
   writer_->provide_spare(std::move(spare));
   if (!local_) return;
   local_writer_ = std::make_unique<ckpt::LocalCheckpointWriter>(
@@ -116,7 +119,7 @@ RunCheckpoints::RunCheckpoints(const dist::World& world, const core::Logger& log
 
 RunCheckpoints::~RunCheckpoints() = default;
 
-void RunCheckpoints::start(const ckpt::RunFacts& run, DataParallel& parallel,
+void RunCheckpoints::start(const ckpt::RunFacts& run, parallel::DataParallel& parallel,
                            const model::ParameterLayout& layout) {
   if (!writer_) throw core::usage_error("no --ckpt-dir: nowhere to write a checkpoint");
   finish();  // the previous ones first (a flush of the node-local level writes here too)
@@ -126,13 +129,19 @@ void RunCheckpoints::start(const ckpt::RunFacts& run, DataParallel& parallel,
   // checkpoint's buffers when there was one.
   const core::TraceRange range("checkpoint snapshot");
   ckpt::RankState state = snapshot(parallel, parallel.write_ranges(), writer_->take_spare());
-  writer_->write(layout, std::move(manifest), std::move(state));
+  if (tensor_ != nullptr) {
+    // this rank's slice as pieces of the whole model's tensors: the checkpoint is layout-free
+    state = tensor_->to_whole(state);
+    writer_->write(tensor_->whole(), std::move(manifest), std::move(state));
+  } else {
+    writer_->write(layout, std::move(manifest), std::move(state));
+  }
   snapshot_seconds_ = watch.seconds();
   pending_step_ = run.step;
   if (!writer_->busy()) finish();
 }
 
-void RunCheckpoints::start_local(const ckpt::RunFacts& run, DataParallel& parallel,
+void RunCheckpoints::start_local(const ckpt::RunFacts& run, parallel::DataParallel& parallel,
                                  const model::ParameterLayout& layout, bool allow_flush) {
   if (!local_writer_) return;
   finish();
@@ -226,7 +235,8 @@ void RunCheckpoints::resumed_from(const std::string& step_dir, std::int64_t step
 
 std::optional<ResumedState> restore_local_state(const dist::World& world, const core::Logger& log,
                                                 const ckpt::LocalState& local,
-                                                const std::string& origin, DataParallel& parallel) {
+                                                const std::string& origin,
+                                                parallel::DataParallel& parallel) {
   const int fits = dist::all_reduce(
       world.comm(), local.state.ranges == parallel.optimizer().state_ranges() ? 1 : 0,
       dist::ReduceOp::min, "local ranges");
@@ -241,12 +251,22 @@ std::optional<ResumedState> restore_local_state(const dist::World& world, const 
 
 ResumedState restore_checkpoint(const dist::World& world, const core::Logger& log,
                                 const std::string& step_dir, const ckpt::Manifest& manifest,
-                                DataParallel& parallel, const model::ParameterLayout& layout) {
+                                parallel::DataParallel& parallel,
+                                const model::ParameterLayout& layout,
+                                const parallel::TensorStateMap* tensor) {
   const core::Stopwatch watch;
   std::exception_ptr failure;
   ckpt::RankState state;
   try {
-    state = ckpt::read_rank_state(step_dir, layout, parallel.optimizer().state_ranges());
+    if (tensor != nullptr) {
+      // this rank's slice, read as pieces of the whole model's tensors
+      state = tensor->to_local(parallel.optimizer().state_ranges(),
+                               [&](const std::vector<model::FlatRange>& whole) {
+                                 return ckpt::read_rank_state(step_dir, tensor->whole(), whole);
+                               });
+    } else {
+      state = ckpt::read_rank_state(step_dir, layout, parallel.optimizer().state_ranges());
+    }
   } catch (...) {
     failure = std::current_exception();
   }

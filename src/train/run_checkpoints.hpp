@@ -22,9 +22,13 @@ namespace l3::core {
 class Logger;
 }
 
+namespace l3::parallel {
+class DataParallel;
+class TensorStateMap;
+}  // namespace l3::parallel
+
 namespace l3::train {
 
-class DataParallel;
 class ProgressBar;
 using CheckpointReport = l3::CheckpointInfo;
 
@@ -57,7 +61,9 @@ class RunCheckpoints {
   // With `local`, node-local checkpoints too (start_local), with their own snapshot buffer.
   RunCheckpoints(const dist::World& world, const core::Logger& log, ProgressBar& progress,
                  const std::string& ckpt_dir, ckpt::WriterPolicy policy,
-                 const DataParallel& parallel, std::optional<LocalLevel> local = std::nullopt);
+                 const parallel::DataParallel& parallel,
+                 std::optional<LocalLevel> local = std::nullopt,
+                 const parallel::TensorStateMap* tensor = nullptr);
   ~RunCheckpoints();
   RunCheckpoints(const RunCheckpoints&) = delete;
   RunCheckpoints& operator=(const RunCheckpoints&) = delete;
@@ -68,12 +74,12 @@ class RunCheckpoints {
 
   // Starts a checkpoint of the state now, described by `run` (the previous one is finished
   // first). usage Error when not enabled.
-  void start(const ckpt::RunFacts& run, DataParallel& parallel,
+  void start(const ckpt::RunFacts& run, parallel::DataParallel& parallel,
              const model::ParameterLayout& layout);
   // Starts a node-local checkpoint of the state now (every rank its own state ranges), flushed
   // to --ckpt-dir as well when it is the flush_every-th; the previous checkpoint is finished
   // first. Without a local level: nothing.
-  void start_local(const ckpt::RunFacts& run, DataParallel& parallel,
+  void start_local(const ckpt::RunFacts& run, parallel::DataParallel& parallel,
                    const model::ParameterLayout& layout, bool allow_flush = true);
   [[nodiscard]] std::int64_t local_every() const noexcept { return local_ ? local_->every : 0; }
   // Waits for the checkpoints in flight, if any, and reports them (log, callbacks).
@@ -112,6 +118,8 @@ class RunCheckpoints {
   const core::Logger& log_;
   ProgressBar& progress_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
+  // Tensor parallelism: what a rank's state is in the whole layout (checkpoints store that).
+  const parallel::TensorStateMap* tensor_ = nullptr;
   std::optional<LocalLevel> local_;
   std::unique_ptr<ckpt::LocalCheckpointWriter> local_writer_;
   std::int64_t pending_local_step_ = -1;
@@ -145,8 +153,9 @@ struct ResumedState {
 [[nodiscard]] ResumedState restore_checkpoint(const dist::World& world, const core::Logger& log,
                                               const std::string& step_dir,
                                               const ckpt::Manifest& manifest,
-                                              DataParallel& parallel,
-                                              const model::ParameterLayout& layout);
+                                              parallel::DataParallel& parallel,
+                                              const model::ParameterLayout& layout,
+                                              const parallel::TensorStateMap* tensor = nullptr);
 // The same from this rank's state of the node-local level (read by ckpt::resume_from_local_level):
 // its ranges must be this rank's state ranges now; false on every rank when they are not on
 // some rank (another partition of the optimizer state: --bucket-mb changed), nothing loaded.
@@ -154,6 +163,6 @@ struct ResumedState {
                                                               const core::Logger& log,
                                                               const ckpt::LocalState& local,
                                                               const std::string& origin,
-                                                              DataParallel& parallel);
+                                                              parallel::DataParallel& parallel);
 
 }  // namespace l3::train

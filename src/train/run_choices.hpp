@@ -5,13 +5,13 @@
 
 #include <cstdint>
 
+#include "parallel/exchange_choice.hpp"
+
 namespace l3::train {
 
-// How the gradient reduction and the weight all-gather travel (--grad-exchange): `automatic`
-// is NCCL where the backend is CUDA, NCCL is compiled in and every rank has its own GPU, else
-// MPI; `mpi_staged` is MPI through host staging buffers even where the buffers are host
-// memory (the GPU fallback's code path, for the CPU tests).
-enum class ExchangeChoice : std::uint8_t { automatic, mpi, nccl, mpi_staged };
+// How the gradient reduction and the weight all-gather travel (--grad-exchange), chosen by the
+// run and used by data parallelism.
+using ExchangeChoice = parallel::ExchangeChoice;
 
 // The dtype gradients add up in where the backend computes in bf16 (--grad-accum-dtype):
 // `automatic` is fp32 when a step has several micro-batches per rank, else the compute dtype.

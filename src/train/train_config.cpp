@@ -4,7 +4,7 @@
 
 #include "core/error.hpp"
 #include "kernels/backend_options.hpp"
-#include "train/placement_choice.hpp"
+#include "parallel/placement_choice.hpp"
 
 namespace l3::train {
 
@@ -38,7 +38,7 @@ void TrainConfig::validate() const {
           "--attention cudnn-nondeterministic gives up the bit-identical results that "
           "--deterministic asks for: drop one of them (--attention auto is deterministic)");
   lora.validate();
-  check_sharding_options(*this);
+  parallel::check_sharding_options(*this);
   require(init_adapter.empty() || lora.enabled(),
           "--init-adapter needs LoRA: --lora-rank R (the adapter's rank)");
   require(reference_dir.empty() || phase == Phase::dpo, "--reference-dir is for dpo runs");
@@ -148,6 +148,7 @@ nlohmann::json TrainConfig::to_json() const {
                       {"prefetch_gathers", prefetch_gathers},
                       {"shard_group_size", shard_group_size},
                       {"context_parallel", context_parallel},
+                      {"tensor_parallel", tensor_parallel},
                       {"grad_accum_dtype", grad_accum_dtype_name(grad_accum_dtype)},
                       {"bucket_mb", bucket_mb},
                       {"overlap_reduction", overlap_reduction},

@@ -90,6 +90,10 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // Context parallelism: groups of this many consecutive ranks share each micro-batch's rows,
   // each rank holding 2 of their 2C chunks (data::context_share); 1: off.
   int context_parallel = 1;
+  // Tensor parallelism: groups of this many consecutive ranks hold each layer's heads, MLP
+  // columns and vocabulary rows between them (model/tensor_slice.hpp) and run the same
+  // micro-batches; 1: off. The grid is rank = (data group x C + context rank) x T + tensor rank.
+  int tensor_parallel = 1;
   GradAccumDtype grad_accum_dtype = GradAccumDtype::automatic;  // see fp32_gradients()
   double bucket_mb = 32.0;
   bool overlap_reduction = true;
@@ -136,9 +140,11 @@ struct TrainConfig {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // usage Error for what cannot be right whatever the data and model.
   void validate() const;
   // Micro-batches per step on each of `ranks` ranks (at least 1; the data plan checks that the
-  // global batch divides). A context-parallel group's ranks share theirs.
+  // global batch divides). A context-parallel group's ranks share theirs, and a tensor-parallel
+  // group's run the same ones.
   [[nodiscard]] std::int64_t accumulation(int world) const noexcept {
-    const int ranks = std::max(world / std::max(context_parallel, 1), 1);
+    const int ranks =
+        std::max(world / (std::max(context_parallel, 1) * std::max(tensor_parallel, 1)), 1);
     const std::int64_t micro = std::max<std::int64_t>(1, micro_batch);
     if (phase == Phase::grpo) {  // prompts per step, num_generations completions each
       const std::int64_t completions =

@@ -30,6 +30,7 @@ struct Trainer::Impl {
       : world(w),
         log(l),
         parts(assemble_trainer(w, l, std::move(c), std::move(d), stop_flag, link)),
+        data_world(parts->data_world(w)),
         config(parts->config),
         ops(*parts->ops),
         model(*parts->model),
@@ -69,22 +70,25 @@ struct Trainer::Impl {
 
   // The "run" record: what the metrics' reader (`llama3-hpc report`) says about this run.
   void report_start() {
-    const model::ModelConfig& mc = model.config();
+    const model::ModelConfig& mc = model.whole_config();
+    const model::ParameterLayout whole(mc, model.layout().head());  // a tensor slice's whole
     // The model as the options name it (a resumed run's own config is named by its checkpoint).
     const std::string& named = !config.init.empty() ? config.init : config.model;
     // The model's own tensors for its head: a reward model has the score head (H values), not
     // the (V, H) lm_head; LoRA's adapters are counted in trainable_parameters only.
-    nlohmann::json record = {{"phase", phase_name(config.phase)},
-                             {"step", first_step},
-                             {"total_steps", total},
-                             {"ranks", world.size()},
-                             {"backend", kernels::backend_name(ops.backend())},
-                             {"model", named.empty() ? mc.name : named},
-                             {"parameters", model.layout().parameter_count()},
-                             {"trainable_parameters", model.trainable_layout().parameter_count()},
-                             {"resumed", parts->resumed.has_value()},
-                             {"resumed_from", parts->resumed ? nlohmann::json(parts->resumed_from)
-                                                             : nlohmann::json(nullptr)}};
+    nlohmann::json record = {
+        {"phase", phase_name(config.phase)},
+        {"step", first_step},
+        {"total_steps", total},
+        {"ranks", world.size()},
+        {"backend", kernels::backend_name(ops.backend())},
+        {"model", named.empty() ? mc.name : named},
+        {"parameters", whole.parameter_count()},
+        {"trainable_parameters", model.has_adapters() ? model.trainable_layout().parameter_count()
+                                                      : whole.parameter_count()},
+        {"resumed", parts->resumed.has_value()},
+        {"resumed_from",
+         parts->resumed ? nlohmann::json(parts->resumed_from) : nlohmann::json(nullptr)}};
     // GRPO's settings: the report tells from them what cannot move in this run (--beta,
     // --num-iterations).
     if (config.phase == Phase::grpo) config.grpo.add_to(record["grpo"]);
@@ -120,7 +124,7 @@ struct Trainer::Impl {
       counts[1] += b.document_tokens;
       counts[2] += b.counted_tokens();
     }
-    dist::all_reduce(world.comm(), std::span<std::int64_t>(counts), dist::ReduceOp::sum,
+    dist::all_reduce(data_world.comm(), std::span<std::int64_t>(counts), dist::ReduceOp::sum,
                      "step counts");
     const float scale = counts[0] > 0 ? 1.0F / static_cast<float>(counts[0]) : 0.0F;
 
@@ -162,9 +166,9 @@ struct Trainer::Impl {
     // The step's one read of its losses (the micro-batches added them up in backend memory);
     // the queue is empty by now, so it costs a small copy, not a second wait.
     std::array<double, LossSums::kValues> sums = objective.step_sums().values();
-    dist::all_reduce(world.comm(), std::span<double>(sums).first(LossSums::kSums),
+    dist::all_reduce(data_world.comm(), std::span<double>(sums).first(LossSums::kSums),
                      dist::ReduceOp::sum, "step loss");
-    dist::all_reduce(world.comm(), std::span<double>(sums).last(LossSums::kMaxima),
+    dist::all_reduce(data_world.comm(), std::span<double>(sums).last(LossSums::kMaxima),
                      dist::ReduceOp::max, "step maxima");
 
     StepMetrics m;
@@ -195,7 +199,7 @@ struct Trainer::Impl {
     // The host's wait for the prefetcher (the GPU's queue is empty then) plus the time the
     // backend's compute queue stood waiting for input copies during the step.
     m.data_wait_ms = wait_ms + ops.take_input_wait_ms();
-    const ReductionTimes& t = parallel.times();
+    const parallel::ReductionTimes& t = parallel.times();
     m.reduce_wait_ms = 1e3 * t.wait_seconds;
     m.reduce_ms = 1e3 * t.reduce_seconds;
     m.gather_ms = 1e3 * t.gather_seconds;
@@ -203,7 +207,7 @@ struct Trainer::Impl {
     m.gathers = t.gathers;
     m.gathers_prefetched = t.gathers_prefetched;
     if (parts->frozen) {  // LoRA: the frozen model's gathers
-      const GatherTimes g = parts->frozen->take_gather_times();
+      const parallel::GatherTimes g = parts->frozen->take_gather_times();
       m.gather_ms += 1e3 * g.gather_seconds;
       m.gather_wait_ms += 1e3 * g.wait_seconds;
       m.gathers += g.gathers;
@@ -225,7 +229,7 @@ struct Trainer::Impl {
     m.tokens_per_s = static_cast<double>(m.tokens) / std::max(1e-9, m.step_ms / 1e3);
     if (parts->peak_tflops > 0) {
       m.mfu = m.tokens_per_s *
-              model.config().training_flops_per_token(
+              model.whole_config().training_flops_per_token(
                   config.seq_len, model.layout().head() == model::HeadKind::language_model) /
               (parts->peak_tflops * 1e12 * world.size());
     }
@@ -246,7 +250,7 @@ struct Trainer::Impl {
     } else {
       EvalConfig eval = validation_config(config);
       eval.reference = parts->val_reference.empty() ? nullptr : &parts->val_reference;
-      m = train::evaluate(world, model, parts->val_index, eval);
+      m = train::evaluate(data_world, model, parts->val_index, eval);
     }
     m.step = done;
     reporter.eval(m);
@@ -280,7 +284,7 @@ struct Trainer::Impl {
     return ckpt::RunFacts{.step = done,
                           .phase = config.phase,
                           .head = model.layout().head(),
-                          .model = model.config(),
+                          .model = model.whole_config(),
                           .world_size = world.size(),
                           .data_epoch = position.epoch,
                           .data_step = position.step,
@@ -341,11 +345,14 @@ struct Trainer::Impl {
   const dist::World& world;
   const core::Logger& log;
   std::unique_ptr<TrainerParts> parts;
+  // The ranks of this rank's tensor rank (world itself without --tensor-parallel): a tensor
+  // group's ranks run the same data, so a step's counts and sums add up over these.
+  const dist::World& data_world;
   const TrainConfig& config;
   kernels::Ops& ops;
   model::LlamaModel& model;
   Objective& objective;  // what the model is trained for (train/objectives/)
-  DataParallel& parallel;
+  parallel::DataParallel& parallel;
   RunCheckpoints& checkpoints;
   ProgressBar& progress;
   StopPolicy stop;

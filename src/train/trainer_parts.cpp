@@ -22,13 +22,13 @@
 #include "io/data/data_loader.hpp"
 #include "io/tokenizer/special_tokens.hpp"
 #include "kernels/backends.hpp"
+#include "parallel/placement_choice.hpp"
 #include "train/evaluator.hpp"
 #include "train/grpo/rollout_source.hpp"
 #include "train/lora_checkpoint_model.hpp"
 #include "train/memory_check.hpp"
 #include "train/model_assembly.hpp"
 #include "train/objectives/objective_registry.hpp"
-#include "train/placement_choice.hpp"
 #include "train/resume_point.hpp"
 #include "train/run_identity.hpp"
 #include "train/stop_policy.hpp"
@@ -144,16 +144,19 @@ void require_training_memory(const dist::World& world, const kernels::Ops& ops,
   require_memory(
       world, ops,
       {.backend = model::plan_training_memory(planned).lines,
-       .host = prefetch_host_bytes(config.global_batch / (world.size() / config.context_parallel),
-                                   config.seq_len, config.prefetch_depth),
+       .host = prefetch_host_bytes(
+           config.global_batch /
+               std::max(world.size() / (config.context_parallel * config.tensor_parallel), 1),
+           config.seq_len, config.prefetch_depth),
        .remedy = "--micro-batch, --seq-len or --global-batch, add --recompute, "
                  "--shard-gradients or --shard-parameters, split each sequence over ranks "
-                 "(--context-parallel), run on more ranks, or check the model's config "
+                 "(--context-parallel) or each layer (--tensor-parallel), run on more ranks, or "
+                 "check the model's config "
                  "(--dry-run-memory prints the whole plan)"});
 }
 
-DataParallelConfig data_parallel_config(const TrainConfig& config,
-                                        const model::Placement& placement) {
+parallel::DataParallelConfig data_parallel_config(const TrainConfig& config,
+                                                  const model::Placement& placement) {
   return {
       .bucket_elements = std::max<std::int64_t>(
           model::ParameterLayout::kAlignment,
@@ -249,19 +252,31 @@ std::vector<float> starting_adapters(const dist::World& world, const core::Logge
 
 void log_plan(const dist::World& world, const core::Logger& log, const TrainerParts& p) {
   const TrainConfig& config = p.config;
-  const std::int64_t params = p.model->layout().parameter_count();
+  const std::int64_t params =
+      model::ParameterLayout(p.model->whole_config(), p.model->layout().head()).parameter_count();
+  const model::Placement& place = p.placement;
+  std::string grid;
+  if (place.context_parallel > 1 || place.tensor_parallel > 1) {
+    grid = fmt::format(" = {} data-parallel group{}", place.data_parallel_ranks(),
+                       place.data_parallel_ranks() == 1 ? "" : "s");
+    if (place.context_parallel > 1) {
+      grid += fmt::format(" x context parallel {} (each sequence in 2 x {} chunks of {} tokens)",
+                          place.context_parallel, place.context_parallel,
+                          config.seq_len / (2 * place.context_parallel));
+    }
+    if (place.tensor_parallel > 1) {
+      const model::ModelConfig& slice = p.model->config();
+      grid += fmt::format(
+          " x tensor parallel {} (each rank {} of {} heads, {} of {} MLP columns, {} of {} "
+          "vocabulary rows)",
+          place.tensor_parallel, slice.n_heads, p.model->whole_config().n_heads,
+          slice.intermediate_size, p.model->whole_config().intermediate_size, slice.vocab_size,
+          p.model->whole_config().vocab_size);
+    }
+  }
   log.info(
       "{} on {} rank{}{} ({} backend): model {} ({:.2f}M parameters{}), {} of {} {}",
-      phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s",
-      p.placement.context_parallel > 1
-          ? fmt::format(
-                " = {} data-parallel group{} x context parallel {} (each sequence in 2 x {} "
-                "chunks of {} tokens)",
-                p.placement.data_parallel_ranks(),
-                p.placement.data_parallel_ranks() == 1 ? "" : "s", p.placement.context_parallel,
-                p.placement.context_parallel, config.seq_len / (2 * p.placement.context_parallel))
-          : "",
-      p.ops->name(),
+      phase_name(config.phase), world.size(), world.size() == 1 ? "" : "s", grid, p.ops->name(),
       p.source.initial_head() ? fmt::format("from {}", p.source.origin()) : p.source.config.name,
       static_cast<double>(params) / 1e6,
       p.model->has_adapters()
@@ -340,9 +355,10 @@ void prepare_dpo_reference(const dist::World& world, const core::Logger& log, Tr
   };
   std::vector<Part> parts{{"train", &p.index, training, &p.reference}};
   if (!c.val_data.empty()) {
-    parts.push_back({"val", &p.val_index,
-                     evaluation_loader(world, *p.model, p.val_index, validation_config(c)),
-                     &p.val_reference});
+    parts.push_back(
+        {"val", &p.val_index,
+         evaluation_loader(p.data_world(world), *p.model, p.val_index, validation_config(c)),
+         &p.val_reference});
   }
   nlohmann::json files = nlohmann::json::object();
   for (Part& part : parts) {
@@ -370,7 +386,9 @@ void prepare_dpo_reference(const dist::World& world, const core::Logger& log, Tr
           {.file = file});
     }
     const core::Stopwatch watch;
-    *part.table = compute_reference(world, *p.model, *part.index, part.loader, key, p.stop);
+    // (tensor parallelism: each tensor rank's data world computes the same table)
+    *part.table =
+        compute_reference(p.data_world(world), *p.model, *part.index, part.loader, key, p.stop);
     if (!file.empty()) {
       write_reference(world, file, *part.table);
       files[part.name] = file;
@@ -463,7 +481,7 @@ std::string initialize_trained_weights(const dist::World& world, const core::Log
   const model::ParameterLayout& layout = p.model->layout();
   // The initial model is DPO's reference, and GRPO's with --beta > 0: its digest identifies it.
   const bool dpo = c.phase == Phase::dpo || (c.phase == Phase::grpo && c.grpo.beta > 0);
-  ShardedOptimizer& optimizer = p.parallel->optimizer();
+  parallel::ShardedOptimizer& optimizer = p.parallel->optimizer();
   if (c.lora.enabled()) {
     // The frozen model is identified by its digest (read once more, by the ranks in turn, when
     // it is sharded); a resumed run's adapters are restored later.
@@ -489,6 +507,26 @@ std::string initialize_trained_weights(const dist::World& world, const core::Log
     return {};
   }
   if (resumed.manifest) return {};
+  if (p.tensor_map) {
+    // Tensor parallelism: this rank's slice of the whole model's initial weights, read as pieces
+    // of the whole layout (random ones drawn at their whole positions): one rank's model.
+    const bool sharded = p.placement.shards_trained_weights();
+    const std::vector<model::FlatRange> mine =
+        sharded ? optimizer.state_ranges() : std::vector<model::FlatRange>{{0, layout.total()}};
+    const std::vector<model::SliceRun> pieces = p.tensor_map->pieces(mine, false);
+    const std::vector<float> values = p.tensor_map->scatter_values(
+        mine, pieces,
+        initial_weights_of_ranges(world, p.tensor_map->whole(), p.source, c.seed,
+                                  parallel::TensorStateMap::whole_ranges(pieces)));
+    if (sharded) {
+      optimizer.load_master(mine, values);
+      p.parallel->gather_parameters();
+    } else {
+      p.model->load_parameters(values);
+      if (p.placement.master_in_optimizer) optimizer.load_master_from_whole(values);
+    }
+    return dpo ? base_digest(world, p.source, p.tensor_map->whole(), c.seed) : std::string();
+  }
   if (p.placement.shards_trained_weights()) {
     const std::vector<model::FlatRange> mine = optimizer.state_ranges();
     optimizer.load_master(mine, initial_weights_of_ranges(world, layout, p.source, c.seed, mine));
@@ -513,21 +551,32 @@ std::string build_training_model(const dist::World& world, const core::Logger& l
       .placement = p.placement,
       .recompute = c.recompute,
       .lora = c.lora,
-      .seed = c.seed};
+      .seed = c.seed,
+      .tensor = {.rank = world.rank() % p.placement.tensor_parallel,
+                 .ranks = p.placement.tensor_parallel}};
   AssembledModel assembled = build_model(*p.ops, p.source.config, recipe);
   std::vector<float> base;  // LoRA's frozen model, when held whole
   if (c.lora.enabled()) base = load_frozen_weights(&world, *p.ops, p.source, recipe, assembled);
   p.frozen = std::move(assembled.frozen);
   p.model = std::move(assembled.model);
   if (p.context) p.model->set_context_exchange(p.context.get());
+  parallel::DataParallelConfig dp = data_parallel_config(c, p.placement);
+  if (p.tensor) {
+    p.model->set_tensor_exchange(p.tensor.get());
+    p.tensor_map = std::make_unique<parallel::TensorStateMap>(
+        model::ParameterLayout(p.source.config, recipe.head), p.model->layout(),
+        p.model->tensor_slice());
+    dp.tensor = p.tensor.get();
+    if (p.tensor->rank() != 0) dp.counted_by_tensor_rank_0 = p.tensor_map->replicated();
+  }
   // What trains: the model's weights, or with LoRA the adapters (and a reward model's score).
-  const ModelWeights weights =
+  const parallel::ModelWeights weights =
       p.placement.master_in_optimizer
-          ? ModelWeights{.master = {}, .compute = p.model->trainable_parameters()}
-          : ModelWeights{.master = p.model->master_weights(), .compute = p.model->weight_copy()};
-  p.parallel =
-      std::make_unique<DataParallel>(world, *p.ops, p.model->trainable_layout(),
-                                     data_parallel_config(c, p.placement), c.adamw, weights);
+          ? parallel::ModelWeights{.master = {}, .compute = p.model->trainable_parameters()}
+          : parallel::ModelWeights{.master = p.model->master_weights(),
+                                   .compute = p.model->weight_copy()};
+  p.parallel = std::make_unique<parallel::DataParallel>(
+      p.data_world(world), *p.ops, p.model->trainable_layout(), dp, c.adamw, weights);
   attach_parallel(*p.model, *p.parallel);
   return initialize_trained_weights(world, log, p, resumed, base);
 }
@@ -553,14 +602,14 @@ void restore_and_plan_checkpoints(const dist::World& world, const core::Logger& 
   if (resume.level == ResumePoint::Level::checkpoint) {
     p.resumed_from = resume.checkpoint_dir;
     p.resumed = restore_checkpoint(world, log, resume.checkpoint_dir, *resume.checkpoint_manifest,
-                                   *p.parallel, p.model->trainable_layout());
+                                   *p.parallel, p.model->trainable_layout(), p.tensor_map.get());
   }
   if (p.resumed) p.ops->synchronize();
   p.progress = std::make_unique<ProgressBar>(c.progress, world.is_root());
   p.checkpoints = std::make_unique<RunCheckpoints>(
       world, log, *p.progress, c.ckpt_dir,
       ckpt::WriterPolicy{.keep_last = c.keep_last, .async = !c.checkpoint_sync}, *p.parallel,
-      std::move(level));
+      std::move(level), p.tensor_map.get());
   if (!resume.checkpoint_dir.empty())
     p.checkpoints->resumed_from(resume.checkpoint_dir, resume.checkpoint_step());
   if (resume.local) {
@@ -660,7 +709,9 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
                 std::unique_ptr<StepSource> data, const ResumedCheckpoint& resumed,
                 const std::string& initial_digest) {
   const TrainConfig& c = p.config;
-  data::LoaderConfig lc = training_loader(world, p);
+  // A tensor-parallel group's ranks read the same data: the data's world is the tensor rank's.
+  const dist::World& dw = p.data_world(world);
+  data::LoaderConfig lc = training_loader(dw, p);
   if (c.phase == Phase::dpo) {
     if (data) {
       throw core::usage_error(
@@ -706,7 +757,7 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
                   // --shard-parameters, else the whole of them on rank 0 and none elsewhere.
                   grpo::WeightPieces base;
                   if (p.frozen) {
-                    ShardedWeights::HostPieces mine = p.frozen->host_pieces(*p.ops);
+                    parallel::ShardedWeights::HostPieces mine = p.frozen->host_pieces(*p.ops);
                     base.ranges = std::move(mine.ranges);
                     base.values = std::move(mine.values);
                     return base;
@@ -724,18 +775,18 @@ void start_data(const dist::World& world, const core::Logger& log, TrainerParts&
             .weights_wire = p.ops->compute_dtype() == kernels::DType::bf16 ? grpo::WireType::bf16
                                                                            : grpo::WireType::f32});
   } else {
-    p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(world, p.index, lc);
+    p.data = data ? std::move(data) : std::make_unique<ShardStepSource>(dw, p.index, lc);
     lc.plan.validate();  // --global-batch a multiple of ranks x --micro-batch, for any source
   }
   p.data->start(StepShape{.phase = c.phase,
                           .seq_len = c.seq_len,
-                          .per_rank = c.global_batch / (world.size() / c.context_parallel),
+                          .per_rank = c.global_batch / (dw.size() / c.context_parallel),
                           .micro_batch = c.micro_batch,
                           .pad_id = lc.pad_id,
                           .vocab_size = p.source.config.vocab_size,
                           .margins_from_data = c.margin_from_data,
-                          .rank = world.rank() / c.context_parallel,
-                          .ranks = world.size() / c.context_parallel,
+                          .rank = dw.rank() / c.context_parallel,
+                          .ranks = dw.size() / c.context_parallel,
                           .resumed_at = p.resumed ? std::optional<std::int64_t>(p.resumed->step)
                                                   : std::nullopt},
                 p.resumed ? p.resumed->position : data::Position{0, 0});
@@ -764,15 +815,26 @@ std::unique_ptr<TrainerParts> assemble_trainer(const dist::World& world, const c
   p.ops = kernels::make_ops(
       c.backend, world.local_rank(),
       {.device = c.device, .attention = c.attention, .deterministic = c.deterministic});
-  p.placement = choose_placement(c, world.size(), p.ops->compute_dtype());
+  p.placement = parallel::choose_placement(c, world.size(), p.ops->compute_dtype());
   // (Planned for any backend by --dry-run-memory; run on the CPU's.)
   if (p.placement.context_parallel > 1 && p.ops->backend() != kernels::Backend::cpu) {
     throw core::usage_error(
         "--context-parallel: the CPU backend only so far (the CUDA attention takes no query "
         "rows yet)");
   }
-  if (p.placement.context_parallel > 1)
-    p.context = std::make_unique<ContextGroup>(world, p.placement.context_parallel);
+  if (p.placement.tensor_parallel > 1) {
+    if (p.ops->backend() != kernels::Backend::cpu) {
+      throw core::usage_error(
+          "--tensor-parallel: the CPU backend only so far (the CUDA kernels take no vocabulary "
+          "slices yet)");
+    }
+    p.tensor = std::make_unique<parallel::TensorGroup>(world, p.placement.tensor_parallel);
+    p.tensor_rank_world = world.split(world.rank() % p.placement.tensor_parallel, world.rank());
+  }
+  if (p.placement.context_parallel > 1) {
+    p.context =
+        std::make_unique<parallel::ContextGroup>(p.data_world(world), p.placement.context_parallel);
+  }
   if (p.ops->backend() == kernels::Backend::cuda && world.is_root()) {
     // Which attention runs and whether its backward keeps reruns and restarts bit-identical.
     const kernels::AttentionChoice attention =

@@ -15,8 +15,11 @@
 #include "kernels/ops.hpp"
 #include "model/llama_model.hpp"
 #include "model/placement.hpp"
-#include "train/context_group.hpp"
-#include "train/data_parallel.hpp"
+#include "parallel/context_group.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/sharded_weights.hpp"
+#include "parallel/tensor_group.hpp"
+#include "parallel/tensor_state.hpp"
 #include "train/dpo_reference.hpp"
 #include "train/evaluator.hpp"
 #include "train/grpo/generation_link.hpp"
@@ -27,7 +30,6 @@
 #include "train/objectives/objective.hpp"
 #include "train/progress_bar.hpp"
 #include "train/run_checkpoints.hpp"
-#include "train/sharded_weights.hpp"
 #include "train/step_source.hpp"
 #include "train/tensorboard/tensorboard_writer.hpp"
 #include "train/train_config.hpp"
@@ -42,20 +44,30 @@ struct TrainerParts {
   std::unique_ptr<kernels::Ops> ops;
   model::Placement placement;  // where the weights, gradients and optimizer state live
   // --context-parallel C > 1: this rank's group, whose exchanges the model's attention calls.
-  std::unique_ptr<ContextGroup> context;
+  std::unique_ptr<parallel::ContextGroup> context;
+  // --tensor-parallel T > 1: this rank's tensor group (the model's exchanges), the ranks of its
+  // tensor rank (what data parallelism, the context groups, the data and the step's sums run
+  // over: data_world()), and where its state lies in the whole model (what checkpoints and
+  // initial weights are read and written as).
+  std::unique_ptr<parallel::TensorGroup> tensor;
+  std::optional<dist::World> tensor_rank_world;
+  std::unique_ptr<parallel::TensorStateMap> tensor_map;
+  [[nodiscard]] const dist::World& data_world(const dist::World& world) const noexcept {
+    return tensor_rank_world ? *tensor_rank_world : world;
+  }
   ModelSource source;
   data::DatasetIndex index;      // the training shards (empty when the host gives the data)
   data::DatasetIndex val_index;  // empty without --val-data
   // LoRA with --shard-parameters: this rank's share of the frozen model, read through its window
   // by the model (declared first: the model holds the window).
-  std::unique_ptr<ShardedWeights> frozen;
+  std::unique_ptr<parallel::ShardedWeights> frozen;
   std::unique_ptr<model::LlamaModel> model;
   // GRPO with --beta > 0 and full fine-tuning: the frozen initial model, the reference of the KL
   // (declared before the data source, which reads it); empty otherwise.
   AssembledModel grpo_reference;
   std::unique_ptr<Objective> objective;  // what the model is trained for (train/objectives/)
   std::unique_ptr<StepSource> data;
-  std::unique_ptr<DataParallel> parallel;
+  std::unique_ptr<parallel::DataParallel> parallel;
   std::unique_ptr<ProgressBar> progress;
   std::unique_ptr<RunCheckpoints> checkpoints;
   std::unique_ptr<MetricsFile> metrics;                         // rank 0 with --metrics only

@@ -19,61 +19,20 @@
 set -uo pipefail
 bin=$1
 mpiexec=$2
-failures=0
 export OMP_NUM_THREADS=1
 
-fail() {
-  echo "FAIL [$1]"
-  failures=$((failures + 1))
-}
-pass() { echo "ok   [$1]"; }
-check() { # NAME COMMAND...: pass when the command succeeds
-  local name=$1
-  shift
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
-
+# shellcheck source=tests/support/checks.sh
+source "$(dirname "$0")/../support/checks.sh"
+# shellcheck source=tests/support/mpi_runs.sh
+source "$(dirname "$0")/../support/mpi_runs.sh"
+# shellcheck source=tests/support/metrics_diff.sh
+source "$(dirname "$0")/../support/metrics_diff.sh"
 # shellcheck source=tests/support/reversal_data.sh
 source "$(dirname "$0")/../support/reversal_data.sh"
 reversal_workdir "$bin" l3-context
 
-# run RANKS ARGS...: one run's exit code (output in $work/last.out, $work/last.err).
-run() {
-  local ranks=$1
-  shift
-  timeout -k 5 120 "$mpiexec" -n "$ranks" "$bin" "$@" >"$work/last.out" 2>"$work/last.err"
-}
-
 common=(sft --model tiny --data "$work/sft" --val-data "$work/sft" --seq-len 128 --global-batch 4
   --micro-batch 2 --lr 3e-3 --warmup 2 --steps 5 --eval-every 5 --log-every 0 --no-progress)
-
-# differences REF.jsonl RUN.jsonl: the largest relative difference of the steps' losses and
-# gradient norms and of the evaluations' losses.
-differences() {
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-def values(path):
-    steps, evals = [], []
-    for line in open(path):
-        r = json.loads(line)
-        if "grad_norm" in r:
-            steps += [r["loss"], r["grad_norm"]]
-        elif r.get("kind") == "eval":
-            evals += [r[k] for k in ("loss", "tokens", "pairs", "accuracy", "margin",
-                                     "reward_mean", "reward_std") if k in r]
-    return steps, evals
-def relative(x, y):
-    return 0.0 if x == y else abs(x - y) / max(abs(x), abs(y))
-try:
-    (a, ea), (b, eb) = values(sys.argv[1]), values(sys.argv[2])
-    ok = len(a) == len(b) and a and len(ea) == len(eb) and ea
-    print(max(relative(x, y) for x, y in zip(a + ea, b + eb)) if ok else "inf")
-except Exception as e:  # a missing or unreadable file: no figure
-    print("inf")
-PY
-}
-# within D T: D is a number below T ("inf" or nothing is not).
-within() { [[ $1 =~ ^[0-9.e+-]+$ ]] && awk -v d="$1" -v t="$2" 'BEGIN {exit !(d + 0 < t + 0)}'; }
 
 # --- the same training on 1 rank and split over 2 and 4 ---
 run 1 "${common[@]}" --metrics "$work/cp1.jsonl" --ckpt-dir "$work/sft-ckpt" || {
@@ -206,7 +165,6 @@ fi
 # --- kill and resume ---
 restart=(sft --model tiny --data "$work/sft" --seq-len 128 --global-batch 4 --micro-batch 2 --lr 3e-3
   --warmup 2 --steps 12 --checkpoint-every 4 --log-every 0 --no-progress)
-digest() { "$bin" ckpt verify --json "$1" 2>/dev/null; }
 run 2 "${restart[@]}" --context-parallel 2 --ckpt-dir "$work/ref" --metrics "$work/ref.jsonl" || {
   cat "$work/last.err"
   echo "the uninterrupted CP 2 run failed"
@@ -267,5 +225,4 @@ refused "grpo with --context-parallel" 2 "not with grpo so far" \
   grpo --init "$work/sft-ckpt" --data "$work/prompts" --seq-len 128 --max-completion-length 32 \
   --global-batch 2 --steps 1 --reward-match answer --context-parallel 2
 
-echo "$failures failure(s)"
-[[ $failures -eq 0 ]]
+finish_checks "context-parallel checks"

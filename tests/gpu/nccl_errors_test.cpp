@@ -1,4 +1,4 @@
-// NCCL's errors as the trainer reports them (train/nccl_communicator.hpp): the call, the result
+// NCCL's errors as the trainer reports them (parallel/nccl_communicator.hpp): the call, the result
 // code's text and NCCL's own last error, which says what actually failed.
 #include <nccl.h>
 
@@ -6,7 +6,7 @@
 
 #include "catch.hpp"
 #include "core/error.hpp"
-#include "train/nccl_communicator.hpp"
+#include "parallel/nccl_communicator.hpp"
 
 TEST_CASE("an NCCL error names the call, the result and NCCL's last error", "[gpu]") {
   ncclComm_t comm = nullptr;
@@ -20,7 +20,7 @@ TEST_CASE("an NCCL error names the call, the result and NCCL's last error", "[gp
 #endif
   std::string text;
   try {
-    l3::train::check_nccl(result, "ncclCommInitRank (0 ranks)");
+    l3::parallel::check_nccl(result, "ncclCommInitRank (0 ranks)");
   } catch (const l3::core::Error& e) {
     text = e.what();
   }
@@ -32,5 +32,5 @@ TEST_CASE("an NCCL error names the call, the result and NCCL's last error", "[gp
   } else {
     CHECK(text.ends_with(": " + last));
   }
-  CHECK_NOTHROW(l3::train::check_nccl(ncclSuccess, "nothing"));
+  CHECK_NOTHROW(l3::parallel::check_nccl(ncclSuccess, "nothing"));
 }

@@ -14,8 +14,8 @@
 #include "kernels/cuda/cuda_ops.hpp"
 #include "model/batch.hpp"
 #include "model/llama_model.hpp"
+#include "parallel/data_parallel.hpp"
 #include "relative_rms.hpp"
-#include "train/data_parallel.hpp"
 #include "train/objectives/language_model_loss.hpp"
 
 using l3::kernels::ConstTensorView;
@@ -89,12 +89,12 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   // (one-rank) reduction and into the optimizers' fp32 pieces.
   LlamaModel windowed(config, HeadKind::language_model, ops, {.own_gradients = false});
   windowed.initialize(7);
-  l3::train::DataParallelConfig dp;
+  l3::parallel::DataParallelConfig dp;
   dp.bucket_elements = 3000;
   dp.placement = {
       .stage = l3::model::ZeroStage::gradients, .ranks = world.size(), .fp32_gradients = true};
   dp.exchange = l3::train::ExchangeChoice::mpi_staged;
-  l3::train::DataParallel parallel(
+  l3::parallel::DataParallel parallel(
       world, ops, windowed.layout(), dp, {},
       {.master = windowed.master_weights(), .compute = windowed.weight_copy()});
   windowed.set_gradient_window(parallel.gradient_window());

@@ -1,6 +1,6 @@
 // Context parallelism (--context-parallel C) in the model: every rank of the world holds a share
 // of the same whole batch (data::context_share, chunks r and 2C - 1 - r of every row) and its
-// attention reads the whole sequence's keys and values from the group (train::ContextGroup).
+// attention reads the whole sequence's keys and values from the group (parallel::ContextGroup).
 // The shares' losses add up to the whole batch's on one rank, and their gradients, summed over
 // the ranks as data parallelism sums them, to the whole batch's gradients (fp32 tolerance:
 // the sums run in another order), with packed documents crossing the chunks, recomputation
@@ -18,8 +18,8 @@
 #include "model/batch.hpp"
 #include "model/llama_model.hpp"
 #include "model/memory_plan.hpp"
+#include "parallel/context_group.hpp"
 #include "relative_rms.hpp"
-#include "train/context_group.hpp"
 #include "train/objectives/language_model_loss.hpp"
 
 using l3::model::Batch;
@@ -74,7 +74,7 @@ TEST_CASE("context-parallel shares add up to the whole batch's loss and gradient
   const Batch whole = whole_batch(ranks, config.vocab_size);
   const Batch share = l3::data::context_share(whole, world.rank(), ranks);
   REQUIRE(share.tokens_count() * ranks == whole.tokens_count());
-  l3::train::ContextGroup group(world, ranks);
+  l3::parallel::ContextGroup group(world, ranks);
 
   for (const bool recompute : {false, true}) {
     for (const int lora_rank : {0, 4}) {
@@ -129,7 +129,7 @@ TEST_CASE("the memory plan is what a share allocates", "[context][memory]") {
   const l3::model::ModelConfig config = test_model();
   const Batch whole = whole_batch(ranks, config.vocab_size);
   const Batch share = l3::data::context_share(whole, world.rank(), ranks);
-  l3::train::ContextGroup group(world, ranks);
+  l3::parallel::ContextGroup group(world, ranks);
   LlamaModel model(config, l3::model::HeadKind::language_model, ops, {});
   model.initialize(11);
   model.set_context_exchange(&group);

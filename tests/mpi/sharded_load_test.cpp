@@ -25,9 +25,9 @@
 #include "model/model_config.hpp"
 #include "model/parameter_init.hpp"
 #include "model/parameter_layout.hpp"
+#include "parallel/shard_plan.hpp"
 #include "shared_directory.hpp"
 #include "train/model_source.hpp"
-#include "train/shard_plan.hpp"
 
 namespace fs = std::filesystem;
 
@@ -93,10 +93,10 @@ TEST_CASE("a sharded load from safetensors holds this rank's share and one tenso
   world.barrier();
   const l3::train::ModelSource source = l3::train::resolve_model_source("", dir);
   REQUIRE(source.hf_dir == dir);
-  const l3::train::ShardPlan plan({.total = layout.total(),
-                                   .groups = layout.gradient_groups(),
-                                   .ranks = world.size(),
-                                   .bucket_elements = std::int64_t{1} << 20});
+  const l3::parallel::ShardPlan plan({.total = layout.total(),
+                                      .groups = layout.gradient_groups(),
+                                      .ranks = world.size(),
+                                      .bucket_elements = std::int64_t{1} << 20});
   const std::vector<l3::model::FlatRange> mine = plan.owned(world.rank());
   std::int64_t share = 0;
   for (const l3::model::FlatRange& r : mine) share += r.size();
@@ -152,7 +152,7 @@ TEST_CASE("a sharded load from a checkpoint reads this rank's ranges and checks 
   const l3::model::ModelConfig config = l3::model::preset("tiny");
   const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
   // A checkpoint written by the ranks' ZeRO-1 pieces of one plan...
-  const l3::train::ShardPlan written(
+  const l3::parallel::ShardPlan written(
       {.total = layout.total(), .ranks = world.size(), .bucket_elements = 4096});
   l3::ckpt::RankState state;
   state.allocate(written.owned(world.rank()));
@@ -177,10 +177,10 @@ TEST_CASE("a sharded load from a checkpoint reads this rank's ranges and checks 
                             whole);
 
   // ... read back through another plan (the groups of ZeRO-3, other bucket sizes).
-  const l3::train::ShardPlan plan({.total = layout.total(),
-                                   .groups = layout.gradient_groups(),
-                                   .ranks = world.size(),
-                                   .bucket_elements = 1000});
+  const l3::parallel::ShardPlan plan({.total = layout.total(),
+                                      .groups = layout.gradient_groups(),
+                                      .ranks = world.size(),
+                                      .bucket_elements = 1000});
   const std::vector<l3::model::FlatRange> mine = plan.owned(world.rank());
   const std::vector<float> loaded =
       l3::train::initial_weights_of_ranges(world, layout, source, 99, mine);
@@ -241,7 +241,7 @@ TEST_CASE("export holds one tensor at a time, not the model", "[train][memory]")
   // 37M parameters: 148 MB in fp32; the largest tensor (embedding, lm_head) 4M values.
   const l3::model::ModelConfig config = wide_model(2);
   const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
-  const l3::train::ShardPlan plan(
+  const l3::parallel::ShardPlan plan(
       {.total = layout.total(), .ranks = world.size(), .bucket_elements = std::int64_t{1} << 20});
   l3::ckpt::RankState state;
   state.allocate(plan.owned(world.rank()));

@@ -26,8 +26,8 @@
 #include "model/llama_model.hpp"
 #include "model/memory_plan.hpp"
 #include "model/parameter_init.hpp"
+#include "parallel/data_parallel.hpp"
 #include "relative_rms.hpp"
-#include "train/data_parallel.hpp"
 #include "train/objectives/bradley_terry_loss.hpp"
 #include "train/objectives/language_model_loss.hpp"
 #include "train/train_config.hpp"
@@ -35,7 +35,7 @@
 using l3::model::Batch;
 using l3::model::HeadKind;
 using l3::model::LlamaModel;
-using l3::train::DataParallel;
+using l3::parallel::DataParallel;
 
 using l3::test::relative_rms;
 
@@ -82,7 +82,7 @@ enum class Zero : std::uint8_t { one, two, three };
 std::vector<float> gathered_weights(const l3::dist::World& world, DataParallel& parallel,
                                     std::int64_t total) {
   std::vector<float> whole(static_cast<std::size_t>(total), 0.0F);
-  const std::vector<l3::train::FlatRange> mine = parallel.optimizer().state_ranges();
+  const std::vector<l3::model::FlatRange> mine = parallel.optimizer().state_ranges();
   std::int64_t count = 0;
   for (const auto& r : mine) count += r.size();
   std::vector<float> values(static_cast<std::size_t>(count));
@@ -104,7 +104,7 @@ std::vector<double> reduced_gradients(const l3::dist::World& world, DataParallel
                                       const LlamaModel& model) {
   std::vector<double> whole(static_cast<std::size_t>(model.layout().total()), 0.0);
   for (std::size_t b = 0; b < parallel.buckets().size(); ++b) {
-    const l3::train::FlatRange p = parallel.piece(b, world.rank());
+    const l3::model::FlatRange p = parallel.piece(b, world.rank());
     const std::span<const float> values =
         parallel.shards_gradients()
             ? parallel.optimizer().of_bucket(b).own_gradients().as<float>()
@@ -128,7 +128,7 @@ Outcome step(const l3::dist::World& world, l3::kernels::Ops& ops, HeadKind head,
   const l3::model::ModelConfig config = test_model(tied);
   LlamaModel model(config, head, ops, {.own_gradients = !zero2, .own_parameters = !zero3});
   if (!zero3) model.initialize(7);
-  l3::train::DataParallelConfig dp;
+  l3::parallel::DataParallelConfig dp;
   dp.bucket_elements = 3000;  // several buckets per group, uneven pieces
   dp.placement = {.stage = zero3   ? l3::model::ZeroStage::parameters
                            : zero2 ? l3::model::ZeroStage::gradients

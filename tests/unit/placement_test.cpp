@@ -1,5 +1,5 @@
 // The placement (model/placement.hpp) chosen from the sharding options once
-// (train/placement_choice.cpp): the stage, hybrid groups, LoRA's frozen model, where the master
+// (parallel/placement_choice.cpp): the stage, hybrid groups, LoRA's frozen model, where the master
 // weights live, the buffers a model owns under it, and the options' rules.
 #include "model/placement.hpp"
 
@@ -9,13 +9,13 @@
 #include "core/error.hpp"
 #include "core/phase.hpp"
 #include "model/llama_model.hpp"
-#include "train/placement_choice.hpp"
+#include "parallel/placement_choice.hpp"
 #include "train/train_config.hpp"
 
 using l3::kernels::DType;
 using l3::model::Placement;
 using l3::model::ZeroStage;
-using l3::train::choose_placement;
+using l3::parallel::choose_placement;
 using l3::train::TrainConfig;
 
 namespace {
@@ -128,7 +128,7 @@ TEST_CASE("the sharding options' rules are checked in one place", "[placement]")
   CHECK(usage_error_of(c, 4).starts_with("--lora-rank with --shard-group-size"));
   // The rank-independent rules are the same when the options are parsed.
   try {
-    l3::train::check_sharding_options(c);
+    l3::parallel::check_sharding_options(c);
     FAIL("no error");
   } catch (const l3::core::Error& e) {
     CHECK(std::string(e.what()).starts_with("--lora-rank with --shard-group-size"));

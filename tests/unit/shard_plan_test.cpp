@@ -1,7 +1,7 @@
-// The data-parallel cut of the flat buffer (train/shard_plan.hpp), without MPI: buckets cover
+// The data-parallel cut of the flat buffer (parallel/shard_plan.hpp), without MPI: buckets cover
 // the buffer in order from aligned starts, never cross a gradient group, and split into one
 // piece per rank that together own every element exactly once.
-#include "train/shard_plan.hpp"
+#include "parallel/shard_plan.hpp"
 
 #include <cstdint>
 #include <string>
@@ -11,8 +11,8 @@
 #include "core/error.hpp"
 
 using l3::model::FlatRange;
-using l3::train::ShardPlan;
-using l3::train::ShardPlanInput;
+using l3::parallel::ShardPlan;
+using l3::parallel::ShardPlanInput;
 
 namespace {
 

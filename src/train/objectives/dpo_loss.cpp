@@ -28,7 +28,8 @@ void sequence_log_probs_into(model::LlamaModel& model, const model::HeadInputs& 
                              .h = in.hidden,
                              .w = model.lm_head_weight(),
                              .rows = in.loss_rows,
-                             .targets = in.loss_targets});
+                             .targets = in.loss_targets,
+                             .vocab = model.vocab_share()});
   if (logps.empty()) return;
   ops.sequence_log_probs({.logps = logps, .row_loss = row_loss, .ranges = in.ranges, .mean = mean});
 }

@@ -31,7 +31,8 @@ void LanguageModelLoss::pass(const model::Batch& batch, float grad_scale, bool b
                                              .w = model_.lm_head_weight(),
                                              .rows = in.loss_rows,
                                              .targets = in.loss_targets,
-                                             .grad_scale = grad_scale});
+                                             .grad_scale = grad_scale,
+                                             .vocab = model_.vocab_share()});
   }
   if (backward) model_.backward();
 }

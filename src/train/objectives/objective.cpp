@@ -63,7 +63,8 @@ void weighted_lm_head_backward(model::LlamaModel& model, const model::HeadInputs
                                             .targets = in.loss_targets,
                                             .row_scale = d_rows,
                                             .grad_scale = 1.0F,
-                                            .logit_scale = logit_scale});
+                                            .logit_scale = logit_scale,
+                                            .vocab = model.vocab_share()});
   }
   model.backward();
 }

@@ -155,7 +155,8 @@ void PolicyGradientLoss::pass(const model::Batch& batch, float grad_scale, bool 
                                .w = model_.lm_head_weight(),
                                .rows = in.loss_rows,
                                .targets = in.loss_targets,
-                               .logit_scale = settings_.logit_scale()});
+                               .logit_scale = settings_.logit_scale(),
+                               .vocab = model_.vocab_share()});
   }
   const TensorView sums = model_.sums(slot);
   const bool sampled_ratio = sampling != kernels::ImportanceSampling::off;

@@ -18,10 +18,10 @@
 
 #include "dist/world.hpp"
 #include "kernels/ops.hpp"
-#include "train/gradient_exchange.hpp"
-#include "train/run_choices.hpp"
+#include "parallel/exchange_choice.hpp"
+#include "parallel/gradient_exchange.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 class ReductionScheduler {
  public:
@@ -78,4 +78,4 @@ class ReductionScheduler {
   std::thread worker_;
 };
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -70,15 +70,16 @@
 #include "model/parameter_layout.hpp"
 #include "model/parameter_window.hpp"
 #include "model/placement.hpp"
+#include "model/tensor_exchange.hpp"
+#include "parallel/exchange_choice.hpp"
+#include "parallel/gradient_slots.hpp"
+#include "parallel/parameter_gather.hpp"
+#include "parallel/reduction_scheduler.hpp"
+#include "parallel/shard_plan.hpp"
+#include "parallel/sharded_optimizer.hpp"
 #include "train/adamw_optimizer.hpp"
-#include "train/gradient_slots.hpp"
-#include "train/parameter_gather.hpp"
-#include "train/reduction_scheduler.hpp"
-#include "train/run_choices.hpp"
-#include "train/shard_plan.hpp"
-#include "train/sharded_optimizer.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 struct DataParallelConfig {
   std::int64_t bucket_elements = std::int64_t{8} << 20;  // 32 MiB of fp32 gradients
@@ -95,6 +96,11 @@ struct DataParallelConfig {
   // thread of its own); false: each group when acquired (for measurements).
   bool prefetch_gathers = true;
   ExchangeChoice exchange = ExchangeChoice::automatic;  // make_gradient_exchange's choice
+  // Tensor parallelism: the group whose slices' squared gradient norms add up (null: none),
+  // and the layout ranges this rank leaves to tensor rank 0 in the norm (the replicated tensors,
+  // whose gradients every rank of the group holds alike; ascending; empty on tensor rank 0).
+  model::TensorExchange* tensor = nullptr;
+  std::vector<model::FlatRange> counted_by_tensor_rank_0;
 };
 
 struct ReductionTimes {
@@ -111,7 +117,7 @@ class DataParallel {
  public:
   // Collective over `world` (the exchange duplicates its communicator).
   DataParallel(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
-               DataParallelConfig config, AdamWConfig adamw, ModelWeights weights);
+               DataParallelConfig config, train::AdamWConfig adamw, ModelWeights weights);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -223,4 +229,4 @@ class DataParallel {
   std::unique_ptr<GradientExchange> replica_exchange_;  // hybrid sharding: across the groups
 };
 
-}  // namespace l3::train
+}  // namespace l3::parallel

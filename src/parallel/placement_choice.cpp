@@ -1,4 +1,4 @@
-#include "train/placement_choice.hpp"
+#include "parallel/placement_choice.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include "core/error.hpp"
 #include "train/train_config.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 namespace {
 
@@ -17,7 +17,7 @@ void require(bool ok, std::string_view message) {
 
 }  // namespace
 
-void check_sharding_options(const TrainConfig& c) {
+void check_sharding_options(const train::TrainConfig& c) {
   require(c.shard_optimizer || !c.shard_gradients,
           "--shard-gradients (ZeRO-2) needs the sharded optimizer: drop --no-shard-optimizer");
   require(c.shard_gradients || !c.shard_parameters,
@@ -29,15 +29,8 @@ void check_sharding_options(const TrainConfig& c) {
           "(drop --shard-group-size)");
 }
 
-model::Placement choose_placement(const TrainConfig& c, int ranks, kernels::DType compute) {
+model::Placement choose_placement(const train::TrainConfig& c, int ranks, kernels::DType compute) {
   check_sharding_options(c);
-  const int g = c.shard_group_size;
-  if (g > 0 && (g > ranks || ranks % g != 0 || (g < 2 && ranks > 1))) {
-    throw core::usage_error(fmt::format(
-        "--shard-group-size {}: the {} ranks must split into groups of at least 2 ranks (a "
-        "divisor of {})",
-        g, ranks, ranks));
-  }
   const int cp = c.context_parallel;
   if (cp < 1 || ranks % cp != 0) {
     throw core::usage_error(fmt::format(
@@ -55,6 +48,33 @@ model::Placement choose_placement(const TrainConfig& c, int ranks, kernels::DTyp
           cp, c.seq_len, 2 * cp, cp));
     }
   }
+  const int tp = c.tensor_parallel;
+  if (tp < 1 || ranks % (cp * tp) != 0) {
+    throw core::usage_error(fmt::format(
+        "--tensor-parallel {}{}: the {} ranks must split into groups of {} (a divisor of {})", tp,
+        cp > 1 ? fmt::format(" with --context-parallel {}", cp) : std::string(), ranks, cp * tp,
+        ranks));
+  }
+  if (tp > 1) {
+    require(!c.lora.enabled(),
+            "--tensor-parallel: not with --lora-rank so far (the adapters are not split yet)");
+    require(c.phase != Phase::grpo,
+            "--tensor-parallel: not with grpo so far (the generation engine does not split "
+            "layers yet)");
+    require(c.ckpt_local.empty(),
+            "--tensor-parallel: not with --ckpt-local so far (the node-local level keeps each "
+            "rank's state in its own layout); --ckpt-dir's checkpoints work");
+  }
+  // The states are sharded over the ranks of one tensor rank.
+  const int state_ranks = ranks / tp;
+  const int g = c.shard_group_size;
+  if (g > 0 && (g > state_ranks || state_ranks % g != 0 || (g < 2 && state_ranks > 1))) {
+    throw core::usage_error(fmt::format(
+        "--shard-group-size {}: the {} ranks{} must split into groups of at least 2 ranks (a "
+        "divisor of {})",
+        g, state_ranks, tp > 1 ? fmt::format(" of each tensor rank (of {})", ranks) : "",
+        state_ranks));
+  }
   using model::ZeroStage;
   const ZeroStage stage = c.shard_parameters  ? ZeroStage::parameters
                           : c.shard_gradients ? ZeroStage::gradients
@@ -71,7 +91,8 @@ model::Placement choose_placement(const TrainConfig& c, int ranks, kernels::DTyp
           compute != kernels::DType::f32 || c.master_in_optimizer || c.shard_parameters,
       .fp32_gradients = c.fp32_gradients(ranks),
       .context_parallel = cp,
+      .tensor_parallel = tp,
   };
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

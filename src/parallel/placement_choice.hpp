@@ -7,16 +7,18 @@
 #include "model/placement.hpp"
 
 namespace l3::train {
-
 struct TrainConfig;
+}  // namespace l3::train
+
+namespace l3::parallel {
 
 // usage Errors (naming the options) for combinations that are wrong whatever the ranks:
 // TrainConfig::validate calls it when the options are parsed.
-void check_sharding_options(const TrainConfig& config);
+void check_sharding_options(const train::TrainConfig& config);
 
 // The placement of a run of `config` on `ranks` ranks whose backend computes in `compute`;
 // checks check_sharding_options and what depends on the ranks (the shard groups divide them).
-[[nodiscard]] model::Placement choose_placement(const TrainConfig& config, int ranks,
+[[nodiscard]] model::Placement choose_placement(const train::TrainConfig& config, int ranks,
                                                 kernels::DType compute);
 
-}  // namespace l3::train
+}  // namespace l3::parallel

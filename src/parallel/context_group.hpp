@@ -11,7 +11,7 @@
 #include "dist/world.hpp"
 #include "model/context_exchange.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 class ContextGroup final : public model::ContextExchange {
  public:
@@ -49,4 +49,4 @@ class ContextGroup final : public model::ContextExchange {
   std::vector<float> staging_;  // every rank's share, rank-major
 };
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -21,9 +21,9 @@
 #include "dist/world.hpp"
 #include "kernels/ops.hpp"
 #include "model/parameter_layout.hpp"
-#include "train/run_choices.hpp"
+#include "parallel/exchange_choice.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 using model::FlatRange;  // [begin, end) of the flat buffers (model/parameter_layout.hpp)
 
@@ -110,4 +110,4 @@ class MpiExchange final : public GradientExchange {
                                                                        kernels::Ops& ops,
                                                                        ExchangeChoice choice);
 
-}  // namespace l3::train
+}  // namespace l3::parallel

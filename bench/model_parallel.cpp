@@ -1,12 +1,15 @@
-// Context parallelism (--context-parallel C) on the CPU, in one run: one long sequence per step
-// (16,384 tokens by default) through the benchmarks' mid-size model (156M parameters, its
-// positions raised to the sequence), trained on the first C ranks of the job for C = 1, 2, 4
-// (as the job's ranks allow; the other ranks wait asleep). Per C: tokens/s (median of the steps
-// after the first) and the ratio to C = 1, the baseline (C ranks of cores / C threads each use
-// the node's cores as one rank of all of them does: 1.0 means the split costs nothing), and each
-// rank's memory: what the backend allocated against the memory plan's total (`--dry-run-memory`).
+// Context and tensor parallelism (--context-parallel C, --tensor-parallel T) on the CPU, in one
+// run: one long sequence per step (16,384 tokens by default) through the benchmarks' mid-size
+// model (156M parameters, 16 heads, 4 key/value heads, its positions raised to the sequence),
+// trained on the first N ranks of the job: 1 rank, CP 2 and 4, TP 2 and 4 (as the job's ranks
+// allow; the other ranks wait asleep). Per layout: tokens/s (median of the steps after the
+// first) and the ratio to 1 rank, the baseline (N ranks of cores / N threads each use the
+// node's cores as one rank of all of them does: 1.0 means the split costs nothing), and each
+// rank's memory: what the backend allocated against the memory plan's total
+// (`--dry-run-memory`; under TP a rank also holds the exchange's host staging, which the plan
+// counts and the backend does not allocate).
 //
-//   mpiexec -n 4 l3-bench-context-parallel [--tokens N] [--steps N] [--dir DIR] [--json FILE]
+//   mpiexec -n 4 l3-bench-model-parallel [--tokens N] [--steps N] [--dir DIR] [--json FILE]
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -40,8 +43,14 @@ struct Figures {
   std::int64_t planned = 0;
 };
 
+struct Layout {
+  int context = 1;
+  int tensor = 1;
+  [[nodiscard]] int ranks() const noexcept { return context * tensor; }
+};
+
 l3::train::TrainConfig config_for(const std::string& dir, std::int64_t tokens, std::int64_t steps,
-                                  int context) {
+                                  Layout layout) {
   l3::train::TrainConfig c;
   c.model = dir + "/config.json";
   c.data = dir + "/data";
@@ -53,14 +62,15 @@ l3::train::TrainConfig config_for(const std::string& dir, std::int64_t tokens, s
   c.lr = 1e-4;
   c.log_every = 0;
   c.progress = l3::train::ProgressMode::never;
-  c.context_parallel = context;
+  c.context_parallel = layout.context;
+  c.tensor_parallel = layout.tensor;
   return c;
 }
 
 // The run on `group` (C ranks); every rank of it returns the figures.
 Figures run(const l3::dist::World& group, const std::string& dir, const l3::model::ModelConfig& m,
-            std::int64_t tokens, std::int64_t steps) {
-  const l3::train::TrainConfig c = config_for(dir, tokens, steps, group.size());
+            std::int64_t tokens, std::int64_t steps, Layout layout) {
+  const l3::train::TrainConfig c = config_for(dir, tokens, steps, layout);
   const l3::core::Logger quiet(group.rank(), group.size(), {.level = l3::core::LogLevel::warn});
   l3::train::Trainer trainer(group, quiet, c);
   std::vector<l3::train::StepMetrics> all;
@@ -86,7 +96,7 @@ int main(int argc, char** argv) {
   const l3::dist::World world(MPI_COMM_WORLD);
   std::int64_t tokens = 16384;
   std::int64_t steps = 3;
-  std::string root = (fs::temp_directory_path() / "l3-bench-context-parallel").string();
+  std::string root = (fs::temp_directory_path() / "l3-bench-model-parallel").string();
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -107,29 +117,36 @@ int main(int argc, char** argv) {
 
   json results = json::array();
   std::optional<Figures> baseline;
-  for (const int context : {1, 2, 4}) {
-    if (context > world.size()) break;
+  for (const Layout layout :
+       {Layout{1, 1}, Layout{2, 1}, Layout{4, 1}, Layout{1, 2}, Layout{1, 4}}) {
+    const int ranks = layout.ranks();
+    if (ranks > world.size()) continue;
     const std::optional<l3::dist::World> group =
-        world.split(world.rank() < context ? 0 : MPI_UNDEFINED, world.rank());
+        world.split(world.rank() < ranks ? 0 : MPI_UNDEFINED, world.rank());
     Figures f;
     if (group) {
-      omp_set_num_threads(std::max(1, cores / context));
-      f = run(*group, root, model, tokens, steps);
+      omp_set_num_threads(std::max(1, cores / ranks));
+      f = run(*group, root, model, tokens, steps, layout);
     }
     l3::dist::quiet_barrier(world.comm());
     if (!world.is_root()) continue;
     if (!baseline) baseline = f;
     const double ratio = f.tokens_per_s / baseline->tokens_per_s;
     constexpr double kMiB = 1024.0 * 1024.0;
-    const int threads = std::max(1, cores / context);
+    const int threads = std::max(1, cores / ranks);
+    const std::string name = layout.tensor > 1 ? fmt::format("tensor parallel {}", layout.tensor)
+                             : layout.context > 1
+                                 ? fmt::format("context parallel {}", layout.context)
+                                 : std::string("1 rank");
     fmt::print(
-        "context parallel {} ({} thread{} per rank): {:8.0f} tokens/s, step {:8.1f} ms -> "
+        "{:<18} ({} thread{} per rank): {:8.0f} tokens/s, step {:8.1f} ms -> "
         "{:.3f}x of 1 rank; memory per rank {:.1f} MiB allocated, plan {:.1f} MiB ({:.3f})\n",
-        context, threads, threads == 1 ? "" : "s", f.tokens_per_s, f.step_ms, ratio,
+        name, threads, threads == 1 ? "" : "s", f.tokens_per_s, f.step_ms, ratio,
         static_cast<double>(f.allocated) / kMiB, static_cast<double>(f.planned) / kMiB,
         static_cast<double>(f.allocated) / static_cast<double>(f.planned));
-    results.push_back({{"context_parallel", context},
-                       {"threads_per_rank", std::max(1, cores / context)},
+    results.push_back({{"context_parallel", layout.context},
+                       {"tensor_parallel", layout.tensor},
+                       {"threads_per_rank", threads},
                        {"tokens_per_s", f.tokens_per_s},
                        {"step_ms", f.step_ms},
                        {"vs_one_rank", ratio},
@@ -139,7 +156,7 @@ int main(int argc, char** argv) {
   if (world.is_root()) {
     if (!json_path.empty()) {
       const l3::core::BuildInfo build = l3::core::build_info();
-      std::ofstream(json_path) << json{{"benchmark", "context_parallel"},
+      std::ofstream(json_path) << json{{"benchmark", "model_parallel"},
                                        {"git_commit", build.git_commit},
                                        {"cores", cores},
                                        {"ranks", world.size()},

@@ -1,4 +1,4 @@
-#include "train/parameter_gather.hpp"
+#include "parallel/parameter_gather.hpp"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include "core/error.hpp"
 #include "core/timer.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 ParameterGather::ParameterGather(const dist::World& shards, kernels::Ops& ops,
                                  const ShardPlan& plan, OwnPiece own_piece, ExchangeChoice exchange,
@@ -221,4 +221,4 @@ void ParameterGather::release(std::size_t group) noexcept {
   if (state.holds > 0) --state.holds;
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

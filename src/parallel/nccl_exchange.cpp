@@ -1,4 +1,4 @@
-#include "train/nccl_exchange.hpp"
+#include "parallel/nccl_exchange.hpp"
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -15,9 +15,9 @@
 #include "dist/collectives.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
-#include "train/nccl_communicator.hpp"
+#include "parallel/nccl_communicator.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 namespace {
 
@@ -287,4 +287,4 @@ std::unique_ptr<GradientExchange> make_nccl_exchange(const dist::World& world, k
   return std::make_unique<NcclExchange>(world, *cuda_ops);
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -1,4 +1,4 @@
-#include "train/nccl_communicator.hpp"
+#include "parallel/nccl_communicator.hpp"
 
 #include <fmt/format.h>
 
@@ -14,7 +14,7 @@
 #include "dist/point_to_point.hpp"
 #include "dist/request.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 namespace {
 
@@ -130,4 +130,4 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t status) {
   return status;
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

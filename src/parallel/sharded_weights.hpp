@@ -14,11 +14,11 @@
 #include "kernels/ops.hpp"
 #include "model/lora_merge.hpp"
 #include "model/parameter_layout.hpp"
+#include "parallel/parameter_gather.hpp"
+#include "parallel/shard_plan.hpp"
 #include "train/model_source.hpp"
-#include "train/parameter_gather.hpp"
-#include "train/shard_plan.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 class ShardedWeights {
  public:
@@ -26,7 +26,7 @@ class ShardedWeights {
   // `seed` without a checkpoint or model directory) as initial_weights_of_ranges does, and folds
   // `adapters` into them when given (a PEFT adapter: eval --adapter --shard-parameters).
   ShardedWeights(const dist::World& world, kernels::Ops& ops, const model::ParameterLayout& layout,
-                 const ModelSource& source, std::uint64_t seed,
+                 const train::ModelSource& source, std::uint64_t seed,
                  const model::AdapterFold* adapters = nullptr);
   ShardedWeights(const ShardedWeights&) = delete;
   ShardedWeights& operator=(const ShardedWeights&) = delete;
@@ -58,4 +58,4 @@ class ShardedWeights {
   std::unique_ptr<ParameterGather> gather_;
 };
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -1,4 +1,4 @@
-#include "train/data_parallel.hpp"
+#include "parallel/data_parallel.hpp"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include "core/timer.hpp"
 #include "dist/collectives.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 namespace {
 
@@ -36,7 +36,7 @@ bool hybrid(const DataParallelConfig& config) {
 
 DataParallel::DataParallel(const dist::World& world, kernels::Ops& ops,
                            const model::ParameterLayout& layout, DataParallelConfig config,
-                           AdamWConfig adamw, ModelWeights weights)
+                           train::AdamWConfig adamw, ModelWeights weights)
     : ops_(ops),
       layout_(layout),
       config_(std::move(config)),
@@ -190,14 +190,28 @@ double DataParallel::gradient_norm() {
   for (int r = 0; r < size_; ++r) {
     if (mine_only && r != rank_) continue;
     for (std::size_t b = 0; b < nb; ++b) {
-      if (plan_.piece(b, r).size() == 0) continue;
-      views.push_back(reduced_piece(b, r));
-      slots.push_back(static_cast<std::size_t>(r) * nb + b);
+      const model::FlatRange piece = plan_.piece(b, r);
+      if (piece.size() == 0) continue;
+      // Tensor parallelism: the replicated tensors' gradients count on tensor rank 0 only.
+      const kernels::TensorView view = reduced_piece(b, r);
+      std::int64_t from = piece.begin;
+      const auto take = [&](std::int64_t to) {
+        if (to > from) {
+          views.push_back(view.slice(from - piece.begin, to - from));
+          slots.push_back(static_cast<std::size_t>(r) * nb + b);
+        }
+      };
+      for (const model::FlatRange& skip : config_.counted_by_tensor_rank_0) {
+        if (skip.end <= from || skip.begin >= piece.end) continue;
+        take(std::max(skip.begin, from));
+        from = std::min(skip.end, piece.end);
+      }
+      take(piece.end);
     }
   }
   std::vector<double> sums(views.size());
   ops_.sum_squares_each(views, sums);
-  for (std::size_t i = 0; i < sums.size(); ++i) table[slots[i]] = sums[i];
+  for (std::size_t i = 0; i < sums.size(); ++i) table[slots[i]] += sums[i];
   if (mine_only) {
     std::vector<double> mine(table.begin() + static_cast<std::ptrdiff_t>(rank_ * nb),
                              table.begin() + static_cast<std::ptrdiff_t>((rank_ + 1) * nb));
@@ -207,6 +221,13 @@ double DataParallel::gradient_norm() {
   double total = 0;
   for (std::size_t b = 0; b < nb; ++b) {
     for (int r = 0; r < size_; ++r) total += table[static_cast<std::size_t>(r) * nb + b];
+  }
+  if (config_.tensor != nullptr) {
+    // the group's slices, added in tensor-rank order on every rank
+    std::vector<double> parts(static_cast<std::size_t>(config_.tensor->ranks()));
+    config_.tensor->all_gather(std::span<const double>(&total, 1), parts);
+    total = 0;
+    for (const double part : parts) total += part;
   }
   return std::sqrt(total);
 }
@@ -246,4 +267,4 @@ ReductionTimes DataParallel::times() {
   return times_;
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -1,4 +1,4 @@
-#include "train/gradient_slots.hpp"
+#include "parallel/gradient_slots.hpp"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 GradientSlots::GradientSlots(kernels::Ops& ops, const ShardPlan& plan,
                              ReductionScheduler& scheduler, ShardedOptimizer& optimizer, int rank,
@@ -30,7 +30,7 @@ GradientSlots::GradientSlots(kernels::Ops& ops, const ShardPlan& plan,
 }
 
 void GradientSlots::begin_step() {
-  for (AdamW& o : optimizer_.optimizers()) ops_.zero(o.own_gradients());
+  for (train::AdamW& o : optimizer_.optimizers()) ops_.zero(o.own_gradients());
   for (GroupState& g : group_state_) g = {};
   slot_owner_.fill(kNoGroup);
 }
@@ -148,4 +148,4 @@ void GradientSlots::finish() {
   }
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -1,4 +1,4 @@
-#include "train/context_group.hpp"
+#include "parallel/context_group.hpp"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include "core/trace_range.hpp"
 #include "dist/collectives.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 ContextGroup::ContextGroup(const dist::World& world, int ranks)
     : comm_(dist::split(world.comm(), world.rank() / ranks, world.rank(), "context group")),
@@ -104,4 +104,4 @@ std::vector<std::int32_t> ContextGroup::all_gather_varying(std::span<const std::
   return gather_varying(mine);
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -1,13 +1,14 @@
-#include "train/sharded_weights.hpp"
+#include "parallel/sharded_weights.hpp"
 
 #include "ckpt/rank_state.hpp"
 #include "core/error.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 ShardedWeights::ShardedWeights(const dist::World& world, kernels::Ops& ops,
-                               const model::ParameterLayout& layout, const ModelSource& source,
-                               std::uint64_t seed, const model::AdapterFold* adapters)
+                               const model::ParameterLayout& layout,
+                               const train::ModelSource& source, std::uint64_t seed,
+                               const model::AdapterFold* adapters)
     : plan_({.total = layout.total(),
              .groups = layout.gradient_groups(),
              .ranks = world.size(),
@@ -54,4 +55,4 @@ ShardedWeights::HostPieces ShardedWeights::host_pieces(kernels::Ops& ops) const 
   return out;
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -12,10 +12,10 @@
 
 #include "kernels/ops.hpp"
 #include "model/parameter_layout.hpp"
+#include "parallel/shard_plan.hpp"
 #include "train/adamw_optimizer.hpp"
-#include "train/shard_plan.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 // The model's weights as the optimizer sees them.
 struct ModelWeights {
@@ -37,17 +37,17 @@ struct OptimizerSharding {
 
 class ShardedOptimizer {
  public:
-  ShardedOptimizer(kernels::Ops& ops, const model::ParameterLayout& layout, AdamWConfig adamw,
-                   const ShardPlan& plan, int rank, OptimizerSharding sharding,
-                   ModelWeights weights);
+  ShardedOptimizer(kernels::Ops& ops, const model::ParameterLayout& layout,
+                   train::AdamWConfig adamw, const ShardPlan& plan, int rank,
+                   OptimizerSharding sharding, ModelWeights weights);
 
   // AdamW on every optimizer of this rank: `grads` the model's whole flat buffer (empty with
   // own_gradients), multiplied by grad_scale first (clipping).
   void update(kernels::TensorView grads, float lr, float grad_scale);
 
   // Sharded: the optimizer of bucket b (its piece of this rank; possibly empty).
-  [[nodiscard]] AdamW& of_bucket(std::size_t bucket) { return optimizers_.at(bucket); }
-  [[nodiscard]] std::vector<AdamW>& optimizers() noexcept { return optimizers_; }
+  [[nodiscard]] train::AdamW& of_bucket(std::size_t bucket) { return optimizers_.at(bucket); }
+  [[nodiscard]] std::vector<train::AdamW>& optimizers() noexcept { return optimizers_; }
   [[nodiscard]] const ModelWeights& weights() const noexcept { return weights_; }
   [[nodiscard]] bool sharded() const noexcept { return sharding_.sharded; }
 
@@ -70,7 +70,7 @@ class ShardedOptimizer {
 
  private:
   // The optimizer holding flat position `begin` and the offset of `begin` in its state.
-  [[nodiscard]] std::pair<AdamW*, std::int64_t> optimizer_at(std::int64_t begin);
+  [[nodiscard]] std::pair<train::AdamW*, std::int64_t> optimizer_at(std::int64_t begin);
   [[nodiscard]] kernels::TensorView master_of(model::FlatRange r);
 
   kernels::Ops& ops_;
@@ -79,7 +79,7 @@ class ShardedOptimizer {
   int rank_;
   OptimizerSharding sharding_;
   ModelWeights weights_;
-  std::vector<AdamW> optimizers_;
+  std::vector<train::AdamW> optimizers_;
 };
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -1,4 +1,4 @@
-#include "train/shard_plan.hpp"
+#include "parallel/shard_plan.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 namespace {
 
@@ -85,4 +85,4 @@ std::size_t ShardPlan::group_at(std::int64_t offset) const noexcept {
   return offset < groups_[g].end ? g : groups_.size();
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -20,11 +20,11 @@
 
 #include "kernels/ops.hpp"
 #include "model/gradient_window.hpp"
-#include "train/reduction_scheduler.hpp"
-#include "train/shard_plan.hpp"
-#include "train/sharded_optimizer.hpp"
+#include "parallel/reduction_scheduler.hpp"
+#include "parallel/shard_plan.hpp"
+#include "parallel/sharded_optimizer.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 class GradientSlots final : public model::GradientWindow {
  public:
@@ -75,4 +75,4 @@ class GradientSlots final : public model::GradientWindow {
   int next_slot_ = 0;
 };
 
-}  // namespace l3::train
+}  // namespace l3::parallel

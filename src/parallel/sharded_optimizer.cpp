@@ -1,13 +1,13 @@
-#include "train/sharded_optimizer.hpp"
+#include "parallel/sharded_optimizer.hpp"
 
 #include <fmt/format.h>
 
 #include "core/error.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 ShardedOptimizer::ShardedOptimizer(kernels::Ops& ops, const model::ParameterLayout& layout,
-                                   AdamWConfig adamw, const ShardPlan& plan, int rank,
+                                   train::AdamWConfig adamw, const ShardPlan& plan, int rank,
                                    OptimizerSharding sharding, ModelWeights weights)
     : ops_(ops), layout_(layout), plan_(plan), rank_(rank), sharding_(sharding), weights_(weights) {
   if (sharding_.shard_master != weights_.master.empty() ||
@@ -17,7 +17,8 @@ ShardedOptimizer::ShardedOptimizer(kernels::Ops& ops, const model::ParameterLayo
     throw core::internal_error("ShardedOptimizer: master weights and compute weights disagree");
   }
   if (!sharding_.sharded) {
-    optimizers_.emplace_back(ops, layout, adamw, AdamWShard{.own_master = sharding_.shard_master});
+    optimizers_.emplace_back(ops, layout, adamw,
+                             train::AdamWShard{.own_master = sharding_.shard_master});
     return;
   }
   // One per bucket, empty pieces included: the bucket's index is its optimizer's.
@@ -25,16 +26,16 @@ ShardedOptimizer::ShardedOptimizer(kernels::Ops& ops, const model::ParameterLayo
   for (std::size_t b = 0; b < plan.buckets().size(); ++b) {
     const model::FlatRange p = plan.piece(b, rank);
     optimizers_.emplace_back(ops, layout, adamw,
-                             AdamWShard{.begin = p.begin,
-                                        .end = p.end,
-                                        .own_master = sharding_.shard_master,
-                                        .own_gradients = sharding_.own_gradients,
-                                        .gradient_dtype = sharding_.gradient_dtype});
+                             train::AdamWShard{.begin = p.begin,
+                                               .end = p.end,
+                                               .own_master = sharding_.shard_master,
+                                               .own_gradients = sharding_.own_gradients,
+                                               .gradient_dtype = sharding_.gradient_dtype});
   }
 }
 
 void ShardedOptimizer::update(kernels::TensorView grads, float lr, float grad_scale) {
-  for (AdamW& optimizer : optimizers_)
+  for (train::AdamW& optimizer : optimizers_)
     optimizer.step(weights_.master, weights_.compute, grads, lr, grad_scale);
 }
 
@@ -83,8 +84,8 @@ void ShardedOptimizer::load_master_from_whole(std::span<const float> all) {
   }
 }
 
-std::pair<AdamW*, std::int64_t> ShardedOptimizer::optimizer_at(std::int64_t begin) {
-  for (AdamW& o : optimizers_) {
+std::pair<train::AdamW*, std::int64_t> ShardedOptimizer::optimizer_at(std::int64_t begin) {
+  for (train::AdamW& o : optimizers_) {
     if (begin >= o.begin() && begin < o.end()) return {&o, begin - o.begin()};
   }
   throw core::internal_error(fmt::format("no optimizer of this rank holds position {}", begin));
@@ -125,7 +126,7 @@ std::int64_t ShardedOptimizer::adamw_steps() const noexcept {
 }
 
 void ShardedOptimizer::set_adamw_steps(std::int64_t steps) noexcept {
-  for (AdamW& o : optimizers_) o.set_steps_taken(steps);
+  for (train::AdamW& o : optimizers_) o.set_steps_taken(steps);
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -43,11 +43,11 @@
 #include "kernels/ops.hpp"
 #include "model/parameter_layout.hpp"
 #include "model/parameter_window.hpp"
-#include "train/gradient_exchange.hpp"
-#include "train/run_choices.hpp"
-#include "train/shard_plan.hpp"
+#include "parallel/exchange_choice.hpp"
+#include "parallel/gradient_exchange.hpp"
+#include "parallel/shard_plan.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 struct GatherTimes {
   // The gathers' own time, on whichever thread ran them (queued: the host's time to queue them).
@@ -124,4 +124,4 @@ class ParameterGather final : public model::ParameterWindow {
   GatherTimes times_;
 };
 
-}  // namespace l3::train
+}  // namespace l3::parallel

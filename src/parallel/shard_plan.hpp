@@ -20,7 +20,7 @@
 
 #include "model/parameter_layout.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 struct ShardPlanInput {
   std::int64_t total = 0;                // elements of the flat buffer
@@ -75,4 +75,4 @@ class ShardPlan {
   std::vector<std::size_t> bucket_group_;
 };
 
-}  // namespace l3::train
+}  // namespace l3::parallel

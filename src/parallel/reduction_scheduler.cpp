@@ -1,11 +1,11 @@
-#include "train/reduction_scheduler.hpp"
+#include "parallel/reduction_scheduler.hpp"
 
 #include <mpi.h>
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 ReductionScheduler::ReductionScheduler(const dist::World& world, kernels::Ops& ops,
                                        ExchangeChoice choice, bool overlap) {
@@ -131,4 +131,4 @@ void ReductionScheduler::worker_loop() {
   }
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -21,7 +21,7 @@
 
 #include "dist/world.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 // Throws core::internal_error "NCCL <what>: <the result's text>: <NCCL's last error>" unless
 // status is ncclSuccess (`comm`: the communicator the call was made on, if any).
@@ -36,4 +36,4 @@ void check_nccl(ncclResult_t status, std::string_view what, ncclComm_t comm = nu
 // progress: polls ncclCommGetAsyncError (short sleeps) while it says ncclInProgress.
 [[nodiscard]] ncclResult_t settle(ncclComm_t comm, ncclResult_t status);
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -14,9 +14,9 @@
 
 #include <memory>
 
-#include "train/gradient_exchange.hpp"
+#include "parallel/gradient_exchange.hpp"
 
-namespace l3::train {
+namespace l3::parallel {
 
 // Whether no two ranks of a node share a GPU (NCCL's requirement). Collective over `world`.
 [[nodiscard]] bool each_rank_has_its_own_gpu(const dist::World& world, kernels::Ops& ops);
@@ -25,4 +25,4 @@ namespace l3::train {
 [[nodiscard]] std::unique_ptr<GradientExchange> make_nccl_exchange(const dist::World& world,
                                                                    kernels::Ops& ops);
 
-}  // namespace l3::train
+}  // namespace l3::parallel

@@ -1,4 +1,4 @@
-#include "train/gradient_exchange.hpp"
+#include "parallel/gradient_exchange.hpp"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include "dist/collectives.hpp"
 
 #if defined(L3_HAVE_CUDA) && L3_HAVE_CUDA
-#include "train/nccl_exchange.hpp"
+#include "parallel/nccl_exchange.hpp"
 #endif
 
 // Values moved without arithmetic travel as their bits: bf16 as 16-bit integers.
@@ -17,7 +17,7 @@ struct l3::dist::MpiType<l3::kernels::BFloat16> {
   static MPI_Datatype get() noexcept { return MPI_UINT16_T; }
 };
 
-namespace l3::train {
+namespace l3::parallel {
 
 namespace {
 
@@ -152,4 +152,4 @@ std::unique_ptr<GradientExchange> make_gradient_exchange(const dist::World& worl
   return std::make_unique<MpiExchange>(world, ops, !host_memory);
 }
 
-}  // namespace l3::train
+}  // namespace l3::parallel
