@@ -20,6 +20,7 @@
 #include "dist/communicator.hpp"
 #include "dist/library_versions.hpp"
 #include "dist/mpi_runtime.hpp"
+#include "dist/node_map.hpp"
 #include "kernels/backend_options.hpp"
 #include "kernels/backends.hpp"
 
@@ -88,20 +89,22 @@ Grid grid_of(const CommandContext& context) {
 }
 
 // Whether every group of `size` ranks that differ only in the axis of `stride` (the tensor
-// groups: consecutive ranks; the context groups: ranks T apart) lies on one node.
-bool groups_inside_nodes(const std::vector<json>& ranks, int size, int stride) {
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    const auto rank = static_cast<int>(r);
+// groups: consecutive ranks; the context groups: ranks T apart) lies on one node of `nodes`.
+bool groups_inside_nodes(const dist::NodeMap& nodes, int size, int stride) {
+  for (int rank = 0; rank < nodes.ranks(); ++rank) {
     const int first = rank / (size * stride) * (size * stride) + rank % stride;
-    if (ranks[r].at("node") != ranks.at(static_cast<std::size_t>(first)).at("node")) return false;
+    if (nodes.node_of.at(static_cast<std::size_t>(rank)) !=
+        nodes.node_of.at(static_cast<std::size_t>(first)))
+      return false;
   }
   return true;
 }
 
-// What the grid's groups span, for the check's findings.
-void describe_grid(const Grid& grid, const std::vector<json>& ranks, WorldCheck& check) {
+// What the grid's groups span, for the check's findings (the nodes as the checkpoint levels see
+// them: L3_PRETEND_NODES applies).
+void describe_grid(const Grid& grid, const dist::NodeMap& nodes, WorldCheck& check) {
   if (!grid.used()) return;
-  const int data = static_cast<int>(ranks.size()) / (grid.tensor * grid.context);
+  const int data = nodes.ranks() / (grid.tensor * grid.context);
   std::string text =
       fmt::format("grid: tensor parallel {} x context parallel {} x data parallel {}", grid.tensor,
                   grid.context, data);
@@ -109,10 +112,11 @@ void describe_grid(const Grid& grid, const std::vector<json>& ranks, WorldCheck&
        {std::tuple{"tensor", grid.tensor, 1}, std::tuple{"context", grid.context, grid.tensor}}) {
     if (size <= 1) continue;
     text +=
-        groups_inside_nodes(ranks, size, stride)
+        groups_inside_nodes(nodes, size, stride)
             ? fmt::format("; every {} group inside one node", name)
             : fmt::format("; warning: {} groups span nodes (their exchanges leave the node)", name);
   }
+  if (nodes.pretended) text += " (nodes pretended by L3_PRETEND_NODES)";
   check.findings.push_back(text);
 }
 
@@ -242,7 +246,10 @@ bool report(const CommandContext& context) {
       ranks[r]["grid"] = grid.of_rank(static_cast<int>(r));
   }
   WorldCheck check = check_world(world, ranks);
-  if (world.is_root()) describe_grid(grid, ranks, check);
+  if (grid.used()) {
+    const dist::NodeMap nodes = dist::NodeMap::of(world);  // collective
+    if (world.is_root()) describe_grid(grid, nodes, check);
+  }
   if (world.is_root()) {
     if (context.options["json"].as<bool>()) {
       std::cout << to_json(world, ranks, check).dump() << '\n' << std::flush;

@@ -84,7 +84,7 @@ namespace l3::parallel {
 struct DataParallelConfig {
   std::int64_t bucket_elements = std::int64_t{8} << 20;  // 32 MiB of fp32 gradients
   // Where the trained values' weights, gradients and optimizer state live (model/placement.hpp,
-  // checked by train::choose_placement): ZeRO-1 shards the optimizer state, ZeRO-2 the
+  // checked by parallel::choose_placement): ZeRO-1 shards the optimizer state, ZeRO-2 the
   // gradients too (in groups, each reduced as it completes), ZeRO-3 the weights as well (only
   // with the master weights in the optimizers and a model that holds none), in hybrid shard
   // groups or over all the ranks. With LoRA's frozen model sharded, the adapters get ZeRO-2.

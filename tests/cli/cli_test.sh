@@ -120,6 +120,12 @@ expect "names the missing file" contains "$err" "$work/missing.ini: cannot read:
 run "info on 2 ranks" 0 "$mpiexec" -n 2 "$bin" info
 expect "2 ranks" contains "$out" "world:     2 ranks on 1 node"
 expect "printed once" [ "$(printf '%s\n' "$out" | grep -c '^world:')" = 1 ]
+run "info shows a training grid" 0 "$mpiexec" -n 4 "$bin" info --tensor-parallel 2 --context-parallel 2 --json
+expect "each rank's grid coordinates (rank = (data x C + context) x T + tensor)" [ "$(printf '%s\n' "$out" | python3 -c 'import json,sys; print(" ".join("{data}{context}{tensor}".format(**r["grid"]) for r in json.load(sys.stdin)["ranks"]))')" = "000 001 010 011" ]
+expect "the groups inside one node" contains "$out" "every tensor group inside one node; every context group inside one node"
+L3_PRETEND_NODES=2 run "info: tensor groups across pretended nodes" 0 "$mpiexec" -n 4 "$bin" info --tensor-parallel 4
+expect "a warning names the groups that leave the node" contains "$out" "warning: tensor groups span nodes"
+run "info: a grid the ranks do not divide into" 2 "$mpiexec" -n 4 "$bin" info --tensor-parallel 3
 run "demo on 2 ranks" 0 "$mpiexec" -n 2 "$bin" demo --workdir "$work/demo" --sft-steps 20 --reward-steps 10 --dpo-steps 5 --grpo-steps 4
 expect "the demo prints its report's path" contains "$out" "the curves: $work/demo/report.html"
 report_sections=$(grep -o '<section[^>]*data-phase="[a-z]*"' "$work/demo/report.html" | grep -o '"[a-z]*"' | tr -d '"' | tr '\n' ' ')
