@@ -93,7 +93,7 @@ TEST_CASE("ZeRO-2 on the GPU adds a step's micro-batches up in fp32", "[gpu][zer
   dp.bucket_elements = 3000;
   dp.placement = {
       .stage = l3::model::ZeroStage::gradients, .ranks = world.size(), .fp32_gradients = true};
-  dp.exchange = l3::train::ExchangeChoice::mpi_staged;
+  dp.exchange = l3::parallel::ExchangeChoice::mpi_staged;
   l3::parallel::DataParallel parallel(
       world, ops, windowed.layout(), dp, {},
       {.master = windowed.master_weights(), .compute = windowed.weight_copy()});
