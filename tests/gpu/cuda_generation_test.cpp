@@ -304,7 +304,10 @@ TEST_CASE("sample_tokens with temperature, top-k and top-p: the CPU's tokens", "
             const Sampled got = sample_on_gpu(gpu, glogits, guniforms, rule, vocab_limit);
             CHECK((got.tokens == cpu.tokens));
             const double error = max_abs_error(got.logprobs, cpu.logprobs);
-            CHECK(error <= 1e-5);
+            // Both sum a row's exponentials in fp32, in different orders; the CPU's order also
+            // depends on its vector width (AVX-512 or AVX2 clone): 1.07e-5 seen on an AVX2-only
+            // AMD EPYC, under 1e-5 with AVX-512. Log-probabilities here are about -7 to -12.
+            CHECK(error <= 2e-5);
             worst_logprob = std::max(worst_logprob, error);
           }
         }
