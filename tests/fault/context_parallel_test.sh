@@ -200,18 +200,6 @@ for layout in "1:--context-parallel 1" "4:--context-parallel 4"; do
 done
 
 # --- what it refuses ---
-refused() { # NAME RANKS PATTERN ARGS...
-  local name=$1 ranks=$2 pattern=$3
-  shift 3
-  run "$ranks" "$@"
-  local rc=$?
-  if [[ $rc -eq 2 ]] && grep -q -- "$pattern" "$work/last.err"; then
-    pass "$name"
-  else
-    fail "$name (exit $rc)"
-    tail -2 "$work/last.err"
-  fi
-}
 refused "--seq-len 102 with --context-parallel 2: not a multiple of 4" 2 "must be a multiple of 4" \
   sft --model tiny --data "$work/sft" --seq-len 102 --global-batch 2 --steps 1 --context-parallel 2
 refused "3 ranks in groups of 2" 3 "must split into groups of 2" \

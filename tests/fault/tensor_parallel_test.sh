@@ -160,18 +160,6 @@ run 1 "${restart[@]}" --ckpt-dir "$work/one" || fail "the 1-rank run with checkp
 resumed_from "$work/one" 2 "the 1-rank run's step 4 resumed on TP 2" --tensor-parallel 2
 
 # --- what it refuses ---
-refused() { # NAME RANKS PATTERN ARGS...
-  local name=$1 ranks=$2 pattern=$3
-  shift 3
-  run "$ranks" "$@"
-  local rc=$?
-  if [[ $rc -eq 2 ]] && grep -q -- "$pattern" "$work/last.err"; then
-    pass "$name"
-  else
-    fail "$name (exit $rc)"
-    tail -2 "$work/last.err"
-  fi
-}
 refused "tiny (2 key/value heads) over 4 ranks" 4 "2 key/value heads, which do not divide" \
   sft --model tiny --data "$work/sft" --seq-len 128 --global-batch 4 --steps 1 --tensor-parallel 4
 refused "3 ranks in groups of 2" 3 "must split into groups of 2" \
