@@ -42,11 +42,13 @@ source "$(dirname "$0")/../support/reversal_data.sh"
 reversal_workdir "$bin" l3-nccl-ranks
 
 # The tiny model's 0.16M parameters in buckets of 0.05 MiB of fp32 (13107 values): 13 buckets.
-# Rows of 64 tokens for SFT on the emulation (a step of 3 micro-batches took 8 s there at 128, and
-# this test ran 500 s of them); 128 on GPUs and for reward. The exchanges, buckets and
-# micro-batches are the same.
+# On the emulation SFT takes rows of 64 tokens and 2 micro-batches a rank per step (a step of 3
+# micro-batches took 8 s there at 128 tokens, and this test ran 500 s of them; at 64 tokens and
+# 3 micro-batches it still took 344 s on a slow 2-core machine); on GPUs rows of 128 and 3
+# micro-batches. Reward: rows of 128 on both. The buckets and exchanges are the same.
 seq=$([[ $emulated == true ]] && echo 64 || echo 128)
-common=(--model tiny --seq-len "$seq" --global-batch 12 --micro-batch 2 --lr 3e-3 --warmup 2
+batch=$([[ $emulated == true ]] && echo 8 || echo 12)
+common=(--model tiny --seq-len "$seq" --global-batch "$batch" --micro-batch 2 --lr 3e-3 --warmup 2
   --log-every 1 --no-progress --backend cuda --bucket-mb 0.05 --grad-clip 0 --checkpoint-every 2)
 # shellcheck disable=SC2034  # used by name (train's second argument)
 sft=(sft --data "$work/sft" --steps 4)
@@ -162,7 +164,7 @@ fi
 # ZeRO-2 over NCCL: each micro-batch's gradient groups reduce-scattered from two slots while the
 # backward goes on, the compute stream waiting for a group's reduction (its ticket) only before
 # its slot is reused. Bit-identical to ZeRO-2 through host buffers on the emulation; close to
-# ZeRO-1 (3 micro-batches per step: reduced before they are added up, not after); a run killed
+# ZeRO-1 (several micro-batches per step: reduced before they are added up, not after); a run killed
 # at step 3 resumes bit for bit.
 L3_EMULATION_PROGRESS=latest train zero2 sft --shard-gradients || fail "ZeRO-2 over NCCL ran"
 train zero2staged sft --shard-gradients --grad-exchange mpi || fail "ZeRO-2 through host buffers ran"
@@ -227,7 +229,8 @@ PY
 read -r ahead total <<<"$prefetched"
 # Only the embedding's gather, the first of each micro-batch's forward pass, has nothing before it
 # to hide behind; the tiny model's other groups are queued while the one before computes (10 of
-# the 13 gathers of a step of 3 micro-batches: groups still in their slot are not gathered again).
+# the 13 gathers of a step of 3 micro-batches on GPUs: groups still in their slot are not
+# gathered again).
 if [[ $total -gt 0 && $((100 * ahead)) -ge $((60 * total)) ]]; then
   pass "ZeRO-3 over NCCL: $ahead of $total gathers queued while the group before computed"
 else
