@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 
@@ -20,6 +21,67 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// One slice of the manifest's tensor table: [first, count, model, exp_avg, exp_avg_sq], `count`
+// elements from `first`; or a block, [first, count, model, exp_avg, exp_avg_sq, rows, stride]:
+// `rows` runs of `count` elements, the r-th from first + r * stride, hashed one after another.
+struct SliceEntry {
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  std::int64_t rows = 1;
+  std::int64_t stride = 0;
+  std::array<std::string, 3> hashes;  // model, exp_avg, exp_avg_sq
+
+  [[nodiscard]] std::int64_t run_first(std::int64_t r) const noexcept { return first + r * stride; }
+};
+
+// A slice of `info`, its bounds checked (bad input naming the file and the tensor).
+SliceEntry slice_entry(const json& s, const model::TensorInfo& info, const std::string& file) {
+  const auto bad = [&] {
+    return core::bad_input("a slice in the manifest lies outside the tensor or is malformed",
+                           {.file = file, .tensor = info.name});
+  };
+  if (!s.is_array() || (s.size() != 5 && s.size() != 7)) throw bad();
+  SliceEntry e;
+  try {
+    e.first = s.at(0).get<std::int64_t>();
+    e.count = s.at(1).get<std::int64_t>();
+    for (std::size_t c = 0; c < 3; ++c) e.hashes[c] = s.at(2 + c).get<std::string>();
+    e.stride = e.count;
+    if (s.size() == 7) {
+      e.rows = s.at(5).get<std::int64_t>();
+      e.stride = s.at(6).get<std::int64_t>();
+    }
+  } catch (const json::exception&) {
+    throw bad();
+  }
+  // Runs that do not overlap (stride >= count), all inside the tensor.
+  if (e.first < 0 || e.count <= 0 || e.rows < 1 || e.stride < e.count ||
+      e.rows - 1 > (info.numel - e.first - e.count) / e.stride || e.first + e.count > info.numel) {
+    throw bad();
+  }
+  return e;
+}
+
+std::string describe(const SliceEntry& e) {
+  if (e.rows == 1) return fmt::format("elements [{}, {})", e.first, e.first + e.count);
+  return fmt::format("the {} runs of {} elements every {} from element {}", e.rows, e.count,
+                     e.stride, e.first);
+}
+
+// Every slice's runs, by their first element.
+struct SliceRunRef {
+  std::int64_t first = 0;
+  std::size_t slice = 0;
+};
+std::vector<SliceRunRef> runs_in_order(const std::vector<SliceEntry>& slices) {
+  std::vector<SliceRunRef> runs;
+  for (std::size_t i = 0; i < slices.size(); ++i)
+    for (std::int64_t r = 0; r < slices[i].rows; ++r) runs.push_back({slices[i].run_first(r), i});
+  std::stable_sort(runs.begin(), runs.end(),
+                   [](const SliceRunRef& a, const SliceRunRef& b) { return a.first < b.first; });
+  return runs;
+}
 
 // The checks; throws a core::Error describing the first problem.
 void check(const std::string& step_dir, bool checksums, Verification& v) {
@@ -65,14 +127,17 @@ void check(const std::string& step_dir, bool checksums, Verification& v) {
                                         info.name, json(info.shape).dump()),
                             {.file = step_dir});
     }
-    // The slices must tile the tensor exactly.
+    // The slices must tile the tensor exactly: their runs, in element order, from 0 to numel.
+    std::vector<SliceEntry> slices;
+    for (const json& s : entry.at("slices")) slices.push_back(slice_entry(s, info, step_dir));
+    const std::vector<SliceRunRef> runs = runs_in_order(slices);
     std::int64_t next = 0;
-    for (const json& s : entry.at("slices")) {
-      if (s.at(0).get<std::int64_t>() != next || s.at(1).get<std::int64_t>() <= 0) {
+    for (const SliceRunRef& r : runs) {
+      if (r.first != next) {
         throw core::bad_input("its slices do not cover the tensor exactly",
                               {.file = step_dir, .tensor = info.name});
       }
-      next += s.at(1).get<std::int64_t>();
+      next += slices[r.slice].count;
     }
     if (next != info.numel) {
       throw core::bad_input("its slices do not cover the tensor exactly",
@@ -85,33 +150,40 @@ void check(const std::string& step_dir, bool checksums, Verification& v) {
     optim_file.read("exp_avg_sq/" + info.name, info.shape, 0, probe);
     if (!checksums) continue;
 
+    // One pass over the tensor in element order: each run read once feeds the whole tensor's
+    // digest and its slice's (a block's runs come in its row order, as its writer hashed them).
     Xxh64Stream whole_model;
     Xxh64Stream whole_m;
     Xxh64Stream whole_v;
+    std::vector<std::array<Xxh64Stream, 3>> per_slice(slices.size());
     std::vector<float> buffer;
-    for (const json& s : entry.at("slices")) {
-      const auto first = s.at(0).get<std::int64_t>();
-      buffer.resize(static_cast<std::size_t>(s.at(1).get<std::int64_t>()));
+    for (const SliceRunRef& r : runs) {
+      buffer.resize(static_cast<std::size_t>(slices[r.slice].count));
       struct Part {
         TensorFileReader& file;
         std::string dataset;
-        int column;
         Xxh64Stream& whole;
-        const char* what;
       };
-      for (const Part& p : {Part{model_file, info.name, 2, whole_model, "model.h5"},
-                            Part{optim_file, "exp_avg/" + info.name, 3, whole_m, "optim.h5"},
-                            Part{optim_file, "exp_avg_sq/" + info.name, 4, whole_v, "optim.h5"}}) {
-        p.file.read(p.dataset, info.shape, first, buffer);
-        const std::string hash = to_hex(xxh64(std::as_bytes(std::span<const float>(buffer))));
-        if (hash != s.at(p.column).get<std::string>()) {
+      int column = 0;
+      for (const Part& p : {Part{model_file, info.name, whole_model},
+                            Part{optim_file, "exp_avg/" + info.name, whole_m},
+                            Part{optim_file, "exp_avg_sq/" + info.name, whole_v}}) {
+        p.file.read(p.dataset, info.shape, r.first, buffer);
+        const auto bytes = std::as_bytes(std::span<const float>(buffer));
+        per_slice[r.slice][static_cast<std::size_t>(column++)].update(bytes);
+        p.whole.update(bytes);
+        v.bytes += static_cast<std::int64_t>(bytes.size());
+      }
+    }
+    for (std::size_t i = 0; i < slices.size(); ++i) {
+      const char* files[] = {"model.h5", "optim.h5", "optim.h5"};
+      const std::string datasets[] = {info.name, "exp_avg/" + info.name, "exp_avg_sq/" + info.name};
+      for (std::size_t c = 0; c < 3; ++c) {
+        if (to_hex(per_slice[i][c].digest()) != slices[i].hashes[c]) {
           throw core::bad_input(
-              fmt::format("checksum mismatch in elements {}..{}", first,
-                          first + static_cast<std::int64_t>(buffer.size())),
-              {.file = (fs::path(step_dir) / p.what).string(), .tensor = p.dataset});
+              fmt::format("checksum mismatch in {}", describe(slices[i])),
+              {.file = (fs::path(step_dir) / files[c]).string(), .tensor = datasets[c]});
         }
-        p.whole.update(std::as_bytes(std::span<const float>(buffer)));
-        v.bytes += static_cast<std::int64_t>(buffer.size() * sizeof(float));
       }
     }
     digests["model.h5"][info.name] = to_hex(whole_model.digest());
@@ -196,18 +268,15 @@ namespace {
 void check_tensor_slices(const json& entry, const std::string& file,
                          const model::TensorInfo& tensor, std::span<const float> values) {
   for (const json& s : entry.at("slices")) {
-    const auto first = s.at(0).get<std::int64_t>();
-    const auto count = s.at(1).get<std::int64_t>();
-    if (first < 0 || count < 0 || first + count > tensor.numel) {
-      throw core::bad_input("a slice in the manifest lies outside the tensor",
-                            {.file = file, .tensor = tensor.name});
+    const SliceEntry e = slice_entry(s, tensor, file);
+    Xxh64Stream hash;
+    for (std::int64_t r = 0; r < e.rows; ++r) {
+      hash.update(std::as_bytes(values.subspan(static_cast<std::size_t>(e.run_first(r)),
+                                               static_cast<std::size_t>(e.count))));
     }
-    const std::span<const float> part =
-        values.subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(count));
-    if (to_hex(xxh64(std::as_bytes(part))) != s.at(2).get<std::string>()) {
+    if (to_hex(hash.digest()) != e.hashes[0]) {
       throw core::bad_input(
-          fmt::format("checksum mismatch in elements [{}, {}): the file is damaged", first,
-                      first + count),
+          fmt::format("checksum mismatch in {}: the file is damaged", describe(e)),
           {.file = file, .tensor = tensor.name});
     }
   }
@@ -273,19 +342,16 @@ void check_model_share(const Manifest& manifest, const std::string& step_dir,
     const bool checked = known != layout.tensors().end() && !(skip && skip(name));
     for (const json& s : entry.at("slices")) {
       if (index++ % parts != part || !checked) continue;
-      const auto first = s.at(0).get<std::int64_t>();
-      const auto count = s.at(1).get<std::int64_t>();
-      if (first < 0 || count < 0 || first + count > known->numel) {
-        throw core::bad_input("a slice in the manifest lies outside the tensor",
-                              {.file = file, .tensor = name});
+      const SliceEntry e = slice_entry(s, *known, file);
+      Xxh64Stream hash;
+      buffer.resize(static_cast<std::size_t>(e.count));
+      for (std::int64_t r = 0; r < e.rows; ++r) {
+        model_file.read(name, known->shape, e.run_first(r), buffer);
+        hash.update(std::as_bytes(std::span<const float>(buffer)));
       }
-      buffer.resize(static_cast<std::size_t>(count));
-      model_file.read(name, known->shape, first, buffer);
-      if (to_hex(xxh64(std::as_bytes(std::span<const float>(buffer)))) !=
-          s.at(2).get<std::string>()) {
+      if (to_hex(hash.digest()) != e.hashes[0]) {
         throw core::bad_input(
-            fmt::format("checksum mismatch in elements [{}, {}): the file is damaged", first,
-                        first + count),
+            fmt::format("checksum mismatch in {}: the file is damaged", describe(e)),
             {.file = file, .tensor = name});
       }
     }

@@ -191,25 +191,37 @@ struct CheckpointWriter::Impl {
     // 2. Every rank writes and checksums its slices.
     json mine = {{"error", ""}, {"slices", json::array()}, {"bytes", 0}};
     try {
-      const std::vector<TensorSlice> slices = tensor_slices(layout, state.ranges);
+      // A block of evenly spaced runs (a tensor-parallel rank's columns of a row-parallel
+      // weight) is one slice: its values lie back to back in the state, hashed as one.
+      const std::vector<TensorBlock> blocks = tensor_blocks(layout, state.ranges);
       RawFileWriter model_file(model_path);
       RawFileWriter optim_file(optim_path);
       const std::size_t tensors = layout.tensors().size();
       std::int64_t bytes = 0;
-      for (std::size_t i = 0; i < slices.size(); ++i) {
-        if (i == slices.size() / 2) core::fault_point("ckpt.write", rank);  // half written
-        const TensorSlice& s = slices[i];
-        const auto at = static_cast<std::size_t>(s.position);
-        const auto n = static_cast<std::size_t>(s.count);
+      for (std::size_t i = 0; i < blocks.size(); ++i) {
+        if (i == blocks.size() / 2) core::fault_point("ckpt.write", rank);  // half written
+        const TensorBlock& b = blocks[i];
+        const auto at = static_cast<std::size_t>(b.position);
+        const auto n = static_cast<std::size_t>(b.values());
         const std::span<const float> master(state.master.data() + at, n);
         const std::span<const float> m(state.exp_avg.data() + at, n);
         const std::span<const float> v(state.exp_avg_sq.data() + at, n);
-        model_file.write(offsets[s.tensor], s.first, master);
-        optim_file.write(offsets[tensors + s.tensor], s.first, m);
-        optim_file.write(offsets[2 * tensors + s.tensor], s.first, v);
-        mine["slices"].push_back({s.tensor, s.first, s.count, to_hex(hash_of(master)),
-                                  to_hex(hash_of(m)), to_hex(hash_of(v))});
-        bytes += 3 * s.count * static_cast<std::int64_t>(sizeof(float));
+        const auto run = static_cast<std::size_t>(b.count);
+        for (std::int64_t r = 0; r < b.rows; ++r) {
+          const std::int64_t first = b.first + r * b.stride;
+          const auto from = static_cast<std::size_t>(r) * run;
+          model_file.write(offsets[b.tensor], first, master.subspan(from, run));
+          optim_file.write(offsets[tensors + b.tensor], first, m.subspan(from, run));
+          optim_file.write(offsets[2 * tensors + b.tensor], first, v.subspan(from, run));
+        }
+        json slice = {b.tensor,           b.first,           b.count, to_hex(hash_of(master)),
+                      to_hex(hash_of(m)), to_hex(hash_of(v))};
+        if (b.rows > 1) {
+          slice.push_back(b.rows);
+          slice.push_back(b.stride);
+        }
+        mine["slices"].push_back(std::move(slice));
+        bytes += 3 * b.values() * static_cast<std::int64_t>(sizeof(float));
       }
       model_file.sync();
       optim_file.sync();
@@ -235,7 +247,12 @@ struct CheckpointWriter::Impl {
           }
           total_bytes += r.at("bytes").get<std::int64_t>();
           for (const json& s : r.at("slices")) {
-            table[s[0].get<std::size_t>()]["slices"].push_back({s[1], s[2], s[3], s[4], s[5]});
+            json slice = {s[1], s[2], s[3], s[4], s[5]};
+            if (s.size() > 6) {  // a block: its rows and stride
+              slice.push_back(s[6]);
+              slice.push_back(s[7]);
+            }
+            table[s[0].get<std::size_t>()]["slices"].push_back(std::move(slice));
           }
         }
         for (json& t : table) {

@@ -39,4 +39,23 @@ struct TensorSlice {
 [[nodiscard]] std::vector<TensorSlice> tensor_slices(const model::ParameterLayout& layout,
                                                      const std::vector<model::FlatRange>& ranges);
 
+// Evenly spaced slices of one tensor with the same count, back to back in RankState's arrays:
+// `rows` runs of `count` elements, the r-th at element first + r * stride. A tensor-parallel
+// rank holds a row-parallel weight (o_proj, down_proj) as one run per row; as one block its
+// checkpoint slice is one manifest entry, not one per row (at 405B: 16,384 rows per tensor).
+struct TensorBlock {
+  std::size_t tensor = 0;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  std::int64_t rows = 1;
+  std::int64_t stride = 0;    // count where rows == 1
+  std::int64_t position = 0;  // the first run's place in RankState's arrays; the rest follow
+
+  [[nodiscard]] std::int64_t values() const noexcept { return count * rows; }
+};
+
+// tensor_slices merged into blocks (a slice that continues the block before it joins it).
+[[nodiscard]] std::vector<TensorBlock> tensor_blocks(const model::ParameterLayout& layout,
+                                                     const std::vector<model::FlatRange>& ranges);
+
 }  // namespace l3::ckpt

@@ -9,7 +9,8 @@
 #   its losses and gradient norms within 1e-5, its evaluation within 1e-4;
 #   killed (SIGKILL) after a checkpoint and resumed on the same layout: bit for bit; its
 #   checkpoint is the whole model's (the 1-rank run resumes it) and resumes on TP 4 and
-#   TP 2 x CP 2 within reduction-order tolerance; a 1-rank checkpoint resumes on TP 2;
+#   TP 2 x CP 2 within reduction-order tolerance; a 1-rank checkpoint resumes on TP 2; its
+#   row-parallel weights are one block slice per rank in the manifest;
 #   what it refuses: a model whose heads do not divide, LoRA, grpo.
 #
 #   tensor_parallel_test.sh LLAMA3_HPC MPIEXEC
@@ -133,6 +134,18 @@ else
   fail "TP 2 killed in step 7 and resumed: bit for bit (first exit $rc)"
   tail -2 "$work/last.err"
 fi
+# Each rank holds its columns of every row of o_proj and down_proj (row-parallel): one block
+# slice per rank in the manifest ([first, count, hashes, rows, stride]), not one per row.
+read -r rowpar most blocks < <(python3 - "$work/ref/step-00000004/manifest.json" <<'PY'
+import json, sys
+tensors = json.load(open(sys.argv[1]))["tensors"]
+rowpar = [t for t in tensors if t["name"].endswith(("o_proj.weight", "down_proj.weight"))]
+print(len(rowpar), max(len(t["slices"]) for t in rowpar),
+      sum(len(s) == 7 and s[5] == t["shape"][0] for t in rowpar for s in t["slices"]))
+PY
+)
+check "TP 2's checkpoint: o_proj and down_proj in one block slice per rank ($rowpar tensors, at most ${most:-?} slices each, ${blocks:-?} blocks of every row)" \
+  test "${rowpar:-0}" -eq 4 -a "${most:-0}" -eq 2 -a "${blocks:-0}" -eq 8
 # resumed_from SOURCE_DIR RANKS NAME ARGS...: SOURCE_DIR's step 4 resumed on another layout,
 # steps 5-12 against the uninterrupted TP 2 run's.
 resumed_from() {

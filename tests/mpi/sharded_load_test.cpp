@@ -14,10 +14,13 @@
 
 #include "catch.hpp"
 #include "ckpt/checkpoint_paths.hpp"
+#include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/checkpoint_writer.hpp"
+#include "ckpt/checksum.hpp"
 #include "ckpt/hf_export.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/model_file.hpp"
+#include "ckpt/rank_state.hpp"
 #include "core/error.hpp"
 #include "dist/world.hpp"
 #include "io/safetensors/float_formats.hpp"
@@ -231,6 +234,164 @@ TEST_CASE("a sharded load from a checkpoint reads this rank's ranges and checks 
   CHECK(naming == 1);  // the slice is checked once, by one rank
   world.barrier();
   if (world.is_root()) fs::remove_all(dir);
+}
+
+// Tensor parallelism holds a row-parallel weight as a few columns of every row: one run per row.
+// The checkpoint writes each rank's runs of a tensor as one block slice ([first, count, hashes,
+// rows, stride]), not one slice per row; verification, the whole-tensor digests and reads by
+// other ranges take blocks as they take plain slices, and damage inside a block is named.
+TEST_CASE("a tensor-parallel rank's columns of every row are one block slice in the manifest",
+          "[train][ckpt]") {
+  const l3::dist::World world(MPI_COMM_WORLD);
+  const int ranks = world.size();
+  const std::string dir = l3::test::shared_directory(world, "train", "block-slices");
+  const l3::model::ModelConfig config = l3::model::preset("tiny");
+  const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
+  const l3::model::TensorInfo& down = layout.find("model.layers.0.mlp.down_proj.weight");
+  const std::int64_t rows = down.shape[0];
+  const std::int64_t columns = down.shape[1];
+  REQUIRE(columns % ranks == 0);
+  const std::int64_t width = columns / ranks;
+  // This rank: its columns of every row of down_proj; rank 0 also every other tensor whole.
+  std::vector<l3::model::FlatRange> ranges;
+  if (world.is_root() && down.offset > 0) ranges.push_back({0, down.offset});
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t begin = down.offset + r * columns + world.rank() * width;
+    ranges.push_back({begin, begin + width});
+  }
+  if (world.is_root()) {
+    const std::int64_t end = down.offset + down.numel;
+    if (ranks == 1)
+      ranges = {{0, layout.total()}};
+    else if (end < layout.total())
+      ranges.push_back({end, layout.total()});
+  }
+  std::vector<float> whole(static_cast<std::size_t>(layout.total()), 0.0F);
+  l3::model::initialize_parameter_ranges(whole, layout, 5, {{0, layout.total()}});
+  l3::ckpt::RankState state;
+  state.allocate(ranges);
+  std::size_t at = 0;
+  for (const l3::model::FlatRange& r : state.ranges) {
+    for (std::int64_t i = r.begin; i < r.end; ++i, ++at) {
+      state.master[at] = whole[static_cast<std::size_t>(i)];
+      state.exp_avg[at] = 0.5F * whole[static_cast<std::size_t>(i)];
+      state.exp_avg_sq[at] = static_cast<float>(i % 97) / 97.0F;
+    }
+  }
+  // The blocks: down_proj in one (rows runs of `width` every `columns`); the rest plain.
+  const std::vector<l3::ckpt::TensorBlock> blocks = l3::ckpt::tensor_blocks(layout, state.ranges);
+  const auto down_index = static_cast<std::size_t>(&down - layout.tensors().data());
+  const auto mine = std::count_if(blocks.begin(), blocks.end(),
+                                  [&](const auto& b) { return b.tensor == down_index; });
+  CHECK(mine == 1);
+  for (const l3::ckpt::TensorBlock& b : blocks) {
+    if (b.tensor != down_index || ranks == 1) {
+      CHECK(b.rows == 1);
+    } else {
+      CHECK((b.first == world.rank() * width && b.count == width && b.rows == rows &&
+             b.stride == columns));
+    }
+  }
+  {
+    l3::ckpt::CheckpointWriter writer(world, dir, {.keep_last = 2, .async = false});
+    writer.write(layout,
+                 l3::ckpt::describe_checkpoint({.step = 1,
+                                                .phase = l3::Phase::sft,
+                                                .head = l3::model::HeadKind::language_model,
+                                                .model = config,
+                                                .world_size = ranks}),
+                 std::move(state));
+    REQUIRE(writer.wait());
+  }
+  const std::string step_dir = dir + "/step-00000001";
+  const l3::ckpt::Verification v = l3::ckpt::verify_checkpoint(step_dir, true);
+  REQUIRE(v.ok);
+  const nlohmann::json* entry = nullptr;
+  for (const nlohmann::json& t : v.manifest.tensors)
+    if (t.at("name") == down.name) entry = &t;
+  REQUIRE(entry != nullptr);
+  const nlohmann::json& slices = entry->at("slices");
+  CHECK(slices.size() == static_cast<std::size_t>(ranks));  // not ranks x rows
+  if (ranks > 1) {
+    CHECK(slices[0].size() == 7);
+    CHECK(slices[0][5] == rows);
+    CHECK(slices[0][6] == columns);
+  }
+  // The whole tensor's digest, whatever the slicing: the xxHash64 of its values in order.
+  const std::span<const float> down_values(whole.data() + down.offset,
+                                           static_cast<std::size_t>(down.numel));
+  CHECK(v.digests["model.h5"][down.name] ==
+        l3::ckpt::to_hex(l3::ckpt::xxh64(std::as_bytes(down_values))));
+  // Read back through other ranges (a 1-rank run's, and plan pieces): the written values.
+  const l3::parallel::ShardPlan plan(
+      {.total = layout.total(), .ranks = ranks, .bucket_elements = 1000});
+  const l3::ckpt::RankState back =
+      l3::ckpt::read_rank_state(step_dir, layout, plan.owned(world.rank()));
+  at = 0;
+  std::int64_t wrong = 0;
+  for (const l3::model::FlatRange& r : back.ranges) {
+    for (std::int64_t i = r.begin; i < r.end; ++i, ++at) {
+      if (back.master[at] != whole[static_cast<std::size_t>(i)] ||
+          back.exp_avg[at] != 0.5F * whole[static_cast<std::size_t>(i)])
+        ++wrong;
+    }
+  }
+  CHECK(wrong == 0);
+
+  // One value of the last rank's block (row 3) changed in model.h5: verification names the
+  // tensor and the block.
+  world.barrier();
+  if (world.is_root()) {
+    const std::string path = step_dir + "/" + std::string(l3::ckpt::kModelFile);
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(file)), {});
+    const float* row = whole.data() + down.offset + 3 * columns + (ranks - 1) * width;
+    const std::string needle(reinterpret_cast<const char*>(row), 32);  // NOLINT
+    const std::size_t found = bytes.find(needle);
+    REQUIRE(found != std::string::npos);
+    file.seekp(static_cast<std::streamoff>(found));
+    const float changed = row[0] + 1.0F;
+    file.write(reinterpret_cast<const char*>(&changed), sizeof(changed));  // NOLINT
+    file.close();
+    const l3::ckpt::Verification damaged = l3::ckpt::verify_checkpoint(step_dir, true);
+    CHECK_FALSE(damaged.ok);
+    CHECK_THAT(damaged.problem,
+               Catch::Contains("model.h5") && Catch::Contains(down.name) &&
+                   Catch::Contains(ranks > 1 ? fmt::format("the {} runs of {} elements every {}",
+                                                           rows, width, columns)
+                                             : std::string("checksum mismatch in elements")));
+  }
+  world.barrier();
+  if (world.is_root()) fs::remove_all(dir);
+}
+
+// A block's rows are evenly spaced runs of one tensor, back to back in the state: a run that
+// breaks the spacing, changes length or crosses into another tensor starts a new block.
+TEST_CASE("tensor_blocks merges evenly spaced runs of one tensor only", "[ckpt]") {
+  const l3::model::ModelConfig config = l3::model::preset("tiny");
+  const l3::model::ParameterLayout layout(config, l3::model::HeadKind::language_model);
+  const l3::model::TensorInfo& t = layout.find("model.layers.0.self_attn.o_proj.weight");
+  const std::int64_t o = t.offset;
+  const std::int64_t row = t.shape[1];
+  const l3::model::TensorInfo& next = *(&t + 1);  // after its alignment padding, if any
+  // a partial row, three runs of 4 a row apart, one two rows on, one of 3, then a run that
+  // spans into the next tensor
+  const std::vector<l3::model::FlatRange> ranges = {{o + 1, o + 4},
+                                                    {o + row, o + row + 4},
+                                                    {o + 2 * row, o + 2 * row + 4},
+                                                    {o + 3 * row, o + 3 * row + 4},
+                                                    {o + 5 * row, o + 5 * row + 4},
+                                                    {o + 6 * row, o + 6 * row + 3},
+                                                    {o + t.numel - 2, next.offset + 2}};
+  const std::vector<l3::ckpt::TensorBlock> b = l3::ckpt::tensor_blocks(layout, ranges);
+  REQUIRE(b.size() == 6);
+  CHECK((b[0].first == 1 && b[0].count == 3 && b[0].rows == 1 && b[0].position == 0));
+  CHECK((b[1].first == row && b[1].count == 4 && b[1].rows == 3 && b[1].stride == row &&
+         b[1].position == 3));
+  CHECK((b[2].first == 5 * row && b[2].count == 4 && b[2].rows == 1 && b[2].position == 15));
+  CHECK((b[3].first == 6 * row && b[3].count == 3 && b[3].rows == 1));
+  CHECK((b[4].first == t.numel - 2 && b[4].count == 2));
+  CHECK((b[5].tensor == b[4].tensor + 1 && b[5].first == 0 && b[5].count == 2));
 }
 
 // export streams: the exporter holds one tensor at a time, not the model (rank 0 exports a
