@@ -155,34 +155,36 @@ void check(const std::string& step_dir, bool checksums, Verification& v) {
     Xxh64Stream whole_model;
     Xxh64Stream whole_m;
     Xxh64Stream whole_v;
+    // The three datasets of the tensor, in the order of a slice's hashes (named once: a
+    // tensor-parallel block has a run per row).
+    struct Part {
+      TensorFileReader& file;
+      const char* file_name;
+      std::string dataset;
+      Xxh64Stream& whole;
+    };
+    const std::array<Part, 3> parts = {
+        Part{model_file, "model.h5", info.name, whole_model},
+        Part{optim_file, "optim.h5", "exp_avg/" + info.name, whole_m},
+        Part{optim_file, "optim.h5", "exp_avg_sq/" + info.name, whole_v}};
     std::vector<std::array<Xxh64Stream, 3>> per_slice(slices.size());
     std::vector<float> buffer;
     for (const SliceRunRef& r : runs) {
       buffer.resize(static_cast<std::size_t>(slices[r.slice].count));
-      struct Part {
-        TensorFileReader& file;
-        std::string dataset;
-        Xxh64Stream& whole;
-      };
-      int column = 0;
-      for (const Part& p : {Part{model_file, info.name, whole_model},
-                            Part{optim_file, "exp_avg/" + info.name, whole_m},
-                            Part{optim_file, "exp_avg_sq/" + info.name, whole_v}}) {
-        p.file.read(p.dataset, info.shape, r.first, buffer);
+      for (std::size_t c = 0; c < parts.size(); ++c) {
+        parts[c].file.read(parts[c].dataset, info.shape, r.first, buffer);
         const auto bytes = std::as_bytes(std::span<const float>(buffer));
-        per_slice[r.slice][static_cast<std::size_t>(column++)].update(bytes);
-        p.whole.update(bytes);
+        per_slice[r.slice][c].update(bytes);
+        parts[c].whole.update(bytes);
         v.bytes += static_cast<std::int64_t>(bytes.size());
       }
     }
     for (std::size_t i = 0; i < slices.size(); ++i) {
-      const char* files[] = {"model.h5", "optim.h5", "optim.h5"};
-      const std::string datasets[] = {info.name, "exp_avg/" + info.name, "exp_avg_sq/" + info.name};
-      for (std::size_t c = 0; c < 3; ++c) {
+      for (std::size_t c = 0; c < parts.size(); ++c) {
         if (to_hex(per_slice[i][c].digest()) != slices[i].hashes[c]) {
-          throw core::bad_input(
-              fmt::format("checksum mismatch in {}", describe(slices[i])),
-              {.file = (fs::path(step_dir) / files[c]).string(), .tensor = datasets[c]});
+          throw core::bad_input(fmt::format("checksum mismatch in {}", describe(slices[i])),
+                                {.file = (fs::path(step_dir) / parts[c].file_name).string(),
+                                 .tensor = parts[c].dataset});
         }
       }
     }

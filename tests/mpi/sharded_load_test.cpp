@@ -61,6 +61,20 @@ l3::model::ModelConfig wide_model(int layers) {
   return config;
 }
 
+// Adds 1 to the first of `values` in `path` (model.h5), found through the HDF5 file's contiguous
+// data by its first `bytes` bytes, which are unique here. False where they are not found.
+bool damage_value(const std::string& path, const float* values, std::size_t bytes) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  const std::string contents((std::istreambuf_iterator<char>(file)), {});
+  const std::string needle(reinterpret_cast<const char*>(values), bytes);  // NOLINT
+  const std::size_t found = contents.find(needle);
+  if (found == std::string::npos) return false;
+  file.seekp(static_cast<std::streamoff>(found));
+  const float changed = values[0] + 1.0F;
+  file.write(reinterpret_cast<const char*>(&changed), sizeof(changed));  // NOLINT
+  return static_cast<bool>(file);
+}
+
 bool reset_peak_rss() {
   std::ofstream clear("/proc/self/clear_refs");
   clear << "5";
@@ -203,17 +217,7 @@ TEST_CASE("a sharded load from a checkpoint reads this rank's ranges and checks 
     const std::string name =
         fmt::format("model.layers.{}.mlp.down_proj.weight", config.n_layers - 1);
     const l3::model::TensorInfo& t = layout.find(name);
-    std::vector<float> values(static_cast<std::size_t>(t.numel));
-    // Through the HDF5 file's contiguous data: found by its bytes, which are unique here.
-    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(file)), {});
-    const float* first = whole.data() + t.offset;
-    const std::string needle(reinterpret_cast<const char*>(first), 64);  // NOLINT
-    const std::size_t found = bytes.find(needle);
-    REQUIRE(found != std::string::npos);
-    file.seekp(static_cast<std::streamoff>(found));
-    const float changed = first[0] + 1.0F;
-    file.write(reinterpret_cast<const char*>(&changed), sizeof(changed));  // NOLINT
+    REQUIRE(damage_value(path, whole.data() + t.offset, 64));
   }
   world.barrier();
   int named = 0;  // this rank found the damage and names it
@@ -343,16 +347,7 @@ TEST_CASE("a tensor-parallel rank's columns of every row are one block slice in 
   world.barrier();
   if (world.is_root()) {
     const std::string path = step_dir + "/" + std::string(l3::ckpt::kModelFile);
-    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(file)), {});
-    const float* row = whole.data() + down.offset + 3 * columns + (ranks - 1) * width;
-    const std::string needle(reinterpret_cast<const char*>(row), 32);  // NOLINT
-    const std::size_t found = bytes.find(needle);
-    REQUIRE(found != std::string::npos);
-    file.seekp(static_cast<std::streamoff>(found));
-    const float changed = row[0] + 1.0F;
-    file.write(reinterpret_cast<const char*>(&changed), sizeof(changed));  // NOLINT
-    file.close();
+    REQUIRE(damage_value(path, whole.data() + down.offset + 3 * columns + (ranks - 1) * width, 32));
     const l3::ckpt::Verification damaged = l3::ckpt::verify_checkpoint(step_dir, true);
     CHECK_FALSE(damaged.ok);
     CHECK_THAT(damaged.problem,
